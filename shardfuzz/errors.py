@@ -1,0 +1,90 @@
+"""Exceptions.
+
+Two families:
+
+* :class:`ShardfuzzError` and its subclasses are problems with the *fuzzer* or its input: a bad
+  argument (:class:`InvalidArgument`), a target that cannot be found or imported, a pool that would
+  not start (:class:`InfrastructureError`).
+* :class:`Finding` and its subclasses are *counterexamples*: the sharded code disagreed with the
+  oracle. Each kind is its own class and is raised from its own function, because Hypothesis tells
+  distinct bugs apart by exception type and raise site; one shared raise site lets a shrink drift
+  from one bug into another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ShardfuzzError(Exception):
+    """Base class for errors of the fuzzer itself (not findings)."""
+
+
+class InvalidArgument(ShardfuzzError, ValueError):
+    """An argument is invalid. The message names the argument, its value and what is allowed."""
+
+
+class TargetError(InvalidArgument):
+    """A target or implementation cannot be found, is missing a piece, or cannot reach the workers."""
+
+
+class InfrastructureError(ShardfuzzError):
+    """The fuzzer itself failed: a pool would not start, a worker could not be reached."""
+
+
+class Finding(AssertionError):
+    """A counterexample. ``case`` is the :class:`~shardfuzz.Case`, ``report`` the full text.
+
+    Subclasses AssertionError so pytest shows it as a test failure, not an error in the tool.
+    """
+
+    kind: str = "finding"
+
+    def __init__(self, report: str, *, case: Any = None, ratio: float | None = None) -> None:
+        super().__init__(report)
+        self.report = report
+        self.case = case
+        #: greatest error/tolerance over the compared elements (mismatches only)
+        self.ratio = ratio
+
+    def __reduce__(self):  # keep the keyword arguments through pickling
+        return (_rebuild, (type(self), self.report, self.case, self.ratio))
+
+
+def _rebuild(cls, report, case, ratio):
+    return cls(report, case=case, ratio=ratio)
+
+
+class Mismatch(Finding):
+    """Values on some rank differ from the oracle by more than the tolerance."""
+
+    kind = "mismatch"
+
+
+class LayoutMismatch(Finding):
+    """A rank's local shape or dtype is not what the output's layout says it must be."""
+
+    kind = "layout"
+
+
+class RankError(Finding):
+    """An exception was raised on a rank. The report has that rank's traceback and output."""
+
+    kind = "rank-error"
+
+
+class RankHang(Finding):
+    """The example did not finish in time (or a collective timed out). The report has every rank's stack."""
+
+    kind = "hang"
+
+
+class IgnoredCollective(Finding):
+    """Autograd went through a collective that has no autograd kernel and silently treated it as identity."""
+
+    kind = "ignored-collective"
+
+
+FINDING_KINDS: dict[str, type[Finding]] = {
+    c.kind: c for c in (Mismatch, LayoutMismatch, RankError, RankHang, IgnoredCollective)
+}

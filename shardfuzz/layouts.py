@@ -1,0 +1,208 @@
+"""Layouts: how the ranks' local values relate to the oracle's global value.
+
+Two split rules are in common use and they disagree on uneven sizes. With 5 rows on 4 ranks:
+
+* ``"dtensor"`` (the default, DTensor's ``Shard(dim)``; torch TP / FSDP2 use it): every shard has
+  ``ceil(5/4) = 2`` rows until the rows run out: ``[2, 2, 1, 0]``;
+* ``"tensor_split"`` (``torch.tensor_split``; Megatron-style hand-written code): the first
+  ``5 % 4`` shards get one extra row: ``[2, 1, 1, 1]``.
+
+(``torch.chunk`` would return only 3 pieces; never use it to slice ranks.)
+
+A layout answers three questions for the driver, which never relies on the collectives under test:
+what shape each rank must hold, which part of the global value each rank must hold, and how to
+rebuild the global value from the locals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from shardfuzz.errors import InvalidArgument
+
+SPLIT_RULES = ("dtensor", "tensor_split")
+
+
+def split_sizes(size: int, parts: int, rule: str = "dtensor") -> list[int]:
+    """Sizes of the ``parts`` shards of a dim of length ``size`` under ``rule``."""
+    if parts < 1:
+        raise InvalidArgument(f"parts={parts!r}; must be >= 1")
+    if size < 0:
+        raise InvalidArgument(f"size={size!r}; must be >= 0")
+    if rule == "dtensor":
+        chunk = -(-size // parts)
+        return [max(0, min(chunk, size - i * chunk)) for i in range(parts)]
+    if rule == "tensor_split":
+        base, rem = divmod(size, parts)
+        return [base + (1 if i < rem else 0) for i in range(parts)]
+    raise InvalidArgument(f"rule={rule!r}; allowed: {', '.join(map(repr, SPLIT_RULES))}")
+
+
+def split_offsets(size: int, parts: int, rule: str = "dtensor") -> list[int]:
+    """Start offset of each shard."""
+    sizes = split_sizes(size, parts, rule)
+    return [sum(sizes[:i]) for i in range(parts)]
+
+
+class Layout:
+    """Base class. Subclasses are frozen dataclasses, so they pickle and print cleanly."""
+
+    #: whether each rank's local can be compared on its own (False for Partial)
+    per_rank: bool = True
+
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
+        """The part of the global ``value`` (a tensor) that ``rank`` must hold."""
+        raise NotImplementedError
+
+    def comparable(self, local: Any, rank: int, parts: int, global_shape: tuple[int, ...]) -> Any:
+        """The part of a rank's local that is compared (all of it, except padding)."""
+        return local
+
+    def assemble(self, locals_: list[Any]) -> Any:
+        """Rebuild the global value from every rank's local, in group-rank order."""
+        raise NotImplementedError
+
+    def global_index(self, local_index: tuple[int, ...], rank: int, parts: int, global_shape) -> tuple:
+        """Map an index into a rank's (comparable) local to an index into the global value."""
+        return local_index
+
+
+def _norm_dim(dim: int, ndim: int, layout: Layout) -> int:
+    if not -ndim <= dim < max(ndim, 1):
+        raise InvalidArgument(f"{layout!r}: dim={dim!r} is out of range for a {ndim}-d value")
+    return dim % ndim
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard(Layout):
+    """Rank ``i`` holds the ``i``-th shard of ``dim`` under ``rule`` (``"dtensor"`` or ``"tensor_split"``)."""
+
+    dim: int
+    rule: str = "dtensor"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dim, int):
+            raise InvalidArgument(f"Shard(dim={self.dim!r}); dim must be an int")
+        if self.rule not in SPLIT_RULES:
+            raise InvalidArgument(f"Shard(rule={self.rule!r}); allowed: {', '.join(map(repr, SPLIT_RULES))}")
+
+    def __repr__(self) -> str:
+        return f"Shard({self.dim})" if self.rule == "dtensor" else f"Shard({self.dim}, rule={self.rule!r})"
+
+    def local_shape(self, global_shape, rank, parts):
+        d = _norm_dim(self.dim, len(global_shape), self)
+        shape = list(global_shape)
+        shape[d] = split_sizes(global_shape[d], parts, self.rule)[rank]
+        return tuple(shape)
+
+    def piece(self, value, rank, parts):
+        d = _norm_dim(self.dim, value.ndim, self)
+        n = value.shape[d]
+        off = split_offsets(n, parts, self.rule)[rank]
+        return value.narrow(d, off, split_sizes(n, parts, self.rule)[rank])
+
+    def assemble(self, locals_):
+        import torch
+
+        d = _norm_dim(self.dim, locals_[0].ndim, self)
+        return torch.cat(list(locals_), dim=d)
+
+    def global_index(self, local_index, rank, parts, global_shape):
+        d = _norm_dim(self.dim, len(global_shape), self)
+        idx = list(local_index)
+        idx[d] += split_offsets(global_shape[d], parts, self.rule)[rank]
+        return tuple(idx)
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicate(Layout):
+    """Every rank holds the whole value. Every rank is checked, not just rank 0."""
+
+    def __repr__(self) -> str:
+        return "Replicate()"
+
+    def local_shape(self, global_shape, rank, parts):
+        return tuple(global_shape)
+
+    def piece(self, value, rank, parts):
+        return value
+
+    def assemble(self, locals_):
+        return locals_[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Partial(Layout):
+    """Every rank holds a full-shape partial value; their sum over ranks is the global value."""
+
+    per_rank = False
+
+    def __repr__(self) -> str:
+        return "Partial()"
+
+    def local_shape(self, global_shape, rank, parts):
+        return tuple(global_shape)
+
+    def piece(self, value, rank, parts):
+        raise InvalidArgument("Partial() has no per-rank piece; compare the assembled sum")
+
+    def assemble(self, locals_):
+        import torch
+
+        return torch.stack([t.double() if t.is_floating_point() else t for t in locals_]).sum(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedFlat(Layout):
+    """A 1-D value padded to a multiple of the group size, then split evenly (ZeRO's flat buffers).
+
+    Rank ``i`` holds ``ceil(n / parts)`` elements; the padding at the end of the last shard(s) is
+    never compared.
+    """
+
+    def __repr__(self) -> str:
+        return "PaddedFlat()"
+
+    def _chunk(self, n, parts):
+        return -(-n // parts)
+
+    def local_shape(self, global_shape, rank, parts):
+        if len(global_shape) != 1:
+            raise InvalidArgument(f"PaddedFlat() needs a 1-d value, got shape {tuple(global_shape)}")
+        return (self._chunk(global_shape[0], parts),)
+
+    def _valid(self, n, rank, parts):
+        c = self._chunk(n, parts)
+        start = min(rank * c, n)
+        return start, max(0, min(c, n - start))
+
+    def piece(self, value, rank, parts):
+        start, k = self._valid(value.shape[0], rank, parts)
+        return value[start : start + k]
+
+    def comparable(self, local, rank, parts, global_shape):
+        _, k = self._valid(global_shape[0], rank, parts)
+        return local[:k]
+
+    def assemble(self, locals_):
+        import torch
+
+        return torch.cat(list(locals_))
+
+    def global_index(self, local_index, rank, parts, global_shape):
+        start, _ = self._valid(global_shape[0], rank, parts)
+        return (local_index[0] + start,)
+
+
+def check_layout(value: Any, name: str) -> Layout:
+    if not isinstance(value, Layout):
+        raise InvalidArgument(
+            f"{name}={value!r} is not a layout; use Shard(dim), Shard(dim, rule='tensor_split'), "
+            "Replicate(), Partial() or PaddedFlat()"
+        )
+    return value
+

@@ -1,0 +1,177 @@
+"""Finding targets and implementations by reference.
+
+Workers run in other processes (forkserver children), so everything they run is passed by
+reference and imported there:
+
+* ``"pkg.mod:attr"``: an importable module and an attribute of it;
+* ``"path/to/file.py::NAME"``: a file, imported under a stable private module name.
+
+Lambdas, closures and functions defined in ``__main__`` cannot be imported by a worker, so they are
+refused with an error that says what to do instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from shardfuzz.errors import TargetError
+
+ENTRY_POINT_GROUP = "shardfuzz.targets"
+
+BUILTIN_TARGETS: dict[str, str] = {
+    "tp_mlp": "shardfuzz.targets.tp_mlp:TARGET",
+    "vocab_parallel": "shardfuzz.targets.vocab_parallel:TARGET",
+}
+
+_FILE_MODULES: dict[str, Any] = {}
+
+
+def is_ref(text: str) -> bool:
+    return isinstance(text, str) and ("::" in text or ":" in text)
+
+
+def _import_file(path: str, what: str) -> Any:
+    path = os.path.abspath(path)
+    if path in _FILE_MODULES:
+        return _FILE_MODULES[path]
+    if not os.path.isfile(path):
+        raise TargetError(f"{what}: file {path!r} does not exist")
+    name = "_shardfuzz_file_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"{what}: cannot import {path!r} (not a Python file?)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise TargetError(f"{what}: importing {path!r} raised {type(e).__name__}: {e}") from e
+    _FILE_MODULES[path] = module
+    return module
+
+
+def load_ref(ref: str, what: str = "reference") -> Any:
+    """Import ``pkg.mod:attr`` or ``file.py::NAME`` and return the object."""
+    if not isinstance(ref, str):
+        raise TargetError(f"{what}={ref!r}; expected 'pkg.mod:attr' or 'path/file.py::NAME'")
+    if "::" in ref:
+        path, _, attr = ref.rpartition("::")
+        module = _import_file(path, what)
+    elif ":" in ref:
+        modname, _, attr = ref.partition(":")
+        try:
+            module = importlib.import_module(modname)
+        except ImportError as e:
+            raise TargetError(f"{what}={ref!r}: cannot import module {modname!r}: {e}") from e
+    else:
+        raise TargetError(f"{what}={ref!r}; expected 'pkg.mod:attr' or 'path/file.py::NAME'")
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise TargetError(f"{what}={ref!r}: {module.__name__!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def ref_of_callable(fn: Any, what: str = "impl") -> str:
+    """The import reference of a module-level function, or a clear error for ones workers cannot import."""
+    if isinstance(fn, str):
+        load_ref(fn, what)
+        return fn
+    if not callable(fn):
+        raise TargetError(f"{what}={fn!r} is neither a callable nor a 'pkg.mod:func' reference")
+    qual = getattr(fn, "__qualname__", "")
+    modname = getattr(fn, "__module__", None)
+    if "<lambda>" in qual or "<locals>" in qual or modname in (None, "__main__"):
+        raise TargetError(
+            f"{what}={fn!r} cannot be imported by worker processes (a lambda, a closure or a function "
+            "defined in __main__); define it at module level and pass it, or pass 'pkg.mod:func' or "
+            "'path/file.py::NAME'"
+        )
+    module = sys.modules.get(modname)
+    file = getattr(module, "__file__", None)
+    try:
+        spec = importlib.util.find_spec(modname)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin and file and os.path.samefile(spec.origin, file):
+        ref = f"{modname}:{qual}"
+    elif file:
+        ref = f"{os.path.abspath(file)}::{qual}"
+    else:
+        raise TargetError(f"{what}={fn!r}: its module {modname!r} has no file that workers could import")
+    return ref
+
+
+def module_ref(module_globals: dict[str, Any]) -> str | None:
+    """Where a module can be re-imported from in a worker: 'modname' or a file path."""
+    modname = module_globals.get("__name__")
+    file = module_globals.get("__file__")
+    if modname and modname != "__main__" and not modname.startswith("_shardfuzz_file_"):
+        try:
+            spec = importlib.util.find_spec(modname)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin and file and os.path.exists(spec.origin):
+            if os.path.samefile(spec.origin, file):
+                return modname
+    if file:
+        return os.path.abspath(file)
+    return None
+
+
+def _entry_points() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_targets() -> dict[str, str]:
+    """Name -> reference, for built-ins and targets registered by installed packages."""
+    found = dict(BUILTIN_TARGETS)
+    for name, value in _entry_points().items():
+        found.setdefault(name, value)
+    return found
+
+
+def get_target(spec: Any):
+    """A :class:`~shardfuzz.Target` from a Target, a name, ``pkg.mod:ATTR`` or ``file.py[::NAME]``."""
+    from shardfuzz.target import Target
+
+    if isinstance(spec, Target):
+        return spec
+    if not isinstance(spec, str):
+        raise TargetError(f"target={spec!r}; expected a Target, a target name, 'pkg.mod:ATTR' or a file.py path")
+    if spec.endswith(".py") or "::" in spec:
+        path, _, name = spec.partition("::") if "::" in spec else (spec, "", "")
+        module = _import_file(path, "target")
+        targets = {v.name: v for v in vars(module).values() if isinstance(v, Target)}
+        if not targets:
+            raise TargetError(f"target={spec!r}: {path!r} defines no shardfuzz.Target")
+        if name:
+            if name in targets:
+                return targets[name]
+            obj = getattr(module, name, None)
+            if isinstance(obj, Target):
+                return obj
+            raise TargetError(f"target={spec!r}: {path!r} has no target {name!r}; it defines {sorted(targets)}")
+        if len(targets) > 1:
+            raise TargetError(f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME")
+        return next(iter(targets.values()))
+    known = available_targets()
+    if ":" in spec:
+        obj = load_ref(spec, "target")
+    elif spec in known:
+        obj = load_ref(known[spec], f"target {spec!r}")
+    else:
+        raise TargetError(f"target={spec!r} is unknown; known targets: {', '.join(sorted(known))}")
+    if not isinstance(obj, Target):
+        raise TargetError(f"target={spec!r} resolves to {obj!r}, not a shardfuzz.Target")
+    return obj

@@ -1,0 +1,271 @@
+"""Hypothesis strategies for shardfuzz cases (installed as ``shardfuzz.strategies``).
+
+Every strategy takes keyword-only ``min_*``/``max_*`` bounds, raises
+:class:`~shardfuzz.InvalidArgument` for bounds that cannot be met, and documents what it shrinks
+toward (``tests/test_strategies.py`` pins each minimal example).
+
+Draw order in :func:`cases` (it decides what shrinking can simplify first): target options, world
+size and mesh, per-rank sizes and remainders, dtype, value profile, late options (steps, ...), and
+the seed last. The world size is never derived from the divisors of a size: sizes are built from
+the drawn world by construction (``per_rank * group + remainder``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hypothesis import strategies as st
+
+from shardfuzz.case import DTYPES, Case
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.layouts import split_sizes
+
+__all__ = [
+    "PROFILES",
+    "Free",
+    "Split",
+    "cases",
+    "dtypes",
+    "meshes",
+    "seeds",
+    "sharded_sizes",
+    "triggers_of",
+    "value_profiles",
+    "world_sizes",
+]
+
+#: value profiles, simplest first. "large" scales values by 10**k (k drawn), "ties" quantises them
+#: to a coarse grid so equal values (ties) are common, "small" scales them down.
+PROFILES = ("normal", "large", "small", "ties")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidArgument(f"{name}={value!r}; must be an int >= {minimum}")
+
+
+def _check_range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
+    if lo > hi:
+        raise InvalidArgument(f"{lo_name}={lo!r} > {hi_name}={hi!r}; no value can satisfy both bounds")
+
+
+def world_sizes(*, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[int]:
+    """World sizes in ``[min_size, max_size]`` (3 and other non-powers of two included).
+
+    Shrinks toward ``min_size``.
+    """
+    _check_int("min_size", min_size, 1)
+    _check_int("max_size", max_size, 1)
+    _check_range("min_size", min_size, "max_size", max_size)
+    return st.integers(min_size, max_size)
+
+
+def mesh_shapes_for(world_size: int, *, max_dims: int = 2) -> list[tuple[int, ...]]:
+    """Mesh shapes for a world size, simplest first: 1-D, then 2-D factorisations (size-1 axes included)."""
+    _check_int("world_size", world_size, 1)
+    _check_int("max_dims", max_dims, 1)
+    shapes: list[tuple[int, ...]] = [(world_size,)]
+    if max_dims >= 2 and world_size > 1:
+        two = [(a, world_size // a) for a in range(2, world_size) if world_size % a == 0]
+        shapes += sorted(two, key=lambda s: (abs(s[0] - s[1]), s)) + [(1, world_size), (world_size, 1)]
+    return shapes
+
+
+@st.composite
+def meshes(
+    draw, *, min_world: int = 1, max_world: int = 4, max_dims: int = 2, world_size: int | None = None
+) -> tuple[int, ...]:
+    """Mesh shapes: a world size is drawn (or given), then a 1-D or 2-D shape for it.
+
+    2-D shapes such as ``(2, 2)`` (dp x tp) or ``(2, 1)`` make the implementation's group smaller
+    than the world. Shrinks toward the 1-D mesh ``(min_world,)``.
+    """
+    if world_size is None:
+        world_size = draw(world_sizes(min_size=min_world, max_size=max_world))
+    return draw(st.sampled_from(mesh_shapes_for(world_size, max_dims=max_dims)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """A size sharded over the implementation's group: ``per_rank * group + remainder``.
+
+    ``per_rank`` is drawn in ``[min_per_rank, max_per_rank]`` and the remainder in
+    ``[0, group - 1]`` when ``uneven`` (else 0). Empty shards need ``allow_empty``: it lets
+    ``per_rank`` be 0 (the global size still stays >= 1), so "uneven" never shrinks into "empty".
+    """
+
+    min_per_rank: int = 1
+    max_per_rank: int = 3
+    uneven: bool = True
+    allow_empty: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("min_per_rank", self.min_per_rank, 0)
+        _check_int("max_per_rank", self.max_per_rank, 0)
+        _check_range("min_per_rank", self.min_per_rank, "max_per_rank", self.max_per_rank)
+        if self.min_per_rank == 0 and not self.allow_empty:
+            raise InvalidArgument("min_per_rank=0 gives empty shards; pass allow_empty=True to allow them")
+        if self.max_per_rank == 0 and not self.uneven:
+            raise InvalidArgument("max_per_rank=0 with uneven=False gives a global size of 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Free:
+    """A size that is not sharded, in ``[min_size, max_size]``; shrinks toward ``min_size``."""
+
+    min_size: int = 1
+    max_size: int = 4
+
+    def __post_init__(self) -> None:
+        _check_int("min_size", self.min_size, 0)
+        _check_int("max_size", self.max_size, 0)
+        _check_range("min_size", self.min_size, "max_size", self.max_size)
+
+
+@st.composite
+def sharded_sizes(draw, parts: int, spec: Split = Split()) -> int:
+    """A global size for a dim split over ``parts`` ranks, built as ``per_rank * parts + remainder``.
+
+    Shrinks toward ``spec.min_per_rank * parts`` (even). A non-zero remainder makes it uneven; the
+    smallest uneven size is ``min_per_rank * parts + 1``.
+    """
+    _check_int("parts", parts, 1)
+    lo = spec.min_per_rank if spec.min_per_rank > 0 or not spec.allow_empty else 0
+    per_rank = draw(st.integers(lo, spec.max_per_rank))
+    if per_rank == 0:  # only under allow_empty: fewer rows than ranks, but never a global size of 0
+        return draw(st.integers(1, parts - 1)) if parts > 1 else 1
+    rem = draw(st.integers(0, parts - 1)) if spec.uneven else 0
+    return per_rank * parts + rem
+
+
+def dtypes(*, allowed: Sequence[str] = ("float32", "float64", "bfloat16")) -> st.SearchStrategy[str]:
+    """dtype names; shrinks toward the first allowed (float32 by default)."""
+    allowed = tuple(allowed)
+    bad = [d for d in allowed if d not in DTYPES]
+    if not allowed or bad:
+        raise InvalidArgument(f"allowed={allowed!r}; choose from {', '.join(DTYPES)}")
+    return st.sampled_from(allowed)
+
+
+@st.composite
+def value_profiles(draw, *, allowed: Sequence[str] = PROFILES, min_log_scale: int = 1, max_log_scale: int = 4):
+    """``(name, params)``: the value profile and its structured parameters.
+
+    ``large`` draws a scale ``10**k`` with ``k`` in ``[min_log_scale, max_log_scale]``; ``ties``
+    draws a grid step so that many values are exactly equal. Shrinks toward ``("normal", {})``.
+    """
+    allowed = tuple(allowed)
+    bad = [p for p in allowed if p not in PROFILES]
+    if not allowed or bad:
+        raise InvalidArgument(f"allowed={allowed!r}; choose from {', '.join(PROFILES)}")
+    _check_range("min_log_scale", min_log_scale, "max_log_scale", max_log_scale)
+    name = draw(st.sampled_from(allowed))
+    if name == "large":
+        return name, {"scale": float(10 ** draw(st.integers(min_log_scale, max_log_scale)))}
+    if name == "small":
+        return name, {"scale": float(10 ** -draw(st.integers(min_log_scale, max_log_scale)))}
+    if name == "ties":
+        return name, {"grid": draw(st.sampled_from([0.5, 1.0, 0.25]))}
+    return name, {}
+
+
+def seeds(*, max_seed: int = 2**31 - 1) -> st.SearchStrategy[int]:
+    """Input seeds; shrinks toward 0. Drawn last, so a failure keeps its structure while shrinking."""
+    _check_int("max_seed", max_seed, 0)
+    return st.integers(0, max_seed)
+
+
+@st.composite
+def cases(
+    draw,
+    target: str,
+    *,
+    sizes: Mapping[str, Split | Free] | None = None,
+    options: Mapping[str, st.SearchStrategy] | None = None,
+    late_options: Mapping[str, st.SearchStrategy] | None = None,
+    world_sizes: Sequence[int] | None = None,
+    min_world: int = 1,
+    max_world: int = 4,
+    max_dims: int = 2,
+    dtypes: Sequence[str] = ("float32", "float64", "bfloat16"),
+    profiles: Sequence[str] = ("normal", "large", "ties"),
+) -> Case:
+    """Cases of ``target``, drawn in the order that shrinks best (see the module docstring).
+
+    ``world_sizes`` (an explicit list, e.g. from ``--shardfuzz-world-sizes``) overrides
+    ``min_world``/``max_world``. Shrinks toward: options' minima, world ``min_world``, a 1-D mesh,
+    even sizes at ``min_per_rank``, the first dtype, the ``normal`` profile and seed 0.
+    """
+    sizes = dict(sizes or {})
+    options_s = dict(options or {})
+    late = dict(late_options or {})
+    opts = {k: draw(v) for k, v in options_s.items()}
+    if world_sizes:
+        ws = sorted(set(world_sizes))
+        for w in ws:
+            _check_int("world_sizes[i]", w, 1)
+        world = draw(st.sampled_from(ws))
+    else:
+        _check_int("min_world", min_world, 1)
+        _check_int("max_world", max_world, 1)
+        _check_range("min_world", min_world, "max_world", max_world)
+        world = draw(st.integers(min_world, max_world))
+    mesh = draw(meshes(world_size=world, max_dims=max_dims))
+    group = mesh[-1]
+    drawn: dict[str, int] = {}
+    split: list[str] = []
+    for name, spec in sizes.items():
+        if isinstance(spec, Split):
+            drawn[name] = draw(sharded_sizes(group, spec))
+            split.append(name)
+        elif isinstance(spec, Free):
+            drawn[name] = draw(st.integers(spec.min_size, spec.max_size))
+        else:
+            raise InvalidArgument(f"sizes[{name!r}]={spec!r}; use Split(...) or Free(...)")
+    dtype = draw(_dtypes(allowed=dtypes))
+    profile, params = draw(value_profiles(allowed=profiles))
+    opts.update(params)
+    opts.update({k: draw(v) for k, v in late.items()})
+    seed = draw(seeds())
+    return Case(target=target, world_size=world, mesh=mesh, sizes=drawn, split=tuple(split), dtype=dtype,
+                profile=profile, seed=seed, options=opts)
+
+
+_dtypes = dtypes
+
+
+def triggers_of(case: Case) -> set[str]:
+    """The bug-hiding conditions (BUG-PATTERNS.md) that a case reaches; for statistics and tests."""
+    out = set()
+    if case.world_size >= 3:
+        out.add("world>=3")
+    if case.world_size >= 2 and not math.log2(case.world_size).is_integer():
+        out.add("world non-power-of-2")
+    if case.group_size < case.world_size:
+        out.add("group<world")
+    if sum(1 for m in case.mesh if m > 1) >= 2:
+        out.add("2-D mesh")
+    g = case.group_size
+    for name in case.split:
+        n = case.sizes[name]
+        if n % g:
+            out.add("uneven")
+        if 0 in split_sizes(n, g, "dtensor"):
+            out.add("empty shard")
+    if case.sizes.get("batch", 1) > 1:
+        out.add("batch>1")
+    if case.dtype != "float32":
+        out.add(case.dtype)
+    if case.profile != "normal":
+        out.add(f"profile={case.profile}")
+    for k, v in case.options.items():
+        if k in ("steps", "grad_accum", "top_k") and isinstance(v, int) and v >= 2:
+            out.add(f"{k}>=2")
+        elif isinstance(v, bool) and v:
+            out.add(k)
+        elif k in ("smoothing", "clip") and v:
+            out.add(f"{k}>0")
+    return out

@@ -1,0 +1,239 @@
+"""Tensor-parallel MLP: a column-parallel linear, GELU, then a row-parallel linear, with biases.
+
+``y = gelu(x @ w1.T + b1) @ w2.T + b2`` with ``w1``/``b1`` split by rows (column parallel),
+``w2`` split by columns (row parallel) and ``b2`` replicated. Backward is driven by a random
+cotangent ``dy`` (``y.sum()`` cannot see rows scrambled in backward). Collectives sit inside the
+Megatron conjugate pair of autograd Functions:
+
+* ``f`` (copy to the TP region): identity forward, all-reduce of the input gradient backward;
+* ``g`` (reduce from the TP region): all-reduce forward, identity backward.
+
+Outputs compared: ``y`` and ``grad_x`` (replicated: every rank is checked), ``grad_w1``/``grad_b1``
+(``Shard(0)``), ``grad_w2`` (``Shard(1)``) and ``grad_b2`` (replicated).
+
+Planted bugs, each a small change to the reference, modelled on a real one (BUG-PATTERNS.md):
+
+* ``missing_allreduce``: the row-parallel output is never all-reduced (``g`` is the identity).
+* ``bias_before_allreduce``: ``b2`` is added on every rank before the all-reduce, so ``y`` holds
+  tp copies of the bias (huggingface/text-generation-inference#1036).
+* ``missing_f_backward``: ``f`` does not all-reduce the input gradient; forward is right, ``grad_x``
+  is wrong (bigcode-project/Megatron-LM#35).
+* ``world_group``: the collectives use the world group instead of the TP group; right on a 1-D mesh,
+  wrong as soon as the TP group is smaller than the world (dp x tp).
+* ``floor_split``: the weights are sliced by hand with ``hidden // tp`` rows per rank, dropping the
+  remainder; right only when tp divides ``hidden``.
+* ``contiguous_copy``: the all-reduce runs on a ``.contiguous()`` copy of a non-contiguous output and
+  the unreduced original is returned (NVIDIA/Megatron-LM#5337); batch*seq == 1 hides it.
+* ``skip_empty_shard``: a rank whose hidden shard is empty returns early and skips the all-reduce;
+  its peers hang (an uneven hidden size on 3+ ranks makes an empty DTensor shard).
+* ``raw_allreduce``: ``g`` calls ``dist.all_reduce`` directly inside autograd; torch treats it as
+  the identity with only a warning (pytorch/pytorch#152127). Harmless here by luck (g's backward is
+  the identity), fatal for ``f``: reported as an ignored collective.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from einops import rearrange
+
+import shardfuzz.strategies as sst
+from shardfuzz import Replicate, Shard, Target
+from shardfuzz.inputs import generator, randn
+
+SIZES = {
+    "batch": sst.Free(1, 3),
+    "seq": sst.Free(1, 3),
+    "d_model": sst.Free(1, 4),
+    "hidden": sst.Split(min_per_rank=1, max_per_rank=3),
+    "d_out": sst.Free(1, 4),
+}
+
+
+def cases(world_sizes=None):
+    return sst.cases("tp_mlp", sizes=SIZES, world_sizes=world_sizes)
+
+
+def inputs(case):
+    b, s, d, h, o = (case.sizes[k] for k in ("batch", "seq", "d_model", "hidden", "d_out"))
+    g = generator(case)
+    return {
+        "x": randn(case, b, s, d, gen=g),
+        "w1": randn(case, h, d, gen=g, scale=d**-0.5),
+        "b1": randn(case, h, gen=g),
+        "w2": randn(case, o, h, gen=g, scale=h**-0.5),
+        "b2": randn(case, o, gen=g),
+        "dy": randn(case, b, s, o, gen=g, profile=False),
+    }
+
+
+def oracle(inp, case):
+    x, w1, b1, w2, b2 = (inp[k].clone().requires_grad_() for k in ("x", "w1", "b1", "w2", "b2"))
+    y = F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+    y.backward(inp["dy"])
+    return {"y": y, "grad_x": x.grad, "grad_w1": w1.grad, "grad_b1": b1.grad, "grad_w2": w2.grad, "grad_b2": b2.grad}
+
+
+def magnitude(inp, case):
+    """Elementwise bounds on the sum of |terms| behind each output (for the magnitude-aware tolerance)."""
+    ax, aw1, ab1, aw2, ab2, ady = (inp[k].abs() for k in ("x", "w1", "b1", "w2", "b2", "dy"))
+    a1 = ax @ aw1.T + ab1  # |pre-activation| terms
+    h = 1.2 * a1  # |gelu(z)| <= |z|, |gelu'| <= 1.13: error of h ~ 1.13 * error of z
+    dh = ady @ aw2
+    dz = dh * (1.2 + 0.5 * a1)  # |gelu'| <= 1.13, |gelu''| <= 0.4: an error in z moves gelu'(z)
+    return {
+        "y": h @ aw2.T + ab2,
+        "grad_x": dz @ aw1,
+        "grad_w1": torch.einsum("bsh,bsd->hd", dz, ax),
+        "grad_b1": dz.sum((0, 1)),
+        "grad_w2": torch.einsum("bso,bsh->oh", ady, h),
+        "grad_b2": ady.sum((0, 1)),
+    }
+
+
+# -- the Megatron f/g pair -----------------------------------------------------------------------
+class CopyToTP(torch.autograd.Function):
+    """f: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, reduce_backward=True):
+        ctx.group, ctx.reduce_backward = group, reduce_backward
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        if ctx.reduce_backward:
+            dist.all_reduce(grad, group=ctx.group)
+        return grad, None, None
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, contiguous_copy_bug=False):
+        if contiguous_copy_bug:  # NVIDIA/Megatron-LM#5337: reduce a copy, return the original
+            buf = x.contiguous()
+            dist.all_reduce(buf, group=group)
+            return x.clone() if buf.data_ptr() != x.data_ptr() else buf.clone()
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+def _mlp(ctx, *, bug: str | None = None):
+    group = None if bug == "world_group" else ctx.group
+    x = ctx.inputs["x"].clone().requires_grad_()
+    if bug == "floor_split":  # hand-made shards with floor division: drops the remainder rows
+        h = ctx.inputs["w1"].shape[0]
+        per = h // ctx.group_size
+        rows = slice(ctx.group_rank * per, (ctx.group_rank + 1) * per)
+        w1, b1, w2 = ctx.inputs["w1"][rows], ctx.inputs["b1"][rows], ctx.inputs["w2"][:, rows]
+    else:
+        w1, b1, w2 = ctx.local["w1"], ctx.local["b1"], ctx.local["w2"]
+    w1, b1, w2 = (t.clone().requires_grad_() for t in (w1, b1, w2))
+    b2 = ctx.inputs["b2"].clone().requires_grad_()
+    if bug == "skip_empty_shard" and w1.shape[0] == 0:
+        # "nothing to do on this rank": the peers now wait in the all-reduce forever
+        zeros = torch.zeros_like
+        y = zeros(ctx.inputs["dy"])
+        return {"y": y, "grad_x": zeros(x), "grad_w1": zeros(w1), "grad_b1": zeros(b1),
+                "grad_w2": zeros(w2), "grad_b2": zeros(b2)}
+
+    xin = CopyToTP.apply(x, group, bug != "missing_f_backward")
+    hid = F.gelu(F.linear(xin, w1, b1))
+    if bug == "contiguous_copy":
+        flat = rearrange(hid, "b s h -> h (b s)")
+        partial = (w2 @ flat).t()  # [(b s), o], non-contiguous unless b*s == 1 or o == 1
+        partial = rearrange(partial, "(b s) o -> b s o", b=hid.shape[0])
+    else:
+        partial = F.linear(hid, w2)
+    if bug == "bias_before_allreduce":
+        partial = partial + b2
+    if bug == "missing_allreduce":
+        out = partial
+    elif bug == "raw_allreduce":
+        out = partial.clone()
+        dist.all_reduce(out, group=group)
+    else:
+        out = ReduceFromTP.apply(partial, group, bug == "contiguous_copy")
+    y = out if bug == "bias_before_allreduce" else out + b2
+    y.backward(ctx.inputs["dy"])
+    return {"y": y.detach(), "grad_x": x.grad, "grad_w1": w1.grad, "grad_b1": b1.grad,
+            "grad_w2": w2.grad, "grad_b2": b2.grad}
+
+
+def reference(ctx):
+    return _mlp(ctx)
+
+
+def missing_allreduce(ctx):
+    return _mlp(ctx, bug="missing_allreduce")
+
+
+def bias_before_allreduce(ctx):
+    return _mlp(ctx, bug="bias_before_allreduce")
+
+
+def missing_f_backward(ctx):
+    return _mlp(ctx, bug="missing_f_backward")
+
+
+def world_group(ctx):
+    return _mlp(ctx, bug="world_group")
+
+
+def floor_split(ctx):
+    return _mlp(ctx, bug="floor_split")
+
+
+def contiguous_copy(ctx):
+    return _mlp(ctx, bug="contiguous_copy")
+
+
+def skip_empty_shard(ctx):
+    return _mlp(ctx, bug="skip_empty_shard")
+
+
+def raw_allreduce(ctx):
+    return _mlp(ctx, bug="raw_allreduce")
+
+
+PLANTED = {
+    "missing_allreduce": "row-parallel output never all-reduced (BUG-PATTERNS: TP, missing all-reduce)",
+    "bias_before_allreduce": "row-parallel bias added on every rank before the all-reduce "
+    "(huggingface/text-generation-inference#1036)",
+    "missing_f_backward": "f operator skips the backward all-reduce of the input gradient "
+    "(bigcode-project/Megatron-LM#35)",
+    "world_group": "collectives on the world group instead of the TP group (group smaller than the world)",
+    "floor_split": "hand-sliced shards with hidden // tp rows drop the remainder (uneven sizes)",
+    "contiguous_copy": "all-reduce on a .contiguous() copy, unreduced original returned (NVIDIA/Megatron-LM#5337)",
+    "skip_empty_shard": "a rank with an empty shard skips the all-reduce and its peers hang",
+    "raw_allreduce": "dist.all_reduce inside autograd, silently treated as identity (pytorch/pytorch#152127)",
+}
+
+TARGET = Target(
+    name="tp_mlp",
+    description="column- then row-parallel MLP with biases, forward and backward (Megatron f/g)",
+    cases=cases,
+    inputs=inputs,
+    oracle=oracle,
+    magnitude=magnitude,
+    outputs={
+        "y": Replicate(),
+        "grad_x": Replicate(),
+        "grad_w1": Shard(0),
+        "grad_b1": Shard(0),
+        "grad_w2": Shard(1),
+        "grad_b2": Replicate(),
+    },
+    input_layouts={"w1": Shard(0), "b1": Shard(0), "w2": Shard(1)},
+    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    planted=PLANTED,
+)
