@@ -50,7 +50,8 @@ class Tolerance:
             mag = ref.abs().nan_to_num(0.0, 0.0, 0.0) + rms
         else:
             mag = mag.double().abs()
-        return self.noise_factor * noise + self.magnitude_factor * (2 + group_size) * u * mag + 1e-300
+        tiny = float(torch.finfo(getattr(torch, dtype)).tiny)
+        return self.noise_factor * noise + self.magnitude_factor * (2 + group_size) * u * mag + tiny
 
 
 @dataclasses.dataclass

@@ -253,8 +253,10 @@ def triggers_of(case: Case) -> set[str]:
         n = case.sizes[name]
         if n % g:
             out.add("uneven")
-        if 0 in split_sizes(n, g, "dtensor"):
-            out.add("empty shard")
+        if n < g:
+            out.add("empty shard")  # under any split rule
+        elif 0 in split_sizes(n, g, "dtensor"):
+            out.add("empty DTensor shard")
     if case.sizes.get("batch", 1) > 1:
         out.add("batch>1")
     if case.dtype != "float32":

@@ -1,0 +1,133 @@
+"""pytest plugin (entry point ``pytest11: shardfuzz``).
+
+* registers the ``shardfuzz-ci``, ``shardfuzz-dev`` and ``shardfuzz-fuzz`` Hypothesis profiles and,
+  after ``--hypothesis-profile`` is loaded, picks ``shardfuzz-<current profile>`` for shardfuzz tests
+  only (other Hypothesis tests in the project keep their own settings);
+* adds the namespaced options ``--shardfuzz-backend``, ``--shardfuzz-world-sizes`` and
+  ``--shardfuzz-timeout`` (``--timeout`` belongs to pytest-timeout);
+* prints a header line that says how to reproduce the run;
+* :func:`test_for` turns a target into a test in one line.
+
+Importing this module imports neither torch nor the engine; they load inside hooks and tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+HELP_BACKEND = "torch.distributed backend for shardfuzz tests: gloo (CPU, default) or nccl (one GPU per rank)."
+HELP_WORLD_SIZES = "comma-separated world sizes that shardfuzz tests may draw, e.g. 1,2,3 (default: each target's own)."
+HELP_TIMEOUT = "fixed per-example timeout in seconds for shardfuzz tests (default: adaptive per target and world size)."
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The shardfuzz options of this pytest run (the ``shardfuzz_options`` fixture)."""
+
+    backend: str = "gloo"
+    world_sizes: tuple[int, ...] | None = None
+    timeout: float | None = None
+    profile: str = "shardfuzz-dev"
+    hypothesis_profile: str | None = None
+
+
+def _parse_world_sizes(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        sizes = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 1 for s in sizes):
+        raise pytest.UsageError(
+            f"--shardfuzz-world-sizes={text!r}; expected comma-separated integers >= 1, e.g. 1,2,3"
+        )
+    return sizes
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("shardfuzz", "shardfuzz: differential fuzzing of sharded code")
+    group.addoption("--shardfuzz-backend", default="gloo", choices=("gloo", "nccl"), help=HELP_BACKEND)
+    group.addoption("--shardfuzz-world-sizes", default=None, metavar="N,N,...", help=HELP_WORLD_SIZES)
+    group.addoption("--shardfuzz-timeout", default=None, type=float, metavar="SECONDS", help=HELP_TIMEOUT)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from shardfuzz.settings import current_profile_name, profile_for, register_profiles
+
+    register_profiles()
+    timeout = config.getoption("--shardfuzz-timeout", None)
+    if timeout is not None and timeout <= 0:
+        raise pytest.UsageError(f"--shardfuzz-timeout={timeout!r}; must be a number of seconds > 0")
+    current = current_profile_name()
+    config._shardfuzz_options = Options(  # type: ignore[attr-defined]
+        backend=config.getoption("--shardfuzz-backend", "gloo"),
+        world_sizes=_parse_world_sizes(config.getoption("--shardfuzz-world-sizes", None)),
+        timeout=timeout,
+        profile=profile_for(current),
+        hypothesis_profile=current,
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    o: Options = config._shardfuzz_options  # type: ignore[attr-defined]
+    args = [f"--hypothesis-profile={o.hypothesis_profile}"] if o.hypothesis_profile not in (None, "default") else []
+    args.append(f"--shardfuzz-backend={o.backend}")
+    if o.world_sizes:
+        args.append(f"--shardfuzz-world-sizes={','.join(map(str, o.world_sizes))}")
+    if o.timeout:
+        args.append(f"--shardfuzz-timeout={o.timeout:g}")
+    return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}"
+
+
+@pytest.fixture(scope="session")
+def shardfuzz_options(pytestconfig: pytest.Config) -> Options:
+    """The shardfuzz options of this run (backend, world sizes, timeout, profile)."""
+    return pytestconfig._shardfuzz_options  # type: ignore[attr-defined]
+
+
+def test_for(
+    target: Any,
+    impl: Any = None,
+    *,
+    world_sizes: tuple[int, ...] | None = None,
+    timeout: float | None = None,
+    max_examples: int | None = None,
+) -> Any:
+    """A pytest test that fuzzes ``impl`` of ``target``: ``test_mine = shardfuzz.test_for("my_target.py")``.
+
+    The test uses the shardfuzz profile picked from ``--hypothesis-profile``, the
+    ``--shardfuzz-*`` options (explicit arguments here win), and a Hypothesis database keyed by
+    target, implementation and backend. An implementation listed in the target's
+    ``expected_failures`` becomes a strict xfail with the recorded reason.
+    """
+
+    def test(shardfuzz_options: Options) -> None:
+        from shardfuzz.engine import Runner, build_test
+        from shardfuzz.settings import build_settings
+
+        o = shardfuzz_options
+        runner = Runner(target, impl, backend=o.backend, timeout=timeout or o.timeout,
+                        world_sizes=world_sizes or o.world_sizes)
+        reason = runner.target.expected_failures.get(runner.impl_name)
+        if reason:
+            from shardfuzz.engine import _findings_of
+
+            try:
+                build_test(runner, build_settings(o.profile, max_examples=max_examples))()
+            except BaseException as e:
+                if not _findings_of(e):
+                    raise
+                pytest.xfail(f"expected failure: {reason}")
+            pytest.fail(f"{runner.key} is listed as an expected failure ({reason}) but passed", pytrace=False)
+        build_test(runner, build_settings(o.profile, max_examples=max_examples))()
+
+    name = target if isinstance(target, str) else getattr(target, "name", "target")
+    test.__name__ = f"test_shardfuzz_{name}"
+    return test
+
+
+test_for.__test__ = False  # type: ignore[attr-defined]  # not itself a test when imported into one

@@ -1,0 +1,201 @@
+"""Vocab-parallel embedding and vocab-parallel cross-entropy with label smoothing (Megatron style).
+
+The vocabulary is split over the TP group with the ``tensor_split`` rule (Megatron's
+``VocabUtility``: the first ``V % tp`` ranks get one extra row). Per rank:
+
+* embedding: tokens outside ``[start, end)`` are masked, local ids are ``token - start``, the
+  masked rows are zeroed and the result is all-reduced (``g``);
+* output projection: ``logits_local = f(h) @ w_out_local.T``;
+* cross-entropy: a custom autograd Function (as in Megatron) that all-reduces the max, the sum of
+  exponentials, the target logit and, for label smoothing ``eps``, the sum of logits over the
+  *global* vocabulary: ``loss = (1 - eps) * (lse - z_label) + eps * (lse - mean_v z_v)``.
+
+Outputs: per-token ``loss`` (replicated), ``grad_emb`` and ``grad_w_out`` (``Shard(0,
+rule="tensor_split")``). Backward is driven by a random per-token cotangent.
+
+Planted bugs:
+
+* ``local_smoothing``: the smoothing term uses the local vocab size and the local mean
+  (NVIDIA/Megatron-LM#737); only visible with tp > 1 and smoothing > 0.
+* ``embedding_no_offset``: token ids are not shifted by the rank's vocab offset; rank 0 is right
+  (the pattern of flashinfer-ai/flashinfer#3547, in an embedding).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import hypothesis.strategies as st
+
+import shardfuzz.strategies as sst
+from shardfuzz import Replicate, Shard, Target
+from shardfuzz.inputs import generator, randn
+from shardfuzz.targets.tp_mlp import CopyToTP, ReduceFromTP
+
+VOCAB = Shard(0, rule="tensor_split")
+
+SIZES = {
+    "batch": sst.Free(1, 2),
+    "seq": sst.Free(1, 3),
+    "d_model": sst.Free(1, 4),
+    "vocab": sst.Split(min_per_rank=1, max_per_rank=3),
+}
+
+
+def cases(world_sizes=None):
+    return sst.cases(
+        "vocab_parallel",
+        sizes=SIZES,
+        options={"smoothing": st.sampled_from([0.0, 0.1, 0.3])},
+        world_sizes=world_sizes,
+    )
+
+
+def inputs(case):
+    b, s, d, v = (case.sizes[k] for k in ("batch", "seq", "d_model", "vocab"))
+    g = generator(case)
+    return {
+        "tokens": torch.randint(0, v, (b, s), generator=g),
+        "labels": torch.randint(0, v, (b, s), generator=g),
+        "emb": randn(case, v, d, gen=g),
+        "w_out": randn(case, v, d, gen=g, scale=d**-0.5),
+        "dloss": randn(case, b, s, gen=g, profile=False),
+    }
+
+
+def oracle(inp, case):
+    emb = inp["emb"].clone().requires_grad_()
+    w_out = inp["w_out"].clone().requires_grad_()
+    h = F.embedding(inp["tokens"], emb)
+    logits = F.linear(h, w_out)
+    v = logits.shape[-1]
+    loss = F.cross_entropy(
+        logits.reshape(-1, v), inp["labels"].reshape(-1), reduction="none", label_smoothing=case.options["smoothing"]
+    ).view(inp["labels"].shape)
+    loss.backward(inp["dloss"])
+    return {"loss": loss, "grad_emb": emb.grad, "grad_w_out": w_out.grad}
+
+
+def magnitude(inp, case):
+    """Elementwise bounds on the sum of |terms| behind each output (magnitude-aware tolerance).
+
+    The logits' gradient ``softmax - (1 - eps) * onehot - eps / V`` cancels to ~0 where the
+    softmax is confident; its rounding error scales with ``softmax + onehot + eps / V`` and with the
+    error of the softmax itself (``p * |logit terms|``), not with the result.
+    """
+    eps = case.options["smoothing"]
+    emb, w_out, tokens, labels = inp["emb"], inp["w_out"], inp["tokens"], inp["labels"]
+    v = emb.shape[0]
+    h = F.embedding(tokens, emb)
+    ah = h.abs()
+    lmag = ah @ w_out.abs().T  # |logit terms|
+    p = torch.softmax(h @ w_out.T, -1)
+    onehot = F.one_hot(labels, v).to(p.dtype)
+    spread = lmag + lmag.amax(-1, keepdim=True)
+    gz = inp["dloss"].abs().unsqueeze(-1) * (p + onehot + eps / v + p * spread)
+    gh = gz @ w_out.abs()
+    grad_emb = torch.zeros_like(emb).index_add_(0, tokens.reshape(-1), gh.reshape(-1, gh.shape[-1]))
+    return {
+        "loss": spread.amax(-1) + torch.log(torch.tensor(float(v), dtype=p.dtype)) + 1.0,
+        "grad_emb": grad_emb,
+        "grad_w_out": torch.einsum("bsv,bsd->vd", gz, ah),
+    }
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron's vocab-parallel cross-entropy with label smoothing, forward and backward."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, start, vocab, eps, group, local_smoothing_bug=False):
+        local_v = logits.shape[-1]
+        lmax = logits.max(dim=-1).values if local_v else torch.full(logits.shape[:-1], -torch.inf, dtype=logits.dtype)
+        dist.all_reduce(lmax, op=dist.ReduceOp.MAX, group=group)
+        z = logits - lmax.unsqueeze(-1)
+        exp = z.exp()
+        sum_exp = exp.sum(-1)
+        dist.all_reduce(sum_exp, group=group)
+        in_range = (labels >= start) & (labels < start + local_v)
+        local_label = (labels - start).clamp(0, max(local_v - 1, 0))
+        z_label = z.gather(-1, local_label.unsqueeze(-1)).squeeze(-1) if local_v else torch.zeros_like(sum_exp)
+        z_label = torch.where(in_range, z_label, torch.zeros_like(z_label))
+        dist.all_reduce(z_label, group=group)
+        log_sum = sum_exp.log()
+        loss = log_sum - z_label
+        if eps:
+            if local_smoothing_bug:  # NVIDIA/Megatron-LM#737: local vocab size and local mean
+                mean_z = z.sum(-1) / local_v
+                n = local_v
+            else:
+                sum_z = z.sum(-1)
+                dist.all_reduce(sum_z, group=group)
+                mean_z = sum_z / vocab
+                n = vocab
+            loss = (1 - eps) * loss + eps * (log_sum - mean_z)
+        else:
+            n = vocab
+        softmax = exp / sum_exp.unsqueeze(-1)
+        ctx.save_for_backward(softmax, in_range, local_label)
+        ctx.eps, ctx.n = eps, n
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, in_range, local_label = ctx.saved_tensors
+        g = softmax.clone()
+        onehot = torch.zeros_like(g)
+        if g.shape[-1]:
+            onehot.scatter_(-1, local_label.unsqueeze(-1), in_range.unsqueeze(-1).to(g.dtype))
+        g = g - (1 - ctx.eps) * onehot - ctx.eps / ctx.n
+        return g * grad.unsqueeze(-1), None, None, None, None, None, None
+
+
+def _run(ctx, bug=None):
+    tokens, labels = ctx.inputs["tokens"], ctx.inputs["labels"]
+    vocab = ctx.inputs["emb"].shape[0]
+    emb = ctx.local["emb"].clone().requires_grad_()
+    w_out = ctx.local["w_out"].clone().requires_grad_()
+    start = VOCAB.global_index((0, 0), ctx.group_rank, ctx.group_size, tuple(ctx.inputs["emb"].shape))[0]
+    local_v = emb.shape[0]
+    outside = (tokens < start) | (tokens >= start + local_v)
+    ids = tokens.clamp(0, local_v - 1) if bug == "embedding_no_offset" else (tokens - start).clamp(0, local_v - 1)
+    h = F.embedding(ids, emb) * (~outside).unsqueeze(-1).to(emb.dtype)
+    h = ReduceFromTP.apply(h, ctx.group)
+    logits = F.linear(CopyToTP.apply(h, ctx.group), w_out)
+    loss = VocabParallelCrossEntropy.apply(
+        logits, labels, start, vocab, ctx.case.options["smoothing"], ctx.group, bug == "local_smoothing"
+    )
+    loss.backward(ctx.inputs["dloss"])
+    return {"loss": loss.detach(), "grad_emb": emb.grad, "grad_w_out": w_out.grad}
+
+
+def reference(ctx):
+    return _run(ctx)
+
+
+def local_smoothing(ctx):
+    return _run(ctx, "local_smoothing")
+
+
+def embedding_no_offset(ctx):
+    return _run(ctx, "embedding_no_offset")
+
+
+PLANTED = {
+    "local_smoothing": "label smoothing uses the local vocab size and local mean (NVIDIA/Megatron-LM#737)",
+    "embedding_no_offset": "token ids not shifted by the rank's vocab offset; rank 0 is right "
+    "(pattern of flashinfer-ai/flashinfer#3547)",
+}
+
+TARGET = Target(
+    name="vocab_parallel",
+    description="vocab-parallel embedding + vocab-parallel cross-entropy with label smoothing (tensor_split rule)",
+    cases=cases,
+    inputs=inputs,
+    oracle=oracle,
+    magnitude=magnitude,
+    outputs={"loss": Replicate(), "grad_emb": VOCAB, "grad_w_out": VOCAB},
+    input_layouts={"emb": VOCAB, "w_out": VOCAB},
+    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    planted=PLANTED,
+)
