@@ -116,11 +116,11 @@ def compare_tensor(actual, expected, bound, rank, to_global) -> RankDiff:
     ratio = torch.where(fin_e, diff / bound, torch.zeros_like(diff))
     ratio = torch.where(fin_e & ~torch.isfinite(a), torch.full_like(diff, math.inf), ratio)
     ratio = torch.where(~fin_e & ~ok_nonfinite, torch.full_like(diff, math.inf), ratio)
-    ratio = ratio.nan_to_num(math.inf)
+    ratio = ratio.nan_to_num(nan=math.inf, posinf=math.inf)
     bad_mask = ratio > 1
     rd = RankDiff(rank, n, int(bad_mask.sum()))
     rd.max_ratio = float(ratio.max())
-    d = torch.where(fin_e, diff.nan_to_num(math.inf), torch.where(ok_nonfinite, 0.0, math.inf))
+    d = torch.where(fin_e, diff.nan_to_num(nan=math.inf, posinf=math.inf), torch.where(ok_nonfinite, 0.0, math.inf))
     i = int(d.argmax())
     rd.max_abs = float(d.flatten()[i])
     rd.max_abs_at = to_global(tuple(int(v) for v in _unravel(i, e.shape)))

@@ -83,6 +83,8 @@ class Stats:
     passed: int = 0
     failures: int = 0
     elapsed: float = 0.0
+    #: how many examples ran until the first failure (None: no failure)
+    first_failure_at: int | None = None
     #: smallest error/tolerance among mismatching examples (how clearly a bug is seen)
     margin: float | None = None
     #: largest error/tolerance among passing examples (how close a correct run came)
@@ -210,6 +212,8 @@ class Runner:
             ratio = self._compare(case, locals_, expected)
         except Finding:
             self.stats.failures += 1
+            if self.stats.first_failure_at is None:
+                self.stats.first_failure_at = self.stats.examples
             raise
         self.stats.passed += 1
         self.stats.worst_pass_ratio = max(self.stats.worst_pass_ratio, ratio)
@@ -363,7 +367,9 @@ class Runner:
         if ok:
             parts.append("outputs within tolerance: " + ", ".join(ok))
         parts.append(self._footer(case))
-        raise Mismatch("\n".join(parts), case=case, ratio=ratio)
+        err = Mismatch("\n".join(parts), case=case, ratio=ratio)
+        err.outputs = {d.name: sorted(r.rank for r in d.ranks if r.bad and r.rank is not None) for d in bad}
+        raise err
 
     def _raise_layout(self, case: Case, problems: list[str]) -> None:
         parts = [self._header("local shapes/dtypes do not match the output layouts", case)]

@@ -56,9 +56,13 @@ def _rebuild(cls, report, case, ratio):
 
 
 class Mismatch(Finding):
-    """Values on some rank differ from the oracle by more than the tolerance."""
+    """Values on some rank differ from the oracle by more than the tolerance.
+
+    ``outputs`` maps each mismatching output to the ranks whose shards hold wrong elements.
+    """
 
     kind = "mismatch"
+    outputs: dict[str, list[int]] = {}  # noqa: RUF012 - replaced per instance
 
 
 class LayoutMismatch(Finding):

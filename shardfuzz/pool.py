@@ -231,19 +231,25 @@ class Pool:
         for c in self.conns:
             c.send(("run", task))
 
-    def collect(self, timeout_s: float) -> Outcome:
-        """Wait for every rank. Returns at the first error or dead rank, or after ``timeout_s``."""
+    def collect(self, timeout_s: float, grace_s: float = 0.3) -> Outcome:
+        """Wait for every rank. Returns soon after the first error or dead rank, or after ``timeout_s``.
+
+        After the first failure it waits up to ``grace_s`` for the other ranks, so that the *cause*
+        is reported (a rank that died, or raised on its own) rather than a peer's "connection
+        closed" that followed from it: Hypothesis must see one bug as one failure kind.
+        """
         n = self.world_size
         replies: list[Any] = [None] * n
         pending = set(range(n))
-        timed_out_errors: dict[int, str] = {}
+        errors: dict[int, tuple] = {}
+        dead: list[int] = []
         end = time.monotonic() + timeout_s
         while pending:
             objs = {self.conns[r]: r for r in pending}
             objs.update({self.procs[r].sentinel: r for r in pending})
             ready = wait(list(objs), timeout=max(0.0, end - time.monotonic()))
             if not ready:
-                return self._hang(replies, timed_out_errors, pending)
+                break
             for obj in ready:
                 r = objs[obj]
                 if r not in pending:
@@ -258,18 +264,26 @@ class Pool:
                     if self.procs[r].is_alive() and obj is not self.procs[r].sentinel:
                         continue
                     self.procs[r].join(timeout=1)
-                    return self._finish(
-                        Outcome("dead", replies, rank=r, exitcode=self.procs[r].exitcode), include=[r]
-                    )
-                pending.discard(r)
-                if msg[0] == "ok":
+                    dead.append(r)
+                elif msg[0] == "ok":
                     replies[r] = msg
-                elif msg[3]:  # a collective timed out in this rank: a hang, seen from inside
-                    timed_out_errors[r] = msg[1]
                 else:
-                    return self._finish(Outcome("error", replies, rank=r, traceback=msg[1]), include=[r])
-        if timed_out_errors:
-            return self._hang(replies, timed_out_errors, set())
+                    errors[r] = msg
+                pending.discard(r)
+            if (errors or dead) and pending:
+                end = min(end, time.monotonic() + grace_s)
+        if dead:
+            r = min(dead)
+            return self._finish(Outcome("dead", replies, rank=r, exitcode=self.procs[r].exitcode), include=[r])
+        own = sorted(r for r, m in errors.items() if not m[3] and not m[4])
+        if own:
+            return self._finish(Outcome("error", replies, rank=own[0], traceback=errors[own[0]][1]), include=[own[0]])
+        timed_out = {r: m[1] for r, m in errors.items() if m[3]}
+        if pending or timed_out:
+            return self._hang(replies, timed_out, pending)
+        if errors:
+            r = min(errors)
+            return self._finish(Outcome("error", replies, rank=r, traceback=errors[r][1]), include=[r])
         return Outcome("ok", replies, elapsed=time.perf_counter() - self._t0)
 
     def _hang(self, replies, timed_out_errors, pending) -> Outcome:

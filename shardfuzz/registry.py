@@ -80,6 +80,31 @@ def load_ref(ref: str, what: str = "reference") -> Any:
     return obj
 
 
+def _importable(modname: str, file: str | None) -> bool:
+    """Whether a fresh process would import ``modname`` from ``file`` through ``sys.path``.
+
+    (``importlib.util.find_spec`` would answer from ``sys.modules``, where pytest's importlib mode
+    registers test modules under names no other process can import.)
+    """
+    from importlib.machinery import PathFinder
+
+    if not file or not modname or modname == "__main__":
+        return False
+    top, _, rest = modname.partition(".")
+    try:
+        spec = PathFinder.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    file = os.path.realpath(file)
+    if not rest:
+        return bool(spec.origin) and os.path.realpath(spec.origin) == file
+    roots = [os.path.realpath(p) for p in (spec.submodule_search_locations or [])]
+    expected = os.path.join(*rest.split("."))
+    return any(file in (os.path.join(r, expected + ".py"), os.path.join(r, expected, "__init__.py")) for r in roots)
+
+
 def ref_of_callable(fn: Any, what: str = "impl") -> str:
     """The import reference of a module-level function, or a clear error for ones workers cannot import."""
     if isinstance(fn, str):
@@ -97,11 +122,7 @@ def ref_of_callable(fn: Any, what: str = "impl") -> str:
         )
     module = sys.modules.get(modname)
     file = getattr(module, "__file__", None)
-    try:
-        spec = importlib.util.find_spec(modname)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.origin and file and os.path.samefile(spec.origin, file):
+    if _importable(modname, file):
         ref = f"{modname}:{qual}"
     elif file:
         ref = f"{os.path.abspath(file)}::{qual}"
@@ -114,14 +135,8 @@ def module_ref(module_globals: dict[str, Any]) -> str | None:
     """Where a module can be re-imported from in a worker: 'modname' or a file path."""
     modname = module_globals.get("__name__")
     file = module_globals.get("__file__")
-    if modname and modname != "__main__" and not modname.startswith("_shardfuzz_file_"):
-        try:
-            spec = importlib.util.find_spec(modname)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin and file and os.path.exists(spec.origin):
-            if os.path.samefile(spec.origin, file):
-                return modname
+    if modname and not modname.startswith("_shardfuzz_file_") and _importable(modname, file):
+        return modname
     if file:
         return os.path.abspath(file)
     return None

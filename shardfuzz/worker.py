@@ -26,7 +26,9 @@ import warnings
 from typing import Any
 
 IGNORED_COLLECTIVE_WARNING = "an autograd kernel was not registered to the Autograd key"
-TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "DistBackendError: Connection closed")
+TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout")
+#: a collective failed because a *peer* went away: a consequence, not the cause
+PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET", "SIGABRT")
 
 
 @dataclasses.dataclass
@@ -291,12 +293,14 @@ class _Worker:
                     reply = self.run(msg[1])
                 except BaseException as e:  # report everything, including SystemExit from user code
                     tb = traceback.format_exc()
-                    reply = ("error", tb, type(e).__name__, any(m in tb for m in TIMEOUT_MARKERS))
+                    last = tb.strip().splitlines()[-1] if tb.strip() else ""
+                    reply = ("error", tb, type(e).__name__, any(m in last for m in TIMEOUT_MARKERS),
+                             any(m in last for m in PEER_MARKERS))
                     sys.stderr.flush()
                 try:
                     self.conn.send(reply)
                 except Exception as e:  # an output that does not pickle
-                    self.conn.send(("error", f"could not send outputs back: {e!r}", type(e).__name__, False))
+                    self.conn.send(("error", f"could not send outputs back: {e!r}", type(e).__name__, False, False))
         import torch.distributed as dist
 
         try:
@@ -346,7 +350,7 @@ def worker_main(rank, world_size, backend, store_info, conn, alive_conn, outdir,
     try:
         w.setup()
     except BaseException:
-        conn.send(("error", traceback.format_exc(), "setup", False))
+        conn.send(("error", traceback.format_exc(), "setup", False, False))
         os._exit(1)
     conn.send(("ready", os.getpid()))
     w.serve()

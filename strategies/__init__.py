@@ -150,8 +150,9 @@ def dtypes(*, allowed: Sequence[str] = ("float32", "float64", "bfloat16")) -> st
     return st.sampled_from(allowed)
 
 
-@st.composite
-def value_profiles(draw, *, allowed: Sequence[str] = PROFILES, min_log_scale: int = 1, max_log_scale: int = 4):
+def value_profiles(
+    *, allowed: Sequence[str] = PROFILES, min_log_scale: int = 1, max_log_scale: int = 4
+) -> st.SearchStrategy[tuple[str, dict]]:
     """``(name, params)``: the value profile and its structured parameters.
 
     ``large`` draws a scale ``10**k`` with ``k`` in ``[min_log_scale, max_log_scale]``; ``ties``
@@ -162,6 +163,11 @@ def value_profiles(draw, *, allowed: Sequence[str] = PROFILES, min_log_scale: in
     if not allowed or bad:
         raise InvalidArgument(f"allowed={allowed!r}; choose from {', '.join(PROFILES)}")
     _check_range("min_log_scale", min_log_scale, "max_log_scale", max_log_scale)
+    return _value_profiles(allowed, min_log_scale, max_log_scale)
+
+
+@st.composite
+def _value_profiles(draw, allowed, min_log_scale, max_log_scale):
     name = draw(st.sampled_from(allowed))
     if name == "large":
         return name, {"scale": float(10 ** draw(st.integers(min_log_scale, max_log_scale)))}
@@ -178,9 +184,7 @@ def seeds(*, max_seed: int = 2**31 - 1) -> st.SearchStrategy[int]:
     return st.integers(0, max_seed)
 
 
-@st.composite
 def cases(
-    draw,
     target: str,
     *,
     sizes: Mapping[str, Split | Free] | None = None,
@@ -192,27 +196,37 @@ def cases(
     max_dims: int = 2,
     dtypes: Sequence[str] = ("float32", "float64", "bfloat16"),
     profiles: Sequence[str] = ("normal", "large", "ties"),
-) -> Case:
+) -> st.SearchStrategy[Case]:
     """Cases of ``target``, drawn in the order that shrinks best (see the module docstring).
 
     ``world_sizes`` (an explicit list, e.g. from ``--shardfuzz-world-sizes``) overrides
     ``min_world``/``max_world``. Shrinks toward: options' minima, world ``min_world``, a 1-D mesh,
     even sizes at ``min_per_rank``, the first dtype, the ``normal`` profile and seed 0.
     """
+    if not isinstance(target, str) or not target:
+        raise InvalidArgument(f"target={target!r}; must be the target's name")
     sizes = dict(sizes or {})
-    options_s = dict(options or {})
-    late = dict(late_options or {})
-    opts = {k: draw(v) for k, v in options_s.items()}
+    for name, spec in sizes.items():
+        if not isinstance(spec, (Split, Free)):
+            raise InvalidArgument(f"sizes[{name!r}]={spec!r}; use Split(...) or Free(...)")
     if world_sizes:
-        ws = sorted(set(world_sizes))
+        ws = tuple(sorted(set(world_sizes)))
         for w in ws:
             _check_int("world_sizes[i]", w, 1)
-        world = draw(st.sampled_from(ws))
+        worlds = st.sampled_from(ws)
     else:
         _check_int("min_world", min_world, 1)
         _check_int("max_world", max_world, 1)
         _check_range("min_world", min_world, "max_world", max_world)
-        world = draw(st.integers(min_world, max_world))
+        worlds = st.integers(min_world, max_world)
+    return _cases(target, sizes, dict(options or {}), dict(late_options or {}), worlds, max_dims,
+                  _dtypes(allowed=dtypes), value_profiles(allowed=profiles))
+
+
+@st.composite
+def _cases(draw, target, sizes, options_s, late, worlds, max_dims, dtype_s, profile_s) -> Case:
+    opts = {k: draw(v) for k, v in options_s.items()}
+    world = draw(worlds)
     mesh = draw(meshes(world_size=world, max_dims=max_dims))
     group = mesh[-1]
     drawn: dict[str, int] = {}
@@ -221,12 +235,10 @@ def cases(
         if isinstance(spec, Split):
             drawn[name] = draw(sharded_sizes(group, spec))
             split.append(name)
-        elif isinstance(spec, Free):
-            drawn[name] = draw(st.integers(spec.min_size, spec.max_size))
         else:
-            raise InvalidArgument(f"sizes[{name!r}]={spec!r}; use Split(...) or Free(...)")
-    dtype = draw(_dtypes(allowed=dtypes))
-    profile, params = draw(value_profiles(allowed=profiles))
+            drawn[name] = draw(st.integers(spec.min_size, spec.max_size))
+    dtype = draw(dtype_s)
+    profile, params = draw(profile_s)
     opts.update(params)
     opts.update({k: draw(v) for k, v in late.items()})
     seed = draw(seeds())

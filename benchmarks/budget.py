@@ -1,0 +1,66 @@
+"""Size the planted-bug tests' example budgets.
+
+For each planted bug, run Hypothesis' generate phase alone (no shrinking) with 30 different seeds
+and record how many examples it took to hit the first failure. The tests use the 95th percentile
+(times a safety factor) as their ``max_examples``. Run:
+
+    python benchmarks/budget.py [TARGET ...] [--seeds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def examples_to_failure(target: str, impl: str, seed: int, cap: int, timeout: float | None) -> int | None:
+    import hypothesis
+    from hypothesis import Phase, Verbosity
+
+    from shardfuzz.engine import Runner, _findings_of, build_test
+    from shardfuzz.settings import build_settings
+
+    runner = Runner(target, impl, timeout=timeout)
+    s = build_settings("shardfuzz-ci", derandomize=False, max_examples=cap, phases=[Phase.generate],
+                       verbosity=Verbosity.quiet, database=None)
+    test = hypothesis.seed(seed)(build_test(runner, s, database=None))
+    try:
+        test()
+    except BaseException as e:
+        if not _findings_of(e):
+            raise
+    return runner.stats.first_failure_at
+
+
+def main(argv=None) -> int:
+    from shardfuzz.registry import BUILTIN_TARGETS, get_target
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("targets", nargs="*", default=sorted(BUILTIN_TARGETS))
+    p.add_argument("--seeds", type=int, default=30)
+    p.add_argument("--cap", type=int, default=500)
+    args = p.parse_args(argv)
+    print(f"{'target/impl':<40} {'p50':>5} {'p95':>5} {'max':>5} {'missed':>6} {'time':>6}")
+    for tname in args.targets:
+        t = get_target(tname)
+        for impl in t.planted:
+            t0 = time.perf_counter()
+            timeout = 2.0 if "skip_empty" in impl or "hang" in impl else None
+            counts = [examples_to_failure(tname, impl, 1000 + k, args.cap, timeout) for k in range(args.seeds)]
+            found = sorted(c for c in counts if c is not None)
+            missed = len(counts) - len(found)
+            p95 = found[min(len(found) - 1, math.ceil(0.95 * len(found)) - 1)] if found else None
+            p50 = statistics.median(found) if found else None
+            print(f"{tname + '/' + impl:<40} {p50!s:>5} {p95!s:>5} {max(found, default=None)!s:>5} {missed:>6} "
+                  f"{time.perf_counter() - t0:>5.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""A tiny target for engine tests: a sharded sum, with implementations that fail in every way."""
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+import shardfuzz.strategies as sst
+from shardfuzz import Partial, Replicate, Shard, Target
+from shardfuzz.inputs import generator, randn
+
+
+def inputs(case):
+    return {"x": randn(case, case.sizes["n"], gen=generator(case))}
+
+
+def oracle(inp, case):
+    x = inp["x"]
+    return {"total": x.sum().reshape(1), "x2": 2 * x, "parts": x, "count": torch.tensor([x.numel()])}
+
+
+def reference(ctx):
+    local = ctx.local["x"]
+    total = local.sum().reshape(1)
+    dist.all_reduce(total, group=ctx.group)
+    parts = torch.zeros_like(ctx.inputs["x"])
+    start = Shard(0).global_index((0,), ctx.group_rank, ctx.group_size, tuple(parts.shape))[0]
+    parts[start : start + local.numel()] = local
+    count = torch.tensor([local.numel()])
+    dist.all_reduce(count, group=ctx.group)
+    return {"total": total, "x2": 2 * local, "parts": parts, "count": count}
+
+
+def crash_rank1(ctx):
+    if ctx.group_rank == 1:
+        print("rank 1 is about to fail", flush=True)
+        raise ValueError("boom on rank 1")
+    return reference(ctx)
+
+
+def hang_rank0(ctx):
+    if ctx.group_rank == 0:
+        time.sleep(3600)
+    return reference(ctx)
+
+
+def segfault_rank1(ctx):
+    if ctx.group_rank == 1:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return reference(ctx)
+
+
+def wrong_rank1(ctx):
+    out = reference(ctx)
+    if ctx.group_rank == 1:
+        out["x2"] = out["x2"] + 1
+    return out
+
+
+def wrong_shape(ctx):
+    out = reference(ctx)
+    out["x2"] = torch.cat([out["x2"], out["x2"][:1]])
+    return out
+
+
+def wrong_count(ctx):
+    out = reference(ctx)
+    out["count"] = out["count"] + 1
+    return out
+
+
+def cases(world_sizes=None):
+    return sst.cases("toy", sizes={"n": sst.Split(max_per_rank=2)}, world_sizes=world_sizes,
+                     dtypes=("float32",), profiles=("normal",))
+
+
+TOY = Target(
+    name="toy",
+    description="sharded sum",
+    cases=cases,
+    inputs=inputs,
+    oracle=oracle,
+    outputs={"total": Replicate(), "x2": Shard(0), "parts": Partial(), "count": Replicate()},
+    input_layouts={"x": Shard(0)},
+    implementations={
+        "reference": "reference",
+        "crash_rank1": "crash_rank1",
+        "hang_rank0": "hang_rank0",
+        "segfault_rank1": "segfault_rank1",
+        "wrong_rank1": "wrong_rank1",
+        "wrong_shape": "wrong_shape",
+        "wrong_count": "wrong_count",
+    },
+)

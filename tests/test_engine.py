@@ -1,0 +1,171 @@
+"""The engine on a toy target: every failure kind, from its own site, with rank attribution."""
+
+import os
+import time
+import traceback
+
+import pytest
+from hypothesis.database import InMemoryExampleDatabase
+
+import shardfuzz
+from shardfuzz import Case, LayoutMismatch, Mismatch, RankError, RankHang, Runner, TargetError
+from shardfuzz.database import KeyedDatabase
+from shardfuzz.engine import TimeoutPolicy
+
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+
+
+def case(world=2, n=3, mesh=None):
+    return Case(target="toy", world_size=world, mesh=mesh or (world,), sizes={"n": n}, split=("n",), seed=1)
+
+
+def runner(impl, **kw):
+    return Runner(TOY, impl, **kw)
+
+
+def raise_site(exc):
+    return traceback.extract_tb(exc.__traceback__)[-1].name
+
+
+def test_reference_passes_on_meshes_and_uneven_sizes():
+    r = runner("reference")
+    for c in [case(1, 1), case(2, 3), case(3, 4), case(4, 5, (2, 2)), case(4, 2, (4, 1)), case(3, 1)]:
+        assert r.run_case(c) < 1
+
+
+def test_rank_exception_is_reported_at_once_with_traceback_and_output():
+    r = runner("crash_rank1", timeout=60)
+    t0 = time.perf_counter()
+    with pytest.raises(RankError) as e:
+        r.run_case(case())
+    assert time.perf_counter() - t0 < 10  # not the 60 s timeout
+    report = e.value.report
+    assert "Rank 1 terminated with the following error" in report
+    assert "ValueError: boom on rank 1" in report
+    assert "rank 1 is about to fail" in report  # the rank's stdout is attached
+    assert "Rerun this case: shardfuzz case" in report
+    assert raise_site(e.value) == "_raise_rank_error"
+    assert runner("reference").run_case(case()) < 1  # the pool was restarted
+
+
+def test_hang_gives_every_ranks_stack():
+    r = runner("hang_rank0", timeout=2)
+    with pytest.raises(RankHang) as e:
+        r.run_case(case())
+    report = e.value.report
+    assert "--- rank 0 stack ---" in report and "--- rank 1 stack ---" in report
+    assert "hang_rank0" in report  # rank 0's stack shows where it is stuck
+    assert raise_site(e.value) == "_raise_hang"
+    assert runner("reference").run_case(case()) < 1
+
+
+def test_dead_rank_is_a_rank_error():
+    with pytest.raises(RankError) as e:
+        runner("segfault_rank1", timeout=30).run_case(case())
+    assert "rank 1 died" in e.value.report
+    assert "Segmentation fault" in e.value.report  # faulthandler's dump from the rank's stderr
+    assert raise_site(e.value) == "_raise_rank_died"
+
+
+def test_mismatch_names_the_rank_that_holds_wrong_elements():
+    with pytest.raises(Mismatch) as e:
+        runner("wrong_rank1").run_case(case(3, 4))
+    assert e.value.outputs == {"x2": [1]}
+    report = e.value.report
+    assert "output 'x2' (Shard(0), float32, global shape [4])" in report
+    assert "rank 1: 2 / 2 elements wrong" in report  # DTensor rule: 4 rows on 3 ranks are [2, 2, 0]
+    assert "rank 0: ok" in report and "rank 2: ok" in report
+    assert raise_site(e.value) == "_raise_mismatch"
+
+
+def test_wrong_local_shape_is_a_layout_finding():
+    with pytest.raises(LayoutMismatch) as e:
+        runner("wrong_shape").run_case(case(2, 4))
+    assert "output 'x2' (Shard(0)): rank 0 holds [3] float32, expected [2] float32" in e.value.report
+    assert raise_site(e.value) == "_raise_layout"
+
+
+def test_integers_compare_exactly():
+    with pytest.raises(Mismatch) as e:
+        runner("wrong_count").run_case(case(2, 3))
+    assert "got [4], expected [3]" in e.value.report
+
+
+def test_run_returns_a_result_with_a_shrunk_case():
+    res = shardfuzz.run(TOY, "wrong_rank1", max_examples=50, database=None, profile="shardfuzz-ci")
+    assert res.found and res.kind == "mismatch"
+    assert res.case.world_size == 2 and res.case.sizes["n"] == 2
+    assert res.stats.examples >= res.stats.failures >= 1
+    assert repr(res.case) in res.report
+    ok = shardfuzz.run(TOY, max_examples=20, database=None, profile="shardfuzz-ci")
+    assert not ok.found and ok.stats.passed == ok.stats.examples == 20
+
+
+def module_level_impl(ctx):  # importable by workers through this file's path
+    return {}
+
+
+@pytest.mark.parametrize(
+    "impl, match",
+    [
+        (lambda ctx: None, "lambda, a closure or a function defined in __main__"),
+        ("nope", "impl='nope' is not an implementation of target 'toy'"),
+        ("no.such.module:f", "cannot import module 'no.such.module'"),
+        (f"{TOY}::missing", "has no attribute 'missing'"),
+    ],
+)
+def test_bad_implementations_are_refused_clearly(impl, match):
+    with pytest.raises(TargetError, match=match):
+        Runner(TOY, impl)
+
+
+def test_closure_is_refused():
+    def inner(ctx):
+        return {}
+
+    with pytest.raises(TargetError, match="closure"):
+        Runner(TOY, inner)
+
+
+def test_module_level_function_becomes_a_file_reference():
+    r = Runner(TOY, module_level_impl)
+    assert r.impl_ref.endswith("test_engine.py::module_level_impl")
+
+
+def test_unknown_target_and_file_without_target(tmp_path):
+    with pytest.raises(TargetError, match="target='nope' is unknown; known targets: tp_mlp"):
+        Runner("nope")
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(TargetError, match="defines no shardfuzz.Target"):
+        Runner(str(empty))
+
+
+def test_target_missing_a_piece():
+    from shardfuzz import Replicate, Target
+
+    with pytest.raises(TargetError, match="oracle=None must be a callable"):
+        Target(name="t", cases=lambda **k: None, inputs=lambda c: {}, oracle=None,
+               outputs={"y": Replicate()}, implementations={"reference": "m:f"})
+    with pytest.raises(TargetError, match="outputs=\\{\\}"):
+        Target(name="t", cases=lambda **k: None, inputs=lambda c: {}, oracle=lambda i, c: {},
+               outputs={}, implementations={"reference": "m:f"})
+
+
+def test_database_keys_are_prefixed_per_target_impl_backend():
+    inner = InMemoryExampleDatabase()
+    a, b = KeyedDatabase(inner, "t/a/gloo"), KeyedDatabase(inner, "t/b/gloo")
+    a.save(b"k", b"v")
+    assert list(a.fetch(b"k")) == [b"v"] and list(b.fetch(b"k")) == []
+
+
+def test_timeout_adapts_and_can_be_fixed():
+    p = TimeoutPolicy(floor=5, initial=30, factor=20)
+    key = ("t", 2, "gloo")
+    assert p.timeout(key) == 30
+    for _ in range(5):
+        p.record(key, 0.01)
+    assert p.timeout(key) == 5
+    p.record(key, 1.2)
+    assert p.timeout(key) == 30  # 24 s rounded up to a bucket
+    assert p.timeout(key, fixed=7) == 7

@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+from shardfuzz import InvalidArgument, PaddedFlat, Partial, Replicate, Shard
+from shardfuzz.layouts import split_sizes
+
+
+def test_split_rules_disagree_on_uneven_sizes():
+    # 5 rows on 4 ranks: DTensor's chunk rule against torch.tensor_split
+    assert split_sizes(5, 4, "dtensor") == [2, 2, 1, 0]
+    assert split_sizes(5, 4, "tensor_split") == [2, 1, 1, 1]
+    assert [t.shape[0] for t in torch.tensor_split(torch.arange(5), 4)] == [2, 1, 1, 1]
+
+
+def test_dtensor_rule_matches_dtensor():
+    from torch.distributed.tensor.placement_types import Shard as DShard
+
+    for n in range(0, 9):
+        for parts in range(1, 5):
+            pieces, _ = DShard(0)._split_tensor(torch.arange(n), parts, with_padding=False)
+            assert [p.shape[0] for p in pieces] == split_sizes(n, parts, "dtensor"), (n, parts)
+
+
+@pytest.mark.parametrize("rule", ["dtensor", "tensor_split"])
+@pytest.mark.parametrize("n,parts", [(5, 4), (4, 3), (1, 2), (6, 3), (0, 2)])
+def test_shard_pieces_assemble_back(rule, n, parts):
+    x = torch.arange(n * 2).view(n, 2).T.contiguous()  # shard dim 1
+    layout = Shard(1, rule=rule)
+    pieces = [layout.piece(x, r, parts) for r in range(parts)]
+    assert [tuple(p.shape) for p in pieces] == [layout.local_shape(tuple(x.shape), r, parts) for r in range(parts)]
+    assert torch.equal(layout.assemble(pieces), x)
+    # global index of the first element of each non-empty shard
+    offsets = [sum(split_sizes(n, parts, rule)[:r]) for r in range(parts)]
+    for r in range(parts):
+        assert layout.global_index((0, 0), r, parts, tuple(x.shape)) == (0, offsets[r])
+
+
+def test_replicate_and_partial():
+    x = torch.randn(3)
+    assert Replicate().piece(x, 1, 2) is x
+    assert torch.allclose(Partial().assemble([x, 2 * x]), 3 * x.double())
+    assert not Partial().per_rank
+
+
+def test_padded_flat_padding_is_not_compared():
+    layout = PaddedFlat()
+    assert layout.local_shape((5,), 0, 4) == (2,)
+    assert [layout.piece(torch.arange(5), r, 4).tolist() for r in range(4)] == [[0, 1], [2, 3], [4], []]
+    padded_last = torch.tensor([4, 999])
+    assert layout.comparable(padded_last, 2, 4, (5,)).tolist() == [4]
+    assert layout.global_index((0,), 2, 4, (5,)) == (4,)
+
+
+def test_bad_layout_arguments_name_the_argument():
+    with pytest.raises(InvalidArgument, match="rule='chunk'"):
+        Shard(0, rule="chunk")
+    with pytest.raises(InvalidArgument, match="dim=3 is out of range"):
+        Shard(3).local_shape((2, 2), 0, 2)
+    with pytest.raises(InvalidArgument, match="rule='bogus'"):
+        split_sizes(3, 2, "bogus")

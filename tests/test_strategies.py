@@ -1,0 +1,122 @@
+"""Strategies: pinned minimal examples, clear bound errors, and reach of every trigger condition."""
+
+import math
+
+import pytest
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+import shardfuzz.strategies as sst
+from shardfuzz import Case, InvalidArgument
+from shardfuzz.layouts import split_sizes
+from shardfuzz.targets import tp_mlp, vocab_parallel
+
+FIND = settings(max_examples=3000, database=None, deadline=None)
+
+
+def minimal(strategy, condition=lambda x: True):
+    return find(strategy, condition, settings=FIND)
+
+
+# -- what each strategy shrinks toward ----------------------------------------------------------
+def test_world_sizes_shrink_to_min_and_reach_3():
+    assert minimal(sst.world_sizes()) == 1
+    assert minimal(sst.world_sizes(min_size=2)) == 2
+    assert minimal(sst.world_sizes(), lambda w: w >= 3) == 3
+
+
+def test_meshes_shrink_to_1d_and_reach_2d():
+    assert minimal(sst.meshes()) == (1,)
+    assert minimal(sst.meshes(min_world=3)) == (3,)
+    assert minimal(sst.meshes(), lambda m: math.prod(m[:-1]) > 1) == (2, 1)  # group smaller than world
+    assert minimal(sst.meshes(), lambda m: len(m) == 2 and min(m) > 1) == (2, 2)  # dp x tp
+
+
+def test_sharded_sizes_shrink_even_then_uneven_never_empty_without_flag():
+    assert minimal(sst.sharded_sizes(3)) == 3
+    assert minimal(sst.sharded_sizes(3), lambda n: n % 3) == 4
+    assert minimal(sst.sharded_sizes(3, sst.Split(allow_empty=True, min_per_rank=0)), lambda n: n < 3) == 1
+
+
+@given(st.integers(1, 4).flatmap(lambda p: st.tuples(st.just(p), sst.sharded_sizes(p))))
+def test_no_empty_global_size_and_no_fewer_rows_than_ranks_without_flag(pn):
+    parts, n = pn
+    assert n >= parts
+
+
+def test_dtypes_profiles_seeds_shrink_to_simplest():
+    assert minimal(sst.dtypes()) == "float32"
+    assert minimal(sst.value_profiles()) == ("normal", {})
+    assert minimal(sst.value_profiles(), lambda p: p[0] == "large") == ("large", {"scale": 10.0})
+    assert minimal(sst.seeds()) == 0
+
+
+def test_cases_shrink_to_the_simplest_case():
+    s = sst.cases("t", sizes={"n": sst.Split(), "b": sst.Free(1, 3)})
+    assert minimal(s) == Case(target="t", world_size=1, mesh=(1,), sizes={"n": 1, "b": 1}, split=("n",))
+    uneven = minimal(s, lambda c: c.sizes["n"] % c.group_size)
+    assert (uneven.world_size, uneven.mesh, uneven.sizes["n"]) == (2, (2,), 3)
+
+
+def test_explicit_world_sizes():
+    s = sst.cases("t", world_sizes=[3, 2])
+    assert minimal(s).world_size == 2
+    assert minimal(s, lambda c: c.world_size == 3).mesh == (3,)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: sst.world_sizes(min_size=3, max_size=2), "min_size=3 > max_size=2"),
+        (lambda: sst.world_sizes(min_size=0), "min_size=0"),
+        (lambda: sst.Split(min_per_rank=0), "allow_empty=True"),
+        (lambda: sst.Split(min_per_rank=4, max_per_rank=2), "min_per_rank=4 > max_per_rank=2"),
+        (lambda: sst.Free(min_size=5, max_size=1), "min_size=5 > max_size=1"),
+        (lambda: sst.dtypes(allowed=("int8",)), "int8"),
+        (lambda: sst.value_profiles(allowed=("spiky",)), "spiky"),
+        (lambda: sst.cases("t", min_world=3, max_world=1), "min_world=3 > max_world=1"),
+    ],
+)
+def test_bounds_that_cannot_be_met_raise_clear_errors(make, match):
+    with pytest.raises(InvalidArgument, match=match):
+        make()
+
+
+# -- the built-in targets' strategies reach every trigger in BUG-PATTERNS.md ---------------------
+TP = tp_mlp.TARGET.strategy()
+VOCAB = vocab_parallel.TARGET.strategy()
+
+TRIGGERS = {
+    "exactly 3 ranks": (TP, lambda c: c.world_size == 3),
+    "4 ranks": (TP, lambda c: c.world_size == 4),
+    "group smaller than the world (dp x tp = 2 x 2)": (TP, lambda c: c.mesh == (2, 2)),
+    "group smaller than the world (tp = 1)": (TP, lambda c: c.mesh[-1] == 1 and c.world_size > 1),
+    "batch 1": (TP, lambda c: c.sizes["batch"] == 1),
+    "batch > 1": (TP, lambda c: c.sizes["batch"] > 1),
+    "uneven split": (TP, lambda c: c.sizes["hidden"] % c.group_size != 0),
+    "an empty DTensor shard": (TP, lambda c: 0 in split_sizes(c.sizes["hidden"], c.group_size)),
+    "bf16": (TP, lambda c: c.dtype == "bfloat16"),
+    "fp32 with tp > 1": (TP, lambda c: c.dtype == "float32" and c.group_size > 1),
+    "large magnitudes": (TP, lambda c: c.profile == "large" and c.options["scale"] >= 1000),
+    "ties": (TP, lambda c: c.profile == "ties"),
+    "label smoothing with tp > 1": (VOCAB, lambda c: c.options["smoothing"] > 0 and c.group_size > 1),
+    "uneven vocab on 3 ranks": (VOCAB, lambda c: c.group_size == 3 and c.sizes["vocab"] % 3),
+}
+
+
+@pytest.mark.parametrize("name", list(TRIGGERS))
+def test_strategies_reach_trigger(name):
+    strategy, condition = TRIGGERS[name]
+    case = minimal(strategy, condition)
+    assert condition(case)
+
+
+def test_backward_is_always_checked():
+    # "forward only" hides bugs: both TP targets compare gradients in every case
+    assert {"grad_x", "grad_w1", "grad_b1", "grad_w2", "grad_b2"} <= set(tp_mlp.TARGET.outputs)
+    assert {"grad_emb", "grad_w_out"} <= set(vocab_parallel.TARGET.outputs)
+
+
+def test_triggers_of_labels():
+    c = Case(target="t", world_size=4, mesh=(2, 2), sizes={"n": 3, "batch": 2}, split=("n",), dtype="bfloat16")
+    assert {"world>=3", "group<world", "2-D mesh", "uneven", "batch>1", "bfloat16"} <= sst.triggers_of(c)
