@@ -27,8 +27,14 @@ def examples_to_failure(target: str, impl: str, seed: int, cap: int, timeout: fl
     from shardfuzz.settings import build_settings
 
     runner = Runner(target, impl, timeout=timeout)
-    s = build_settings("shardfuzz-ci", derandomize=False, max_examples=cap, phases=[Phase.generate],
-                       verbosity=Verbosity.quiet, database=None)
+    s = build_settings(
+        "shardfuzz-ci",
+        derandomize=False,
+        max_examples=cap,
+        phases=[Phase.generate],
+        verbosity=Verbosity.quiet,
+        database=None,
+    )
     test = hypothesis.seed(seed)(build_test(runner, s, database=None))
     try:
         test()
@@ -52,13 +58,18 @@ def main(argv=None) -> int:
         for impl in t.planted:
             t0 = time.perf_counter()
             timeout = 2.0 if "skip_empty" in impl or "hang" in impl else None
-            counts = [examples_to_failure(tname, impl, 1000 + k, args.cap, timeout) for k in range(args.seeds)]
+            counts = [
+                examples_to_failure(tname, impl, 1000 + k, args.cap, timeout) for k in range(args.seeds)
+            ]
             found = sorted(c for c in counts if c is not None)
             missed = len(counts) - len(found)
             p95 = found[min(len(found) - 1, math.ceil(0.95 * len(found)) - 1)] if found else None
             p50 = statistics.median(found) if found else None
-            print(f"{tname + '/' + impl:<40} {p50!s:>5} {p95!s:>5} {max(found, default=None)!s:>5} {missed:>6} "
-                  f"{time.perf_counter() - t0:>5.0f}s", flush=True)
+            print(
+                f"{tname + '/' + impl:<40} {p50!s:>5} {p95!s:>5} {max(found, default=None)!s:>5} {missed:>6} "
+                f"{time.perf_counter() - t0:>5.0f}s",
+                flush=True,
+            )
     return 0
 
 

@@ -65,7 +65,9 @@ class Case:
         object.__setattr__(self, "split", tuple(self.split))
         for name in self.split:
             if name not in self.sizes:
-                raise InvalidArgument(f"split={self.split!r} names {name!r}, which is not in sizes={self.sizes!r}")
+                raise InvalidArgument(
+                    f"split={self.split!r} names {name!r}, which is not in sizes={self.sizes!r}"
+                )
         object.__setattr__(self, "options", dict(self.options))
 
     # -- derived ---------------------------------------------------------------------------
@@ -116,7 +118,9 @@ class Case:
         except SyntaxError as e:
             raise InvalidArgument(f"case={text!r} is not a Case(...) expression: {e}") from None
         if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Case" and not node.args):
-            raise InvalidArgument(f"case={text!r}; expected Case(target=..., world_size=..., ...) with keywords")
+            raise InvalidArgument(
+                f"case={text!r}; expected Case(target=..., world_size=..., ...) with keywords"
+            )
         try:
             kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
         except ValueError as e:

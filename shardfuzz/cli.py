@@ -52,21 +52,44 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="shardfuzz", description="Differential fuzzing of sharded PyTorch code against a single-process oracle.")
+    p = _Parser(
+        prog="shardfuzz",
+        description="Differential fuzzing of sharded PyTorch code against a single-process oracle.",
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     sub.add_parser("list", help="list targets and their implementations")
 
     common = _Parser(add_help=False)
-    common.add_argument("--impl", default=None, help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference)")
+    common.add_argument(
+        "--impl",
+        default=None,
+        help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference)",
+    )
     common.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
-    common.add_argument("--timeout", type=_positive_float, default=None, help="fixed per-example timeout in seconds (default: adaptive)")
+    common.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        help="fixed per-example timeout in seconds (default: adaptive)",
+    )
 
-    f = sub.add_parser("fuzz", parents=[common], help="fuzz targets (default: every built-in target's reference)")
-    f.add_argument("targets", nargs="*", metavar="TARGET", help="target names, 'pkg.mod:ATTR' or file.py paths")
-    f.add_argument("--max-examples", type=_positive_int, default=None, help="examples per target (default: the profile's)")
+    f = sub.add_parser(
+        "fuzz", parents=[common], help="fuzz targets (default: every built-in target's reference)"
+    )
+    f.add_argument(
+        "targets", nargs="*", metavar="TARGET", help="target names, 'pkg.mod:ATTR' or file.py paths"
+    )
+    f.add_argument(
+        "--max-examples",
+        type=_positive_int,
+        default=None,
+        help="examples per target (default: the profile's)",
+    )
     f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
-    f.add_argument("--profile", default="shardfuzz-dev", choices=("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz"))
+    f.add_argument(
+        "--profile", default="shardfuzz-dev", choices=("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
+    )
 
     c = sub.add_parser("case", parents=[common], help="rerun exactly one case (the last line of a report)")
     c.add_argument("target", metavar="TARGET")
@@ -94,23 +117,42 @@ def _cmd_list() -> int:
 
 
 def _cmd_fuzz(args) -> int:
-    from shardfuzz.engine import run
+    from shardfuzz.engine import Runner, run
     from shardfuzz.registry import BUILTIN_TARGETS
 
     targets = args.targets or sorted(BUILTIN_TARGETS)
+    # resolve every target and implementation first: a typo is a usage error before any fuzzing
+    runners = [
+        Runner(
+            spec,
+            args.impl,
+            backend=args.backend,
+            timeout=args.timeout,
+            world_sizes=args.world_sizes,
+            target_spec=spec,
+        )
+        for spec in targets
+    ]
     found = False
     rows = []
-    for spec in targets:
+    for spec, runner in zip(targets, runners):
         t0 = time.perf_counter()
-        print(f"fuzzing {spec} ({args.impl or 'reference'}) on {args.backend} ...", flush=True)
-        result = run(spec, args.impl, backend=args.backend, max_examples=args.max_examples,
-                     profile=args.profile, world_sizes=args.world_sizes, timeout=args.timeout)
+        print(f"fuzzing {spec} ({runner.impl_name}) on {args.backend} ...", flush=True)
+        result = run(runner.target, max_examples=args.max_examples, profile=args.profile, runner=runner)
         print(f"  {result.stats.summary()}", flush=True)
         if result.found:
             found = True
             print(f"\n{result.report}\n", flush=True)
-        rows.append((result.target, result.impl, result.kind or "-", result.stats.examples,
-                     result.stats.per_second, time.perf_counter() - t0))
+        rows.append(
+            (
+                result.target,
+                result.impl,
+                result.kind or "-",
+                result.stats.examples,
+                result.stats.per_second,
+                time.perf_counter() - t0,
+            )
+        )
     print(f"\n{'target':<18} {'implementation':<24} {'found':<18} {'examples':>8} {'ex/s':>7} {'time':>7}")
     for r in rows:
         print(f"{r[0]:<18} {r[1]:<24} {r[2]:<18} {r[3]:>8} {r[4]:>7.1f} {r[5]:>6.1f}s")
@@ -123,7 +165,9 @@ def _cmd_case(args) -> int:
     from shardfuzz.errors import Finding
 
     case = Case.parse(args.case)
-    runner = Runner(args.target, args.impl, backend=args.backend, timeout=args.timeout, target_spec=args.target)
+    runner = Runner(
+        args.target, args.impl, backend=args.backend, timeout=args.timeout, target_spec=args.target
+    )
     try:
         ratio = runner.run_case(case)
     except Finding as f:

@@ -120,7 +120,9 @@ def compare_tensor(actual, expected, bound, rank, to_global) -> RankDiff:
     bad_mask = ratio > 1
     rd = RankDiff(rank, n, int(bad_mask.sum()))
     rd.max_ratio = float(ratio.max())
-    d = torch.where(fin_e, diff.nan_to_num(nan=math.inf, posinf=math.inf), torch.where(ok_nonfinite, 0.0, math.inf))
+    d = torch.where(
+        fin_e, diff.nan_to_num(nan=math.inf, posinf=math.inf), torch.where(ok_nonfinite, 0.0, math.inf)
+    )
     i = int(d.argmax())
     rd.max_abs = float(d.flatten()[i])
     rd.max_abs_at = to_global(tuple(int(v) for v in _unravel(i, e.shape)))
@@ -148,7 +150,11 @@ def format_output_diff(od: OutputDiff, rank_label) -> str:
     lines.append(
         f"output {od.name!r} ({od.layout}, {od.dtype}, global shape {list(od.shape)}): "
         f"mismatched elements: {od.bad} / {total} ({pct:.1f}%), on "
-        + (f"{len(bad_ranks)} of {len(od.ranks)} ranks" if od.ranks[0].rank is not None else "the sum over ranks")
+        + (
+            f"{len(bad_ranks)} of {len(od.ranks)} ranks"
+            if od.ranks[0].rank is not None
+            else "the sum over ranks"
+        )
     )
     for r in od.ranks:
         who = rank_label(r.rank) if r.rank is not None else "sum over ranks"

@@ -30,6 +30,14 @@ from shardfuzz.errors import (
 )
 from shardfuzz.target import Target
 
+try:  # Python 3.11+; Hypothesis brings the backport on 3.10
+    _EXCEPTION_GROUP: type | None = BaseExceptionGroup  # type: ignore[name-defined]
+except NameError:  # pragma: no cover
+    try:
+        from exceptiongroup import BaseExceptionGroup as _EXCEPTION_GROUP
+    except ImportError:
+        _EXCEPTION_GROUP = None
+
 BACKENDS = ("gloo", "nccl")
 TIMEOUT_BUCKETS = (2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
@@ -59,7 +67,9 @@ class TimeoutPolicy:
 
     def __init__(self, floor: float = 5.0, initial: float = 30.0, factor: float = 20.0) -> None:
         self.floor, self.initial, self.factor = floor, initial, factor
-        self.recent: dict[tuple, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=50))
+        self.recent: dict[tuple, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=50)
+        )
 
     def timeout(self, key: tuple, fixed: float | None = None) -> float:
         if fixed is not None:
@@ -97,9 +107,11 @@ class Stats:
         return self.examples / self.elapsed if self.elapsed else 0.0
 
     def summary(self) -> str:
-        trig = ", ".join(
-            f"{k} {100.0 * v / self.examples:.0f}%" for k, v in sorted(self.triggers.items())
-        ) if self.examples else ""
+        trig = (
+            ", ".join(f"{k} {100.0 * v / self.examples:.0f}%" for k, v in sorted(self.triggers.items()))
+            if self.examples
+            else ""
+        )
         margin = f", margin {self.margin:.3g}x" if self.margin is not None else ""
         return (
             f"{self.examples} examples in {self.elapsed:.1f} s ({self.per_second:.1f}/s), "
@@ -205,7 +217,11 @@ class Runner:
             from shardfuzz.worker import decode
 
             locals_ = [decode(rep[1]) for rep in outcome.replies]
-            ignored = {r: rep[2]["ignored_collective"] for r, rep in enumerate(outcome.replies) if rep[2]["ignored_collective"]}
+            ignored = {
+                r: rep[2]["ignored_collective"]
+                for r, rep in enumerate(outcome.replies)
+                if rep[2]["ignored_collective"]
+            }
             if ignored:
                 self._raise_ignored_collective(case, ignored)
             self._check_layouts(case, locals_, expected)
@@ -238,11 +254,18 @@ class Runner:
         torch.manual_seed(case.seed)
         inputs = self.target.inputs(case)
         if not isinstance(inputs, dict):
-            raise ShardfuzzError(f"target {self.target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict")
-        inputs64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in inputs.items()}
+            raise ShardfuzzError(
+                f"target {self.target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict"
+            )
+        inputs64 = {
+            k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+            for k, v in inputs.items()
+        }
         with torch.enable_grad():
             ref = self.target.oracle(inputs64, case)
-            low = self.target.oracle({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}, case)
+            low = self.target.oracle(
+                {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}, case
+            )
             mag = self.target.magnitude(inputs64, case) if self.target.magnitude else {}
         missing = set(self.target.outputs) - set(ref)
         if missing:
@@ -280,10 +303,14 @@ class Runner:
                 got = out[name]
                 if not isinstance(ref, torch.Tensor):
                     if isinstance(got, torch.Tensor):
-                        problems.append(f"output {name!r}: {self._rank_label(case, r)} returned a tensor, expected {type(ref).__name__}")
+                        problems.append(
+                            f"output {name!r}: {self._rank_label(case, r)} returned a tensor, expected {type(ref).__name__}"
+                        )
                     continue
                 if not isinstance(got, torch.Tensor):
-                    problems.append(f"output {name!r}: {self._rank_label(case, r)} returned {type(got).__name__}, expected a tensor")
+                    problems.append(
+                        f"output {name!r}: {self._rank_label(case, r)} returned {type(got).__name__}, expected a tensor"
+                    )
                     continue
                 want_shape = layout.local_shape(tuple(ref.shape), r % g, g)
                 if tuple(got.shape) != want_shape or got.dtype != low.dtype:
@@ -307,17 +334,35 @@ class Runner:
             if not isinstance(ref, torch.Tensor) or not (ref.is_floating_point() or ref.is_complex()):
                 rds = []
                 for r, out in enumerate(locals_):
-                    want = layout.piece(ref, r % g, g) if isinstance(ref, torch.Tensor) and layout.per_rank else ref
+                    want = (
+                        layout.piece(ref, r % g, g)
+                        if isinstance(ref, torch.Tensor) and layout.per_rank
+                        else ref
+                    )
                     if layout.per_rank:
                         ok = exact_equal(out[name], want)
-                        rds.append(RankDiff(r, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"),
-                                            note="" if ok else f": got {_short(out[name])}, expected {_short(want)}"))
+                        rds.append(
+                            RankDiff(
+                                r,
+                                1,
+                                0 if ok else 1,
+                                max_ratio=0.0 if ok else float("inf"),
+                                note="" if ok else f": got {_short(out[name])}, expected {_short(want)}",
+                            )
+                        )
                 if not layout.per_rank:
                     for replica in self._replicas(case):
                         total = layout.assemble([locals_[r][name] for r in replica])
                         ok = exact_equal(total.to(ref.dtype), ref)
-                        rds.append(RankDiff(None, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"),
-                                            note="" if ok else f": sum {_short(total)}, expected {_short(ref)}"))
+                        rds.append(
+                            RankDiff(
+                                None,
+                                1,
+                                0 if ok else 1,
+                                max_ratio=0.0 if ok else float("inf"),
+                                note="" if ok else f": sum {_short(total)}, expected {_short(ref)}",
+                            )
+                        )
                 od = OutputDiff(name, repr(layout), _dtype_name(ref), tuple(getattr(ref, "shape", ())), rds)
             else:
                 bound = self.tolerance.bound(ref, low, mag, case.dtype, g)
@@ -327,10 +372,17 @@ class Runner:
                         want = layout.piece(ref, r % g, g)
                         b = layout.piece(bound, r % g, g)
                         got = layout.comparable(out[name], r % g, g, tuple(ref.shape))
-                        rds.append(compare_tensor(
-                            got, want, b, r,
-                            lambda idx, r=r, layout=layout: layout.global_index(idx, r % g, g, tuple(ref.shape)),
-                        ))
+                        rds.append(
+                            compare_tensor(
+                                got,
+                                want,
+                                b,
+                                r,
+                                lambda idx, r=r, layout=layout, shape=tuple(ref.shape): layout.global_index(
+                                    idx, r % g, g, shape
+                                ),
+                            )
+                        )
                 else:
                     for replica in self._replicas(case):
                         total = layout.assemble([locals_[r][name] for r in replica])
@@ -379,7 +431,9 @@ class Runner:
 
     def _raise_rank_error(self, case: Case, outcome) -> None:
         parts = [self._header(f"rank {outcome.rank} raised an exception", case)]
-        parts.append(f"Rank {outcome.rank} terminated with the following error:\n{outcome.traceback.rstrip()}")
+        parts.append(
+            f"Rank {outcome.rank} terminated with the following error:\n{outcome.traceback.rstrip()}"
+        )
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
         raise RankError("\n".join(parts), case=case)
@@ -391,7 +445,11 @@ class Runner:
         raise RankError("\n".join(parts), case=case)
 
     def _raise_hang(self, case: Case, outcome, timeout: float) -> None:
-        parts = [self._header(f"the example hung: no result within {timeout:g} s (gloo timeout {timeout:g} s)", case)]
+        parts = [
+            self._header(
+                f"the example hung: no result within {timeout:g} s (gloo timeout {timeout:g} s)", case
+            )
+        ]
         if outcome.traceback:
             parts.append("Collectives that timed out inside ranks:\n" + outcome.traceback.rstrip())
         for r, stack in sorted(outcome.stacks.items()):
@@ -401,11 +459,17 @@ class Runner:
         raise RankHang("\n".join(parts), case=case)
 
     def _raise_ignored_collective(self, case: Case, ignored: dict[int, list[str]]) -> None:
-        parts = [self._header("autograd went through a collective with no autograd kernel (treated as identity)", case)]
+        parts = [
+            self._header(
+                "autograd went through a collective with no autograd kernel (treated as identity)", case
+            )
+        ]
         for r, msgs in sorted(ignored.items()):
             parts.append(f"  {self._rank_label(case, r)}: {msgs[0].splitlines()[0][:300]}")
-        parts.append("  Wrap the collective in an autograd Function (Megatron's f/g pair) or use "
-                     "torch.distributed.nn.functional; see pytorch/pytorch#152127.")
+        parts.append(
+            "  Wrap the collective in an autograd Function (Megatron's f/g pair) or use "
+            "torch.distributed.nn.functional; see pytorch/pytorch#152127."
+        )
         parts.append(self._footer(case))
         raise IgnoredCollective("\n".join(parts), case=case)
 
@@ -480,7 +544,7 @@ class Result:
 def _findings_of(exc: BaseException) -> list[Finding]:
     if isinstance(exc, Finding):
         return [exc]
-    if isinstance(exc, BaseExceptionGroup):
+    if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
         out = []
         for e in exc.exceptions:
             out += _findings_of(e)
@@ -520,20 +584,24 @@ def run(
 
     if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
         raise InvalidArgument(f"max_examples={max_examples!r}; must be an int >= 1")
-    runner = runner or Runner(target, impl, backend=backend, timeout=timeout, world_sizes=world_sizes,
-                              tolerance=tolerance)
+    runner = runner or Runner(
+        target, impl, backend=backend, timeout=timeout, world_sizes=world_sizes, tolerance=tolerance
+    )
     from hypothesis import Verbosity
 
     from shardfuzz.settings import build_settings
 
-    s = settings if settings is not None else build_settings(profile, max_examples=max_examples,
-                                                             verbosity=Verbosity.quiet)
+    s = (
+        settings
+        if settings is not None
+        else build_settings(profile, max_examples=max_examples, verbosity=Verbosity.quiet)
+    )
     test = build_test(runner, s, database=database)
     result = Result(runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats)
     t0 = time.perf_counter()
     try:
         test()
-    except BaseException as exc:  # noqa: BLE001 - sorted below
+    except BaseException as exc:
         findings = _findings_of(exc)
         if not findings:
             raise
@@ -543,7 +611,9 @@ def run(
         first = findings[0]
         result.kind, result.case, result.report = first.kind, first.case, first.report
         if result.flaky:
-            result.report = "Hypothesis reports this failure as flaky (it did not reproduce):\n" + result.report
+            result.report = (
+                "Hypothesis reports this failure as flaky (it did not reproduce):\n" + result.report
+            )
     finally:
         runner.stats.elapsed = time.perf_counter() - t0
     return result

@@ -62,7 +62,7 @@ class Mismatch(Finding):
     """
 
     kind = "mismatch"
-    outputs: dict[str, list[int]] = {}  # noqa: RUF012 - replaced per instance
+    outputs: dict[str, list[int]] = {}
 
 
 class LayoutMismatch(Finding):

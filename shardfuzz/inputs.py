@@ -28,7 +28,9 @@ def apply_profile(t, case: Any):
     return t
 
 
-def randn(case: Any, *shape: int, gen=None, scale: float = 1.0, profile: bool = True, dtype: str | None = None):
+def randn(
+    case: Any, *shape: int, gen=None, scale: float = 1.0, profile: bool = True, dtype: str | None = None
+):
     """Normal values of ``shape`` in the case dtype (or ``dtype``), after the value profile."""
     import torch
 

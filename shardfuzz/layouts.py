@@ -205,4 +205,3 @@ def check_layout(value: Any, name: str) -> Layout:
             "Replicate(), Partial() or PaddedFlat()"
         )
     return value
-

@@ -160,7 +160,9 @@ class Pool:
         waiting = dict(enumerate(self.conns))
         while waiting:
             left = deadline - time.monotonic()
-            ready = wait(list(waiting.values()) + [self.procs[r].sentinel for r in waiting], timeout=max(0, left))
+            ready = wait(
+                list(waiting.values()) + [self.procs[r].sentinel for r in waiting], timeout=max(0, left)
+            )
             if not ready:
                 self.kill()
                 raise InfrastructureError(
@@ -274,10 +276,14 @@ class Pool:
                 end = min(end, time.monotonic() + grace_s)
         if dead:
             r = min(dead)
-            return self._finish(Outcome("dead", replies, rank=r, exitcode=self.procs[r].exitcode), include=[r])
+            return self._finish(
+                Outcome("dead", replies, rank=r, exitcode=self.procs[r].exitcode), include=[r]
+            )
         own = sorted(r for r, m in errors.items() if not m[3] and not m[4])
         if own:
-            return self._finish(Outcome("error", replies, rank=own[0], traceback=errors[own[0]][1]), include=[own[0]])
+            return self._finish(
+                Outcome("error", replies, rank=own[0], traceback=errors[own[0]][1]), include=[own[0]]
+            )
         timed_out = {r: m[1] for r, m in errors.items() if m[3]}
         if pending or timed_out:
             return self._hang(replies, timed_out, pending)
@@ -299,7 +305,9 @@ class Pool:
             text = self._tail(r, "out", self._offsets[r][0] if self._offsets else 0)
             text_err = self._tail(r, "err", self._offsets[r][1] if self._offsets else 0)
             out.output[r] = "".join(
-                f"--- rank {r} {name} ---\n{t}" for name, t in (("stdout", text), ("stderr", text_err)) if t.strip()
+                f"--- rank {r} {name} ---\n{t}"
+                for name, t in (("stdout", text), ("stderr", text_err))
+                if t.strip()
             )
         return out
 

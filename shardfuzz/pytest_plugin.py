@@ -18,9 +18,15 @@ from typing import Any
 
 import pytest
 
-HELP_BACKEND = "torch.distributed backend for shardfuzz tests: gloo (CPU, default) or nccl (one GPU per rank)."
-HELP_WORLD_SIZES = "comma-separated world sizes that shardfuzz tests may draw, e.g. 1,2,3 (default: each target's own)."
-HELP_TIMEOUT = "fixed per-example timeout in seconds for shardfuzz tests (default: adaptive per target and world size)."
+HELP_BACKEND = (
+    "torch.distributed backend for shardfuzz tests: gloo (CPU, default) or nccl (one GPU per rank)."
+)
+HELP_WORLD_SIZES = (
+    "comma-separated world sizes that shardfuzz tests may draw, e.g. 1,2,3 (default: each target's own)."
+)
+HELP_TIMEOUT = (
+    "fixed per-example timeout in seconds for shardfuzz tests (default: adaptive per target and world size)."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +80,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     o: Options = config._shardfuzz_options  # type: ignore[attr-defined]
-    args = [f"--hypothesis-profile={o.hypothesis_profile}"] if o.hypothesis_profile not in (None, "default") else []
+    args = (
+        [f"--hypothesis-profile={o.hypothesis_profile}"]
+        if o.hypothesis_profile not in (None, "default")
+        else []
+    )
     args.append(f"--shardfuzz-backend={o.backend}")
     if o.world_sizes:
         args.append(f"--shardfuzz-world-sizes={','.join(map(str, o.world_sizes))}")
@@ -110,8 +120,13 @@ def test_for(
         from shardfuzz.settings import build_settings
 
         o = shardfuzz_options
-        runner = Runner(target, impl, backend=o.backend, timeout=timeout or o.timeout,
-                        world_sizes=world_sizes or o.world_sizes)
+        runner = Runner(
+            target,
+            impl,
+            backend=o.backend,
+            timeout=timeout or o.timeout,
+            world_sizes=world_sizes or o.world_sizes,
+        )
         reason = runner.target.expected_failures.get(runner.impl_name)
         if reason:
             from shardfuzz.engine import _findings_of

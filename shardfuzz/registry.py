@@ -102,7 +102,9 @@ def _importable(modname: str, file: str | None) -> bool:
         return bool(spec.origin) and os.path.realpath(spec.origin) == file
     roots = [os.path.realpath(p) for p in (spec.submodule_search_locations or [])]
     expected = os.path.join(*rest.split("."))
-    return any(file in (os.path.join(r, expected + ".py"), os.path.join(r, expected, "__init__.py")) for r in roots)
+    return any(
+        file in (os.path.join(r, expected + ".py"), os.path.join(r, expected, "__init__.py")) for r in roots
+    )
 
 
 def ref_of_callable(fn: Any, what: str = "impl") -> str:
@@ -163,7 +165,9 @@ def get_target(spec: Any):
     if isinstance(spec, Target):
         return spec
     if not isinstance(spec, str):
-        raise TargetError(f"target={spec!r}; expected a Target, a target name, 'pkg.mod:ATTR' or a file.py path")
+        raise TargetError(
+            f"target={spec!r}; expected a Target, a target name, 'pkg.mod:ATTR' or a file.py path"
+        )
     if spec.endswith(".py") or "::" in spec:
         path, _, name = spec.partition("::") if "::" in spec else (spec, "", "")
         module = _import_file(path, "target")
@@ -176,9 +180,13 @@ def get_target(spec: Any):
             obj = getattr(module, name, None)
             if isinstance(obj, Target):
                 return obj
-            raise TargetError(f"target={spec!r}: {path!r} has no target {name!r}; it defines {sorted(targets)}")
+            raise TargetError(
+                f"target={spec!r}: {path!r} has no target {name!r}; it defines {sorted(targets)}"
+            )
         if len(targets) > 1:
-            raise TargetError(f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME")
+            raise TargetError(
+                f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME"
+            )
         return next(iter(targets.values()))
     known = available_targets()
     if ":" in spec:

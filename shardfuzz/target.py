@@ -76,17 +76,23 @@ class Target:
         ins = {k: check_layout(v, f"input_layouts[{k!r}]") for k, v in dict(self.input_layouts).items()}
         object.__setattr__(self, "input_layouts", ins)
         if not self.implementations:
-            raise TargetError(f"Target {self.name!r}: implementations={self.implementations!r}; name at least one")
+            raise TargetError(
+                f"Target {self.name!r}: implementations={self.implementations!r}; name at least one"
+            )
         if self.origin is None:
             caller = sys._getframe(1).f_globals
-            if caller.get("__name__") == "dataclasses" or caller.get("__name__", "").startswith("shardfuzz.target"):
+            if caller.get("__name__") == "dataclasses" or caller.get("__name__", "").startswith(
+                "shardfuzz.target"
+            ):
                 caller = sys._getframe(2).f_globals
             object.__setattr__(self, "origin", module_ref(caller))
         impls = dict(self.implementations)
         object.__setattr__(self, "implementations", impls)
         for name in list(self.planted) + list(self.expected_failures):
             if name not in impls:
-                raise TargetError(f"Target {self.name!r}: {name!r} is listed as planted/expected but is not an implementation")
+                raise TargetError(
+                    f"Target {self.name!r}: {name!r} is listed as planted/expected but is not an implementation"
+                )
         if self.reference not in impls:
             raise TargetError(
                 f"Target {self.name!r}: reference={self.reference!r} is not among implementations {sorted(impls)}"
@@ -99,7 +105,7 @@ class Target:
         if isinstance(impl, str) and impl in self.implementations:
             value = self.implementations[impl]
             if isinstance(value, str) and ":" not in value and self.origin:
-                value = (f"{self.origin}::{value}" if self.origin.endswith(".py") else f"{self.origin}:{value}")
+                value = f"{self.origin}::{value}" if self.origin.endswith(".py") else f"{self.origin}:{value}"
             return ref_of_callable(value, f"implementations[{impl!r}]")
         if isinstance(impl, str) and ":" not in impl:
             raise TargetError(
@@ -133,7 +139,9 @@ class Target:
 
     def worker_ref(self) -> str:
         if not self.origin:
-            raise TargetError(f"Target {self.name!r} was defined where workers cannot import it (no module file)")
+            raise TargetError(
+                f"Target {self.name!r} was defined where workers cannot import it (no module file)"
+            )
         return f"{self.origin}::{self.name}" if self.origin.endswith(".py") else f"{self.origin}:{self.name}"
 
     def __repr__(self) -> str:

@@ -28,7 +28,13 @@ from typing import Any
 IGNORED_COLLECTIVE_WARNING = "an autograd kernel was not registered to the Autograd key"
 TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout")
 #: a collective failed because a *peer* went away: a consequence, not the cause
-PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET", "SIGABRT")
+PEER_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "ECONNRESET",
+    "SIGABRT",
+)
 
 
 @dataclasses.dataclass
@@ -48,7 +54,7 @@ class Mesh:
             import torch
             from torch.distributed.device_mesh import DeviceMesh
 
-            names = tuple(f"axis{i}" for i in range(len(self.shape) - 1)) + ("impl",)
+            names = (*(f"axis{i}" for i in range(len(self.shape) - 1)), "impl")
             mesh = torch.arange(math.prod(self.shape)).view(self.shape)
             self._device_mesh = DeviceMesh.from_group(
                 list(self.groups), self.device_type, mesh=mesh, mesh_dim_names=names
@@ -204,9 +210,7 @@ class _Worker:
             mine = None
             # every rank must call new_group for every group, in the same order
             for other in _product([range(s) if i != axis else range(1) for i, s in enumerate(shape)]):
-                members = [
-                    _ravel(tuple(other[:axis]) + (k,) + tuple(other[axis + 1 :]), shape) for k in range(shape[axis])
-                ]
+                members = [_ravel((*other[:axis], k, *other[axis + 1 :]), shape) for k in range(shape[axis])]
                 if len(members) == n and shape[axis] == n and timeout_s == self.timeout_s:
                     g = dist.group.WORLD
                 else:
@@ -277,7 +281,9 @@ class _Worker:
             if IGNORED_COLLECTIVE_WARNING not in str(w.message):
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         if not isinstance(out, dict):
-            raise TypeError(f"implementation {task['impl']!r} returned {type(out).__name__}, expected a dict of outputs")
+            raise TypeError(
+                f"implementation {task['impl']!r} returned {type(out).__name__}, expected a dict of outputs"
+            )
         return ("ok", encode(out), {"elapsed": elapsed, "ignored_collective": ignored})
 
     def serve(self) -> None:
@@ -294,13 +300,20 @@ class _Worker:
                 except BaseException as e:  # report everything, including SystemExit from user code
                     tb = traceback.format_exc()
                     last = tb.strip().splitlines()[-1] if tb.strip() else ""
-                    reply = ("error", tb, type(e).__name__, any(m in last for m in TIMEOUT_MARKERS),
-                             any(m in last for m in PEER_MARKERS))
+                    reply = (
+                        "error",
+                        tb,
+                        type(e).__name__,
+                        any(m in last for m in TIMEOUT_MARKERS),
+                        any(m in last for m in PEER_MARKERS),
+                    )
                     sys.stderr.flush()
                 try:
                     self.conn.send(reply)
                 except Exception as e:  # an output that does not pickle
-                    self.conn.send(("error", f"could not send outputs back: {e!r}", type(e).__name__, False, False))
+                    self.conn.send(
+                        ("error", f"could not send outputs back: {e!r}", type(e).__name__, False, False)
+                    )
         import torch.distributed as dist
 
         try:

@@ -70,7 +70,7 @@ def mesh_shapes_for(world_size: int, *, max_dims: int = 2) -> list[tuple[int, ..
     shapes: list[tuple[int, ...]] = [(world_size,)]
     if max_dims >= 2 and world_size > 1:
         two = [(a, world_size // a) for a in range(2, world_size) if world_size % a == 0]
-        shapes += sorted(two, key=lambda s: (abs(s[0] - s[1]), s)) + [(1, world_size), (world_size, 1)]
+        shapes += [*sorted(two, key=lambda s: (abs(s[0] - s[1]), s)), (1, world_size), (world_size, 1)]
     return shapes
 
 
@@ -219,8 +219,16 @@ def cases(
         _check_int("max_world", max_world, 1)
         _check_range("min_world", min_world, "max_world", max_world)
         worlds = st.integers(min_world, max_world)
-    return _cases(target, sizes, dict(options or {}), dict(late_options or {}), worlds, max_dims,
-                  _dtypes(allowed=dtypes), value_profiles(allowed=profiles))
+    return _cases(
+        target,
+        sizes,
+        dict(options or {}),
+        dict(late_options or {}),
+        worlds,
+        max_dims,
+        _dtypes(allowed=dtypes),
+        value_profiles(allowed=profiles),
+    )
 
 
 @st.composite
@@ -242,8 +250,17 @@ def _cases(draw, target, sizes, options_s, late, worlds, max_dims, dtype_s, prof
     opts.update(params)
     opts.update({k: draw(v) for k, v in late.items()})
     seed = draw(seeds())
-    return Case(target=target, world_size=world, mesh=mesh, sizes=drawn, split=tuple(split), dtype=dtype,
-                profile=profile, seed=seed, options=opts)
+    return Case(
+        target=target,
+        world_size=world,
+        mesh=mesh,
+        sizes=drawn,
+        split=tuple(split),
+        dtype=dtype,
+        profile=profile,
+        seed=seed,
+        options=opts,
+    )
 
 
 _dtypes = dtypes

@@ -72,7 +72,14 @@ def oracle(inp, case):
     x, w1, b1, w2, b2 = (inp[k].clone().requires_grad_() for k in ("x", "w1", "b1", "w2", "b2"))
     y = F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
     y.backward(inp["dy"])
-    return {"y": y, "grad_x": x.grad, "grad_w1": w1.grad, "grad_b1": b1.grad, "grad_w2": w2.grad, "grad_b2": b2.grad}
+    return {
+        "y": y,
+        "grad_x": x.grad,
+        "grad_w1": w1.grad,
+        "grad_b1": b1.grad,
+        "grad_w2": w2.grad,
+        "grad_b2": b2.grad,
+    }
 
 
 def magnitude(inp, case):
@@ -143,8 +150,14 @@ def _mlp(ctx, *, bug: str | None = None):
         # "nothing to do on this rank": the peers now wait in the all-reduce forever
         zeros = torch.zeros_like
         y = zeros(ctx.inputs["dy"])
-        return {"y": y, "grad_x": zeros(x), "grad_w1": zeros(w1), "grad_b1": zeros(b1),
-                "grad_w2": zeros(w2), "grad_b2": zeros(b2)}
+        return {
+            "y": y,
+            "grad_x": zeros(x),
+            "grad_w1": zeros(w1),
+            "grad_b1": zeros(b1),
+            "grad_w2": zeros(w2),
+            "grad_b2": zeros(b2),
+        }
 
     xin = CopyToTP.apply(x, group, bug != "missing_f_backward")
     hid = F.gelu(F.linear(xin, w1, b1))
@@ -165,8 +178,14 @@ def _mlp(ctx, *, bug: str | None = None):
         out = ReduceFromTP.apply(partial, group, bug == "contiguous_copy")
     y = out if bug == "bias_before_allreduce" else out + b2
     y.backward(ctx.inputs["dy"])
-    return {"y": y.detach(), "grad_x": x.grad, "grad_w1": w1.grad, "grad_b1": b1.grad,
-            "grad_w2": w2.grad, "grad_b2": b2.grad}
+    return {
+        "y": y.detach(),
+        "grad_x": x.grad,
+        "grad_w1": w1.grad,
+        "grad_b1": b1.grad,
+        "grad_w2": w2.grad,
+        "grad_b2": b2.grad,
+    }
 
 
 def reference(ctx):

@@ -23,10 +23,10 @@ Planted bugs:
 
 from __future__ import annotations
 
+import hypothesis.strategies as st
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import hypothesis.strategies as st
 
 import shardfuzz.strategies as sst
 from shardfuzz import Replicate, Shard, Target
@@ -78,7 +78,10 @@ def oracle(inp, case):
     logits = F.linear(h, w_out)
     v = logits.shape[-1]
     loss = F.cross_entropy(
-        logits.reshape(-1, v), inp["labels"].reshape(-1), reduction="none", label_smoothing=case.options["smoothing"]
+        logits.reshape(-1, v),
+        inp["labels"].reshape(-1),
+        reduction="none",
+        label_smoothing=case.options["smoothing"],
     ).view(inp["labels"].shape)
     loss.backward(inp["dloss"])
     return {"loss": loss, "grad_emb": emb.grad, "grad_w_out": w_out.grad}
@@ -116,7 +119,11 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, start, vocab, eps, group, local_smoothing_bug=False):
         local_v = logits.shape[-1]
-        lmax = logits.max(dim=-1).values if local_v else torch.full(logits.shape[:-1], -torch.inf, dtype=logits.dtype)
+        lmax = (
+            logits.max(dim=-1).values
+            if local_v
+            else torch.full(logits.shape[:-1], -torch.inf, dtype=logits.dtype)
+        )
         dist.all_reduce(lmax, op=dist.ReduceOp.MAX, group=group)
         z = logits - lmax.unsqueeze(-1)
         exp = z.exp()
@@ -124,7 +131,9 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         dist.all_reduce(sum_exp, group=group)
         in_range = (labels >= start) & (labels < start + local_v)
         local_label = (labels - start).clamp(0, max(local_v - 1, 0))
-        z_label = z.gather(-1, local_label.unsqueeze(-1)).squeeze(-1) if local_v else torch.zeros_like(sum_exp)
+        z_label = (
+            z.gather(-1, local_label.unsqueeze(-1)).squeeze(-1) if local_v else torch.zeros_like(sum_exp)
+        )
         z_label = torch.where(in_range, z_label, torch.zeros_like(z_label))
         dist.all_reduce(z_label, group=group)
         log_sum = sum_exp.log()
@@ -165,7 +174,11 @@ def _run(ctx, bug=None):
     start = VOCAB.global_index((0, 0), ctx.group_rank, ctx.group_size, tuple(ctx.inputs["emb"].shape))[0]
     local_v = emb.shape[0]
     outside = (tokens < start) | (tokens >= start + local_v)
-    ids = tokens.clamp(0, local_v - 1) if bug == "embedding_no_offset" else (tokens - start).clamp(0, local_v - 1)
+    ids = (
+        tokens.clamp(0, local_v - 1)
+        if bug == "embedding_no_offset"
+        else (tokens - start).clamp(0, local_v - 1)
+    )
     h = F.embedding(ids, emb) * (~outside).unsqueeze(-1).to(emb.dtype)
     h = ReduceFromTP.apply(h, ctx.group)
     logits = F.linear(CopyToTP.apply(h, ctx.group), w_out)

@@ -6,8 +6,17 @@ from shardfuzz import Case, InvalidArgument
 
 
 def make(**kw):
-    base = dict(target="tp_mlp", world_size=4, mesh=(2, 2), sizes={"hidden": 5}, split=("hidden",),
-                dtype="bfloat16", profile="large", seed=7, options={"scale": 100.0})
+    base = dict(
+        target="tp_mlp",
+        world_size=4,
+        mesh=(2, 2),
+        sizes={"hidden": 5},
+        split=("hidden",),
+        dtype="bfloat16",
+        profile="large",
+        seed=7,
+        options={"scale": 100.0},
+    )
     base.update(kw)
     return Case(**base)
 

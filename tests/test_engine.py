@@ -137,7 +137,7 @@ def test_unknown_target_and_file_without_target(tmp_path):
         Runner("nope")
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
-    with pytest.raises(TargetError, match="defines no shardfuzz.Target"):
+    with pytest.raises(TargetError, match=r"defines no shardfuzz\.Target"):
         Runner(str(empty))
 
 
@@ -145,11 +145,23 @@ def test_target_missing_a_piece():
     from shardfuzz import Replicate, Target
 
     with pytest.raises(TargetError, match="oracle=None must be a callable"):
-        Target(name="t", cases=lambda **k: None, inputs=lambda c: {}, oracle=None,
-               outputs={"y": Replicate()}, implementations={"reference": "m:f"})
+        Target(
+            name="t",
+            cases=lambda **k: None,
+            inputs=lambda c: {},
+            oracle=None,
+            outputs={"y": Replicate()},
+            implementations={"reference": "m:f"},
+        )
     with pytest.raises(TargetError, match="outputs=\\{\\}"):
-        Target(name="t", cases=lambda **k: None, inputs=lambda c: {}, oracle=lambda i, c: {},
-               outputs={}, implementations={"reference": "m:f"})
+        Target(
+            name="t",
+            cases=lambda **k: None,
+            inputs=lambda c: {},
+            oracle=lambda i, c: {},
+            outputs={},
+            implementations={"reference": "m:f"},
+        )
 
 
 def test_database_keys_are_prefixed_per_target_impl_backend():

@@ -27,7 +27,9 @@ def test_shard_pieces_assemble_back(rule, n, parts):
     x = torch.arange(n * 2).view(n, 2).T.contiguous()  # shard dim 1
     layout = Shard(1, rule=rule)
     pieces = [layout.piece(x, r, parts) for r in range(parts)]
-    assert [tuple(p.shape) for p in pieces] == [layout.local_shape(tuple(x.shape), r, parts) for r in range(parts)]
+    assert [tuple(p.shape) for p in pieces] == [
+        layout.local_shape(tuple(x.shape), r, parts) for r in range(parts)
+    ]
     assert torch.equal(layout.assemble(pieces), x)
     # global index of the first element of each non-empty shard
     offsets = [sum(split_sizes(n, parts, rule)[:r]) for r in range(parts)]

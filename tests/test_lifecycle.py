@@ -54,7 +54,9 @@ def start_driver(body: str) -> tuple[subprocess.Popen, list[int]]:
         print(" ".join(str(p.pid) for p in pool.procs), flush=True)
         """
     ) + textwrap.dedent(body)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     line = proc.stdout.readline()
     assert line.strip(), proc.stderr.read()
     return proc, [int(p) for p in line.split()]

@@ -58,12 +58,20 @@ EXPECT = {
     ("tp_mlp", "floor_split"): Expect("layout", 2, (2,), uneven=("hidden",)),
     # batch * seq == 1 (or d_out == 1) keeps the output contiguous and hides it
     ("tp_mlp", "contiguous_copy"): Expect(
-        "mismatch", 2, (2,), check=lambda c: c.sizes["batch"] * c.sizes["seq"] == 2 and c.sizes["d_out"] == 2,
+        "mismatch",
+        2,
+        (2,),
+        check=lambda c: c.sizes["batch"] * c.sizes["seq"] == 2 and c.sizes["d_out"] == 2,
         outputs=("y",),
     ),
     # needs an empty DTensor shard: 4 rows on 3 ranks are [2, 2, 0]
     ("tp_mlp", "skip_empty_shard"): Expect(
-        "hang", 3, (3,), uneven=("hidden",), check=lambda c: 0 in split_sizes(c.sizes["hidden"], 3), timeout=2.0
+        "hang",
+        3,
+        (3,),
+        uneven=("hidden",),
+        check=lambda c: 0 in split_sizes(c.sizes["hidden"], 3),
+        timeout=2.0,
     ),
     # an ignored collective is wrong at any world size
     ("tp_mlp", "raw_allreduce"): Expect("ignored-collective", 1, (1,)),
@@ -88,8 +96,9 @@ def test_every_planted_bug_has_a_budget_and_an_expectation():
 def test_planted_bug_is_found_and_shrunk(target, impl, record_property):
     exp = EXPECT[(target, impl)]
     budget = 2 * P95[(target, impl)] + 10
-    result = shardfuzz.run(target, impl, profile="shardfuzz-ci", database=None, max_examples=budget,
-                           timeout=exp.timeout)
+    result = shardfuzz.run(
+        target, impl, profile="shardfuzz-ci", database=None, max_examples=budget, timeout=exp.timeout
+    )
     assert result.found, f"{target}/{impl} not found in {budget} examples: {result.stats.summary()}"
     assert result.kind == exp.kind, result.report
     case = result.case

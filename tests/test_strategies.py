@@ -118,5 +118,7 @@ def test_backward_is_always_checked():
 
 
 def test_triggers_of_labels():
-    c = Case(target="t", world_size=4, mesh=(2, 2), sizes={"n": 3, "batch": 2}, split=("n",), dtype="bfloat16")
+    c = Case(
+        target="t", world_size=4, mesh=(2, 2), sizes={"n": 3, "batch": 2}, split=("n",), dtype="bfloat16"
+    )
     assert {"world>=3", "group<world", "2-D mesh", "uneven", "batch>1", "bfloat16"} <= sst.triggers_of(c)

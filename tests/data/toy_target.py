@@ -72,8 +72,13 @@ def wrong_count(ctx):
 
 
 def cases(world_sizes=None):
-    return sst.cases("toy", sizes={"n": sst.Split(max_per_rank=2)}, world_sizes=world_sizes,
-                     dtypes=("float32",), profiles=("normal",))
+    return sst.cases(
+        "toy",
+        sizes={"n": sst.Split(max_per_rank=2)},
+        world_sizes=world_sizes,
+        dtypes=("float32",),
+        profiles=("normal",),
+    )
 
 
 TOY = Target(
