@@ -42,8 +42,12 @@ _store = None
 _pools: collections.OrderedDict[tuple[str, int], Pool] = collections.OrderedDict()
 
 
-def _context():
+def _context(start_method: str = "forkserver"):
     global _ctx
+    if start_method != "forkserver":  # only for measurements (benchmarks/): no torch preloaded
+        import multiprocessing as mp
+
+        return mp.get_context(start_method)
     if _ctx is None:
         import multiprocessing as mp
 
@@ -109,7 +113,8 @@ class Outcome:
 class Pool:
     """``world_size`` warm worker processes joined in one process group."""
 
-    def __init__(self, backend: str, world_size: int, timeout_s: float) -> None:
+    def __init__(self, backend: str, world_size: int, timeout_s: float, start_method: str = "forkserver") -> None:
+        self.start_method = start_method
         self.backend = backend
         self.world_size = world_size
         self.timeout_s = timeout_s
@@ -126,7 +131,7 @@ class Pool:
         from shardfuzz.worker import worker_main
 
         t0 = time.perf_counter()
-        ctx = _context()
+        ctx = _context(self.start_method)
         store = _driver_store()
         self.outdir = tempfile.mkdtemp(prefix=f"shardfuzz-{self.backend}-w{self.world_size}-")
         prefix = f"shardfuzz/{os.getpid()}/{uuid.uuid4().hex}/"
