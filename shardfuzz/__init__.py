@@ -18,6 +18,7 @@ __all__ = [
     "InvalidArgument",
     "LayoutMismatch",
     "Mismatch",
+    "Owned",
     "PaddedFlat",
     "Partial",
     "RankContext",
@@ -31,6 +32,8 @@ __all__ = [
     "Target",
     "TargetError",
     "Tolerance",
+    "Unsupported",
+    "Zigzag",
     "__version__",
     "get_target",
     "run",
@@ -49,7 +52,10 @@ _LAZY = {
     "RankHang": "shardfuzz.errors",
     "ShardfuzzError": "shardfuzz.errors",
     "TargetError": "shardfuzz.errors",
+    "Owned": "shardfuzz.layouts",
     "PaddedFlat": "shardfuzz.layouts",
+    "Zigzag": "shardfuzz.layouts",
+    "Unsupported": "shardfuzz.errors",
     "Partial": "shardfuzz.layouts",
     "Replicate": "shardfuzz.layouts",
     "Shard": "shardfuzz.layouts",
@@ -78,8 +84,9 @@ if TYPE_CHECKING:  # pragma: no cover
         RankHang,
         ShardfuzzError,
         TargetError,
+        Unsupported,
     )
-    from shardfuzz.layouts import PaddedFlat, Partial, Replicate, Shard
+    from shardfuzz.layouts import Owned, PaddedFlat, Partial, Replicate, Shard, Zigzag
     from shardfuzz.pytest_plugin import test_for
     from shardfuzz.registry import get_target
     from shardfuzz.target import Target

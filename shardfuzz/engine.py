@@ -27,7 +27,9 @@ from shardfuzz.errors import (
     RankError,
     RankHang,
     ShardfuzzError,
+    Unsupported,
 )
+from shardfuzz.layouts import Owned
 from shardfuzz.target import Target
 
 try:  # Python 3.11+; Hypothesis brings the backport on 3.10
@@ -100,7 +102,10 @@ class Stats:
     #: largest error/tolerance among passing examples (how close a correct run came)
     worst_pass_ratio: float = 0.0
     triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: failing examples by failure kind (shrinking included)
     kinds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: cases the target rejected through its ``supports`` hook, by reason
+    unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     @property
     def per_second(self) -> float:
@@ -113,6 +118,10 @@ class Stats:
             else ""
         )
         margin = f", margin {self.margin:.3g}x" if self.margin is not None else ""
+        if self.unsupported:
+            margin += "; rejected as unsupported: " + ", ".join(
+                f"{k} x{v}" for k, v in self.unsupported.items()
+            )
         return (
             f"{self.examples} examples in {self.elapsed:.1f} s ({self.per_second:.1f}/s), "
             f"{self.failures} failing{margin}; worst passing error/tolerance {self.worst_pass_ratio:.3g}"
@@ -176,6 +185,14 @@ class Runner:
 
         from shardfuzz.strategies import triggers_of
 
+        if self.target.supports is not None:
+            reason = self.target.supports(case)
+            if reason:
+                from hypothesis import reject
+
+                self.stats.unsupported[reason] += 1
+                event(f"unsupported: {reason}")
+                reject()
         for t in triggers_of(case):
             self.stats.triggers[t] += 1
             event(t)
@@ -193,6 +210,10 @@ class Runner:
         if case.target != self.target.name:
             raise InvalidArgument(f"case.target={case.target!r} but this runner fuzzes {self.target.name!r}")
         self._check_backend(case)
+        if self.target.supports is not None:
+            reason = self.target.supports(case)
+            if reason:
+                raise Unsupported(f"target {self.target.name!r} does not support {case!r}: {reason}")
         self.stats.examples += 1
         tkey = (self.target.name, case.world_size, self.backend)
         timeout = TIMEOUTS.timeout(tkey, self.fixed_timeout)
@@ -226,8 +247,9 @@ class Runner:
                 self._raise_ignored_collective(case, ignored)
             self._check_layouts(case, locals_, expected)
             ratio = self._compare(case, locals_, expected)
-        except Finding:
+        except Finding as f:
             self.stats.failures += 1
+            self.stats.kinds[f.kind] += 1
             if self.stats.first_failure_at is None:
                 self.stats.first_failure_at = self.stats.examples
             raise
@@ -313,6 +335,10 @@ class Runner:
                     )
                     continue
                 want_shape = layout.local_shape(tuple(ref.shape), r % g, g)
+                if want_shape is None:  # Owned(): checked per replica below
+                    want_shape = (
+                        tuple(got.shape) if tuple(got.shape) in ((0,), tuple(ref.shape)) else tuple(ref.shape)
+                    )
                 if tuple(got.shape) != want_shape or got.dtype != low.dtype:
                     problems.append(
                         f"output {name!r} ({layout!r}): {self._rank_label(case, r)} holds "
@@ -320,6 +346,14 @@ class Runner:
                         f"{list(want_shape)} {str(low.dtype).removeprefix('torch.')} "
                         f"(global {list(ref.shape)} over {g} ranks)"
                     )
+            if isinstance(layout, Owned) and isinstance(ref, torch.Tensor):
+                for replica in self._replicas(case):
+                    shapes = [tuple(locals_[r][name].shape) for r in replica]
+                    if layout.owner_of(shapes, tuple(ref.shape)) is None:
+                        problems.append(
+                            f"output {name!r} (Owned()): exactly one rank of ranks {replica} must hold "
+                            f"{list(ref.shape)} and the others [0]; they hold {[list(s) for s in shapes]}"
+                        )
         if problems:
             self._raise_layout(case, problems)
 
@@ -369,6 +403,8 @@ class Runner:
                 rds = []
                 if layout.per_rank:
                     for r, out in enumerate(locals_):
+                        if isinstance(layout, Owned) and tuple(out[name].shape) == (0,) and ref.shape != (0,):
+                            continue  # not the owner: nothing to compare
                         want = layout.piece(ref, r % g, g)
                         b = layout.piece(bound, r % g, g)
                         got = layout.comparable(out[name], r % g, g, tuple(ref.shape))

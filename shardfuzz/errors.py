@@ -32,6 +32,14 @@ class InfrastructureError(ShardfuzzError):
     """The fuzzer itself failed: a pool would not start, a worker could not be reached."""
 
 
+class Unsupported(Exception):
+    """Raised by a target's ``supports`` hook (or an implementation) for a case it cannot handle.
+
+    The case is rejected (Hypothesis draws another), never passed silently, and counted by reason in
+    ``Result.stats.unsupported`` and in the summary line.
+    """
+
+
 class Finding(AssertionError):
     """A counterexample. ``case`` is the :class:`~shardfuzz.Case`, ``report`` the full text.
 

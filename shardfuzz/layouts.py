@@ -198,10 +198,89 @@ class PaddedFlat(Layout):
         return (local_index[0] + start,)
 
 
+@dataclasses.dataclass(frozen=True)
+class Zigzag(Layout):
+    """Load-balanced causal sequence layout (ring / context parallel "zigzag").
+
+    ``dim`` is cut into ``2 * parts`` chunks (``tensor_split`` rule, so uneven lengths work) and
+    rank ``r`` holds chunks ``r`` and ``2 * parts - 1 - r``, concatenated: every rank gets one early
+    and one late chunk, balancing causal attention work.
+    """
+
+    dim: int
+
+    def __repr__(self) -> str:
+        return f"Zigzag({self.dim})"
+
+    def _chunks(self, n: int, rank: int, parts: int) -> list[tuple[int, int]]:
+        sizes = split_sizes(n, 2 * parts, "tensor_split")
+        offs = [sum(sizes[:i]) for i in range(2 * parts)]
+        return [(offs[c], sizes[c]) for c in (rank, 2 * parts - 1 - rank)]
+
+    def local_shape(self, global_shape, rank, parts):
+        d = _norm_dim(self.dim, len(global_shape), self)
+        shape = list(global_shape)
+        shape[d] = sum(k for _, k in self._chunks(global_shape[d], rank, parts))
+        return tuple(shape)
+
+    def piece(self, value, rank, parts):
+        import torch
+
+        d = _norm_dim(self.dim, value.ndim, self)
+        return torch.cat([value.narrow(d, o, k) for o, k in self._chunks(value.shape[d], rank, parts)], dim=d)
+
+    def assemble(self, locals_):
+        import torch
+
+        parts = len(locals_)
+        d = _norm_dim(self.dim, locals_[0].ndim, self)
+        total = sum(t.shape[d] for t in locals_)
+        chunks: dict[int, Any] = {}
+        for r, t in enumerate(locals_):
+            (o1, k1), (o2, k2) = self._chunks(total, r, parts)
+            chunks[o1] = t.narrow(d, 0, k1)
+            chunks[o2] = t.narrow(d, k1, k2)
+        return torch.cat([chunks[o] for o in sorted(chunks)], dim=d)
+
+    def global_index(self, local_index, rank, parts, global_shape):
+        d = _norm_dim(self.dim, len(global_shape), self)
+        (o1, k1), (o2, _) = self._chunks(global_shape[d], rank, parts)
+        idx = list(local_index)
+        idx[d] = o1 + idx[d] if idx[d] < k1 else o2 + idx[d] - k1
+        return tuple(idx)
+
+
+@dataclasses.dataclass(frozen=True)
+class Owned(Layout):
+    """Exactly one rank of the group (the owner) holds the whole value; every other rank holds an
+    empty tensor of shape ``(0,)``. For state that one rank owns, e.g. ZeroRedundancyOptimizer's
+    per-parameter optimizer state. Which rank owns it is the implementation's business; that
+    exactly one does is checked.
+    """
+
+    def __repr__(self) -> str:
+        return "Owned()"
+
+    def local_shape(self, global_shape, rank, parts):
+        return None  # either the global shape (owner) or (0,): see owner_of
+
+    def owner_of(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, ...]) -> int | None:
+        """The owning group rank, or None when not exactly one rank holds the value."""
+        owners = [r for r, s in enumerate(shapes) if tuple(s) == tuple(global_shape) and s != (0,)]
+        others_empty = all(tuple(s) == (0,) for r, s in enumerate(shapes) if r not in owners)
+        return owners[0] if len(owners) == 1 and others_empty else None
+
+    def piece(self, value, rank, parts):
+        return value
+
+    def assemble(self, locals_):
+        return next(t for t in locals_ if tuple(t.shape) != (0,))
+
+
 def check_layout(value: Any, name: str) -> Layout:
     if not isinstance(value, Layout):
         raise InvalidArgument(
             f"{name}={value!r} is not a layout; use Shard(dim), Shard(dim, rule='tensor_split'), "
-            "Replicate(), Partial() or PaddedFlat()"
+            "Replicate(), Partial(), PaddedFlat(), Zigzag(dim) or Owned()"
         )
     return value

@@ -113,7 +113,9 @@ class Outcome:
 class Pool:
     """``world_size`` warm worker processes joined in one process group."""
 
-    def __init__(self, backend: str, world_size: int, timeout_s: float, start_method: str = "forkserver") -> None:
+    def __init__(
+        self, backend: str, world_size: int, timeout_s: float, start_method: str = "forkserver"
+    ) -> None:
         self.start_method = start_method
         self.backend = backend
         self.world_size = world_size

@@ -41,6 +41,9 @@ class Target:
             it models. The test suite proves the fuzzer finds each.
         expected_failures: name -> reason (with a link) for implementations known to fail upstream.
         description: one line for ``shardfuzz list``.
+        supports: optional ``supports(case) -> None | reason``: a case the target cannot handle is
+            rejected loudly (counted by reason in the statistics), never passed silently. Prefer
+            strategies that do not draw such cases.
     """
 
     name: str
@@ -55,6 +58,7 @@ class Target:
     planted: Mapping[str, str] = dataclasses.field(default_factory=dict)
     expected_failures: Mapping[str, str] = dataclasses.field(default_factory=dict)
     description: str = ""
+    supports: Callable[[Any], str | None] | None = None
     #: where workers re-import this target from (module name or file path); set automatically
     origin: str | None = None
 

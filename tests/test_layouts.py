@@ -60,3 +60,38 @@ def test_bad_layout_arguments_name_the_argument():
         Shard(3).local_shape((2, 2), 0, 2)
     with pytest.raises(InvalidArgument, match="rule='bogus'"):
         split_sizes(3, 2, "bogus")
+
+
+@pytest.mark.parametrize("n,parts", [(8, 2), (7, 2), (12, 3), (5, 3), (3, 2)])
+def test_zigzag_gives_each_rank_an_early_and_a_late_chunk(n, parts):
+    from shardfuzz import Zigzag
+
+    x = torch.arange(n)
+    layout = Zigzag(0)
+    pieces = [layout.piece(x, r, parts) for r in range(parts)]
+    assert torch.equal(layout.assemble(pieces), x)
+    chunks = torch.tensor_split(x, 2 * parts)
+    for r, p in enumerate(pieces):
+        assert p.tolist() == chunks[r].tolist() + chunks[2 * parts - 1 - r].tolist()
+        assert layout.local_shape((n,), r, parts) == tuple(p.shape)
+        for i in range(p.shape[0]):
+            assert x[layout.global_index((i,), r, parts, (n,))] == p[i]
+
+
+def test_zigzag_8_on_2():
+    from shardfuzz import Zigzag
+
+    assert Zigzag(0).piece(torch.arange(8), 0, 2).tolist() == [0, 1, 6, 7]
+    assert Zigzag(0).piece(torch.arange(8), 1, 2).tolist() == [2, 3, 4, 5]
+
+
+def test_owned_needs_exactly_one_owner():
+    from shardfuzz import Owned
+
+    layout = Owned()
+    assert layout.owner_of([(0,), (3, 2), (0,)], (3, 2)) == 1
+    assert layout.owner_of([(3, 2), (3, 2)], (3, 2)) is None
+    assert layout.owner_of([(0,), (0,)], (3, 2)) is None
+    assert layout.owner_of([(0,), (2, 2)], (3, 2)) is None
+    x = torch.ones(3, 2)
+    assert layout.assemble([torch.empty(0), x]) is x
