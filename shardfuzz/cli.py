@@ -162,7 +162,7 @@ def _cmd_fuzz(args) -> int:
 def _cmd_case(args) -> int:
     from shardfuzz.case import Case
     from shardfuzz.engine import Runner
-    from shardfuzz.errors import Finding
+    from shardfuzz.errors import Finding, Unsupported
 
     case = Case.parse(args.case)
     runner = Runner(
@@ -170,6 +170,9 @@ def _cmd_case(args) -> int:
     )
     try:
         ratio = runner.run_case(case)
+    except Unsupported as e:
+        print(f"UNSUPPORTED: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except Finding as f:
         print(f"FAIL ({f.kind})\n{f.report}")
         return EXIT_FOUND

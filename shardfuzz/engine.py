@@ -113,7 +113,9 @@ class Stats:
 
     def summary(self) -> str:
         trig = (
-            ", ".join(f"{k} {100.0 * v / self.examples:.0f}%" for k, v in sorted(self.triggers.items()))
+            ", ".join(
+                f"{k} {100.0 * v / self.examples:.0f}%" for k, v in sorted(self.triggers.items()) if v > 0
+            )
             if self.examples
             else ""
         )
@@ -181,22 +183,21 @@ class Runner:
     # -- one example ----------------------------------------------------------------------
     def check(self, case: Case) -> float:
         """Run one case inside a Hypothesis test: statistics, events and ``target()`` included."""
-        from hypothesis import event, target
+        from hypothesis import event, reject, target
 
         from shardfuzz.strategies import triggers_of
 
-        if self.target.supports is not None:
-            reason = self.target.supports(case)
-            if reason:
-                from hypothesis import reject
-
-                self.stats.unsupported[reason] += 1
-                event(f"unsupported: {reason}")
-                reject()
-        for t in triggers_of(case):
-            self.stats.triggers[t] += 1
+        reached = triggers_of(case)
+        self.stats.triggers.update(reached)
+        try:
+            ratio = self.run_case(case)
+        except Unsupported as e:
+            self.stats.triggers.subtract(reached)
+            self.stats.unsupported[str(e).rpartition(": ")[2] or str(e)] += 1
+            event(f"unsupported: {e}")
+            reject()
+        for t in reached:
             event(t)
-        ratio = self.run_case(case)
         target(min(ratio, 1.0), label="error/tolerance")
         return ratio
 
@@ -213,7 +214,7 @@ class Runner:
         if self.target.supports is not None:
             reason = self.target.supports(case)
             if reason:
-                raise Unsupported(f"target {self.target.name!r} does not support {case!r}: {reason}")
+                raise Unsupported(f"target {self.target.name!r} does not support this case: {reason}")
         self.stats.examples += 1
         tkey = (self.target.name, case.world_size, self.backend)
         timeout = TIMEOUTS.timeout(tkey, self.fixed_timeout)
@@ -237,6 +238,10 @@ class Runner:
                 self._raise_hang(case, outcome, timeout)
             from shardfuzz.worker import decode
 
+            skipped = sorted({rep[1] for rep in outcome.replies if rep[0] == "unsupported"})
+            if skipped:
+                self.stats.examples -= 1
+                raise Unsupported("; ".join(skipped))
             locals_ = [decode(rep[1]) for rep in outcome.replies]
             ignored = {
                 r: rep[2]["ignored_collective"]

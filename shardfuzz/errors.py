@@ -33,7 +33,8 @@ class InfrastructureError(ShardfuzzError):
 
 
 class Unsupported(Exception):
-    """Raised by a target's ``supports`` hook (or an implementation) for a case it cannot handle.
+    """A case that a target (its ``supports`` hook) or an implementation (raising this on *every*
+    rank, before any collective) cannot handle.
 
     The case is rejected (Hypothesis draws another), never passed silently, and counted by reason in
     ``Result.stats.unsupported`` and in the summary line.

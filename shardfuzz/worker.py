@@ -25,6 +25,8 @@ import traceback
 import warnings
 from typing import Any
 
+from shardfuzz.errors import Unsupported
+
 IGNORED_COLLECTIVE_WARNING = "an autograd kernel was not registered to the Autograd key"
 TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout")
 #: a collective failed because a *peer* went away: a consequence, not the cause
@@ -297,6 +299,8 @@ class _Worker:
             if msg[0] == "run":
                 try:
                     reply = self.run(msg[1])
+                except Unsupported as e:
+                    reply = ("unsupported", str(e))
                 except BaseException as e:  # report everything, including SystemExit from user code
                     tb = traceback.format_exc()
                     last = tb.strip().splitlines()[-1] if tb.strip() else ""

@@ -192,6 +192,91 @@ def reference(ctx):
     return _mlp(ctx)
 
 
+# -- real PyTorch code: torch.distributed.tensor.parallel on a DeviceMesh ------------------------
+class _MLP(torch.nn.Module):
+    def __init__(self, w1, b1, w2, b2):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(w1.shape[1], w1.shape[0], dtype=w1.dtype)
+        self.fc2 = torch.nn.Linear(w2.shape[1], w2.shape[0], dtype=w2.dtype)
+        with torch.no_grad():
+            for p, v in (
+                (self.fc1.weight, w1),
+                (self.fc1.bias, b1),
+                (self.fc2.weight, w2),
+                (self.fc2.bias, b2),
+            ):
+                p.copy_(v)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def _torch_tp(ctx, plan, *, guard_size1=True):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from shardfuzz import Unsupported
+
+    if guard_size1 and ctx.inputs["w1"].shape[0] == 1:
+        # known discrepancy, see TORCH_TP_SIZE1 below: rejected loudly (counted), never passed
+        raise Unsupported("torch TP: Linear on a DTensor whose sharded dim has global size 1")
+    mesh = DeviceMesh.from_group(ctx.group, ctx.device.type, mesh=torch.tensor(ctx.mesh.ranks[-1]))
+    inp = ctx.inputs
+    mlp = _MLP(inp["w1"], inp["b1"], inp["w2"], inp["b2"])
+    parallelize_module(mlp, mesh, plan)
+    x = inp["x"].clone().requires_grad_()
+    y = mlp(x)
+    y.backward(inp["dy"])
+
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    return {
+        "y": local(y).detach(),
+        "grad_x": x.grad,
+        "grad_w1": local(mlp.fc1.weight.grad),
+        "grad_b1": local(mlp.fc1.bias.grad),
+        "grad_w2": local(mlp.fc2.weight.grad),
+        "grad_b2": local(mlp.fc2.bias.grad),
+    }
+
+
+def torch_tp(ctx):
+    """The default ColwiseParallel / RowwiseParallel plan."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return _torch_tp(ctx, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+
+
+def _dtensor_plan():
+    from torch.distributed.tensor import Shard as DShard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"fc1": ColwiseParallel(use_local_output=False), "fc2": RowwiseParallel(input_layouts=DShard(-1))}
+
+
+def torch_tp_dtensor(ctx):
+    """DTensors kept between the layers (``use_local_output=False``): handles uneven hidden sizes."""
+    return _torch_tp(ctx, _dtensor_plan())
+
+
+def torch_tp_dtensor_size1(ctx):
+    """The same plan without the size-1 guard: shows the discrepancy (expected failure)."""
+    return _torch_tp(ctx, _dtensor_plan(), guard_size1=False)
+
+
+TORCH_TP_UNEVEN = (
+    "torch TP's default ColwiseParallel/RowwiseParallel plan crashes on hidden sizes the TP group "
+    "does not divide ('a and b must have same reduction dim'), pytorch/pytorch#150336; minimal case: "
+    "world_size=2, hidden=3"
+)
+TORCH_TP_SIZE1 = (
+    "shardfuzz finding: with use_local_output=False, Linear on a 3-d input whose sharded hidden dim has "
+    "global size 1 raises 'This operation would remove or reshape sharded dimension 2' in DTensor's "
+    "view propagation (aten.view on f32[1, 1, 1](S(2))); minimal case: world_size=1, all sizes 1"
+)
+
+
 def missing_allreduce(ctx):
     return _mlp(ctx, bug="missing_allreduce")
 
@@ -253,6 +338,13 @@ TARGET = Target(
         "grad_b2": Replicate(),
     },
     input_layouts={"w1": Shard(0), "b1": Shard(0), "w2": Shard(1)},
-    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    implementations={
+        "reference": "reference",
+        **{name: name for name in PLANTED},
+        "torch_tp": "torch_tp",
+        "torch_tp_dtensor": "torch_tp_dtensor",
+        "torch_tp_dtensor_size1": "torch_tp_dtensor_size1",
+    },
     planted=PLANTED,
+    expected_failures={"torch_tp": TORCH_TP_UNEVEN, "torch_tp_dtensor_size1": TORCH_TP_SIZE1},
 )
