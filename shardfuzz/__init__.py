@@ -36,6 +36,7 @@ __all__ = [
     "Zigzag",
     "__version__",
     "get_target",
+    "regressions",
     "run",
     "test_for",
 ]
@@ -67,6 +68,7 @@ _LAZY = {
     "Tolerance": "shardfuzz.compare",
     "get_target": "shardfuzz.registry",
     "test_for": "shardfuzz.pytest_plugin",
+    "regressions": "shardfuzz.pytest_plugin",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,7 +89,7 @@ if TYPE_CHECKING:  # pragma: no cover
         Unsupported,
     )
     from shardfuzz.layouts import Owned, PaddedFlat, Partial, Replicate, Shard, Zigzag
-    from shardfuzz.pytest_plugin import test_for
+    from shardfuzz.pytest_plugin import regressions, test_for
     from shardfuzz.registry import get_target
     from shardfuzz.target import Target
     from shardfuzz.worker import RankContext

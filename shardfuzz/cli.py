@@ -1,22 +1,23 @@
 """The ``shardfuzz`` command.
 
-Exit codes: 0 nothing found, 1 a counterexample was found (its report is printed), 2 a usage
-error, 3 the fuzzer itself failed (a pool would not start, too few GPUs, ...).
+Exit codes: 0 nothing found (replay: everything passes), 1 a counterexample was found (replay: a
+case still fails), 2 a usage error, 3 the fuzzer itself failed (a pool would not start, too few
+GPUs, ...). An interrupted campaign exits 1 if it found something, else 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
+EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse exits 2 on usage errors already; keep its message
+    def error(self, message: str):
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -51,6 +52,15 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _duration(text: str) -> float:
+    from shardfuzz.campaign import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="shardfuzz",
@@ -59,41 +69,91 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     sub.add_parser("list", help="list targets and their implementations")
+    sub.add_parser("gpus", help="say which targets and world sizes can run on this machine's GPUs")
 
-    common = _Parser(add_help=False)
-    common.add_argument(
-        "--impl",
-        default=None,
-        help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference)",
+    where = _Parser(add_help=False)
+    where.add_argument(
+        "--backend", default=None, choices=("gloo", "nccl"), help="default: gloo (replay: the file's)"
     )
-    common.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
-    common.add_argument(
+    where.add_argument(
+        "--device", default=None, choices=("cpu", "cuda"), help="default: cuda for nccl, else cpu"
+    )
+    where.add_argument(
         "--timeout",
         type=_positive_float,
         default=None,
         help="fixed per-example timeout in seconds (default: adaptive)",
     )
+    where.add_argument(
+        "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True) on every rank"
+    )
+
+    impl = _Parser(add_help=False)
+    impl.add_argument(
+        "--impl",
+        default=None,
+        help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference)",
+    )
 
     f = sub.add_parser(
-        "fuzz", parents=[common], help="fuzz targets (default: every built-in target's reference)"
+        "fuzz", parents=[impl, where], help="fuzz targets (default: every built-in target's reference)"
     )
     f.add_argument(
         "targets", nargs="*", metavar="TARGET", help="target names, 'pkg.mod:ATTR' or file.py paths"
     )
-    f.add_argument(
+    budget = f.add_mutually_exclusive_group()
+    budget.add_argument(
         "--max-examples",
         type=_positive_int,
         default=None,
         help="examples per target (default: the profile's)",
     )
+    budget.add_argument(
+        "--duration",
+        type=_duration,
+        default=None,
+        metavar="TIME",
+        help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
+    )
     f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
     f.add_argument(
         "--profile", default="shardfuzz-dev", choices=("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
     )
+    f.add_argument(
+        "--failures-dir",
+        default=None,
+        metavar="DIR",
+        help="where failure files go (default: .shardfuzz/failures)",
+    )
+    f.add_argument(
+        "--jobs", type=_positive_int, default=1, help="targets fuzzed side by side in child processes"
+    )
+    f.add_argument(
+        "--rank-budget",
+        type=_positive_int,
+        default=None,
+        help="ranks in use at once across jobs (default: the number of cores)",
+    )
+    f.add_argument("--progress-every", type=_positive_float, default=2.0, metavar="SECONDS")
+    f.add_argument("--summary-json", default=None, help=argparse.SUPPRESS)
 
-    c = sub.add_parser("case", parents=[common], help="rerun exactly one case (the last line of a report)")
+    c = sub.add_parser(
+        "case", parents=[impl, where], help="rerun exactly one case (the last line of a report)"
+    )
     c.add_argument("target", metavar="TARGET")
     c.add_argument("case", metavar="CASE", help="Case(...) as printed in a report")
+
+    r = sub.add_parser("replay", parents=[where], help="rerun the cases in failure files")
+    r.add_argument("paths", nargs="+", metavar="FILE|DIR")
+    r.add_argument(
+        "--debug-collectives",
+        action="store_true",
+        help="rerun with torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+    )
+
+    rp = sub.add_parser("repro", help="write a standalone torchrun script for one failure file")
+    rp.add_argument("file", metavar="FILE")
+    rp.add_argument("-o", "--output", default="repro.py")
     return p
 
 
@@ -117,46 +177,99 @@ def _cmd_list() -> int:
 
 
 def _cmd_fuzz(args) -> int:
-    from shardfuzz.engine import Runner, run
+    from shardfuzz import campaign
+    from shardfuzz.engine import Runner
+    from shardfuzz.failures import FailureRecorder
     from shardfuzz.registry import BUILTIN_TARGETS
 
     targets = args.targets or sorted(BUILTIN_TARGETS)
+    backend = args.backend or "gloo"
     # resolve every target and implementation first: a typo is a usage error before any fuzzing
     runners = [
         Runner(
             spec,
             args.impl,
-            backend=args.backend,
+            backend=backend,
+            device=args.device,
             timeout=args.timeout,
             world_sizes=args.world_sizes,
             target_spec=spec,
+            deterministic=args.deterministic,
         )
         for spec in targets
     ]
-    found = False
-    rows = []
+    if args.jobs > 1 and len(runners) > 1:
+        return _fuzz_jobs(args, targets)
+    failures_dir = args.failures_dir or None
+    recorder = FailureRecorder(failures_dir)
+    outcomes = []
+    interrupted = False
     for spec, runner in zip(targets, runners):
-        t0 = time.perf_counter()
-        print(f"fuzzing {spec} ({runner.impl_name}) on {args.backend} ...", flush=True)
-        result = run(runner.target, max_examples=args.max_examples, profile=args.profile, runner=runner)
-        print(f"  {result.stats.summary()}", flush=True)
-        if result.found:
-            found = True
-            print(f"\n{result.report}\n", flush=True)
-        rows.append(
-            (
-                result.target,
-                result.impl,
-                result.kind or "-",
-                result.stats.examples,
-                result.stats.per_second,
-                time.perf_counter() - t0,
-            )
+        print(f"fuzzing {spec} ({runner.impl_name}) on {backend}/{runner.device} ...", flush=True)
+        out = campaign.fuzz_one(
+            runner,
+            max_examples=args.max_examples,
+            duration=args.duration,
+            profile=args.profile,
+            recorder=recorder,
+            stream=sys.stdout,
+            interval=args.progress_every,
         )
-    print(f"\n{'target':<18} {'implementation':<24} {'found':<18} {'examples':>8} {'ex/s':>7} {'time':>7}")
-    for r in rows:
-        print(f"{r[0]:<18} {r[1]:<24} {r[2]:<18} {r[3]:>8} {r[4]:>7.1f} {r[5]:>6.1f}s")
+        outcomes.append(out)
+        if out.result is not None and out.result.found:
+            print(f"\n{out.result.report}\n", flush=True)
+        if out.interrupted:
+            interrupted = True
+            break
+    rows = [o.row() for o in outcomes]
+    print("\n" + campaign.summary_table(rows), flush=True)
+    if args.summary_json:
+        with open(args.summary_json, "w") as fh:
+            json.dump(rows, fh)
+    found = any(r["found"] for r in rows)
+    if interrupted:
+        print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
+        return EXIT_FOUND if found else EXIT_INTERRUPTED
     return EXIT_FOUND if found else EXIT_OK
+
+
+def _fuzz_jobs(args, targets) -> int:
+    from shardfuzz import campaign
+
+    base = [sys.executable, "-m", "shardfuzz.cli", "fuzz"]
+    opts: list[str] = []
+    for flag, value in (
+        ("--impl", args.impl),
+        ("--backend", args.backend),
+        ("--device", args.device),
+        ("--timeout", args.timeout),
+        ("--max-examples", args.max_examples),
+        ("--failures-dir", args.failures_dir),
+        ("--profile", args.profile),
+        ("--progress-every", args.progress_every),
+    ):
+        if value is not None:
+            opts += [flag, str(value)]
+    if args.duration:
+        opts += ["--duration", f"{args.duration}s"]
+    if args.world_sizes:
+        opts += ["--world-sizes", ",".join(map(str, args.world_sizes))]
+    if args.deterministic:
+        opts.append("--deterministic")
+    jobs = [[*base, spec, *opts] for spec in targets]
+    cost = campaign.job_cost(args.world_sizes)
+    budget = args.rank_budget or os.cpu_count() or 1
+    print(
+        f"running {len(jobs)} jobs, up to {args.jobs} at once within {budget} ranks (each job uses up to {cost})",
+        flush=True,
+    )
+    try:
+        rows = campaign.run_jobs(jobs, [cost] * len(jobs), budget, args.jobs)
+    except KeyboardInterrupt:
+        print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print("\n" + campaign.summary_table(rows), flush=True)
+    return EXIT_FOUND if any(r["found"] for r in rows) else EXIT_OK
 
 
 def _cmd_case(args) -> int:
@@ -166,7 +279,13 @@ def _cmd_case(args) -> int:
 
     case = Case.parse(args.case)
     runner = Runner(
-        args.target, args.impl, backend=args.backend, timeout=args.timeout, target_spec=args.target
+        args.target,
+        args.impl,
+        backend=args.backend or "gloo",
+        device=args.device,
+        timeout=args.timeout,
+        target_spec=args.target,
+        deterministic=args.deterministic,
     )
     try:
         ratio = runner.run_case(case)
@@ -180,6 +299,43 @@ def _cmd_case(args) -> int:
     return EXIT_OK
 
 
+def _cmd_replay(args) -> int:
+    from shardfuzz import failures
+
+    paths = failures.find_files(args.paths)
+    if not paths:
+        print(f"shardfuzz: error: no failure files (*.json) in {args.paths}", file=sys.stderr)
+        return EXIT_USAGE
+    records = [failures.load(p) for p in paths]  # validate them all before running any
+    still = 0
+    for rec in records:
+        res = failures.replay_one(
+            rec,
+            backend=args.backend,
+            device=args.device,
+            debug_collectives=args.debug_collectives,
+            deterministic=args.deterministic or None,
+            timeout=args.timeout,
+        )
+        print(res.line(), flush=True)
+        if res.failed:
+            still += 1
+            print(res.report + "\n", flush=True)
+    print(f"{len(records)} replayed: {still} fail, {len(records) - still} pass")
+    return EXIT_FOUND if still else EXIT_OK
+
+
+def _cmd_repro(args) -> int:
+    from shardfuzz import failures
+    from shardfuzz.torchrun import write_repro
+
+    record = failures.load(args.file)
+    path = write_repro(record, args.output)
+    n = record["case"].world_size
+    print(f"wrote {path}; run it with: torchrun --nproc-per-node={n} {path} [--backend nccl]")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from shardfuzz.errors import InfrastructureError, InvalidArgument, ShardfuzzError
 
@@ -188,10 +344,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             return _cmd_list()
+        if args.command == "gpus":
+            from shardfuzz.gpu import placement_summary
+
+            print(placement_summary())
+            return EXIT_OK
         if args.command == "fuzz":
             return _cmd_fuzz(args)
         if args.command == "case":
             return _cmd_case(args)
+        if args.command == "replay":
+            return _cmd_replay(args)
+        if args.command == "repro":
+            return _cmd_repro(args)
     except InvalidArgument as e:
         print(f"shardfuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -200,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INFRA
     except KeyboardInterrupt:
         print("shardfuzz: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     return EXIT_USAGE
 
 

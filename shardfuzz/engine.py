@@ -20,7 +20,6 @@ from shardfuzz.compare import OutputDiff, RankDiff, Tolerance, compare_tensor, e
 from shardfuzz.errors import (
     Finding,
     IgnoredCollective,
-    InfrastructureError,
     InvalidArgument,
     LayoutMismatch,
     Mismatch,
@@ -41,6 +40,7 @@ except NameError:  # pragma: no cover
         _EXCEPTION_GROUP = None
 
 BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
 TIMEOUT_BUCKETS = (2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 _driver_ready = False
@@ -144,11 +144,26 @@ class Runner:
         world_sizes: Iterable[int] | None = None,
         tolerance: Tolerance | None = None,
         target_spec: str | None = None,
+        device: str | None = None,
+        debug_collectives: bool = False,
+        deterministic: bool = False,
     ) -> None:
         from shardfuzz.registry import get_target
 
         if backend not in BACKENDS:
             raise InvalidArgument(f"backend={backend!r}; allowed: {', '.join(BACKENDS)}")
+        device = device or ("cuda" if backend == "nccl" else "cpu")
+        if device not in DEVICES:
+            raise InvalidArgument(f"device={device!r}; allowed: {', '.join(DEVICES)}")
+        if backend == "nccl" and device != "cuda":
+            raise InvalidArgument(f"device={device!r} with backend='nccl'; nccl needs device='cuda'")
+        self.device = device
+        self.debug_collectives = debug_collectives
+        self.deterministic = deterministic
+        #: called as on_failure(runner, case, finding) for every finding (failure files use it)
+        self.on_failure = None
+        #: numerics flags reported by rank 0 of the first example
+        self.numerics: dict[str, Any] | None = None
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise InvalidArgument(f"timeout={timeout!r}; must be a number of seconds > 0")
         self.target: Target = get_target(target)
@@ -188,6 +203,8 @@ class Runner:
         from shardfuzz.strategies import triggers_of
 
         reached = triggers_of(case)
+        if any(name.startswith("grad") for name in self.target.outputs):
+            reached.add("backward")
         self.stats.triggers.update(reached)
         try:
             ratio = self.run_case(case)
@@ -216,10 +233,21 @@ class Runner:
             if reason:
                 raise Unsupported(f"target {self.target.name!r} does not support this case: {reason}")
         self.stats.examples += 1
-        tkey = (self.target.name, case.world_size, self.backend)
+        tkey = (self.target.name, case.world_size, self.backend, self.device)
         timeout = TIMEOUTS.timeout(tkey, self.fixed_timeout)
-        pool = get_pool(self.backend, case.world_size, timeout)
-        pool.submit({"case": case, "target": self.worker_target, "impl": self.impl_ref, "timeout": timeout})
+        pool = get_pool(
+            self.backend, case.world_size, timeout, device=self.device, debug=self.debug_collectives
+        )
+        pool.submit(
+            {
+                "case": case,
+                "target": self.worker_target,
+                "impl": self.impl_ref,
+                "timeout": timeout,
+                "deterministic": self.deterministic,
+                "want_flags": self.numerics is None,
+            }
+        )
         try:
             expected = self._oracle(case)  # overlaps with the ranks' work
         except BaseException:
@@ -236,43 +264,47 @@ class Runner:
             if outcome.status == "hang":
                 discard_pool(pool)
                 self._raise_hang(case, outcome, timeout)
-            from shardfuzz.worker import decode
-
             skipped = sorted({rep[1] for rep in outcome.replies if rep[0] == "unsupported"})
             if skipped:
                 self.stats.examples -= 1
                 raise Unsupported("; ".join(skipped))
-            locals_ = [decode(rep[1]) for rep in outcome.replies]
-            ignored = {
-                r: rep[2]["ignored_collective"]
-                for r, rep in enumerate(outcome.replies)
-                if rep[2]["ignored_collective"]
-            }
-            if ignored:
-                self._raise_ignored_collective(case, ignored)
-            self._check_layouts(case, locals_, expected)
-            ratio = self._compare(case, locals_, expected)
+            if self.numerics is None:
+                self.numerics = outcome.replies[0][2].get("numerics")
+            ratio = self.judge(case, [rep[1:] for rep in outcome.replies], expected)
         except Finding as f:
             self.stats.failures += 1
             self.stats.kinds[f.kind] += 1
             if self.stats.first_failure_at is None:
                 self.stats.first_failure_at = self.stats.examples
+            if self.on_failure is not None:
+                self.on_failure(self, case, f)
             raise
         self.stats.passed += 1
         self.stats.worst_pass_ratio = max(self.stats.worst_pass_ratio, ratio)
         TIMEOUTS.record(tkey, outcome.elapsed)
         return ratio
 
-    def _check_backend(self, case: Case) -> None:
-        if self.backend == "nccl":
-            import torch
+    def judge(self, case: Case, replies: list[tuple], expected: dict[str, Any]) -> float:
+        """Check the ranks' replies ``(encoded outputs, info)`` against the oracle's ``expected``.
 
-            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if n < case.world_size:
-                raise InfrastructureError(
-                    f"backend='nccl' needs one CUDA device per rank: world_size={case.world_size} "
-                    f"but {n} device(s) are visible (NCCL refuses two ranks on one GPU)"
-                )
+        Used by :meth:`run_case` and by the torchrun path (:mod:`shardfuzz.torchrun`), where rank 0
+        gathers the replies through a separate CPU group.
+        """
+        from shardfuzz.worker import decode
+
+        locals_ = [decode(rep[0]) for rep in replies]
+        ignored = {
+            r: rep[1]["ignored_collective"] for r, rep in enumerate(replies) if rep[1]["ignored_collective"]
+        }
+        if ignored:
+            self._raise_ignored_collective(case, ignored)
+        self._check_layouts(case, locals_, expected)
+        return self._compare(case, locals_, expected)
+
+    def _check_backend(self, case: Case) -> None:
+        from shardfuzz.gpu import check_placement
+
+        check_placement(self.target, self.backend, self.device, case.world_size)
 
     # -- the oracle -----------------------------------------------------------------------
     def _oracle(self, case: Case) -> dict[str, Any]:
@@ -280,6 +312,7 @@ class Runner:
 
         torch.manual_seed(case.seed)
         inputs = self.target.inputs(case)
+        self.last_inputs = inputs
         if not isinstance(inputs, dict):
             raise ShardfuzzError(
                 f"target {self.target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict"
@@ -606,6 +639,10 @@ def run(
     database: Any = "default",
     settings: Any = None,
     runner: Runner | None = None,
+    derandomize: bool | None = None,
+    failures_dir: str | None = None,
+    device: str | None = None,
+    deterministic: bool = False,
 ) -> Result:
     """Fuzz one implementation of a target; return a :class:`Result` (it does not raise on findings).
 
@@ -620,14 +657,31 @@ def run(
         world_sizes: restrict the world sizes drawn.
         timeout: fixed example timeout in seconds (default: adaptive).
         database: a Hypothesis database, ``None`` for none, or ``"default"`` for the profile's.
+        derandomize: override the profile's ``derandomize`` (campaigns use fresh seeds).
+        failures_dir: write a failure file there as soon as a failure is seen, and update it while
+            Hypothesis shrinks (default: none from Python; the CLI and pytest write to
+            ``.shardfuzz/failures``).
+        device: ``"cpu"`` or ``"cuda"`` (default: cuda for nccl, cpu for gloo).
+        deterministic: run the ranks with ``torch.use_deterministic_algorithms(True)``.
     """
     from hypothesis.errors import Flaky
 
     if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
         raise InvalidArgument(f"max_examples={max_examples!r}; must be an int >= 1")
     runner = runner or Runner(
-        target, impl, backend=backend, timeout=timeout, world_sizes=world_sizes, tolerance=tolerance
+        target,
+        impl,
+        backend=backend,
+        timeout=timeout,
+        world_sizes=world_sizes,
+        tolerance=tolerance,
+        device=device,
+        deterministic=deterministic,
     )
+    if failures_dir is not None:
+        from shardfuzz.failures import FailureRecorder
+
+        runner.on_failure = FailureRecorder(failures_dir)
     from hypothesis import Verbosity
 
     from shardfuzz.settings import build_settings
@@ -635,7 +689,9 @@ def run(
     s = (
         settings
         if settings is not None
-        else build_settings(profile, max_examples=max_examples, verbosity=Verbosity.quiet)
+        else build_settings(
+            profile, max_examples=max_examples, verbosity=Verbosity.quiet, derandomize=derandomize
+        )
     )
     test = build_test(runner, s, database=database)
     result = Result(runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats)
@@ -656,5 +712,5 @@ def run(
                 "Hypothesis reports this failure as flaky (it did not reproduce):\n" + result.report
             )
     finally:
-        runner.stats.elapsed = time.perf_counter() - t0
+        runner.stats.elapsed += time.perf_counter() - t0
     return result

@@ -39,7 +39,7 @@ OUTPUT_TAIL = 4000
 _lock = threading.Lock()
 _ctx = None
 _store = None
-_pools: collections.OrderedDict[tuple[str, int], Pool] = collections.OrderedDict()
+_pools: collections.OrderedDict[tuple, Pool] = collections.OrderedDict()
 
 
 def _context(start_method: str = "forkserver"):
@@ -118,9 +118,17 @@ class Pool:
     """``world_size`` warm worker processes joined in one process group."""
 
     def __init__(
-        self, backend: str, world_size: int, timeout_s: float, start_method: str = "forkserver"
+        self,
+        backend: str,
+        world_size: int,
+        timeout_s: float,
+        start_method: str = "forkserver",
+        device: str = "cpu",
+        debug: bool = False,
     ) -> None:
         self.start_method = start_method
+        self.device = device
+        self.debug = debug
         self.backend = backend
         self.world_size = world_size
         self.timeout_s = timeout_s
@@ -155,6 +163,8 @@ class Pool:
                     alive_r,
                     self.outdir,
                     self.timeout_s,
+                    self.device,
+                    self.debug,
                 ),
                 name=f"shardfuzz-{self.backend}-w{self.world_size}-rank{rank}",
                 daemon=True,
@@ -365,17 +375,19 @@ def max_pool_ranks() -> int:
     return int(os.environ.get("SHARDFUZZ_MAX_POOL_RANKS", "12"))
 
 
-def get_pool(backend: str, world_size: int, timeout_s: float) -> Pool:
+def get_pool(
+    backend: str, world_size: int, timeout_s: float, *, device: str = "cpu", debug: bool = False
+) -> Pool:
     """A warm pool for (backend, world size), started if needed. Idle pools beyond
     ``SHARDFUZZ_MAX_POOL_RANKS`` ranks in all (default 12) are stopped, least recently used first."""
-    key = (backend, world_size)
+    key = (backend, world_size, device, debug)
     with _lock:
         pool = _pools.pop(key, None)
         if pool is not None and not pool.alive:
             pool.kill()
             pool = None
         if pool is None:
-            pool = Pool(backend, world_size, timeout_s).start()
+            pool = Pool(backend, world_size, timeout_s, device=device, debug=debug).start()
         _pools[key] = pool
         while len(_pools) > 1 and sum(p.world_size for p in _pools.values()) > max_pool_ranks():
             _, old = _pools.popitem(last=False)

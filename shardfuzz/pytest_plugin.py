@@ -27,6 +27,10 @@ HELP_WORLD_SIZES = (
 HELP_TIMEOUT = (
     "fixed per-example timeout in seconds for shardfuzz tests (default: adaptive per target and world size)."
 )
+HELP_FAILURES_DIR = (
+    "directory of failure files: shardfuzz tests write their findings there, and shardfuzz.regressions() "
+    "replays them (default: $SHARDFUZZ_FAILURES_DIR or .shardfuzz/failures)."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Options:
     timeout: float | None = None
     profile: str = "shardfuzz-dev"
     hypothesis_profile: str | None = None
+    failures_dir: str | None = None
 
 
 def _parse_world_sizes(text: str | None) -> tuple[int, ...] | None:
@@ -59,6 +64,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--shardfuzz-backend", default="gloo", choices=("gloo", "nccl"), help=HELP_BACKEND)
     group.addoption("--shardfuzz-world-sizes", default=None, metavar="N,N,...", help=HELP_WORLD_SIZES)
     group.addoption("--shardfuzz-timeout", default=None, type=float, metavar="SECONDS", help=HELP_TIMEOUT)
+    group.addoption("--shardfuzz-failures-dir", default=None, metavar="DIR", help=HELP_FAILURES_DIR)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,7 +81,16 @@ def pytest_configure(config: pytest.Config) -> None:
         timeout=timeout,
         profile=profile_for(current),
         hypothesis_profile=current,
+        failures_dir=config.getoption("--shardfuzz-failures-dir", None),
     )
+    config.addinivalue_line(
+        "markers", "shardfuzz_regression: replays a failure file (runs before new searches)"
+    )
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    """Failure-file regressions run before any new search."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("shardfuzz_regression") else 1)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -117,6 +132,7 @@ def test_for(
 
     def test(shardfuzz_options: Options) -> None:
         from shardfuzz.engine import Runner, build_test
+        from shardfuzz.failures import FailureRecorder
         from shardfuzz.settings import build_settings
 
         o = shardfuzz_options
@@ -127,6 +143,7 @@ def test_for(
             timeout=timeout or o.timeout,
             world_sizes=world_sizes or o.world_sizes,
         )
+        runner.on_failure = FailureRecorder(o.failures_dir)
         reason = runner.target.expected_failures.get(runner.impl_name)
         if reason:
             from shardfuzz.engine import _findings_of
@@ -146,3 +163,45 @@ def test_for(
 
 
 test_for.__test__ = False  # type: ignore[attr-defined]  # not itself a test when imported into one
+
+
+def regressions(directory: str | None = None) -> Any:
+    """Parametrized regression tests, one test id per failure file in ``directory``:
+    ``test_regressions = shardfuzz.regressions()``. Each replays its case exactly (no search) and
+    fails with the report while the bug is still there. They run before any new search.
+
+    ``directory`` defaults to ``--shardfuzz-failures-dir``, ``$SHARDFUZZ_FAILURES_DIR`` or
+    ``.shardfuzz/failures``; it is read at collection time.
+    """
+    import os
+
+    from shardfuzz.failures import default_dir
+
+    where = directory or default_dir()
+    files = (
+        sorted(os.path.join(where, n) for n in os.listdir(where) if n.endswith(".json"))
+        if os.path.isdir(where)
+        else []
+    )
+
+    @pytest.mark.shardfuzz_regression
+    @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
+    def test(failure_file: str, shardfuzz_options: Options) -> None:
+        from shardfuzz import failures
+
+        record = failures.load(failure_file)
+        res = failures.replay_one(
+            record, backend=shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None
+        )
+        if res.failed:
+            pytest.fail(f"{res.line()}\n{res.report}", pytrace=False)
+        if res.status == "different inputs":
+            pytest.fail(
+                f"{res.line()}\nthe inputs changed, so this file no longer tests the same case", pytrace=False
+            )
+
+    test.__name__ = "test_shardfuzz_regression"
+    return test
+
+
+regressions.__test__ = False  # type: ignore[attr-defined]

@@ -80,30 +80,42 @@ def load_ref(ref: str, what: str = "reference") -> Any:
     return obj
 
 
+def _find_spec_fresh(modname: str):
+    """The spec a fresh process would find for ``modname``: ask the meta-path finders (path entries,
+    editable installs) level by level, ignoring ``sys.modules``."""
+    path = None
+    spec = None
+    parts = modname.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            try:
+                spec = find(name, path)
+            except (ImportError, ValueError, TypeError):
+                spec = None
+            if spec is not None:
+                break
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec
+
+
 def _importable(modname: str, file: str | None) -> bool:
-    """Whether a fresh process would import ``modname`` from ``file`` through ``sys.path``.
+    """Whether a fresh process would import ``modname`` from ``file``.
 
     (``importlib.util.find_spec`` would answer from ``sys.modules``, where pytest's importlib mode
     registers test modules under names no other process can import.)
     """
-    from importlib.machinery import PathFinder
-
     if not file or not modname or modname == "__main__":
         return False
-    top, _, rest = modname.partition(".")
-    try:
-        spec = PathFinder.find_spec(top)
-    except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
-    file = os.path.realpath(file)
-    if not rest:
-        return bool(spec.origin) and os.path.realpath(spec.origin) == file
-    roots = [os.path.realpath(p) for p in (spec.submodule_search_locations or [])]
-    expected = os.path.join(*rest.split("."))
-    return any(
-        file in (os.path.join(r, expected + ".py"), os.path.join(r, expected, "__init__.py")) for r in roots
+    spec = _find_spec_fresh(modname)
+    return bool(spec is not None and spec.origin and os.path.exists(spec.origin)) and os.path.samefile(
+        spec.origin, file
     )
 
 

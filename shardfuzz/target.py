@@ -41,6 +41,8 @@ class Target:
             it models. The test suite proves the fuzzer finds each.
         expected_failures: name -> reason (with a link) for implementations known to fail upstream.
         description: one line for ``shardfuzz list``.
+        collectives: the collectives the implementations use (e.g. ``("all_reduce",)``); decides
+            whether the target can run several ranks on one GPU with gloo (see :mod:`shardfuzz.gpu`).
         supports: optional ``supports(case) -> None | reason``: a case the target cannot handle is
             rejected loudly (counted by reason in the statistics), never passed silently. Prefer
             strategies that do not draw such cases.
@@ -59,6 +61,7 @@ class Target:
     expected_failures: Mapping[str, str] = dataclasses.field(default_factory=dict)
     description: str = ""
     supports: Callable[[Any], str | None] | None = None
+    collectives: tuple[str, ...] | None = None
     #: where workers re-import this target from (module name or file path); set automatically
     origin: str | None = None
 

@@ -141,6 +141,37 @@ def decode(value: Any) -> Any:
     return value
 
 
+def select_device(backend: str, device: str, rank: int):
+    """One CUDA device per rank for nccl (and for gloo on CUDA tensors); the CPU otherwise."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic mode
+    if backend == "nccl" or device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def numerics_flags() -> dict[str, Any]:
+    """The settings that change floating-point results, for reports and failure files."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    flags: dict[str, Any] = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cuda_matmul_allow_tf32": matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cuda_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
+        "cuda_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
+    }
+    for name in ("flash", "mem_efficient", "math", "cudnn"):
+        fn = getattr(torch.backends.cuda, f"{name}_sdp_enabled", None)
+        if fn is not None:
+            flags[f"sdpa_{name}_enabled"] = bool(fn())
+    return flags
+
+
 def _set_pdeathsig() -> None:
     if sys.platform != "linux":
         return  # macOS has no PDEATHSIG: the watchdog thread alone ends the worker
@@ -163,7 +194,11 @@ def _watchdog(alive_conn) -> None:
 
 
 class _Worker:
-    def __init__(self, rank, world_size, backend, store_info, conn, outdir, timeout_s):
+    def __init__(
+        self, rank, world_size, backend, store_info, conn, outdir, timeout_s, device="cpu", debug=False
+    ):
+        self.device_type = device
+        self.debug = debug
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
@@ -184,11 +219,10 @@ class _Worker:
         host, port, prefix = self.store_info
         store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=60))
         store = dist.PrefixStore(prefix, store)
-        if self.backend == "nccl":
-            torch.cuda.set_device(self.rank % torch.cuda.device_count())
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            self.device = torch.device("cpu")
+        self.device = select_device(self.backend, self.device_type, self.rank)
+        if self.debug:  # collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL): slow, for replays only
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+            dist.set_debug_level(dist.DebugLevel.DETAIL)
         dist.init_process_group(
             self.backend,
             store=store,
@@ -248,6 +282,7 @@ class _Worker:
         group_size = case.mesh[-1]
 
         # reset state so a failure replays identically
+        torch.use_deterministic_algorithms(bool(task.get("deterministic")))
         torch.manual_seed(case.seed)
         random.seed(case.seed)
         np.random.seed(case.seed % (2**32))
@@ -286,7 +321,10 @@ class _Worker:
             raise TypeError(
                 f"implementation {task['impl']!r} returned {type(out).__name__}, expected a dict of outputs"
             )
-        return ("ok", encode(out), {"elapsed": elapsed, "ignored_collective": ignored})
+        info = {"elapsed": elapsed, "ignored_collective": ignored}
+        if task.get("want_flags"):
+            info["numerics"] = numerics_flags()
+        return ("ok", encode(out), info)
 
     def serve(self) -> None:
         while True:
@@ -347,7 +385,9 @@ def _product(ranges):
     return itertools.product(*ranges)
 
 
-def worker_main(rank, world_size, backend, store_info, conn, alive_conn, outdir, timeout_s) -> None:
+def worker_main(
+    rank, world_size, backend, store_info, conn, alive_conn, outdir, timeout_s, device="cpu", debug=False
+) -> None:
     """Entry point of a worker process."""
     _set_pdeathsig()
     if os.getppid() == 1:  # the forkserver (our parent) died before PDEATHSIG was armed
@@ -363,7 +403,7 @@ def worker_main(rank, world_size, backend, store_info, conn, alive_conn, outdir,
     stack_file = open(os.path.join(outdir, f"rank{rank}.stack"), "w")
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
-    w = _Worker(rank, world_size, backend, store_info, conn, outdir, timeout_s)
+    w = _Worker(rank, world_size, backend, store_info, conn, outdir, timeout_s, device, debug)
     try:
         w.setup()
     except BaseException:

@@ -14,36 +14,6 @@ TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().split(") ")[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (FileNotFoundError, IndexError, ValueError):
-                pass
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = children_of(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
 def start_driver(body: str) -> tuple[subprocess.Popen, list[int]]:
     code = textwrap.dedent(
         """
@@ -62,26 +32,16 @@ def start_driver(body: str) -> tuple[subprocess.Popen, list[int]]:
     return proc, [int(p) for p in line.split()]
 
 
-def wait_gone(pids, seconds=15.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        left = [p for p in pids if alive(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if alive(p)]
-
-
-def test_workers_die_when_the_driver_is_sigkilled():
+def test_workers_die_when_the_driver_is_sigkilled(procs):
     proc, pids = start_driver("time.sleep(120)")
-    everything = descendants(proc.pid)  # the forkserver and the ranks
-    assert set(pids) <= set(everything) and all(alive(p) for p in pids)
+    everything = procs.descendants(proc.pid)  # the forkserver and the ranks
+    assert set(pids) <= set(everything) and all(procs.alive(p) for p in pids)
     proc.kill()
     proc.wait()
-    assert wait_gone(everything) == []
+    assert procs.wait_gone(everything) == []
 
 
-def test_workers_die_when_the_driver_is_interrupted_mid_example():
+def test_workers_die_when_the_driver_is_interrupted_mid_example(procs):
     body = f"""
     import signal
     print("running", flush=True)
@@ -90,14 +50,14 @@ def test_workers_die_when_the_driver_is_interrupted_mid_example():
     proc, pids = start_driver(body)
     assert proc.stdout.readline().strip() == "running"
     time.sleep(1.5)
-    everything = descendants(proc.pid)
+    everything = procs.descendants(proc.pid)
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=30)
-    assert wait_gone(pids + everything) == []
+    assert procs.wait_gone(pids + everything) == []
 
 
-def test_workers_stop_when_the_driver_exits_normally():
+def test_workers_stop_when_the_driver_exits_normally(procs):
     proc, pids = start_driver("pass")
     proc.wait(timeout=30)
     assert proc.returncode == 0
-    assert wait_gone(pids) == []
+    assert procs.wait_gone(pids) == []

@@ -1,0 +1,232 @@
+"""Fuzzing campaigns from the command line: live progress, time budgets, Ctrl-C, parallel jobs.
+
+A campaign is a sequence of ordinary Hypothesis runs (never a search loop of ours): with
+``duration``, runs with fresh seeds follow each other until the time is spent; the last one is
+stopped at the deadline. A (target, implementation) pair stops at its first finding, which is
+already in its failure file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from shardfuzz.engine import Result, Runner, Stats, run
+
+#: the trigger conditions shown in progress lines, in this order
+PROGRESS_TRIGGERS = ("uneven", "world>=3", "2-D mesh", "group<world", "batch>1", "backward", "bfloat16")
+
+
+class TimeUp(BaseException):
+    """Raised inside a Hypothesis run when the campaign's time is spent (not a test failure)."""
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"--duration={text!r}; expected a positive time like 90s, 10m or 1.5h")
+    return value
+
+
+def progress_line(label: str, stats: Stats, elapsed: float) -> str:
+    n = stats.examples
+    share = (
+        ", ".join(f"{t} {100.0 * stats.triggers.get(t, 0) / n:.0f}%" for t in PROGRESS_TRIGGERS) if n else ""
+    )
+    rate = n / elapsed if elapsed > 0 else 0.0
+    return f"[{elapsed:6.1f}s] {label}: {n} examples ({rate:.1f}/s), {stats.failures} failing" + (
+        f"; {share}" if share else ""
+    )
+
+
+@dataclasses.dataclass
+class Outcome:
+    label: str
+    runner: Runner
+    result: Result | None = None
+    runs: int = 0
+    elapsed: float = 0.0
+    interrupted: bool = False
+    failure_files: list[str] = dataclasses.field(default_factory=list)
+
+    def row(self) -> dict[str, Any]:
+        s = self.runner.stats
+        return {
+            "target": self.runner.target.name,
+            "impl": self.runner.impl_name,
+            "examples": s.examples,
+            "per_second": s.examples / self.elapsed if self.elapsed else 0.0,
+            "found": bool(self.result and self.result.found),
+            "kind": self.result.kind if self.result and self.result.found else None,
+            "case": repr(self.result.case) if self.result and self.result.found else None,
+            "runs": self.runs,
+            "seconds": self.elapsed,
+            "failure_files": self.failure_files,
+            "interrupted": self.interrupted,
+            "unsupported": sum(s.unsupported.values()),
+        }
+
+
+def _progress_thread(get_line, stream: TextIO, interval: float, stop: threading.Event) -> threading.Thread:
+    def loop():
+        while not stop.wait(interval):
+            print(get_line(), file=stream, flush=True)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
+
+
+def fuzz_one(
+    runner: Runner,
+    *,
+    max_examples: int | None,
+    duration: float | None,
+    profile: str,
+    recorder=None,
+    stream: TextIO = sys.stderr,
+    interval: float = 2.0,
+) -> Outcome:
+    """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``duration``."""
+    label = f"{runner.target.name}/{runner.impl_name}"
+    out = Outcome(label, runner)
+    if recorder is not None:
+        runner.on_failure = recorder
+    t0 = time.perf_counter()
+    stop = threading.Event()
+    _progress_thread(
+        lambda: progress_line(label, runner.stats, time.perf_counter() - t0), stream, interval, stop
+    )
+    deadline = t0 + duration if duration else None
+    original_check = runner.check
+
+    def check_with_deadline(case):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeUp()
+        return original_check(case)
+
+    runner.check = check_with_deadline  # type: ignore[method-assign]
+    try:
+        while True:
+            out.runs += 1
+            derandomize = False if duration else None
+            result = run(
+                runner.target,
+                max_examples=max_examples,
+                profile=profile,
+                runner=runner,
+                derandomize=derandomize,
+            )
+            out.result = result
+            if result.found or deadline is None or time.perf_counter() >= deadline:
+                break
+    except TimeUp:
+        pass
+    except KeyboardInterrupt:
+        out.interrupted = True
+    finally:
+        stop.set()
+        runner.check = original_check  # type: ignore[method-assign]
+        out.elapsed = time.perf_counter() - t0
+    if recorder is not None:
+        out.failure_files = [p for p in recorder.written]
+    print(
+        progress_line(label, runner.stats, out.elapsed) + (" (interrupted)" if out.interrupted else ""),
+        file=stream,
+        flush=True,
+    )
+    if out.result is None and runner.stats.examples:
+        out.result = Result(
+            runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats
+        )
+    return out
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'target':<16} {'implementation':<24} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        res = f"FOUND {r['kind']}" if r["found"] else ("interrupted" if r["interrupted"] else "nothing found")
+        if r.get("unsupported"):
+            res += f" ({r['unsupported']} unsupported cases rejected)"
+        lines.append(
+            f"{r['target']:<16} {r['impl']:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
+        )
+        for f in r.get("failure_files", []):
+            lines.append(f"{'':<16} failure file: {f}")
+    return "\n".join(lines)
+
+
+# -- parallel jobs ------------------------------------------------------------------------------
+def job_cost(world_sizes: tuple[int, ...] | None) -> int:
+    """Ranks a job may have in use at once: its largest world size (4 by default)."""
+    return max(world_sizes) if world_sizes else 4
+
+
+def run_jobs(
+    jobs: list[list[str]], costs: list[int], budget: int, parallel: int, stream: TextIO = sys.stdout
+):
+    """Run child ``shardfuzz fuzz`` commands side by side: at most ``parallel`` at once, and the sum of
+    their costs within ``budget`` ranks (a job larger than the budget runs alone). Returns their
+    summary rows. Ctrl-C stops every child (they keep the failures they wrote)."""
+    import tempfile
+
+    pending = list(range(len(jobs)))
+    running: dict[int, tuple[subprocess.Popen, str, threading.Thread]] = {}
+    rows: dict[int, list[dict[str, Any]]] = {}
+    tmp = tempfile.mkdtemp(prefix="shardfuzz-jobs-")
+
+    def pump(i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            print(f"[job {i + 1}] {line}", end="", file=stream, flush=True)
+
+    try:
+        while pending or running:
+            in_use = sum(costs[i] for i in running)
+            for i in list(pending):
+                if len(running) >= parallel:
+                    break
+                if running and in_use + costs[i] > budget:
+                    continue
+                summary = os.path.join(tmp, f"job{i}.json")
+                cmd = [*jobs[i], "--summary-json", summary]
+                print(f"[job {i + 1}] start: shardfuzz {shlex.join(cmd[3:])}", file=stream, flush=True)
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                t = threading.Thread(target=pump, args=(i, proc), daemon=True)
+                t.start()
+                running[i] = (proc, summary, t)
+                pending.remove(i)
+                in_use += costs[i]
+            for i, (proc, summary, t) in list(running.items()):
+                if proc.poll() is not None:
+                    t.join(timeout=5)
+                    try:
+                        with open(summary) as f:
+                            rows[i] = json.load(f)
+                    except (OSError, ValueError):
+                        rows[i] = []
+                    del running[i]
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        for proc, _, _ in running.values():
+            proc.send_signal(2)
+        for proc, _, _ in running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        raise
+    return [row for i in sorted(rows) for row in rows[i]]

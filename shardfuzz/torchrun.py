@@ -1,0 +1,195 @@
+"""Run one case with ranks started by ``torchrun`` (several GPUs or nodes), without Hypothesis.
+
+    torchrun --nproc-per-node=N -m shardfuzz.torchrun FAILURE.json [--backend nccl]
+    torchrun --nproc-per-node=N repro.py [--backend nccl]        (written by ``shardfuzz repro``)
+
+Under torchrun there is no driver: every rank runs the implementation on the group under test,
+then the locals are gathered to rank 0 through a *separate* CPU gloo group (never the group under
+test), and rank 0 runs the oracle, compares, and prints the result. Every rank exits with rank 0's
+verdict: 0 passes, 1 still fails, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import traceback
+from typing import Any
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="shardfuzz.torchrun", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("file", nargs="?", help="failure file (omit when the record is embedded)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--timeout", type=float, default=120.0, help="collective timeout in seconds")
+    p.add_argument("--deterministic", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = _parser().parse_args(argv)
+    from shardfuzz import failures
+    from shardfuzz.case import Case
+
+    if record is None:
+        if not args.file:
+            print("shardfuzz.torchrun: error: give a failure file", file=sys.stderr)
+            return 2
+        record = failures.load(args.file)
+    elif not isinstance(record.get("case"), Case):
+        record = dict(record, case=Case.from_dict(record["case"]))
+    case: Case = record["case"]
+    backend = args.backend or record["backend"]
+    device = args.device or ("cuda" if backend == "nccl" else "cpu")
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if world != case.world_size:
+        if rank == 0:
+            print(
+                f"shardfuzz.torchrun: error: the case needs world_size={case.world_size} but torchrun started "
+                f"{world} process(es); use torchrun --nproc-per-node={case.world_size}",
+                file=sys.stderr,
+            )
+        return 2
+
+    import torch
+    import torch.distributed as dist
+
+    from shardfuzz.worker import _Worker, select_device
+
+    torch.set_num_threads(1)
+    device_obj = select_device(backend, device, local_rank)
+    dist.init_process_group(
+        backend,
+        timeout=datetime.timedelta(seconds=args.timeout),
+        **({"device_id": device_obj} if device_obj.type == "cuda" else {}),
+    )
+    results_group = dist.new_group(backend="gloo")  # the locals travel here, never on the group under test
+    worker = _Worker(rank, world, backend, None, None, None, args.timeout, device, False)
+    worker.device = device_obj
+    task = {
+        "case": case,
+        "target": record.get("target_worker_ref") or record["target"],
+        "impl": record["impl_ref"],
+        "timeout": args.timeout,
+        "deterministic": args.deterministic or record.get("deterministic", False),
+        "want_flags": True,
+    }
+    try:
+        reply: tuple = worker.run(task)
+    except BaseException as e:  # report it through rank 0
+        reply = ("error", traceback.format_exc(), type(e).__name__)
+    replies: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object(reply, replies if rank == 0 else None, dst=0, group=results_group)
+    code = torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        code[0] = _judge_on_rank0(record, case, backend, device, replies)
+    dist.broadcast(code, src=0, group=results_group)
+    dist.destroy_process_group()
+    return int(code[0])
+
+
+def _judge_on_rank0(record, case, backend, device, replies) -> int:
+    from shardfuzz.engine import Runner
+    from shardfuzz.errors import Finding
+    from shardfuzz.failures import inputs_hash
+    from shardfuzz.registry import get_target
+
+    target = get_target(record.get("target_ref") or record["target"])
+    runner = Runner(target, record["impl_ref"], backend=backend, device=device)
+    print(
+        f"shardfuzz.torchrun: {record['target']}/{record['impl']} on {backend}/{device}, {len(replies)} ranks\n{case!r}"
+    )
+    errors = [(r, rep) for r, rep in enumerate(replies) if rep[0] != "ok"]
+    if errors:
+        for r, rep in errors:
+            print(f"Rank {r} terminated with the following error:\n{rep[1]}")
+        return 1
+    expected = runner._oracle(case)
+    if record.get("inputs_sha256") and inputs_hash(runner.last_inputs) != record["inputs_sha256"]:
+        print("note: the inputs differ from the ones recorded in the failure file (input hash changed)")
+    print(f"numerics (rank 0): {replies[0][2].get('numerics')}")
+    try:
+        ratio = runner.judge(case, [rep[1:] for rep in replies], expected)
+    except Finding as f:
+        print(f"FAIL ({f.kind})\n{f.report}")
+        return 1
+    print(f"PASS: worst error/tolerance {ratio:.3g} ({runner.tolerance.describe()})")
+    return 0
+
+
+REPRO_TEMPLATE = '''#!/usr/bin/env python
+"""Standalone reproducer written by shardfuzz {version} on {date}.
+
+{target}/{impl}: {kind} found on {backend}/{device}
+{case_repr}
+
+Run one process per rank with torchrun (on one machine or several):
+
+    torchrun --nproc-per-node={world} {name} [--backend nccl] [--device cuda]
+
+It needs shardfuzz installed and the implementation importable as {impl_ref!r} on every node; it
+does not use Hypothesis. Rank 0 prints the comparison; every rank exits 0 (passes) or 1 (fails).
+"""
+
+import sys
+
+from shardfuzz.torchrun import main
+
+RECORD = {record}
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], record=RECORD))
+'''
+
+
+def write_repro(record: dict[str, Any], path: str) -> str:
+    """Write a standalone torchrun script for one failure record."""
+    import pprint
+
+    import shardfuzz
+
+    keep = (
+        "target",
+        "target_ref",
+        "target_worker_ref",
+        "impl",
+        "impl_ref",
+        "backend",
+        "device",
+        "kind",
+        "inputs_sha256",
+        "deterministic",
+    )
+    embedded = {k: record[k] for k in keep if k in record}
+    case = record["case"]
+    embedded["case"] = case.to_dict()
+    text = REPRO_TEMPLATE.format(
+        version=shardfuzz.__version__,
+        date=datetime.date.today().isoformat(),
+        target=record["target"],
+        impl=record["impl"],
+        kind=record["kind"],
+        backend=record["backend"],
+        device=record["device"],
+        case_repr=repr(case),
+        world=case.world_size,
+        name=os.path.basename(path),
+        impl_ref=record["impl_ref"],
+        record=pprint.pformat(embedded, width=100, sort_dicts=False),
+    )
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Failure files, replay (CLI and pytest), standalone torchrun reproducers, campaigns."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import shardfuzz
+from shardfuzz import Case, Mismatch, Runner, failures
+from shardfuzz.failures import FailureRecorder
+
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+pytest_plugins = ["pytester"]
+
+
+def cli(*args, timeout=300, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "shardfuzz.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def found(tmp_path_factory):
+    """A shrunk failure of tp_mlp/missing_allreduce, written by a real run."""
+    d = tmp_path_factory.mktemp("failures")
+    res = shardfuzz.run(
+        "tp_mlp",
+        "missing_allreduce",
+        profile="shardfuzz-ci",
+        database=None,
+        max_examples=30,
+        failures_dir=str(d),
+    )
+    assert res.found
+    (path,) = d.glob("*.json")
+    return res, str(path)
+
+
+def test_failure_file_holds_the_shrunk_case_and_everything_to_replay_it(found):
+    res, path = found
+    rec = json.loads(open(path).read())
+    assert rec["format"] == "shardfuzz-failure" and rec["version"] == 1
+    assert Case.from_dict(rec["case"]) == res.case  # updated while shrinking: ends at the minimal case
+    assert rec["updates"] >= 1
+    assert rec["target"] == "tp_mlp" and rec["impl_ref"] == "shardfuzz.targets.tp_mlp:missing_allreduce"
+    assert rec["backend"] == "gloo" and rec["device"] == "cpu" and rec["kind"] == "mismatch"
+    assert rec["report"].startswith("shardfuzz: 1 of 6 outputs mismatch")
+    assert len(rec["inputs_sha256"]) == 64 and len(rec["impl_source_sha256"]) == 64
+    assert rec["tolerance"]["noise_factor"] == 4.0 and "magnitude" in rec["tolerance"]["policy"]
+    assert "cuda_matmul_allow_tf32" in rec["numerics"]["driver"]
+    assert "deterministic_algorithms" in rec["numerics"]["rank0"]
+    assert set(rec["versions"]) >= {"torch", "shardfuzz", "hypothesis", "python"}
+
+
+def test_file_is_written_at_the_first_failure(tmp_path):
+    # no Hypothesis here: a single failing example must already leave its file behind
+    runner = Runner(TOY, "wrong_rank1")
+    runner.on_failure = FailureRecorder(str(tmp_path))
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+    with pytest.raises(Mismatch):
+        runner.run_case(case)
+    (path,) = tmp_path.glob("*.json")
+    assert failures.load(str(path))["case"] == case
+
+
+def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
+    _, path = found
+    out = cli("replay", path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "STILL FAILS (mismatch; was mismatch)" in out.stdout
+
+    rec = json.loads(open(path).read())
+    fixed = dict(rec, impl_ref="shardfuzz.targets.tp_mlp:reference")
+    (tmp_path / "fixed.json").write_text(json.dumps(fixed))
+    out = cli("replay", str(tmp_path / "fixed.json"))
+    assert out.returncode == 0 and "now passes" in out.stdout
+    assert "source changed" in out.stdout
+
+    moved = dict(rec, inputs_sha256="0" * 64)
+    (tmp_path / "moved.json").write_text(json.dumps(moved))
+    out = cli("replay", str(tmp_path / "moved.json"))
+    assert out.returncode == 1 and "DIFFERENT INPUTS" in out.stdout
+
+    out = cli("replay", str(tmp_path))  # a directory: every file in it
+    assert out.returncode == 1 and "2 replayed: 1 fail, 1 pass" in out.stdout
+
+
+def test_replay_with_collective_checking(found):
+    out = cli("replay", found[1], "--debug-collectives")
+    assert out.returncode == 1 and "STILL FAILS" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json", "not valid JSON"),
+        ('{"format": "something-else"}', "field 'format' is 'something-else'"),
+        ('{"format": "shardfuzz-failure", "version": 99}', "format version 99 is newer"),
+        ('{"format": "shardfuzz-failure", "version": 1}', "field 'target' is missing"),
+    ],
+)
+def test_bad_failure_files_are_refused_naming_file_and_field(tmp_path, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    out = cli("replay", str(bad))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert str(bad) in out.stderr and message in out.stderr
+
+
+def test_bad_case_field_is_named(found, tmp_path):
+    rec = json.loads(open(found[1]).read())
+    rec["case"]["mesh"] = [3]
+    (tmp_path / "bad.json").write_text(json.dumps(rec))
+    out = cli("replay", str(tmp_path / "bad.json"))
+    assert out.returncode == 2 and "field 'case' is invalid: mesh=(3,) has 3 ranks" in out.stderr
+
+
+def test_repro_script_runs_under_torchrun(found, tmp_path):
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    script = tmp_path / "repro.py"
+    out = cli("repro", found[1], "-o", str(script))
+    assert out.returncode == 0 and "torchrun --nproc-per-node=2" in out.stdout
+    text = script.read_text()
+    assert "hypothesis" not in text.lower().replace("does not use hypothesis", "")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node=2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert run.returncode != 0
+    assert "FAIL (mismatch)" in run.stdout and "output 'y'" in run.stdout
+    wrong = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node=1", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert "use torchrun --nproc-per-node=2" in wrong.stderr
+
+
+def test_torchrun_module_replays_a_passing_case(found, tmp_path):
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    rec = json.loads(open(found[1]).read())
+    (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl_ref="shardfuzz.targets.tp_mlp:reference")))
+    run = subprocess.run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "shardfuzz.torchrun",
+            str(tmp_path / "fixed.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "PASS: worst error/tolerance" in run.stdout
+
+
+def test_failure_files_become_regression_tests_that_run_first(pytester, found):
+    _, path = found
+    d = pytester.mkdir("failures")
+    rec = json.loads(open(path).read())
+    (d / "still_broken.json").write_text(json.dumps(rec))
+    (d / "fixed.json").write_text(json.dumps(dict(rec, impl_ref="shardfuzz.targets.tp_mlp:reference")))
+    pytester.makepyfile(
+        test_a="def test_plain():\n    pass\n",
+        test_b=f"import shardfuzz\ntest_regressions = shardfuzz.regressions({str(d)!r})\n",
+    )
+    result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", "--import-mode=importlib")
+    result.assert_outcomes(passed=2, failed=1)
+    lines = [ln for ln in result.outlines if "PASSED" in ln or "FAILED" in ln]
+    assert "test_regressions[fixed]" in lines[0] and "test_regressions[still_broken]" in lines[1]
+    assert "test_plain" in lines[2]
+    result.stdout.fnmatch_lines(["*STILL FAILS (mismatch; was mismatch)*"])
+
+
+def test_campaign_with_duration_progress_and_summary(tmp_path):
+    out = cli(
+        "fuzz",
+        TOY,
+        "--duration",
+        "4s",
+        "--progress-every",
+        "1",
+        "--failures-dir",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    progress = [ln for ln in out.stdout.splitlines() if ln.startswith("[")]
+    assert len(progress) >= 2 and "examples (" in progress[-1] and "/s)" in progress[-1]
+    assert "uneven" in progress[-1] and "world>=3" in progress[-1]
+    assert "nothing found" in out.stdout and "toy" in out.stdout
+
+
+def test_campaign_stops_at_a_finding_and_writes_its_file(tmp_path):
+    out = cli("fuzz", TOY, "--impl", "wrong_rank1", "--duration", "60s", "--failures-dir", str(tmp_path))
+    assert out.returncode == 1
+    assert "FOUND mismatch" in out.stdout and "failure file:" in out.stdout
+    assert list(tmp_path.glob("toy-wrong_rank1-gloo-mismatch.json"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
+def test_ctrl_c_stops_cleanly_and_keeps_failures(tmp_path, procs):
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardfuzz.cli",
+        "fuzz",
+        TOY,
+        "tp_mlp",
+        "--duration",
+        "120s",
+        "--progress-every",
+        "0.5",
+        "--failures-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert first.startswith("fuzzing"), first + proc.stderr.read()
+    while not proc.stdout.readline().startswith("["):  # fuzzing is under way
+        pass
+    time.sleep(1.0)
+    everything = procs.descendants(proc.pid)
+    assert everything  # the forkserver and ranks
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "(interrupted)" in out and "interrupted" in err
+    assert "tp_mlp" not in out.split("target ")[-1]  # stopped before the second target
+    assert procs.wait_gone(everything) == []
+
+
+def test_jobs_run_side_by_side_within_the_rank_budget(tmp_path):
+    out = cli(
+        "fuzz",
+        TOY,
+        "tp_mlp",
+        "--jobs",
+        "2",
+        "--rank-budget",
+        "4",
+        "--world-sizes",
+        "1,2",
+        "--max-examples",
+        "15",
+        "--failures-dir",
+        str(tmp_path),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "running 2 jobs, up to 2 at once within 4 ranks (each job uses up to 2)" in out.stdout
+    assert "[job 1]" in out.stdout and "[job 2]" in out.stdout
+    summary = out.stdout.split("target ")[-1]
+    assert "toy" in summary and "tp_mlp" in summary
