@@ -347,4 +347,5 @@ TARGET = Target(
     },
     planted=PLANTED,
     expected_failures={"torch_tp": TORCH_TP_UNEVEN, "torch_tp_dtensor_size1": TORCH_TP_SIZE1},
+    collectives=("all_reduce",),
 )

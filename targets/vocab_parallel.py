@@ -218,4 +218,5 @@ TARGET = Target(
     input_layouts={"emb": VOCAB, "w_out": VOCAB},
     implementations={"reference": "reference", **{name: name for name in PLANTED}},
     planted=PLANTED,
+    collectives=("all_reduce",),
 )
