@@ -1,23 +1,20 @@
-"""The fuzzer finds every planted bug, with the right failure kind, shrunk to a minimal structure.
+"""The fuzzer finds every planted bug of the TP targets, with the right failure kind, shrunk to a
+minimal structure; their references pass 500 examples in float32 and in bfloat16.
 
 Budgets: ``benchmarks/budget.py`` runs Hypothesis' generate phase with 30 seeds per bug and
-reports the 95th percentile of examples-to-first-failure (p95 below, measured 2026-11-30 on the
-2-core dev machine). Each test's ``max_examples`` is ``2 * p95 + 10``. The tests run the
-``shardfuzz-ci`` settings (derandomized, database off). Exact seeds are never pinned: only the
+reports the 95th percentile of examples-to-first-failure (P95 below, measured on the 2-core dev
+machine); each test's ``max_examples`` is ``2 * p95 + 10``. Exact seeds are never pinned: only the
 structure (world size, mesh, which sizes are uneven) that the bug needs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-import shardfuzz
 from shardfuzz.layouts import split_sizes
-from shardfuzz.registry import BUILTIN_TARGETS, get_target
+from shardfuzz.targets import tp_mlp, vocab_parallel
+from shardfuzz.testing import Expect, assert_planted_bug_found, assert_reference_passes
 
-# p95 of examples-to-first-failure over 30 seeds (benchmarks/budget.py)
 P95 = {
     ("tp_mlp", "missing_allreduce"): 2,
     ("tp_mlp", "bias_before_allreduce"): 2,
@@ -30,22 +27,6 @@ P95 = {
     ("vocab_parallel", "local_smoothing"): 8,
     ("vocab_parallel", "embedding_no_offset"): 11,
 }
-
-
-@dataclasses.dataclass
-class Expect:
-    kind: str
-    world_size: int
-    mesh: tuple
-    uneven: tuple = ()  # split sizes that must be uneven in the minimal case; the others even
-    check: object = None  # extra structural check on the case
-    outputs: tuple | None = None  # for mismatches: exactly these outputs are wrong
-    timeout: float | None = None
-
-
-def uneven_names(case):
-    return tuple(n for n in case.split if case.sizes[n] % case.group_size)
-
 
 EXPECT = {
     ("tp_mlp", "missing_allreduce"): Expect("mismatch", 2, (2,), outputs=("y",)),
@@ -85,7 +66,8 @@ EXPECT = {
     ),
 }
 
-PLANTED = [(t, impl) for t in sorted(BUILTIN_TARGETS) for impl in get_target(t).planted]
+TARGETS = {"tp_mlp": tp_mlp.TARGET, "vocab_parallel": vocab_parallel.TARGET}
+PLANTED = [(t, impl) for t in TARGETS for impl in TARGETS[t].planted]
 
 
 def test_every_planted_bug_has_a_budget_and_an_expectation():
@@ -93,33 +75,11 @@ def test_every_planted_bug_has_a_budget_and_an_expectation():
 
 
 @pytest.mark.parametrize("target,impl", PLANTED, ids=[f"{t}-{i}" for t, i in PLANTED])
-def test_planted_bug_is_found_and_shrunk(target, impl, record_property):
-    exp = EXPECT[(target, impl)]
-    budget = 2 * P95[(target, impl)] + 10
-    result = shardfuzz.run(
-        target, impl, profile="shardfuzz-ci", database=None, max_examples=budget, timeout=exp.timeout
-    )
-    assert result.found, f"{target}/{impl} not found in {budget} examples: {result.stats.summary()}"
-    assert result.kind == exp.kind, result.report
-    case = result.case
-    assert (case.world_size, case.mesh) == (exp.world_size, exp.mesh), result.report
-    assert uneven_names(case) == exp.uneven, result.report
-    if exp.check is not None:
-        assert exp.check(case), result.report
-    if exp.outputs is not None:
-        assert tuple(result.failures[0].outputs) == exp.outputs, result.report
-    if result.stats.margin is not None:
-        record_property("margin", result.stats.margin)
-        print(f"{target}/{impl}: margin {result.stats.margin:.3g}x")
+def test_planted_bug_is_found_and_shrunk(target, impl):
+    assert_planted_bug_found(target, impl, EXPECT[(target, impl)], p95=P95[(target, impl)])
 
 
-@pytest.mark.parametrize("target", sorted(BUILTIN_TARGETS))
+@pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_reference_has_no_false_positives(target, dtype):
-    """500 examples of the reference in each of float32 and bfloat16 (no database, derandomized)."""
-    t = get_target(target)
-    only = dataclasses.replace(t, cases=t.strategy().map(lambda c: dataclasses.replace(c, dtype=dtype)))
-    result = shardfuzz.run(only, profile="shardfuzz-ci", database=None, max_examples=500)
-    assert not result.found, result.report
-    assert result.stats.passed == result.stats.examples >= 500
-    print(f"{target} {dtype}: worst passing error/tolerance {result.stats.worst_pass_ratio:.3g}")
+    assert_reference_passes(target, dtype, examples=500)
