@@ -489,7 +489,7 @@ class Runner:
         parts.append(f"tolerance: {self.tolerance.describe()}")
         label = lambda r: self._rank_label(case, r)
         parts += [format_output_diff(d, label) for d in bad]
-        ok = [f"{d.name} (worst {d.max_ratio:.3g})" for d in diffs if not d.bad]
+        ok = [f"{d.name} (worst {d.max_ratio:.3g})" for d in diffs if not d.bad and sum(r.n for r in d.ranks)]
         if ok:
             parts.append("outputs within tolerance: " + ", ".join(ok))
         parts.append(self._footer(case))

@@ -26,6 +26,8 @@ ENTRY_POINT_GROUP = "shardfuzz.targets"
 BUILTIN_TARGETS: dict[str, str] = {
     "tp_mlp": "shardfuzz.targets.tp_mlp:TARGET",
     "vocab_parallel": "shardfuzz.targets.vocab_parallel:TARGET",
+    "ulysses": "shardfuzz.targets.ulysses:TARGET",
+    "ring_attention": "shardfuzz.targets.ring_attention:TARGET",
 }
 
 _FILE_MODULES: dict[str, Any] = {}

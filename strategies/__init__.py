@@ -297,6 +297,8 @@ def triggers_of(case: Case) -> set[str]:
             out.add(f"{k}>=2")
         elif isinstance(v, bool) and v:
             out.add(k)
+        elif isinstance(v, str):
+            out.add(f"{k}={v}")
         elif k in ("smoothing", "clip") and v:
             out.add(f"{k}>0")
     return out

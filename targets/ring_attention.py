@@ -1,0 +1,366 @@
+"""Ring attention: blockwise attention with K/V passed around the ring and an LSE merge.
+
+Each rank holds a slice of the sequence of ``q``, ``k`` and ``v`` ``[b, s, h, d]``. For ``sp`` steps
+it attends its queries to the K/V block it holds, merges the partial result into its running
+output by the blocks' log-sum-exp (numerically stable: ``new = logaddexp(lse, lse_b)``, i.e.
+``max + log(exp(lse - max) + exp(lse_b - max))``, and each part rescaled by ``exp(its lse - new)``,
+which keeps a tiny result's relative accuracy; the sigmoid form ``out -= sigmoid(lse_b - lse) *
+(out - out_b)`` of ring-flash-attention loses it to cancellation), and
+passes the K/V block to the next rank (``dist.batch_isend_irecv``; blocks are padded to the
+longest one, so uneven and empty shards travel too). Three variants (option ``variant``):
+
+* ``full``: non-causal, every block on every step; sequence ``Shard(1)`` (DTensor rule: uneven
+  lengths can leave a rank with no tokens);
+* ``causal``: the diagonal step is causal, blocks from earlier ranks are attended in full and
+  blocks from later ranks skipped; ``Shard(1)``;
+* ``zigzag``: load-balanced causal (ring-flash-attention's zigzag): the sequence in the
+  ``Zigzag(1)`` layout (rank ``r`` holds chunks ``r`` and ``2 sp - 1 - r``); off the diagonal, a
+  block from an earlier rank is attended by all local queries with only its first chunk, a block
+  from a later rank by the second local chunk only.
+
+Forward and backward live in one autograd Function (:class:`RingAttention`); the backward is an
+explicit second ring (flash-attention's recomputation with the saved output and LSE) in which the
+dK/dV accumulators travel with their K/V block and take one last hop home. The inputs are
+upcast to float32 (float64 stays) for the blockwise math, as flash-attention accumulates, and the
+results cast back; the LSE stays in that precision. Backward is driven by random cotangents for
+both the output and the LSE.
+
+Outputs: ``out``, ``lse`` (``[b, h, s]``, compared absolutely in log space with a magnitude bound)
+and ``grad_q``/``grad_k``/``grad_v``. The engine's output layouts are fixed per target, so the
+Shard-layout variants report ``out, lse, grad_*`` and the zigzag variant ``zz_out, zz_lse,
+zz_grad_*``; the other set is empty (zero sequence length) in each case.
+
+Value-dependent trigger: option ``logit_scale`` (1, 30 or 100) multiplies ``q``, giving logit gaps
+of hundreds between the blocks' LSEs (drawn, not left to seed luck).
+
+Planted bugs, each a small change to the reference modelled on a real one (BUG-PATTERNS.md):
+
+* ``naive_merge``: ``lse = lse + log(1 + exp(lse_b - lse))``, which overflows in float32 for logit
+  gaps above ~88 (zhuzilin/ring-flash-attention 9b84a6a).
+* ``causal_every_step``: the causal mask is applied on every ring step, not only on the diagonal
+  one (zhuzilin/ring-flash-attention 4072701).
+* ``zigzag_inverted_branch``: the zigzag test "is this block from an earlier rank?" is inverted
+  (zhuzilin/ring-flash-attention 4072701, the inverted skip test).
+* ``stale_kv_backward``: the backward ring recomputes every step with the K/V of step 0 (its K/V
+  buffer is never replaced by the received one), while the dK/dV accumulators still travel
+  (huggingface/diffusers#14265); the forward is right.
+* ``reversed_ring``: blocks are sent to the previous rank and received from the next, while the
+  step -> source-rank bookkeeping assumes the opposite direction: a wrong peer rank, right at
+  exactly 2 ranks (previous == next) (BUG-PATTERNS "exactly 2 ranks").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import hypothesis.strategies as st
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import shardfuzz.strategies as sst
+from shardfuzz import Shard, Target
+from shardfuzz.inputs import generator, randn
+from shardfuzz.layouts import Zigzag, split_sizes
+from shardfuzz.targets.ulysses import attention_magnitude, causal_mask
+
+VARIANTS = ("full", "causal", "zigzag")
+NAMES = ("out", "lse", "grad_q", "grad_k", "grad_v")
+#: (sequence dim of [b, s, h, d] tensors, of the [b, h, s] LSE) per layout
+LAYOUTS = {"shard": (Shard(1), Shard(2)), "zigzag": (Zigzag(1), Zigzag(2))}
+PREFIX = {"shard": "", "zigzag": "zz_"}
+
+SIZES = {
+    "batch": sst.Free(1, 2),
+    "seq": sst.Split(min_per_rank=1, max_per_rank=3),
+    "heads": sst.Free(1, 2),
+    "head_dim": sst.Free(1, 4),
+}
+
+
+def cases(world_sizes=None):
+    return sst.cases(
+        "ring_attention",
+        sizes=SIZES,
+        options={
+            "variant": st.sampled_from(VARIANTS),
+            "logit_scale": st.sampled_from([1.0, 30.0, 100.0]),
+        },
+        world_sizes=world_sizes,
+    )
+
+
+def layout_of(case):
+    return "zigzag" if case.options["variant"] == "zigzag" else "shard"
+
+
+def inputs(case):
+    b, s, h, d = (case.sizes[k] for k in ("batch", "seq", "heads", "head_dim"))
+    g = generator(case)
+    return {
+        "q": randn(case, b, s, h, d, gen=g, scale=case.options["logit_scale"]),
+        "k": randn(case, b, s, h, d, gen=g),
+        "v": randn(case, b, s, h, d, gen=g),
+        "dout": randn(case, b, s, h, d, gen=g, profile=False),
+        "dlse": randn(case, b, h, s, gen=g, profile=False),
+    }
+
+
+def _stat_dtype(dtype):
+    """The precision of the blockwise math and of the LSE: float32, or float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _with_layout(values, case):
+    """Name the results for the case's layout; the other layout's outputs are empty."""
+    mine = PREFIX[layout_of(case)]
+    out = {}
+    for prefix in PREFIX.values():
+        for name in NAMES:
+            v = values[name]
+            dim = 2 if name == "lse" else 1
+            out[prefix + name] = v if prefix == mine else v.narrow(dim, 0, 0)
+    return out
+
+
+def oracle(inp, case):
+    q, k, v = (inp[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    n = q.shape[1]
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    if case.options["variant"] != "full":
+        s = s.masked_fill(~causal_mask(n, n), -torch.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
+    lse = lse.to(_stat_dtype(q.dtype))
+    torch.autograd.backward([out, lse], [inp["dout"], inp["dlse"].to(lse.dtype)])
+    return _with_layout({"out": out, "lse": lse, "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}, case)
+
+
+def magnitude(inp, case):
+    q, k, v = (inp[n] for n in ("q", "k", "v"))
+    n = q.shape[1]
+    mask = None if case.options["variant"] == "full" else causal_mask(n, n)
+    m = attention_magnitude(
+        q, k, v, q.abs(), k.abs(), v.abs(), inp["dout"].abs(), mask, adlse=inp["dlse"].abs(), merge=True
+    )
+    return _with_layout(
+        {"out": m["out"], "lse": m["lse"], "grad_q": m["dq"], "grad_k": m["dk"], "grad_v": m["dv"]}, case
+    )
+
+
+# -- the ring ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Ring:
+    """This rank's place in the ring and the block lengths of every rank."""
+
+    group: object
+    rank: int
+    size: int
+    variant: str
+    lens: list  # local sequence length of every group rank
+    first: list  # length of the first zigzag chunk of every group rank (zigzag only)
+    bug: str | None = None
+
+    @property
+    def maxlen(self):
+        return max(self.lens)
+
+    def source(self, step):
+        """The group rank whose K/V block this rank holds at ``step``."""
+        return (self.rank - step) % self.size
+
+    def blocks(self, step, src):
+        """``(q_start, k_stop, causal)`` of the pieces to compute at ``step`` with ``src``'s block:
+        local queries ``[q_start:]`` against the block's keys ``[:k_stop]``."""
+        k_all = self.lens[src]
+        if self.variant == "full":
+            return [(0, k_all, False)]
+        if step == 0:
+            return [(0, k_all, True)]
+        every = self.bug == "causal_every_step"
+        if self.variant == "causal":
+            return [(0, k_all, every)] if src < self.rank else []
+        earlier = src > self.rank if self.bug == "zigzag_inverted_branch" else src < self.rank
+        if earlier:  # all local queries see the block's first chunk; its second chunk is later
+            return [(0, self.first[src], every)]
+        return [(self.first[self.rank], k_all, every)]  # only the second local chunk sees the block
+
+    def pad(self, t):
+        """``t`` ``[b, <=maxlen, h, d]`` padded with zero rows to ``maxlen``."""
+        return F.pad(t, (0, 0, 0, 0, 0, self.maxlen - t.shape[1]))
+
+    def pass_on(self, tensors):
+        """Send ``tensors`` (``[b, <=maxlen, h, d]``, padded to ``maxlen``) to the next rank and
+        receive the previous rank's: one batched isend/irecv."""
+        send = torch.stack([self.pad(t) for t in tensors])
+        recv = torch.empty_like(send)
+        nxt, prv = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+        if self.bug == "reversed_ring":
+            nxt, prv = prv, nxt
+        ops = [
+            dist.P2POp(dist.isend, send, group=self.group, group_peer=nxt),
+            dist.P2POp(dist.irecv, recv, group=self.group, group_peer=prv),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        return list(recv.unbind(0))
+
+
+def _scores(q, k, causal):
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1]), -torch.inf)
+    return s
+
+
+def _merge(out, lse, b_out, b_lse, naive=False):
+    """Merge a block's ``(out, lse)`` into the running ones (``out`` ``[b, q, h, d]``, ``lse``
+    ``[b, h, q]``): ``new = logaddexp(lse, lse_b)`` (max-subtracted, so it cannot overflow), then
+    each part rescaled by ``exp(its lse - new) <= 1``."""
+    if naive:  # ring-flash-attention before 9b84a6a: exp overflows for gaps > ~88 in float32
+        new = lse + torch.log(1 + torch.exp(b_lse - lse))
+    else:
+        new = torch.logaddexp(lse, b_lse)
+    w_old, w_new = (torch.exp(t - new).transpose(1, 2)[..., None] for t in (lse, b_lse))
+    return w_old * out + w_new * b_out, new
+
+
+def _ring_forward(q, k, v, ring):
+    b, nq, h, _ = q.shape
+    out, lse = torch.zeros_like(q), q.new_zeros(b, h, nq)
+    started = False
+    kbuf, vbuf = ring.pad(k), ring.pad(v)
+    for step in range(ring.size):
+        src = ring.source(step)
+        for q0, k1, causal in ring.blocks(step, src):
+            if q0 >= nq or k1 == 0:
+                continue
+            s = _scores(q[:, q0:], kbuf[:, :k1], causal)
+            b_lse = torch.logsumexp(s, dim=-1)
+            b_out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(s - b_lse[..., None]), vbuf[:, :k1])
+            if not started:  # the diagonal block comes first and covers every local query
+                out, lse, started = b_out, b_lse, True
+            else:
+                out[:, q0:], lse[:, :, q0:] = _merge(
+                    out[:, q0:], lse[:, :, q0:], b_out, b_lse, ring.bug == "naive_merge"
+                )
+        if step + 1 < ring.size:
+            kbuf, vbuf = ring.pass_on([kbuf, vbuf])
+    return out, lse
+
+
+def _ring_backward(dout, dlse, q, k, v, out, lse, ring):
+    nq = q.shape[1]
+    delta = (dout * out).sum(-1).transpose(1, 2) - dlse  # [b, h, q]: rowsum(dO * O) - dLSE
+    dq = torch.zeros_like(q)
+    kbuf, vbuf = ring.pad(k), ring.pad(v)
+    dkbuf, dvbuf = torch.zeros_like(kbuf), torch.zeros_like(vbuf)  # travel with their block
+    for step in range(ring.size):
+        src = ring.source(step)
+        for q0, k1, causal in ring.blocks(step, src):
+            if q0 >= nq or k1 == 0:
+                continue
+            qb, kb, vb, dob = q[:, q0:], kbuf[:, :k1], vbuf[:, :k1], dout[:, q0:]
+            p = torch.exp(_scores(qb, kb, causal) - lse[:, :, q0:, None])
+            dvbuf[:, :k1] += torch.einsum("bhqk,bqhd->bkhd", p, dob)
+            dp = torch.einsum("bqhd,bkhd->bhqk", dob, vb)
+            ds = p * (dp - delta[:, :, q0:, None]) * q.shape[-1] ** -0.5
+            dq[:, q0:] += torch.einsum("bhqk,bkhd->bqhd", ds, kb)
+            dkbuf[:, :k1] += torch.einsum("bhqk,bqhd->bkhd", ds, qb)
+        if step + 1 < ring.size:
+            nk, nv, dkbuf, dvbuf = ring.pass_on([kbuf, vbuf, dkbuf, dvbuf])
+            if ring.bug != "stale_kv_backward":
+                kbuf, vbuf = nk, nv
+    if ring.size > 1:  # the accumulators of block rank+1 are complete here: one last hop home
+        dkbuf, dvbuf = ring.pass_on([dkbuf, dvbuf])
+    n_own = k.shape[1]
+    return dq, dkbuf[:, :n_own], dvbuf[:, :n_own]
+
+
+class RingAttention(torch.autograd.Function):
+    """Ring attention forward and backward; returns ``(out, lse)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ring):
+        dtype, stat = q.dtype, _stat_dtype(q.dtype)
+        q32, k32, v32 = (t.to(stat) for t in (q, k, v))
+        out, lse = _ring_forward(q32, k32, v32, ring)
+        ctx.save_for_backward(q32, k32, v32, out, lse)
+        ctx.ring, ctx.dtype = ring, dtype
+        return out.to(dtype), lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(dout.to(q.dtype), dlse.to(q.dtype), q, k, v, out, lse, ctx.ring)
+        return dq.to(ctx.dtype), dk.to(ctx.dtype), dv.to(ctx.dtype), None
+
+
+def _run(ctx, bug=None):
+    variant = ctx.case.options["variant"]
+    lay = layout_of(ctx.case)
+    seq, seq_lse = LAYOUTS[lay]
+    n, sp = ctx.inputs["q"].shape[1], ctx.group_size
+    q, k, v = (ctx.shard(ctx.inputs[name], seq).clone().requires_grad_() for name in ("q", "k", "v"))
+    chunks = split_sizes(n, 2 * sp, "tensor_split")  # the Zigzag layout's chunks
+    if lay == "zigzag":
+        lens = [chunks[r] + chunks[2 * sp - 1 - r] for r in range(sp)]
+    else:
+        lens = split_sizes(n, sp, "dtensor")
+    ring = Ring(ctx.group, ctx.group_rank, sp, variant, lens, chunks[:sp], bug)
+    out, lse = RingAttention.apply(q, k, v, ring)
+    dout, dlse = ctx.shard(ctx.inputs["dout"], seq), ctx.shard(ctx.inputs["dlse"], seq_lse)
+    torch.autograd.backward([out, lse], [dout, dlse.to(lse.dtype)])
+    values = {"out": out.detach(), "lse": lse.detach(), "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
+    return _with_layout(values, ctx.case)
+
+
+def reference(ctx):
+    return _run(ctx)
+
+
+def naive_merge(ctx):
+    return _run(ctx, "naive_merge")
+
+
+def causal_every_step(ctx):
+    return _run(ctx, "causal_every_step")
+
+
+def zigzag_inverted_branch(ctx):
+    return _run(ctx, "zigzag_inverted_branch")
+
+
+def stale_kv_backward(ctx):
+    return _run(ctx, "stale_kv_backward")
+
+
+def reversed_ring(ctx):
+    return _run(ctx, "reversed_ring")
+
+
+PLANTED = {
+    "naive_merge": "LSE merge log(1 + exp(lse_b - lse)) overflows for large logit gaps "
+    "(zhuzilin/ring-flash-attention 9b84a6a)",
+    "causal_every_step": "causal mask applied on every ring step, not only the diagonal one "
+    "(zhuzilin/ring-flash-attention 4072701)",
+    "zigzag_inverted_branch": "zigzag test for a block from an earlier rank inverted "
+    "(zhuzilin/ring-flash-attention 4072701)",
+    "stale_kv_backward": "backward reuses the K/V of step 0 on every ring step (huggingface/diffusers#14265)",
+    "reversed_ring": "K/V sent to the previous rank, received from the next: a wrong peer, right at 2 ranks",
+}
+
+TARGET = Target(
+    name="ring_attention",
+    description="ring attention with LSE merge: non-causal, causal with block skipping, zigzag causal",
+    cases=cases,
+    inputs=inputs,
+    oracle=oracle,
+    magnitude=magnitude,
+    outputs={
+        PREFIX[lay] + name: LAYOUTS[lay][1 if name == "lse" else 0] for lay in LAYOUTS for name in NAMES
+    },
+    input_layouts={},
+    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    planted=PLANTED,
+)
