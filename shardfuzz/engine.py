@@ -406,6 +406,8 @@ class Runner:
             if not isinstance(ref, torch.Tensor) or not (ref.is_floating_point() or ref.is_complex()):
                 rds = []
                 for r, out in enumerate(locals_):
+                    if _not_owner(layout, out[name], ref):
+                        continue
                     want = (
                         layout.piece(ref, r % g, g)
                         if isinstance(ref, torch.Tensor) and layout.per_rank
@@ -441,8 +443,8 @@ class Runner:
                 rds = []
                 if layout.per_rank:
                     for r, out in enumerate(locals_):
-                        if isinstance(layout, Owned) and tuple(out[name].shape) == (0,) and ref.shape != (0,):
-                            continue  # not the owner: nothing to compare
+                        if _not_owner(layout, out[name], ref):
+                            continue
                         want = layout.piece(ref, r % g, g)
                         b = layout.piece(bound, r % g, g)
                         got = layout.comparable(out[name], r % g, g, tuple(ref.shape))
@@ -546,6 +548,15 @@ class Runner:
         )
         parts.append(self._footer(case))
         raise IgnoredCollective("\n".join(parts), case=case)
+
+
+def _not_owner(layout: Any, local: Any, ref: Any) -> bool:
+    """A rank that does not own an ``Owned()`` value holds ``(0,)``: nothing of it to compare."""
+    return (
+        isinstance(layout, Owned)
+        and tuple(getattr(local, "shape", ())) == (0,)
+        and tuple(getattr(ref, "shape", ())) != (0,)
+    )
 
 
 def _dtype_name(v: Any) -> str:

@@ -28,6 +28,9 @@ BUILTIN_TARGETS: dict[str, str] = {
     "vocab_parallel": "shardfuzz.targets.vocab_parallel:TARGET",
     "ulysses": "shardfuzz.targets.ulysses:TARGET",
     "ring_attention": "shardfuzz.targets.ring_attention:TARGET",
+    "zero_adamw": "shardfuzz.targets.zero_adamw:TARGET",
+    "zero_adamw_torch": "shardfuzz.targets.zero_adamw:TORCH_TARGET",
+    "moe": "shardfuzz.targets.moe:TARGET",
 }
 
 _FILE_MODULES: dict[str, Any] = {}

@@ -24,7 +24,8 @@ class Expect:
 
     Attributes:
         kind: the failure kind ("mismatch", "layout", "rank-error", "hang", "ignored-collective").
-        world_size, mesh: the smallest world size and mesh that trigger the bug.
+        world_size, mesh: the smallest world size and mesh that trigger the bug (``world_size`` may
+            be a tuple of accepted sizes, with ``mesh=None`` meaning the 1-D mesh).
         uneven: the split sizes that must be uneven in the minimal case; all others must be even
             (``None``: not checked, when ``check`` accepts several minimal forms).
         check: an extra structural predicate on the case.
@@ -34,8 +35,8 @@ class Expect:
     """
 
     kind: str
-    world_size: int
-    mesh: tuple[int, ...]
+    world_size: int | tuple[int, ...]
+    mesh: tuple[int, ...] | None
     uneven: tuple[str, ...] | None = ()
     check: Callable[[Case], bool] | None = None
     outputs: tuple[str, ...] | Callable[[tuple[str, ...]], bool] | None = None
@@ -62,7 +63,9 @@ def assert_planted_bug_found(target: Any, impl: str, expect: Expect, *, p95: int
     assert result.found, f"{name} not found in {budget(p95)} examples: {result.stats.summary()}"
     assert result.kind == expect.kind, result.report
     case = result.case
-    assert (case.world_size, case.mesh) == (expect.world_size, expect.mesh), result.report
+    worlds = expect.world_size if isinstance(expect.world_size, tuple) else (expect.world_size,)
+    mesh = expect.mesh if expect.mesh is not None else (case.world_size,)
+    assert case.world_size in worlds and case.mesh == mesh, result.report
     if expect.uneven is not None:
         assert uneven_sizes(case) == tuple(expect.uneven), result.report
     if expect.check is not None:

@@ -299,6 +299,6 @@ def triggers_of(case: Case) -> set[str]:
             out.add(k)
         elif isinstance(v, str):
             out.add(f"{k}={v}")
-        elif k in ("smoothing", "clip") and v:
-            out.add(f"{k}>0")
+        elif k in ("smoothing", "clip", "clip_factor", "capacity_factor", "empty_experts") and v:
+            out.add(k if k != "smoothing" else "smoothing>0")
     return out

@@ -1,0 +1,445 @@
+"""MoE layer with expert parallelism: top-k router, capacity, aux loss, all-to-all dispatch and combine.
+
+Tokens ``x`` (``[tokens, d_model]``) are sharded over the group (``Shard(0)``, DTensor's rule, so a
+rank may hold none); the experts (``w1: [experts, d_model, hidden]``, ``w2: [experts, hidden,
+d_model]``, GELU MLPs) are spread over the ranks in contiguous blocks (``Shard(0)``: 5 experts on 4
+ranks are ``[2, 2, 1, 0]``, so a rank may hold none). The router ``wr: [experts, d_model]`` is
+replicated. Per rank:
+
+* **routing**: top-k over ``x @ wr.T + bias``, where ``bias`` is ``-inf`` for the last
+  ``empty_experts`` experts (a structured draw: experts forced to receive nothing; never so many
+  that fewer than k remain). ``k = min(top_k, experts)``. Ties: the routing decisions are made
+  from logits computed by explicit elementwise ops in the case dtype (``sum_j x[:, j] * wr[:, j]``,
+  bitwise identical per token in the oracle, even the float64 one, and on every rank), sorted by a
+  stable sort, so a tie goes to the lower expert id everywhere. The ``ties`` profile makes ties
+  common. Gate weights are the softmax probabilities (from the ordinary differentiable logits) of
+  the chosen experts, renormalised over the k chosen when k >= 2 (not for top-1, where the weight
+  stays the probability, as in Switch).
+* **capacity** (``capacity_factor``: None for dropless, 1.0 or 0.5), per source rank: expert ``e``
+  accepts at most ``ceil(cf * T * k / experts)`` of the ``T * k`` assignments of a rank's ``T``
+  tokens; first choices win over second choices, then earlier tokens. A dropped assignment adds
+  nothing to the output.
+* **aux loss** (Switch/GShard load balancing): ``experts / (N * k) * sum_e count_e * mean_t p_te``
+  over all ``N`` tokens, with ``count_e`` the assignments to ``e`` *before* capacity (the counts
+  are all-reduced; each rank returns its tokens' share: ``Partial()``).
+* **dispatch**: kept assignments are sorted by expert and sent to the expert's rank with
+  ``all_to_all_single`` (uneven splits), with their expert and token ids; the experts run; the
+  combine is the reverse all-to-all and a gate-weighted sum. Both all-to-alls are autograd
+  Functions, so backward runs them reversed. Every rank joins every all-to-all, backward too: the
+  expert output starts as ``received * 0``, so it stays in the autograd graph on a rank that
+  received nothing or holds no experts (DESIGN.md: otherwise that rank skips the backward
+  all-to-all and its peers hang).
+
+Backward is driven by a random cotangent ``dy`` and a random scalar for the aux loss. Then one SGD
+step (lr 0.5, weight decay 0.5) on the expert weights; an expert that received no tokens has no
+gradient, so the reference gives it a zero gradient (NVIDIA-NeMo/Automodel#2995's fix) and it is
+still decayed.
+
+Outputs: ``y``, ``grad_x`` (``Shard(0)`` over tokens), ``aux`` and ``grad_router`` (``Partial()``:
+the router's gradient is left for DDP to all-reduce), ``grad_w1``, ``grad_w2``, ``w1_next``,
+``w2_next`` and ``routed`` (``Shard(0)`` over experts; ``routed[e, t]`` is True when expert ``e``
+received token ``t``: a bool tensor, compared exactly).
+
+Planted bugs, each a small change to the reference, modelled on a real one (BUG-PATTERNS.md):
+
+* ``expert_id_no_offset``: received tokens are matched to local experts by the global expert id
+  without subtracting the rank's first expert id (flashinfer-ai/flashinfer#3547); rank 0 is right.
+* ``empty_expert_grad_none``: an expert that received no tokens keeps ``grad=None``, so the
+  optimizer skips its weight decay (NVIDIA-NeMo/Automodel#2995); gradients look right.
+* ``top1_renorm``: top-1 gate weights are renormalised to 1, so the router gets no gradient from
+  the main loss (jingyaogong/minimind#858); top_k=1 only.
+* ``aux_capacity_masked``: the aux loss counts the assignments left after capacity dropping
+  (NVIDIA/Megatron-LM#1513); needs a capacity that overflows.
+* ``skip_empty_backward``: a rank that received no tokens skips its experts with a fresh zero
+  output, so it never joins the backward all-to-alls and its peers hang (DESIGN.md).
+
+Value profiles: ``normal`` and ``ties``. ``large`` is left out: with logits of 1e4 and more, bf16
+rounding moves logits by more than their gaps, so any implementation's softmax differs from the
+float64 oracle beyond what a first-order tolerance can bound, and saturated gates hide the
+routing bugs anyway.
+"""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import shardfuzz.strategies as sst
+from shardfuzz import Partial, Shard, Target
+from shardfuzz.inputs import generator, randn
+from shardfuzz.layouts import split_offsets, split_sizes
+from shardfuzz.targets.zero_adamw import all_reduce
+
+LR, WEIGHT_DECAY = 0.5, 0.5
+
+SIZES = {
+    "tokens": sst.Split(min_per_rank=1, max_per_rank=3),
+    "experts": sst.Split(min_per_rank=0, max_per_rank=2, allow_empty=True),
+    "d_model": sst.Free(1, 3),
+    "hidden": sst.Free(1, 3),
+}
+
+
+def cases(world_sizes=None):
+    return sst.cases(
+        "moe",
+        sizes=SIZES,
+        options={
+            "top_k": st.sampled_from([1, 2]),
+            "capacity_factor": st.sampled_from([None, 1.0, 0.5]),
+            "empty_experts": st.sampled_from([0, 1, 2]),
+        },
+        world_sizes=world_sizes,
+        profiles=("normal", "ties"),
+    )
+
+
+def _k(case) -> int:
+    return min(case.options["top_k"], case.sizes["experts"])
+
+
+def inputs(case):
+    n, e, d, h = (case.sizes[k] for k in ("tokens", "experts", "d_model", "hidden"))
+    g = generator(case)
+    forced = min(case.options["empty_experts"], e - _k(case))
+    bias = torch.zeros(e, dtype=getattr(torch, case.dtype))
+    if forced:
+        bias[e - forced :] = -math.inf
+    return {
+        "x": randn(case, n, d, gen=g),
+        "wr": randn(case, e, d, gen=g, scale=d**-0.5),
+        "bias": bias,
+        "w1": randn(case, e, d, h, gen=g, scale=d**-0.5, profile=False),
+        "w2": randn(case, e, h, d, gen=g, scale=h**-0.5, profile=False),
+        "dy": randn(case, n, d, gen=g, profile=False),
+        "daux": randn(case, 1, gen=g, profile=False).reshape(()),
+    }
+
+
+# -- routing decisions (shared by the oracle and the ranks) -------------------------------------
+def selection_logits(x, wr, bias, dtype):
+    """Router logits for the routing decisions, made by explicit elementwise ops in ``dtype``.
+
+    Elementwise ops round each element the same way whatever the batch, so a token's logits are
+    bitwise identical in the oracle (float64 inputs cast back to the case dtype: exact) and on its
+    rank.
+    """
+    xs, ws = x.detach().to(dtype), wr.detach().to(dtype)
+    z = xs[:, :1] * ws[:, 0]
+    for j in range(1, xs.shape[1]):
+        z = z + xs[:, j : j + 1] * ws[:, j]
+    return z + bias.to(dtype)
+
+
+def select(x, wr, bias, k: int, dtype):
+    """Top-k expert ids ``[tokens, k]``; a stable sort breaks ties toward the lower expert id."""
+    z = selection_logits(x, wr, bias, dtype)
+    return torch.sort(z, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def keep_mask(idx, n_experts: int, capacity_factor):
+    """Which of one rank's assignments ``idx [T, k]`` fit: first choices first, then token order."""
+    t, k = idx.shape
+    keep = torch.ones(t, k, dtype=torch.bool)
+    if capacity_factor is None or t == 0:
+        return keep
+    cap = math.ceil(capacity_factor * t * k / n_experts)
+    used = [0] * n_experts
+    for s in range(k):
+        for i in range(t):
+            e = int(idx[i, s])
+            keep[i, s] = used[e] < cap
+            used[e] += 1
+    return keep
+
+
+def routing(inp, case):
+    """The global routing: expert ids ``[N, k]`` and the capacity mask, per source rank."""
+    dtype = getattr(torch, case.dtype)
+    idx = select(inp["x"], inp["wr"], inp["bias"], _k(case), dtype)
+    n_experts = inp["wr"].shape[0]
+    sizes = split_sizes(idx.shape[0], case.group_size)
+    keep = torch.cat(
+        [keep_mask(part, n_experts, case.options["capacity_factor"]) for part in idx.split(sizes)]
+    )
+    return idx, keep
+
+
+# -- the oracle ----------------------------------------------------------------------------------
+def _gates(probs, idx, k: int, renorm_top1: bool = False):
+    gate = probs.gather(1, idx)
+    if k >= 2 or renorm_top1:
+        gate = gate / gate.sum(-1, keepdim=True)
+    return gate
+
+
+def oracle(inp, case):
+    idx, keep = routing(inp, case)
+    k = idx.shape[1]
+    x, wr, w1, w2 = (inp[n].clone().requires_grad_() for n in ("x", "wr", "w1", "w2"))
+    n_tokens, n_experts = x.shape[0], wr.shape[0]
+    probs = torch.softmax(F.linear(x, wr) + inp["bias"], dim=-1)
+    gate = _gates(probs, idx, k) * keep.to(x.dtype)
+    y = torch.zeros_like(x)
+    for s in range(k):
+        e = idx[:, s]
+        hid = F.gelu(torch.einsum("nd,ndh->nh", x, w1[e]))
+        y = y + gate[:, s : s + 1] * torch.einsum("nh,nhd->nd", hid, w2[e])
+    counts = torch.bincount(idx.reshape(-1), minlength=n_experts).to(x.dtype)
+    aux = n_experts / (n_tokens * k) * (counts * probs.mean(0)).sum()
+    torch.autograd.backward([y, aux], [inp["dy"], inp["daux"]])
+    routed = torch.zeros(n_experts, n_tokens, dtype=torch.bool)
+    tok = torch.arange(n_tokens).unsqueeze(1).expand_as(idx)
+    routed[idx[keep], tok[keep]] = True
+    with torch.no_grad():
+        w1_next = w1 - LR * (w1.grad + WEIGHT_DECAY * w1)
+        w2_next = w2 - LR * (w2.grad + WEIGHT_DECAY * w2)
+    return {
+        "y": y.detach(),
+        "aux": aux.detach(),
+        "grad_x": x.grad,
+        "grad_router": wr.grad,
+        "grad_w1": w1.grad,
+        "grad_w2": w2.grad,
+        "w1_next": w1_next,
+        "w2_next": w2_next,
+        "routed": routed,
+    }
+
+
+def magnitude(inp, case):
+    """Elementwise bounds on the sum of |terms| behind each output, with routing fixed.
+
+    The softmax carries a relative error of about ``u * (|logit terms| + their p-weighted mean)``;
+    it reaches the gates, the outputs they weigh, and every gradient through the router (where the
+    softmax backward ``p * (dp - sum p dp)`` cancels: its bound uses ``|dp|`` terms, not the result).
+    """
+    idx, keep = routing(inp, case)
+    k = idx.shape[1]
+    x, wr, w1, w2, dy = (inp[n] for n in ("x", "wr", "w1", "w2", "dy"))
+    n_tokens, n_experts = x.shape[0], wr.shape[0]
+    ax, awr, aw1, aw2, ady = (t.abs() for t in (x, wr, w1, w2, dy))
+    kf = keep.to(x.dtype)
+    p = torch.softmax(F.linear(x, wr) + inp["bias"], dim=-1)
+    lmag = ax @ awr.T
+    rel = lmag + (p * lmag).sum(-1, keepdim=True) + n_experts + 4  # relative error of p, in u
+    pm = p * rel
+    psel = p.gather(1, idx)
+    gate = _gates(p, idx, k)
+    grel = rel.gather(1, idx)
+    if k >= 2:
+        grel = grel + (gate * grel).sum(-1, keepdim=True) + 2
+    gm = gate * grel
+    a1 = torch.einsum("nd,nkdh->nkh", ax, aw1[idx])  # |pre-activation| terms per assignment
+    hm = 1.2 * a1
+    om = torch.einsum("nkh,nkhd->nkd", hm, aw2[idx])
+    z = torch.einsum("nd,nkdh->nkh", x, w1[idx])
+    o = torch.einsum("nkh,nkhd->nkd", F.gelu(z), w2[idx])
+    y = (kf.unsqueeze(-1) * (gate.unsqueeze(-1) * om + gm.unsqueeze(-1) * o.abs())).sum(1)
+    counts = torch.bincount(idx.reshape(-1), minlength=n_experts).to(x.dtype)
+    coef = n_experts / (n_tokens * k)
+    aux = coef * (counts * (pm.sum(0) + p.sum(0)) / n_tokens).sum()
+    # backward
+    do = kf.unsqueeze(-1) * (gate + gm).unsqueeze(-1) * ady.unsqueeze(1)  # [N, k, d]
+    dh = torch.einsum("nkd,nkhd->nkh", do, aw2[idx])
+    dz = dh * (1.2 + 0.5 * a1)
+    grad_w1 = torch.zeros_like(w1).index_add_(
+        0, idx.reshape(-1), torch.einsum("nd,nkh->nkdh", ax, dz).reshape(-1, *w1.shape[1:])
+    )
+    grad_w2 = torch.zeros_like(w2).index_add_(
+        0, idx.reshape(-1), torch.einsum("nkh,nkd->nkhd", hm, do).reshape(-1, *w2.shape[1:])
+    )
+    gx = torch.einsum("nkh,nkdh->nd", dz, aw1[idx])
+    dg = kf * (o * dy.unsqueeze(1)).sum(-1)  # dL/dgate
+    dgm = kf * (om * ady.unsqueeze(1)).sum(-1)
+    if k >= 2:
+        s = psel.sum(-1, keepdim=True)
+        cross = (dgm * gate + dg.abs() * gm).sum(-1, keepdim=True)
+        dp_sel = (dg - (dg * gate).sum(-1, keepdim=True)) / s
+        dpm_sel = (dgm + cross) / s + dp_sel.abs() * (pm.gather(1, idx).sum(-1, keepdim=True) / s)
+    else:
+        dp_sel, dpm_sel = dg, dgm
+    dp = torch.zeros_like(p).scatter_add_(1, idx, dp_sel)
+    dpm = torch.zeros_like(p).scatter_add_(1, idx, dpm_sel)
+    dp_aux = inp["daux"].abs() * coef * counts / n_tokens
+    dp, dpm = dp + dp_aux, dpm + dp_aux
+    centred = (dp - (p * dp).sum(-1, keepdim=True)).abs()
+    dlm = pm * centred + p * (dpm + (pm * dp.abs() + p * dpm).sum(-1, keepdim=True))
+    return {
+        "y": y,
+        "aux": aux,
+        "grad_x": gx + dlm @ awr,
+        "grad_router": dlm.T @ ax,
+        "grad_w1": grad_w1,
+        "grad_w2": grad_w2,
+        "w1_next": aw1 * (1 + LR * WEIGHT_DECAY) + LR * grad_w1,
+        "w2_next": aw2 * (1 + LR * WEIGHT_DECAY) + LR * grad_w2,
+    }
+
+
+# -- collectives inside autograd -------------------------------------------------------------------
+class AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with uneven splits; backward is the reverse all-to-all."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+def _run(ctx, bug=None):
+    case = ctx.case
+    group, rank, g_size = ctx.group, ctx.group_rank, ctx.group_size
+    k = _k(case)
+    x = ctx.local["x"].clone().requires_grad_()
+    wr = ctx.inputs["wr"].clone().requires_grad_()
+    bias = ctx.inputs["bias"]
+    n_tokens, d = ctx.inputs["x"].shape
+    n_experts = wr.shape[0]
+    first_token = split_offsets(n_tokens, g_size)[rank]
+    first_expert = split_offsets(n_experts, g_size)[rank]
+    # each local expert is its own pair of leaves, as in an nn.ModuleList
+    w1s = [w.clone().requires_grad_() for w in ctx.local["w1"]]
+    w2s = [w.clone().requires_grad_() for w in ctx.local["w2"]]
+
+    # routing
+    idx = select(x, wr, bias, k, x.dtype)
+    keep = keep_mask(idx, n_experts, case.options["capacity_factor"])
+    probs = torch.softmax(F.linear(x, wr) + bias, dim=-1)
+    gate = _gates(probs, idx, k, renorm_top1=bug == "top1_renorm")
+
+    # dispatch: kept assignments sorted by expert (so by destination rank), then token, then slot
+    tok, slot = keep.nonzero(as_tuple=True)
+    eid = idx[tok, slot]
+    order = torch.argsort(eid * (idx.numel() + 1) + tok * k + slot)
+    tok, slot, eid = tok[order], slot[order], eid[order]
+    owner = torch.bucketize(eid, torch.tensor(split_offsets(n_experts, g_size)), right=True) - 1
+    send_counts = torch.bincount(owner, minlength=g_size)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
+    recv_x = AllToAll.apply(x[tok], recv_splits, send_splits, group)
+    meta = torch.stack([eid, tok + first_token], dim=1)
+    recv_meta = meta.new_empty((sum(recv_splits), 2))
+    dist.all_to_all_single(recv_meta, meta, recv_splits, send_splits, group=group)
+
+    # the local experts
+    routed = torch.zeros(len(w1s), n_tokens, dtype=torch.bool)
+    if bug == "skip_empty_backward" and recv_x.shape[0] == 0:
+        out = torch.zeros(0, d, dtype=x.dtype)  # "nothing to do": outside the autograd graph
+    else:
+        out = recv_x * 0  # keeps this rank in the backward all-to-alls even with no tokens
+        for j, (w1, w2) in enumerate(zip(w1s, w2s)):
+            target_id = j if bug == "expert_id_no_offset" else first_expert + j
+            rows = (recv_meta[:, 0] == target_id).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue  # not run: its weights get no gradient
+            routed[j, recv_meta[rows, 1]] = True
+            out = out.index_add(0, rows, F.gelu(recv_x[rows] @ w1) @ w2)
+
+    # combine
+    back = AllToAll.apply(out, send_splits, recv_splits, group)
+    y = torch.zeros(x.shape[0], d, dtype=x.dtype).index_add(0, tok, gate[tok, slot].unsqueeze(-1) * back)
+
+    # aux loss: global counts before capacity, this rank's tokens' share of the mean probability
+    counted = idx[keep] if bug == "aux_capacity_masked" else idx.reshape(-1)
+    counts = all_reduce(torch.bincount(counted, minlength=n_experts), group, g_size)
+    aux = n_experts / (n_tokens * k) * (counts.to(x.dtype) * probs.sum(0) / n_tokens).sum()
+
+    torch.autograd.backward([y, aux], [ctx.local["dy"], ctx.inputs["daux"]])
+
+    experts = [w for pair in zip(w1s, w2s) for w in pair]
+    if bug != "empty_expert_grad_none":
+        for w in experts:
+            if w.grad is None:  # an expert that got no tokens: zero gradient, still decayed
+                w.grad = torch.zeros_like(w)
+    grads = {
+        name: torch.stack([w.grad if w.grad is not None else torch.zeros_like(w) for w in ws])
+        if ws
+        else ctx.local[src].clone()
+        for name, ws, src in (("grad_w1", w1s, "w1"), ("grad_w2", w2s, "w2"))
+    }
+    if experts:
+        torch.optim.SGD(experts, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False).step()
+    return {
+        "y": y.detach(),
+        "aux": aux.detach(),
+        "grad_x": x.grad if x.grad is not None else torch.zeros_like(x),
+        "grad_router": wr.grad,
+        **grads,
+        "w1_next": torch.stack([w.detach() for w in w1s]) if w1s else ctx.local["w1"].clone(),
+        "w2_next": torch.stack([w.detach() for w in w2s]) if w2s else ctx.local["w2"].clone(),
+        "routed": routed,
+    }
+
+
+def reference(ctx):
+    return _run(ctx)
+
+
+def expert_id_no_offset(ctx):
+    return _run(ctx, "expert_id_no_offset")
+
+
+def empty_expert_grad_none(ctx):
+    return _run(ctx, "empty_expert_grad_none")
+
+
+def top1_renorm(ctx):
+    return _run(ctx, "top1_renorm")
+
+
+def aux_capacity_masked(ctx):
+    return _run(ctx, "aux_capacity_masked")
+
+
+def skip_empty_backward(ctx):
+    return _run(ctx, "skip_empty_backward")
+
+
+PLANTED = {
+    "expert_id_no_offset": "global expert id not shifted by the rank's first expert; rank 0 right "
+    "(flashinfer-ai/flashinfer#3547)",
+    "empty_expert_grad_none": "an expert with no tokens keeps grad=None, so weight decay skips it "
+    "(NVIDIA-NeMo/Automodel#2995)",
+    "top1_renorm": "top-1 gate renormalised to 1, router gets no main-loss gradient (jingyaogong/minimind#858)",
+    "aux_capacity_masked": "aux loss counts the capacity-masked routing map (NVIDIA/Megatron-LM#1513)",
+    "skip_empty_backward": "a rank that received no tokens leaves the graph and skips the backward "
+    "all-to-all; its peers hang",
+}
+
+TARGET = Target(
+    name="moe",
+    description="MoE with expert parallelism: top-k routing, capacity, aux loss, all-to-all dispatch/combine",
+    cases=cases,
+    inputs=inputs,
+    oracle=oracle,
+    magnitude=magnitude,
+    outputs={
+        "y": Shard(0),
+        "aux": Partial(),
+        "grad_x": Shard(0),
+        "grad_router": Partial(),
+        "grad_w1": Shard(0),
+        "grad_w2": Shard(0),
+        "w1_next": Shard(0),
+        "w2_next": Shard(0),
+        "routed": Shard(0),
+    },
+    input_layouts={"x": Shard(0), "dy": Shard(0), "w1": Shard(0), "w2": Shard(0)},
+    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    planted=PLANTED,
+)

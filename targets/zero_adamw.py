@@ -1,0 +1,523 @@
+"""ZeRO-sharded AdamW (stages 1, 2 and 3) against ``torch.optim.AdamW`` in one process.
+
+The "model" is a flat buffer of ``numel`` elements (drawn relative to the group, so the group
+rarely divides it and small buffers on 3-4 ranks put padding on several ranks) cut into
+``min(3, numel)`` parameters. Gradients are deterministic per step from the seed: each rank ``r``
+and micro-batch ``m`` of step ``t`` has the quadratic loss
+``0.5 * sum(a[t, m, r] * (p - x[t, m, r]) ** 2) / (grad_accum * G)``, so the gradient depends on
+the current parameters (stage 3 must gather them right) and the global gradient is the mean over
+ranks and micro-batches. Optional global-norm clipping uses ``max_norm = clip_factor * |g_1|``
+(the norm of the first step's true gradient, computed by the inputs builder in float64), so with
+``clip_factor=0.5`` the clip is really active. AdamW: lr 0.1, betas (0.9, 0.999), eps 1e-8,
+weight decay 0.1. Options: ``stage`` (1, 2, 3) and ``clip_factor`` (None, 0.5), then, after dtype
+and profile, ``steps`` (1-3) and ``grad_accum`` (1-2).
+
+Flat ZeRO (``reference``): the flat buffer is padded to a multiple of the group size ``G`` and
+split evenly (``c = ceil(n / G)`` elements per rank, padding on the last rank(s)). Padding is
+uninitialised memory: we fill it with NaN, as ``torch.utils.deterministic.fill_uninitialized_memory``
+does, so an implementation that reads it shows. Each rank keeps its shard of the master parameters
+and of ``exp_avg``/``exp_avg_sq`` plus one step counter. Per step:
+
+* stage 3 all-gathers the parameter shards to use them; stages 1 and 2 keep full parameters,
+  refreshed by an all-gather after each step;
+* stage 1 accumulates full gradients over the micro-batches and all-reduces them once, then each
+  rank takes its shard; stages 2 and 3 reduce-scatter the padded gradient after each micro-batch
+  and accumulate the shard;
+* clipping all-reduces the squared norm of the real (non-padding) elements;
+* the AdamW update (``torch.optim.AdamW``'s single-tensor arithmetic) runs on the shard.
+
+Outputs after every step (``[steps, n]``, one row per step): ``param``, ``exp_avg`` and
+``exp_avg_sq`` as :class:`StepwisePaddedFlat` (``PaddedFlat()`` row by row: padding never
+compared), and the step counter ``step`` (``[steps]`` int64, replicated, compared exactly). The
+oracle is ``torch.optim.AdamW`` (with ``torch.nn.utils.clip_grad_norm_``) on the unsharded
+parameters, in the case dtype (bf16 keeps bf16 state, as torch does, and so does the reference).
+The collectives are built on ``all_to_all_single`` (see :func:`all_reduce`: on gloo with 2 cores it
+is several times faster than the dedicated ones). :func:`magnitude` explains the tolerance.
+
+Planted bugs, each a small change to the reference, modelled on a real one (BUG-PATTERNS.md):
+
+* ``local_grad_norm``: the clipping norm is the local shard's alone, never all-reduced
+  (karpathy/llm.c#524); needs G >= 2 and an active clip.
+* ``init_step``: an initialisation step (zero gradients, lr 0) materialises the state and advances
+  the step counter, so the first real update uses step-2 bias correction (deepspeedai/DeepSpeed#1823,
+  #5104; NVIDIA/Megatron-LM#5974).
+* ``padding_on_last_rank``: a rank's count of real elements assumes all padding sits on the last
+  rank (deepspeedai/DeepSpeed#6974); wrong only when padding spans several ranks (1 element on 3
+  ranks, 5 on 4: ``[2, 2, 1, 0]``), where taking the rank's shard raises, as DeepSpeed did
+  (deepspeedai/DeepSpeed#6918).
+* ``padding_in_norm``: the clipping norm sums the padding too (any padding and an active clip).
+* ``unscale_unscaled``: in bf16 runs the gradients are divided by a loss scale (65536) that was never
+  applied to the loss (deepspeedai/DeepSpeed#7839); bf16 only.
+* ``grads_not_zeroed``: the gradient buffer is not zeroed between optimizer steps, so step 2 adds
+  step 1's gradients (deepspeedai/DeepSpeed#7839, its second bug); needs steps >= 2.
+
+A second target in this module, ``zero_adamw_torch`` (:data:`TORCH_TARGET`), fuzzes
+``torch.distributed.optim.ZeroRedundancyOptimizer`` around AdamW: it gives whole parameters to
+owner ranks and does not reduce gradients, so the wrapper all-reduces them (sum of the per-rank
+``loss / (grad_accum * G)`` gradients: the mean) and clips outside it. Its parameters are compared
+on every rank (``[steps, n]``, replicated) and its state per parameter on the owner
+(``Owned()``: ``exp_avg_i``, ``exp_avg_sq_i`` and ``step_i`` for parameters ``i`` = 0, 1, 2, sizes
+``p0``-``p2``); option ``bucket_view`` sets ``parameters_as_bucket_view``. The step counts are
+float32 there (torch's own dtype for ``state["step"]``), compared with a zero magnitude, so
+exactly: the engine compares integer ``Owned()`` outputs on non-owners too. It is a second target
+rather than a second implementation because one target has one set of output layouts, and the
+flat and the owner layouts cannot describe the same output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import hypothesis.strategies as st
+import torch
+import torch.distributed as dist
+
+import shardfuzz.strategies as sst
+from shardfuzz import Owned, PaddedFlat, Replicate, Target
+from shardfuzz.compare import UNIT_ROUNDOFF
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.inputs import generator, randn
+from shardfuzz.layouts import split_sizes
+
+LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 0.1, 0.9, 0.999, 1e-8, 0.1
+LOSS_SCALE = 65536.0  # DeepSpeed's initial dynamic loss scale
+N_PARAMS = 3
+PARAMS = tuple(f"p{i}" for i in range(N_PARAMS))
+
+# the flat buffer is split over the group, so its size is drawn relative to it: per_rank * G +
+# remainder, with "fewer elements than ranks" (per_rank 0) allowed; it is cut into min(3, numel)
+# parameters (tensor_split rule). Small buffers on 3-4 ranks put padding on several ranks.
+SIZES = {"numel": sst.Split(min_per_rank=0, max_per_rank=3, allow_empty=True)}
+# ZeroRedundancyOptimizer's per-parameter outputs need a fixed number of parameters
+TORCH_SIZES = {name: sst.Split(min_per_rank=0, max_per_rank=2, allow_empty=True) for name in PARAMS}
+LATE = {"steps": st.integers(1, 3), "grad_accum": st.integers(1, 2)}
+CLIP = st.sampled_from([None, 0.5])
+
+
+def cases(world_sizes=None):
+    return sst.cases(
+        "zero_adamw",
+        sizes=SIZES,
+        options={"stage": st.sampled_from([1, 2, 3]), "clip_factor": CLIP},
+        late_options=LATE,
+        world_sizes=world_sizes,
+    )
+
+
+def torch_cases(world_sizes=None):
+    return sst.cases(
+        "zero_adamw_torch",
+        sizes=TORCH_SIZES,
+        options={"clip_factor": CLIP, "bucket_view": st.booleans()},
+        late_options=LATE,
+        world_sizes=world_sizes,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StepwisePaddedFlat(PaddedFlat):
+    """``PaddedFlat()`` applied to every row of a ``[steps, n]`` value (one flat buffer per step).
+
+    Rank ``i`` holds ``[steps, ceil(n / parts)]``; the padding at the end of the last shard(s) is
+    never compared.
+    """
+
+    def __repr__(self) -> str:
+        return "StepwisePaddedFlat()"
+
+    def local_shape(self, global_shape, rank, parts):
+        if len(global_shape) != 2:
+            raise InvalidArgument(f"StepwisePaddedFlat() needs a [steps, n] value, got {tuple(global_shape)}")
+        return (global_shape[0], self._chunk(global_shape[1], parts))
+
+    def piece(self, value, rank, parts):
+        start, k = self._valid(value.shape[1], rank, parts)
+        return value[:, start : start + k]
+
+    def comparable(self, local, rank, parts, global_shape):
+        _, k = self._valid(global_shape[1], rank, parts)
+        return local[:, :k]
+
+    def assemble(self, locals_):
+        return torch.cat(list(locals_), dim=1)
+
+    def global_index(self, local_index, rank, parts, global_shape):
+        start, _ = self._valid(global_shape[1], rank, parts)
+        return (local_index[0], local_index[1] + start)
+
+
+def param_sizes(case) -> list[int]:
+    if "numel" in case.sizes:
+        n = case.sizes["numel"]
+        return split_sizes(n, min(N_PARAMS, n), "tensor_split")
+    return [case.sizes[name] for name in PARAMS]
+
+
+def _mean_grad(p, a, x, group_size):
+    """The global gradient of one step (float64 helper for the inputs builder and the bounds)."""
+    return (a * (p - x)).sum((0, 1)) / (a.shape[0] * group_size)
+
+
+def inputs(case):
+    n = sum(param_sizes(case))
+    steps, accum, g_size = case.options["steps"], case.options["grad_accum"], case.group_size
+    g = generator(case)
+    inp = {
+        "p0": randn(case, n, gen=g),
+        "a": randn(case, steps, accum, g_size, n, gen=g, profile=False),
+        "x": randn(case, steps, accum, g_size, n, gen=g),
+    }
+    factor = case.options["clip_factor"]
+    if factor is None:
+        inp["max_norm"] = None
+    else:  # a plain float, identical everywhere: computed in float64 from the rounded inputs
+        g1 = _mean_grad(inp["p0"].double(), inp["a"][0].double(), inp["x"][0].double(), g_size)
+        inp["max_norm"] = float(factor * g1.norm())
+    return inp
+
+
+def oracle(inp, case):
+    sizes = param_sizes(case)
+    steps, accum, g_size = case.options["steps"], case.options["grad_accum"], case.group_size
+    params = [torch.nn.Parameter(t.clone()) for t in inp["p0"].split(sizes)]
+    opt = torch.optim.AdamW(
+        params, lr=LR, betas=(BETA1, BETA2), eps=EPS, weight_decay=WEIGHT_DECAY, foreach=False
+    )
+    rows = {k: [] for k in ("param", "exp_avg", "exp_avg_sq")}
+    per_param = {f"{k}_{i}": [] for k in ("exp_avg", "exp_avg_sq", "step") for i in range(len(sizes))}
+    counts = []
+    for t in range(steps):
+        opt.zero_grad()
+        p = torch.cat(params)
+        loss = (0.5 * inp["a"][t] * (p - inp["x"][t]) ** 2).sum() / (accum * g_size)
+        loss.backward()
+        if inp["max_norm"] is not None:
+            torch.nn.utils.clip_grad_norm_(params, inp["max_norm"], foreach=False)
+        opt.step()
+        states = [opt.state[q] for q in params]
+        rows["param"].append(torch.cat([q.detach() for q in params]))
+        for k in ("exp_avg", "exp_avg_sq"):
+            rows[k].append(torch.cat([s[k] for s in states]))
+            for i, s in enumerate(states):
+                per_param[f"{k}_{i}"].append(s[k].clone())
+        for i, s in enumerate(states):
+            per_param[f"step_{i}"].append(s["step"].reshape(1).float())
+        counts.append(int(states[0]["step"]))
+    out = {k: torch.stack(v) for k, v in rows.items()}
+    out["step"] = torch.tensor(counts, dtype=torch.int64)
+    for k, v in per_param.items():
+        out[k] = torch.cat(v) if k.startswith("step_") else torch.stack(v)
+    return out
+
+
+def _update_bound(t: int) -> float:
+    """Largest |AdamW update| (before lr) any gradient sequence can give at step t (Cauchy-Schwarz)."""
+    ratio = (BETA1**2 / BETA2) ** torch.arange(t, dtype=torch.float64)
+    m_over_sqrt_v = (1 - BETA1) / math.sqrt(1 - BETA2) * float(ratio.sum().sqrt())
+    return m_over_sqrt_v * math.sqrt(1 - BETA2**t) / (1 - BETA1**t)
+
+
+def magnitude(inp, case):
+    """Elementwise magnitudes from a first-order error bound carried through the float64 trajectory.
+
+    Adam divides by ``sqrt(v)``, so a gradient that nearly cancels over ranks and micro-batches
+    turns rounding noise into an O(lr) change of the parameter (even a sign flip of the update).
+    We carry an absolute error bound ``E`` for the gradient, ``exp_avg``, ``exp_avg_sq`` and the
+    parameters through every step (with the case dtype's unit roundoff ``u``), cap the update's
+    error at twice the largest update AdamW can make, and return ``E / ((2 + W) * u)``: the
+    engine's ``4 * (2 + W) * u * magnitude`` is then 4x the bound.
+    """
+    u = UNIT_ROUNDOFF[case.dtype]
+    w = case.group_size
+    sizes = param_sizes(case)
+    steps, accum = case.options["steps"], case.options["grad_accum"]
+    terms = accum * w
+    p, a_all, x_all = inp["p0"].double(), inp["a"].double(), inp["x"].double()
+    n = p.numel()
+    max_norm = inp["max_norm"]
+    m = torch.zeros(n, dtype=torch.float64)
+    v = torch.zeros_like(m)
+    e_p, e_m, e_v = torch.zeros_like(m), torch.zeros_like(m), torch.zeros_like(m)
+    out = {k: [] for k in ("param", "exp_avg", "exp_avg_sq")}
+    for t in range(1, steps + 1):
+        a, x = a_all[t - 1], x_all[t - 1]
+        g = _mean_grad(p, a, x, w)
+        g_abs = (a * (p - x)).abs().sum((0, 1)) / terms  # p - x of exact p, x: relative error u
+        e_g = (terms + 8) * u * g_abs + (a.abs().sum((0, 1)) / terms) * e_p
+        if max_norm is not None:
+            norm = float(g.norm())
+            coef = min(1.0, max_norm / (norm + 1e-6))
+            rel = float(e_g.norm()) / max(norm, 1e-300) + (n + w + 8) * u
+            e_g = coef * e_g + coef * min(rel, 1.0) * g.abs() + u * coef * g.abs()
+            g = coef * g
+        m_new = BETA1 * m + (1 - BETA1) * g
+        v_new = BETA2 * v + (1 - BETA2) * g * g
+        e_m = BETA1 * e_m + (1 - BETA1) * e_g + 3 * u * (BETA1 * m.abs() + (1 - BETA1) * g.abs())
+        e_v = (
+            BETA2 * e_v
+            + (1 - BETA2) * (2 * g.abs() * e_g + e_g**2)
+            + 3 * u * (BETA2 * v + (1 - BETA2) * g * g)
+        )
+        m, v = m_new, v_new
+        bc1, bc2 = 1 - BETA1**t, 1 - BETA2**t
+        s = (v / bc2).sqrt()
+        denom = s + EPS
+        e_s = torch.minimum(e_v / (2 * v.sqrt()).clamp_min(1e-300), e_v.sqrt()) / math.sqrt(bc2) + 3 * u * s
+        upd = m / bc1 / denom
+        e_upd = (
+            e_m / bc1 / denom
+            + (m.abs() / bc1) * e_s / (denom * (denom - e_s).clamp_min(EPS))
+            + 4 * u * upd.abs()
+        )
+        e_upd = torch.minimum(e_upd, torch.full_like(e_upd, 2 * _update_bound(t)))
+        p = p * (1 - LR * WEIGHT_DECAY) - LR * upd
+        e_p = (1 - LR * WEIGHT_DECAY) * e_p + LR * e_upd + 3 * u * (p.abs() + LR * upd.abs())
+        out["param"].append(e_p)
+        out["exp_avg"].append(e_m)
+        out["exp_avg_sq"].append(e_v)
+    scale = 1.0 / ((2 + w) * u)
+    mag = {k: torch.stack(v) * scale for k, v in out.items()}
+    for k in ("exp_avg", "exp_avg_sq"):
+        for i, piece in enumerate(mag[k].split(sizes, dim=1)):
+            mag[f"{k}_{i}"] = piece
+    for i in range(len(sizes)):
+        mag[f"step_{i}"] = torch.zeros(steps, dtype=torch.float64)  # integers in float: exact
+    return mag
+
+
+# -- collectives ------------------------------------------------------------------------------------
+# Built on all_to_all_single: on gloo with 2 cores, at 3-4 ranks, it is 3-8x faster than all_reduce,
+# reduce_scatter and all_gather (measured at 4 ranks: 1.4 ms against 5.1, 11.8 and 3.7 ms). Every
+# rank sums the received pieces in rank order, so replicated results are bitwise identical.
+def all_reduce(t, group, size: int):
+    """The sum of ``t`` over the group (every rank sends its copy to every rank)."""
+    out = torch.empty(size * t.numel(), dtype=t.dtype)
+    dist.all_to_all_single(out, t.reshape(-1).repeat(size), group=group)
+    return out.view(size, *t.shape).sum(0)
+
+
+def reduce_scatter(buf, group, size: int):
+    """Rank ``i`` gets the sum over ranks of chunk ``i`` of ``buf`` (``size`` equal chunks)."""
+    out = torch.empty_like(buf)
+    dist.all_to_all_single(out, buf, group=group)
+    return out.view(size, -1).sum(0)
+
+
+def all_gather(shard, group, size: int):
+    """Every rank's ``shard``, concatenated in rank order."""
+    out = torch.empty(size * shard.numel(), dtype=shard.dtype)
+    dist.all_to_all_single(out, shard.repeat(size), group=group)
+    return out
+
+
+# -- the flat ZeRO implementation ------------------------------------------------------------------
+def _real_count(n: int, rank: int, parts: int, chunk: int, bug: str | None) -> int:
+    """How many real (non-padding) elements rank ``rank``'s shard of ``chunk`` elements holds."""
+    if bug == "padding_on_last_rank":  # deepspeedai/DeepSpeed#6974: only the last rank pads
+        return chunk - (chunk * parts - n) if rank == parts - 1 else chunk
+    return max(0, min(chunk, n - rank * chunk))
+
+
+def _adamw_(param, grad, exp_avg, exp_avg_sq, step: int) -> None:
+    """``torch.optim.AdamW``'s single-tensor update, in place on a shard."""
+    param.mul_(1 - LR * WEIGHT_DECAY)
+    exp_avg.lerp_(grad, 1 - BETA1)
+    exp_avg_sq.mul_(BETA2).addcmul_(grad, grad, value=1 - BETA2)
+    bias_correction1 = 1 - BETA1**step
+    bias_correction2 = 1 - BETA2**step
+    denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(EPS)
+    param.addcdiv_(exp_avg, denom, value=-LR / bias_correction1)
+
+
+def _run(ctx, bug=None):
+    opts = ctx.case.options
+    stage, steps, accum = opts["stage"], opts["steps"], opts["grad_accum"]
+    group, rank, g_size = ctx.group, ctx.group_rank, ctx.group_size
+    p0, max_norm = ctx.inputs["p0"], ctx.inputs["max_norm"]
+    a, x = ctx.inputs["a"][:, :, rank], ctx.inputs["x"][:, :, rank]
+    dtype = p0.dtype
+    n = p0.numel()
+    chunk = -(-n // g_size)
+    lo = rank * chunk
+    real = (lo + torch.arange(chunk)) < n  # which elements of my shard are real (not padding)
+
+    def padded(flat):  # the padding is uninitialised memory: NaN, never to be read
+        buf = flat.new_full((chunk * g_size,), math.nan)
+        buf[:n] = flat
+        return buf
+
+    k = _real_count(n, rank, g_size, chunk, bug)
+    master = torch.cat([p0.narrow(0, min(lo, n), k), p0.new_full((chunk - k,), math.nan)])
+    exp_avg, exp_avg_sq = torch.zeros_like(master), torch.zeros_like(master)
+    step = 0
+    if bug == "init_step":  # materialise the state with a zero-gradient, zero-lr step: step -> 1
+        step += 1
+    full = None if stage == 3 else p0.clone()
+    grad_full = torch.zeros(n, dtype=dtype)  # stage 1: local accumulation of full gradients
+    grad_shard = torch.zeros(chunk, dtype=dtype)  # stages 2 and 3: accumulated reduced shard
+    rows = {k: [] for k in ("param", "exp_avg", "exp_avg_sq")}
+    counts = []
+    for t in range(steps):
+        if stage == 3:  # parameters are sharded: gather them for use
+            full = all_gather(master, group, g_size)[:n]
+        if not (bug == "grads_not_zeroed" and t > 0):
+            grad_full.zero_()
+            grad_shard.zero_()
+        p = full.clone().requires_grad_()
+        for mb in range(accum):
+            loss = (0.5 * a[t, mb] * (p - x[t, mb]) ** 2).sum() / (accum * g_size)
+            (grad,) = torch.autograd.grad(loss, p)
+            if stage == 1:
+                grad_full += grad
+            else:  # reduce-scatter every micro-batch, accumulate the shard
+                grad_shard += reduce_scatter(padded(grad), group, g_size)
+        if stage == 1:
+            reduced = all_reduce(grad_full, group, g_size)
+            mine = reduced.narrow(0, min(lo, n), k)
+            g = torch.cat([mine, reduced.new_full((chunk - k,), math.nan)])
+        else:
+            g = grad_shard.clone()
+        if bug == "unscale_unscaled" and dtype == torch.bfloat16:  # the loss was never scaled
+            g.div_(LOSS_SCALE)
+        if max_norm is not None:
+            acc = torch.float64 if dtype == torch.float64 else torch.float32
+            sq = g.to(acc) ** 2
+            sumsq = sq.sum() if bug == "padding_in_norm" else sq[real].sum()
+            if bug != "local_grad_norm":
+                sumsq = all_reduce(sumsq, group, g_size)
+            coef = (max_norm / (sumsq.sqrt() + 1e-6)).clamp(max=1.0)
+            g.mul_(coef.to(dtype))
+        step += 1
+        _adamw_(master, g, exp_avg, exp_avg_sq, step)
+        if stage != 3 and t + 1 < steps:  # refresh the full parameters for the next step
+            full = all_gather(master, group, g_size)[:n]
+        rows["param"].append(master.clone())
+        rows["exp_avg"].append(exp_avg.clone())
+        rows["exp_avg_sq"].append(exp_avg_sq.clone())
+        counts.append(step)
+    out = {k: torch.stack(v) for k, v in rows.items()}
+    out["step"] = torch.tensor(counts, dtype=torch.int64)
+    return out
+
+
+def reference(ctx):
+    return _run(ctx)
+
+
+def local_grad_norm(ctx):
+    return _run(ctx, "local_grad_norm")
+
+
+def init_step(ctx):
+    return _run(ctx, "init_step")
+
+
+def padding_on_last_rank(ctx):
+    return _run(ctx, "padding_on_last_rank")
+
+
+def padding_in_norm(ctx):
+    return _run(ctx, "padding_in_norm")
+
+
+def unscale_unscaled(ctx):
+    return _run(ctx, "unscale_unscaled")
+
+
+def grads_not_zeroed(ctx):
+    return _run(ctx, "grads_not_zeroed")
+
+
+PLANTED = {
+    "local_grad_norm": "clipping norm of the local shard only, never all-reduced (karpathy/llm.c#524)",
+    "init_step": "an initialisation step advances the Adam step counter (deepspeedai/DeepSpeed#1823, #5104)",
+    "padding_on_last_rank": "real-element count assumes padding only on the last rank (deepspeedai/DeepSpeed#6974)",
+    "padding_in_norm": "padding summed into the clipping norm",
+    "unscale_unscaled": "bf16 gradients divided by a loss scale never applied (deepspeedai/DeepSpeed#7839)",
+    "grads_not_zeroed": "gradient buffer not zeroed between steps (deepspeedai/DeepSpeed#7839)",
+}
+
+FLAT = StepwisePaddedFlat()
+
+TARGET = Target(
+    name="zero_adamw",
+    description="ZeRO-sharded AdamW, stages 1-3, flat padded buffers, accumulation, clipping, vs torch AdamW",
+    cases=cases,
+    inputs=inputs,
+    oracle=oracle,
+    magnitude=magnitude,
+    outputs={"param": FLAT, "exp_avg": FLAT, "exp_avg_sq": FLAT, "step": Replicate()},
+    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    planted=PLANTED,
+)
+
+
+# -- torch's ZeroRedundancyOptimizer ------------------------------------------------------------
+def zero_redundancy_optimizer(ctx):
+    """``ZeroRedundancyOptimizer(AdamW)``: gradients all-reduced and clipped outside it."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    opts = ctx.case.options
+    steps, accum = opts["steps"], opts["grad_accum"]
+    group, rank, g_size = ctx.group, ctx.group_rank, ctx.group_size
+    p0, max_norm = ctx.inputs["p0"], ctx.inputs["max_norm"]
+    a, x = ctx.inputs["a"][:, :, rank], ctx.inputs["x"][:, :, rank]
+    sizes = param_sizes(ctx.case)
+    params = [torch.nn.Parameter(t.clone()) for t in p0.split(sizes)]
+    zero = ZeroRedundancyOptimizer(
+        params,
+        optimizer_class=torch.optim.AdamW,
+        process_group=group,
+        lr=LR,
+        betas=(BETA1, BETA2),
+        eps=EPS,
+        weight_decay=WEIGHT_DECAY,
+        foreach=False,
+        parameters_as_bucket_view=opts["bucket_view"],
+    )
+    rows = []
+    mine = {f"{k}_{i}": [] for k in ("exp_avg", "exp_avg_sq", "step") for i in range(len(sizes))}
+    for t in range(steps):
+        for q in params:
+            q.grad = None
+        for mb in range(accum):
+            p = torch.cat(params)
+            loss = (0.5 * a[t, mb] * (p - x[t, mb]) ** 2).sum() / (accum * g_size)
+            loss.backward()
+        grads = all_reduce(torch.cat([q.grad for q in params]), group, g_size)
+        for q, grad in zip(params, grads.split(sizes)):
+            q.grad = grad
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False)
+        zero.step()
+        rows.append(torch.cat([q.detach() for q in params]))
+        for i, q in enumerate(params):
+            state = zero.optim.state.get(q)
+            if state:
+                mine[f"exp_avg_{i}"].append(state["exp_avg"].clone())
+                mine[f"exp_avg_sq_{i}"].append(state["exp_avg_sq"].clone())
+                mine[f"step_{i}"].append(state["step"].reshape(1).float())
+    out = {"param": torch.stack(rows)}
+    for k, v in mine.items():
+        if not v:  # not the owner
+            out[k] = torch.empty(0, dtype=torch.float32 if k.startswith("step_") else p0.dtype)
+        else:
+            out[k] = torch.cat(v) if k.startswith("step_") else torch.stack(v)
+    return out
+
+
+TORCH_TARGET = Target(
+    name="zero_adamw_torch",
+    description="torch ZeroRedundancyOptimizer(AdamW), gradients all-reduced and clipped outside, state by owner",
+    cases=torch_cases,
+    inputs=inputs,
+    oracle=oracle,
+    magnitude=magnitude,
+    outputs={
+        "param": Replicate(),
+        **{f"{k}_{i}": Owned() for i in range(N_PARAMS) for k in ("exp_avg", "exp_avg_sq", "step")},
+    },
+    implementations={"zero_redundancy_optimizer": "zero_redundancy_optimizer"},
+    reference="zero_redundancy_optimizer",
+)
