@@ -133,7 +133,7 @@ def test_module_level_function_becomes_a_file_reference():
 
 
 def test_unknown_target_and_file_without_target(tmp_path):
-    with pytest.raises(TargetError, match="target='nope' is unknown; known targets: .*tp_mlp"):
+    with pytest.raises(TargetError, match=r"target='nope' is unknown; known targets: .*tp_mlp"):
         Runner("nope")
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
