@@ -32,6 +32,7 @@ __all__ = [
     "meshes",
     "seeds",
     "sharded_sizes",
+    "split_dims",
     "triggers_of",
     "value_profiles",
     "world_sizes",
@@ -139,6 +140,22 @@ def sharded_sizes(draw, parts: int, spec: Split = Split()) -> int:
         return draw(st.integers(1, parts - 1)) if parts > 1 else 1
     rem = draw(st.integers(0, parts - 1)) if spec.uneven else 0
     return per_rank * parts + rem
+
+
+def split_dims(ndim: int, *, min_dim: int = 0, max_dim: int | None = None) -> st.SearchStrategy[int]:
+    """Which dim of an ``ndim``-d tensor to shard, in ``[min_dim, max_dim]`` (default: the last).
+
+    Shrinks toward ``min_dim`` (dim 0). For a "wrong dim is split" bug, draw the dim the
+    implementation shards and the layout from the same value.
+    """
+    _check_int("ndim", ndim, 1)
+    hi = ndim - 1 if max_dim is None else max_dim
+    _check_int("min_dim", min_dim, 0)
+    _check_int("max_dim", hi, 0)
+    _check_range("min_dim", min_dim, "max_dim", hi)
+    if hi >= ndim:
+        raise InvalidArgument(f"max_dim={hi!r}; a {ndim}-d tensor has dims 0..{ndim - 1}")
+    return st.integers(min_dim, hi)
 
 
 def dtypes(*, allowed: Sequence[str] = ("float32", "float64", "bfloat16")) -> st.SearchStrategy[str]:

@@ -141,6 +141,14 @@ def test_unknown_target_and_file_without_target(tmp_path):
         Runner(str(empty))
 
 
+def test_targets_from_the_entry_point_group(monkeypatch):
+    import shardfuzz.registry as registry
+
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"toy_plugin": f"{TOY}::TOY"})
+    assert "toy_plugin" in registry.available_targets()
+    assert Runner("toy_plugin").target.name == "toy"
+
+
 def test_target_missing_a_piece():
     from shardfuzz import Replicate, Target
 

@@ -44,6 +44,12 @@ def test_no_empty_global_size_and_no_fewer_rows_than_ranks_without_flag(pn):
     assert n >= parts
 
 
+def test_split_dims_shrink_to_dim_0_and_reach_the_last():
+    assert minimal(sst.split_dims(3)) == 0
+    assert minimal(sst.split_dims(3), lambda d: d == 2) == 2
+    assert minimal(sst.split_dims(3, min_dim=1)) == 1
+
+
 def test_dtypes_profiles_seeds_shrink_to_simplest():
     assert minimal(sst.dtypes()) == "float32"
     assert minimal(sst.value_profiles()) == ("normal", {})
@@ -73,6 +79,8 @@ def test_explicit_world_sizes():
         (lambda: sst.Split(min_per_rank=4, max_per_rank=2), "min_per_rank=4 > max_per_rank=2"),
         (lambda: sst.Free(min_size=5, max_size=1), "min_size=5 > max_size=1"),
         (lambda: sst.dtypes(allowed=("int8",)), "int8"),
+        (lambda: sst.split_dims(2, max_dim=2), "max_dim=2; a 2-d tensor has dims 0..1"),
+        (lambda: sst.split_dims(0), "ndim=0"),
         (lambda: sst.value_profiles(allowed=("spiky",)), "spiky"),
         (lambda: sst.cases("t", min_world=3, max_world=1), "min_world=3 > max_world=1"),
     ],
