@@ -164,6 +164,8 @@ class Runner:
         self.on_failure = None
         #: numerics flags reported by rank 0 of the first example
         self.numerics: dict[str, Any] | None = None
+        #: the full inputs of the last case the oracle ran (failure files hash them)
+        self.last_inputs: dict[str, Any] = {}
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise InvalidArgument(f"timeout={timeout!r}; must be a number of seconds > 0")
         self.target: Target = get_target(target)
