@@ -23,13 +23,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
+    from shardfuzz.settings import parse_world_sizes
+
     try:
-        sizes = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"--world-sizes={text!r}; expected comma-separated integers >= 1")
-    return sizes
+        return parse_world_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--world-sizes={e}") from None
 
 
 def _positive_int(text: str) -> int:

@@ -46,17 +46,14 @@ class Options:
 
 
 def _parse_world_sizes(text: str | None) -> tuple[int, ...] | None:
+    from shardfuzz.settings import parse_world_sizes
+
     if not text:
         return None
     try:
-        sizes = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or any(s < 1 for s in sizes):
-        raise pytest.UsageError(
-            f"--shardfuzz-world-sizes={text!r}; expected comma-separated integers >= 1, e.g. 1,2,3"
-        )
-    return sizes
+        return parse_world_sizes(text)
+    except ValueError as e:
+        raise pytest.UsageError(f"--shardfuzz-world-sizes={e}") from None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

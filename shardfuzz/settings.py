@@ -32,6 +32,17 @@ def _profiles() -> dict[str, dict[str, Any]]:
     }
 
 
+def parse_world_sizes(text: str) -> tuple[int, ...]:
+    """``"1,2,3"`` -> ``(1, 2, 3)``; ValueError for anything but comma-separated integers >= 1."""
+    try:
+        sizes = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"{text!r}; expected comma-separated integers >= 1, e.g. 1,2,3")
+    return sizes
+
+
 def register_profiles() -> None:
     """Register the three shardfuzz profiles (idempotent)."""
     from hypothesis import settings
