@@ -28,7 +28,6 @@ from shardfuzz.errors import (
     ShardfuzzError,
     Unsupported,
 )
-from shardfuzz.layouts import Owned
 from shardfuzz.target import Target
 
 try:  # Python 3.11+; Hypothesis brings the backport on 3.10
@@ -374,11 +373,7 @@ class Runner:
                         f"output {name!r}: {self._rank_label(case, r)} returned {type(got).__name__}, expected a tensor"
                     )
                     continue
-                want_shape = layout.local_shape(tuple(ref.shape), r % g, g)
-                if want_shape is None:  # Owned(): checked per replica below
-                    want_shape = (
-                        tuple(got.shape) if tuple(got.shape) in ((0,), tuple(ref.shape)) else tuple(ref.shape)
-                    )
+                want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), r % g, g)
                 if tuple(got.shape) != want_shape or got.dtype != low.dtype:
                     problems.append(
                         f"output {name!r} ({layout!r}): {self._rank_label(case, r)} holds "
@@ -386,14 +381,13 @@ class Runner:
                         f"{list(want_shape)} {str(low.dtype).removeprefix('torch.')} "
                         f"(global {list(ref.shape)} over {g} ranks)"
                     )
-            if isinstance(layout, Owned) and isinstance(ref, torch.Tensor):
+            if isinstance(ref, torch.Tensor):
                 for replica in self._replicas(case):
-                    shapes = [tuple(locals_[r][name].shape) for r in replica]
-                    if layout.owner_of(shapes, tuple(ref.shape)) is None:
-                        problems.append(
-                            f"output {name!r} (Owned()): exactly one rank of ranks {replica} must hold "
-                            f"{list(ref.shape)} and the others [0]; they hold {[list(s) for s in shapes]}"
-                        )
+                    msg = layout.check_group(
+                        [tuple(locals_[r][name].shape) for r in replica], tuple(ref.shape)
+                    )
+                    if msg:
+                        problems.append(f"output {name!r} ({layout!r}), ranks {replica}: {msg}")
         if problems:
             self._raise_layout(case, problems)
 
@@ -408,7 +402,7 @@ class Runner:
             if not isinstance(ref, torch.Tensor) or not (ref.is_floating_point() or ref.is_complex()):
                 rds = []
                 for r, out in enumerate(locals_):
-                    if _not_owner(layout, out[name], ref):
+                    if not _holds_piece(layout, out[name], ref):
                         continue
                     want = (
                         layout.piece(ref, r % g, g)
@@ -445,7 +439,7 @@ class Runner:
                 rds = []
                 if layout.per_rank:
                     for r, out in enumerate(locals_):
-                        if _not_owner(layout, out[name], ref):
+                        if not _holds_piece(layout, out[name], ref):
                             continue
                         want = layout.piece(ref, r % g, g)
                         b = layout.piece(bound, r % g, g)
@@ -552,13 +546,9 @@ class Runner:
         raise IgnoredCollective("\n".join(parts), case=case)
 
 
-def _not_owner(layout: Any, local: Any, ref: Any) -> bool:
-    """A rank that does not own an ``Owned()`` value holds ``(0,)``: nothing of it to compare."""
-    return (
-        isinstance(layout, Owned)
-        and tuple(getattr(local, "shape", ())) == (0,)
-        and tuple(getattr(ref, "shape", ())) != (0,)
-    )
+def _holds_piece(layout: Any, local: Any, ref: Any) -> bool:
+    """Whether a rank's local holds something to compare (not so for a non-owner of ``Owned()``)."""
+    return layout.holds_piece(tuple(getattr(local, "shape", ())), tuple(getattr(ref, "shape", ())))
 
 
 def _dtype_name(v: Any) -> str:

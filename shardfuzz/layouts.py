@@ -54,6 +54,18 @@ class Layout:
     def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         raise NotImplementedError
 
+    def expected_shape(self, held: tuple[int, ...], global_shape: tuple[int, ...], rank: int, parts: int):
+        """The shape ``rank`` must hold, given the shape ``held`` it holds (for layouts with a choice)."""
+        return self.local_shape(global_shape, rank, parts)
+
+    def holds_piece(self, held: tuple[int, ...], global_shape: tuple[int, ...]) -> bool:
+        """Whether a local of shape ``held`` holds something to compare."""
+        return True
+
+    def check_group(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, ...]) -> str | None:
+        """A problem with one group's local shapes taken together, or None."""
+        return None
+
     def piece(self, value: Any, rank: int, parts: int) -> Any:
         """The part of the global ``value`` (a tensor) that ``rank`` must hold."""
         raise NotImplementedError
@@ -262,7 +274,21 @@ class Owned(Layout):
         return "Owned()"
 
     def local_shape(self, global_shape, rank, parts):
-        return None  # either the global shape (owner) or (0,): see owner_of
+        return tuple(global_shape)  # the owner's; every other rank holds (0,)
+
+    def expected_shape(self, held, global_shape, rank, parts):
+        return (0,) if tuple(held) == (0,) else tuple(global_shape)
+
+    def holds_piece(self, held, global_shape):
+        return tuple(held) != (0,) or tuple(global_shape) == (0,)
+
+    def check_group(self, shapes, global_shape):
+        if self.owner_of(shapes, global_shape) is None:
+            return (
+                f"exactly one rank must hold {list(global_shape)} and the others [0]; "
+                f"they hold {[list(s) for s in shapes]}"
+            )
+        return None
 
     def owner_of(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, ...]) -> int | None:
         """The owning group rank, or None when not exactly one rank holds the value."""

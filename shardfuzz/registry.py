@@ -36,10 +36,6 @@ BUILTIN_TARGETS: dict[str, str] = {
 _FILE_MODULES: dict[str, Any] = {}
 
 
-def is_ref(text: str) -> bool:
-    return isinstance(text, str) and ("::" in text or ":" in text)
-
-
 def _import_file(path: str, what: str) -> Any:
     path = os.path.abspath(path)
     if path in _FILE_MODULES:

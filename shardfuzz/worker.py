@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import faulthandler
+import itertools
 import math
 import os
 import random
@@ -245,7 +246,9 @@ class _Worker:
         for axis in range(len(shape)):
             mine = None
             # every rank must call new_group for every group, in the same order
-            for other in _product([range(s) if i != axis else range(1) for i, s in enumerate(shape)]):
+            for other in itertools.product(
+                *[range(s) if i != axis else range(1) for i, s in enumerate(shape)]
+            ):
                 members = [_ravel((*other[:axis], k, *other[axis + 1 :]), shape) for k in range(shape[axis])]
                 if len(members) == n and shape[axis] == n and timeout_s == self.timeout_s:
                     g = dist.group.WORLD
@@ -377,12 +380,6 @@ def _ravel(coords: tuple[int, ...], shape: tuple[int, ...]) -> int:
     for c, s in zip(coords, shape):
         r = r * s + c
     return r
-
-
-def _product(ranges):
-    import itertools
-
-    return itertools.product(*ranges)
 
 
 def worker_main(

@@ -18,6 +18,17 @@ TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 pytest_plugins = ["pytester"]
 
 
+def torchrun(*args):
+    exe = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    return subprocess.run(
+        [exe, "--standalone", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+
+
 def cli(*args, timeout=300, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "shardfuzz.cli", *args],
@@ -125,50 +136,22 @@ def test_bad_case_field_is_named(found, tmp_path):
 
 
 def test_repro_script_runs_under_torchrun(found, tmp_path):
-    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
     script = tmp_path / "repro.py"
     out = cli("repro", found[1], "-o", str(script))
     assert out.returncode == 0 and "torchrun --nproc-per-node=2" in out.stdout
     text = script.read_text()
     assert "hypothesis" not in text.lower().replace("does not use hypothesis", "")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node=2", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
+    run = torchrun("--nproc-per-node=2", str(script))
     assert run.returncode != 0
     assert "FAIL (mismatch)" in run.stdout and "output 'y'" in run.stdout
-    wrong = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node=1", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
+    wrong = torchrun("--nproc-per-node=1", str(script))
     assert "use torchrun --nproc-per-node=2" in wrong.stderr
 
 
 def test_torchrun_module_replays_a_passing_case(found, tmp_path):
-    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
     rec = json.loads(open(found[1]).read())
     (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl_ref="shardfuzz.targets.tp_mlp:reference")))
-    run = subprocess.run(
-        [
-            torchrun,
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "shardfuzz.torchrun",
-            str(tmp_path / "fixed.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    run = torchrun("--nproc-per-node=2", "-m", "shardfuzz.torchrun", str(tmp_path / "fixed.json"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS: worst error/tolerance" in run.stdout
 

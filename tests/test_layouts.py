@@ -95,3 +95,9 @@ def test_owned_needs_exactly_one_owner():
     assert layout.owner_of([(0,), (2, 2)], (3, 2)) is None
     x = torch.ones(3, 2)
     assert layout.assemble([torch.empty(0), x]) is x
+    assert layout.expected_shape((0,), (3, 2), 0, 2) == (0,) and layout.expected_shape(
+        (2, 2), (3, 2), 0, 2
+    ) == (3, 2)
+    assert not layout.holds_piece((0,), (3, 2)) and layout.holds_piece((3, 2), (3, 2))
+    assert layout.check_group([(3, 2), (3, 2)], (3, 2)).startswith("exactly one rank must hold [3, 2]")
+    assert layout.check_group([(0,), (3, 2)], (3, 2)) is None
