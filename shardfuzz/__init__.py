@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "Bound",
     "Case",
+    "Expect",
+    "ExpectedFailure",
     "Finding",
     "IgnoredCollective",
     "InfrastructureError",
@@ -21,11 +24,14 @@ __all__ = [
     "Owned",
     "PaddedFlat",
     "Partial",
+    "PlantedBug",
     "RankContext",
     "RankError",
     "RankHang",
     "Replicate",
     "Result",
+    "RunConfig",
+    "RunHooks",
     "Runner",
     "Shard",
     "ShardfuzzError",
@@ -35,6 +41,7 @@ __all__ = [
     "Unsupported",
     "Zigzag",
     "__version__",
+    "bind",
     "get_target",
     "regressions",
     "run",
@@ -60,11 +67,18 @@ _LAZY = {
     "Partial": "shardfuzz.layouts",
     "Replicate": "shardfuzz.layouts",
     "Shard": "shardfuzz.layouts",
-    "RankContext": "shardfuzz.worker",
-    "Result": "shardfuzz.engine",
-    "Runner": "shardfuzz.engine",
-    "run": "shardfuzz.engine",
+    "RankContext": "shardfuzz.rank",
+    "Result": "shardfuzz.search",
+    "Runner": "shardfuzz.runner",
+    "RunConfig": "shardfuzz.config",
+    "RunHooks": "shardfuzz.hooks",
+    "run": "shardfuzz.search",
     "Target": "shardfuzz.target",
+    "Bound": "shardfuzz.records",
+    "Expect": "shardfuzz.records",
+    "ExpectedFailure": "shardfuzz.records",
+    "PlantedBug": "shardfuzz.records",
+    "bind": "shardfuzz.records",
     "Tolerance": "shardfuzz.compare",
     "get_target": "shardfuzz.registry",
     "test_for": "shardfuzz.pytest_plugin",
@@ -74,7 +88,7 @@ _LAZY = {
 if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.case import Case
     from shardfuzz.compare import Tolerance
-    from shardfuzz.engine import Result, Runner, run
+    from shardfuzz.config import RunConfig
     from shardfuzz.errors import (
         Finding,
         IgnoredCollective,
@@ -88,11 +102,15 @@ if TYPE_CHECKING:  # pragma: no cover
         TargetError,
         Unsupported,
     )
+    from shardfuzz.hooks import RunHooks
     from shardfuzz.layouts import Owned, PaddedFlat, Partial, Replicate, Shard, Zigzag
     from shardfuzz.pytest_plugin import regressions, test_for
+    from shardfuzz.rank import RankContext
+    from shardfuzz.records import Bound, Expect, ExpectedFailure, PlantedBug, bind
     from shardfuzz.registry import get_target
+    from shardfuzz.runner import Runner
+    from shardfuzz.search import Result, run
     from shardfuzz.target import Target
-    from shardfuzz.worker import RankContext
 
 
 def __getattr__(name: str) -> Any:

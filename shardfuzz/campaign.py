@@ -1,31 +1,31 @@
 """Fuzzing campaigns from the command line: live progress, time budgets, Ctrl-C, parallel jobs.
 
-A campaign is a sequence of ordinary Hypothesis runs (never a search loop of ours): with
-``duration``, runs with fresh seeds follow each other until the time is spent; the last one is
-stopped at the deadline. A (target, implementation) pair stops at its first finding, which is
-already in its failure file.
+A campaign is a sequence of ordinary Hypothesis runs (never a search loop of ours): with a
+deadline, runs with fresh seeds follow each other until the time is spent; the last one is
+stopped at the deadline (a :class:`~shardfuzz.hooks.Deadline` hook). A (target, implementation)
+pair stops at its first finding, which is already in its failure file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shlex
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
-from shardfuzz.engine import Result, Runner, Stats, run
-
-#: the trigger conditions shown in progress lines, in this order
-PROGRESS_TRIGGERS = ("uneven", "world>=3", "2-D mesh", "group<world", "batch>1", "backward", "bfloat16")
-
-
-class TimeUp(BaseException):
-    """Raised inside a Hypothesis run when the campaign's time is spent (not a test failure)."""
+from shardfuzz.config import RunConfig
+from shardfuzz.failures import FailureRecorder
+from shardfuzz.hooks import Deadline
+from shardfuzz.runner import Runner, Stats
+from shardfuzz.search import Result, search, settings_for
+from shardfuzz.triggers import PROGRESS
 
 
 def parse_duration(text: str) -> float:
@@ -36,16 +36,14 @@ def parse_duration(text: str) -> float:
         value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except ValueError:
         value = -1.0
-    if value <= 0:
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"--duration={text!r}; expected a positive time like 90s, 10m or 1.5h")
     return value
 
 
-def progress_line(label: str, stats: Stats, elapsed: float) -> str:
+def progress_line(label: str, stats: Stats, elapsed: float, shown: tuple[str, ...] = PROGRESS) -> str:
     n = stats.examples
-    share = (
-        ", ".join(f"{t} {100.0 * stats.triggers.get(t, 0) / n:.0f}%" for t in PROGRESS_TRIGGERS) if n else ""
-    )
+    share = ", ".join(f"{t} {100.0 * stats.triggers.get(t, 0) / n:.0f}%" for t in shown) if n else ""
     rate = n / elapsed if elapsed > 0 else 0.0
     return f"[{elapsed:6.1f}s] {label}: {n} examples ({rate:.1f}/s), {stats.failures} failing" + (
         f"; {share}" if share else ""
@@ -80,7 +78,9 @@ class Outcome:
         }
 
 
-def _progress_thread(get_line, stream: TextIO, interval: float, stop: threading.Event) -> threading.Thread:
+def _progress_thread(
+    get_line: Callable[[], str], stream: TextIO, interval: float, stop: threading.Event
+) -> threading.Thread:
     def loop():
         while not stop.wait(interval):
             print(get_line(), file=stream, flush=True)
@@ -90,61 +90,54 @@ def _progress_thread(get_line, stream: TextIO, interval: float, stop: threading.
     return t
 
 
+def progress_triggers(runner: Runner) -> tuple[str, ...]:
+    """The progress line's conditions: the usual generic ones (``backward`` only for a target that
+    declares gradients), then the target's own declared triggers."""
+    generic = tuple(t for t in PROGRESS if t != "backward" or runner.target.gradients)
+    return generic + tuple(runner.target.triggers)
+
+
 def fuzz_one(
-    runner: Runner,
+    target: Any,
+    impl: Any,
+    config: RunConfig,
     *,
-    max_examples: int | None,
-    duration: float | None,
-    profile: str,
-    recorder=None,
+    target_spec: str | None = None,
+    recorder: FailureRecorder | None = None,
     stream: TextIO = sys.stderr,
     interval: float = 2.0,
 ) -> Outcome:
-    """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``duration``."""
-    label = f"{runner.target.name}/{runner.impl_name}"
-    out = Outcome(label, runner)
-    if recorder is not None:
-        runner.on_failure = recorder
+    """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``config.deadline``."""
     t0 = time.perf_counter()
+    hooks: list[Any] = [recorder] if recorder is not None else []
+    if config.deadline is not None:
+        hooks.append(Deadline(t0 + config.deadline))
+        config = config.replace(derandomize=False)
+    runner = Runner(target, impl, config, hooks=hooks, target_spec=target_spec)
+    label = f"{runner.target.name}/{runner.impl_name}"
+    shown = progress_triggers(runner)
+    out = Outcome(label, runner)
     stop = threading.Event()
     _progress_thread(
-        lambda: progress_line(label, runner.stats, time.perf_counter() - t0), stream, interval, stop
+        lambda: progress_line(label, runner.stats, time.perf_counter() - t0, shown), stream, interval, stop
     )
-    deadline = t0 + duration if duration else None
-    original_check = runner.check
-
-    def check_with_deadline(case):
-        if deadline is not None and time.perf_counter() > deadline:
-            raise TimeUp()
-        return original_check(case)
-
-    runner.check = check_with_deadline  # type: ignore[method-assign]
     try:
         while True:
             out.runs += 1
-            derandomize = False if duration else None
-            result = run(
-                runner.target,
-                max_examples=max_examples,
-                profile=profile,
-                runner=runner,
-                derandomize=derandomize,
-            )
+            result = search(runner, settings_for(config, quiet=True))
             out.result = result
-            if result.found or deadline is None or time.perf_counter() >= deadline:
+            if result.found or result.out_of_time or config.deadline is None:
                 break
-    except TimeUp:
-        pass
     except KeyboardInterrupt:
         out.interrupted = True
     finally:
         stop.set()
-        runner.check = original_check  # type: ignore[method-assign]
         out.elapsed = time.perf_counter() - t0
     if recorder is not None:
-        out.failure_files = [p for p in recorder.written]
+        out.failure_files = list(recorder.written)
     print(
-        progress_line(label, runner.stats, out.elapsed) + (" (interrupted)" if out.interrupted else ""),
+        progress_line(label, runner.stats, out.elapsed, shown)
+        + (" (interrupted)" if out.interrupted else ""),
         file=stream,
         flush=True,
     )
@@ -178,7 +171,7 @@ def job_cost(world_sizes: tuple[int, ...] | None) -> int:
 
 def run_jobs(
     jobs: list[list[str]], costs: list[int], budget: int, parallel: int, stream: TextIO = sys.stdout
-):
+) -> list[dict[str, Any]]:
     """Run child ``shardfuzz fuzz`` commands side by side: at most ``parallel`` at once, and the sum of
     their costs within ``budget`` ranks (a job larger than the budget runs alone). Returns their
     summary rows. Ctrl-C stops every child (they keep the failures they wrote)."""

@@ -81,6 +81,19 @@ class Case:
         """Number of independent replicas of the implementation (product of the other axes)."""
         return self.world_size // self.group_size
 
+    @property
+    def replica_ranks(self) -> list[list[int]]:
+        """The global ranks of each replica's group (one list per replica)."""
+        g = self.group_size
+        return [list(range(i * g, (i + 1) * g)) for i in range(self.replicas)]
+
+    def rank_label(self, rank: int) -> str:
+        """``rank 3``, or ``rank 3 (replica 1, group rank 1)`` on a mesh of several axes."""
+        if len(self.mesh) == 1:
+            return f"rank {rank}"
+        g = self.group_size
+        return f"rank {rank} (replica {rank // g}, group rank {rank % g})"
+
     def __hash__(self) -> int:
         return hash(self.to_json_str())
 
@@ -117,12 +130,17 @@ class Case:
             node = ast.parse(text.strip(), mode="eval").body
         except SyntaxError as e:
             raise InvalidArgument(f"case={text!r} is not a Case(...) expression: {e}") from None
-        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Case" and not node.args):
+        if not (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "Case"
+            and not node.args
+            and all(k.arg is not None for k in node.keywords)  # no **mapping
+        ):
             raise InvalidArgument(
                 f"case={text!r}; expected Case(target=..., world_size=..., ...) with keywords"
             )
         try:
-            kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
         except ValueError as e:
             raise InvalidArgument(f"case={text!r} holds a non-literal value: {e}") from None
         return cls.from_dict(kw)

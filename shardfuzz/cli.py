@@ -12,19 +12,29 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from shardfuzz import campaign, failures
+from shardfuzz.case import Case
+from shardfuzz.config import BACKENDS, DEVICES, PROFILES, RunConfig, parse_world_sizes
+from shardfuzz.errors import Finding, InfrastructureError, InvalidArgument, ShardfuzzError, Unsupported
+from shardfuzz.failures import FailureRecorder
+from shardfuzz.gpu import placement_summary
+from shardfuzz.registry import BUILTIN_TARGETS, available_targets, get_target
+from shardfuzz.replay import replay_one
+from shardfuzz.runner import Runner
+from shardfuzz.torchrun import write_repro
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
-    from shardfuzz.settings import parse_world_sizes
-
     try:
         return parse_world_sizes(text)
     except ValueError as e:
@@ -52,10 +62,8 @@ def _positive_float(text: str) -> float:
 
 
 def _duration(text: str) -> float:
-    from shardfuzz.campaign import parse_duration
-
     try:
-        return parse_duration(text)
+        return campaign.parse_duration(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -71,12 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("gpus", help="say which targets and world sizes can run on this machine's GPUs")
 
     where = _Parser(add_help=False)
-    where.add_argument(
-        "--backend", default=None, choices=("gloo", "nccl"), help="default: gloo (replay: the file's)"
-    )
-    where.add_argument(
-        "--device", default=None, choices=("cpu", "cuda"), help="default: cuda for nccl, else cpu"
-    )
+    where.add_argument("--backend", default=None, choices=BACKENDS, help="default: gloo (replay: the file's)")
+    where.add_argument("--device", default=None, choices=DEVICES, help="default: cuda for nccl, else cpu")
     where.add_argument(
         "--timeout",
         type=_positive_float,
@@ -115,9 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
     )
     f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
-    f.add_argument(
-        "--profile", default="shardfuzz-dev", choices=("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
-    )
+    f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
     f.add_argument(
         "--failures-dir",
         default=None,
@@ -135,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--progress-every", type=_positive_float, default=2.0, metavar="SECONDS")
     f.add_argument("--summary-json", default=None, help=argparse.SUPPRESS)
+    f.add_argument(
+        "--config-json", default=None, help=argparse.SUPPRESS
+    )  # child jobs: the parent's RunConfig
 
     c = sub.add_parser(
         "case", parents=[impl, where], help="rerun exactly one case (the last line of a report)"
@@ -157,59 +162,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_list() -> int:
-    from shardfuzz.registry import available_targets, get_target
-
     for name in sorted(available_targets()):
         t = get_target(name)
         print(f"{t.name}: {t.description}")
         for impl in t.implementations:
-            if impl == t.reference:
-                tag = "reference"
-            elif impl in t.planted:
-                tag = f"planted bug: {t.planted[impl]}"
-            elif impl in t.expected_failures:
-                tag = f"expected failure: {t.expected_failures[impl]}"
-            else:
-                tag = "implementation"
-            print(f"  {impl:<24} {tag}")
+            print(f"  {impl:<24} {t.role(impl)}")
     return EXIT_OK
 
 
-def _cmd_fuzz(args) -> int:
-    from shardfuzz import campaign
-    from shardfuzz.engine import Runner
-    from shardfuzz.failures import FailureRecorder
-    from shardfuzz.registry import BUILTIN_TARGETS
+def _config(args: Any, **extra: Any) -> RunConfig:
+    """The run configuration of a command line (the only place flags become a RunConfig)."""
+    return RunConfig(
+        backend=args.backend or "gloo",
+        device=args.device,
+        timeout=args.timeout,
+        deterministic=args.deterministic,
+        **extra,
+    )
 
+
+def _cmd_fuzz(args: Any) -> int:
     targets = args.targets or sorted(BUILTIN_TARGETS)
-    backend = args.backend or "gloo"
-    # resolve every target and implementation first: a typo is a usage error before any fuzzing
-    runners = [
-        Runner(
-            spec,
-            args.impl,
-            backend=backend,
-            device=args.device,
-            timeout=args.timeout,
+    if args.config_json:
+        config = RunConfig.from_json(args.config_json)
+    else:
+        config = _config(
+            args,
             world_sizes=args.world_sizes,
-            target_spec=spec,
-            deterministic=args.deterministic,
+            profile=args.profile,
+            max_examples=args.max_examples,
+            deadline=args.duration,
+            failures_dir=args.failures_dir,
         )
-        for spec in targets
-    ]
-    if args.jobs > 1 and len(runners) > 1:
-        return _fuzz_jobs(args, targets)
-    failures_dir = args.failures_dir or None
-    recorder = FailureRecorder(failures_dir)
+    # resolve every target and implementation first: a typo is a usage error before any fuzzing
+    for spec in targets:
+        Runner(spec, args.impl, config, target_spec=spec)
+    if args.jobs > 1 and len(targets) > 1:
+        return _fuzz_jobs(args, targets, config)
+    recorder = FailureRecorder(config.failures_dir)
     outcomes = []
     interrupted = False
-    for spec, runner in zip(targets, runners):
-        print(f"fuzzing {spec} ({runner.impl_name}) on {backend}/{runner.device} ...", flush=True)
+    for spec in targets:
+        print(
+            f"fuzzing {spec} ({args.impl or 'reference'}) on {config.backend}/{config.device} ...", flush=True
+        )
         out = campaign.fuzz_one(
-            runner,
-            max_examples=args.max_examples,
-            duration=args.duration,
-            profile=args.profile,
+            spec,
+            args.impl,
+            config,
+            target_spec=spec,
             recorder=recorder,
             stream=sys.stdout,
             interval=args.progress_every,
@@ -232,31 +233,13 @@ def _cmd_fuzz(args) -> int:
     return EXIT_FOUND if found else EXIT_OK
 
 
-def _fuzz_jobs(args, targets) -> int:
-    from shardfuzz import campaign
-
+def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
     base = [sys.executable, "-m", "shardfuzz.cli", "fuzz"]
-    opts: list[str] = []
-    for flag, value in (
-        ("--impl", args.impl),
-        ("--backend", args.backend),
-        ("--device", args.device),
-        ("--timeout", args.timeout),
-        ("--max-examples", args.max_examples),
-        ("--failures-dir", args.failures_dir),
-        ("--profile", args.profile),
-        ("--progress-every", args.progress_every),
-    ):
-        if value is not None:
-            opts += [flag, str(value)]
-    if args.duration:
-        opts += ["--duration", f"{args.duration}s"]
-    if args.world_sizes:
-        opts += ["--world-sizes", ",".join(map(str, args.world_sizes))]
-    if args.deterministic:
-        opts.append("--deterministic")
+    opts = ["--config-json", config.to_json(), "--progress-every", str(args.progress_every)]
+    if args.impl is not None:
+        opts += ["--impl", args.impl]
     jobs = [[*base, spec, *opts] for spec in targets]
-    cost = campaign.job_cost(args.world_sizes)
+    cost = campaign.job_cost(config.world_sizes)
     budget = args.rank_budget or os.cpu_count() or 1
     print(
         f"running {len(jobs)} jobs, up to {args.jobs} at once within {budget} ranks (each job uses up to {cost})",
@@ -271,21 +254,9 @@ def _fuzz_jobs(args, targets) -> int:
     return EXIT_FOUND if any(r["found"] for r in rows) else EXIT_OK
 
 
-def _cmd_case(args) -> int:
-    from shardfuzz.case import Case
-    from shardfuzz.engine import Runner
-    from shardfuzz.errors import Finding, Unsupported
-
+def _cmd_case(args: Any) -> int:
     case = Case.parse(args.case)
-    runner = Runner(
-        args.target,
-        args.impl,
-        backend=args.backend or "gloo",
-        device=args.device,
-        timeout=args.timeout,
-        target_spec=args.target,
-        deterministic=args.deterministic,
-    )
+    runner = Runner(args.target, args.impl, _config(args), target_spec=args.target)
     try:
         ratio = runner.run_case(case)
     except Unsupported as e:
@@ -294,13 +265,11 @@ def _cmd_case(args) -> int:
     except Finding as f:
         print(f"FAIL ({f.kind})\n{f.report}")
         return EXIT_FOUND
-    print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.tolerance.describe()})")
+    print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.config.tolerance.describe()})")
     return EXIT_OK
 
 
-def _cmd_replay(args) -> int:
-    from shardfuzz import failures
-
+def _cmd_replay(args: Any) -> int:
     paths = failures.find_files(args.paths)
     if not paths:
         print(f"shardfuzz: error: no failure files (*.json) in {args.paths}", file=sys.stderr)
@@ -308,7 +277,7 @@ def _cmd_replay(args) -> int:
     records = [failures.load(p) for p in paths]  # validate them all before running any
     still = 0
     for rec in records:
-        res = failures.replay_one(
+        res = replay_one(
             rec,
             backend=args.backend,
             device=args.device,
@@ -324,10 +293,7 @@ def _cmd_replay(args) -> int:
     return EXIT_FOUND if still else EXIT_OK
 
 
-def _cmd_repro(args) -> int:
-    from shardfuzz import failures
-    from shardfuzz.torchrun import write_repro
-
+def _cmd_repro(args: Any) -> int:
     record = failures.load(args.file)
     path = write_repro(record, args.output)
     n = record["case"].world_size
@@ -336,16 +302,12 @@ def _cmd_repro(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from shardfuzz.errors import InfrastructureError, InvalidArgument, ShardfuzzError
-
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
     try:
         if args.command == "list":
             return _cmd_list()
         if args.command == "gpus":
-            from shardfuzz.gpu import placement_summary
-
             print(placement_summary())
             return EXIT_OK
         if args.command == "fuzz":

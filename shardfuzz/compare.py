@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 
@@ -38,7 +42,9 @@ class Tolerance:
             f"+ {self.magnitude_factor:g} * (2 + W) * u * magnitude"
         )
 
-    def bound(self, ref, low, mag, dtype: str, group_size: int):
+    def bound(
+        self, ref: torch.Tensor, low: torch.Tensor, mag: torch.Tensor | None, dtype: str, group_size: int
+    ) -> torch.Tensor:
         import torch
 
         u = UNIT_ROUNDOFF[dtype]
@@ -87,7 +93,7 @@ class OutputDiff:
         return max((r.max_ratio for r in self.ranks), default=0.0)
 
 
-def _is_tensor(x) -> bool:
+def _is_tensor(x: Any) -> bool:
     import torch
 
     return isinstance(x, torch.Tensor)
@@ -101,7 +107,13 @@ def exact_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def compare_tensor(actual, expected, bound, rank, to_global) -> RankDiff:
+def compare_tensor(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    bound: torch.Tensor,
+    rank: int | None,
+    to_global: Callable[[tuple[int, ...]], tuple[int, ...]],
+) -> RankDiff:
     """Elementwise comparison with the NaN/Inf policy. ``to_global`` maps a local index to a global one."""
     import torch
 
@@ -134,7 +146,7 @@ def compare_tensor(actual, expected, bound, rank, to_global) -> RankDiff:
     return rd
 
 
-def _unravel(i: int, shape) -> list[int]:
+def _unravel(i: int, shape: Iterable[int]) -> list[int]:
     out = []
     for s in reversed(tuple(shape)):
         out.append(i % s if s else 0)
@@ -142,7 +154,7 @@ def _unravel(i: int, shape) -> list[int]:
     return list(reversed(out))
 
 
-def format_output_diff(od: OutputDiff, rank_label) -> str:
+def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
     lines = []
     total = sum(r.n for r in od.ranks)
     bad_ranks = [r for r in od.ranks if r.bad]

@@ -37,8 +37,20 @@ class Unsupported(Exception):
     rank, before any collective) cannot handle.
 
     The case is rejected (Hypothesis draws another), never passed silently, and counted by reason in
-    ``Result.stats.unsupported`` and in the summary line.
+    ``Result.stats.unsupported`` and in the summary line. ``reason`` is the short reason counted
+    there (default: the message).
     """
+
+    def __init__(self, message: str = "", *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+    def __reduce__(self):  # keep the reason through pickling
+        return (_rebuild_unsupported, (str(self), self.reason))
+
+
+def _rebuild_unsupported(message: str, reason: str) -> Unsupported:
+    return Unsupported(message, reason=reason)
 
 
 class Finding(AssertionError):
@@ -96,8 +108,3 @@ class IgnoredCollective(Finding):
     """Autograd went through a collective that has no autograd kernel and silently treated it as identity."""
 
     kind = "ignored-collective"
-
-
-FINDING_KINDS: dict[str, type[Finding]] = {
-    c.kind: c for c in (Mismatch, LayoutMismatch, RankError, RankHang, IgnoredCollective)
-}

@@ -1,5 +1,5 @@
 """Failure files: versioned JSON records of counterexamples, written as soon as a failure is seen
-and updated while Hypothesis shrinks it (an interrupted run keeps what it found), and replay.
+and updated while Hypothesis shrinks it (an interrupted run keeps what it found).
 
 Default directory: ``$SHARDFUZZ_FAILURES_DIR``, else ``.shardfuzz/failures`` under the current
 directory. One file per (target, implementation, backend, failure kind); Hypothesis shrinks each
@@ -20,8 +20,14 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import shardfuzz
 from shardfuzz.case import Case
-from shardfuzz.errors import InvalidArgument
+from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.hooks import RunHooks
+from shardfuzz.protocol import ImplRef
+from shardfuzz.rank import numerics_flags
+from shardfuzz.refs import load_ref
+from shardfuzz.runner import Runner
 
 FORMAT = "shardfuzz-failure"
 VERSION = 1
@@ -51,21 +57,18 @@ def inputs_hash(inputs: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def source_hash(impl_ref: str) -> str | None:
-    from shardfuzz.registry import load_ref
-
+def source_hash(impl: ImplRef) -> str | None:
+    """sha256 of the implementation's source and the arguments it is bound with (None: no source)."""
     try:
-        src = inspect.getsource(load_ref(impl_ref, "impl"))
+        src = inspect.getsource(load_ref(impl.ref, "impl"))
     except (OSError, TypeError, InvalidArgument):
         return None
-    return hashlib.sha256(src.encode()).hexdigest()
+    return hashlib.sha256((src + repr(impl.kwargs)).encode()).hexdigest()
 
 
 def versions() -> dict[str, str]:
     import hypothesis
     import torch
-
-    import shardfuzz
 
     return {
         "shardfuzz": shardfuzz.__version__,
@@ -82,23 +85,19 @@ def _slug(text: str) -> str:
     return slug
 
 
-class FailureRecorder:
-    """``Runner.on_failure`` hook that writes a failure file for every finding."""
+class FailureRecorder(RunHooks):
+    """A hook that writes a failure file for every finding (shrinking included)."""
 
     def __init__(self, directory: str | None = None) -> None:
         self.directory = directory or default_dir()
         self.written: dict[str, str] = {}  # path -> kind, in order
-        self._source: dict[str, str | None] = {}
+        self._source: dict[ImplRef, str | None] = {}
 
-    def path_for(self, runner, kind: str) -> str:
+    def path_for(self, runner: Runner, kind: str) -> str:
         name = f"{_slug(runner.target.name)}-{_slug(runner.impl_name)}-{runner.backend}-{kind}.json"
         return os.path.join(self.directory, name)
 
-    def __call__(self, runner, case: Case, finding) -> None:
-        import torch  # noqa: F401  (versions and flags need it)
-
-        from shardfuzz.worker import numerics_flags
-
+    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
         os.makedirs(self.directory, exist_ok=True)
         path = self.path_for(runner, finding.kind)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -110,6 +109,7 @@ class FailureRecorder:
                 created, updates = old.get("created", now), int(old.get("updates", 0)) + 1
             except (OSError, ValueError):
                 pass
+        ref = runner.impl_ref.ref
         if runner.impl_ref not in self._source:
             self._source[runner.impl_ref] = source_hash(runner.impl_ref)
         record = {
@@ -121,18 +121,22 @@ class FailureRecorder:
             else runner.target.name,
             "target_worker_ref": runner.worker_target,
             "impl": runner.impl_name,
-            "impl_ref": runner.impl_ref,
+            "impl_ref": ref,
+            "impl_kwargs": dict(runner.impl_ref.kwargs),
             "case": case.to_dict(),
             "case_repr": repr(case),
             "backend": runner.backend,
             "device": runner.device,
-            "deterministic": runner.deterministic,
+            "deterministic": runner.config.deterministic,
             "kind": finding.kind,
             "ratio": finding.ratio,
             "report": finding.report,
             "inputs_sha256": inputs_hash(runner.last_inputs),
             "impl_source_sha256": self._source[runner.impl_ref],
-            "tolerance": {**dataclasses.asdict(runner.tolerance), "policy": runner.tolerance.describe()},
+            "tolerance": {
+                **dataclasses.asdict(runner.config.tolerance),
+                "policy": runner.config.tolerance.describe(),
+            },
             "numerics": {"driver": numerics_flags(), "rank0": runner.numerics},
             "versions": versions(),
             "created": created,
@@ -179,6 +183,7 @@ def load(path: str) -> dict[str, Any]:
     except (InvalidArgument, TypeError) as e:
         raise InvalidArgument(f"failure file {path!r}: field 'case' is invalid: {e}") from None
     data["path"] = path
+    data["impl_spec"] = ImplRef.from_parts(data["impl_ref"], data.get("impl_kwargs") or {})
     return data
 
 
@@ -193,73 +198,3 @@ def find_files(paths: Iterable[str]) -> list[str]:
         else:
             raise InvalidArgument(f"FILE|DIR={p!r} does not exist")
     return out
-
-
-@dataclasses.dataclass
-class Replayed:
-    path: str
-    record: dict[str, Any]
-    status: str  # "still fails" | "now passes" | "different inputs"
-    failed: bool
-    kind: str | None = None
-    report: str = ""
-    note: str = ""
-
-    def line(self) -> str:
-        case = self.record["case"]
-        head = f"{os.path.basename(self.path)}: {self.record['target']}/{self.record['impl']}"
-        if self.status == "different inputs":
-            what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
-        elif self.failed:
-            what = f"STILL FAILS ({self.kind}; was {self.record['kind']})"
-        else:
-            what = "now passes"
-        return f"{head} {what}{self.note}\n  {case!r}"
-
-
-def replay_one(
-    record: dict[str, Any],
-    *,
-    backend: str | None = None,
-    device: str | None = None,
-    debug_collectives: bool = False,
-    deterministic: bool | None = None,
-    timeout: float | None = None,
-) -> Replayed:
-    from shardfuzz.engine import Runner
-    from shardfuzz.errors import Finding
-    from shardfuzz.registry import get_target
-
-    target_spec = record.get("target_ref") or record["target"]
-    try:
-        target = get_target(target_spec)
-    except InvalidArgument:
-        target = get_target(record["target"])
-    backend = backend or record["backend"]
-    if device is None:
-        device = (
-            "cuda" if backend == "nccl" else ("cpu" if backend != record["backend"] else record["device"])
-        )
-    runner = Runner(
-        target,
-        record["impl_ref"],
-        backend=backend,
-        device=device,
-        debug_collectives=debug_collectives,
-        deterministic=record.get("deterministic", False) if deterministic is None else deterministic,
-        timeout=timeout,
-        target_spec=target_spec,
-    )
-    case = record["case"]
-    note = ""
-    src = source_hash(runner.impl_ref)
-    if record.get("impl_source_sha256") and src and src != record["impl_source_sha256"]:
-        note = " (the implementation's source changed since)"
-    try:
-        runner.run_case(case)
-        failed, kind, report = False, None, ""
-    except Finding as f:
-        failed, kind, report = True, f.kind, f.report
-    same_inputs = inputs_hash(runner.last_inputs) == record["inputs_sha256"]
-    status = "different inputs" if not same_inputs else ("still fails" if failed else "now passes")
-    return Replayed(record["path"], record, status, failed, kind, report, note)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardfuzz.errors import InfrastructureError, InvalidArgument
+from shardfuzz.registry import available_targets, get_target
 
 GLOO_CUDA_COLLECTIVES = frozenset({"all_reduce", "broadcast"})
 
@@ -25,8 +26,6 @@ def cuda_device_count() -> int:
 
 def placement_summary(targets: list[Any] | None = None, n_gpus: int | None = None) -> str:
     """Which targets and world sizes can run on this machine's GPUs."""
-    from shardfuzz.registry import available_targets, get_target
-
     n = cuda_device_count() if n_gpus is None else n_gpus
     targets = targets or [get_target(name) for name in sorted(available_targets())]
     lines = [f"{n} CUDA device(s) visible."]

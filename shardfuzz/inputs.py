@@ -7,17 +7,20 @@ without any collective, so a replay anywhere sees the same data.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
-def generator(case: Any, stream: int = 0):
+def generator(case: Any, stream: int = 0) -> torch.Generator:
     """A CPU ``torch.Generator`` for ``case.seed`` (``stream`` gives independent sub-streams)."""
     import torch
 
     return torch.Generator(device="cpu").manual_seed((case.seed * 1_000_003 + stream) % (2**63))
 
 
-def apply_profile(t, case: Any):
+def apply_profile(t: torch.Tensor, case: Any) -> torch.Tensor:
     """Shape float32 values ``t`` by ``case.profile`` (see :data:`shardfuzz.strategies.PROFILES`)."""
     opts = case.options
     if case.profile == "large" or case.profile == "small":
@@ -29,8 +32,13 @@ def apply_profile(t, case: Any):
 
 
 def randn(
-    case: Any, *shape: int, gen=None, scale: float = 1.0, profile: bool = True, dtype: str | None = None
-):
+    case: Any,
+    *shape: int,
+    gen: torch.Generator | None = None,
+    scale: float = 1.0,
+    profile: bool = True,
+    dtype: str | None = None,
+) -> torch.Tensor:
     """Normal values of ``shape`` in the case dtype (or ``dtype``), after the value profile."""
     import torch
 

@@ -54,7 +54,9 @@ class Layout:
     def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def expected_shape(self, held: tuple[int, ...], global_shape: tuple[int, ...], rank: int, parts: int):
+    def expected_shape(
+        self, held: tuple[int, ...], global_shape: tuple[int, ...], rank: int, parts: int
+    ) -> tuple[int, ...]:
         """The shape ``rank`` must hold, given the shape ``held`` it holds (for layouts with a choice)."""
         return self.local_shape(global_shape, rank, parts)
 
@@ -78,7 +80,9 @@ class Layout:
         """Rebuild the global value from every rank's local, in group-rank order."""
         raise NotImplementedError
 
-    def global_index(self, local_index: tuple[int, ...], rank: int, parts: int, global_shape) -> tuple:
+    def global_index(
+        self, local_index: tuple[int, ...], rank: int, parts: int, global_shape: tuple[int, ...]
+    ) -> tuple[int, ...]:
         """Map an index into a rank's (comparable) local to an index into the global value."""
         return local_index
 

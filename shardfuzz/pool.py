@@ -1,11 +1,7 @@
 """Warm pools of rank processes, keyed by (backend, world size).
 
-* Workers are forkserver children of a server that has torch preloaded, so a (re)start costs
-  tens of milliseconds, not the ~2 s of ``import torch`` (plain fork is unsafe after the driver used
-  OpenMP, and a child of a process holding a process group cannot init its own).
-* The driver owns the rendezvous: one ``TCPStore`` on port 0 per driver process, a fresh key
-  prefix per pool start. No fixed or probed port, so ``pytest -n 2`` cannot race.
-* The driver never joins a process group.
+* Ranks are started by :mod:`shardfuzz.spawn` (forkserver with torch preloaded, driver-owned
+  store); the driver never joins a process group.
 * Nothing outlives the driver: workers arm ``PR_SET_PDEATHSIG`` (their parent is the forkserver,
   which exits when the driver does) and re-check their parent; a watchdog thread in every worker
   exits as soon as the driver's end of a pipe closes (this alone covers macOS, which has no
@@ -19,8 +15,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
-import dataclasses
 import os
 import shutil
 import signal
@@ -28,90 +22,33 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from multiprocessing.connection import wait
 from typing import Any
 
 from shardfuzz.errors import InfrastructureError
+from shardfuzz.protocol import (
+    Completed,
+    ErrorReply,
+    Hung,
+    Outcome,
+    RankDied,
+    RankFailed,
+    Ready,
+    Reply,
+    StartFailed,
+    Stop,
+    Task,
+    UnsupportedReply,
+)
+from shardfuzz.spawn import context, driver_store, no_main_import
+from shardfuzz.worker import worker_main
 
 START_TIMEOUT_S = 120.0
 OUTPUT_TAIL = 4000
 
 _lock = threading.Lock()
-_ctx = None
-_store = None
 _pools: collections.OrderedDict[tuple, Pool] = collections.OrderedDict()
-
-
-def _context(start_method: str = "forkserver"):
-    global _ctx
-    if start_method != "forkserver":  # only for measurements (benchmarks/): no torch preloaded
-        import multiprocessing as mp
-
-        return mp.get_context(start_method)
-    if _ctx is None:
-        import multiprocessing as mp
-
-        # explicit start method: Python 3.14 changes Linux's default
-        _ctx = mp.get_context("forkserver")
-        # torch.distributed.tensor (DTensor, DeviceMesh, TP) costs ~0.5 s to import: preload it once
-        # in the forkserver rather than in every (re)started rank
-        _ctx.set_forkserver_preload(
-            ["torch", "torch.distributed", "torch.distributed.tensor.parallel", "shardfuzz.worker"]
-        )
-    return _ctx
-
-
-def _driver_store():
-    global _store
-    if _store is None:
-        import datetime
-
-        import torch.distributed as dist
-
-        _store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
-        )
-    return _store
-
-
-@contextlib.contextmanager
-def _no_main_import():
-    """Start workers without re-importing the driver's ``__main__``.
-
-    multiprocessing makes every forkserver/spawn child import the parent's main script, so a user's
-    script that calls ``shardfuzz.run()`` at top level would run again in every rank. Workers need
-    nothing from ``__main__`` (implementations are imported by reference), so drop it from the
-    preparation data.
-    """
-    from multiprocessing import spawn
-
-    original = spawn.get_preparation_data
-
-    def prepare(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    spawn.get_preparation_data = prepare
-    try:
-        yield
-    finally:
-        spawn.get_preparation_data = original
-
-
-@dataclasses.dataclass
-class Outcome:
-    """What came back from one example on a pool."""
-
-    status: str  # "ok" | "error" | "dead" | "hang"
-    replies: list[Any]  # per rank: ("ok", outputs, info) or None
-    rank: int | None = None  # the failing rank
-    traceback: str = ""
-    stacks: dict[int, str] = dataclasses.field(default_factory=dict)
-    output: dict[int, str] = dataclasses.field(default_factory=dict)
-    elapsed: float = 0.0
-    exitcode: int | None = None
 
 
 class Pool:
@@ -122,11 +59,9 @@ class Pool:
         backend: str,
         world_size: int,
         timeout_s: float,
-        start_method: str = "forkserver",
         device: str = "cpu",
         debug: bool = False,
     ) -> None:
-        self.start_method = start_method
         self.device = device
         self.debug = debug
         self.backend = backend
@@ -137,16 +72,12 @@ class Pool:
         self.alive_w: list[Any] = []
         self.outdir = ""
         self.started = False
-        self.start_seconds = 0.0
         self._offsets: list[tuple[int, int]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Pool:
-        from shardfuzz.worker import worker_main
-
-        t0 = time.perf_counter()
-        ctx = _context(self.start_method)
-        store = _driver_store()
+        ctx = context()
+        store = driver_store()
         self.outdir = tempfile.mkdtemp(prefix=f"shardfuzz-{self.backend}-w{self.world_size}-")
         prefix = f"shardfuzz/{os.getpid()}/{uuid.uuid4().hex}/"
         for rank in range(self.world_size):
@@ -169,7 +100,7 @@ class Pool:
                 name=f"shardfuzz-{self.backend}-w{self.world_size}-rank{rank}",
                 daemon=True,
             )
-            with _no_main_import():
+            with no_main_import():
                 p.start()
             child.close()
             alive_r.close()
@@ -198,16 +129,15 @@ class Pool:
                             msg = c.recv()
                     except (EOFError, OSError):
                         msg = None
-                    if msg is not None and msg[0] == "ready":
+                    if isinstance(msg, Ready):
                         del waiting[r]
                         continue
-                    detail = msg[1] if msg else self._tail(r, "err", 0)
+                    detail = msg.traceback if isinstance(msg, StartFailed) else self._tail(r, "err", 0)
                     self.kill()
                     raise InfrastructureError(
                         f"rank {r} of pool backend={self.backend!r} world_size={self.world_size} "
                         f"failed to start:\n{detail}"
                     )
-        self.start_seconds = time.perf_counter() - t0
         return self
 
     @property
@@ -239,7 +169,7 @@ class Pool:
         """Ask ranks to leave cleanly, then make sure they are gone."""
         for c in self.conns:
             try:
-                c.send(("stop",))
+                c.send(Stop())
             except Exception:
                 pass
         deadline = time.monotonic() + 2
@@ -248,11 +178,11 @@ class Pool:
         self.kill()
 
     # -- running --------------------------------------------------------------------------
-    def submit(self, task: dict[str, Any]) -> None:
+    def submit(self, task: Task) -> None:
         self._offsets = [(self._size(r, "out"), self._size(r, "err")) for r in range(self.world_size)]
         self._t0 = time.perf_counter()
         for c in self.conns:
-            c.send(("run", task))
+            c.send(task)
 
     def collect(self, timeout_s: float, grace_s: float = 0.3) -> Outcome:
         """Wait for every rank. Returns soon after the first error or dead rank, or after ``timeout_s``.
@@ -262,9 +192,9 @@ class Pool:
         closed" that followed from it: Hypothesis must see one bug as one failure kind.
         """
         n = self.world_size
-        replies: list[Any] = [None] * n
+        replies: list[Reply | UnsupportedReply | None] = [None] * n
         pending = set(range(n))
-        errors: dict[int, tuple] = {}
+        errors: dict[int, ErrorReply] = {}
         dead: list[int] = []
         end = time.monotonic() + timeout_s
         while pending:
@@ -288,44 +218,37 @@ class Pool:
                         continue
                     self.procs[r].join(timeout=1)
                     dead.append(r)
-                elif msg[0] in ("ok", "unsupported"):
+                elif isinstance(msg, (Reply, UnsupportedReply)):
                     replies[r] = msg
                 else:
                     errors[r] = msg
                 pending.discard(r)
             if (errors or dead) and pending:
                 end = min(end, time.monotonic() + grace_s)
+        elapsed = time.perf_counter() - self._t0
         if dead:
             r = min(dead)
-            return self._finish(
-                Outcome("dead", replies, rank=r, exitcode=self.procs[r].exitcode), include=[r]
-            )
-        own = sorted(r for r, m in errors.items() if not m[3] and not m[4])
+            return RankDied(r, self.procs[r].exitcode, self._output([r]), elapsed)
+        own = sorted(r for r, m in errors.items() if not m.timed_out and not m.peer_closed)
         if own:
-            return self._finish(
-                Outcome("error", replies, rank=own[0], traceback=errors[own[0]][1]), include=[own[0]]
-            )
-        timed_out = {r: m[1] for r, m in errors.items() if m[3]}
+            return RankFailed(own[0], errors[own[0]], self._output([own[0]]), elapsed)
+        timed_out = {r: m.traceback for r, m in errors.items() if m.timed_out}
         if pending or timed_out:
-            return self._hang(replies, timed_out, pending)
+            stacks = self.dump_stacks()
+            rank = min(pending) if pending else min(timed_out)
+            return Hung(rank, timed_out, stacks, self._output(range(n)), elapsed)
         if errors:
             r = min(errors)
-            return self._finish(Outcome("error", replies, rank=r, traceback=errors[r][1]), include=[r])
-        return Outcome("ok", replies, elapsed=time.perf_counter() - self._t0)
+            return RankFailed(r, errors[r], self._output([r]), elapsed)
+        return Completed([rep for rep in replies if rep is not None], elapsed)
 
-    def _hang(self, replies, timed_out_errors, pending) -> Outcome:
-        stacks = self.dump_stacks()
-        out = Outcome("hang", replies, stacks=stacks)
-        out.traceback = "\n".join(f"rank {r}:\n{tb}" for r, tb in sorted(timed_out_errors.items()))
-        out.rank = min(pending) if pending else min(timed_out_errors)
-        return self._finish(out, include=range(self.world_size))
-
-    def _finish(self, out: Outcome, include) -> Outcome:
-        out.elapsed = time.perf_counter() - self._t0
-        for r in include:
+    def _output(self, ranks: Iterable[int]) -> dict[int, str]:
+        """The stdout/stderr each of ``ranks`` wrote during this example."""
+        out = {}
+        for r in ranks:
             text = self._tail(r, "out", self._offsets[r][0] if self._offsets else 0)
             text_err = self._tail(r, "err", self._offsets[r][1] if self._offsets else 0)
-            out.output[r] = "".join(
+            out[r] = "".join(
                 f"--- rank {r} {name} ---\n{t}"
                 for name, t in (("stdout", text), ("stderr", text_err))
                 if t.strip()

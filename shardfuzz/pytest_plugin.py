@@ -8,15 +8,24 @@
 * prints a header line that says how to reproduce the run;
 * :func:`test_for` turns a target into a test in one line.
 
-Importing this module imports neither torch nor the engine; they load inside hooks and tests.
+Importing this module does not import torch; it loads inside tests.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import pytest
+
+from shardfuzz import failures
+from shardfuzz.config import BACKENDS, RunConfig, parse_world_sizes
+from shardfuzz.failures import FailureRecorder, default_dir
+from shardfuzz.replay import replay_one
+from shardfuzz.runner import Runner
+from shardfuzz.search import build_test, findings_of, settings_for
+from shardfuzz.settings import current_profile_name, profile_for, register_profiles
 
 HELP_BACKEND = (
     "torch.distributed backend for shardfuzz tests: gloo (CPU, default) or nccl (one GPU per rank)."
@@ -44,10 +53,19 @@ class Options:
     hypothesis_profile: str | None = None
     failures_dir: str | None = None
 
+    def config(self, **overrides: Any) -> RunConfig:
+        """The run configuration of these options; ``overrides`` that are not None win."""
+        cfg = RunConfig(
+            backend=self.backend,
+            world_sizes=self.world_sizes,
+            timeout=self.timeout,
+            profile=self.profile,
+            failures_dir=self.failures_dir or default_dir(),
+        )
+        return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
+
 
 def _parse_world_sizes(text: str | None) -> tuple[int, ...] | None:
-    from shardfuzz.settings import parse_world_sizes
-
     if not text:
         return None
     try:
@@ -58,15 +76,13 @@ def _parse_world_sizes(text: str | None) -> tuple[int, ...] | None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("shardfuzz", "shardfuzz: differential fuzzing of sharded code")
-    group.addoption("--shardfuzz-backend", default="gloo", choices=("gloo", "nccl"), help=HELP_BACKEND)
+    group.addoption("--shardfuzz-backend", default="gloo", choices=BACKENDS, help=HELP_BACKEND)
     group.addoption("--shardfuzz-world-sizes", default=None, metavar="N,N,...", help=HELP_WORLD_SIZES)
     group.addoption("--shardfuzz-timeout", default=None, type=float, metavar="SECONDS", help=HELP_TIMEOUT)
     group.addoption("--shardfuzz-failures-dir", default=None, metavar="DIR", help=HELP_FAILURES_DIR)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from shardfuzz.settings import current_profile_name, profile_for, register_profiles
-
     register_profiles()
     timeout = config.getoption("--shardfuzz-timeout", None)
     if timeout is not None and timeout <= 0:
@@ -128,31 +144,23 @@ def test_for(
     """
 
     def test(shardfuzz_options: Options) -> None:
-        from shardfuzz.engine import Runner, build_test
-        from shardfuzz.failures import FailureRecorder
-        from shardfuzz.settings import build_settings
-
-        o = shardfuzz_options
-        runner = Runner(
-            target,
-            impl,
-            backend=o.backend,
-            timeout=timeout or o.timeout,
-            world_sizes=world_sizes or o.world_sizes,
+        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, max_examples=max_examples)
+        runner = Runner(target, impl, config, hooks=[FailureRecorder(config.failures_dir)])
+        expected = runner.target.expected_failures.get(runner.impl_name)
+        test = build_test(runner, settings_for(config))
+        if expected is None:
+            test()
+            return
+        try:
+            test()
+        except BaseException as e:
+            if not findings_of(e):
+                raise
+            pytest.xfail(f"expected failure: {expected.description}")
+        pytest.fail(
+            f"{runner.key} is listed as an expected failure ({expected.description}) but passed",
+            pytrace=False,
         )
-        runner.on_failure = FailureRecorder(o.failures_dir)
-        reason = runner.target.expected_failures.get(runner.impl_name)
-        if reason:
-            from shardfuzz.engine import _findings_of
-
-            try:
-                build_test(runner, build_settings(o.profile, max_examples=max_examples))()
-            except BaseException as e:
-                if not _findings_of(e):
-                    raise
-                pytest.xfail(f"expected failure: {reason}")
-            pytest.fail(f"{runner.key} is listed as an expected failure ({reason}) but passed", pytrace=False)
-        build_test(runner, build_settings(o.profile, max_examples=max_examples))()
 
     name = target if isinstance(target, str) else getattr(target, "name", "target")
     test.__name__ = f"test_shardfuzz_{name}"
@@ -170,10 +178,6 @@ def regressions(directory: str | None = None) -> Any:
     ``directory`` defaults to ``--shardfuzz-failures-dir``, ``$SHARDFUZZ_FAILURES_DIR`` or
     ``.shardfuzz/failures``; it is read at collection time.
     """
-    import os
-
-    from shardfuzz.failures import default_dir
-
     where = directory or default_dir()
     files = (
         sorted(os.path.join(where, n) for n in os.listdir(where) if n.endswith(".json"))
@@ -184,10 +188,8 @@ def regressions(directory: str | None = None) -> Any:
     @pytest.mark.shardfuzz_regression
     @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
     def test(failure_file: str, shardfuzz_options: Options) -> None:
-        from shardfuzz import failures
-
         record = failures.load(failure_file)
-        res = failures.replay_one(
+        res = replay_one(
             record, backend=shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None
         )
         if res.failed:

@@ -9,9 +9,14 @@ when a test is *built* (at collection time, after ``--hypothesis-profile`` was l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-PROFILE_NAMES = ("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
+from shardfuzz.config import PROFILES as PROFILE_NAMES
+from shardfuzz.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    import hypothesis
+
 DEFAULT_PROFILE = "shardfuzz-dev"
 
 
@@ -30,17 +35,6 @@ def _profiles() -> dict[str, dict[str, Any]]:
         # long campaigns
         "shardfuzz-fuzz": dict(common, max_examples=2000),
     }
-
-
-def parse_world_sizes(text: str) -> tuple[int, ...]:
-    """``"1,2,3"`` -> ``(1, 2, 3)``; ValueError for anything but comma-separated integers >= 1."""
-    try:
-        sizes = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or any(s < 1 for s in sizes):
-        raise ValueError(f"{text!r}; expected comma-separated integers >= 1, e.g. 1,2,3")
-    return sizes
 
 
 def register_profiles() -> None:
@@ -72,11 +66,9 @@ def profile_for(current: str | None = None) -> str:
     return name if name in PROFILE_NAMES else DEFAULT_PROFILE
 
 
-def build_settings(profile: str | None = None, **overrides: Any):
+def build_settings(profile: str | None = None, **overrides: Any) -> hypothesis.settings:
     """Settings built *now* (not at import time) from a shardfuzz profile, with ``deadline=None``."""
     from hypothesis import settings
-
-    from shardfuzz.errors import InvalidArgument
 
     register_profiles()
     name = profile or profile_for()

@@ -1,15 +1,28 @@
-"""The Target: a sharded implementation paired with its single-process oracle."""
+"""The Target: a sharded implementation paired with its single-process oracle. With the records of
+:mod:`shardfuzz.records` (planted bugs, expected failures) and its triggers, a target file is the
+whole spec.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
+from shardfuzz.case import Case
 from shardfuzz.errors import TargetError
 from shardfuzz.layouts import Layout, Replicate, check_layout
-from shardfuzz.registry import load_ref, module_ref, ref_of_callable
+from shardfuzz.protocol import ImplRef
+from shardfuzz.records import Bound, ExpectedFailure, PlantedBug, bind
+from shardfuzz.refs import module_ref, ref_of_callable
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+__all__ = ["Target"]
+
+Outputs = Mapping[str, Layout]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -27,19 +40,24 @@ class Target:
         oracle: ``oracle(inputs, case) -> dict[str, Tensor | value]``: the single-process result.
             The driver calls it twice: on the inputs upcast to float64 (the reference) and on the
             inputs as they are (to measure the rounding noise of the case dtype).
-        outputs: name -> :class:`~shardfuzz.Layout` of every output the implementations return.
+        outputs: name -> :class:`~shardfuzz.Layout` of every output the implementations return, or
+            a function ``outputs(case)`` returning that mapping when the outputs depend on the case.
         implementations: name -> implementation, as ``"pkg.mod:func"``, ``"file.py::NAME"``, a
-            module-level function, or the bare name of a function in the target's own module.
-            An implementation is called once per rank as ``impl(ctx)`` with a
-            :class:`~shardfuzz.RankContext` and returns a dict of local outputs.
+            module-level function, the bare name of a function in the target's own module, or
+            :func:`bind` of one of those. An implementation is called once per rank as
+            ``impl(ctx)`` with a :class:`~shardfuzz.RankContext` and returns a dict of local outputs.
         input_layouts: name -> layout used to fill ``ctx.local`` (default: ``Replicate()``).
         magnitude: optional ``magnitude(inputs64, case) -> dict[str, Tensor]``: for each output, an
             elementwise bound on the sum of absolute values of the terms that make it up (e.g.
             ``|x| @ |w|`` for ``x @ w``). When given, the tolerance is magnitude-aware.
         reference: the name of the correct implementation.
-        planted: name -> one-line description of each planted-bug implementation and the real bug
-            it models. The test suite proves the fuzzer finds each.
-        expected_failures: name -> reason (with a link) for implementations known to fail upstream.
+        planted: :class:`PlantedBug` records. Each becomes an implementation under its name (by
+            default the reference bound with ``bug=NAME``); the test suite proves each is found.
+        expected_failures: :class:`ExpectedFailure` records for implementations known to fail.
+        triggers: name -> ``predicate(case)``: the bug-hiding conditions this target's options and
+            sizes stand for (``"steps>=2"``, ``"causal"``, ...). Statistics, progress lines and the
+            test suite use them, beside the generic ones of :mod:`shardfuzz.triggers`.
+        gradients: the outputs that come from a backward pass (the ``backward`` trigger).
         description: one line for ``shardfuzz list``.
         collectives: the collectives the implementations use (e.g. ``("all_reduce",)``); decides
             whether the target can run several ranks on one GPU with gloo (see :mod:`shardfuzz.gpu`).
@@ -52,13 +70,15 @@ class Target:
     cases: Any
     inputs: Callable[[Any], dict[str, Any]]
     oracle: Callable[[dict[str, Any], Any], dict[str, Any]]
-    outputs: Mapping[str, Layout]
+    outputs: Outputs | Callable[[Case], Outputs]
     implementations: Mapping[str, Any]
     input_layouts: Mapping[str, Layout] = dataclasses.field(default_factory=dict)
     magnitude: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
     reference: str = "reference"
-    planted: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    expected_failures: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    planted: Any = ()  # Iterable[PlantedBug] in, Mapping[str, PlantedBug] after __post_init__
+    expected_failures: Any = ()  # Iterable[ExpectedFailure] in, Mapping[str, ExpectedFailure] after
+    triggers: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
+    gradients: tuple[str, ...] = ()
     description: str = ""
     supports: Callable[[Any], str | None] | None = None
     collectives: tuple[str, ...] | None = None
@@ -78,8 +98,8 @@ class Target:
             raise TargetError(f"Target {self.name!r}: cases=None; pass a strategy of Case or a callable")
         if not self.outputs:
             raise TargetError(f"Target {self.name!r}: outputs={self.outputs!r}; name at least one output")
-        outs = {k: check_layout(v, f"outputs[{k!r}]") for k, v in dict(self.outputs).items()}
-        object.__setattr__(self, "outputs", outs)
+        if not callable(self.outputs):
+            object.__setattr__(self, "outputs", _check_outputs(self.outputs, self.name))
         ins = {k: check_layout(v, f"input_layouts[{k!r}]") for k, v in dict(self.input_layouts).items()}
         object.__setattr__(self, "input_layouts", ins)
         if not self.implementations:
@@ -87,48 +107,83 @@ class Target:
                 f"Target {self.name!r}: implementations={self.implementations!r}; name at least one"
             )
         if self.origin is None:
-            caller = sys._getframe(1).f_globals
-            if caller.get("__name__") == "dataclasses" or caller.get("__name__", "").startswith(
-                "shardfuzz.target"
-            ):
-                caller = sys._getframe(2).f_globals
-            object.__setattr__(self, "origin", module_ref(caller))
+            object.__setattr__(self, "origin", module_ref(_caller_globals()))
         impls = dict(self.implementations)
-        object.__setattr__(self, "implementations", impls)
-        for name in list(self.planted) + list(self.expected_failures):
-            if name not in impls:
-                raise TargetError(
-                    f"Target {self.name!r}: {name!r} is listed as planted/expected but is not an implementation"
-                )
         if self.reference not in impls:
             raise TargetError(
                 f"Target {self.name!r}: reference={self.reference!r} is not among implementations {sorted(impls)}"
             )
+        planted = _records(self.planted, PlantedBug, self.name, "planted")
+        expected = _records(self.expected_failures, ExpectedFailure, self.name, "expected_failures")
+        for rec in [*planted.values(), *expected.values()]:
+            if rec.impl is not None:
+                impls[rec.name] = rec.impl
+            elif rec.name not in impls:
+                impls[rec.name] = bind(impls[self.reference], bug=rec.name)
+        object.__setattr__(self, "implementations", impls)
+        object.__setattr__(self, "planted", planted)
+        object.__setattr__(self, "expected_failures", expected)
+        object.__setattr__(self, "triggers", dict(self.triggers))
+        for tname, pred in self.triggers.items():
+            if not callable(pred):
+                raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
+        object.__setattr__(self, "gradients", tuple(self.gradients))
+
+    # -- outputs --------------------------------------------------------------------------
+    def outputs_for(self, case: Case) -> dict[str, Layout]:
+        """The outputs (name -> layout) of this case."""
+        if callable(self.outputs):
+            return _check_outputs(self.outputs(case), self.name)
+        return dict(self.outputs)
 
     # -- implementations -------------------------------------------------------------------
-    def impl_ref(self, impl: Any = None) -> str:
-        """Resolve an implementation (name, ref or function) to an import reference workers can use."""
+    def impl_ref(self, impl: Any = None) -> ImplRef:
+        """Resolve an implementation (name, ref, function or :func:`bind`) to what workers import."""
         impl = self.reference if impl is None else impl
+        if isinstance(impl, ImplRef):
+            return impl
+        what = "impl"
         if isinstance(impl, str) and impl in self.implementations:
-            value = self.implementations[impl]
-            if isinstance(value, str) and ":" not in value and self.origin:
-                value = f"{self.origin}::{value}" if self.origin.endswith(".py") else f"{self.origin}:{value}"
-            return ref_of_callable(value, f"implementations[{impl!r}]")
-        if isinstance(impl, str) and ":" not in impl:
+            what, impl = f"implementations[{impl!r}]", self.implementations[impl]
+        elif isinstance(impl, str) and ":" not in impl:
             raise TargetError(
                 f"impl={impl!r} is not an implementation of target {self.name!r}; "
                 f"known: {', '.join(self.implementations)}; or pass 'pkg.mod:func' / 'file.py::NAME'"
             )
-        return ref_of_callable(impl, "impl")
+        kwargs: dict[str, Any] = {}
+        while isinstance(impl, Bound):
+            kwargs = {**impl.kwargs, **kwargs}
+            impl = impl.impl
+            if isinstance(impl, str) and impl in self.implementations:
+                impl = self.implementations[impl]  # bind("reference", ...): one name lookup
+        if isinstance(impl, str) and ":" not in impl and self.origin:
+            impl = f"{self.origin}::{impl}" if self.origin.endswith(".py") else f"{self.origin}:{impl}"
+        return ImplRef.from_parts(ref_of_callable(impl, what), kwargs)
 
     def impl_name(self, impl: Any = None) -> str:
         impl = self.reference if impl is None else impl
         if isinstance(impl, str):
             return impl
+        if isinstance(impl, ImplRef):
+            return str(impl)
+        if isinstance(impl, Bound):
+            return f"{self.impl_name(impl.impl)}({', '.join(f'{k}={v!r}' for k, v in impl.kwargs.items())})"
         return getattr(impl, "__qualname__", repr(impl))
 
-    def strategy(self, world_sizes: tuple[int, ...] | None = None):
-        """The Hypothesis strategy of cases, restricted to ``world_sizes`` when given."""
+    def role(self, impl_name: str) -> str:
+        """``reference``, ``planted bug: ...``, ``expected failure: ...`` or ``implementation``."""
+        if impl_name == self.reference:
+            return "reference"
+        if impl_name in self.planted:
+            return f"planted bug: {self.planted[impl_name].description}"
+        if impl_name in self.expected_failures:
+            return f"expected failure: {self.expected_failures[impl_name].description}"
+        return "implementation"
+
+    def strategy(
+        self, world_sizes: tuple[int, ...] | None = None, dtypes: tuple[str, ...] | None = None
+    ) -> SearchStrategy[Case]:
+        """The Hypothesis strategy of cases, restricted to ``world_sizes`` and ``dtypes`` when given."""
         from hypothesis.strategies import SearchStrategy
 
         if isinstance(self.cases, SearchStrategy):
@@ -136,10 +191,20 @@ class Target:
             if world_sizes:
                 allowed = set(world_sizes)
                 s = s.filter(lambda c: c.world_size in allowed)
-            return s
-        if callable(self.cases):
-            return self.cases(world_sizes=world_sizes) if world_sizes else self.cases()
-        raise TargetError(f"Target {self.name!r}: cases={self.cases!r} is neither a strategy nor a callable")
+        elif callable(self.cases):
+            s = self.cases(world_sizes=world_sizes) if world_sizes else self.cases()
+        else:
+            raise TargetError(
+                f"Target {self.name!r}: cases={self.cases!r} is neither a strategy nor a callable"
+            )
+        if dtypes:
+            chosen = tuple(dtypes)
+            s = s.map(
+                lambda c: (
+                    c if c.dtype in chosen else dataclasses.replace(c, dtype=chosen[c.seed % len(chosen)])
+                )
+            )
+        return s
 
     def input_layout(self, name: str) -> Layout:
         return self.input_layouts.get(name, Replicate())
@@ -151,24 +216,78 @@ class Target:
             )
         return f"{self.origin}::{self.name}" if self.origin.endswith(".py") else f"{self.origin}:{self.name}"
 
+    # -- deriving --------------------------------------------------------------------------
+    def derive(
+        self, name: str, *, implementations: Mapping[str, Any] | None = None, **changes: Any
+    ) -> Target:
+        """A new target from this one: ``MINE = tp_mlp.TARGET.derive("my_tp", implementations={...})``.
+
+        Define it at module level (workers import it by name from your module). New
+        implementations given by bare name are looked up in *your* module; the reference and the
+        other non-planted implementations of this target are kept (already resolved), its planted
+        bugs and expected failures are left behind. ``changes`` replace other fields (``cases``,
+        ``description``, ``reference``, ...).
+        """
+        kept = {
+            n: self.impl_ref(n)
+            for n in self.implementations
+            if n not in self.planted and n not in self.expected_failures
+        }
+        impls: dict[str, Any] = {n: _bound_of(r) for n, r in kept.items()}
+        impls.update(implementations or {})
+        fields: dict[str, Any] = {
+            "planted": (),
+            "expected_failures": (),
+            "origin": module_ref(_caller_globals()),
+            "cases": _RenamedCases(self, name),
+        }
+        fields.update(changes)
+        return dataclasses.replace(self, name=name, implementations=impls, **fields)
+
     def __repr__(self) -> str:
         return f"Target({self.name!r})"
 
 
-def resolve_worker_target(ref: str) -> Target:
-    """Find a target from :meth:`Target.worker_ref` (used inside workers)."""
-    from shardfuzz.registry import get_target
+class _RenamedCases:
+    """A derived target's cases: the base target's, carrying the new name."""
 
-    if "::" in ref:
-        return get_target(ref)
-    modname, _, name = ref.rpartition(":")
-    import importlib
+    def __init__(self, base: Target, name: str) -> None:
+        self.base, self.name = base, name
 
-    module = importlib.import_module(modname)
-    for v in vars(module).values():
-        if isinstance(v, Target) and v.name == name:
-            return v
-    obj = load_ref(ref, "target")
-    if isinstance(obj, Target):
-        return obj
-    raise TargetError(f"target {ref!r} not found in workers")
+    def __call__(self, world_sizes: tuple[int, ...] | None = None) -> Any:
+        return self.base.strategy(world_sizes).map(lambda c: dataclasses.replace(c, target=self.name))
+
+
+def _bound_of(ref: ImplRef) -> Any:
+    return bind(ref.ref, **dict(ref.kwargs)) if ref.kwargs else ref.ref
+
+
+def _caller_globals() -> dict[str, Any]:
+    """The globals of the first frame outside this module and dataclasses (the target's module)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame.f_globals if frame is not None else {}
+
+
+def _check_outputs(outputs: Any, target: str) -> dict[str, Layout]:
+    if not isinstance(outputs, Mapping) or not outputs:
+        raise TargetError(f"Target {target!r}: outputs={outputs!r}; must map output names to layouts")
+    return {k: check_layout(v, f"outputs[{k!r}]") for k, v in outputs.items()}
+
+
+def _records(
+    records: Any, cls: type[PlantedBug | ExpectedFailure], target: str, field: str
+) -> dict[str, Any]:
+    if isinstance(records, Mapping):
+        records = list(records.values())
+    out: dict[str, Any] = {}
+    for rec in records if isinstance(records, Iterable) else [records]:
+        if not isinstance(rec, cls):
+            raise TargetError(
+                f"Target {target!r}: {field} holds {rec!r}; expected {cls.__name__}(...) records"
+            )
+        if rec.name in out:
+            raise TargetError(f"Target {target!r}: {field} names {rec.name!r} twice")
+        out[rec.name] = rec
+    return out

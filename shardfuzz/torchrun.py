@@ -14,9 +14,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import pprint
 import sys
-import traceback
 from typing import Any
+
+import shardfuzz
+from shardfuzz import failures
+from shardfuzz.case import Case
+from shardfuzz.config import BACKENDS, DEVICES, RunConfig, default_device
+from shardfuzz.errors import Finding
+from shardfuzz.failures import inputs_hash
+from shardfuzz.protocol import ErrorReply, ImplRef, Task, UnsupportedReply
+from shardfuzz.rank import RankState, select_device
+from shardfuzz.replay import record_impl, record_target
+from shardfuzz.runner import Runner
+from shardfuzz.worker import answer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="shardfuzz.torchrun", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("file", nargs="?", help="failure file (omit when the record is embedded)")
-    p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--backend", choices=BACKENDS, default=None)
+    p.add_argument("--device", choices=DEVICES, default=None)
     p.add_argument("--timeout", type=float, default=120.0, help="collective timeout in seconds")
     p.add_argument("--deterministic", action="store_true")
     return p
@@ -34,19 +46,19 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = _parser().parse_args(argv)
-    from shardfuzz import failures
-    from shardfuzz.case import Case
-
     if record is None:
         if not args.file:
             print("shardfuzz.torchrun: error: give a failure file", file=sys.stderr)
             return 2
         record = failures.load(args.file)
-    elif not isinstance(record.get("case"), Case):
-        record = dict(record, case=Case.from_dict(record["case"]))
+    else:
+        record = dict(record)
+        if not isinstance(record.get("case"), Case):
+            record["case"] = Case.from_dict(record["case"])
+        record["impl_spec"] = ImplRef.from_parts(record["impl_ref"], record.get("impl_kwargs") or {})
     case: Case = record["case"]
     backend = args.backend or record["backend"]
-    device = args.device or ("cuda" if backend == "nccl" else "cpu")
+    device = args.device or default_device(backend)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -62,30 +74,21 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
     import torch
     import torch.distributed as dist
 
-    from shardfuzz.worker import _Worker, select_device
-
     torch.set_num_threads(1)
     device_obj = select_device(backend, device, local_rank)
-    dist.init_process_group(
-        backend,
-        timeout=datetime.timedelta(seconds=args.timeout),
-        **({"device_id": device_obj} if device_obj.type == "cuda" else {}),
-    )
+    bind_device: dict[str, Any] = {"device_id": device_obj} if device_obj.type == "cuda" else {}
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout), **bind_device)
     results_group = dist.new_group(backend="gloo")  # the locals travel here, never on the group under test
-    worker = _Worker(rank, world, backend, None, None, None, args.timeout, device, False)
-    worker.device = device_obj
-    task = {
-        "case": case,
-        "target": record.get("target_worker_ref") or record["target"],
-        "impl": record["impl_ref"],
-        "timeout": args.timeout,
-        "deterministic": args.deterministic or record.get("deterministic", False),
-        "want_flags": True,
-    }
-    try:
-        reply: tuple = worker.run(task)
-    except BaseException as e:  # report it through rank 0
-        reply = ("error", traceback.format_exc(), type(e).__name__)
+    state = RankState(rank, world, device_obj, args.timeout)
+    task = Task(
+        case=case,
+        target_ref=record.get("target_worker_ref") or record["target"],
+        impl=record["impl_spec"],
+        timeout=args.timeout,
+        deterministic=args.deterministic or bool(record.get("deterministic", False)),
+        want_flags=True,
+    )
+    reply = answer(state, task)
     replies: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(reply, replies if rank == 0 else None, dst=0, group=results_group)
     code = torch.zeros(1, dtype=torch.int64)
@@ -96,32 +99,33 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
     return int(code[0])
 
 
-def _judge_on_rank0(record, case, backend, device, replies) -> int:
-    from shardfuzz.engine import Runner
-    from shardfuzz.errors import Finding
-    from shardfuzz.failures import inputs_hash
-    from shardfuzz.registry import get_target
-
-    target = get_target(record.get("target_ref") or record["target"])
-    runner = Runner(target, record["impl_ref"], backend=backend, device=device)
+def _judge_on_rank0(record: dict[str, Any], case: Case, backend: str, device: str, replies: list[Any]) -> int:
+    target, spec = record_target(record)
+    runner = Runner(
+        target, record_impl(target, record), RunConfig(backend=backend, device=device), target_spec=spec
+    )
     print(
         f"shardfuzz.torchrun: {record['target']}/{record['impl']} on {backend}/{device}, {len(replies)} ranks\n{case!r}"
     )
-    errors = [(r, rep) for r, rep in enumerate(replies) if rep[0] != "ok"]
+    errors = [(r, rep) for r, rep in enumerate(replies) if isinstance(rep, ErrorReply)]
     if errors:
         for r, rep in errors:
-            print(f"Rank {r} terminated with the following error:\n{rep[1]}")
+            print(f"Rank {r} terminated with the following error:\n{rep.traceback}")
         return 1
-    expected = runner._oracle(case)
+    refused = [rep.reason for rep in replies if isinstance(rep, UnsupportedReply)]
+    if refused:
+        print(f"UNSUPPORTED: {'; '.join(sorted(set(refused)))}")
+        return 2
+    expected = runner.expected(case)
     if record.get("inputs_sha256") and inputs_hash(runner.last_inputs) != record["inputs_sha256"]:
         print("note: the inputs differ from the ones recorded in the failure file (input hash changed)")
-    print(f"numerics (rank 0): {replies[0][2].get('numerics')}")
+    print(f"numerics (rank 0): {replies[0].numerics}")
     try:
-        ratio = runner.judge(case, [rep[1:] for rep in replies], expected)
+        ratio = runner.judge_replies(case, replies, expected)
     except Finding as f:
         print(f"FAIL ({f.kind})\n{f.report}")
         return 1
-    print(f"PASS: worst error/tolerance {ratio:.3g} ({runner.tolerance.describe()})")
+    print(f"PASS: worst error/tolerance {ratio:.3g} ({runner.config.tolerance.describe()})")
     return 0
 
 
@@ -152,16 +156,13 @@ if __name__ == "__main__":
 
 def write_repro(record: dict[str, Any], path: str) -> str:
     """Write a standalone torchrun script for one failure record."""
-    import pprint
-
-    import shardfuzz
-
     keep = (
         "target",
         "target_ref",
         "target_worker_ref",
         "impl",
         "impl_ref",
+        "impl_kwargs",
         "backend",
         "device",
         "kind",

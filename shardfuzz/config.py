@@ -1,0 +1,150 @@
+"""One run configuration, validated in one place.
+
+The CLI, the pytest plugin, :func:`shardfuzz.run`, campaigns and child jobs all build a
+:class:`RunConfig` and pass it on; child jobs get it serialised (:meth:`RunConfig.to_json`), never
+re-created from argv.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from shardfuzz.case import DTYPES
+from shardfuzz.compare import Tolerance
+from shardfuzz.errors import InvalidArgument
+
+BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
+PROFILES = ("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
+
+
+def default_device(backend: str) -> str:
+    """The one device default rule: nccl runs on CUDA, gloo on the CPU."""
+    return "cuda" if backend == "nccl" else "cpu"
+
+
+def parse_world_sizes(text: str) -> tuple[int, ...]:
+    """``"1,2,3"`` -> ``(1, 2, 3)``; ValueError for anything but comma-separated integers >= 1."""
+    try:
+        sizes = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"{text!r}; expected comma-separated integers >= 1, e.g. 1,2,3")
+    return sizes
+
+
+def _positive(name: str, value: Any, *, integer: bool = False) -> None:
+    kinds = (int,) if integer else (int, float)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, kinds) or not (value > 0 and math.isfinite(value)):
+        what = "an int >= 1" if integer else "a finite number > 0"
+        raise InvalidArgument(f"{name}={value!r}; must be {what}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """How to run a target: where, with which limits, and what to draw.
+
+    Attributes:
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
+        device: ``"cpu"`` or ``"cuda"``; ``None`` picks cuda for nccl, cpu for gloo.
+        world_sizes: restrict the world sizes drawn (``None``: the target's own).
+        timeout: fixed example timeout in seconds (``None``: adaptive).
+        tolerance: the tolerance policy.
+        dtypes: restrict the dtypes drawn (``None``: the target's own).
+        profile: ``shardfuzz-ci``, ``-dev`` or ``-fuzz`` (``None``: picked from the current
+            Hypothesis profile when the test is built).
+        max_examples: Hypothesis' example budget (``None``: the profile's).
+        derandomize: override the profile's ``derandomize`` (campaigns use fresh seeds).
+        deadline: wall-clock seconds for the whole search (``None``: no limit).
+        failures_dir: write failure files there (``None``: none from Python; the CLI and pytest
+            pass ``.shardfuzz/failures``).
+        deterministic: ``torch.use_deterministic_algorithms(True)`` on every rank.
+        debug_collectives: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` in the ranks (replays only: slow).
+    """
+
+    backend: str = "gloo"
+    device: str | None = None
+    world_sizes: tuple[int, ...] | None = None
+    timeout: float | None = None
+    tolerance: Tolerance = dataclasses.field(default_factory=Tolerance)
+    dtypes: tuple[str, ...] | None = None
+    profile: str | None = None
+    max_examples: int | None = None
+    derandomize: bool | None = None
+    deadline: float | None = None
+    failures_dir: str | None = None
+    deterministic: bool = False
+    debug_collectives: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InvalidArgument(f"backend={self.backend!r}; allowed: {', '.join(BACKENDS)}")
+        device = self.device or default_device(self.backend)
+        if device not in DEVICES:
+            raise InvalidArgument(f"device={device!r}; allowed: {', '.join(DEVICES)}")
+        if self.backend == "nccl" and device != "cuda":
+            raise InvalidArgument(f"device={device!r} with backend='nccl'; nccl needs device='cuda'")
+        object.__setattr__(self, "device", device)
+        if self.world_sizes is not None:
+            sizes = tuple(self.world_sizes) if isinstance(self.world_sizes, Iterable) else ()
+            if not sizes or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in sizes):
+                raise InvalidArgument(
+                    f"world_sizes={self.world_sizes!r}; must be a non-empty list of ints >= 1"
+                )
+            object.__setattr__(self, "world_sizes", sizes)
+        if self.dtypes is not None:
+            dts = (self.dtypes,) if isinstance(self.dtypes, str) else tuple(self.dtypes)
+            if not dts or any(d not in DTYPES for d in dts):
+                raise InvalidArgument(f"dtypes={self.dtypes!r}; choose from {', '.join(DTYPES)}")
+            object.__setattr__(self, "dtypes", dts)
+        _positive("timeout", self.timeout)
+        _positive("deadline", self.deadline)
+        _positive("max_examples", self.max_examples, integer=True)
+        if self.profile is not None and self.profile not in PROFILES:
+            raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
+        if not isinstance(self.tolerance, Tolerance):
+            raise InvalidArgument(f"tolerance={self.tolerance!r}; must be a shardfuzz.Tolerance")
+        for flag in ("deterministic", "debug_collectives"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with ``changes`` (validated again); unknown names are an error."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise InvalidArgument(f"unknown RunConfig field(s) {sorted(unknown)}; allowed: {field_names()}")
+        return dataclasses.replace(self, **changes)
+
+    # -- serialisation (child jobs) -------------------------------------------------------------
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["tolerance"] = dataclasses.asdict(self.tolerance)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise InvalidArgument(f"run configuration is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise InvalidArgument(f"run configuration must be a JSON object, got {type(d).__name__}")
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise InvalidArgument(f"run configuration has unknown field(s) {sorted(unknown)}")
+        tol = d.pop("tolerance", None)
+        for key in ("world_sizes", "dtypes"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        return cls(tolerance=Tolerance(**tol) if tol else Tolerance(), **d)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(RunConfig)]

@@ -1,0 +1,177 @@
+"""The judge: the ranks' locals against the oracle, layouts first, then values.
+
+It decides and describes; it never raises. :mod:`shardfuzz.report` turns a failing
+:class:`Verdict` into a finding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.compare import OutputDiff, RankDiff, Tolerance, compare_tensor, exact_equal
+from shardfuzz.layouts import Layout
+from shardfuzz.oracle import Expected
+
+
+@dataclasses.dataclass
+class Verdict:
+    """The judgement of one example. It passes when nothing below is set or bad."""
+
+    ignored: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # rank -> warnings
+    layout_problems: list[str] = dataclasses.field(default_factory=list)
+    diffs: list[OutputDiff] = dataclasses.field(default_factory=list)
+    worst: float = 0.0  # the largest error/tolerance over every compared element
+
+    @property
+    def mismatched(self) -> list[OutputDiff]:
+        return [d for d in self.diffs if d.bad]
+
+    @property
+    def passed(self) -> bool:
+        return not (self.ignored or self.layout_problems or self.mismatched)
+
+
+def judge(
+    case: Case,
+    outputs: dict[str, Layout],
+    locals_: list[dict[str, Any]],
+    expected: Expected,
+    tolerance: Tolerance,
+    ignored: dict[int, list[str]] | None = None,
+) -> Verdict:
+    """Judge the decoded locals of every rank (``locals_[rank]``) against ``expected``."""
+    if ignored:
+        return Verdict(ignored=ignored)
+    problems = check_layouts(case, outputs, locals_, expected)
+    if problems:
+        return Verdict(layout_problems=problems)
+    diffs = compare_values(case, outputs, locals_, expected, tolerance)
+    return Verdict(diffs=diffs, worst=max((d.max_ratio for d in diffs), default=0.0))
+
+
+def check_layouts(
+    case: Case, outputs: dict[str, Layout], locals_: list[dict[str, Any]], expected: Expected
+) -> list[str]:
+    """Every rank holds every output, with the shape and dtype its layout says."""
+    import torch
+
+    label = case.rank_label
+    declared = set(outputs)
+    problems = [
+        f"{label(r)} returned outputs {sorted(out)}; the target declares {sorted(declared)}"
+        for r, out in enumerate(locals_)
+        if set(out) != declared
+    ]
+    if problems:
+        return problems
+    g = case.group_size
+    for name, layout in outputs.items():
+        ref, low = expected.ref[name], expected.low[name]
+        for r, out in enumerate(locals_):
+            got = out[name]
+            if not isinstance(ref, torch.Tensor):
+                if isinstance(got, torch.Tensor):
+                    problems.append(
+                        f"output {name!r}: {label(r)} returned a tensor, expected {type(ref).__name__}"
+                    )
+                continue
+            if not isinstance(got, torch.Tensor):
+                problems.append(
+                    f"output {name!r}: {label(r)} returned {type(got).__name__}, expected a tensor"
+                )
+                continue
+            want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), r % g, g)
+            if tuple(got.shape) != want_shape or got.dtype != low.dtype:
+                problems.append(
+                    f"output {name!r} ({layout!r}): {label(r)} holds "
+                    f"{list(got.shape)} {_dtype_name(got)}, expected "
+                    f"{list(want_shape)} {_dtype_name(low)} (global {list(ref.shape)} over {g} ranks)"
+                )
+        if isinstance(ref, torch.Tensor):
+            for replica in case.replica_ranks:
+                msg = layout.check_group([tuple(locals_[r][name].shape) for r in replica], tuple(ref.shape))
+                if msg:
+                    problems.append(f"output {name!r} ({layout!r}), ranks {replica}: {msg}")
+    return problems
+
+
+def compare_values(
+    case: Case,
+    outputs: dict[str, Layout],
+    locals_: list[dict[str, Any]],
+    expected: Expected,
+    tolerance: Tolerance,
+) -> list[OutputDiff]:
+    """One :class:`OutputDiff` per output: floating values within the tolerance, others exactly."""
+    import torch
+
+    diffs = []
+    for name, layout in outputs.items():
+        ref, low = expected.ref[name], expected.low[name]
+        floating = isinstance(ref, torch.Tensor) and (ref.is_floating_point() or ref.is_complex())
+        if floating:
+            bound = tolerance.bound(ref, low, expected.mag.get(name), case.dtype, case.group_size)
+            rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound)
+            dtype = _dtype_name(low)
+        else:
+            rds = _compare_exact(case, layout, [out[name] for out in locals_], ref)
+            dtype = _dtype_name(ref)
+        diffs.append(OutputDiff(name, repr(layout), dtype, tuple(getattr(ref, "shape", ())), rds))
+    return diffs
+
+
+def _compare_floating(case: Case, layout: Layout, got: list[Any], ref: Any, bound: Any) -> list[RankDiff]:
+    g, shape = case.group_size, tuple(ref.shape)
+    if not layout.per_rank:
+        return [
+            compare_tensor(layout.assemble([got[r] for r in replica]), ref, bound, None, lambda idx: idx)
+            for replica in case.replica_ranks
+        ]
+    rds = []
+    for r, local in enumerate(got):
+        if not layout.holds_piece(tuple(local.shape), shape):
+            continue
+        to_global = lambda idx, r=r: layout.global_index(idx, r % g, g, shape)
+        rds.append(
+            compare_tensor(
+                layout.comparable(local, r % g, g, shape),
+                layout.piece(ref, r % g, g),
+                layout.piece(bound, r % g, g),
+                r,
+                to_global,
+            )
+        )
+    return rds
+
+
+def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list[RankDiff]:
+    import torch
+
+    g = case.group_size
+    rds = []
+    if layout.per_rank:
+        for r, local in enumerate(got):
+            if not layout.holds_piece(tuple(getattr(local, "shape", ())), tuple(getattr(ref, "shape", ()))):
+                continue
+            want = layout.piece(ref, r % g, g) if isinstance(ref, torch.Tensor) else ref
+            ok = exact_equal(local, want)
+            note = "" if ok else f": got {_short(local)}, expected {_short(want)}"
+            rds.append(RankDiff(r, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note))
+        return rds
+    for replica in case.replica_ranks:
+        total = layout.assemble([got[r] for r in replica])
+        ok = exact_equal(total.to(ref.dtype), ref)
+        note = "" if ok else f": sum {_short(total)}, expected {_short(ref)}"
+        rds.append(RankDiff(None, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note))
+    return rds
+
+
+def _dtype_name(v: Any) -> str:
+    return str(getattr(v, "dtype", type(v).__name__)).removeprefix("torch.")
+
+
+def _short(v: Any) -> str:
+    text = repr(v.tolist()) if hasattr(v, "tolist") else repr(v)
+    return text if len(text) < 120 else text[:117] + "..."

@@ -1,0 +1,106 @@
+"""Building blocks of sharded code that targets (built-in and yours) may import.
+
+* :class:`CopyToGroup` and :class:`ReduceFromGroup`: Megatron's conjugate pair ``f``/``g``. ``f``
+  is the identity forward and all-reduces the gradient backward; ``g`` all-reduces forward and is
+  the identity backward. A column-parallel linear starts with ``f``, a row-parallel one ends with
+  ``g``.
+* :class:`AllToAll`: ``all_to_all_single`` along dim 0 with uneven splits, inside autograd (the
+  backward is the reverse all-to-all), with an optional wire dtype for the gradient.
+* :func:`all_reduce_by_all_to_all`, :func:`reduce_scatter_by_all_to_all`,
+  :func:`all_gather_by_all_to_all`: the three collectives written with ``all_to_all_single``
+  alone, for backends or devices that lack a native one (gloo on CUDA tensors), on equal chunks.
+
+Collectives in autograd must sit inside an ``autograd.Function``: ``dist.all_reduce`` called
+directly is treated as the identity by autograd (pytorch/pytorch#152127), which shardfuzz reports as
+an ``ignored-collective`` finding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class CopyToGroup(torch.autograd.Function):
+    """``f``: identity forward, all-reduce of the gradient backward (``reduce_backward=False``
+    skips it, for planted bugs)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, reduce_backward: bool = True) -> torch.Tensor:
+        ctx.group, ctx.reduce_backward = group, reduce_backward
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        grad = grad.clone()
+        if ctx.reduce_backward:
+            dist.all_reduce(grad, group=ctx.group)
+        return grad, None, None
+
+
+class ReduceFromGroup(torch.autograd.Function):
+    """``g``: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return grad, None
+
+
+class AllToAll(torch.autograd.Function):
+    """``AllToAll.apply(x, out_splits, in_splits, group, grad_dtype=None)``: rows of ``x`` (dim 0)
+    are sent in chunks of ``in_splits`` rows to each rank, and ``out_splits`` rows are received from
+    each; the backward is the reverse all-to-all. ``grad_dtype`` sends the gradient in another dtype
+    (a bandwidth saving that loses precision; the planted ``bf16_grad_a2a`` bug)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        group: Any,
+        grad_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        ctx.splits, ctx.group, ctx.grad_dtype = (out_splits, in_splits), group, grad_dtype
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        out_splits, in_splits = ctx.splits
+        dtype = grad.dtype
+        if ctx.grad_dtype is not None:
+            grad = grad.to(ctx.grad_dtype)
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back.to(dtype), None, None, None, None
+
+
+def all_reduce_by_all_to_all(t: torch.Tensor, group: Any, size: int) -> torch.Tensor:
+    """The sum of ``t`` over the group (every rank sends its copy to every rank)."""
+    out = torch.empty(size * t.numel(), dtype=t.dtype, device=t.device)
+    dist.all_to_all_single(out, t.reshape(-1).repeat(size), group=group)
+    return out.view(size, *t.shape).sum(0)
+
+
+def reduce_scatter_by_all_to_all(buf: torch.Tensor, group: Any, size: int) -> torch.Tensor:
+    """Rank ``i`` gets the sum over ranks of chunk ``i`` of ``buf`` (``size`` equal chunks)."""
+    out = torch.empty_like(buf)
+    dist.all_to_all_single(out, buf, group=group)
+    return out.view(size, -1).sum(0)
+
+
+def all_gather_by_all_to_all(shard: torch.Tensor, group: Any, size: int) -> torch.Tensor:
+    """Every rank's ``shard``, concatenated in rank order."""
+    out = torch.empty(size * shard.numel(), dtype=shard.dtype, device=shard.device)
+    dist.all_to_all_single(out, shard.reshape(-1).repeat(size), group=group)
+    return out

@@ -1,0 +1,94 @@
+"""Replay of failure files: rerun each recorded case exactly (no search) and say whether it still
+fails, now passes, or ran on different inputs than were recorded."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from shardfuzz.config import RunConfig, default_device
+from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.failures import inputs_hash, source_hash
+from shardfuzz.registry import get_target
+from shardfuzz.runner import Runner
+
+
+@dataclasses.dataclass
+class Replayed:
+    path: str
+    record: dict[str, Any]
+    status: str  # "still fails" | "now passes" | "different inputs"
+    failed: bool
+    kind: str | None = None
+    report: str = ""
+    note: str = ""
+
+    def line(self) -> str:
+        case = self.record["case"]
+        head = f"{os.path.basename(self.path)}: {self.record['target']}/{self.record['impl']}"
+        if self.status == "different inputs":
+            what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
+        elif self.failed:
+            what = f"STILL FAILS ({self.kind}; was {self.record['kind']})"
+        else:
+            what = "now passes"
+        return f"{head} {what}{self.note}\n  {case!r}"
+
+
+def record_target(record: dict[str, Any]) -> tuple[Any, str]:
+    """The target of a failure record and how it was named (its full reference when it has one)."""
+    spec = record.get("target_ref") or record["target"]
+    try:
+        return get_target(spec), spec
+    except InvalidArgument:
+        return get_target(record["target"]), record["target"]
+
+
+def record_config(
+    record: dict[str, Any],
+    *,
+    backend: str | None = None,
+    device: str | None = None,
+    debug_collectives: bool = False,
+    deterministic: bool | None = None,
+    timeout: float | None = None,
+) -> RunConfig:
+    """The configuration to replay a record with: the given choices, else the record's."""
+    backend = backend or record["backend"]
+    if device is None:
+        device = record.get("device") if backend == record["backend"] else None
+    return RunConfig(
+        backend=backend,
+        device=device or default_device(backend),
+        debug_collectives=debug_collectives,
+        deterministic=bool(record.get("deterministic", False)) if deterministic is None else deterministic,
+        timeout=timeout,
+    )
+
+
+def record_impl(target: Any, record: dict[str, Any]) -> Any:
+    """The record's implementation: by name when the target still has it under that name."""
+    name = record["impl"]
+    if name in target.implementations and target.impl_ref(name) == record["impl_spec"]:
+        return name
+    return record["impl_spec"]
+
+
+def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
+    """Rerun one failure record's case (``choices``: see :func:`record_config`)."""
+    target, spec = record_target(record)
+    runner = Runner(target, record_impl(target, record), record_config(record, **choices), target_spec=spec)
+    case = record["case"]
+    note = ""
+    src = source_hash(runner.impl_ref)
+    if record.get("impl_source_sha256") and src and src != record["impl_source_sha256"]:
+        note = " (the implementation's source or bound arguments changed since)"
+    try:
+        runner.run_case(case)
+        failed, kind, report = False, None, ""
+    except Finding as f:
+        failed, kind, report = True, f.kind, f.report
+    same_inputs = inputs_hash(runner.last_inputs) == record["inputs_sha256"]
+    status = "different inputs" if not same_inputs else ("still fails" if failed else "now passes")
+    return Replayed(record["path"], record, status, failed, kind, report, note)

@@ -1,0 +1,126 @@
+"""Report text, and one raise site per finding kind.
+
+Hypothesis tells distinct bugs apart by exception type *and* raise site, so each kind is raised
+from its own method below; a shared raise site lets a shrink drift from one bug into another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+from shardfuzz.case import Case
+from shardfuzz.compare import Tolerance, format_output_diff
+from shardfuzz.errors import IgnoredCollective, LayoutMismatch, Mismatch, RankError, RankHang
+from shardfuzz.judge import Verdict
+from shardfuzz.protocol import Hung, RankDied, RankFailed
+
+
+@dataclasses.dataclass(frozen=True)
+class Reporter:
+    """Writes the reports of one (target, implementation, backend)."""
+
+    target: str
+    impl_name: str
+    impl_ref: str
+    backend: str
+    rerun_prefix: str  # ``shardfuzz case TARGET --impl IMPL [--backend B]``
+    tolerance: Tolerance
+
+    def rerun_command(self, case: Case) -> str:
+        return f"{self.rerun_prefix} {shell_quote(repr(case))}"
+
+    def _header(self, what: str, case: Case) -> str:
+        return (
+            f"shardfuzz: {what}\n"
+            f"target {self.target!r}, implementation {self.impl_name!r} ({self.impl_ref}), backend {self.backend}\n"
+            f"{case!r}"
+        )
+
+    def _footer(self, case: Case) -> str:
+        return f"Rerun this case: {self.rerun_command(case)}"
+
+    def raise_verdict(self, case: Case, verdict: Verdict) -> None:
+        """Raise the finding a failing verdict stands for (nothing when it passed)."""
+        if verdict.ignored:
+            self.raise_ignored_collective(case, verdict)
+        if verdict.layout_problems:
+            self.raise_layout(case, verdict)
+        if verdict.mismatched:
+            self.raise_mismatch(case, verdict)
+
+    # -- raise sites, one per failure kind ----------------------------------------------------
+    def raise_mismatch(self, case: Case, verdict: Verdict) -> None:
+        bad = verdict.mismatched
+        parts = [self._header(f"{len(bad)} of {len(verdict.diffs)} outputs mismatch the oracle", case)]
+        parts.append(f"tolerance: {self.tolerance.describe()}")
+        parts += [format_output_diff(d, case.rank_label) for d in bad]
+        ok = [
+            f"{d.name} (worst {d.max_ratio:.3g})"
+            for d in verdict.diffs
+            if not d.bad and sum(r.n for r in d.ranks) > 0
+        ]
+        if ok:
+            parts.append("outputs within tolerance: " + ", ".join(ok))
+        parts.append(self._footer(case))
+        err = Mismatch("\n".join(parts), case=case, ratio=verdict.worst)
+        err.outputs = {d.name: sorted(r.rank for r in d.ranks if r.bad and r.rank is not None) for d in bad}
+        raise err
+
+    def raise_layout(self, case: Case, verdict: Verdict) -> None:
+        parts = [self._header("local shapes/dtypes do not match the output layouts", case)]
+        parts += [f"  {p}" for p in verdict.layout_problems]
+        parts.append(self._footer(case))
+        raise LayoutMismatch("\n".join(parts), case=case)
+
+    def raise_rank_error(self, case: Case, outcome: RankFailed) -> None:
+        parts = [self._header(f"rank {outcome.rank} raised an exception", case)]
+        parts.append(
+            f"Rank {outcome.rank} terminated with the following error:\n{outcome.error.traceback.rstrip()}"
+        )
+        parts += [t for t in outcome.output.values() if t]
+        parts.append(self._footer(case))
+        raise RankError("\n".join(parts), case=case)
+
+    def raise_rank_died(self, case: Case, outcome: RankDied) -> None:
+        parts = [self._header(f"rank {outcome.rank} died (exit code {outcome.exitcode})", case)]
+        parts += [t for t in outcome.output.values() if t]
+        parts.append(self._footer(case))
+        raise RankError("\n".join(parts), case=case)
+
+    def raise_hang(self, case: Case, outcome: Hung, timeout: float) -> None:
+        parts = [
+            self._header(
+                f"the example hung: no result within {timeout:g} s (gloo timeout {timeout:g} s)", case
+            )
+        ]
+        if outcome.timed_out:
+            text = "\n".join(f"rank {r}:\n{tb}" for r, tb in sorted(outcome.timed_out.items()))
+            parts.append("Collectives that timed out inside ranks:\n" + text.rstrip())
+        for r, stack in sorted(outcome.stacks.items()):
+            parts.append(f"--- rank {r} stack ---\n{stack.rstrip()}")
+        parts += [t for t in outcome.output.values() if t]
+        parts.append(self._footer(case))
+        raise RankHang("\n".join(parts), case=case)
+
+    def raise_ignored_collective(self, case: Case, verdict: Verdict) -> None:
+        parts = [
+            self._header(
+                "autograd went through a collective with no autograd kernel (treated as identity)", case
+            )
+        ]
+        for r, msgs in sorted(verdict.ignored.items()):
+            parts.append(f"  {case.rank_label(r)}: {msgs[0].splitlines()[0][:300]}")
+        parts.append(
+            "  Wrap the collective in an autograd Function (Megatron's f/g pair) or use "
+            "torch.distributed.nn.functional; see pytorch/pytorch#152127."
+        )
+        parts.append(self._footer(case))
+        raise IgnoredCollective("\n".join(parts), case=case)
+
+
+def shell_quote(s: str) -> str:
+    """Double quotes when they suffice (readable), else shlex."""
+    if not any(c in s for c in '"$`\\!'):
+        return f'"{s}"'
+    return shlex.quote(s)

@@ -1,0 +1,267 @@
+"""The runner: one case of one (target, implementation, backend) on a warm pool, judged against the
+oracle. Statistics and the adaptive example timeout live here too.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.config import RunConfig
+from shardfuzz.errors import Finding, InvalidArgument, Unsupported
+from shardfuzz.gpu import check_placement
+from shardfuzz.hooks import RunHooks
+from shardfuzz.judge import Verdict, judge
+from shardfuzz.oracle import Expected, evaluate_oracle
+from shardfuzz.pool import discard_pool, get_pool
+from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
+from shardfuzz.registry import get_target
+from shardfuzz.report import Reporter
+from shardfuzz.target import Target
+
+TIMEOUT_BUCKETS = (2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+_driver_ready = False
+
+
+def _prepare_driver() -> None:
+    """One OpenMP thread in the driver too: 2 cores, 4 ranks and a spinning driver is 6x slower."""
+    global _driver_ready
+    if not _driver_ready:
+        import torch
+
+        if "OMP_NUM_THREADS" not in os.environ or os.environ.get("SHARDFUZZ_DRIVER_THREADS"):
+            torch.set_num_threads(int(os.environ.get("SHARDFUZZ_DRIVER_THREADS", "1")))
+        _driver_ready = True
+
+
+class TimeoutPolicy:
+    """Example timeout per (target, world size): adaptive from recent passing examples, or fixed.
+
+    Adaptive: ``max(floor, factor * slowest of the last 50 passing examples)``, ``initial`` before
+    five examples have passed, rounded up to a bucket (2, 3, 5, 10, 20, 30, 60 s, ...) so that the
+    ranks can cache one process group per timeout. The ranks' gloo groups use the same value, so a
+    rank stuck in a collective raises after it; that is reported as a hang, like the driver's own
+    timeout.
+    """
+
+    def __init__(self, floor: float = 5.0, initial: float = 30.0, factor: float = 20.0) -> None:
+        self.floor, self.initial, self.factor = floor, initial, factor
+        self.recent: dict[tuple, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=50)
+        )
+
+    def timeout(self, key: tuple, fixed: float | None = None) -> float:
+        if fixed is not None:
+            return float(fixed)
+        seen = self.recent[key]
+        value = self.initial if len(seen) < 5 else max(self.floor, self.factor * max(seen))
+        return float(next((b for b in TIMEOUT_BUCKETS if b >= value), TIMEOUT_BUCKETS[-1]))
+
+    def record(self, key: tuple, seconds: float) -> None:
+        self.recent[key].append(seconds)
+
+
+TIMEOUTS = TimeoutPolicy()
+
+
+@dataclasses.dataclass
+class Stats:
+    """Counters for one fuzzing run."""
+
+    examples: int = 0
+    passed: int = 0
+    failures: int = 0
+    elapsed: float = 0.0
+    #: how many examples ran until the first failure (None: no failure)
+    first_failure_at: int | None = None
+    #: smallest error/tolerance among mismatching examples (how clearly a bug is seen)
+    margin: float | None = None
+    #: largest error/tolerance among passing examples (how close a correct run came)
+    worst_pass_ratio: float = 0.0
+    triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: cases rejected as unsupported, by reason
+    unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    @property
+    def per_second(self) -> float:
+        return self.examples / self.elapsed if self.elapsed else 0.0
+
+    def summary(self) -> str:
+        n = self.examples
+        trig = (
+            ", ".join(f"{k} {100.0 * v / n:.0f}%" for k, v in sorted(self.triggers.items()) if v > 0)
+            if n
+            else ""
+        )
+        margin = f", margin {self.margin:.3g}x" if self.margin is not None else ""
+        if self.unsupported:
+            margin += "; rejected as unsupported: " + ", ".join(
+                f"{k} x{v}" for k, v in self.unsupported.items()
+            )
+        return (
+            f"{n} examples in {self.elapsed:.1f} s ({self.per_second:.1f}/s), "
+            f"{self.failures} failing{margin}; worst passing error/tolerance {self.worst_pass_ratio:.3g}"
+            + (f"; reached: {trig}" if trig else "")
+        )
+
+
+class Runner:
+    """Runs cases of one (target, implementation, backend) and checks them against the oracle."""
+
+    def __init__(
+        self,
+        target: Any,
+        impl: Any = None,
+        config: RunConfig | None = None,
+        *,
+        hooks: Sequence[RunHooks] = (),
+        target_spec: str | None = None,
+    ) -> None:
+        if config is not None and not isinstance(config, RunConfig):
+            raise InvalidArgument(f"config={config!r}; must be a shardfuzz.RunConfig")
+        self.config = config or RunConfig()
+        self.hooks = tuple(hooks)
+        for h in self.hooks:
+            if not isinstance(h, RunHooks):
+                raise InvalidArgument(f"hooks contains {h!r}; hooks must be shardfuzz.hooks.RunHooks objects")
+        self.target: Target = get_target(target)
+        self.target_spec = target_spec or (target if isinstance(target, str) else self.target.name)
+        self.impl_ref = self.target.impl_ref(impl)
+        self.impl_name = self.target.impl_name(impl)
+        self.worker_target = self.target.worker_ref()
+        self.stats = Stats()
+        #: numerics flags reported by rank 0 of the first example
+        self.numerics: dict[str, Any] | None = None
+        #: the full inputs of the last case the oracle ran (failure files hash them)
+        self.last_inputs: dict[str, Any] = {}
+        impl_arg = self.impl_name if self.impl_name in self.target.implementations else str(self.impl_ref)
+        backend = "" if self.config.backend == "gloo" else f" --backend {self.config.backend}"
+        self.reporter = Reporter(
+            self.target.name,
+            self.impl_name,
+            str(self.impl_ref),
+            self.config.backend,
+            f"shardfuzz case {self.target_spec} --impl {impl_arg}{backend}",
+            self.config.tolerance,
+        )
+
+    @property
+    def backend(self) -> str:
+        return self.config.backend
+
+    @property
+    def device(self) -> str:
+        return self.config.device or "cpu"
+
+    @property
+    def key(self) -> str:
+        return f"{self.target.name}/{self.impl_name}/{self.backend}"
+
+    def strategy(self):
+        return self.target.strategy(self.config.world_sizes, self.config.dtypes)
+
+    def rerun_command(self, case: Case) -> str:
+        return self.reporter.rerun_command(case)
+
+    # -- one example ----------------------------------------------------------------------
+    def run_case(self, case: Case) -> float:
+        """Run one case on the ranks and compare. Returns the worst error/tolerance; raises a Finding."""
+        _prepare_driver()
+        if not isinstance(case, Case):
+            raise InvalidArgument(f"case={case!r}; expected a shardfuzz.Case")
+        if case.target != self.target.name:
+            raise InvalidArgument(f"case.target={case.target!r} but this runner fuzzes {self.target.name!r}")
+        for hook in self.hooks:
+            hook.before_example(self, case)
+        check_placement(self.target, self.backend, self.device, case.world_size)
+        if self.target.supports is not None:
+            reason = self.target.supports(case)
+            if reason:
+                raise Unsupported(
+                    f"target {self.target.name!r} does not support this case: {reason}", reason=reason
+                )
+        self.stats.examples += 1
+        try:
+            ratio, elapsed = self._run_on_pool(case)
+        except Finding as f:
+            self.stats.failures += 1
+            if self.stats.first_failure_at is None:
+                self.stats.first_failure_at = self.stats.examples
+            if f.ratio is not None and f.kind == "mismatch":
+                self.stats.margin = f.ratio if self.stats.margin is None else min(self.stats.margin, f.ratio)
+            for hook in self.hooks:
+                hook.on_finding(self, case, f)
+            raise
+        except Unsupported:
+            self.stats.examples -= 1
+            raise
+        self.stats.passed += 1
+        self.stats.worst_pass_ratio = max(self.stats.worst_pass_ratio, ratio)
+        TIMEOUTS.record(self._timeout_key(case), elapsed)
+        return ratio
+
+    def _timeout_key(self, case: Case) -> tuple:
+        return (self.target.name, case.world_size, self.backend, self.device)
+
+    def _run_on_pool(self, case: Case) -> tuple[float, float]:
+        timeout = TIMEOUTS.timeout(self._timeout_key(case), self.config.timeout)
+        pool = get_pool(
+            self.backend, case.world_size, timeout, device=self.device, debug=self.config.debug_collectives
+        )
+        pool.submit(
+            Task(
+                case=case,
+                target_ref=self.worker_target,
+                impl=self.impl_ref,
+                timeout=timeout,
+                deterministic=self.config.deterministic,
+                want_flags=self.numerics is None,
+            )
+        )
+        try:
+            expected = self.expected(case)  # overlaps with the ranks' work
+        except BaseException:
+            pool.collect(timeout)
+            raise
+        outcome = pool.collect(timeout + 1.0)
+        if not isinstance(outcome, Completed):
+            discard_pool(pool)
+        if isinstance(outcome, RankFailed):
+            self.reporter.raise_rank_error(case, outcome)
+        if isinstance(outcome, RankDied):
+            self.reporter.raise_rank_died(case, outcome)
+        if isinstance(outcome, Hung):
+            self.reporter.raise_hang(case, outcome, timeout)
+        assert isinstance(outcome, Completed)
+        refused = sorted({rep.reason for rep in outcome.replies if isinstance(rep, UnsupportedReply)})
+        if refused:
+            raise Unsupported("; ".join(refused), reason="; ".join(refused))
+        replies = [rep for rep in outcome.replies if isinstance(rep, Reply)]
+        if self.numerics is None:
+            self.numerics = replies[0].numerics
+        return self.judge_replies(case, replies, expected), outcome.elapsed
+
+    # -- the oracle and the judge (public: the torchrun path uses them) ------------------------
+    def expected(self, case: Case) -> Expected:
+        """The oracle's values for ``case`` (remembers the inputs for failure files)."""
+        expected = evaluate_oracle(self.target, case)
+        self.last_inputs = expected.inputs
+        return expected
+
+    def judge_replies(self, case: Case, replies: list[Reply], expected: Expected) -> float:
+        """Judge every rank's :class:`Reply`; returns the worst error/tolerance or raises a Finding."""
+        verdict = self.verdict(case, replies, expected)
+        self.reporter.raise_verdict(case, verdict)
+        return verdict.worst
+
+    def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:
+        ignored = {
+            r: list(rep.ignored_collectives) for r, rep in enumerate(replies) if rep.ignored_collectives
+        }
+        locals_ = [decode(rep.outputs) for rep in replies]
+        return judge(case, self.target.outputs_for(case), locals_, expected, self.config.tolerance, ignored)
