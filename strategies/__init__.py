@@ -13,7 +13,6 @@ the drawn world by construction (``per_rank * group + remainder``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +20,6 @@ from hypothesis import strategies as st
 
 from shardfuzz.case import DTYPES, Case
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.layouts import split_sizes
 
 __all__ = [
     "PROFILES",
@@ -33,7 +31,6 @@ __all__ = [
     "seeds",
     "sharded_sizes",
     "split_dims",
-    "triggers_of",
     "value_profiles",
     "world_sizes",
 ]
@@ -281,41 +278,3 @@ def _cases(draw, target, sizes, options_s, late, worlds, max_dims, dtype_s, prof
 
 
 _dtypes = dtypes
-
-
-def triggers_of(case: Case) -> set[str]:
-    """The bug-hiding conditions (BUG-PATTERNS.md) that a case reaches; for statistics and tests."""
-    out = set()
-    if case.world_size >= 3:
-        out.add("world>=3")
-    if case.world_size >= 2 and not math.log2(case.world_size).is_integer():
-        out.add("world non-power-of-2")
-    if case.group_size < case.world_size:
-        out.add("group<world")
-    if sum(1 for m in case.mesh if m > 1) >= 2:
-        out.add("2-D mesh")
-    g = case.group_size
-    for name in case.split:
-        n = case.sizes[name]
-        if n % g:
-            out.add("uneven")
-        if n < g:
-            out.add("empty shard")  # under any split rule
-        elif 0 in split_sizes(n, g, "dtensor"):
-            out.add("empty DTensor shard")
-    if case.sizes.get("batch", 1) > 1:
-        out.add("batch>1")
-    if case.dtype != "float32":
-        out.add(case.dtype)
-    if case.profile != "normal":
-        out.add(f"profile={case.profile}")
-    for k, v in case.options.items():
-        if k in ("steps", "grad_accum", "top_k") and isinstance(v, int) and v >= 2:
-            out.add(f"{k}>=2")
-        elif isinstance(v, bool) and v:
-            out.add(k)
-        elif isinstance(v, str):
-            out.add(f"{k}={v}")
-        elif k in ("smoothing", "clip", "clip_factor", "capacity_factor", "empty_experts") and v:
-            out.add(k if k != "smoothing" else "smoothing>0")
-    return out

@@ -27,7 +27,7 @@ replicated. Per rank:
   combine is the reverse all-to-all and a gate-weighted sum. Both all-to-alls are autograd
   Functions, so backward runs them reversed. Every rank joins every all-to-all, backward too: the
   expert output starts as ``received * 0``, so it stays in the autograd graph on a rank that
-  received nothing or holds no experts (DESIGN.md: otherwise that rank skips the backward
+  received nothing or holds no experts (docs/design.md, D12: otherwise that rank skips the backward
   all-to-all and its peers hang).
 
 Backward is driven by a random cotangent ``dy`` and a random scalar for the aux loss. Then one SGD
@@ -40,18 +40,8 @@ the router's gradient is left for DDP to all-reduce), ``grad_w1``, ``grad_w2``, 
 ``w2_next`` and ``routed`` (``Shard(0)`` over experts; ``routed[e, t]`` is True when expert ``e``
 received token ``t``: a bool tensor, compared exactly).
 
-Planted bugs, each a small change to the reference, modelled on a real one (BUG-PATTERNS.md):
-
-* ``expert_id_no_offset``: received tokens are matched to local experts by the global expert id
-  without subtracting the rank's first expert id (flashinfer-ai/flashinfer#3547); rank 0 is right.
-* ``empty_expert_grad_none``: an expert that received no tokens keeps ``grad=None``, so the
-  optimizer skips its weight decay (NVIDIA-NeMo/Automodel#2995); gradients look right.
-* ``top1_renorm``: top-1 gate weights are renormalised to 1, so the router gets no gradient from
-  the main loss (jingyaogong/minimind#858); top_k=1 only.
-* ``aux_capacity_masked``: the aux loss counts the assignments left after capacity dropping
-  (NVIDIA/Megatron-LM#1513); needs a capacity that overflows.
-* ``skip_empty_backward``: a rank that received no tokens skips its experts with a fresh zero
-  output, so it never joins the backward all-to-alls and its peers hang (DESIGN.md).
+Planted bugs: the ``PLANTED`` records at the end of this file (each a small change to the
+reference, modelled on a real bug).
 
 Value profiles: ``normal`` and ``ties``. ``large`` is left out: with logits of 1e4 and more, bf16
 rounding moves logits by more than their gaps, so any implementation's softmax differs from the
@@ -61,6 +51,7 @@ routing bugs anyway.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import hypothesis.strategies as st
@@ -69,10 +60,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Partial, Shard, Target
+from shardfuzz import Expect, Partial, PlantedBug, Shard, Target
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.targets.zero_adamw import all_reduce
+from shardfuzz.parallel import AllToAll, all_reduce_by_all_to_all
 
 LR, WEIGHT_DECAY = 0.5, 0.5
 
@@ -281,26 +272,9 @@ def magnitude(inp, case):
     }
 
 
-# -- collectives inside autograd -------------------------------------------------------------------
-class AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` with uneven splits; backward is the reverse all-to-all."""
-
-    @staticmethod
-    def forward(ctx, x, out_splits, in_splits, group):
-        ctx.splits, ctx.group = (out_splits, in_splits), group
-        out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out_splits, in_splits = ctx.splits
-        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return back, None, None, None
-
-
-def _run(ctx, bug=None):
+# -- the expert-parallel implementation ---------------------------------------------------------
+def reference(ctx, *, bug: str | None = None):
+    """Expert-parallel MoE with all-to-all dispatch and combine; ``bug`` plants one of the ``PLANTED`` bugs."""
     case = ctx.case
     group, rank, g_size = ctx.group, ctx.group_rank, ctx.group_size
     k = _k(case)
@@ -356,7 +330,7 @@ def _run(ctx, bug=None):
 
     # aux loss: global counts before capacity, this rank's tokens' share of the mean probability
     counted = idx[keep] if bug == "aux_capacity_masked" else idx.reshape(-1)
-    counts = all_reduce(torch.bincount(counted, minlength=n_experts), group, g_size)
+    counts = all_reduce_by_all_to_all(torch.bincount(counted, minlength=n_experts), group, g_size)
     aux = n_experts / (n_tokens * k) * (counts.to(x.dtype) * probs.sum(0) / n_tokens).sum()
 
     torch.autograd.backward([y, aux], [ctx.local["dy"], ctx.inputs["daux"]])
@@ -386,40 +360,117 @@ def _run(ctx, bug=None):
     }
 
 
-def reference(ctx):
-    return _run(ctx)
+# -- triggers ------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=16)
+def _routed(case):
+    """The global routing of a case (expert ids, capacity mask): shared by the triggers below."""
+    return routing(inputs(case), case)
 
 
-def expert_id_no_offset(ctx):
-    return _run(ctx, "expert_id_no_offset")
+def _tie_decides(case) -> bool:
+    """Bitwise-equal router logits at the top-k boundary: the tie decides which expert is chosen."""
+    inp = inputs(case)
+    k = _k(case)
+    z = selection_logits(inp["x"], inp["wr"], inp["bias"], getattr(torch, case.dtype))
+    if z.shape[1] <= k:
+        return False
+    ranked = torch.sort(z, dim=-1, descending=True).values
+    return bool(((ranked[:, k - 1] == ranked[:, k]) & ranked[:, k].isfinite()).any())
 
 
-def empty_expert_grad_none(ctx):
-    return _run(ctx, "empty_expert_grad_none")
+def _expert_empty(case) -> bool:
+    idx, keep = _routed(case)
+    return case.sizes["experts"] >= 2 and len(set(idx[keep].tolist())) < case.sizes["experts"]
 
 
-def top1_renorm(ctx):
-    return _run(ctx, "top1_renorm")
+def _capacity_overflows(case) -> bool:
+    _, keep = _routed(case)
+    return not bool(keep.all())
 
 
-def aux_capacity_masked(ctx):
-    return _run(ctx, "aux_capacity_masked")
+def _rank_receives_nothing(case) -> bool:
+    """A rank whose experts receive nothing while another rank's receive tokens (the hang trigger)."""
+    idx, keep = _routed(case)
+    sizes = split_sizes(case.sizes["experts"], case.group_size)
+    owners = torch.repeat_interleave(torch.arange(case.group_size), torch.tensor(sizes))
+    busy = set(owners[idx[keep]].tolist())
+    return 0 < len(busy) < case.group_size
 
 
-def skip_empty_backward(ctx):
-    return _run(ctx, "skip_empty_backward")
-
-
-PLANTED = {
-    "expert_id_no_offset": "global expert id not shifted by the rank's first expert; rank 0 right "
-    "(flashinfer-ai/flashinfer#3547)",
-    "empty_expert_grad_none": "an expert with no tokens keeps grad=None, so weight decay skips it "
-    "(NVIDIA-NeMo/Automodel#2995)",
-    "top1_renorm": "top-1 gate renormalised to 1, router gets no main-loss gradient (jingyaogong/minimind#858)",
-    "aux_capacity_masked": "aux loss counts the capacity-masked routing map (NVIDIA/Megatron-LM#1513)",
-    "skip_empty_backward": "a rank that received no tokens leaves the graph and skips the backward "
-    "all-to-all; its peers hang",
+TRIGGERS = {
+    "router tie decides": _tie_decides,
+    "an expert receives no tokens": _expert_empty,
+    "a capacity overflows": _capacity_overflows,
+    "forced-empty experts": lambda c: c.options["empty_experts"] > 0 and c.sizes["experts"] > 2,
+    "a rank holds no experts": lambda c: 0 in split_sizes(c.sizes["experts"], c.group_size),
+    "a rank holds no tokens": lambda c: 0 in split_sizes(c.sizes["tokens"], c.group_size),
+    "a rank receives nothing": _rank_receives_nothing,
+    "top_k=1": lambda c: c.options["top_k"] == 1 and c.sizes["experts"] >= 2,
+    "top_k>=2": lambda c: c.options["top_k"] >= 2 and c.sizes["experts"] >= 3,
 }
+
+GRADIENTS = ("grad_x", "grad_router", "grad_w1", "grad_w2")
+
+
+# -- planted bugs ----------------------------------------------------------------------------------
+PLANTED = [
+    PlantedBug(
+        "expert_id_no_offset",
+        "received tokens matched to local experts by the global expert id, not shifted by the rank's "
+        "first expert; rank 0 right (needs a second rank that holds experts)",
+        Expect(
+            "mismatch", (2,), None, uneven=None, check=lambda c: c.sizes["experts"] >= 2, note="2 experts"
+        ),
+        p95=18,
+        link="flashinfer-ai/flashinfer#3547",
+    ),
+    PlantedBug(
+        "empty_expert_grad_none",
+        "an expert with no tokens keeps grad=None, so the optimizer skips its weight decay; gradients "
+        "look right, only the weights after the step are wrong",
+        Expect("mismatch", (1, 2), None, uneven=None, outputs=("w1_next", "w2_next"), note="an empty expert"),
+        p95=12,
+        link="NVIDIA-NeMo/Automodel#2995",
+    ),
+    PlantedBug(
+        "top1_renorm",
+        "top-1 gate renormalised to 1, so the router gets no gradient from the main loss (top_k=1 "
+        "with a real choice between experts)",
+        Expect(
+            "mismatch",
+            (1, 2),
+            None,
+            uneven=None,
+            check=lambda c: c.options["top_k"] == 1 and c.sizes["experts"] >= 2,
+            note="top_k 1, 2 experts",
+        ),
+        p95=54,
+        link="jingyaogong/minimind#858",
+    ),
+    PlantedBug(
+        "aux_capacity_masked",
+        "aux loss counts the assignments left after capacity dropping (needs a capacity that drops "
+        "something; not distributed)",
+        Expect(
+            "mismatch",
+            (1,),
+            None,
+            uneven=None,
+            check=lambda c: c.options["capacity_factor"] is not None,
+            outputs=("aux",),
+            note="capacity 0.5",
+        ),
+        p95=32,
+        link="NVIDIA/Megatron-LM#1513",
+    ),
+    PlantedBug(
+        "skip_empty_backward",
+        "a rank that received no tokens leaves the autograd graph and skips the backward all-to-all; "
+        "its peers hang (a rank that receives nothing, next to one that receives something)",
+        Expect("hang", (2,), None, uneven=None, timeout=2.0, note="1 expert"),
+        p95=9,
+    ),
+]
 
 TARGET = Target(
     name="moe",
@@ -440,6 +491,8 @@ TARGET = Target(
         "routed": Shard(0),
     },
     input_layouts={"x": Shard(0), "dy": Shard(0), "w1": Shard(0), "w2": Shard(0)},
-    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    implementations={"reference": "reference"},
     planted=PLANTED,
+    triggers=TRIGGERS,
+    gradients=GRADIENTS,
 )

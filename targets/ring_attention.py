@@ -26,27 +26,13 @@ results cast back; the LSE stays in that precision. Backward is driven by random
 both the output and the LSE.
 
 Outputs: ``out``, ``lse`` (``[b, h, s]``, compared absolutely in log space with a magnitude bound)
-and ``grad_q``/``grad_k``/``grad_v``. The engine's output layouts are fixed per target, so the
-Shard-layout variants report ``out, lse, grad_*`` and the zigzag variant ``zz_out, zz_lse,
-zz_grad_*``; the other set is empty (zero sequence length) in each case.
+and ``grad_q``/``grad_k``/``grad_v``, in the case's layout (:func:`outputs`): ``Shard`` for the
+``full`` and ``causal`` variants, ``Zigzag`` for ``zigzag``.
 
 Value-dependent trigger: option ``logit_scale`` (1, 30 or 100) multiplies ``q``, giving logit gaps
 of hundreds between the blocks' LSEs (drawn, not left to seed luck).
 
-Planted bugs, each a small change to the reference modelled on a real one (BUG-PATTERNS.md):
-
-* ``naive_merge``: ``lse = lse + log(1 + exp(lse_b - lse))``, which overflows in float32 for logit
-  gaps above ~88 (zhuzilin/ring-flash-attention 9b84a6a).
-* ``causal_every_step``: the causal mask is applied on every ring step, not only on the diagonal
-  one (zhuzilin/ring-flash-attention 4072701).
-* ``zigzag_inverted_branch``: the zigzag test "is this block from an earlier rank?" is inverted
-  (zhuzilin/ring-flash-attention 4072701, the inverted skip test).
-* ``stale_kv_backward``: the backward ring recomputes every step with the K/V of step 0 (its K/V
-  buffer is never replaced by the received one), while the dK/dV accumulators still travel
-  (huggingface/diffusers#14265); the forward is right.
-* ``reversed_ring``: blocks are sent to the previous rank and received from the next, while the
-  step -> source-rank bookkeeping assumes the opposite direction: a wrong peer rank, right at
-  exactly 2 ranks (previous == next) (BUG-PATTERNS "exactly 2 ranks").
+Planted bugs: the ``PLANTED`` records at the end of this file.
 """
 
 from __future__ import annotations
@@ -59,16 +45,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Shard, Target
+from shardfuzz import Expect, PlantedBug, Shard, Target
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import Zigzag, split_sizes
-from shardfuzz.targets.ulysses import attention_magnitude, causal_mask
+from shardfuzz.magnitudes import attention_magnitude
+from shardfuzz.testing import uneven_sizes
 
 VARIANTS = ("full", "causal", "zigzag")
-NAMES = ("out", "lse", "grad_q", "grad_k", "grad_v")
 #: (sequence dim of [b, s, h, d] tensors, of the [b, h, s] LSE) per layout
 LAYOUTS = {"shard": (Shard(1), Shard(2)), "zigzag": (Zigzag(1), Zigzag(2))}
-PREFIX = {"shard": "", "zigzag": "zz_"}
 
 SIZES = {
     "batch": sst.Free(1, 2),
@@ -94,6 +79,12 @@ def layout_of(case):
     return "zigzag" if case.options["variant"] == "zigzag" else "shard"
 
 
+def outputs(case):
+    """The outputs and their layouts: the sequence dim in the case's layout."""
+    seq, seq_lse = LAYOUTS[layout_of(case)]
+    return {"out": seq, "lse": seq_lse, "grad_q": seq, "grad_k": seq, "grad_v": seq}
+
+
 def inputs(case):
     b, s, h, d = (case.sizes[k] for k in ("batch", "seq", "heads", "head_dim"))
     g = generator(case)
@@ -111,16 +102,9 @@ def _stat_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
-def _with_layout(values, case):
-    """Name the results for the case's layout; the other layout's outputs are empty."""
-    mine = PREFIX[layout_of(case)]
-    out = {}
-    for prefix in PREFIX.values():
-        for name in NAMES:
-            v = values[name]
-            dim = 2 if name == "lse" else 1
-            out[prefix + name] = v if prefix == mine else v.narrow(dim, 0, 0)
-    return out
+def causal_mask(nq, nk):
+    """``[nq, nk]`` bool, True where query ``i`` may see key ``j`` (``j <= i``, top-left aligned)."""
+    return torch.ones(nq, nk, dtype=torch.bool).tril()
 
 
 def oracle(inp, case):
@@ -133,7 +117,7 @@ def oracle(inp, case):
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
     lse = lse.to(_stat_dtype(q.dtype))
     torch.autograd.backward([out, lse], [inp["dout"], inp["dlse"].to(lse.dtype)])
-    return _with_layout({"out": out, "lse": lse, "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}, case)
+    return {"out": out, "lse": lse, "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
 
 
 def magnitude(inp, case):
@@ -143,9 +127,7 @@ def magnitude(inp, case):
     m = attention_magnitude(
         q, k, v, q.abs(), k.abs(), v.abs(), inp["dout"].abs(), mask, adlse=inp["dlse"].abs(), merge=True
     )
-    return _with_layout(
-        {"out": m["out"], "lse": m["lse"], "grad_q": m["dq"], "grad_k": m["dk"], "grad_v": m["dv"]}, case
-    )
+    return {"out": m["out"], "lse": m["lse"], "grad_q": m["dq"], "grad_k": m["dk"], "grad_v": m["dv"]}
 
 
 # -- the ring ------------------------------------------------------------------------------------
@@ -296,7 +278,8 @@ class RingAttention(torch.autograd.Function):
         return dq.to(ctx.dtype), dk.to(ctx.dtype), dv.to(ctx.dtype), None
 
 
-def _run(ctx, bug=None):
+def reference(ctx, *, bug: str | None = None):
+    """Ring attention in the case's variant; ``bug`` plants one of the ``PLANTED`` bugs."""
     variant = ctx.case.options["variant"]
     lay = layout_of(ctx.case)
     seq, seq_lse = LAYOUTS[lay]
@@ -311,44 +294,99 @@ def _run(ctx, bug=None):
     out, lse = RingAttention.apply(q, k, v, ring)
     dout, dlse = ctx.shard(ctx.inputs["dout"], seq), ctx.shard(ctx.inputs["dlse"], seq_lse)
     torch.autograd.backward([out, lse], [dout, dlse.to(lse.dtype)])
-    values = {"out": out.detach(), "lse": lse.detach(), "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
-    return _with_layout(values, ctx.case)
+    return {"out": out.detach(), "lse": lse.detach(), "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
 
 
-def reference(ctx):
-    return _run(ctx)
+GRADIENTS = ("grad_q", "grad_k", "grad_v")
 
 
-def naive_merge(ctx):
-    return _run(ctx, "naive_merge")
+def _variant(case):
+    return case.options["variant"]
 
 
-def causal_every_step(ctx):
-    return _run(ctx, "causal_every_step")
-
-
-def zigzag_inverted_branch(ctx):
-    return _run(ctx, "zigzag_inverted_branch")
-
-
-def stale_kv_backward(ctx):
-    return _run(ctx, "stale_kv_backward")
-
-
-def reversed_ring(ctx):
-    return _run(ctx, "reversed_ring")
-
-
-PLANTED = {
-    "naive_merge": "LSE merge log(1 + exp(lse_b - lse)) overflows for large logit gaps "
-    "(zhuzilin/ring-flash-attention 9b84a6a)",
-    "causal_every_step": "causal mask applied on every ring step, not only the diagonal one "
-    "(zhuzilin/ring-flash-attention 4072701)",
-    "zigzag_inverted_branch": "zigzag test for a block from an earlier rank inverted "
-    "(zhuzilin/ring-flash-attention 4072701)",
-    "stale_kv_backward": "backward reuses the K/V of step 0 on every ring step (huggingface/diffusers#14265)",
-    "reversed_ring": "K/V sent to the previous rank, received from the next: a wrong peer, right at 2 ranks",
+TRIGGERS = {
+    **{f"variant={v}": (lambda c, v=v: _variant(c) == v) for v in VARIANTS},
+    "causal on exactly 3 ranks": lambda c: _variant(c) == "causal" and c.world_size == 3,
+    "zigzag on 3 ranks": lambda c: _variant(c) == "zigzag" and c.world_size == 3,
+    "zigzag on 4 ranks": lambda c: _variant(c) == "zigzag" and c.world_size == 4,
+    "causal with an empty DTensor shard": lambda c: (
+        _variant(c) == "causal" and 0 in split_sizes(c.sizes["seq"], c.group_size)
+    ),
+    "an empty zigzag chunk": lambda c: _variant(c) == "zigzag" and c.sizes["seq"] < 2 * c.group_size,
+    "logit_scale>1": lambda c: c.options["logit_scale"] > 1,
+    "logit gap: logit_scale 100 on 3 ranks": lambda c: c.options["logit_scale"] == 100 and c.group_size == 3,
 }
+
+PLANTED = [
+    PlantedBug(
+        "naive_merge",
+        "LSE merge log(1 + exp(lse_b - lse)) overflows in float32 for logit gaps above ~88",
+        # a large logit gap between the blocks' LSEs (a drawn logit_scale, or the 'large' profile)
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            check=lambda c: _variant(c) == "full" and (c.options["logit_scale"] > 1 or c.profile == "large"),
+            note="logit_scale 30",
+        ),
+        p95=28,
+        link="zhuzilin/ring-flash-attention 9b84a6a",
+    ),
+    PlantedBug(
+        "causal_every_step",
+        "causal mask applied on every ring step, not only the diagonal one",
+        # the off-diagonal block must be wider than one key: seq 3 on 2 ranks is [2, 1]
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=("seq",),
+            check=lambda c: _variant(c) == "causal" and c.sizes["seq"] == 3,
+            note="causal, seq 3",
+        ),
+        p95=29,
+        link="zhuzilin/ring-flash-attention 4072701",
+    ),
+    PlantedBug(
+        "zigzag_inverted_branch",
+        "zigzag test for a block from an earlier rank inverted (the inverted skip test)",
+        Expect("mismatch", 2, (2,), check=lambda c: _variant(c) == "zigzag", note="zigzag"),
+        p95=42,
+        link="zhuzilin/ring-flash-attention 4072701",
+    ),
+    PlantedBug(
+        "stale_kv_backward",
+        "backward ring recomputes every step with the K/V of step 0 while dK/dV still travel; "
+        "the forward is right",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            check=lambda c: _variant(c) == "full",
+            outputs=lambda outs: set(outs) <= set(GRADIENTS),
+        ),
+        p95=10,
+        link="huggingface/diffusers#14265",
+    ),
+    PlantedBug(
+        "reversed_ring",
+        "K/V sent to the previous rank, received from the next: a wrong peer, right at exactly 2 ranks",
+        # at 3 ranks it needs the causal bookkeeping, or uneven blocks (read with the wrong source's
+        # length) in the non-causal variant: either is minimal
+        Expect(
+            "mismatch",
+            3,
+            (3,),
+            uneven=None,
+            check=lambda c: (
+                (_variant(c) == "causal" and not uneven_sizes(c))
+                or (_variant(c) == "full" and uneven_sizes(c) == ("seq",))
+            ),
+            note="right at 2 ranks",
+        ),
+        p95=19,
+    ),
+]
 
 TARGET = Target(
     name="ring_attention",
@@ -357,10 +395,9 @@ TARGET = Target(
     inputs=inputs,
     oracle=oracle,
     magnitude=magnitude,
-    outputs={
-        PREFIX[lay] + name: LAYOUTS[lay][1 if name == "lse" else 0] for lay in LAYOUTS for name in NAMES
-    },
-    input_layouts={},
-    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    outputs=outputs,
+    implementations={"reference": "reference"},
     planted=PLANTED,
+    triggers=TRIGGERS,
+    gradients=GRADIENTS,
 )

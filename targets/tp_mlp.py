@@ -5,30 +5,15 @@
 cotangent ``dy`` (``y.sum()`` cannot see rows scrambled in backward). Collectives sit inside the
 Megatron conjugate pair of autograd Functions:
 
-* ``f`` (copy to the TP region): identity forward, all-reduce of the input gradient backward;
-* ``g`` (reduce from the TP region): all-reduce forward, identity backward.
+* ``f`` (:class:`shardfuzz.parallel.CopyToGroup`): identity forward, all-reduce of the input
+  gradient backward;
+* ``g`` (:class:`shardfuzz.parallel.ReduceFromGroup`): all-reduce forward, identity backward.
 
 Outputs compared: ``y`` and ``grad_x`` (replicated: every rank is checked), ``grad_w1``/``grad_b1``
 (``Shard(0)``), ``grad_w2`` (``Shard(1)``) and ``grad_b2`` (replicated).
 
-Planted bugs, each a small change to the reference, modelled on a real one (BUG-PATTERNS.md):
-
-* ``missing_allreduce``: the row-parallel output is never all-reduced (``g`` is the identity).
-* ``bias_before_allreduce``: ``b2`` is added on every rank before the all-reduce, so ``y`` holds
-  tp copies of the bias (huggingface/text-generation-inference#1036).
-* ``missing_f_backward``: ``f`` does not all-reduce the input gradient; forward is right, ``grad_x``
-  is wrong (bigcode-project/Megatron-LM#35).
-* ``world_group``: the collectives use the world group instead of the TP group; right on a 1-D mesh,
-  wrong as soon as the TP group is smaller than the world (dp x tp).
-* ``floor_split``: the weights are sliced by hand with ``hidden // tp`` rows per rank, dropping the
-  remainder; right only when tp divides ``hidden``.
-* ``contiguous_copy``: the all-reduce runs on a ``.contiguous()`` copy of a non-contiguous output and
-  the unreduced original is returned (NVIDIA/Megatron-LM#5337); batch*seq == 1 hides it.
-* ``skip_empty_shard``: a rank whose hidden shard is empty returns early and skips the all-reduce;
-  its peers hang (an uneven hidden size on 3+ ranks makes an empty DTensor shard).
-* ``raw_allreduce``: ``g`` calls ``dist.all_reduce`` directly inside autograd; torch treats it as
-  the identity with only a warning (pytorch/pytorch#152127). Harmless here by luck (g's backward is
-  the identity), fatal for ``f``: reported as an ignored collective.
+Planted bugs: the ``PLANTED`` records at the end of this file (each a one-line change to the
+reference, modelled on a real bug).
 """
 
 from __future__ import annotations
@@ -39,8 +24,10 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import shardfuzz.strategies as sst
-from shardfuzz import Replicate, Shard, Target
+from shardfuzz import Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target
 from shardfuzz.inputs import generator, randn
+from shardfuzz.layouts import split_sizes
+from shardfuzz.parallel import CopyToGroup, ReduceFromGroup
 
 SIZES = {
     "batch": sst.Free(1, 3),
@@ -99,42 +86,16 @@ def magnitude(inp, case):
     }
 
 
-# -- the Megatron f/g pair -----------------------------------------------------------------------
-class CopyToTP(torch.autograd.Function):
-    """f: identity forward, all-reduce of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, reduce_backward=True):
-        ctx.group, ctx.reduce_backward = group, reduce_backward
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        if ctx.reduce_backward:
-            dist.all_reduce(grad, group=ctx.group)
-        return grad, None, None
+def _contiguous_copy_reduce(x, group):
+    """NVIDIA/Megatron-LM#5337: the all-reduce runs on a ``.contiguous()`` copy and the unreduced
+    original is returned (right only when ``x`` was already contiguous)."""
+    buf = x.contiguous()
+    dist.all_reduce(buf, group=group)
+    return x.clone() if buf.data_ptr() != x.data_ptr() else buf.clone()
 
 
-class ReduceFromTP(torch.autograd.Function):
-    """g: all-reduce forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, contiguous_copy_bug=False):
-        if contiguous_copy_bug:  # NVIDIA/Megatron-LM#5337: reduce a copy, return the original
-            buf = x.contiguous()
-            dist.all_reduce(buf, group=group)
-            return x.clone() if buf.data_ptr() != x.data_ptr() else buf.clone()
-        out = x.clone()
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None, None
-
-
-def _mlp(ctx, *, bug: str | None = None):
+def reference(ctx, *, bug: str | None = None):
+    """The Megatron TP MLP; ``bug`` plants one of the ``PLANTED`` bugs."""
     group = None if bug == "world_group" else ctx.group
     x = ctx.inputs["x"].clone().requires_grad_()
     if bug == "floor_split":  # hand-made shards with floor division: drops the remainder rows
@@ -159,7 +120,7 @@ def _mlp(ctx, *, bug: str | None = None):
             "grad_b2": zeros(b2),
         }
 
-    xin = CopyToTP.apply(x, group, bug != "missing_f_backward")
+    xin = CopyToGroup.apply(x, group, bug != "missing_f_backward")
     hid = F.gelu(F.linear(xin, w1, b1))
     if bug == "contiguous_copy":
         flat = rearrange(hid, "b s h -> h (b s)")
@@ -174,8 +135,10 @@ def _mlp(ctx, *, bug: str | None = None):
     elif bug == "raw_allreduce":
         out = partial.clone()
         dist.all_reduce(out, group=group)
+    elif bug == "contiguous_copy":
+        out = _contiguous_copy_reduce(partial, group)
     else:
-        out = ReduceFromTP.apply(partial, group, bug == "contiguous_copy")
+        out = ReduceFromGroup.apply(partial, group)
     y = out if bug == "bias_before_allreduce" else out + b2
     y.backward(ctx.inputs["dy"])
     return {
@@ -186,10 +149,6 @@ def _mlp(ctx, *, bug: str | None = None):
         "grad_w2": w2.grad,
         "grad_b2": b2.grad,
     }
-
-
-def reference(ctx):
-    return _mlp(ctx)
 
 
 # -- real PyTorch code: torch.distributed.tensor.parallel on a DeviceMesh ------------------------
@@ -277,50 +236,98 @@ TORCH_TP_SIZE1 = (
 )
 
 
-def missing_allreduce(ctx):
-    return _mlp(ctx, bug="missing_allreduce")
+GRADIENTS = ("grad_x", "grad_w1", "grad_b1", "grad_w2", "grad_b2")
 
+PLANTED = [
+    PlantedBug(
+        "missing_allreduce",
+        "row-parallel output never all-reduced",
+        Expect("mismatch", 2, (2,), outputs=("y",)),
+        p95=2,
+    ),
+    PlantedBug(
+        "bias_before_allreduce",
+        "row-parallel bias added on every rank before the all-reduce",
+        Expect("mismatch", 2, (2,), outputs=("y",)),
+        p95=2,
+        link="huggingface/text-generation-inference#1036",
+    ),
+    PlantedBug(
+        "missing_f_backward",
+        "f operator skips the backward all-reduce of the input gradient (forward right)",
+        Expect("mismatch", 2, (2,), outputs=("grad_x",)),
+        p95=2,
+        link="bigcode-project/Megatron-LM#35",
+    ),
+    PlantedBug(
+        "world_group",
+        "collectives on the world group instead of the TP group (right on every 1-D mesh)",
+        Expect("mismatch", 2, (2, 1)),
+        p95=29,
+    ),
+    PlantedBug(
+        "floor_split",
+        "hand-sliced shards with hidden // tp rows drop the remainder (right on even sizes)",
+        Expect("layout", 2, (2,), uneven=("hidden",), note="hidden 3"),
+        p95=65,
+    ),
+    PlantedBug(
+        "contiguous_copy",
+        "all-reduce on a .contiguous() copy, unreduced original returned (batch*seq == 1 hides it)",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            check=lambda c: c.sizes["batch"] * c.sizes["seq"] == 2 and c.sizes["d_out"] == 2,
+            outputs=("y",),
+            note="batch*seq 2, d_out 2",
+        ),
+        p95=11,
+        link="NVIDIA/Megatron-LM#5337",
+    ),
+    PlantedBug(
+        "skip_empty_shard",
+        "a rank with an empty shard skips the all-reduce and its peers hang (4 rows on 3 ranks: [2, 2, 0])",
+        Expect(
+            "hang",
+            3,
+            (3,),
+            uneven=("hidden",),
+            check=lambda c: 0 in split_sizes(c.sizes["hidden"], 3),
+            timeout=2.0,
+            note="hidden 4 ([2, 2, 0])",
+        ),
+        p95=155,
+    ),
+    PlantedBug(
+        "raw_allreduce",
+        "dist.all_reduce inside autograd, silently treated as identity (wrong at any world size)",
+        Expect("ignored-collective", 1, (1,)),
+        p95=1,
+        link="pytorch/pytorch#152127",
+    ),
+]
 
-def bias_before_allreduce(ctx):
-    return _mlp(ctx, bug="bias_before_allreduce")
-
-
-def missing_f_backward(ctx):
-    return _mlp(ctx, bug="missing_f_backward")
-
-
-def world_group(ctx):
-    return _mlp(ctx, bug="world_group")
-
-
-def floor_split(ctx):
-    return _mlp(ctx, bug="floor_split")
-
-
-def contiguous_copy(ctx):
-    return _mlp(ctx, bug="contiguous_copy")
-
-
-def skip_empty_shard(ctx):
-    return _mlp(ctx, bug="skip_empty_shard")
-
-
-def raw_allreduce(ctx):
-    return _mlp(ctx, bug="raw_allreduce")
-
-
-PLANTED = {
-    "missing_allreduce": "row-parallel output never all-reduced (BUG-PATTERNS: TP, missing all-reduce)",
-    "bias_before_allreduce": "row-parallel bias added on every rank before the all-reduce "
-    "(huggingface/text-generation-inference#1036)",
-    "missing_f_backward": "f operator skips the backward all-reduce of the input gradient "
-    "(bigcode-project/Megatron-LM#35)",
-    "world_group": "collectives on the world group instead of the TP group (group smaller than the world)",
-    "floor_split": "hand-sliced shards with hidden // tp rows drop the remainder (uneven sizes)",
-    "contiguous_copy": "all-reduce on a .contiguous() copy, unreduced original returned (NVIDIA/Megatron-LM#5337)",
-    "skip_empty_shard": "a rank with an empty shard skips the all-reduce and its peers hang",
-    "raw_allreduce": "dist.all_reduce inside autograd, silently treated as identity (pytorch/pytorch#152127)",
-}
+# torch's own TP: budgets of 100 examples as before these were records (not measured with budget.py)
+EXPECTED_FAILURES = [
+    ExpectedFailure(
+        "torch_tp",
+        TORCH_TP_UNEVEN,
+        Expect(
+            "rank-error", 2, (2,), uneven=("hidden",), check=lambda c: c.sizes["hidden"] == 3, note="hidden 3"
+        ),
+        p95=45,
+        link="pytorch/pytorch#150336",
+        impl="torch_tp",
+    ),
+    ExpectedFailure(
+        "torch_tp_dtensor_size1",
+        TORCH_TP_SIZE1,
+        Expect("rank-error", 1, (1,), check=lambda c: c.sizes["hidden"] == 1, note="all sizes 1"),
+        p95=45,
+        impl="torch_tp_dtensor_size1",
+    ),
+]
 
 TARGET = Target(
     name="tp_mlp",
@@ -338,14 +345,9 @@ TARGET = Target(
         "grad_b2": Replicate(),
     },
     input_layouts={"w1": Shard(0), "b1": Shard(0), "w2": Shard(1)},
-    implementations={
-        "reference": "reference",
-        **{name: name for name in PLANTED},
-        "torch_tp": "torch_tp",
-        "torch_tp_dtensor": "torch_tp_dtensor",
-        "torch_tp_dtensor_size1": "torch_tp_dtensor_size1",
-    },
+    implementations={"reference": "reference", "torch_tp_dtensor": "torch_tp_dtensor"},
     planted=PLANTED,
-    expected_failures={"torch_tp": TORCH_TP_UNEVEN, "torch_tp_dtensor_size1": TORCH_TP_SIZE1},
+    expected_failures=EXPECTED_FAILURES,
+    gradients=GRADIENTS,
     collectives=("all_reduce",),
 )

@@ -11,8 +11,8 @@ ranks get one extra token, as in Megatron-style hand-written code) with *all* he
 4. a second all-to-all swaps back to sequence shards with all heads.
 
 Backward is driven by a random cotangent; both all-to-alls go through one autograd Function
-(:class:`AllToAll`) whose backward is the reverse all-to-all. Outputs compared: ``out``,
-``grad_q``, ``grad_k``, ``grad_v`` (sequence-sharded like the inputs). At ``sp == 1`` the
+(:class:`shardfuzz.parallel.AllToAll`, on flat buffers) whose backward is the reverse all-to-all.
+Outputs compared: ``out``, ``grad_q``, ``grad_k``, ``grad_v`` (sequence-sharded like the inputs). At ``sp == 1`` the
 all-to-alls are skipped (the identity), as most Ulysses implementations do.
 
 Sizes the world size does not divide are *handled*, not left out (no ``supports`` rejection):
@@ -22,35 +22,25 @@ Sizes the world size does not divide are *handled*, not left out (no ``supports`
   drawn independently of the world size, so ``kv_heads < sp``, ``kv_heads % sp != 0`` and
   ``heads % sp != 0`` all occur. The reference pads the KV heads with zero heads to a multiple of
   ``sp`` and then the Q heads to ``padded_kv * q_per_kv`` (the fix of vllm-project/vllm-omni#5716),
-  so every rank holds whole GQA groups; the padded heads' outputs are dropped. The statistics'
-  "uneven" trigger counts only the sequence; head unevenness is reached by construction.
+  so every rank holds whole GQA groups; the padded heads' outputs are dropped. The generic
+  "uneven" trigger counts only the sequence; head unevenness is counted by this target's declared
+  triggers (``TRIGGERS``).
 
-Planted bugs, each a small change to the reference modelled on a real one (BUG-PATTERNS.md):
-
-* ``a2a_reshape``: the output all-to-all unpacks the received chunks as seq-first ``[s, b, ...]``
-  although they were packed batch-first, scrambling tokens across the batch
-  (deepspeedai/DeepSpeed#5664, #5808); right at batch 1 (and with one token per rank).
-* ``local_rope_positions``: RoPE positions ``arange(local_len)`` instead of the global positions of
-  the local shard (NVIDIA/Megatron-LM#453); rank 0 is right, and a head_dim of 1 has no rotary pair.
-* ``gqa_pad_separately``: Q and KV heads are each padded to a multiple of ``sp`` on their own,
-  which breaks the GQA ratio per rank when ``kv_heads % sp != 0`` (vllm-project/vllm-omni#5716);
-  MHA (``q_per_kv == 1``) is unaffected.
-* ``bf16_grad_a2a``: the backward all-to-all sends gradients in bfloat16 (a cast to a fixed dtype,
-  BUG-PATTERNS "fp32 only, or bf16 only" / "a gradient cast to the wrong dtype"); the forward is
-  right and bf16 runs cannot see it.
+Planted bugs: the ``PLANTED`` records at the end of this file.
 """
 
 from __future__ import annotations
 
 import hypothesis.strategies as st
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Shard, Target
+from shardfuzz import Expect, PlantedBug, Shard, Target
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_offsets, split_sizes
+from shardfuzz.magnitudes import attention_magnitude, rope_abs
+from shardfuzz.parallel import AllToAll
 
 SEQ = Shard(1, rule="tensor_split")
 ROPE_BASE = 10000.0
@@ -119,52 +109,6 @@ def oracle(inp, case):
 
 
 # -- magnitude-aware tolerance -------------------------------------------------------------------
-def attention_magnitude(q, k, v, aq, ak, av, adout, mask, *, adlse=None, merge=False):
-    """Elementwise bounds on the sum of |terms| behind attention's outputs and gradients.
-
-    ``q``/``k``/``v`` ``[b, s, h, d]`` (float64, same heads) give the true probabilities ``P``;
-    ``aq``/``ak``/``av``/``adout`` are bounds on the absolute values of the operands; ``mask``
-    ``[nq, nk]`` (True: visible) or None. A rounding error in a score moves ``P`` by about
-    ``P * (score error - mean score error)``, so ``P``'s relative error scales with the largest
-    ``|q|.|k|`` term of the row (``E``); with ``merge`` (blockwise LSE merges), also with ``|lse|``.
-    Returns bounds for ``out``, ``lse`` (``[b, h, s]``), ``dq``, ``dk`` and ``dv`` (per head of ``q``).
-    """
-    scale = q.shape[-1] ** -0.5
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    a = torch.einsum("bqhd,bkhd->bhqk", aq, ak) * scale
-    if mask is not None:
-        s = s.masked_fill(~mask, -torch.inf)
-        a = a.masked_fill(~mask, 0.0)
-    lse = torch.logsumexp(s, dim=-1).nan_to_num(0.0, 0.0, 0.0)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    smax = a.amax(-1) if a.shape[-1] else torch.zeros_like(lse)
-    e = 1.0 + 2.0 * smax + (2.0 * lse.abs() if merge else 0.0)  # [b, h, q]
-    pe = p * e[..., None]
-    out = torch.einsum("bhqk,bkhd->bqhd", pe, av)
-    b_ = torch.einsum("bqhd,bkhd->bhqk", adout, av)  # |dout_i| . |v_j|
-    dmag = (p * b_).sum(-1)
-    if adlse is not None:
-        dmag = dmag + adlse
-    ds = pe * (b_ + dmag[..., None]) * 2.0
-    return {
-        "out": out,
-        "lse": smax + lse.abs() + 1.0,
-        "dq": torch.einsum("bhqk,bkhd->bqhd", ds, ak) * scale,
-        "dk": torch.einsum("bhqk,bqhd->bkhd", ds, aq) * scale,
-        "dv": torch.einsum("bhqk,bqhd->bkhd", pe, adout),
-    }
-
-
-def rope_abs(a):
-    """A bound on ``|rope(x)|`` (and on ``|rope^T(g)|``) from ``a >= |x|``: each rotated pair gets
-    ``|x1| + |x2|``."""
-    half = a.shape[-1] // 2
-    if half == 0:
-        return a
-    pair = a[..., :half] + a[..., half : 2 * half]
-    return torch.cat([pair, pair, a[..., 2 * half :]], dim=-1)
-
-
 def magnitude(inp, case):
     q, k, v, dout = (inp[n] for n in ("q", "k", "v", "dout"))
     n, hq, hkv = q.shape[1], q.shape[2], k.shape[2]
@@ -183,26 +127,10 @@ def magnitude(inp, case):
     }
 
 
-# -- the all-to-all, inside autograd -------------------------------------------------------------
-class AllToAll(torch.autograd.Function):
-    """``dist.all_to_all_single`` on flat buffers with (uneven) element counts; backward is the
-    reverse all-to-all."""
-
-    @staticmethod
-    def forward(ctx, x, send, recv, group, bf16_grad_bug=False):
-        ctx.send, ctx.recv, ctx.group, ctx.bf16_grad_bug = send, recv, group, bf16_grad_bug
-        out = x.new_empty(sum(recv))
-        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        dtype = grad.dtype
-        if ctx.bf16_grad_bug:  # "save bandwidth": gradients travel in bf16 whatever the run's dtype
-            grad = grad.to(torch.bfloat16)
-        out = grad.new_empty(sum(ctx.send))
-        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
-        return out.to(dtype), None, None, None, None
+# -- the all-to-alls ----------------------------------------------------------------------------
+def _grad_dtype(bug):
+    """``bf16_grad_a2a``: "save bandwidth", gradients travel in bf16 whatever the run's dtype."""
+    return torch.bfloat16 if bug == "bf16_grad_a2a" else None
 
 
 def seq_to_heads(xs, seq_sizes, group, bug=None):
@@ -217,7 +145,7 @@ def seq_to_heads(xs, seq_sizes, group, bug=None):
     hl = sum(hls)
     send = packed.permute(2, 0, 1, 3, 4).reshape(-1)
     recv = [b * s_i * hl * d for s_i in seq_sizes]
-    flat = AllToAll.apply(send, [b * s_r * hl * d] * sp, recv, group, bug == "bf16_grad_a2a")
+    flat = AllToAll.apply(send, recv, [b * s_r * hl * d] * sp, group, _grad_dtype(bug))
     full = torch.cat([p.view(b, s_i, hl, d) for p, s_i in zip(flat.split(recv), seq_sizes)], dim=1)
     return list(full.split(hls, dim=2))
 
@@ -230,7 +158,7 @@ def heads_to_seq(y, seq_sizes, rank, group, bug=None):
     s_r = seq_sizes[rank]
     send_counts = [b * s_i * hl * d for s_i in seq_sizes]
     send = torch.cat([p.reshape(-1) for p in y.split(seq_sizes, dim=1)])
-    flat = AllToAll.apply(send, send_counts, [b * s_r * hl * d] * sp, group, bug == "bf16_grad_a2a")
+    flat = AllToAll.apply(send, [b * s_r * hl * d] * sp, send_counts, group, _grad_dtype(bug))
     if bug == "a2a_reshape":  # unpacked as seq-first, but the chunks were packed batch-first
         pieces = [p.view(s_r, b, hl, d).transpose(0, 1) for p in flat.chunk(sp)]
     else:
@@ -243,7 +171,8 @@ def pad_heads(x, h):
     return F.pad(x, (0, 0, 0, h - x.shape[2]))
 
 
-def _run(ctx, bug=None):
+def reference(ctx, *, bug: str | None = None):
+    """Ulysses attention; ``bug`` plants one of the ``PLANTED`` bugs."""
     sp, r, group = ctx.group_size, ctx.group_rank, ctx.group
     n, hq, hkv = ctx.inputs["q"].shape[1], ctx.inputs["q"].shape[2], ctx.inputs["k"].shape[2]
     q, k, v = (ctx.local[name].clone().requires_grad_() for name in ("q", "k", "v"))
@@ -264,36 +193,84 @@ def _run(ctx, bug=None):
     return {"out": out.detach(), "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
 
 
-def reference(ctx):
-    return _run(ctx)
+GRADIENTS = ("grad_q", "grad_k", "grad_v")
 
 
-def a2a_reshape(ctx):
-    return _run(ctx, "a2a_reshape")
+def _q_heads(case):
+    return case.sizes["kv_heads"] * case.sizes["q_per_kv"]
 
 
-def local_rope_positions(ctx):
-    return _run(ctx, "local_rope_positions")
-
-
-def gqa_pad_separately(ctx):
-    return _run(ctx, "gqa_pad_separately")
-
-
-def bf16_grad_a2a(ctx):
-    return _run(ctx, "bf16_grad_a2a")
-
-
-PLANTED = {
-    "a2a_reshape": "output all-to-all unpacked seq-first although packed batch-first; right at batch 1 "
-    "(deepspeedai/DeepSpeed#5664, #5808)",
-    "local_rope_positions": "RoPE positions arange(local_len) instead of global; rank 0 is right "
-    "(NVIDIA/Megatron-LM#453)",
-    "gqa_pad_separately": "Q and KV heads padded to a multiple of sp separately, breaking the GQA ratio "
-    "when kv_heads % sp != 0 (vllm-project/vllm-omni#5716)",
-    "bf16_grad_a2a": "backward all-to-all sends gradients in bf16: wrong only in fp32/fp64 backward "
-    "(a gradient cast to a fixed dtype)",
+TRIGGERS = {
+    "causal": lambda c: c.options["causal"],
+    "causal on 4 ranks": lambda c: c.options["causal"] and c.group_size == 4,
+    "kv_heads < sp with GQA": lambda c: c.sizes["kv_heads"] < c.group_size and c.sizes["q_per_kv"] > 1,
+    "kv_heads % sp != 0 with kv_heads > sp": lambda c: (
+        c.sizes["kv_heads"] > c.group_size > 1 and c.sizes["kv_heads"] % c.group_size
+    ),
+    "heads % sp != 0 on 3 ranks": lambda c: c.group_size == 3 and _q_heads(c) % 3,
+    "odd head_dim (partial rotary)": lambda c: c.sizes["head_dim"] == 3,
 }
+
+PLANTED = [
+    PlantedBug(
+        "a2a_reshape",
+        "output all-to-all unpacked seq-first although packed batch-first; right at batch 1 "
+        "(and with one token per rank; also deepspeedai/DeepSpeed#5808)",
+        # seq 3 on 2 ranks is [2, 1]: rank 0 receives 2 tokens per chunk
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=("seq",),
+            check=lambda c: c.sizes["batch"] == 2 and c.sizes["seq"] == 3,
+            note="batch 2, seq 3",
+        ),
+        p95=41,
+        link="deepspeedai/DeepSpeed#5664",
+    ),
+    PlantedBug(
+        "local_rope_positions",
+        "RoPE positions arange(local_len) instead of global; rank 0 is right, a head_dim of 1 has no rotary pair",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            check=lambda c: c.sizes["head_dim"] == 2 and c.sizes["seq"] == 2,
+            note="seq 2, head_dim 2",
+        ),
+        p95=33,
+        link="NVIDIA/Megatron-LM#453",
+    ),
+    PlantedBug(
+        "gqa_pad_separately",
+        "Q and KV heads padded to a multiple of sp separately, breaking the GQA ratio when "
+        "kv_heads % sp != 0 (MHA unaffected)",
+        # 1 KV head, 2 Q heads, sp 2
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            check=lambda c: c.sizes["kv_heads"] == 1 and c.sizes["q_per_kv"] == 2,
+            note="1 KV head, 2 Q heads",
+        ),
+        p95=45,
+        link="vllm-project/vllm-omni#5716",
+    ),
+    PlantedBug(
+        "bf16_grad_a2a",
+        "backward all-to-all sends gradients in bf16 (a gradient cast to a fixed dtype): wrong only in "
+        "fp32/fp64 backward, and sp 1 has no all-to-all",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            check=lambda c: c.dtype == "float32",
+            outputs=lambda outs: set(outs) <= set(GRADIENTS),
+            note="float32",
+        ),
+        p95=6,
+    ),
+]
 
 TARGET = Target(
     name="ulysses",
@@ -304,6 +281,8 @@ TARGET = Target(
     magnitude=magnitude,
     outputs={"out": SEQ, "grad_q": SEQ, "grad_k": SEQ, "grad_v": SEQ},
     input_layouts={"q": SEQ, "k": SEQ, "v": SEQ, "dout": SEQ},
-    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    implementations={"reference": "reference"},
     planted=PLANTED,
+    triggers=TRIGGERS,
+    gradients=GRADIENTS,
 )

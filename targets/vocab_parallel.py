@@ -11,14 +11,11 @@ The vocabulary is split over the TP group with the ``tensor_split`` rule (Megatr
   *global* vocabulary: ``loss = (1 - eps) * (lse - z_label) + eps * (lse - mean_v z_v)``.
 
 Outputs: per-token ``loss`` (replicated), ``grad_emb`` and ``grad_w_out`` (``Shard(0,
-rule="tensor_split")``). Backward is driven by a random per-token cotangent.
+rule="tensor_split")``). Backward is driven by a random per-token cotangent. The collectives
+of the embedding and the projection are Megatron's ``g`` and ``f``
+(:class:`shardfuzz.parallel.ReduceFromGroup`, :class:`shardfuzz.parallel.CopyToGroup`).
 
-Planted bugs:
-
-* ``local_smoothing``: the smoothing term uses the local vocab size and the local mean
-  (NVIDIA/Megatron-LM#737); only visible with tp > 1 and smoothing > 0.
-* ``embedding_no_offset``: token ids are not shifted by the rank's vocab offset; rank 0 is right
-  (the pattern of flashinfer-ai/flashinfer#3547, in an embedding).
+Planted bugs: the ``PLANTED`` records at the end of this file.
 """
 
 from __future__ import annotations
@@ -29,10 +26,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Replicate, Shard, Target
+from shardfuzz import Expect, PlantedBug, Replicate, Shard, Target
 from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets
-from shardfuzz.targets.tp_mlp import CopyToTP, ReduceFromTP
+from shardfuzz.layouts import split_offsets, split_sizes
+from shardfuzz.parallel import CopyToGroup, ReduceFromGroup
 
 VOCAB = Shard(0, rule="tensor_split")
 
@@ -166,7 +163,8 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         return g * grad.unsqueeze(-1), None, None, None, None, None, None
 
 
-def _run(ctx, bug=None):
+def reference(ctx, *, bug: str | None = None):
+    """Vocab-parallel embedding and cross-entropy; ``bug`` plants one of the ``PLANTED`` bugs."""
     tokens, labels = ctx.inputs["tokens"], ctx.inputs["labels"]
     vocab = ctx.inputs["emb"].shape[0]
     emb = ctx.local["emb"].clone().requires_grad_()
@@ -180,8 +178,8 @@ def _run(ctx, bug=None):
         else (tokens - start).clamp(0, local_v - 1)
     )
     h = F.embedding(ids, emb) * (~outside).unsqueeze(-1).to(emb.dtype)
-    h = ReduceFromTP.apply(h, ctx.group)
-    logits = F.linear(CopyToTP.apply(h, ctx.group), w_out)
+    h = ReduceFromGroup.apply(h, ctx.group)
+    logits = F.linear(CopyToGroup.apply(h, ctx.group), w_out)
     loss = VocabParallelCrossEntropy.apply(
         logits, labels, start, vocab, ctx.case.options["smoothing"], ctx.group, bug == "local_smoothing"
     )
@@ -189,23 +187,43 @@ def _run(ctx, bug=None):
     return {"loss": loss.detach(), "grad_emb": emb.grad, "grad_w_out": w_out.grad}
 
 
-def reference(ctx):
-    return _run(ctx)
+def _rows_off_rank0(case):
+    """The most vocab rows a rank other than rank 0 holds (0 on one rank)."""
+    return max(split_sizes(case.sizes["vocab"], case.group_size, VOCAB.rule)[1:], default=0)
 
 
-def local_smoothing(ctx):
-    return _run(ctx, "local_smoothing")
+GRADIENTS = ("grad_emb", "grad_w_out")
 
-
-def embedding_no_offset(ctx):
-    return _run(ctx, "embedding_no_offset")
-
-
-PLANTED = {
-    "local_smoothing": "label smoothing uses the local vocab size and local mean (NVIDIA/Megatron-LM#737)",
-    "embedding_no_offset": "token ids not shifted by the rank's vocab offset; rank 0 is right "
-    "(pattern of flashinfer-ai/flashinfer#3547)",
+TRIGGERS = {
+    "smoothing>0": lambda c: c.options["smoothing"] > 0,
+    "smoothing>0 with tp>1": lambda c: c.options["smoothing"] > 0 and c.group_size > 1,
+    # rank 0's offset is 0: an offset bug needs a later rank with 2+ rows (one row hides it in the clamp)
+    "2+ vocab rows off rank 0": lambda c: _rows_off_rank0(c) >= 2,
 }
+
+PLANTED = [
+    PlantedBug(
+        "local_smoothing",
+        "label smoothing uses the local vocab size and local mean (tp > 1 and smoothing > 0)",
+        Expect("mismatch", 2, (2,), check=lambda c: c.options["smoothing"] == 0.1, note="smoothing 0.1"),
+        p95=8,
+        link="NVIDIA/Megatron-LM#737",
+    ),
+    PlantedBug(
+        "embedding_no_offset",
+        "token ids not shifted by the rank's vocab offset; rank 0 is right, and so is a rank holding "
+        "one row (an expert-id bug's pattern, in an embedding)",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            check=lambda c: c.options["smoothing"] == 0.0 and c.sizes["vocab"] == 4,
+            note="vocab 4",
+        ),
+        p95=11,
+        link="flashinfer-ai/flashinfer#3547",
+    ),
+]
 
 TARGET = Target(
     name="vocab_parallel",
@@ -216,7 +234,9 @@ TARGET = Target(
     magnitude=magnitude,
     outputs={"loss": Replicate(), "grad_emb": VOCAB, "grad_w_out": VOCAB},
     input_layouts={"emb": VOCAB, "w_out": VOCAB},
-    implementations={"reference": "reference", **{name: name for name in PLANTED}},
+    implementations={"reference": "reference"},
     planted=PLANTED,
+    triggers=TRIGGERS,
+    gradients=GRADIENTS,
     collectives=("all_reduce",),
 )

@@ -31,25 +31,11 @@ Outputs after every step (``[steps, n]``, one row per step): ``param``, ``exp_av
 compared), and the step counter ``step`` (``[steps]`` int64, replicated, compared exactly). The
 oracle is ``torch.optim.AdamW`` (with ``torch.nn.utils.clip_grad_norm_``) on the unsharded
 parameters, in the case dtype (bf16 keeps bf16 state, as torch does, and so does the reference).
-The collectives are built on ``all_to_all_single`` (see :func:`all_reduce`: on gloo with 2 cores it
-is several times faster than the dedicated ones). :func:`magnitude` explains the tolerance.
+The collectives are built on ``all_to_all_single`` (:mod:`shardfuzz.parallel`: on gloo with 2
+cores it is several times faster than the dedicated ones). :func:`magnitude` explains the tolerance.
 
-Planted bugs, each a small change to the reference, modelled on a real one (BUG-PATTERNS.md):
-
-* ``local_grad_norm``: the clipping norm is the local shard's alone, never all-reduced
-  (karpathy/llm.c#524); needs G >= 2 and an active clip.
-* ``init_step``: an initialisation step (zero gradients, lr 0) materialises the state and advances
-  the step counter, so the first real update uses step-2 bias correction (deepspeedai/DeepSpeed#1823,
-  #5104; NVIDIA/Megatron-LM#5974).
-* ``padding_on_last_rank``: a rank's count of real elements assumes all padding sits on the last
-  rank (deepspeedai/DeepSpeed#6974); wrong only when padding spans several ranks (1 element on 3
-  ranks, 5 on 4: ``[2, 2, 1, 0]``), where taking the rank's shard raises, as DeepSpeed did
-  (deepspeedai/DeepSpeed#6918).
-* ``padding_in_norm``: the clipping norm sums the padding too (any padding and an active clip).
-* ``unscale_unscaled``: in bf16 runs the gradients are divided by a loss scale (65536) that was never
-  applied to the loss (deepspeedai/DeepSpeed#7839); bf16 only.
-* ``grads_not_zeroed``: the gradient buffer is not zeroed between optimizer steps, so step 2 adds
-  step 1's gradients (deepspeedai/DeepSpeed#7839, its second bug); needs steps >= 2.
+Planted bugs: the ``PLANTED`` records at the end of this file (each a small change to the
+reference, modelled on a real bug).
 
 A second target in this module, ``zero_adamw_torch`` (:data:`TORCH_TARGET`), fuzzes
 ``torch.distributed.optim.ZeroRedundancyOptimizer`` around AdamW: it gives whole parameters to
@@ -71,14 +57,18 @@ import math
 
 import hypothesis.strategies as st
 import torch
-import torch.distributed as dist
 
 import shardfuzz.strategies as sst
-from shardfuzz import Owned, PaddedFlat, Replicate, Target
+from shardfuzz import Expect, Owned, PaddedFlat, PlantedBug, Replicate, Target
 from shardfuzz.compare import UNIT_ROUNDOFF
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_sizes
+from shardfuzz.parallel import (
+    all_gather_by_all_to_all,
+    all_reduce_by_all_to_all,
+    reduce_scatter_by_all_to_all,
+)
 
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 0.1, 0.9, 0.999, 1e-8, 0.1
 LOSS_SCALE = 65536.0  # DeepSpeed's initial dynamic loss scale
@@ -286,31 +276,6 @@ def magnitude(inp, case):
     return mag
 
 
-# -- collectives ------------------------------------------------------------------------------------
-# Built on all_to_all_single: on gloo with 2 cores, at 3-4 ranks, it is 3-8x faster than all_reduce,
-# reduce_scatter and all_gather (measured at 4 ranks: 1.4 ms against 5.1, 11.8 and 3.7 ms). Every
-# rank sums the received pieces in rank order, so replicated results are bitwise identical.
-def all_reduce(t, group, size: int):
-    """The sum of ``t`` over the group (every rank sends its copy to every rank)."""
-    out = torch.empty(size * t.numel(), dtype=t.dtype)
-    dist.all_to_all_single(out, t.reshape(-1).repeat(size), group=group)
-    return out.view(size, *t.shape).sum(0)
-
-
-def reduce_scatter(buf, group, size: int):
-    """Rank ``i`` gets the sum over ranks of chunk ``i`` of ``buf`` (``size`` equal chunks)."""
-    out = torch.empty_like(buf)
-    dist.all_to_all_single(out, buf, group=group)
-    return out.view(size, -1).sum(0)
-
-
-def all_gather(shard, group, size: int):
-    """Every rank's ``shard``, concatenated in rank order."""
-    out = torch.empty(size * shard.numel(), dtype=shard.dtype)
-    dist.all_to_all_single(out, shard.repeat(size), group=group)
-    return out
-
-
 # -- the flat ZeRO implementation ------------------------------------------------------------------
 def _real_count(n: int, rank: int, parts: int, chunk: int, bug: str | None) -> int:
     """How many real (non-padding) elements rank ``rank``'s shard of ``chunk`` elements holds."""
@@ -330,7 +295,8 @@ def _adamw_(param, grad, exp_avg, exp_avg_sq, step: int) -> None:
     param.addcdiv_(exp_avg, denom, value=-LR / bias_correction1)
 
 
-def _run(ctx, bug=None):
+def reference(ctx, *, bug: str | None = None):
+    """Flat ZeRO AdamW, stages 1-3; ``bug`` plants one of the ``PLANTED`` bugs."""
     opts = ctx.case.options
     stage, steps, accum = opts["stage"], opts["steps"], opts["grad_accum"]
     group, rank, g_size = ctx.group, ctx.group_rank, ctx.group_size
@@ -360,7 +326,7 @@ def _run(ctx, bug=None):
     counts = []
     for t in range(steps):
         if stage == 3:  # parameters are sharded: gather them for use
-            full = all_gather(master, group, g_size)[:n]
+            full = all_gather_by_all_to_all(master, group, g_size)[:n]
         if not (bug == "grads_not_zeroed" and t > 0):
             grad_full.zero_()
             grad_shard.zero_()
@@ -371,9 +337,9 @@ def _run(ctx, bug=None):
             if stage == 1:
                 grad_full += grad
             else:  # reduce-scatter every micro-batch, accumulate the shard
-                grad_shard += reduce_scatter(padded(grad), group, g_size)
+                grad_shard += reduce_scatter_by_all_to_all(padded(grad), group, g_size)
         if stage == 1:
-            reduced = all_reduce(grad_full, group, g_size)
+            reduced = all_reduce_by_all_to_all(grad_full, group, g_size)
             mine = reduced.narrow(0, min(lo, n), k)
             g = torch.cat([mine, reduced.new_full((chunk - k,), math.nan)])
         else:
@@ -385,13 +351,13 @@ def _run(ctx, bug=None):
             sq = g.to(acc) ** 2
             sumsq = sq.sum() if bug == "padding_in_norm" else sq[real].sum()
             if bug != "local_grad_norm":
-                sumsq = all_reduce(sumsq, group, g_size)
+                sumsq = all_reduce_by_all_to_all(sumsq, group, g_size)
             coef = (max_norm / (sumsq.sqrt() + 1e-6)).clamp(max=1.0)
             g.mul_(coef.to(dtype))
         step += 1
         _adamw_(master, g, exp_avg, exp_avg_sq, step)
         if stage != 3 and t + 1 < steps:  # refresh the full parameters for the next step
-            full = all_gather(master, group, g_size)[:n]
+            full = all_gather_by_all_to_all(master, group, g_size)[:n]
         rows["param"].append(master.clone())
         rows["exp_avg"].append(exp_avg.clone())
         rows["exp_avg_sq"].append(exp_avg_sq.clone())
@@ -399,58 +365,6 @@ def _run(ctx, bug=None):
     out = {k: torch.stack(v) for k, v in rows.items()}
     out["step"] = torch.tensor(counts, dtype=torch.int64)
     return out
-
-
-def reference(ctx):
-    return _run(ctx)
-
-
-def local_grad_norm(ctx):
-    return _run(ctx, "local_grad_norm")
-
-
-def init_step(ctx):
-    return _run(ctx, "init_step")
-
-
-def padding_on_last_rank(ctx):
-    return _run(ctx, "padding_on_last_rank")
-
-
-def padding_in_norm(ctx):
-    return _run(ctx, "padding_in_norm")
-
-
-def unscale_unscaled(ctx):
-    return _run(ctx, "unscale_unscaled")
-
-
-def grads_not_zeroed(ctx):
-    return _run(ctx, "grads_not_zeroed")
-
-
-PLANTED = {
-    "local_grad_norm": "clipping norm of the local shard only, never all-reduced (karpathy/llm.c#524)",
-    "init_step": "an initialisation step advances the Adam step counter (deepspeedai/DeepSpeed#1823, #5104)",
-    "padding_on_last_rank": "real-element count assumes padding only on the last rank (deepspeedai/DeepSpeed#6974)",
-    "padding_in_norm": "padding summed into the clipping norm",
-    "unscale_unscaled": "bf16 gradients divided by a loss scale never applied (deepspeedai/DeepSpeed#7839)",
-    "grads_not_zeroed": "gradient buffer not zeroed between steps (deepspeedai/DeepSpeed#7839)",
-}
-
-FLAT = StepwisePaddedFlat()
-
-TARGET = Target(
-    name="zero_adamw",
-    description="ZeRO-sharded AdamW, stages 1-3, flat padded buffers, accumulation, clipping, vs torch AdamW",
-    cases=cases,
-    inputs=inputs,
-    oracle=oracle,
-    magnitude=magnitude,
-    outputs={"param": FLAT, "exp_avg": FLAT, "exp_avg_sq": FLAT, "step": Replicate()},
-    implementations={"reference": "reference", **{name: name for name in PLANTED}},
-    planted=PLANTED,
-)
 
 
 # -- torch's ZeroRedundancyOptimizer ------------------------------------------------------------
@@ -485,7 +399,7 @@ def zero_redundancy_optimizer(ctx):
             p = torch.cat(params)
             loss = (0.5 * a[t, mb] * (p - x[t, mb]) ** 2).sum() / (accum * g_size)
             loss.backward()
-        grads = all_reduce(torch.cat([q.grad for q in params]), group, g_size)
+        grads = all_reduce_by_all_to_all(torch.cat([q.grad for q in params]), group, g_size)
         for q, grad in zip(params, grads.split(sizes)):
             q.grad = grad
         if max_norm is not None:
@@ -507,6 +421,148 @@ def zero_redundancy_optimizer(ctx):
     return out
 
 
+# -- triggers --------------------------------------------------------------------------------------
+def padding_spans_ranks(case) -> bool:
+    """More padding than one rank's chunk: the padding sits on several ranks."""
+    n, g = case.sizes["numel"], case.group_size
+    chunk = -(-n // g)
+    return chunk * g - n > chunk
+
+
+def clip_active(case) -> bool:
+    """The first step's true gradient norm exceeds ``max_norm``: the clip really acts."""
+    if case.options["clip_factor"] is None:
+        return False
+    inp = inputs(case)
+    g1 = _mean_grad(inp["p0"].double(), inp["a"][0].double(), inp["x"][0].double(), case.group_size)
+    return float(g1.norm()) > inp["max_norm"] > 0
+
+
+STEP_TRIGGERS = {
+    "clip active": clip_active,
+    "steps>=2": lambda c: c.options["steps"] >= 2,
+    "grad_accum>=2": lambda c: c.options["grad_accum"] >= 2,
+    "steps>=2 with accumulation": lambda c: c.options["steps"] >= 2 and c.options["grad_accum"] >= 2,
+}
+
+TRIGGERS = {
+    **STEP_TRIGGERS,
+    "padding on several ranks": padding_spans_ranks,
+    "odd numel on 2 ranks": lambda c: c.group_size == 2 and c.sizes["numel"] % 2 == 1,
+    "stage 3 over several steps": lambda c: c.options["stage"] == 3 and c.options["steps"] >= 2,
+    "several parameters across ranks": lambda c: len(param_sizes(c)) == 3 and c.group_size >= 3,
+}
+
+TORCH_TRIGGERS = {
+    **STEP_TRIGGERS,
+    "bucket view on several ranks over steps": lambda c: (
+        c.options["bucket_view"] and c.group_size >= 2 and c.options["steps"] >= 2
+    ),
+}
+
+
+# -- planted bugs ------------------------------------------------------------------------------------
+PLANTED = [
+    PlantedBug(
+        "local_grad_norm",
+        "clipping norm of the local shard only, never all-reduced (needs 2+ ranks and an active clip)",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=None,
+            check=lambda c: c.options["clip_factor"] == 0.5,
+            outputs=("exp_avg", "exp_avg_sq"),
+            note="active clip",
+        ),
+        p95=22,
+        link="karpathy/llm.c#524",
+    ),
+    PlantedBug(
+        "init_step",
+        "an initialisation step advances the Adam step counter, so the first real update uses step-2 "
+        "bias correction (also deepspeedai/DeepSpeed#5104, NVIDIA/Megatron-LM#5974)",
+        Expect(
+            "mismatch",
+            1,
+            (1,),
+            uneven=None,
+            check=lambda c: c.options["steps"] == 1,
+            outputs=("param", "step"),
+            note="1 step",
+        ),
+        p95=1,
+        link="deepspeedai/DeepSpeed#1823",
+    ),
+    PlantedBug(
+        "padding_on_last_rank",
+        "real-element count assumes all padding on the last rank; with padding on several ranks (1 "
+        "element on 3 ranks: [1, 0, 0]) taking the shard raises, as in deepspeedai/DeepSpeed#6918",
+        Expect(
+            "rank-error",
+            3,
+            (3,),
+            uneven=None,
+            check=lambda c: padding_spans_ranks(c) and c.sizes["numel"] == 1,
+            note="1 element ([1, 0, 0])",
+        ),
+        p95=28,
+        link="deepspeedai/DeepSpeed#6974",
+    ),
+    PlantedBug(
+        "padding_in_norm",
+        "padding summed into the clipping norm (needs padding, an odd buffer on 2 ranks, and an active clip)",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=None,
+            check=lambda c: c.options["clip_factor"] == 0.5 and c.sizes["numel"] % 2 == 1,
+            note="odd size, active clip",
+        ),
+        p95=18,
+    ),
+    PlantedBug(
+        "unscale_unscaled",
+        "bf16 gradients divided by a loss scale (65536) never applied to the loss (bf16 only)",
+        Expect(
+            "mismatch",
+            1,
+            (1,),
+            uneven=None,
+            check=lambda c: c.dtype == "bfloat16",
+            outputs=("exp_avg", "exp_avg_sq"),
+            note="bfloat16",
+        ),
+        p95=23,
+        link="deepspeedai/DeepSpeed#7839",
+    ),
+    PlantedBug(
+        "grads_not_zeroed",
+        "gradient buffer not zeroed between optimizer steps, so step 2 adds step 1's gradients (needs 2 steps)",
+        Expect("mismatch", 1, (1,), uneven=None, check=lambda c: c.options["steps"] == 2, note="2 steps"),
+        p95=11,
+        link="deepspeedai/DeepSpeed#7839",
+    ),
+]
+
+FLAT = StepwisePaddedFlat()
+
+TARGET = Target(
+    name="zero_adamw",
+    description="ZeRO-sharded AdamW, stages 1-3, flat padded buffers, accumulation, clipping, vs torch AdamW",
+    cases=cases,
+    inputs=inputs,
+    oracle=oracle,
+    magnitude=magnitude,
+    outputs={"param": FLAT, "exp_avg": FLAT, "exp_avg_sq": FLAT, "step": Replicate()},
+    implementations={"reference": "reference"},
+    planted=PLANTED,
+    triggers=TRIGGERS,
+)
+
+# a second target, not a second implementation: its state is per parameter on the owner (Owned()),
+# which the flat layouts above cannot describe (see the module docstring)
 TORCH_TARGET = Target(
     name="zero_adamw_torch",
     description="torch ZeroRedundancyOptimizer(AdamW), gradients all-reduced and clipped outside, state by owner",
@@ -520,4 +576,5 @@ TORCH_TARGET = Target(
     },
     implementations={"zero_redundancy_optimizer": "zero_redundancy_optimizer"},
     reference="zero_redundancy_optimizer",
+    triggers=TORCH_TRIGGERS,
 )
