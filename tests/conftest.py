@@ -46,6 +46,19 @@ def _wait_gone(pids, seconds: float = 15.0) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests need CUDA: skipped cleanly (and said so) on machines without it."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA (run bash .ci/gpu-checks on a GPU machine)")
+        for item in gpu:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def procs():
     """Helpers to find a process's descendants and wait for them to be gone (Linux /proc)."""

@@ -48,9 +48,7 @@ def test_case_that_passes_exits_0():
 
 
 def test_impl_by_reference_from_the_cli():
-    out = cli(
-        "fuzz", "tp_mlp", "--impl", "shardfuzz.targets.tp_mlp:missing_allreduce", "--max-examples", "30"
-    )
+    out = cli("fuzz", EXAMPLE, "--impl", f"{EXAMPLE}::mean_of_means", "--max-examples", "30")
     assert out.returncode == 1 and "mismatch" in out.stdout
 
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis.database import InMemoryExampleDatabase
 
 import shardfuzz
-from shardfuzz import Case, LayoutMismatch, Mismatch, RankError, RankHang, Runner, TargetError
-from shardfuzz.database import KeyedDatabase
-from shardfuzz.engine import TimeoutPolicy
+from shardfuzz import Case, LayoutMismatch, Mismatch, RankError, RankHang, RunConfig, Runner, TargetError
+from shardfuzz.database import keyed_database
+from shardfuzz.runner import TimeoutPolicy
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 
@@ -20,7 +20,7 @@ def case(world=2, n=3, mesh=None):
 
 
 def runner(impl, **kw):
-    return Runner(TOY, impl, **kw)
+    return Runner(TOY, impl, RunConfig(**kw))
 
 
 def raise_site(exc):
@@ -44,7 +44,7 @@ def test_rank_exception_is_reported_at_once_with_traceback_and_output():
     assert "ValueError: boom on rank 1" in report
     assert "rank 1 is about to fail" in report  # the rank's stdout is attached
     assert "Rerun this case: shardfuzz case" in report
-    assert raise_site(e.value) == "_raise_rank_error"
+    assert raise_site(e.value) == "raise_rank_error"
     assert runner("reference").run_case(case()) < 1  # the pool was restarted
 
 
@@ -55,7 +55,7 @@ def test_hang_gives_every_ranks_stack():
     report = e.value.report
     assert "--- rank 0 stack ---" in report and "--- rank 1 stack ---" in report
     assert "hang_rank0" in report  # rank 0's stack shows where it is stuck
-    assert raise_site(e.value) == "_raise_hang"
+    assert raise_site(e.value) == "raise_hang"
     assert runner("reference").run_case(case()) < 1
 
 
@@ -64,7 +64,7 @@ def test_dead_rank_is_a_rank_error():
         runner("segfault_rank1", timeout=30).run_case(case())
     assert "rank 1 died" in e.value.report
     assert "Segmentation fault" in e.value.report  # faulthandler's dump from the rank's stderr
-    assert raise_site(e.value) == "_raise_rank_died"
+    assert raise_site(e.value) == "raise_rank_died"
 
 
 def test_mismatch_names_the_rank_that_holds_wrong_elements():
@@ -75,14 +75,14 @@ def test_mismatch_names_the_rank_that_holds_wrong_elements():
     assert "output 'x2' (Shard(0), float32, global shape [4])" in report
     assert "rank 1: 2 / 2 elements wrong" in report  # DTensor rule: 4 rows on 3 ranks are [2, 2, 0]
     assert "rank 0: ok" in report and "rank 2: ok" in report
-    assert raise_site(e.value) == "_raise_mismatch"
+    assert raise_site(e.value) == "raise_mismatch"
 
 
 def test_wrong_local_shape_is_a_layout_finding():
     with pytest.raises(LayoutMismatch) as e:
         runner("wrong_shape").run_case(case(2, 4))
     assert "output 'x2' (Shard(0)): rank 0 holds [3] float32, expected [2] float32" in e.value.report
-    assert raise_site(e.value) == "_raise_layout"
+    assert raise_site(e.value) == "raise_layout"
 
 
 def test_integers_compare_exactly():
@@ -129,7 +129,7 @@ def test_closure_is_refused():
 
 def test_module_level_function_becomes_a_file_reference():
     r = Runner(TOY, module_level_impl)
-    assert r.impl_ref.endswith("test_engine.py::module_level_impl")
+    assert r.impl_ref.ref.endswith("test_engine.py::module_level_impl")
 
 
 def test_unknown_target_and_file_without_target(tmp_path):
@@ -174,7 +174,7 @@ def test_target_missing_a_piece():
 
 def test_database_keys_are_prefixed_per_target_impl_backend():
     inner = InMemoryExampleDatabase()
-    a, b = KeyedDatabase(inner, "t/a/gloo"), KeyedDatabase(inner, "t/b/gloo")
+    a, b = keyed_database(inner, "t/a/gloo"), keyed_database(inner, "t/b/gloo")
     a.save(b"k", b"v")
     assert list(a.fetch(b"k")) == [b"v"] and list(b.fetch(b"k")) == []
 

@@ -62,7 +62,8 @@ def test_failure_file_holds_the_shrunk_case_and_everything_to_replay_it(found):
     assert rec["format"] == "shardfuzz-failure" and rec["version"] == 1
     assert Case.from_dict(rec["case"]) == res.case  # updated while shrinking: ends at the minimal case
     assert rec["updates"] >= 1
-    assert rec["target"] == "tp_mlp" and rec["impl_ref"] == "shardfuzz.targets.tp_mlp:missing_allreduce"
+    assert rec["target"] == "tp_mlp" and rec["impl_ref"] == "shardfuzz.targets.tp_mlp:reference"
+    assert rec["impl_kwargs"] == {"bug": "missing_allreduce"}
     assert rec["backend"] == "gloo" and rec["device"] == "cpu" and rec["kind"] == "mismatch"
     assert rec["report"].startswith("shardfuzz: 1 of 6 outputs mismatch")
     assert len(rec["inputs_sha256"]) == 64 and len(rec["impl_source_sha256"]) == 64
@@ -74,8 +75,7 @@ def test_failure_file_holds_the_shrunk_case_and_everything_to_replay_it(found):
 
 def test_file_is_written_at_the_first_failure(tmp_path):
     # no Hypothesis here: a single failing example must already leave its file behind
-    runner = Runner(TOY, "wrong_rank1")
-    runner.on_failure = FailureRecorder(str(tmp_path))
+    runner = Runner(TOY, "wrong_rank1", hooks=[FailureRecorder(str(tmp_path))])
     case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
     with pytest.raises(Mismatch):
         runner.run_case(case)
@@ -90,11 +90,11 @@ def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
     assert "STILL FAILS (mismatch; was mismatch)" in out.stdout
 
     rec = json.loads(open(path).read())
-    fixed = dict(rec, impl_ref="shardfuzz.targets.tp_mlp:reference")
+    fixed = dict(rec, impl_kwargs={})
     (tmp_path / "fixed.json").write_text(json.dumps(fixed))
     out = cli("replay", str(tmp_path / "fixed.json"))
     assert out.returncode == 0 and "now passes" in out.stdout
-    assert "source changed" in out.stdout
+    assert "source or bound arguments changed" in out.stdout
 
     moved = dict(rec, inputs_sha256="0" * 64)
     (tmp_path / "moved.json").write_text(json.dumps(moved))
@@ -150,7 +150,7 @@ def test_repro_script_runs_under_torchrun(found, tmp_path):
 
 def test_torchrun_module_replays_a_passing_case(found, tmp_path):
     rec = json.loads(open(found[1]).read())
-    (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl_ref="shardfuzz.targets.tp_mlp:reference")))
+    (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
     run = torchrun("--nproc-per-node=2", "-m", "shardfuzz.torchrun", str(tmp_path / "fixed.json"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS: worst error/tolerance" in run.stdout
@@ -161,7 +161,7 @@ def test_failure_files_become_regression_tests_that_run_first(pytester, found):
     d = pytester.mkdir("failures")
     rec = json.loads(open(path).read())
     (d / "still_broken.json").write_text(json.dumps(rec))
-    (d / "fixed.json").write_text(json.dumps(dict(rec, impl_ref="shardfuzz.targets.tp_mlp:reference")))
+    (d / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
     pytester.makepyfile(
         test_a="def test_plain():\n    pass\n",
         test_b=f"import shardfuzz\ntest_regressions = shardfuzz.regressions({str(d)!r})\n",

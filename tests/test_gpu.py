@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import shardfuzz
-from shardfuzz import InfrastructureError, InvalidArgument, Runner
+from shardfuzz import InfrastructureError, InvalidArgument, RunConfig
 from shardfuzz.gpu import check_placement, placement_summary
 from shardfuzz.registry import get_target
 
 N_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-cuda = pytest.mark.skipif(N_GPUS == 0, reason="needs CUDA (run .ci/gpu-checks on a GPU machine)")
+cuda = pytest.mark.gpu  # skipped without CUDA by tests/conftest.py
 
 
 def test_placement_summary_says_what_can_run():
@@ -42,7 +42,7 @@ def test_gloo_on_cuda_needs_a_target_limited_to_all_reduce_and_broadcast(monkeyp
     with pytest.raises(InvalidArgument, match="does not declare its collectives"):
         check_placement(undeclared, "gloo", "cuda", 2)
     with pytest.raises(InvalidArgument, match="device='cpu' with backend='nccl'"):
-        Runner("tp_mlp", backend="nccl", device="cpu")
+        RunConfig(backend="nccl", device="cpu")
 
 
 @cuda
@@ -95,6 +95,7 @@ def test_numerics_flags_and_deterministic_mode_are_recorded(tmp_path):
 @cuda
 def test_cpu_failure_replays_on_gpu(tmp_path):
     from shardfuzz import failures
+    from shardfuzz.replay import replay_one
 
     res = shardfuzz.run(
         "tp_mlp",
@@ -107,5 +108,5 @@ def test_cpu_failure_replays_on_gpu(tmp_path):
     assert res.found
     rec = failures.load(str(next(tmp_path.glob("*.json"))))
     backend = "nccl" if N_GPUS >= rec["case"].world_size else "gloo"
-    out = failures.replay_one(rec, backend=backend, device="cuda")
+    out = replay_one(rec, backend=backend, device="cuda")
     assert out.failed and out.status == "still fails"  # same inputs: built on CPU from the seed, then moved

@@ -101,3 +101,17 @@ def test_owned_needs_exactly_one_owner():
     assert not layout.holds_piece((0,), (3, 2)) and layout.holds_piece((3, 2), (3, 2))
     assert layout.check_group([(3, 2), (3, 2)], (3, 2)).startswith("exactly one rank must hold [3, 2]")
     assert layout.check_group([(0,), (3, 2)], (3, 2)) is None
+
+
+def test_stepwise_padded_flat_layout():
+    """5 elements on 4 ranks: chunks of 2, real elements [2, 2, 1, 0], padding never compared."""
+    from shardfuzz.targets.zero_adamw import StepwisePaddedFlat
+
+    layout = StepwisePaddedFlat()
+    value = torch.arange(10.0).view(2, 5)
+    assert [layout.local_shape((2, 5), r, 4) for r in range(4)] == [(2, 2)] * 4
+    assert [layout.piece(value, r, 4).shape[1] for r in range(4)] == [2, 2, 1, 0]
+    local = torch.tensor([[4.0, float("nan")], [9.0, float("nan")]])
+    assert torch.equal(layout.comparable(local, 2, 4, (2, 5)), layout.piece(value, 2, 4))
+    assert layout.global_index((1, 0), 2, 4, (2, 5)) == (1, 4)
+    assert layout.assemble([torch.zeros(2, 2)] * 4).shape == (2, 8)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import shardfuzz.strategies as sst
-from shardfuzz import Partial, Replicate, Shard, Target
+from shardfuzz import Partial, Replicate, Shard, Target, bind
 from shardfuzz.inputs import generator, randn
 
 
@@ -21,15 +21,20 @@ def oracle(inp, case):
     return {"total": x.sum().reshape(1), "x2": 2 * x, "parts": x, "count": torch.tensor([x.numel()])}
 
 
-def reference(ctx):
+def reference(ctx, *, use_device_mesh=False):
+    group = ctx.group
+    if use_device_mesh:  # the DeviceMesh of the whole mesh; the axis under test is named "impl"
+        mesh = ctx.mesh.device_mesh()
+        assert mesh.mesh_dim_names[-1] == "impl" and tuple(mesh.shape) == tuple(ctx.case.mesh)
+        group = mesh.get_group("impl")
     local = ctx.local["x"]
     total = local.sum().reshape(1)
-    dist.all_reduce(total, group=ctx.group)
+    dist.all_reduce(total, group=group)
     parts = torch.zeros_like(ctx.inputs["x"])
     start = Shard(0).global_index((0,), ctx.group_rank, ctx.group_size, tuple(parts.shape))[0]
     parts[start : start + local.numel()] = local
     count = torch.tensor([local.numel()])
-    dist.all_reduce(count, group=ctx.group)
+    dist.all_reduce(count, group=group)
     return {"total": total, "x2": 2 * local, "parts": parts, "count": count}
 
 
@@ -97,5 +102,6 @@ TOY = Target(
         "wrong_rank1": "wrong_rank1",
         "wrong_shape": "wrong_shape",
         "wrong_count": "wrong_count",
+        "via_device_mesh": bind("reference", use_device_mesh=True),
     },
 )

@@ -1,0 +1,113 @@
+"""One run configuration, declared hooks, bound implementations and derived targets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import shardfuzz
+from shardfuzz import Case, InvalidArgument, Mismatch, RunConfig, RunHooks, Runner
+from shardfuzz.registry import get_target
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+TOY = os.path.join(DATA, "toy_target.py")
+DERIVED = os.path.join(DATA, "derived_target.py")
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"backend": "mpi"}, "backend='mpi'; allowed: gloo, nccl"),
+        ({"backend": "nccl", "device": "cpu"}, "nccl needs device='cuda'"),
+        ({"world_sizes": [0, 2]}, "world_sizes=[0, 2]"),
+        ({"world_sizes": []}, "world_sizes=[]"),
+        ({"timeout": 0}, "timeout=0; must be a finite number > 0"),
+        ({"deadline": float("nan")}, "deadline=nan"),
+        ({"max_examples": 1.5}, "max_examples=1.5; must be an int >= 1"),
+        ({"dtypes": ["float8"]}, "dtypes=['float8']"),
+        ({"profile": "ci"}, "profile='ci'; allowed: shardfuzz-ci"),
+        ({"deterministic": "yes"}, "deterministic='yes'"),
+    ],
+)
+def test_bad_configuration_is_a_named_error(kw, message):
+    with pytest.raises(
+        InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
+        RunConfig(**kw)
+
+
+def test_device_default_rule_and_json_round_trip():
+    assert RunConfig().device == "cpu" and RunConfig(backend="nccl").device == "cuda"
+    cfg = RunConfig(world_sizes=(1, 3), timeout=7.5, dtypes=("bfloat16",), deadline=60.0, deterministic=True)
+    assert RunConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(InvalidArgument, match="unknown field"):
+        RunConfig.from_json('{"nope": 1}')
+
+
+def test_run_refuses_a_config_and_its_fields_together():
+    with pytest.raises(InvalidArgument, match="not both"):
+        shardfuzz.run(TOY, config=RunConfig(), max_examples=3)
+    with pytest.raises(InvalidArgument, match=r"unknown RunConfig field\(s\) \['max_example'\]"):
+        shardfuzz.run(TOY, max_example=3)
+    from hypothesis import settings
+
+    with pytest.raises(InvalidArgument, match="give one or the other"):
+        shardfuzz.run(TOY, settings=settings(max_examples=3), max_examples=3)
+
+
+def test_dtypes_restrict_what_is_drawn():
+    res = shardfuzz.run(TOY, profile="shardfuzz-ci", database=None, max_examples=15, dtypes=("float64",))
+    assert not res.found and res.stats.triggers["float64"] == res.stats.examples == 15
+
+
+class Count(RunHooks):
+    def __init__(self):
+        self.before, self.found = 0, []
+
+    def before_example(self, runner, case):
+        self.before += 1
+
+    def on_finding(self, runner, case, finding):
+        self.found.append(finding.kind)
+
+
+def test_hooks_are_declared_objects():
+    hook = Count()
+    r = Runner(TOY, "wrong_rank1", hooks=[hook])
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+    with pytest.raises(Mismatch):
+        r.run_case(case)
+    assert hook.before == 1 and hook.found == ["mismatch"]
+    with pytest.raises(InvalidArgument, match="hooks must be"):
+        Runner(TOY, hooks=[print])
+
+
+def test_a_deadline_stops_the_search():
+    res = shardfuzz.run(TOY, profile="shardfuzz-ci", database=None, max_examples=10_000, deadline=2.0)
+    assert res.out_of_time and not res.found and 0 < res.stats.examples < 10_000
+
+
+def test_bound_implementation_and_the_device_mesh():
+    """bind() passes arguments to the ranks; ctx.mesh.device_mesh() names the axis under test 'impl'."""
+    r = Runner(TOY, "via_device_mesh")
+    assert r.impl_ref.kwargs == (("use_device_mesh", True),)
+    for world, mesh in ((2, (2,)), (4, (2, 2)), (2, (2, 1))):
+        case = Case(target="toy", world_size=world, mesh=mesh, sizes={"n": 5}, split=("n",))
+        assert r.run_case(case) < 1
+
+
+def test_derived_target_resolves_its_implementations_in_the_callers_module():
+    t = get_target(f"{DERIVED}::my_tp")
+    assert t.name == "my_tp" and not t.planted and not t.expected_failures
+    assert set(t.implementations) == {"reference", "torch_tp_dtensor", "mine"}
+    assert t.impl_ref("mine").ref.endswith("derived_target.py::my_tp_mlp")
+    assert t.impl_ref("reference").ref == "shardfuzz.targets.tp_mlp:reference"
+    again = get_target(f"{DERIVED}::my_tp_broken")
+    assert again.description == "mine" and again.impl_ref("mine") == t.impl_ref("mine")
+    ok = shardfuzz.run(f"{DERIVED}::my_tp", "mine", profile="shardfuzz-ci", database=None, max_examples=10)
+    assert not ok.found and ok.stats.passed == 10
+    bad = shardfuzz.run(
+        f"{DERIVED}::my_tp_broken", "broken", profile="shardfuzz-ci", database=None, max_examples=30
+    )
+    assert bad.found and bad.kind == "mismatch" and bad.case.world_size == 2
