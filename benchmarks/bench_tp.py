@@ -30,12 +30,31 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
 
-    import shardfuzz
-    from shardfuzz.case import Case
-    from shardfuzz.engine import Runner
-    from shardfuzz.pool import Pool, discard_pool, get_pool
+    import multiprocessing as mp
 
-    runner = Runner("tp_mlp")
+    import shardfuzz.spawn
+    from shardfuzz import RunHooks
+    from shardfuzz.case import Case
+    from shardfuzz.config import RunConfig
+    from shardfuzz.pool import Pool, discard_pool, get_pool
+    from shardfuzz.protocol import Completed, Task
+    from shardfuzz.runner import Runner
+    from shardfuzz.search import search, settings_for
+
+    class Record(RunHooks):
+        """Remembers every case Hypothesis runs (the floor reruns the very same cases)."""
+
+        def __init__(self) -> None:
+            self.seen: list = []
+            self.on = False
+
+        def before_example(self, runner, case) -> None:
+            if self.on:
+                self.seen.append(case)
+
+    record = Record()
+    config = RunConfig(profile="shardfuzz-ci", max_examples=args.examples)
+    runner = Runner("tp_mlp", None, config, hooks=[record])
     # warm every pool (world sizes 1-4) so that all three ways start from the same state
     for w in (1, 2, 3, 4):
         runner.run_case(
@@ -48,18 +67,11 @@ def main(argv=None) -> int:
             )
         )
 
-    seen: list = []
-    check = runner.check
-
-    def recording_check(case):
-        seen.append(case)
-        return check(case)
-
-    runner.check = recording_check
+    record.on = True
     t0 = time.perf_counter()
-    result = shardfuzz.run(
-        "tp_mlp", profile="shardfuzz-ci", database=None, max_examples=args.examples, runner=runner
-    )
+    result = search(runner, settings_for(config, quiet=True), database=None)
+    seen = list(record.seen)
+    record.on = False
     through = len(seen) / (time.perf_counter() - t0)
     assert not result.found, result.report
     worlds = sorted({c.world_size for c in seen})
@@ -69,20 +81,21 @@ def main(argv=None) -> int:
         runner.run_case(case)
     floor = len(seen) / (time.perf_counter() - t0)
 
+    # a fresh process launch per example: spawned ranks that import torch each time
     fresh_cases = [next(c for c in seen if c.world_size == w) for w in worlds][: args.fresh]
-    t0 = time.perf_counter()
-    for case in fresh_cases:
-        pool = Pool("gloo", case.world_size, 30.0, start_method="spawn").start()
-        pool.submit({"case": case, "target": runner.worker_target, "impl": runner.impl_ref, "timeout": 30.0})
-        out = pool.collect(60.0)
-        assert out.status == "ok", out
-        runner._compare(
-            case,
-            [__import__("shardfuzz.worker").worker.decode(r[1]) for r in out.replies],
-            runner._oracle(case),
-        )
-        pool.stop()
-    fresh = len(fresh_cases) / (time.perf_counter() - t0)
+    forkserver, shardfuzz.spawn._ctx = shardfuzz.spawn._ctx, mp.get_context("spawn")
+    try:
+        t0 = time.perf_counter()
+        for case in fresh_cases:
+            pool = Pool("gloo", case.world_size, 30.0).start()
+            pool.submit(Task(case, runner.worker_target, runner.impl_ref, 30.0))
+            out = pool.collect(60.0)
+            assert isinstance(out, Completed), out
+            assert runner.verdict(case, out.replies, runner.expected(case)).passed  # type: ignore[arg-type]
+            pool.stop()
+        fresh = len(fresh_cases) / (time.perf_counter() - t0)
+    finally:
+        shardfuzz.spawn._ctx = forkserver
 
     restarts = []
     for _ in range(5):
