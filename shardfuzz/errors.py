@@ -13,6 +13,7 @@ Two families:
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 
@@ -28,8 +29,34 @@ class TargetError(InvalidArgument):
     """A target or implementation cannot be found, is missing a piece, or cannot reach the workers."""
 
 
+class TargetCodeError(TargetError):
+    """The target's own code (its ``inputs``, ``oracle``, ``magnitude`` or ``outputs`` function)
+    raised on a case. That is neither a finding of the implementation nor a failure of shardfuzz:
+    the message holds the target's traceback, and the CLI exits 2 (a usage error: the spec, or a
+    hand-made case, is wrong)."""
+
+    @classmethod
+    def of(cls, target: str, piece: str, case: Any, exc: BaseException, hint: str = "") -> TargetCodeError:
+        """The error for ``exc`` raised by ``target``'s ``piece`` on ``case``; the traceback keeps only
+        the target's frames (the first frame is shardfuzz's call site)."""
+        frames = traceback.extract_tb(exc.__traceback__)[1:]
+        tb = "".join(traceback.format_list(frames))
+        what = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return cls(
+            f"target {target!r}: its {piece} raised {what}\n  on {case!r}"
+            + (f"\n  {hint}" if hint else "")
+            + (f"\nThe target's traceback (most recent call last):\n{tb.rstrip()}" if tb else "")
+        )
+
+
 class InfrastructureError(ShardfuzzError):
     """The fuzzer itself failed: a pool would not start, a worker could not be reached."""
+
+
+class ExternalFault(InfrastructureError):
+    """A rank was killed by a signal from outside the example (SIGKILL, SIGTERM: the OOM killer, a
+    user, a CI timeout) and the same case passed when rerun on fresh ranks: not a finding of the
+    implementation. Inside a search the example is set aside and counted."""
 
 
 class Unsupported(Exception):

@@ -2,12 +2,11 @@
 
 * Ranks are started by :mod:`shardfuzz.spawn` (forkserver with torch preloaded, driver-owned
   store); the driver never joins a process group.
-* Nothing outlives the driver: workers arm ``PR_SET_PDEATHSIG`` (their parent is the forkserver,
-  which exits when the driver does) and re-check their parent; a watchdog thread in every worker
-  exits as soon as the driver's end of a pipe closes (this alone covers macOS, which has no
-  PDEATHSIG); pools are daemonic and killed at exit.
+* Nothing outlives the driver: workers arm ``PR_SET_PDEATHSIG`` and watch a pipe to the driver
+  (:mod:`shardfuzz.worker`); pools are daemonic and killed at exit.
 * :meth:`Pool.collect` waits on every rank's pipe and process sentinel at once. At the first
-  exception or EOF it returns at once; on a timeout it dumps every rank's stack (faulthandler on
+  exception or EOF it returns at once. It calls an example hung only with evidence (no rank used
+  CPU over the window, or the hard cap passed) and then dumps every rank's stack (faulthandler on
   SIGUSR1, one file per rank) before the pool is killed.
 """
 
@@ -15,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
 import shutil
 import signal
@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import wait
 from typing import Any
 
+from shardfuzz.config import env_int
 from shardfuzz.errors import InfrastructureError
 from shardfuzz.protocol import (
     Completed,
@@ -41,7 +42,7 @@ from shardfuzz.protocol import (
     Task,
     UnsupportedReply,
 )
-from shardfuzz.spawn import context, driver_store, no_main_import
+from shardfuzz.spawn import ProgressWatch, context, driver_store, hard_cap, no_main_import
 from shardfuzz.worker import worker_main
 
 START_TIMEOUT_S = 120.0
@@ -62,11 +63,10 @@ class Pool:
         device: str = "cpu",
         debug: bool = False,
     ) -> None:
-        self.device = device
-        self.debug = debug
-        self.backend = backend
-        self.world_size = world_size
-        self.timeout_s = timeout_s
+        self.backend, self.world_size, self.device, self.debug = backend, world_size, device, debug
+        self.timeout_s = timeout_s  # the world group's gloo timeout (the hard cap of the first user)
+        #: worker refs of the targets that ran an example here (the first one pays their imports)
+        self.ran: set[str] = set()
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.alive_w: list[Any] = []
@@ -79,24 +79,14 @@ class Pool:
         ctx = context()
         store = driver_store()
         self.outdir = tempfile.mkdtemp(prefix=f"shardfuzz-{self.backend}-w{self.world_size}-")
-        prefix = f"shardfuzz/{os.getpid()}/{uuid.uuid4().hex}/"
+        store_info = ("127.0.0.1", store.port, f"shardfuzz/{os.getpid()}/{uuid.uuid4().hex}/")
+        common = (self.outdir, self.timeout_s, self.device, self.debug)
         for rank in range(self.world_size):
             parent, child = ctx.Pipe(duplex=True)
             alive_r, alive_w = ctx.Pipe(duplex=False)
             p = ctx.Process(
                 target=worker_main,
-                args=(
-                    rank,
-                    self.world_size,
-                    self.backend,
-                    ("127.0.0.1", store.port, prefix),
-                    child,
-                    alive_r,
-                    self.outdir,
-                    self.timeout_s,
-                    self.device,
-                    self.debug,
-                ),
+                args=(rank, self.world_size, self.backend, store_info, child, alive_r, *common),
                 name=f"shardfuzz-{self.backend}-w{self.world_size}-rank{rank}",
                 daemon=True,
             )
@@ -123,12 +113,7 @@ class Pool:
                 )
             for r, c in list(waiting.items()):
                 if c in ready or self.procs[r].sentinel in ready:
-                    msg = None
-                    try:
-                        if c.poll():
-                            msg = c.recv()
-                    except (EOFError, OSError):
-                        msg = None
+                    msg = _recv(c)
                     if isinstance(msg, Ready):
                         del waiting[r]
                         continue
@@ -148,17 +133,13 @@ class Pool:
         """Kill every rank now (SIGKILL) and reap them."""
         for p in self.procs:
             if p.is_alive():
-                try:
+                with contextlib.suppress(Exception):
                     p.kill()
-                except Exception:
-                    pass
         for p in self.procs:
             p.join(timeout=5)
         for c in self.conns + self.alive_w:
-            try:
+            with contextlib.suppress(Exception):
                 c.close()
-            except Exception:
-                pass
         self.procs, self.conns, self.alive_w = [], [], []
         self.started = False
         if self.outdir:
@@ -168,10 +149,8 @@ class Pool:
     def stop(self) -> None:
         """Ask ranks to leave cleanly, then make sure they are gone."""
         for c in self.conns:
-            try:
+            with contextlib.suppress(Exception):
                 c.send(Stop())
-            except Exception:
-                pass
         deadline = time.monotonic() + 2
         for p in self.procs:
             p.join(timeout=max(0, deadline - time.monotonic()))
@@ -184,35 +163,34 @@ class Pool:
         for c in self.conns:
             c.send(task)
 
-    def collect(self, timeout_s: float, grace_s: float = 0.3) -> Outcome:
-        """Wait for every rank. Returns soon after the first error or dead rank, or after ``timeout_s``.
+    def collect(self, window_s: float, cap_s: float | None = None, grace_s: float = 0.3) -> Outcome:
+        """Wait for every rank. Returns soon after the first error or dead rank, or with a hang.
 
-        After the first failure it waits up to ``grace_s`` for the other ranks, so that the *cause*
-        is reported (a rank that died, or raised on its own) rather than a peer's "connection
-        closed" that followed from it: Hypothesis must see one bug as one failure kind.
+        A hang needs evidence (:class:`~shardfuzz.spawn.ProgressWatch`): no rank used CPU over
+        the last ``window_s`` seconds, or the hard cap ``cap_s`` (default
+        :func:`~shardfuzz.spawn.hard_cap`) passed while ranks kept computing. After the first
+        failure it waits up to ``grace_s`` for the other ranks, so that the *cause* is reported (a
+        rank that died, or raised on its own) rather than a peer's "connection closed" that
+        followed from it: Hypothesis must see one bug as one failure kind.
         """
         n = self.world_size
+        cap = hard_cap(window_s) if cap_s is None else cap_s
         replies: list[Reply | UnsupportedReply | None] = [None] * n
         pending = set(range(n))
         errors: dict[int, ErrorReply] = {}
         dead: list[int] = []
-        end = time.monotonic() + timeout_s
+        watch = ProgressWatch([p.pid for p in self.procs], window_s, cap)
+        grace_end = float("inf")
+        verdict = None
         while pending:
             objs = {self.conns[r]: r for r in pending}
             objs.update({self.procs[r].sentinel: r for r in pending})
-            ready = wait(list(objs), timeout=max(0.0, end - time.monotonic()))
-            if not ready:
-                break
+            ready = wait(list(objs), timeout=max(0.0, min(watch.next_check, grace_end) - time.monotonic()))
             for obj in ready:
                 r = objs[obj]
                 if r not in pending:
                     continue
-                msg = None
-                try:
-                    if self.conns[r].poll():
-                        msg = self.conns[r].recv()
-                except (EOFError, OSError):
-                    msg = None
+                msg = _recv(self.conns[r])
                 if msg is None:
                     if self.procs[r].is_alive() and obj is not self.procs[r].sentinel:
                         continue
@@ -223,20 +201,44 @@ class Pool:
                 else:
                     errors[r] = msg
                 pending.discard(r)
+            now = time.monotonic()
             if (errors or dead) and pending:
-                end = min(end, time.monotonic() + grace_s)
+                grace_end = min(grace_end, now + grace_s)
+            if now >= grace_end:
+                verdict = "grace"
+                break
+            if pending and now >= watch.next_check:
+                verdict = watch.check()
+                if verdict:
+                    break
         elapsed = time.perf_counter() - self._t0
         if dead:
             r = min(dead)
             return RankDied(r, self.procs[r].exitcode, self._output([r]), elapsed)
-        own = sorted(r for r, m in errors.items() if not m.timed_out and not m.peer_closed)
+        late = elapsed >= cap - 1.0  # a gloo timeout at the cap is hang evidence, not the rank's error
+        own = sorted(
+            (m.timed_out, r) for r, m in errors.items() if not m.peer_closed and not (m.timed_out and late)
+        )
         if own:
-            return RankFailed(own[0], errors[own[0]], self._output([own[0]]), elapsed)
+            r = own[0][1]
+            return RankFailed(r, errors[r], self._output([r]), elapsed)
         timed_out = {r: m.traceback for r, m in errors.items() if m.timed_out}
         if pending or timed_out:
             stacks = self.dump_stacks()
-            rank = min(pending) if pending else min(timed_out)
-            return Hung(rank, timed_out, stacks, self._output(range(n)), elapsed)
+            return Hung(
+                min(pending) if pending else min(timed_out),
+                timed_out,
+                stacks,
+                self._output(range(n)),
+                elapsed,
+                evidence=verdict or "cap",
+                window=window_s,
+                cap=cap,
+                finished=tuple(r for r in range(n) if replies[r] is not None),
+                stuck=tuple(sorted(pending | set(timed_out))),
+                busy=watch.busy,
+                cpu=watch.used(),
+            )
         if errors:
             r = min(errors)
             return RankFailed(r, errors[r], self._output([r]), elapsed)
@@ -294,8 +296,16 @@ class Pool:
         return text
 
 
+def _recv(conn: Any) -> Any:
+    """The next message on ``conn``, or None at EOF (or when there is none yet)."""
+    try:
+        return conn.recv() if conn.poll() else None
+    except (EOFError, OSError):
+        return None
+
+
 def max_pool_ranks() -> int:
-    return int(os.environ.get("SHARDFUZZ_MAX_POOL_RANKS", "12"))
+    return env_int("SHARDFUZZ_MAX_POOL_RANKS", 12, 1)
 
 
 def get_pool(

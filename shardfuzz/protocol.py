@@ -47,26 +47,36 @@ class Task:
     case: Case
     target_ref: str  # where the rank imports the target from (Target.worker_ref)
     impl: ImplRef
-    timeout: float  # the gloo timeout of the groups the case's mesh uses
+    timeout: float  # the gloo timeout of the case's groups: the hard cap, so the driver decides hangs
     deterministic: bool = False
     want_flags: bool = False  # report the numerics flags (first example only)
 
 
 @dataclasses.dataclass(frozen=True)
 class Reply:
-    """A rank's outputs for one task (encoded) and what it noticed while running it."""
+    """A rank's outputs for one task (encoded) and what it noticed while running it.
+
+    ``leaks``: global state the example changed and did not restore (the rank restored what it
+    could), e.g. ``"rank 1 left torch.get_default_dtype() = torch.float64"``; ``restart``: some of
+    it cannot be undone (process groups, threads, file descriptors), so the pool must restart.
+    """
 
     outputs: dict[str, Any]
     elapsed: float
     ignored_collectives: tuple[str, ...] = ()
     numerics: dict[str, Any] | None = None
+    leaks: tuple[str, ...] = ()
+    restart: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class UnsupportedReply:
-    """The implementation raised :class:`~shardfuzz.Unsupported` on this rank."""
+    """The implementation raised :class:`~shardfuzz.Unsupported` on this rank (``leaks`` and
+    ``restart`` as in :class:`Reply`)."""
 
     reason: str
+    leaks: tuple[str, ...] = ()
+    restart: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,16 +139,50 @@ class RankDied:
 
 @dataclasses.dataclass
 class Hung:
-    """No result in time, or collectives timed out inside ranks. ``stacks``: every rank's stack."""
+    """The example did not finish, with the evidence. ``evidence``: ``"idle"`` (no rank used CPU
+    for ``window`` s: stuck), ``"cap"`` (ranks ``busy`` still used CPU at the hard cap ``cap``),
+    ``"timeout"`` (no CPU times on this system: a plain timeout after ``window`` s) or ``"grace"``
+    (ranks still out after a peer's collective failed). ``finished``: ranks that answered;
+    ``stuck``: ranks that did not; ``cpu``: CPU seconds each rank used in the example;
+    ``timed_out``: collectives that timed out inside ranks (at the cap); ``stacks``: every rank's
+    stack."""
 
     rank: int
     timed_out: dict[int, str] = dataclasses.field(default_factory=dict)
     stacks: dict[int, str] = dataclasses.field(default_factory=dict)
     output: dict[int, str] = dataclasses.field(default_factory=dict)
     elapsed: float = 0.0
+    evidence: str = "timeout"
+    window: float = 0.0
+    cap: float = 0.0
+    finished: tuple[int, ...] = ()
+    stuck: tuple[int, ...] = ()
+    busy: tuple[int, ...] = ()
+    cpu: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 Outcome = Completed | RankFailed | RankDied | Hung
+
+
+# -- what ranks report besides their outputs -------------------------------------------------------
+def numerics_flags() -> dict[str, Any]:
+    """The settings that change floating-point results, for reports and failure files."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    flags: dict[str, Any] = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cuda_matmul_allow_tf32": matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cuda_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
+        "cuda_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
+    }
+    for name in ("flash", "mem_efficient", "math", "cudnn"):
+        fn = getattr(torch.backends.cuda, f"{name}_sdp_enabled", None)
+        if fn is not None:
+            flags[f"sdpa_{name}_enabled"] = bool(fn())
+    return flags
 
 
 # -- the tensor codec ------------------------------------------------------------------------------

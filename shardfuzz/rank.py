@@ -4,23 +4,31 @@
 imported); :func:`run_task` runs one :class:`~shardfuzz.protocol.Task` and returns its
 :class:`~shardfuzz.protocol.Reply`. Pool workers (:mod:`shardfuzz.worker`) and torchrun ranks
 (:mod:`shardfuzz.torchrun`) both call it.
+
+A clean rank for every example: after each one, torch's global settings (:func:`torch_settings`)
+that changed are named in the reply's ``leaks`` and restored; process groups, threads and file
+descriptors that the example left behind (:data:`RESOURCES`) are named too and cannot be undone,
+so the reply asks for a pool restart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import itertools
 import math
 import os
 import random
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shardfuzz.protocol import Reply, Task, encode
+from shardfuzz.protocol import Reply, Task, encode, numerics_flags
 from shardfuzz.refs import load_ref
 from shardfuzz.registry import resolve_worker_target
+from shardfuzz.spawn import open_fds, os_threads
 
 if TYPE_CHECKING:
     import torch
@@ -106,24 +114,69 @@ def select_device(backend: str, device: str, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def numerics_flags() -> dict[str, Any]:
-    """The settings that change floating-point results, for reports and failure files."""
+Setting = tuple[str, Callable[[], Any], Callable[[Any], Any]]
+
+
+_SIMPLE = (
+    ("get_default_dtype", "set_default_dtype"),
+    ("is_grad_enabled", "set_grad_enabled"),
+    ("get_float32_matmul_precision", "set_float32_matmul_precision"),
+    ("get_num_threads", "set_num_threads"),
+    ("get_num_interop_threads", "set_num_interop_threads"),
+)
+
+
+def torch_settings() -> list[Setting]:
+    """The global torch settings an example must leave as it found them: (name, getter, setter)."""
     import torch
 
-    matmul = torch.backends.cuda.matmul
-    flags: dict[str, Any] = {
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cuda_matmul_allow_tf32": matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cuda_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
-        "cuda_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
-    }
-    for name in ("flash", "mem_efficient", "math", "cudnn"):
-        fn = getattr(torch.backends.cuda, f"{name}_sdp_enabled", None)
-        if fn is not None:
-            flags[f"sdpa_{name}_enabled"] = bool(fn())
-    return flags
+    det = torch.use_deterministic_algorithms
+    settings: list[Setting] = [(f"torch.{g}()", getattr(torch, g), getattr(torch, s)) for g, s in _SIMPLE]
+    settings += [
+        (
+            "(torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())",
+            lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+            lambda v: torch.set_anomaly_enabled(*v),
+        ),
+        (
+            "(torch.are_deterministic_algorithms_enabled(), ..._warn_only_enabled())",
+            lambda: (
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+            ),
+            lambda v: det(v[0], warn_only=v[1]),
+        ),
+    ]
+    settings += [
+        (f"torch.backends.cudnn.{n}", *_attribute(torch.backends.cudnn, n))
+        for n in ("deterministic", "benchmark")
+    ]
+    if hasattr(torch, "get_default_device"):  # torch >= 2.3
+        cpu = torch.device("cpu")
+        set_device = lambda d: torch.set_default_device(None if d == cpu else d)
+        settings.append(("torch.get_default_device()", torch.get_default_device, set_device))
+    return settings
+
+
+def _attribute(obj: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    def put(value: Any) -> None:
+        setattr(obj, name, value)
+
+    return (lambda: getattr(obj, name)), put
+
+
+def _process_groups() -> int:
+    import torch.distributed.distributed_c10d as c10d
+
+    return len(getattr(getattr(c10d, "_world", None), "pg_map", None) or {})
+
+
+#: what an example must not leave behind, which no rank can undo: (noun, plural, counter)
+RESOURCES = (
+    ("process group", "process groups", _process_groups),
+    ("thread", "threads", os_threads),
+    ("open file descriptor", "open file descriptors", open_fds),
+)
 
 
 class RankState:
@@ -138,6 +191,12 @@ class RankState:
         self.meshes: dict[tuple, Mesh] = {}
         self.targets: dict[str, Any] = {}
         self.impls: dict[str, Any] = {}
+        self.settings: list[Setting] = torch_settings()
+        #: (implementation, mesh) pairs that ran here: their first example may initialise lazily
+        self.warm: set[tuple[str, tuple[int, ...]]] = set()
+        #: what the last example left behind, and whether that needs a fresh rank
+        self.leaks: tuple[str, ...] = ()
+        self.restart = False
 
     def mesh(self, shape: tuple[int, ...], timeout_s: float) -> Mesh:
         key = (shape, timeout_s)
@@ -147,7 +206,8 @@ class RankState:
 
         timeout = datetime.timedelta(seconds=timeout_s)
         n = math.prod(shape)
-        coords = _unravel(self.rank, shape)
+        cells = list(itertools.product(*(range(s) for s in shape)))  # row-major: global rank order
+        coords = cells[self.rank]
         groups, ranks = [], []
         for axis in range(len(shape)):
             mine: tuple[Any, tuple[int, ...]] | None = None
@@ -155,7 +215,7 @@ class RankState:
             for other in itertools.product(
                 *[range(s) if i != axis else range(1) for i, s in enumerate(shape)]
             ):
-                members = [_ravel((*other[:axis], k, *other[axis + 1 :]), shape) for k in range(shape[axis])]
+                members = [cells.index((*other[:axis], k, *other[axis + 1 :])) for k in range(shape[axis])]
                 if len(members) == n and shape[axis] == n and timeout_s == self.default_timeout:
                     g = dist.group.WORLD
                 else:
@@ -168,6 +228,37 @@ class RankState:
         m = Mesh(tuple(shape), coords, tuple(groups), tuple(ranks), self.device.type)
         self.meshes[key] = m
         return m
+
+    def snapshot(self) -> tuple[list[Any], list[int]]:
+        return [get() for _, get, _ in self.settings], [count() for *_, count in RESOURCES]
+
+    def clean_up(self, before: tuple[list[Any], list[int]], warm_key: tuple[str, tuple[int, ...]]) -> None:
+        """Restore the settings an example changed and name every leak (``self.leaks``); a
+        resource leak, or a setting that cannot be restored, sets ``self.restart``."""
+        leaks, restart = [], False
+        for (name, get, set_), old in zip(self.settings, before[0]):
+            new = get()
+            if new != old:
+                leaks.append(f"rank {self.rank} left {name} = {new!r}")
+                try:
+                    set_(old)
+                except Exception:  # e.g. interop threads once parallel work started
+                    restart = True
+        counts = [count() for *_, count in RESOURCES]
+        first = warm_key not in self.warm  # lazy initialisation may add threads or fds once
+        self.warm.add(warm_key)
+        if counts != before[1] and not first:
+            gc.collect(1)  # young garbage may still hold a group or a file (a full collection: ~0.1 s)
+            counts = [count() for *_, count in RESOURCES]
+        for (noun, plural, _), old, new in zip(RESOURCES, before[1], counts):
+            if new < old and noun == "process group":
+                leaks.append(f"rank {self.rank} destroyed {old - new} {noun if old - new == 1 else plural}")
+            elif new > old and not first:
+                leaks.append(f"rank {self.rank} left {new - old} more {noun if new - old == 1 else plural}")
+            else:
+                continue
+            restart = True
+        self.leaks, self.restart = tuple(leaks), restart
 
     def target(self, ref: str) -> Any:
         if ref not in self.targets:
@@ -184,22 +275,36 @@ def run_task(state: RankState, task: Task) -> Reply:
     """Run one task on this rank: reset state, build inputs and shards, call the implementation."""
     import numpy as np
     import torch
-    import torch.distributed as dist
 
     case = task.case
+    state.leaks, state.restart = (), False
     target = state.target(task.target_ref)
     impl = state.impl(task.impl.ref)
     mesh = state.mesh(tuple(case.mesh), task.timeout)
-    group_rank, group_size = mesh.coords[-1], case.mesh[-1]
 
     # reset state so a failure replays identically
     if torch.are_deterministic_algorithms_enabled() != task.deterministic:
-        torch.use_deterministic_algorithms(task.deterministic)  # the setter pulls in lazy imports
+        torch.use_deterministic_algorithms(task.deterministic)  # preloaded by the forkserver
     torch.manual_seed(case.seed)
     random.seed(case.seed)
     np.random.seed(case.seed % (2**32))
     torch.set_grad_enabled(True)
+    before = state.snapshot()
+    try:
+        reply = _run(state, task, target, impl, mesh)
+    finally:  # also when the implementation raised (Unsupported keeps the pool)
+        state.clean_up(before, (str(task.impl), tuple(case.mesh)))
+    if state.leaks:
+        reply = dataclasses.replace(reply, leaks=state.leaks, restart=state.restart)
+    return reply
 
+
+def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Reply:
+    import torch
+    import torch.distributed as dist
+
+    case = task.case
+    group_rank, group_size = mesh.coords[-1], case.mesh[-1]
     inputs = target.inputs(case)
     if state.device.type != "cpu":
         inputs = {k: (v.to(state.device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
@@ -234,18 +339,3 @@ def run_task(state: RankState, task: Task) -> Reply:
             f"implementation {task.impl} returned {type(out).__name__}, expected a dict of outputs"
         )
     return Reply(encode(out), elapsed, ignored, numerics_flags() if task.want_flags else None)
-
-
-def _unravel(r: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    coords = []
-    for s in reversed(shape):
-        coords.append(r % s)
-        r //= s
-    return tuple(reversed(coords))
-
-
-def _ravel(coords: tuple[int, ...], shape: tuple[int, ...]) -> int:
-    r = 0
-    for c, s in zip(coords, shape):
-        r = r * s + c
-    return r

@@ -88,18 +88,31 @@ class Reporter:
         parts.append(self._footer(case))
         raise RankError("\n".join(parts), case=case)
 
-    def raise_hang(self, case: Case, outcome: Hung, timeout: float) -> None:
-        parts = [
-            self._header(
-                f"the example hung: no result within {timeout:g} s (gloo timeout {timeout:g} s)", case
+    def raise_hang(self, case: Case, outcome: Hung) -> None:
+        o = outcome
+        why = {
+            "idle": f"no rank made progress (used CPU) for {o.window:g} s",
+            "cap": f"still running at the hard cap of {o.cap:g} s"
+            + (f"; ranks {list(o.busy)} were still using CPU (an endless loop?)" if o.busy else ""),
+            "timeout": f"no result within {o.window:g} s (no CPU times on this system: a plain timeout)",
+            "grace": f"ranks {list(o.stuck)} did not answer after a peer's collective failed",
+        }.get(o.evidence, f"no result within {o.window:g} s")
+        parts = [self._header(f"the example hung: {why}", case)]
+        done = (
+            f"ranks {list(o.finished)} finished the example" if o.finished else "no rank finished the example"
+        )
+        parts.append(f"{done}; ranks {list(o.stuck)} did not (gloo timeout {o.cap:g} s)")
+        if o.cpu:
+            parts.append(
+                "CPU time in this example: "
+                + ", ".join(f"rank {r} {t:.2f} s" for r, t in sorted(o.cpu.items()))
             )
-        ]
-        if outcome.timed_out:
-            text = "\n".join(f"rank {r}:\n{tb}" for r, tb in sorted(outcome.timed_out.items()))
+        if o.timed_out:
+            text = "\n".join(f"rank {r}:\n{tb}" for r, tb in sorted(o.timed_out.items()))
             parts.append("Collectives that timed out inside ranks:\n" + text.rstrip())
-        for r, stack in sorted(outcome.stacks.items()):
+        for r, stack in sorted(o.stacks.items()):
             parts.append(f"--- rank {r} stack ---\n{stack.rstrip()}")
-        parts += [t for t in outcome.output.values() if t]
+        parts += [t for t in o.output.values() if t]
         parts.append(self._footer(case))
         raise RankHang("\n".join(parts), case=case)
 

@@ -1,5 +1,9 @@
 """The runner: one case of one (target, implementation, backend) on a warm pool, judged against the
 oracle. Statistics and the adaptive example timeout live here too.
+
+Leaks (global state an example left behind, see :mod:`shardfuzz.rank`) are not findings: the ranks
+restore what they can, the pool restarts when they cannot, and every leak is counted in
+``Stats.leaks``, printed in the summary, and appended to the report of a finding in the same example.
 """
 
 from __future__ import annotations
@@ -7,12 +11,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import signal
 from collections.abc import Sequence
 from typing import Any
 
 from shardfuzz.case import Case
-from shardfuzz.config import RunConfig
-from shardfuzz.errors import Finding, InvalidArgument, Unsupported
+from shardfuzz.config import RunConfig, check_world_size, env_int
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
 from shardfuzz.judge import Verdict, judge
@@ -20,10 +25,14 @@ from shardfuzz.oracle import Expected, evaluate_oracle
 from shardfuzz.pool import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
 from shardfuzz.registry import get_target
+from shardfuzz.registry import target_spec as full_target_spec
 from shardfuzz.report import Reporter
+from shardfuzz.spawn import hard_cap
 from shardfuzz.target import Target
 
-TIMEOUT_BUCKETS = (2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+#: the example timeout (the no-progress window) is one of these; a busy example may run on up to
+#: :func:`~shardfuzz.spawn.hard_cap` of it
+TIMEOUT_BUCKETS = (2, 3, 5, 10, 20, 30, 60)
 
 _driver_ready = False
 
@@ -35,21 +44,23 @@ def _prepare_driver() -> None:
         import torch
 
         if "OMP_NUM_THREADS" not in os.environ or os.environ.get("SHARDFUZZ_DRIVER_THREADS"):
-            torch.set_num_threads(int(os.environ.get("SHARDFUZZ_DRIVER_THREADS", "1")))
+            torch.set_num_threads(env_int("SHARDFUZZ_DRIVER_THREADS", 1, 1))
         _driver_ready = True
 
 
 class TimeoutPolicy:
     """Example timeout per (target, world size): adaptive from recent passing examples, or fixed.
 
-    Adaptive: ``max(floor, factor * slowest of the last 50 passing examples)``, ``initial`` before
-    five examples have passed, rounded up to a bucket (2, 3, 5, 10, 20, 30, 60 s, ...) so that the
-    ranks can cache one process group per timeout. The ranks' gloo groups use the same value, so a
-    rank stuck in a collective raises after it; that is reported as a hang, like the driver's own
-    timeout.
+    The timeout is the *window*: an example hangs when no rank used CPU for that long (see
+    :class:`~shardfuzz.spawn.ProgressWatch`); while ranks compute, it may run on up to the hard cap
+    (:func:`~shardfuzz.spawn.hard_cap`: max(120 s, 10 x the window)), which is also the gloo
+    timeout of the ranks' groups. Adaptive: ``max(floor, factor * slowest of the last 50 passing
+    examples)``, ``initial`` before five examples have passed, rounded up to a bucket (2, 3, 5,
+    10, 20, 30, 60 s; at most 60 s). The runner does not record the first pass of a target on a
+    freshly started pool, which pays the ranks' imports.
     """
 
-    def __init__(self, floor: float = 5.0, initial: float = 30.0, factor: float = 20.0) -> None:
+    def __init__(self, floor: float = 3.0, initial: float = 10.0, factor: float = 20.0) -> None:
         self.floor, self.initial, self.factor = floor, initial, factor
         self.recent: dict[tuple, collections.deque] = collections.defaultdict(
             lambda: collections.deque(maxlen=50)
@@ -67,6 +78,8 @@ class TimeoutPolicy:
 
 
 TIMEOUTS = TimeoutPolicy()
+#: exit codes of a rank killed by a signal that usually comes from outside (SIGKILL, SIGTERM)
+EXTERNAL_SIGNALS = (-signal.SIGKILL, -signal.SIGTERM)
 
 
 @dataclasses.dataclass
@@ -86,6 +99,10 @@ class Stats:
     triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: cases rejected as unsupported, by reason
     unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: global state examples left behind (restored, or the pool restarted), by description
+    leaks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: ranks killed from outside whose case then passed (set aside, not findings)
+    external_faults: int = 0
 
     @property
     def per_second(self) -> float:
@@ -102,6 +119,12 @@ class Stats:
         if self.unsupported:
             margin += "; rejected as unsupported: " + ", ".join(
                 f"{k} x{v}" for k, v in self.unsupported.items()
+            )
+        if self.external_faults:
+            margin += f"; external faults set aside (rank killed from outside): {self.external_faults}"
+        if self.leaks:
+            margin += "; leaks (not findings): " + ", ".join(
+                f"{k} x{v}" for k, v in self.leaks.most_common(5)
             )
         return (
             f"{n} examples in {self.elapsed:.1f} s ({self.per_second:.1f}/s), "
@@ -120,7 +143,6 @@ class Runner:
         config: RunConfig | None = None,
         *,
         hooks: Sequence[RunHooks] = (),
-        target_spec: str | None = None,
     ) -> None:
         if config is not None and not isinstance(config, RunConfig):
             raise InvalidArgument(f"config={config!r}; must be a shardfuzz.RunConfig")
@@ -130,11 +152,12 @@ class Runner:
             if not isinstance(h, RunHooks):
                 raise InvalidArgument(f"hooks contains {h!r}; hooks must be shardfuzz.hooks.RunHooks objects")
         self.target: Target = get_target(target)
-        self.target_spec = target_spec or (target if isinstance(target, str) else self.target.name)
+        self.target_spec = full_target_spec(self.target)  # rerun lines work from any folder
         self.impl_ref = self.target.impl_ref(impl)
         self.impl_name = self.target.impl_name(impl)
         self.worker_target = self.target.worker_ref()
         self.stats = Stats()
+        self._confirming = False  # rerunning a case whose rank was killed by a signal
         #: numerics flags reported by rank 0 of the first example
         self.numerics: dict[str, Any] | None = None
         #: the full inputs of the last case the oracle ran (failure files hash them)
@@ -176,6 +199,7 @@ class Runner:
             raise InvalidArgument(f"case={case!r}; expected a shardfuzz.Case")
         if case.target != self.target.name:
             raise InvalidArgument(f"case.target={case.target!r} but this runner fuzzes {self.target.name!r}")
+        check_world_size(case.world_size, "case world_size")
         for hook in self.hooks:
             hook.before_example(self, case)
         check_placement(self.target, self.backend, self.device, case.world_size)
@@ -197,54 +221,89 @@ class Runner:
             for hook in self.hooks:
                 hook.on_finding(self, case, f)
             raise
-        except Unsupported:
+        except (Unsupported, ExternalFault):
             self.stats.examples -= 1
             raise
         self.stats.passed += 1
         self.stats.worst_pass_ratio = max(self.stats.worst_pass_ratio, ratio)
-        TIMEOUTS.record(self._timeout_key(case), elapsed)
+        if elapsed is not None:
+            TIMEOUTS.record(self._timeout_key(case), elapsed)
         return ratio
 
     def _timeout_key(self, case: Case) -> tuple:
         return (self.target.name, case.world_size, self.backend, self.device)
 
-    def _run_on_pool(self, case: Case) -> tuple[float, float]:
-        timeout = TIMEOUTS.timeout(self._timeout_key(case), self.config.timeout)
+    def _run_on_pool(self, case: Case) -> tuple[float, float | None]:
+        """Worst error/tolerance and the time taken (None: the first example of this target on a
+        fresh pool, which pays imports and is not learnt from)."""
+        window = TIMEOUTS.timeout(self._timeout_key(case), self.config.timeout)
+        cap = hard_cap(window)
         pool = get_pool(
-            self.backend, case.world_size, timeout, device=self.device, debug=self.config.debug_collectives
+            self.backend, case.world_size, cap, device=self.device, debug=self.config.debug_collectives
         )
-        pool.submit(
-            Task(
-                case=case,
-                target_ref=self.worker_target,
-                impl=self.impl_ref,
-                timeout=timeout,
-                deterministic=self.config.deterministic,
-                want_flags=self.numerics is None,
-            )
-        )
+        want_flags = self.numerics is None
+        task = Task(case, self.worker_target, self.impl_ref, cap, self.config.deterministic, want_flags)
+        pool.submit(task)
         try:
             expected = self.expected(case)  # overlaps with the ranks' work
-        except BaseException:
-            pool.collect(timeout)
-            raise
-        outcome = pool.collect(timeout + 1.0)
-        if not isinstance(outcome, Completed):
+            outcome = pool.collect(window, cap)
+        except BaseException:  # the oracle raised, Ctrl-C, a deadline: the ranks may still be busy
             discard_pool(pool)
+            raise
+        leaks = self._note_leaks(outcome)
+        if not isinstance(outcome, Completed) or any(r.restart for r in outcome.replies):
+            discard_pool(pool)  # a failure, or a leak no rank can undo: fresh ranks next time
         if isinstance(outcome, RankFailed):
             self.reporter.raise_rank_error(case, outcome)
         if isinstance(outcome, RankDied):
+            self._confirm_death(case, outcome)
             self.reporter.raise_rank_died(case, outcome)
         if isinstance(outcome, Hung):
-            self.reporter.raise_hang(case, outcome, timeout)
+            self.reporter.raise_hang(case, outcome)
         assert isinstance(outcome, Completed)
+        first = self.worker_target not in pool.ran
+        pool.ran.add(self.worker_target)
         refused = sorted({rep.reason for rep in outcome.replies if isinstance(rep, UnsupportedReply)})
         if refused:
             raise Unsupported("; ".join(refused), reason="; ".join(refused))
         replies = [rep for rep in outcome.replies if isinstance(rep, Reply)]
         if self.numerics is None:
             self.numerics = replies[0].numerics
-        return self.judge_replies(case, replies, expected), outcome.elapsed
+        try:
+            ratio = self.judge_replies(case, replies, expected)
+        except Finding as f:
+            if leaks:  # the finding is this example's own; say what else it left behind
+                head, sep, tail = f.report.rpartition("\nRerun this case: ")
+                note = "\nThe example also left global state behind (restored or the pool restarted):"
+                f.report = head + note + "".join(f"\n  {leak}" for leak in leaks) + sep + tail
+                f.args = (f.report,)
+            raise
+        return ratio, None if first else outcome.elapsed
+
+    def _confirm_death(self, case: Case, outcome: RankDied) -> None:
+        """A rank killed by SIGKILL/SIGTERM may have been killed from outside: rerun the case once
+        on fresh ranks. If it passes, that was an external fault, not the implementation's."""
+        if outcome.exitcode not in EXTERNAL_SIGNALS or self._confirming:
+            return
+        self._confirming = True
+        try:
+            self._run_on_pool(case)
+        except Finding:
+            return  # it dies (or fails) again: the implementation's own doing
+        finally:
+            self._confirming = False
+        self.stats.external_faults += 1
+        raise ExternalFault(
+            f"rank {outcome.rank} was killed by signal {-(outcome.exitcode or 0)} from outside the example "
+            f"and {case!r} passed when rerun on fresh ranks: an external fault, not a finding"
+        )
+
+    def _note_leaks(self, outcome: Any) -> list[str]:
+        if not isinstance(outcome, Completed):
+            return []
+        leaks = [leak for rep in outcome.replies for leak in rep.leaks]
+        self.stats.leaks.update(leaks)
+        return leaks
 
     # -- the oracle and the judge (public: the torchrun path uses them) ------------------------
     def expected(self, case: Case) -> Expected:

@@ -1,18 +1,34 @@
-"""Starting rank processes: the forkserver with torch preloaded, the driver's rendezvous store,
-and no re-import of the driver's ``__main__``.
+"""Starting rank processes (the forkserver with torch preloaded, the driver's rendezvous store, no
+re-import of the driver's ``__main__``) and watching them (:class:`ProgressWatch`).
 
 * Workers are forkserver children of a server that has torch preloaded, so a (re)start costs
   tens of milliseconds, not the ~2 s of ``import torch`` (plain fork is unsafe after the driver used
   OpenMP, and a child of a process holding a process group cannot init its own).
 * The driver owns the rendezvous: one ``TCPStore`` on port 0 per driver process, a fresh key
   prefix per pool start. No fixed or probed port, so ``pytest -n 2`` cannot race.
+* A hang needs evidence: :class:`ProgressWatch` reads the ranks' CPU time, and an example is
+  stuck only when no rank used CPU over the last window (a rank waiting in a gloo collective or a
+  sleep uses none; a computing or importing one uses most of a core).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-from collections.abc import Iterator
+import importlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+#: a rank progresses when its CPU time grew by more than this share of the window
+PROGRESS_FRACTION = 0.02
+#: a busy example may extend its wait up to max(HARD_CAP_MIN_S, HARD_CAP_FACTOR x window)
+HARD_CAP_MIN_S = 120.0
+HARD_CAP_FACTOR = 10.0
+#: how often the driver reads the ranks' CPU times while it waits
+TICK_S = 0.25
 
 _ctx: Any = None
 _store: Any = None
@@ -25,10 +41,18 @@ def context() -> Any:
 
         # explicit start method: Python 3.14 changes Linux's default
         _ctx = mp.get_context("forkserver")
-        # torch.distributed.tensor (DTensor, DeviceMesh, TP) costs ~0.5 s to import: preload it once
-        # in the forkserver rather than in every (re)started rank
+        # preload once in the forkserver what every (re)started rank would otherwise import inside
+        # an example: torch.distributed.tensor (DTensor, DeviceMesh, TP: ~0.5 s) and
+        # torch._inductor.config, which torch.use_deterministic_algorithms imports (with
+        # torch._dynamo: ~300 modules, 0.5-0.6 s idle, 2-7 s under load)
         _ctx.set_forkserver_preload(
-            ["torch", "torch.distributed", "torch.distributed.tensor.parallel", "shardfuzz.worker"]
+            [
+                "torch",
+                "torch.distributed",
+                "torch.distributed.tensor.parallel",
+                "torch._inductor.config",
+                "shardfuzz.worker",
+            ]
         )
     return _ctx
 
@@ -70,3 +94,116 @@ def no_main_import() -> Iterator[None]:
         yield
     finally:
         spawn.get_preparation_data = original
+
+
+def hard_cap(window_s: float) -> float:
+    """The longest an example may run while its ranks keep using CPU; also the ranks' gloo timeout."""
+    return max(HARD_CAP_MIN_S, HARD_CAP_FACTOR * window_s)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def os_threads(pid: int | str = "self") -> int:
+    """OS threads of a process (C++ threads such as gloo's included); Python's threads without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[17])
+    except (OSError, IndexError, ValueError):
+        return threading.active_count()
+
+
+def open_fds(pid: int | str = "self") -> int:
+    """Open file descriptors of a process (0 when it cannot be read)."""
+    for folder in (f"/proc/{pid}/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(folder))
+        except OSError:
+            pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, all threads) process ``pid`` has used; None when unknown: from
+    ``/proc``, or psutil where there is no ``/proc`` (macOS) and psutil is installed."""
+    global _psutil
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        if os.path.isdir("/proc/self"):
+            return None  # /proc works: the process is gone
+    if _psutil is None:
+        try:
+            _psutil = importlib.import_module("psutil")  # optional: not a dependency
+        except ImportError:
+            _psutil = False
+    try:
+        t = _psutil.Process(pid).cpu_times() if _psutil else None
+        return None if t is None else float(t.user + t.system)
+    except Exception:  # the process is gone
+        return None
+
+
+_psutil: Any = None
+
+
+class ProgressWatch:
+    """Tells a stuck example from a slow one by the CPU time of the rank processes ``pids``.
+
+    :meth:`check` says why to stop waiting, or None to go on: ``"idle"`` when the example has run
+    ``window_s`` and no rank's CPU time grew by more than ``PROGRESS_FRACTION * window_s`` over the
+    last ``window_s`` (stuck); ``"cap"`` at ``cap_s`` whatever the ranks do (busy for too long:
+    ``busy`` names the ranks still using CPU); ``"timeout"`` after ``window_s`` when CPU times
+    cannot be read on this system (a plain timeout). The first reading, the baseline, is taken at
+    the first check, one tick in, so that an example that ends sooner reads nothing.
+    """
+
+    def __init__(self, pids: Sequence[int], window_s: float, cap_s: float) -> None:
+        self.pids = list(pids)
+        self.window, self.cap = window_s, max(cap_s, window_s)
+        self.threshold = PROGRESS_FRACTION * window_s
+        self.tick = min(TICK_S, window_s / 4)
+        self.t0 = time.monotonic()
+        self.next_check = self.t0 + self.tick  # fast examples end before it: no reads at all
+        self.samples: collections.deque = collections.deque()
+        self.first: list[float | None] = []
+        self.evidence = True
+        self.busy: tuple[int, ...] = ()
+
+    def _read(self) -> list[float | None]:
+        return [cpu_seconds(p) for p in self.pids]
+
+    def check(self) -> str | None:
+        now = time.monotonic()
+        self.next_check = now + self.tick
+        if self.evidence:
+            cur = self._read()
+            if not self.samples:  # the baseline, one tick into the example
+                self.first = cur
+                self.evidence = all(v is not None for v in cur)
+            self.samples.append((now, cur))
+            # the reference sample: the latest one at least a window old (else the baseline)
+            while len(self.samples) > 1 and self.samples[1][0] <= now - self.window:
+                self.samples.popleft()
+            ref_t, ref = self.samples[0]
+            self.busy = tuple(
+                r
+                for r, (c, b) in enumerate(zip(cur, ref))
+                if c is not None and b is not None and c - b > self.threshold
+            )
+        if now - self.t0 >= self.cap:
+            return "cap"
+        if not self.evidence:
+            return "timeout" if now - self.t0 >= self.window else None
+        if now - ref_t < self.window:
+            return None
+        return None if self.busy else "idle"
+
+    def used(self) -> dict[int, float]:
+        """CPU seconds each rank has used since the baseline (ranks that can be read)."""
+        if not self.evidence or not self.first:
+            return {}
+        cur = self._read()
+        return {r: c - b for r, (c, b) in enumerate(zip(cur, self.first)) if c is not None and b is not None}

@@ -21,6 +21,7 @@ from shardfuzz.errors import Unsupported
 from shardfuzz.protocol import ErrorReply, RankAnswer, Ready, StartFailed, Stop, Task, UnsupportedReply
 from shardfuzz.rank import RankState, run_task, select_device
 
+STORE_TIMEOUT_S = 600.0
 TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout")
 #: a collective failed because a *peer* went away: a consequence, not the cause
 PEER_MARKERS = (
@@ -49,7 +50,7 @@ def answer(state: RankState, task: Task) -> RankAnswer:
     try:
         return run_task(state, task)
     except Unsupported as e:
-        return UnsupportedReply(e.reason)
+        return UnsupportedReply(e.reason, state.leaks, state.restart)
     except BaseException as e:  # report everything, including SystemExit from user code
         reply = error_reply(e)
         sys.stderr.flush()
@@ -84,9 +85,9 @@ def _join(rank: int, world_size: int, backend: str, store_info: tuple, timeout_s
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     host, port, prefix = store_info
-    store = dist.PrefixStore(
-        prefix, dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=60))
-    )
+    # the store waits as long as the groups (the hard cap), never less than STORE_TIMEOUT_S
+    wait_s = datetime.timedelta(seconds=max(timeout_s, STORE_TIMEOUT_S))
+    store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=wait_s))
     if debug:  # collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL): slow, for replays only
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level(dist.DebugLevel.DETAIL)

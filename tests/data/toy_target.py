@@ -21,6 +21,12 @@ def oracle(inp, case):
     return {"total": x.sum().reshape(1), "x2": 2 * x, "parts": x, "count": torch.tensor([x.numel()])}
 
 
+def magnitude(inp, case):
+    """The sum of |terms| behind each output: a sum over ranks in another order may cancel."""
+    a = inp["x"].abs()
+    return {"total": a.sum().reshape(1), "x2": 2 * a, "parts": a}
+
+
 def reference(ctx, *, use_device_mesh=False):
     group = ctx.group
     if use_device_mesh:  # the DeviceMesh of the whole mesh; the axis under test is named "impl"
@@ -76,6 +82,69 @@ def wrong_count(ctx):
     return out
 
 
+def slow_rank0(ctx, *, seconds=5.0):
+    """Slow, not stuck: rank 0 computes (a pure-Python loop) for ``seconds`` before the collectives."""
+    if ctx.group_rank == 0:
+        end, n = time.perf_counter() + seconds, 0
+        while time.perf_counter() < end:
+            n += 1
+    return reference(ctx)
+
+
+def skip_collective_rank1(ctx):
+    """Stuck: rank 1 returns without entering the all-reduce that rank 0 waits in."""
+    if ctx.group_rank == 1:
+        x = ctx.local["x"]
+        return {
+            "total": x.sum().reshape(1),
+            "x2": 2 * x,
+            "parts": ctx.inputs["x"],
+            "count": torch.tensor([1]),
+        }
+    return reference(ctx)
+
+
+def check_clean(ctx):
+    """The reference, but it raises when an earlier example's global state is still there."""
+    found = (torch.get_default_dtype(), torch.is_grad_enabled())
+    if found != (torch.float32, True):
+        raise AssertionError(f"rank {ctx.rank} started with default dtype and grad mode {found}")
+    return reference(ctx)
+
+
+def leak_default_dtype(ctx):
+    """Right outputs, then leaves float64 as the default dtype (and grad mode off) behind."""
+    out = reference(ctx)
+    torch.set_default_dtype(torch.float64)
+    torch.set_grad_enabled(False)
+    return out
+
+
+def leak_process_group(ctx):
+    """Creates a process group in every example and never destroys it (fds and threads pile up)."""
+    dist.new_group(list(range(ctx.world_size)))
+    return reference(ctx)
+
+
+def killed_from_outside_once(ctx):
+    """Rank 1 writes its pid to ``options['pidfile']`` and waits to be killed from outside, the
+    first time only; a rerun finds the file and is the reference."""
+    path = ctx.case.options["pidfile"]
+    if ctx.group_rank == 1 and not os.path.exists(path):
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
+        time.sleep(30)
+    return reference(ctx)
+
+
+def sigkill_rank1(ctx):
+    """Rank 1 is SIGKILLed on every run: reproducible, so a finding, not an external fault."""
+    if ctx.group_rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return reference(ctx)
+
+
 def cases(world_sizes=None):
     return sst.cases(
         "toy",
@@ -92,6 +161,7 @@ TOY = Target(
     cases=cases,
     inputs=inputs,
     oracle=oracle,
+    magnitude=magnitude,
     outputs={"total": Replicate(), "x2": Shard(0), "parts": Partial(), "count": Replicate()},
     input_layouts={"x": Shard(0)},
     implementations={
@@ -103,5 +173,12 @@ TOY = Target(
         "wrong_shape": "wrong_shape",
         "wrong_count": "wrong_count",
         "via_device_mesh": bind("reference", use_device_mesh=True),
+        "killed_from_outside_once": "killed_from_outside_once",
+        "sigkill_rank1": "sigkill_rank1",
+        "slow_rank0": "slow_rank0",
+        "skip_collective_rank1": "skip_collective_rank1",
+        "check_clean": "check_clean",
+        "leak_default_dtype": "leak_default_dtype",
+        "leak_process_group": "leak_process_group",
     },
 )

@@ -1,0 +1,190 @@
+"""Reliability of the engine: a hang needs evidence (slow is not stuck), timeouts stay as documented,
+and every example starts on a clean rank (leaked global state is restored or the pool restarted)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shardfuzz import Case, RankHang, RunConfig, Runner
+from shardfuzz.pool import discard_pool, get_pool
+from shardfuzz.protocol import Hung, ImplRef, Task
+from shardfuzz.runner import TIMEOUTS, TimeoutPolicy
+from shardfuzz.spawn import HARD_CAP_MIN_S, ProgressWatch, hard_cap, open_fds
+
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+linux = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+
+
+def case(world=2, n=3, seed=1):
+    return Case(target="toy", world_size=world, mesh=(world,), sizes={"n": n}, split=("n",), seed=seed)
+
+
+def runner(impl, **kw):
+    return Runner(TOY, impl, RunConfig(**kw))
+
+
+def pids(world=2):
+    return [p.pid for p in get_pool("gloo", world, HARD_CAP_MIN_S).procs]
+
+
+# -- slow is not stuck ----------------------------------------------------------------------------
+@linux
+def test_progress_watch_tells_idle_from_busy():
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # past the interpreters' start-up
+        verdicts = {}
+        for name, proc in (("idle", idle), ("busy", busy)):
+            watch = ProgressWatch([proc.pid], window_s=1.0, cap_s=2.5)
+            deadline = time.monotonic() + 10
+            while (v := watch.check()) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            verdicts[name] = (v, round(time.monotonic() - watch.t0, 1))
+    finally:
+        idle.kill()
+        busy.kill()
+        idle.wait()
+        busy.wait()
+    assert verdicts["idle"][0] == "idle" and verdicts["idle"][1] < 2.5  # a tick + the 1 s window
+    assert verdicts["busy"][0] == "cap" and verdicts["busy"][1] >= 2.5  # extended up to the cap
+
+
+def test_without_cpu_times_the_window_is_a_plain_timeout(monkeypatch):
+    import shardfuzz.spawn as spawn
+
+    monkeypatch.setattr(spawn, "cpu_seconds", lambda pid: None)  # no /proc and no psutil
+    watch = ProgressWatch([os.getpid()], window_s=0.5, cap_s=5.0)
+    deadline = time.monotonic() + 10
+    while (verdict := watch.check()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert verdict == "timeout" and time.monotonic() - watch.t0 < 1.5
+
+
+@linux
+def test_slow_rank_is_not_a_hang():
+    r = runner("slow_rank0", timeout=2)
+    t0 = time.perf_counter()
+    assert r.run_case(case()) < 1  # 5 s of computing on rank 0, with a 2 s window
+    assert time.perf_counter() - t0 >= 5
+
+
+def test_stuck_rank_is_a_hang_within_timeout_plus_2s():
+    assert runner("reference", timeout=2).run_case(case()) < 1  # a warm pool: time the hang only
+    r = runner("skip_collective_rank1", timeout=2)
+    t0 = time.perf_counter()
+    with pytest.raises(RankHang) as e:
+        r.run_case(case())
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 2 + 2 + 1, f"the hang took {elapsed:.1f} s to report"
+    report = e.value.report
+    assert "the example hung: no rank made progress (used CPU) for 2 s" in report
+    assert "ranks [1] finished the example; ranks [0] did not" in report
+    assert "skip_collective_rank1" in report or "all_reduce" in report  # rank 0's stack
+    assert runner("reference").run_case(case()) < 1  # the pool was restarted
+
+
+@linux
+def test_a_rank_busy_until_the_hard_cap_is_a_hang_naming_the_busy_rank():
+    r = runner("slow_rank0")
+    slow = ImplRef(r.impl_ref.ref, (("seconds", 30.0),))  # an endless loop, as far as a 3 s cap goes
+    pool = get_pool("gloo", 2, HARD_CAP_MIN_S)
+    pool.submit(Task(case(), r.worker_target, slow, HARD_CAP_MIN_S))
+    t0 = time.perf_counter()
+    outcome = pool.collect(1.0, 3.0)
+    discard_pool(pool)
+    assert isinstance(outcome, Hung) and outcome.evidence == "cap" and outcome.busy == (0,)
+    assert 3.0 <= time.perf_counter() - t0 < 3.0 + 2.5  # well past the 1 s window: rank 0 computes
+    with pytest.raises(RankHang) as e:
+        r.reporter.raise_hang(case(), outcome)
+    assert "still running at the hard cap of 3 s; ranks [0] were still using CPU" in e.value.report
+    assert "no rank finished the example; ranks [0, 1] did not" in e.value.report
+
+
+# -- the timeouts the README promises ---------------------------------------------------------------
+def test_window_is_at_most_60_s_and_the_cap_is_stated():
+    p = TimeoutPolicy()
+    key = ("t", 2, "gloo", "cpu")
+    assert p.timeout(key) == 10  # before 5 passes
+    for _ in range(5):
+        p.record(key, 0.01)
+    assert p.timeout(key) == 3  # the floor
+    p.record(key, 30.0)
+    assert p.timeout(key) == 60  # 600 s rounded down to the largest bucket
+    assert hard_cap(2) == hard_cap(10) == 120 and hard_cap(60) == 600
+
+
+def test_first_pass_on_a_fresh_pool_is_not_learnt_from():
+    discard_pool(get_pool("gloo", 3, HARD_CAP_MIN_S))
+    r = runner("reference")
+    key = r._timeout_key(case(3))
+    TIMEOUTS.recent.pop(key, None)  # earlier tests may have filled its 50 places
+    before = len(TIMEOUTS.recent[key])
+    r.run_case(case(3))
+    assert len(TIMEOUTS.recent[key]) == before  # paid the ranks' imports: ignored
+    r.run_case(case(3))
+    assert len(TIMEOUTS.recent[key]) == before + 1
+
+
+# -- a clean rank for every example -------------------------------------------------------------------
+def test_leaked_default_dtype_is_restored_and_named():
+    r = runner("leak_default_dtype")
+    assert r.run_case(case()) < 1
+    same = pids()
+    assert r.stats.leaks["rank 0 left torch.get_default_dtype() = torch.float64"] == 1
+    assert r.stats.leaks["rank 1 left torch.is_grad_enabled() = False"] == 1
+    assert "leaks (not findings): rank" in r.stats.summary()
+    clean = runner("check_clean")  # raises on a rank that still has float64 or no grad
+    assert clean.run_case(case()) < 1 and clean.run_case(case(seed=2)) < 1
+    assert runner("reference").run_case(case()) < 1
+    assert pids() == same  # restored in place: no pool restart
+    assert not clean.stats.leaks
+
+
+@linux
+def test_leaked_process_groups_restart_the_pool():
+    r = runner("leak_process_group")
+    seen = set()
+    for i in range(60):
+        assert r.run_case(case(seed=i)) < 1  # never "Too many open files"
+        seen.add(tuple(pids()))
+    assert r.stats.leaks["rank 0 left 1 more process group"] >= 20
+    assert len(seen) >= 20  # the pool restarted
+    assert max(open_fds(p) for p in pids()) < 100
+    assert "process group" in r.stats.summary()
+    assert runner("check_clean").run_case(case()) < 1
+
+
+# -- a rank killed from outside is an external fault, not a finding --------------------------------
+def test_rank_killed_from_outside_is_an_external_fault_not_a_finding(tmp_path):
+    import threading
+
+    from shardfuzz import ExternalFault, RankError, Runner
+    from shardfuzz.case import Case
+
+    pidfile = str(tmp_path / "rank1.pid")
+    case = Case(
+        target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",), options={"pidfile": pidfile}
+    )
+
+    def kill_when_ready():
+        deadline = time.monotonic() + 60
+        while not os.path.exists(pidfile) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(int(open(pidfile).read()), signal.SIGKILL)  # what the OOM killer or a user does
+
+    killer = threading.Thread(target=kill_when_ready, daemon=True)
+    killer.start()
+    runner = Runner(TOY, "killed_from_outside_once")
+    with pytest.raises(ExternalFault, match="rank 1 was killed by signal 9 from outside"):
+        runner.run_case(case)
+    killer.join(timeout=60)
+    assert runner.stats.external_faults == 1 and runner.stats.failures == 0
+    # the same death on every run reproduces: that is the implementation's finding
+    plain = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+    with pytest.raises(RankError, match="rank 1 died"):
+        Runner(TOY, "sigkill_rank1").run_case(plain)
