@@ -15,6 +15,13 @@ from typing import Any
 from shardfuzz.errors import InvalidArgument
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+#: value profiles, simplest first (the one list: ``shardfuzz.strategies`` draws from it). "large"
+#: scales values by 10**k, "small" scales them down, "ties" quantises them to a coarse grid.
+VALUE_PROFILES = ("normal", "large", "small", "ties")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +37,7 @@ class Case:
         sizes: named global sizes, e.g. ``{"hidden": 5}``.
         split: the names of the sizes that are sharded over the implementation's axis.
         dtype: dtype name (a string until it reaches a worker).
-        profile: value-profile name (see :mod:`shardfuzz.strategies`).
+        profile: value-profile name, one of :data:`VALUE_PROFILES`.
         seed: seed of the ``torch.Generator`` that builds the inputs.
         options: target options (``causal``, ``top_k``, ``steps``, value-profile parameters, ...).
     """
@@ -46,11 +53,17 @@ class Case:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.world_size, int) or self.world_size < 1:
+        if not isinstance(self.target, str) or not self.target:
+            raise InvalidArgument(f"target={self.target!r}; must be the target's name (a non-empty string)")
+        if not _is_int(self.world_size) or self.world_size < 1:
             raise InvalidArgument(f"world_size={self.world_size!r}; must be an int >= 1")
+        if not isinstance(self.mesh, (tuple, list)):
+            raise InvalidArgument(
+                f"mesh={self.mesh!r}; must be a non-empty tuple of ints >= 1, e.g. ({self.world_size},)"
+            )
         mesh = tuple(self.mesh)
         object.__setattr__(self, "mesh", mesh)
-        if not mesh or any((not isinstance(m, int)) or m < 1 for m in mesh):
+        if not mesh or any(not _is_int(m) or m < 1 for m in mesh):
             raise InvalidArgument(f"mesh={self.mesh!r}; must be a non-empty tuple of ints >= 1")
         if math.prod(mesh) != self.world_size:
             raise InvalidArgument(
@@ -58,16 +71,32 @@ class Case:
             )
         if self.dtype not in DTYPES:
             raise InvalidArgument(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}")
+        if not isinstance(self.sizes, Mapping):
+            raise InvalidArgument(
+                f"sizes={self.sizes!r}; must be a dict of size name -> int >= 0, e.g. {{'hidden': 5}}"
+            )
         for name, value in dict(self.sizes).items():
-            if not isinstance(value, int) or value < 0:
+            if not isinstance(name, str):
+                raise InvalidArgument(f"sizes has the key {name!r}; size names must be strings")
+            if not _is_int(value) or value < 0:
                 raise InvalidArgument(f"sizes[{name!r}]={value!r}; must be an int >= 0")
         object.__setattr__(self, "sizes", dict(self.sizes))
+        if isinstance(self.split, str) or not isinstance(self.split, (tuple, list)):
+            raise InvalidArgument(f"split={self.split!r}; must be a tuple of size names, e.g. ('hidden',)")
         object.__setattr__(self, "split", tuple(self.split))
         for name in self.split:
             if name not in self.sizes:
                 raise InvalidArgument(
                     f"split={self.split!r} names {name!r}, which is not in sizes={self.sizes!r}"
                 )
+        if self.profile not in VALUE_PROFILES:
+            raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(VALUE_PROFILES)}")
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
+            raise InvalidArgument(f"seed={self.seed!r}; must be an int in [0, 2**64)")
+        if not isinstance(self.options, Mapping) or not all(isinstance(k, str) for k in self.options):
+            raise InvalidArgument(
+                f"options={self.options!r}; must be a dict of option name -> value, e.g. {{'causal': True}}"
+            )
         object.__setattr__(self, "options", dict(self.options))
 
     # -- derived ---------------------------------------------------------------------------
@@ -111,6 +140,9 @@ class Case:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Case:
+        """A case from its :meth:`to_dict` form; every field is validated (InvalidArgument names it)."""
+        if not isinstance(d, Mapping):
+            raise InvalidArgument(f"case={d!r}; must be an object of Case fields")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - fields
         if unknown:
@@ -118,10 +150,7 @@ class Case:
         missing = {"target", "world_size", "mesh"} - set(d)
         if missing:
             raise InvalidArgument(f"case is missing field(s) {sorted(missing)}")
-        kw = dict(d)
-        kw["mesh"] = tuple(kw["mesh"])
-        kw["split"] = tuple(kw.get("split", ()))
-        return cls(**kw)
+        return cls(**dict(d))
 
     @classmethod
     def parse(cls, text: str) -> Case:

@@ -69,17 +69,19 @@ def check_layouts(
     g = case.group_size
     for name, layout in outputs.items():
         ref, low = expected.ref[name], expected.low[name]
+        before = len(problems)
         for r, out in enumerate(locals_):
             got = out[name]
             if not isinstance(ref, torch.Tensor):
-                if isinstance(got, torch.Tensor):
+                if isinstance(got, torch.Tensor) or (got is None) != (ref is None):
                     problems.append(
-                        f"output {name!r}: {label(r)} returned a tensor, expected {type(ref).__name__}"
+                        f"output {name!r}: {label(r)} returned {_what(got)}, the oracle gives {_what(ref)}"
                     )
                 continue
             if not isinstance(got, torch.Tensor):
                 problems.append(
-                    f"output {name!r}: {label(r)} returned {type(got).__name__}, expected a tensor"
+                    f"output {name!r}: {label(r)} returned {_what(got)}, expected a tensor "
+                    f"(the oracle gives {list(ref.shape)} {_dtype_name(low)})"
                 )
                 continue
             want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), r % g, g)
@@ -89,7 +91,7 @@ def check_layouts(
                     f"{list(got.shape)} {_dtype_name(got)}, expected "
                     f"{list(want_shape)} {_dtype_name(low)} (global {list(ref.shape)} over {g} ranks)"
                 )
-        if isinstance(ref, torch.Tensor):
+        if isinstance(ref, torch.Tensor) and len(problems) == before:
             for replica in case.replica_ranks:
                 msg = layout.check_group([tuple(locals_[r][name].shape) for r in replica], tuple(ref.shape))
                 if msg:
@@ -111,6 +113,9 @@ def compare_values(
     for name, layout in outputs.items():
         ref, low = expected.ref[name], expected.low[name]
         floating = isinstance(ref, torch.Tensor) and (ref.is_floating_point() or ref.is_complex())
+        if ref is None:  # "no value" (an unused gradient): every rank returned None too (check_layouts)
+            diffs.append(OutputDiff(name, repr(layout), "None", (), []))
+            continue
         if floating:
             bound = tolerance.bound(ref, low, expected.mag.get(name), case.dtype, case.group_size)
             rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound)
@@ -166,6 +171,14 @@ def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list
         note = "" if ok else f": sum {_short(total)}, expected {_short(ref)}"
         rds.append(RankDiff(None, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note))
     return rds
+
+
+def _what(v: Any) -> str:
+    if v is None:
+        return "None"
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        return f"a tensor {list(v.shape)} {_dtype_name(v)}"
+    return f"a {type(v).__name__}"
 
 
 def _dtype_name(v: Any) -> str:

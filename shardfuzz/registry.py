@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from shardfuzz.errors import TargetError
-from shardfuzz.refs import import_file, load_ref
+from shardfuzz.refs import import_file, load_ref, split_file_ref
 from shardfuzz.target import Target
 
 ENTRY_POINT_GROUP = "shardfuzz.targets"
@@ -45,9 +46,10 @@ def get_target(spec: Any) -> Target:
         raise TargetError(
             f"target={spec!r}; expected a Target, a target name, 'pkg.mod:ATTR' or a file.py path"
         )
-    if spec.endswith(".py") or "::" in spec:
-        path, _, name = spec.partition("::") if "::" in spec else (spec, "", "")
-        module = import_file(path, "target")
+    parts = split_file_ref(spec)
+    if parts is not None:
+        path, name = parts
+        module = import_file(path, f"target={spec!r}")
         targets = {v.name: v for v in vars(module).values() if isinstance(v, Target)}
         if not targets:
             raise TargetError(f"target={spec!r}: {path!r} defines no shardfuzz.Target")
@@ -67,7 +69,16 @@ def get_target(spec: Any) -> Target:
         return next(iter(targets.values()))
     known = available_targets()
     if ":" in spec:
-        obj = load_ref(spec, "target")
+        modname, _, attr = spec.partition(":")
+        try:
+            obj = load_ref(spec, "target")
+        except TargetError:  # pkg.mod:NAME naming the target rather than its attribute (Target.spec)
+            module = sys.modules.get(modname)
+            found = vars(module).values() if module is not None else ()
+            named = [v for v in found if isinstance(v, Target) and v.name == attr]
+            if not named:
+                raise
+            obj = named[0]
     elif spec in known:
         obj = load_ref(known[spec], f"target {spec!r}")
     else:
@@ -75,6 +86,20 @@ def get_target(spec: Any) -> Target:
     if not isinstance(obj, Target):
         raise TargetError(f"target={spec!r} resolves to {obj!r}, not a shardfuzz.Target")
     return obj
+
+
+def target_spec(target: Target) -> str:
+    """The full reference that finds ``target`` again from any folder, for rerun lines and failure
+    files: its registered name for a built-in or entry-point target, else :meth:`Target.spec`
+    (``/abs/path/file.py::NAME`` or ``pkg.mod:ATTR``)."""
+    ref = available_targets().get(target.name)
+    if ref is not None:
+        try:
+            if load_ref(ref, "target") is target:
+                return target.name
+        except TargetError:
+            pass
+    return target.spec()
 
 
 def resolve_worker_target(ref: str) -> Target:

@@ -8,9 +8,8 @@ import os
 from typing import Any
 
 from shardfuzz.config import RunConfig, default_device
-from shardfuzz.errors import Finding, InvalidArgument
-from shardfuzz.failures import inputs_hash, source_hash
-from shardfuzz.registry import get_target
+from shardfuzz.errors import Finding
+from shardfuzz.failures import inputs_hash, record_impl, record_target, source_hash
 from shardfuzz.runner import Runner
 
 
@@ -36,15 +35,6 @@ class Replayed:
         return f"{head} {what}{self.note}\n  {case!r}"
 
 
-def record_target(record: dict[str, Any]) -> tuple[Any, str]:
-    """The target of a failure record and how it was named (its full reference when it has one)."""
-    spec = record.get("target_ref") or record["target"]
-    try:
-        return get_target(spec), spec
-    except InvalidArgument:
-        return get_target(record["target"]), record["target"]
-
-
 def record_config(
     record: dict[str, Any],
     *,
@@ -67,18 +57,10 @@ def record_config(
     )
 
 
-def record_impl(target: Any, record: dict[str, Any]) -> Any:
-    """The record's implementation: by name when the target still has it under that name."""
-    name = record["impl"]
-    if name in target.implementations and target.impl_ref(name) == record["impl_spec"]:
-        return name
-    return record["impl_spec"]
-
-
 def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
     """Rerun one failure record's case (``choices``: see :func:`record_config`)."""
-    target, spec = record_target(record)
-    runner = Runner(target, record_impl(target, record), record_config(record, **choices), target_spec=spec)
+    target, _ = record_target(record)
+    runner = Runner(target, record_impl(target, record), record_config(record, **choices))
     case = record["case"]
     note = ""
     src = source_hash(runner.impl_ref)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.case import Case
-from shardfuzz.errors import TargetError
+from shardfuzz.errors import TargetCodeError, TargetError
 from shardfuzz.layouts import Layout, Replicate, check_layout
 from shardfuzz.protocol import ImplRef
 from shardfuzz.records import Bound, ExpectedFailure, PlantedBug, bind
@@ -128,12 +128,23 @@ class Target:
             if not callable(pred):
                 raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
         object.__setattr__(self, "gradients", tuple(self.gradients))
+        if not callable(self.outputs):
+            unknown = [g for g in self.gradients if g not in self.outputs]
+            if unknown:
+                raise TargetError(
+                    f"Target {self.name!r}: gradients names {unknown}, which are not outputs; "
+                    f"outputs are {sorted(self.outputs)}"
+                )
 
     # -- outputs --------------------------------------------------------------------------
     def outputs_for(self, case: Case) -> dict[str, Layout]:
         """The outputs (name -> layout) of this case."""
         if callable(self.outputs):
-            return _check_outputs(self.outputs(case), self.name)
+            try:
+                outputs = self.outputs(case)
+            except Exception as e:
+                raise TargetCodeError.of(self.name, "outputs(case)", case, e) from e
+            return _check_outputs(outputs, self.name)
         return dict(self.outputs)
 
     # -- implementations -------------------------------------------------------------------
@@ -208,6 +219,18 @@ class Target:
 
     def input_layout(self, name: str) -> Layout:
         return self.input_layouts.get(name, Replicate())
+
+    def spec(self) -> str:
+        """A reference that finds this target again from any folder: ``/abs/path/file.py::NAME`` for a
+        target defined in a file, ``pkg.mod:ATTR`` for one in an importable module
+        (:func:`shardfuzz.registry.target_spec` gives built-in and entry-point targets' names)."""
+        if not self.origin:
+            return self.worker_ref()  # raises: workers could not import it either
+        if self.origin.endswith(".py"):
+            return f"{self.origin}::{self.name}"
+        module = sys.modules.get(self.origin)
+        attrs = [k for k, v in vars(module).items() if v is self] if module is not None else []
+        return f"{self.origin}:{attrs[0] if attrs else self.name}"
 
     def worker_ref(self) -> str:
         if not self.origin:

@@ -17,6 +17,7 @@ from typing import Any
 from shardfuzz.case import Case
 from shardfuzz.errors import Mismatch
 from shardfuzz.records import Expect
+from shardfuzz.refs import anchored_ref, caller_dir
 from shardfuzz.registry import get_target
 from shardfuzz.search import Result, run
 
@@ -35,7 +36,9 @@ def budget(p95: int) -> int:
 
 
 def assert_planted_bug_found(target: Any, impl: str, expect: Expect, *, p95: int) -> Result:
-    """Run the ``shardfuzz-ci`` settings (derandomized, database off) and check the finding."""
+    """Run the ``shardfuzz-ci`` settings (derandomized, database off) and check the finding. A
+    relative ``file.py`` target is found next to the calling test file first."""
+    target = anchored_ref(target, caller_dir())
     result = run(
         target, impl, profile="shardfuzz-ci", database=None, max_examples=budget(p95), timeout=expect.timeout
     )
@@ -63,8 +66,11 @@ def assert_planted_bug_found(target: Any, impl: str, expect: Expect, *, p95: int
 
 
 def assert_reference_passes(target: Any, dtype: str, *, examples: int = 500, impl: Any = None) -> Result:
-    """``examples`` cases of the reference, all in ``dtype``, with no false positive."""
-    t = get_target(target)
+    """``examples`` cases of the reference, all in ``dtype``, with no false positive. A relative
+    ``file.py`` target or implementation is found next to the calling test file first."""
+    here = caller_dir()
+    t = get_target(anchored_ref(target, here))
+    impl = anchored_ref(impl, here)
     result = run(t, impl, profile="shardfuzz-ci", database=None, max_examples=examples, dtypes=(dtype,))
     assert not result.found, result.report
     assert result.stats.passed == result.stats.examples >= examples, result.stats.summary()

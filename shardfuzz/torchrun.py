@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import pprint
 import sys
@@ -22,11 +23,10 @@ import shardfuzz
 from shardfuzz import failures
 from shardfuzz.case import Case
 from shardfuzz.config import BACKENDS, DEVICES, RunConfig, default_device
-from shardfuzz.errors import Finding
-from shardfuzz.failures import inputs_hash
-from shardfuzz.protocol import ErrorReply, ImplRef, Task, UnsupportedReply
+from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.failures import inputs_hash, record_impl, record_target
+from shardfuzz.protocol import ErrorReply, Task, UnsupportedReply
 from shardfuzz.rank import RankState, select_device
-from shardfuzz.replay import record_impl, record_target
 from shardfuzz.runner import Runner
 from shardfuzz.worker import answer
 
@@ -46,22 +46,26 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = _parser().parse_args(argv)
-    if record is None:
-        if not args.file:
-            print("shardfuzz.torchrun: error: give a failure file", file=sys.stderr)
-            return 2
-        record = failures.load(args.file)
-    else:
-        record = dict(record)
-        if not isinstance(record.get("case"), Case):
-            record["case"] = Case.from_dict(record["case"])
-        record["impl_spec"] = ImplRef.from_parts(record["impl_ref"], record.get("impl_kwargs") or {})
-    case: Case = record["case"]
-    backend = args.backend or record["backend"]
-    device = args.device or default_device(backend)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    try:  # every rank validates the record the same way, before any process group exists
+        if not (args.timeout > 0 and math.isfinite(args.timeout)):
+            raise InvalidArgument(f"--timeout={args.timeout!r}; must be a number of seconds > 0")
+        if record is None:
+            if not args.file:
+                raise InvalidArgument("give a failure file (FILE)")
+            record = failures.load(args.file)
+        else:
+            record = failures.prepare(dict(record), os.path.abspath(sys.argv[0] or "repro.py"))
+        target, spec = record_target(record)
+    except InvalidArgument as e:
+        if rank == 0:
+            print(f"shardfuzz.torchrun: error: {e}", file=sys.stderr)
+        return 2
+    case: Case = record["case"]
+    backend = args.backend or record["backend"]
+    device = args.device or default_device(backend)
     if world != case.world_size:
         if rank == 0:
             print(
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
     state = RankState(rank, world, device_obj, args.timeout)
     task = Task(
         case=case,
-        target_ref=record.get("target_worker_ref") or record["target"],
+        target_ref=target.worker_ref(),
         impl=record["impl_spec"],
         timeout=args.timeout,
         deterministic=args.deterministic or bool(record.get("deterministic", False)),
@@ -93,17 +97,22 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
     dist.gather_object(reply, replies if rank == 0 else None, dst=0, group=results_group)
     code = torch.zeros(1, dtype=torch.int64)
     if rank == 0:
-        code[0] = _judge_on_rank0(record, case, backend, device, replies)
+        code[0] = _judge_on_rank0(record, (target, spec), case, backend, device, replies)
     dist.broadcast(code, src=0, group=results_group)
     dist.destroy_process_group()
     return int(code[0])
 
 
-def _judge_on_rank0(record: dict[str, Any], case: Case, backend: str, device: str, replies: list[Any]) -> int:
-    target, spec = record_target(record)
-    runner = Runner(
-        target, record_impl(target, record), RunConfig(backend=backend, device=device), target_spec=spec
-    )
+def _judge_on_rank0(
+    record: dict[str, Any],
+    resolved: tuple[Any, str],
+    case: Case,
+    backend: str,
+    device: str,
+    replies: list[Any],
+) -> int:
+    target, _ = resolved
+    runner = Runner(target, record_impl(target, record), RunConfig(backend=backend, device=device))
     print(
         f"shardfuzz.torchrun: {record['target']}/{record['impl']} on {backend}/{device}, {len(replies)} ranks\n{case!r}"
     )
@@ -139,8 +148,8 @@ Run one process per rank with torchrun (on one machine or several):
 
     torchrun --nproc-per-node={world} {name} [--backend nccl] [--device cuda]
 
-It needs shardfuzz installed and the implementation importable as {impl_ref!r} on every node; it
-does not use Hypothesis. Rank 0 prints the comparison; every rank exits 0 (passes) or 1 (fails).
+It needs shardfuzz installed and the implementation importable as {impl_ref!r} on every node
+(a moved checkout: set SHARDFUZZ_PATH to its new folder); it does not use Hypothesis. Rank 0 prints the comparison; every rank exits 0 (passes) or 1 (fails).
 """
 
 import sys
@@ -163,6 +172,7 @@ def write_repro(record: dict[str, Any], path: str) -> str:
         "impl",
         "impl_ref",
         "impl_kwargs",
+        "files",
         "backend",
         "device",
         "kind",

@@ -18,7 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from shardfuzz.case import DTYPES, Case
+from shardfuzz.case import DTYPES, VALUE_PROFILES, Case
 from shardfuzz.errors import InvalidArgument
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
 
 #: value profiles, simplest first. "large" scales values by 10**k (k drawn), "ties" quantises them
 #: to a coarse grid so equal values (ties) are common, "small" scales them down.
-PROFILES = ("normal", "large", "small", "ties")
+PROFILES = VALUE_PROFILES
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -48,6 +48,20 @@ def test_derived_sizes():
         (dict(world_size=0, mesh=(0,)), "world_size=0"),
         (dict(sizes={"hidden": -1}), r"sizes\['hidden'\]=-1"),
         (dict(split=("nope",)), "names 'nope'"),
+        (dict(mesh=4), r"mesh=4; must be a non-empty tuple of ints >= 1, e.g. \(4,\)"),
+        (dict(mesh=(2, True)), r"mesh=\(2, True\)"),
+        (dict(world_size=True, mesh=(1,)), "world_size=True; must be an int"),
+        (dict(sizes=[1, 2]), r"sizes=\[1, 2\]; must be a dict"),
+        (dict(sizes={"hidden": 2.0}), r"sizes\['hidden'\]=2.0"),
+        (dict(sizes={"hidden": True}), r"sizes\['hidden'\]=True"),
+        (dict(sizes={1: 2}, split=()), "size names must be strings"),
+        (dict(split="hidden"), "split='hidden'; must be a tuple of size names"),
+        (dict(options=[1]), r"options=\[1\]; must be a dict"),
+        (dict(seed="a"), "seed='a'; must be an int"),
+        (dict(seed=0.5), "seed=0.5; must be an int"),
+        (dict(seed=-1), "seed=-1; must be an int"),
+        (dict(profile="bogus"), "profile='bogus'; allowed: normal, large, small, ties"),
+        (dict(target=""), "target=''"),
     ],
 )
 def test_invalid_cases_name_the_argument(kw, match):
@@ -60,3 +74,18 @@ def test_parse_refuses_code():
         Case.parse("Case(target=__import__('os').getcwd(), world_size=1, mesh=(1,))")
     with pytest.raises(InvalidArgument, match="expected Case"):
         Case.parse("print(1)")
+
+
+def test_from_dict_validates_every_field():
+    with pytest.raises(InvalidArgument, match="must be an object of Case fields"):
+        Case.from_dict([1, 2])
+    with pytest.raises(InvalidArgument, match="mesh=2"):
+        Case.from_dict({"target": "t", "world_size": 2, "mesh": 2})
+    assert Case.from_dict({"target": "t", "world_size": 2, "mesh": [2], "split": []}).mesh == (2,)
+
+
+def test_value_profiles_have_one_source():
+    import shardfuzz.strategies as sst
+    from shardfuzz.case import VALUE_PROFILES
+
+    assert tuple(sst.PROFILES) == VALUE_PROFILES

@@ -1,0 +1,10 @@
+"""Implementations of the built-in tp_mlp that return something other than a tensor for an output."""
+
+from shardfuzz.targets import tp_mlp
+
+
+def ret_none_grad(ctx):
+    """A common mistake: an unused gradient comes back as None (here grad_b2)."""
+    out = tp_mlp.reference(ctx)
+    out["grad_b2"] = None
+    return out

@@ -1,0 +1,21 @@
+"""Implementations of the toy target (tests/data/toy_target.py) in a file of their own, so failure
+files hold a target file and an implementation file (the tests move both)."""
+
+import torch
+import torch.distributed as dist
+
+from shardfuzz import Shard
+
+
+def off_by_one(ctx):
+    """The toy reference, with rank 1's ``x2`` off by one."""
+    local = ctx.local["x"]
+    total = local.sum().reshape(1)
+    dist.all_reduce(total, group=ctx.group)
+    parts = torch.zeros_like(ctx.inputs["x"])
+    start = Shard(0).global_index((0,), ctx.group_rank, ctx.group_size, tuple(parts.shape))[0]
+    parts[start : start + local.numel()] = local
+    count = torch.tensor([local.numel()])
+    dist.all_reduce(count, group=ctx.group)
+    x2 = 2 * local + (1 if ctx.group_rank == 1 else 0)
+    return {"total": total, "x2": x2, "parts": parts, "count": count}

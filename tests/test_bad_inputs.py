@@ -1,0 +1,381 @@
+"""Every bad input is a named error: the message names the argument (or the file and field), its
+value and what is allowed; exit 2 (usage) or 3 (the tool failed); no traceback from shardfuzz's
+internals; no finding lost. One test per row of the bad-input study (``BAD-INPUTS.md`` of the
+issue), most through the CLI, plus inputs of the same kinds that were not on the list."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import shardfuzz
+from shardfuzz import Case, InvalidArgument, Runner, TargetError
+from shardfuzz.config import check_world_size, env_int, max_world_size
+from shardfuzz.errors import TargetCodeError
+from shardfuzz.failures import FailureRecorder, check_failures_dir
+
+pytest_plugins = ["pytester"]
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+ORACLE_RAISES = os.path.join(DATA, "oracle_raises.py")
+MISTAKES = os.path.join(DATA, "spec_mistakes.py")
+OK = (
+    "Case(target='tp_mlp', world_size=2, mesh=(2,), sizes={'batch': 1, 'seq': 1, 'd_model': 1, "
+    "'hidden': 2, 'd_out': 1}, split=('hidden',), dtype='float32', profile='normal', seed=0, options={})"
+)
+
+
+def cli(*args, env=None, cwd=None, timeout=240):
+    out = subprocess.run(
+        [sys.executable, "-m", "shardfuzz.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+    assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
+    return out
+
+
+def refused(out, code, *named):
+    text = out.stdout + out.stderr
+    assert out.returncode == code, text
+    for piece in named:
+        assert piece in text, f"{piece!r} not in:\n{text}"
+
+
+def failure_record(tmp_path, name, **changes):
+    """A failure file of tp_mlp/missing_allreduce as a real run writes it, with ``changes``."""
+    case = Case.parse(OK).to_dict()
+    case.update(changes.pop("case", {}))
+    rec = {
+        "format": "shardfuzz-failure",
+        "version": 1,
+        "target": "tp_mlp",
+        "target_ref": "tp_mlp",
+        "impl": "missing_allreduce",
+        "impl_ref": "shardfuzz.targets.tp_mlp:reference",
+        "impl_kwargs": {"bug": "missing_allreduce"},
+        "case": case,
+        "backend": "gloo",
+        "device": "cpu",
+        "kind": "mismatch",
+        "report": "shardfuzz: 1 of 6 outputs mismatch the oracle",
+        "inputs_sha256": "0" * 64,
+        **changes,
+    }
+    path = tmp_path / name
+    path.write_text(json.dumps(rec))
+    return str(path)
+
+
+# -- --failures-dir: checked before fuzzing -------------------------------------------------------
+def test_unwritable_failures_dir_is_refused_before_fuzzing():
+    out = cli(
+        "fuzz",
+        "tp_mlp",
+        "--impl",
+        "missing_allreduce",
+        "--max-examples",
+        "30",
+        "--failures-dir",
+        "/proc/shardfuzz-nope",
+    )
+    refused(out, 2, "--failures-dir", "/proc/shardfuzz-nope", "writable")
+    assert "fuzzing tp_mlp" not in out.stdout  # refused up front: no finding to lose
+
+
+def test_failures_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "impls.py").write_text("")
+    out = cli(
+        "fuzz",
+        "tp_mlp",
+        "--impl",
+        "missing_allreduce",
+        "--max-examples",
+        "30",
+        "--failures-dir",
+        str(tmp_path / "impls.py"),
+    )
+    refused(out, 2, "--failures-dir", "impls.py", "a file is in the way")
+
+
+def test_check_failures_dir_creates_and_probes(tmp_path):
+    assert check_failures_dir(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
+    assert os.listdir(tmp_path / "a" / "b") == []  # the probe file is gone
+    with pytest.raises(InvalidArgument, match="SHARDFUZZ_FAILURES_DIR"):
+        check_failures_dir("/proc/nope", "$SHARDFUZZ_FAILURES_DIR")
+
+
+def test_a_failure_file_that_cannot_be_written_does_not_lose_the_finding(tmp_path, capsys):
+    rec = FailureRecorder(str(tmp_path / "f"))
+    rec.directory = "/proc/shardfuzz-gone"  # the directory vanished after the check
+    runner = Runner(os.path.join(DATA, "toy_target.py"), "wrong_rank1", hooks=[rec])
+    with pytest.raises(shardfuzz.Mismatch):
+        runner.run_case(Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",)))
+    assert rec.errors and "could not write the failure file" in capsys.readouterr().err
+
+
+# -- None outputs --------------------------------------------------------------------------------
+def test_none_for_a_tensor_output_is_a_layout_finding_naming_output_and_rank():
+    out = cli("case", "tp_mlp", "--impl", os.path.join(DATA, "bad_returns.py") + "::ret_none_grad", OK)
+    refused(out, 1, "FAIL (layout)", "output 'grad_b2'", "rank 0 returned None", "expected a tensor")
+
+
+def test_none_where_the_oracle_gives_none_is_no_value_and_passes():
+    runner = Runner(MISTAKES + "::none_output")
+    case = Case(target="none_output", world_size=2, mesh=(2,), sizes={"rows": 3, "cols": 1}, split=("rows",))
+    assert runner.run_case(case) < 1
+
+
+def test_judge_does_not_crash_on_none():
+    runner = Runner(MISTAKES + "::none_output")
+    case = Case(target="none_output", world_size=2, mesh=(2,), sizes={"rows": 3, "cols": 1}, split=("rows",))
+    expected = runner.expected(case)
+    from shardfuzz.judge import check_layouts
+
+    locals_ = [{"total": None, "unused": None}, {"total": expected.ref["total"].float(), "unused": 1}]
+    problems = check_layouts(case, runner.target.outputs_for(case), locals_, expected)
+    assert "output 'total': rank 0 returned None, expected a tensor" in problems[0]
+    assert "output 'unused': rank 1 returned a int, the oracle gives None" in problems[1]
+
+
+# -- world sizes and environment variables -------------------------------------------------------
+def test_huge_world_size_is_refused_before_any_rank_starts():
+    out = cli("fuzz", "tp_mlp", "--world-sizes", "1000", "--max-examples", "1")
+    refused(out, 2, "world_sizes=1000", "SHARDFUZZ_MAX_WORLD")
+
+
+def test_world_size_limit_and_its_override(monkeypatch):
+    monkeypatch.delenv("SHARDFUZZ_MAX_WORLD", raising=False)
+    assert max_world_size() == min(16, 4 * (os.cpu_count() or 1))
+    with pytest.raises(InvalidArgument, match="world_sizes=17"):
+        shardfuzz.RunConfig(world_sizes=(1, 17))
+    monkeypatch.setenv("SHARDFUZZ_MAX_WORLD", "32")
+    check_world_size(32)
+    assert shardfuzz.RunConfig(world_sizes=(32,)).world_sizes == (32,)
+    monkeypatch.setenv("SHARDFUZZ_MAX_WORLD", "0")
+    with pytest.raises(InvalidArgument, match="SHARDFUZZ_MAX_WORLD='0'; must be an integer >= 1"):
+        shardfuzz.RunConfig()
+
+
+@pytest.mark.parametrize("duration", ["nan", "inf", "-1s", "0"])
+def test_duration_must_be_finite_and_positive(duration):
+    out = cli("fuzz", "tp_mlp", f"--duration={duration}")
+    refused(out, 2, "--duration", duration)
+
+
+def test_bad_pool_size_variable_is_refused_naming_it():
+    out = cli("fuzz", "tp_mlp", "--max-examples", "2", env={"SHARDFUZZ_MAX_POOL_RANKS": "abc"})
+    refused(out, 2, "SHARDFUZZ_MAX_POOL_RANKS='abc'", "integer >= 1")
+
+
+@pytest.mark.parametrize(
+    "name", ["SHARDFUZZ_MAX_POOL_RANKS", "SHARDFUZZ_WORKER_THREADS", "SHARDFUZZ_DRIVER_THREADS"]
+)
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5"])
+def test_every_numeric_variable_is_validated(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InvalidArgument, match=f"{name}={value!r}"):
+        shardfuzz.RunConfig()
+
+
+def test_env_int_defaults():
+    assert env_int("SHARDFUZZ_NOT_SET_ANYWHERE", 7, 1) == 7
+
+
+def test_search_path_entries_must_be_folders(tmp_path, monkeypatch):
+    from shardfuzz.refs import add_search_path, search_path
+
+    monkeypatch.setenv("SHARDFUZZ_PATH", str(tmp_path / "nope"))
+    with pytest.raises(
+        TargetError, match=r"environment variable SHARDFUZZ_PATH holds .*nope.*not a directory"
+    ):
+        search_path()
+    with pytest.raises(TargetError, match=r"--search-path=.*nope.*is not a directory"):
+        add_search_path([str(tmp_path / "nope")])
+
+
+# -- implementations ------------------------------------------------------------------------------
+def test_an_implementation_that_is_not_callable_is_refused():
+    out = cli("fuzz", "tp_mlp", "--impl", os.path.join(DATA, "impls.py") + "::_HOLD", "--max-examples", "2")
+    refused(out, 2, "_HOLD", "is a list, not a function")
+    assert "FOUND" not in out.stdout
+
+
+def test_an_implementation_that_does_not_exist_is_refused():
+    out = cli("fuzz", "tp_mlp", "--impl", os.path.join(DATA, "impls.py") + "::nothing", "--max-examples", "2")
+    refused(out, 2, "nothing", "has no attribute")
+
+
+# -- Case fields ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "old, new, named",
+    [
+        ("mesh=(2,)", "mesh=2", ["mesh=2", "tuple of ints"]),
+        (
+            "sizes={'batch': 1, 'seq': 1, 'd_model': 1, 'hidden': 2, 'd_out': 1}",
+            "sizes=[1, 2]",
+            ["sizes=[1, 2]", "dict"],
+        ),
+        ("options={}", "options=[1]", ["options=[1]", "dict"]),
+        ("seed=0", "seed='a'", ["seed='a'", "int"]),
+        ("seed=0", "seed=0.5", ["seed=0.5", "int"]),
+        ("seed=0", "seed=-1", ["seed=-1", "int"]),
+        ("profile='normal'", "profile='bogus'", ["profile='bogus'", "normal, large, small, ties"]),
+        ("split=('hidden',)", "split='hidden'", ["split='hidden'", "tuple of size names"]),
+        ("world_size=2", "world_size=True", ["world_size=True", "int"]),
+        ("target='tp_mlp'", "target=3", ["target=3"]),
+    ],
+)
+def test_bad_case_fields_are_named(old, new, named):
+    assert old in OK
+    out = cli("case", "tp_mlp", OK.replace(old, new))
+    refused(out, 2, *named)
+
+
+def test_a_missing_size_is_named():
+    out = cli("case", "tp_mlp", OK.replace(", 'd_out': 1", ""))
+    refused(out, 2, "'d_out'")
+
+
+def test_a_size_the_target_cannot_take_is_the_targets_error():
+    out = cli("case", "tp_mlp", OK.replace("'hidden': 2", "'hidden': 0"))
+    refused(out, 2, "target 'tp_mlp'", "ZeroDivisionError", "'hidden': 0")
+
+
+def test_check_case_names_sizes_against_what_the_target_draws():
+    from shardfuzz.oracle import check_case
+
+    t = shardfuzz.get_target("tp_mlp")
+    case = Case.parse(OK.replace("'d_out': 1", "'d_uot': 1"))
+    with pytest.raises(
+        TargetError, match=r"lacks \['d_out'\] and has \['d_uot'\], which the target does not draw"
+    ):
+        check_case(t, case)
+    with pytest.raises(TargetCodeError, match=r"sizes\['hidden'\]=0 is below the smallest value"):
+        check_case(t, Case.parse(OK.replace("'hidden': 2", "'hidden': 0")))
+    check_case(t, Case.parse(OK))
+
+
+# -- the target's own code ---------------------------------------------------------------------------
+def test_an_oracle_that_raises_while_fuzzing_is_the_targets_error():
+    out = cli("fuzz", ORACLE_RAISES, "--max-examples", "20", "--world-sizes", "1,2")
+    refused(out, 2, "target 'row_mean'", "oracle(inputs, case) raised ValueError: oracle bug: rows >= 2")
+    assert "oracle_raises.py" in out.stderr and "The target's traceback" in out.stderr
+    assert os.path.join("shardfuzz", "oracle.py") not in out.stderr  # only the target's frames
+
+
+def test_an_oracle_that_raises_on_a_given_case_is_the_targets_error():
+    case = (
+        "Case(target='row_mean', world_size=1, mesh=(1,), sizes={'rows': 2, 'cols': 1}, split=('rows',), "
+        "dtype='float32', profile='normal', seed=0, options={})"
+    )
+    out = cli("case", ORACLE_RAISES, case)
+    refused(out, 2, "target 'row_mean'", "ValueError: oracle bug: rows >= 2", "'rows': 2")
+
+
+# -- strict specs: names that do not exist --------------------------------------------------------------
+def test_a_misspelt_input_layout_key_is_a_usage_error():
+    case = (
+        "Case(target='misspelt_layout', world_size=2, mesh=(2,), sizes={'rows': 3, 'cols': 1}, "
+        "split=('rows',), dtype='float32', profile='normal', seed=0, options={})"
+    )
+    out = cli("case", MISTAKES + "::misspelt_layout", case)
+    refused(out, 2, "Target 'misspelt_layout': input_layouts key 'xx' is not an input; inputs are ['x']")
+    with pytest.raises(TargetError, match="input_layouts key 'xx' is not an input"):
+        shardfuzz.run(MISTAKES + "::misspelt_layout", max_examples=5, database=None)
+
+
+def test_a_misspelt_option_name_is_a_usage_error():
+    case = (
+        "Case(target='ulysses', world_size=2, mesh=(2,), sizes={'batch': 1, 'seq': 2, 'kv_heads': 1, "
+        "'q_per_kv': 1, 'head_dim': 2}, split=('seq',), options={'causl': True})"
+    )
+    out = cli("case", "ulysses", case)
+    refused(out, 2, "lacks ['causal'] and has ['causl'], which the target does not draw")
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        (
+            "misspelt_magnitude",
+            "magnitude key 'totl' is not an output, and output 'total' has no magnitude; outputs are ['total', 'unused']",
+        ),
+        ("undeclared_output", "declared output 'totl' is not returned by the oracle"),
+    ],
+)
+def test_other_names_that_do_not_exist_are_usage_errors(target, message):
+    runner = Runner(MISTAKES + "::" + target)
+    case = Case(target=target, world_size=1, mesh=(1,), sizes={"rows": 1, "cols": 1}, split=("rows",))
+    with pytest.raises(TargetError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        runner.expected(case)
+
+
+def test_gradients_must_be_outputs():
+    t = shardfuzz.get_target("tp_mlp")
+    with pytest.raises(TargetError, match="gradients names \\['grad_q'\\], which are not outputs"):
+        t.derive("tp_mlp2", gradients=("grad_x", "grad_q"))
+
+
+# -- failure files with bad fields: replay and repro refuse them up front --------------------------------
+@pytest.mark.parametrize("command", ["replay", "repro"])
+def test_a_record_with_a_missing_size_is_refused(tmp_path, command):
+    case = Case.parse(OK).to_dict()
+    del case["sizes"]["d_out"]
+    path = failure_record(tmp_path, "case-missing-size.json", case={"sizes": case["sizes"]})
+    extra = ["-o", str(tmp_path / "out.py")] if command == "repro" else []
+    out = cli(command, path, *extra)
+    refused(out, 2, path, "field 'case' is invalid", "lacks ['d_out']")
+    assert not (tmp_path / "out.py").exists()
+
+
+def test_a_record_with_a_string_seed_is_refused(tmp_path):
+    path = failure_record(tmp_path, "case-seed-str.json", case={"seed": "a"})
+    refused(cli("replay", path), 2, path, "field 'case' is invalid: seed='a'")
+
+
+@pytest.mark.parametrize("command", ["replay", "repro"])
+def test_a_record_whose_implementation_cannot_be_imported_is_refused(tmp_path, command):
+    path = failure_record(tmp_path, "unknown-impl.json", impl="func", impl_ref="no_such_mod:func")
+    extra = ["-o", str(tmp_path / "out.py")] if command == "repro" else []
+    out = cli(command, path, *extra)
+    refused(out, 2, path, "field 'impl_ref'", "no_such_mod")
+    assert not (tmp_path / "out.py").exists()
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"backend": "mpi"}, "field 'backend' is 'mpi'; allowed: gloo, nccl"),
+        ({"impl_kwargs": [1]}, "field 'impl_kwargs' is [1], expected a dict"),
+        ({"target_ref": "/no/such/dir/t.py::t"}, "field 'target_ref'"),
+        ({"case": {"world_size": 2000, "mesh": [2000]}}, "world_size=2000"),
+    ],
+)
+def test_other_bad_record_fields_are_named(tmp_path, changes, named):
+    path = failure_record(tmp_path, "bad.json", **changes)
+    refused(cli("replay", path), 2, path, named)
+
+
+# -- the pytest plugin's options ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option, named",
+    [
+        ("--shardfuzz-failures-dir=/proc/shardfuzz-nope", "--shardfuzz-failures-dir='/proc/shardfuzz-nope'"),
+        ("--shardfuzz-timeout=nan", "--shardfuzz-timeout=nan"),
+        ("--shardfuzz-world-sizes=2,1000", "--shardfuzz-world-sizes=1000"),
+    ],
+)
+def test_bad_plugin_options_are_usage_errors(pytester, option, named):
+    pytester.makepyfile(test_a="def test_plain():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = "\n".join(result.outlines + result.errlines)
+    assert named in text and "Traceback" not in text, text
