@@ -15,6 +15,7 @@ __all__ = [
     "Case",
     "Expect",
     "ExpectedFailure",
+    "ExternalFault",
     "Finding",
     "IgnoredCollective",
     "InfrastructureError",
@@ -51,6 +52,7 @@ __all__ = [
 _LAZY = {
     "Case": "shardfuzz.case",
     "Finding": "shardfuzz.errors",
+    "ExternalFault": "shardfuzz.errors",
     "IgnoredCollective": "shardfuzz.errors",
     "InfrastructureError": "shardfuzz.errors",
     "InvalidArgument": "shardfuzz.errors",
@@ -90,6 +92,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.compare import Tolerance
     from shardfuzz.config import RunConfig
     from shardfuzz.errors import (
+        ExternalFault,
         Finding,
         IgnoredCollective,
         InfrastructureError,

@@ -2,17 +2,22 @@
 
 A campaign is a sequence of ordinary Hypothesis runs (never a search loop of ours): with a
 deadline, runs with fresh seeds follow each other until the time is spent; the last one is
-stopped at the deadline (a :class:`~shardfuzz.hooks.Deadline` hook). A (target, implementation)
-pair stops at its first finding, which is already in its failure file.
+stopped at the deadline (a :class:`~shardfuzz.hooks.Deadline` hook), and an example still running
+the grace period after it is abandoned, so ``--duration D`` ends by D plus the grace whatever the
+example timeouts are. A (target, implementation) pair stops at its first finding, which is
+already in its failure file; a deadline or Ctrl-C while it is being shrunk reports the smallest
+case found so far.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -22,14 +27,16 @@ from typing import Any, TextIO
 
 from shardfuzz.config import RunConfig
 from shardfuzz.failures import FailureRecorder
-from shardfuzz.hooks import Deadline
+from shardfuzz.hooks import Deadline, TimeUp
+from shardfuzz.pool import shutdown as stop_pools
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.search import Result, search, settings_for
 from shardfuzz.triggers import PROGRESS
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds."""
+    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds; ValueError unless finite and > 0 (``nan``,
+    ``inf``, ``0`` and negative times are refused)."""
     units = {"s": 1.0, "m": 60.0, "h": 3600.0}
     t = text.strip().lower()
     try:
@@ -37,7 +44,7 @@ def parse_duration(text: str) -> float:
     except ValueError:
         value = -1.0
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"--duration={text!r}; expected a positive time like 90s, 10m or 1.5h")
+        raise ValueError(f"--duration={text!r}; expected a finite time > 0 like 90s, 10m or 1.5h")
     return value
 
 
@@ -58,6 +65,8 @@ class Outcome:
     runs: int = 0
     elapsed: float = 0.0
     interrupted: bool = False
+    #: an example still running the grace period after the deadline was abandoned
+    overran: bool = False
     failure_files: list[str] = dataclasses.field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
@@ -74,6 +83,8 @@ class Outcome:
             "seconds": self.elapsed,
             "failure_files": self.failure_files,
             "interrupted": self.interrupted,
+            "cut_short": bool(self.result and self.result.shrink_cut_short),
+            "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
         }
 
@@ -102,7 +113,6 @@ def fuzz_one(
     impl: Any,
     config: RunConfig,
     *,
-    target_spec: str | None = None,
     recorder: FailureRecorder | None = None,
     stream: TextIO = sys.stderr,
     interval: float = 2.0,
@@ -110,10 +120,12 @@ def fuzz_one(
     """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``config.deadline``."""
     t0 = time.perf_counter()
     hooks: list[Any] = [recorder] if recorder is not None else []
+    deadline = None
     if config.deadline is not None:
-        hooks.append(Deadline(t0 + config.deadline))
+        deadline = Deadline(t0 + config.deadline)
+        hooks.append(deadline)
         config = config.replace(derandomize=False)
-    runner = Runner(target, impl, config, hooks=hooks, target_spec=target_spec)
+    runner = Runner(target, impl, config, hooks=hooks)
     label = f"{runner.target.name}/{runner.impl_name}"
     shown = progress_triggers(runner)
     out = Outcome(label, runner)
@@ -122,22 +134,30 @@ def fuzz_one(
         lambda: progress_line(label, runner.stats, time.perf_counter() - t0, shown), stream, interval, stop
     )
     try:
-        while True:
-            out.runs += 1
-            result = search(runner, settings_for(config, quiet=True))
-            out.result = result
-            if result.found or result.out_of_time or config.deadline is None:
-                break
+        with deadline.enforced() if deadline is not None else contextlib.nullcontext():
+            while True:
+                out.runs += 1
+                result = search(runner, settings_for(config, quiet=True))
+                out.result = result
+                if result.found or result.out_of_time or config.deadline is None:
+                    break
     except KeyboardInterrupt:
         out.interrupted = True
+    except TimeUp:  # the grace timer fired just as the last run ended
+        pass
     finally:
         stop.set()
         out.elapsed = time.perf_counter() - t0
+    out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
+    if deadline is not None and deadline.overran:
+        out.overran = True
+        stop_pools()  # the abandoned example's ranks are still busy: start afresh
     if recorder is not None:
         out.failure_files = list(recorder.written)
     print(
         progress_line(label, runner.stats, out.elapsed, shown)
-        + (" (interrupted)" if out.interrupted else ""),
+        + (" (interrupted)" if out.interrupted else "")
+        + (" (an example still running after the deadline was abandoned)" if out.overran else ""),
         file=stream,
         flush=True,
     )
@@ -153,6 +173,10 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         res = f"FOUND {r['kind']}" if r["found"] else ("interrupted" if r["interrupted"] else "nothing found")
+        if r.get("cut_short"):
+            res += " (shrinking cut short: the smallest case found so far)"
+        if r.get("overran"):
+            res += " (an example still running after the deadline was abandoned)"
         if r.get("unsupported"):
             res += f" ({r['unsupported']} unsupported cases rejected)"
         lines.append(
@@ -169,22 +193,72 @@ def job_cost(world_sizes: tuple[int, ...] | None) -> int:
     return max(world_sizes) if world_sizes else 4
 
 
+@contextlib.contextmanager
+def sigterm_interrupts(enabled: bool = True) -> Any:
+    """Within this block (main thread only), SIGTERM raises KeyboardInterrupt: a campaign stopped
+    by a CI timeout keeps its verdict and stops its ranks and child jobs, as with Ctrl-C."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child job: be killed (SIGKILL) when the parent dies, however it dies (Linux
+    PR_SET_PDEATHSIG; the child's own ranks then follow it), and exit now if it is already gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's SIGTERM handler still stops us
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(130)
+
+
 def run_jobs(
     jobs: list[list[str]], costs: list[int], budget: int, parallel: int, stream: TextIO = sys.stdout
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[int], bool]:
     """Run child ``shardfuzz fuzz`` commands side by side: at most ``parallel`` at once, and the sum of
-    their costs within ``budget`` ranks (a job larger than the budget runs alone). Returns their
-    summary rows. Ctrl-C stops every child (they keep the failures they wrote)."""
+    their costs within ``budget`` ranks (a job larger than the budget runs alone).
+
+    Children run in their own session (a terminal's Ctrl-C reaches only this parent, which forwards
+    it once) and die with this parent (``--parent-pid``: PR_SET_PDEATHSIG). Ctrl-C or SIGTERM here
+    (KeyboardInterrupt) is forwarded to every running child as SIGINT; each stops cleanly, keeping
+    its verdict and summary, within 30 s or is killed. Returns the children's summary rows, their
+    exit codes, and whether the run was interrupted."""
     import tempfile
 
     pending = list(range(len(jobs)))
     running: dict[int, tuple[subprocess.Popen, str, threading.Thread]] = {}
     rows: dict[int, list[dict[str, Any]]] = {}
+    codes: dict[int, int] = {}
     tmp = tempfile.mkdtemp(prefix="shardfuzz-jobs-")
+    interrupted = False
 
     def pump(i: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
             print(f"[job {i + 1}] {line}", end="", file=stream, flush=True)
+
+    def finish(i: int) -> None:
+        proc, summary, t = running.pop(i)
+        t.join(timeout=5)
+        codes[i] = proc.returncode
+        try:
+            with open(summary) as f:
+                rows[i] = json.load(f)
+        except (OSError, ValueError):
+            rows[i] = []
+        with contextlib.suppress(OSError):
+            os.remove(summary)
 
     try:
         while pending or running:
@@ -195,31 +269,48 @@ def run_jobs(
                 if running and in_use + costs[i] > budget:
                     continue
                 summary = os.path.join(tmp, f"job{i}.json")
-                cmd = [*jobs[i], "--summary-json", summary]
-                print(f"[job {i + 1}] start: shardfuzz {shlex.join(cmd[3:])}", file=stream, flush=True)
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                cmd = [*jobs[i], "--summary-json", summary, "--parent-pid", str(os.getpid())]
+                print(f"[job {i + 1}] start: shardfuzz {shlex.join(jobs[i][3:])}", file=stream, flush=True)
+                proc = subprocess.Popen(
+                    cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+                )
                 t = threading.Thread(target=pump, args=(i, proc), daemon=True)
                 t.start()
                 running[i] = (proc, summary, t)
                 pending.remove(i)
                 in_use += costs[i]
-            for i, (proc, summary, t) in list(running.items()):
+            for i, (proc, _, _) in list(running.items()):
                 if proc.poll() is not None:
-                    t.join(timeout=5)
-                    try:
-                        with open(summary) as f:
-                            rows[i] = json.load(f)
-                    except (OSError, ValueError):
-                        rows[i] = []
-                    del running[i]
+                    finish(i)
             time.sleep(0.1)
     except KeyboardInterrupt:
-        for proc, _, _ in running.values():
-            proc.send_signal(2)
-        for proc, _, _ in running.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        raise
-    return [row for i in sorted(rows) for row in rows[i]]
+        interrupted = True
+        _stop_children(running)
+        for i in list(running):
+            finish(i)
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(tmp)
+    return [row for i in sorted(rows) for row in rows[i]], [codes[i] for i in sorted(codes)], interrupted
+
+
+def _stop_children(
+    running: dict[int, tuple[subprocess.Popen, str, threading.Thread]], wait_s: float = 30.0
+) -> None:
+    """SIGINT to every child, then wait up to ``wait_s`` in all; kill what is left (a second
+    Ctrl-C or SIGTERM kills at once)."""
+    procs = [proc for proc, _, _ in running.values()]
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            proc.send_signal(signal.SIGINT)
+    end = time.monotonic() + wait_s
+    try:
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
+    except KeyboardInterrupt:
+        pass
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

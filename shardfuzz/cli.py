@@ -2,163 +2,32 @@
 
 Exit codes: 0 nothing found (replay: everything passes), 1 a counterexample was found (replay: a
 case still fails), 2 a usage error, 3 the fuzzer itself failed (a pool would not start, too few
-GPUs, ...). An interrupted campaign exits 1 if it found something, else 130.
+GPUs, ...). An interrupted campaign (Ctrl-C or SIGTERM) prints what it found and exits 1 if it
+found something, else 130.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from shardfuzz import campaign, failures
 from shardfuzz.case import Case
-from shardfuzz.config import BACKENDS, DEVICES, PROFILES, RunConfig, parse_world_sizes
+from shardfuzz.cli_args import EXIT_FOUND, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
+from shardfuzz.config import RunConfig
 from shardfuzz.errors import Finding, InfrastructureError, InvalidArgument, ShardfuzzError, Unsupported
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.gpu import placement_summary
+from shardfuzz.hooks import grace_seconds
+from shardfuzz.oracle import check_case
+from shardfuzz.refs import add_search_path
 from shardfuzz.registry import BUILTIN_TARGETS, available_targets, get_target
 from shardfuzz.replay import replay_one
 from shardfuzz.runner import Runner
 from shardfuzz.torchrun import write_repro
-
-EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _world_sizes(text: str) -> tuple[int, ...]:
-    try:
-        return parse_world_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--world-sizes={e}") from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = 0.0
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
-    return v
-
-
-def _duration(text: str) -> float:
-    try:
-        return campaign.parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="shardfuzz",
-        description="Differential fuzzing of sharded PyTorch code against a single-process oracle.",
-    )
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    sub.add_parser("list", help="list targets and their implementations")
-    sub.add_parser("gpus", help="say which targets and world sizes can run on this machine's GPUs")
-
-    where = _Parser(add_help=False)
-    where.add_argument("--backend", default=None, choices=BACKENDS, help="default: gloo (replay: the file's)")
-    where.add_argument("--device", default=None, choices=DEVICES, help="default: cuda for nccl, else cpu")
-    where.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=None,
-        help="fixed per-example timeout in seconds (default: adaptive)",
-    )
-    where.add_argument(
-        "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True) on every rank"
-    )
-
-    impl = _Parser(add_help=False)
-    impl.add_argument(
-        "--impl",
-        default=None,
-        help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference)",
-    )
-
-    f = sub.add_parser(
-        "fuzz", parents=[impl, where], help="fuzz targets (default: every built-in target's reference)"
-    )
-    f.add_argument(
-        "targets", nargs="*", metavar="TARGET", help="target names, 'pkg.mod:ATTR' or file.py paths"
-    )
-    budget = f.add_mutually_exclusive_group()
-    budget.add_argument(
-        "--max-examples",
-        type=_positive_int,
-        default=None,
-        help="examples per target (default: the profile's)",
-    )
-    budget.add_argument(
-        "--duration",
-        type=_duration,
-        default=None,
-        metavar="TIME",
-        help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
-    )
-    f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
-    f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
-    f.add_argument(
-        "--failures-dir",
-        default=None,
-        metavar="DIR",
-        help="where failure files go (default: .shardfuzz/failures)",
-    )
-    f.add_argument(
-        "--jobs", type=_positive_int, default=1, help="targets fuzzed side by side in child processes"
-    )
-    f.add_argument(
-        "--rank-budget",
-        type=_positive_int,
-        default=None,
-        help="ranks in use at once across jobs (default: the number of cores)",
-    )
-    f.add_argument("--progress-every", type=_positive_float, default=2.0, metavar="SECONDS")
-    f.add_argument("--summary-json", default=None, help=argparse.SUPPRESS)
-    f.add_argument(
-        "--config-json", default=None, help=argparse.SUPPRESS
-    )  # child jobs: the parent's RunConfig
-
-    c = sub.add_parser(
-        "case", parents=[impl, where], help="rerun exactly one case (the last line of a report)"
-    )
-    c.add_argument("target", metavar="TARGET")
-    c.add_argument("case", metavar="CASE", help="Case(...) as printed in a report")
-
-    r = sub.add_parser("replay", parents=[where], help="rerun the cases in failure files")
-    r.add_argument("paths", nargs="+", metavar="FILE|DIR")
-    r.add_argument(
-        "--debug-collectives",
-        action="store_true",
-        help="rerun with torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
-    )
-
-    rp = sub.add_parser("repro", help="write a standalone torchrun script for one failure file")
-    rp.add_argument("file", metavar="FILE")
-    rp.add_argument("-o", "--output", default="repro.py")
-    return p
 
 
 def _cmd_list() -> int:
@@ -194,12 +63,14 @@ def _cmd_fuzz(args: Any) -> int:
             deadline=args.duration,
             failures_dir=args.failures_dir,
         )
+    if config.deadline is not None:
+        grace_seconds()  # a bad $SHARDFUZZ_GRACE is a usage error before any fuzzing
     # resolve every target and implementation first: a typo is a usage error before any fuzzing
     for spec in targets:
-        Runner(spec, args.impl, config, target_spec=spec)
+        Runner(spec, args.impl, config)
+    recorder = FailureRecorder(config.failures_dir)  # checks the directory before any fuzzing
     if args.jobs > 1 and len(targets) > 1:
         return _fuzz_jobs(args, targets, config)
-    recorder = FailureRecorder(config.failures_dir)
     outcomes = []
     interrupted = False
     for spec in targets:
@@ -210,7 +81,6 @@ def _cmd_fuzz(args: Any) -> int:
             spec,
             args.impl,
             config,
-            target_spec=spec,
             recorder=recorder,
             stream=sys.stdout,
             interval=args.progress_every,
@@ -245,18 +115,23 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
         f"running {len(jobs)} jobs, up to {args.jobs} at once within {budget} ranks (each job uses up to {cost})",
         flush=True,
     )
-    try:
-        rows = campaign.run_jobs(jobs, [cost] * len(jobs), budget, args.jobs)
-    except KeyboardInterrupt:
-        print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    rows, codes, interrupted = campaign.run_jobs(jobs, [cost] * len(jobs), budget, args.jobs)
     print("\n" + campaign.summary_table(rows), flush=True)
-    return EXIT_FOUND if any(r["found"] for r in rows) else EXIT_OK
+    found = any(r["found"] for r in rows)
+    if interrupted:
+        print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
+        return EXIT_FOUND if found else EXIT_INTERRUPTED
+    failed = [f"job {i + 1} exited with code {c}" for i, c in enumerate(codes) if c not in (0, 1)]
+    if failed and not found:
+        print(f"shardfuzz: the fuzzer itself failed: {', '.join(failed)} (output above)", file=sys.stderr)
+        return EXIT_INFRA
+    return EXIT_FOUND if found else EXIT_OK
 
 
 def _cmd_case(args: Any) -> int:
     case = Case.parse(args.case)
-    runner = Runner(args.target, args.impl, _config(args), target_spec=args.target)
+    runner = Runner(args.target, args.impl, _config(args))
+    check_case(runner.target, case)
     try:
         ratio = runner.run_case(case)
     except Unsupported as e:
@@ -304,7 +179,15 @@ def _cmd_repro(args: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
+    if getattr(args, "parent_pid", None):
+        campaign.die_with_parent(args.parent_pid)
+    with campaign.sigterm_interrupts(args.command == "fuzz"):  # SIGTERM stops a campaign like Ctrl-C
+        return _main(args)
+
+
+def _main(args: Any) -> int:
     try:
+        add_search_path(getattr(args, "search_path", None) or [])
         if args.command == "list":
             return _cmd_list()
         if args.command == "gpus":

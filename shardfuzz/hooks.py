@@ -6,17 +6,32 @@ A hook overrides what it needs:
 * :meth:`RunHooks.before_example` runs before each example (a campaign's deadline raises there);
 * :meth:`RunHooks.on_finding` runs for every finding, shrinking included (failure files are
   written there, so an interrupted run keeps what it found).
+
+:class:`Deadline` stops new examples at its time; inside :meth:`Deadline.enforced` it also
+abandons an example still running :data:`GRACE_S` seconds after it, whatever its timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+from shardfuzz.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.case import Case
     from shardfuzz.errors import Finding
     from shardfuzz.runner import Runner
+
+#: an example still running this long after a campaign's deadline is abandoned
+#: (``$SHARDFUZZ_GRACE`` changes it); the README promises ``--duration D`` ends by D + 30 s
+GRACE_S = 20.0
 
 
 class RunHooks:
@@ -29,8 +44,39 @@ class RunHooks:
         """Called for every finding (Hypothesis' shrinking included)."""
 
 
+def example_order() -> tuple | None:
+    """Where the example being run sits in Hypothesis' own order (shorter, simpler choice
+    sequences first: the order its shrinker minimises), to compare findings; None outside a
+    Hypothesis test (or if its internals moved)."""
+    try:
+        from hypothesis.control import current_build_context
+        from hypothesis.internal.conjecture.shrinker import sort_key
+
+        return tuple(sort_key(current_build_context().data.nodes))
+    except Exception:
+        return None
+
+
 class TimeUp(BaseException):
     """Raised by :class:`Deadline` inside a Hypothesis run: the time is spent (not a test failure)."""
+
+
+class Overrun(TimeUp):
+    """An example was still running the grace period after the deadline, and was abandoned."""
+
+
+def grace_seconds() -> float:
+    """:data:`GRACE_S`, or ``$SHARDFUZZ_GRACE`` (seconds, finite and > 0)."""
+    text = os.environ.get("SHARDFUZZ_GRACE")
+    if text is None or not text.strip():
+        return GRACE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and math.isfinite(value)):
+        raise InvalidArgument(f"SHARDFUZZ_GRACE={text!r}; must be a finite number of seconds > 0")
+    return value
 
 
 class Deadline(RunHooks):
@@ -38,6 +84,8 @@ class Deadline(RunHooks):
 
     def __init__(self, at: float) -> None:
         self.at = at
+        #: set when :meth:`enforced` abandoned an example in flight
+        self.overran = False
 
     @classmethod
     def after(cls, seconds: float) -> Deadline:
@@ -46,3 +94,33 @@ class Deadline(RunHooks):
     def before_example(self, runner: Runner, case: Case) -> None:
         if time.perf_counter() >= self.at:
             raise TimeUp()
+
+    @contextlib.contextmanager
+    def enforced(self, grace: float | None = None) -> Iterator[bool]:
+        """Within this block, an example still running ``grace`` seconds (default
+        :func:`grace_seconds`) after the deadline is abandoned: :class:`Overrun` is raised wherever
+        the driver is waiting (a SIGALRM timer). Yields whether that is armed: only in the main
+        thread, and only while nobody else (pytest-timeout, say) uses SIGALRM; otherwise the
+        deadline only stops new examples, and an example in flight runs to its timeout."""
+        grace = grace_seconds() if grace is None else grace
+        armed = (
+            hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+            and signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
+        )
+        if not armed:
+            yield False
+            return
+
+        def _alarm(signum: int, frame: object) -> None:
+            self.overran = True
+            raise Overrun()
+
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, max(0.001, self.at + grace - time.perf_counter()))
+            yield True
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+            signal.signal(signal.SIGALRM, previous)

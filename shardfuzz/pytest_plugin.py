@@ -14,17 +14,20 @@ Importing this module does not import torch; it loads inside tests.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any
 
 import pytest
 
 from shardfuzz import failures
-from shardfuzz.config import BACKENDS, RunConfig, parse_world_sizes
-from shardfuzz.failures import FailureRecorder, default_dir
+from shardfuzz.config import BACKENDS, RunConfig, check_world_size, parse_world_sizes
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.failures import FailureRecorder, check_failures_dir, default_dir
+from shardfuzz.refs import anchored_ref, caller_dir
 from shardfuzz.replay import replay_one
 from shardfuzz.runner import Runner
-from shardfuzz.search import build_test, findings_of, settings_for
+from shardfuzz.search import build_test, findings_of, run_test, settings_for
 from shardfuzz.settings import current_profile_name, profile_for, register_profiles
 
 HELP_BACKEND = (
@@ -69,9 +72,15 @@ def _parse_world_sizes(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
     try:
-        return parse_world_sizes(text)
+        sizes = parse_world_sizes(text)
     except ValueError as e:
         raise pytest.UsageError(f"--shardfuzz-world-sizes={e}") from None
+    try:
+        for w in sizes:
+            check_world_size(w, "--shardfuzz-world-sizes")
+    except InvalidArgument as e:
+        raise pytest.UsageError(str(e)) from None
+    return sizes
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -85,8 +94,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     register_profiles()
     timeout = config.getoption("--shardfuzz-timeout", None)
-    if timeout is not None and timeout <= 0:
-        raise pytest.UsageError(f"--shardfuzz-timeout={timeout!r}; must be a number of seconds > 0")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise pytest.UsageError(f"--shardfuzz-timeout={timeout!r}; must be a finite number of seconds > 0")
+    failures_dir = config.getoption("--shardfuzz-failures-dir", None)
+    if failures_dir:  # checked now: an unwritable one must not lose findings later
+        try:
+            check_failures_dir(failures_dir, "--shardfuzz-failures-dir")
+        except InvalidArgument as e:
+            raise pytest.UsageError(str(e)) from None
     current = current_profile_name()
     config._shardfuzz_options = Options(  # type: ignore[attr-defined]
         backend=config.getoption("--shardfuzz-backend", "gloo"),
@@ -94,7 +109,7 @@ def pytest_configure(config: pytest.Config) -> None:
         timeout=timeout,
         profile=profile_for(current),
         hypothesis_profile=current,
-        failures_dir=config.getoption("--shardfuzz-failures-dir", None),
+        failures_dir=failures_dir,
     )
     config.addinivalue_line(
         "markers", "shardfuzz_regression: replays a failure file (runs before new searches)"
@@ -141,28 +156,34 @@ def test_for(
     ``--shardfuzz-*`` options (explicit arguments here win), and a Hypothesis database keyed by
     target, implementation and backend. An implementation listed in the target's
     ``expected_failures`` becomes a strict xfail with the recorded reason.
+
+    A relative ``file.py`` target or ``file.py::NAME`` implementation is found next to the test
+    file that calls ``test_for`` first, then from the current folder.
     """
+    name = target if isinstance(target, str) else getattr(target, "name", "target")
+    here = caller_dir()
+    target, impl = anchored_ref(target, here), anchored_ref(impl, here)
 
     def test(shardfuzz_options: Options) -> None:
         config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, max_examples=max_examples)
         runner = Runner(target, impl, config, hooks=[FailureRecorder(config.failures_dir)])
         expected = runner.target.expected_failures.get(runner.impl_name)
         test = build_test(runner, settings_for(config))
-        if expected is None:
-            test()
-            return
         try:
-            test()
+            run_test(test)  # a deadline or Ctrl-C after a finding raises that finding
         except BaseException as e:
-            if not findings_of(e):
+            found = findings_of(e)
+            if found and getattr(found[0], "cut_short", None) == "interrupted":
+                pytest.exit(f"{found[0].report}\nshardfuzz: interrupted", returncode=1)
+            if expected is None or not found:
                 raise
             pytest.xfail(f"expected failure: {expected.description}")
-        pytest.fail(
-            f"{runner.key} is listed as an expected failure ({expected.description}) but passed",
-            pytrace=False,
-        )
+        if expected is not None:
+            pytest.fail(
+                f"{runner.key} is listed as an expected failure ({expected.description}) but passed",
+                pytrace=False,
+            )
 
-    name = target if isinstance(target, str) else getattr(target, "name", "target")
     test.__name__ = f"test_shardfuzz_{name}"
     return test
 

@@ -6,6 +6,7 @@ Hypothesis does the search and the shrinking; there is no search loop of ours.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -17,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from shardfuzz.case import Case
 from shardfuzz.config import RunConfig
 from shardfuzz.database import keyed_database
-from shardfuzz.errors import Finding, InvalidArgument, Unsupported
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.failures import FailureRecorder
-from shardfuzz.hooks import Deadline, RunHooks, TimeUp
+from shardfuzz.hooks import Deadline, RunHooks, TimeUp, example_order
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.settings import build_settings
 from shardfuzz.triggers import triggers_of
@@ -50,6 +51,10 @@ def check(runner: Runner, case: Case) -> float:
         runner.stats.unsupported[e.reason] += 1
         event(f"unsupported: {e.reason}")
         reject()
+    except ExternalFault as e:  # counted in the statistics; the case passed when rerun
+        runner.stats.triggers.subtract(reached)
+        event(f"external fault: {str(e).split(' from outside')[0]}")
+        reject()
     for t in reached:
         event(t)
     target(min(ratio, 1.0), label="error/tolerance")
@@ -72,15 +77,110 @@ def build_test(runner: Runner, settings: Any = None, *, database: Any = "default
     if s.database is not None:
         s = type(s)(s, database=keyed_database(s.database, runner.key))
 
+    smallest = SmallestFindings()
+
     def test_case(case: Case) -> None:
-        check(runner, case)
+        try:
+            check(runner, case)
+        except Finding as f:
+            smallest.on_finding(runner, case, f)
+            raise
 
     ident = "".join(c if c.isalnum() else "_" for c in runner.key)
     test_case.__name__ = test_case.__qualname__ = f"shardfuzz_{ident}"
     test = s(given(case=runner.strategy())(test_case))
     if s.derandomize:
         test = seed(stable_seed(runner.key))(test)
+    test.shardfuzz_smallest = smallest  # type: ignore[union-attr]  # read by run_test
     return test
+
+
+def run_test(test: Callable[[], None]) -> None:
+    """Call a test made by :func:`build_test`. A deadline (:class:`TimeUp`) or Ctrl-C that stops
+    Hypothesis after a finding raises the smallest finding of each kind seen so far instead (an
+    exception group for several), each marked ``cut_short = "deadline"`` or ``"interrupted"`` with
+    a note at the top of its report: a finding is never lost because shrinking was cut short."""
+    smallest: SmallestFindings | None = getattr(test, "shardfuzz_smallest", None)
+    if smallest is not None:
+        smallest.clear()
+    try:
+        test()
+    except BaseException as exc:
+        why = _stopped_by(exc)
+        cut = smallest.cut_short(why) if smallest is not None and why is not None else None
+        if cut is None:
+            raise
+        raise cut from None
+
+
+def _stopped_by(exc: BaseException) -> str | None:
+    """``"interrupted"`` or ``"deadline"`` when ``exc`` is (or holds: Hypothesis groups what its
+    final replays raised) a KeyboardInterrupt or :class:`TimeUp`; else None."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, TimeUp):
+        return "deadline"
+    if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
+        reasons = {_stopped_by(e) for e in exc.exceptions} - {None}
+        return "interrupted" if "interrupted" in reasons else next(iter(reasons), None)
+    return None
+
+
+_CUT_SHORT = {
+    "deadline": "the deadline fell",
+    "interrupted": "the run was interrupted",
+}
+
+
+class SmallestFindings(RunHooks):
+    """The smallest finding of each kind seen so far in one Hypothesis run, in Hypothesis' own
+    order (shorter, simpler choice sequences first; where that cannot be read, the latest wins:
+    while shrinking, Hypothesis only accepts smaller failing cases)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.best: dict[str, tuple[tuple, Finding]] = {}
+        self._seen = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.best)
+
+    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
+        self._seen += 1
+        order = example_order()
+        key = (0, order) if order is not None else (1, -self._seen)
+        old = self.best.get(finding.kind)
+        if old is None or key < old[0]:
+            self.best[finding.kind] = (key, finding)
+
+    def findings(self) -> list[Finding]:
+        """The smallest finding of each kind, smallest first."""
+        return [f for _, f in sorted(self.best.values(), key=lambda kf: kf[0])]
+
+    def cut_short(self, why: str) -> BaseException | None:
+        """The findings, marked as cut short by ``why`` (None: nothing was found)."""
+        marked = [_mark_cut_short(f, why) for f in self.findings()]
+        if not marked:
+            return None
+        if len(marked) == 1 or _EXCEPTION_GROUP is None:
+            return marked[0]
+        return _EXCEPTION_GROUP(f"{len(marked)} distinct failures (shrinking cut short)", marked)
+
+
+def _mark_cut_short(finding: Finding, why: str) -> Finding:
+    note = (
+        f"shardfuzz: {_CUT_SHORT.get(why, why)} before Hypothesis finished shrinking this failure: "
+        "shrinking was cut short, and this is the smallest failing case found so far (not "
+        "necessarily minimal).\n"
+    )
+    marked = copy.copy(finding)
+    marked.__dict__.update(vars(finding))
+    marked.report = note + finding.report
+    marked.args = (marked.report,)
+    marked.cut_short = why  # type: ignore[attr-defined]
+    return marked
 
 
 def settings_for(config: RunConfig, *, quiet: bool = False, **overrides: Any) -> hypothesis.settings:
@@ -111,6 +211,11 @@ class Result:
     flaky: bool = False
     #: the run's deadline fell before Hypothesis finished
     out_of_time: bool = False
+    #: a deadline or Ctrl-C stopped Hypothesis after a finding: ``case`` is the smallest failing
+    #: case seen so far, not necessarily the minimal one
+    shrink_cut_short: bool = False
+    #: Ctrl-C stopped the run (a finding was kept: ``found`` and ``shrink_cut_short`` are set)
+    interrupted: bool = False
 
     def __bool__(self) -> bool:  # truthy when something was found
         return self.found
@@ -126,14 +231,17 @@ def findings_of(exc: BaseException) -> list[Finding]:
 
 
 def search(runner: Runner, settings: Any = None, *, database: Any = "default") -> Result:
-    """One Hypothesis run over ``runner``'s cases; a :class:`Result` (it does not raise on findings)."""
+    """One Hypothesis run over ``runner``'s cases; a :class:`Result` (it does not raise on findings).
+
+    A deadline or Ctrl-C after a finding returns that finding (``shrink_cut_short``); Ctrl-C before
+    any finding raises KeyboardInterrupt."""
     from hypothesis.errors import Flaky
 
     test = build_test(runner, settings, database=database)
     result = Result(runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats)
     t0 = time.perf_counter()
     try:
-        test()
+        run_test(test)
     except TimeUp:
         result.out_of_time = True
     except BaseException as exc:
@@ -145,6 +253,11 @@ def search(runner: Runner, settings: Any = None, *, database: Any = "default") -
         result.failures = findings
         first = findings[0]
         result.kind, result.case, result.report = first.kind, first.case, first.report
+        why = getattr(first, "cut_short", None)
+        if why is not None:
+            result.shrink_cut_short = True
+            result.out_of_time = why == "deadline"
+            result.interrupted = why == "interrupted"
         if result.flaky:
             result.report = (
                 "Hypothesis reports this failure as flaky (it did not reproduce):\n" + result.report

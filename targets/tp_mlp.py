@@ -238,6 +238,16 @@ TORCH_TP_SIZE1 = (
 
 GRADIENTS = ("grad_x", "grad_w1", "grad_b1", "grad_w2", "grad_b2")
 
+# the conditions this target's sizes and meshes stand for, beyond the generic ones
+TRIGGERS = {
+    "dp x tp = 2 x 2": lambda c: c.mesh == (2, 2),
+    "tp 1 in a larger world": lambda c: c.group_size == 1 and c.world_size > 1,
+    "an empty hidden shard (DTensor rule)": lambda c: 0 in split_sizes(c.sizes["hidden"], c.group_size),
+    "batch*seq > 1 and d_out > 1 (a non-contiguous output)": lambda c: (
+        c.sizes["batch"] * c.sizes["seq"] > 1 and c.sizes["d_out"] > 1
+    ),
+}
+
 PLANTED = [
     PlantedBug(
         "missing_allreduce",
@@ -349,5 +359,6 @@ TARGET = Target(
     planted=PLANTED,
     expected_failures=EXPECTED_FAILURES,
     gradients=GRADIENTS,
+    triggers=TRIGGERS,
     collectives=("all_reduce",),
 )

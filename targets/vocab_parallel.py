@@ -199,6 +199,7 @@ TRIGGERS = {
     "smoothing>0 with tp>1": lambda c: c.options["smoothing"] > 0 and c.group_size > 1,
     # rank 0's offset is 0: an offset bug needs a later rank with 2+ rows (one row hides it in the clamp)
     "2+ vocab rows off rank 0": lambda c: _rows_off_rank0(c) >= 2,
+    "uneven vocab on 3 ranks": lambda c: c.group_size == 3 and c.sizes["vocab"] % 3 != 0,
 }
 
 PLANTED = [

@@ -1,10 +1,31 @@
 import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 import time
 import types
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_in_tmp(tmp_path_factory):
+    """Failure files and Hypothesis databases go under pytest's temporary directory, for this
+    process and every subprocess it starts (CLI runs, pytester runs): never into the checkout."""
+    from hypothesis import configuration
+
+    root = tmp_path_factory.mktemp("shardfuzz-state")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHARDFUZZ_FAILURES_DIR", str(root / "failures"))
+    mp.setenv("HYPOTHESIS_STORAGE_DIRECTORY", str(root / "hypothesis"))
+    configuration.set_hypothesis_home_dir(root / "hypothesis")
+    yield root
+    configuration.set_hypothesis_home_dir(None)
+    mp.undo()
 
 
 def _alive(pid: int) -> bool:
@@ -63,3 +84,105 @@ def pytest_collection_modifyitems(config, items):
 def procs():
     """Helpers to find a process's descendants and wait for them to be gone (Linux /proc)."""
     return types.SimpleNamespace(alive=_alive, descendants=_descendants, wait_gone=_wait_gone)
+
+
+class Background:
+    """A command running in the background; every wait on it has a deadline.
+
+    Two threads read its stdout and stderr line by line, so waiting for a line never blocks past
+    the deadline, and a child that exits early fails the wait with everything it printed."""
+
+    def __init__(self, command, env=None, cwd=None):
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+        self.pid = self.proc.pid
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._lines: queue.Queue = queue.Queue()
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out, True), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err, False), daemon=True),
+        ]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, stream, into, announce):
+        for line in stream:
+            into.append(line)
+            if announce:
+                self._lines.put(line)
+        if announce:
+            self._lines.put(None)  # end of output
+
+    def output(self) -> str:
+        return "".join(self.out) + "\n--- stderr ---\n" + "".join(self.err)
+
+    def wait_line(self, predicate, seconds: float) -> str:
+        """The first stdout line (from here on) that satisfies ``predicate``; fails with the
+        command's output if it exits first or ``seconds`` pass."""
+        end = time.monotonic() + seconds
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no such line within {seconds} s; output so far:\n{self.output()}")
+            if line is None:
+                self.proc.wait(timeout=10)
+                pytest.fail(f"exited ({self.proc.returncode}) before such a line:\n{self.output()}")
+            if predicate(line):
+                return line
+
+    def signal(self, signum) -> None:
+        self.proc.send_signal(signum)
+
+    def finish(self, seconds: float) -> tuple[int, str, str]:
+        """Wait for the command to exit (failing after ``seconds``): (exit code, stdout, stderr)."""
+        try:
+            self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"still running after {seconds} s; output:\n{self.output()}")
+        for t in self._readers:
+            t.join(timeout=10)
+        return self.proc.returncode, "".join(self.out), "".join(self.err)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            rest = _descendants(self.pid)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            for p in rest:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+@pytest.fixture
+def start_process():
+    """Start a command in the background (a :class:`Background`); killed, with whatever it
+    started, at the end of the test if still running."""
+    started = []
+
+    def start(command, env=None, cwd=None):
+        proc = Background(command, env=env, cwd=cwd)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+@pytest.fixture
+def start_cli(start_process):
+    """Start ``shardfuzz ARGS...`` in the background (see :func:`start_process`)."""
+    return lambda *args, env=None, cwd=None: start_process(
+        [sys.executable, "-m", "shardfuzz.cli", *args], env=env, cwd=cwd
+    )

@@ -1,6 +1,7 @@
 """The shardfuzz command: exit codes 0 / 1 / 2 / 3 and its output."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -32,6 +33,9 @@ def test_fuzz_finding_exits_1_and_prints_the_report_and_rerun_line():
     out = cli("fuzz", EXAMPLE, "--impl", "mean_of_means", "--max-examples", "100")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "mismatched elements" in out.stdout
+    # no --failures-dir: the file goes to $SHARDFUZZ_FAILURES_DIR (the tests set it to a tmp dir)
+    written = pathlib.Path(os.environ["SHARDFUZZ_FAILURES_DIR"]) / "row_mean-mean_of_means-gloo-mismatch.json"
+    assert f"failure file: {written}" in out.stdout and written.exists()
     rerun = next(line for line in out.stdout.splitlines() if line.startswith("Rerun this case: "))
     # the rerun line reproduces exactly that case
     import shlex

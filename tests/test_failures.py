@@ -166,7 +166,9 @@ def test_failure_files_become_regression_tests_that_run_first(pytester, found):
         test_a="def test_plain():\n    pass\n",
         test_b=f"import shardfuzz\ntest_regressions = shardfuzz.regressions({str(d)!r})\n",
     )
-    result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", "--import-mode=importlib")
+    result = pytester.runpytest_subprocess(
+        "-v", "-p", "no:cacheprovider", "--import-mode=importlib", timeout=300
+    )
     result.assert_outcomes(passed=2, failed=1)
     lines = [ln for ln in result.outlines if "PASSED" in ln or "FAILED" in ln]
     assert "test_regressions[fixed]" in lines[0] and "test_regressions[still_broken]" in lines[1]
@@ -201,32 +203,19 @@ def test_campaign_stops_at_a_finding_and_writes_its_file(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
-def test_ctrl_c_stops_cleanly_and_keeps_failures(tmp_path, procs):
-    cmd = [
-        sys.executable,
-        "-m",
-        "shardfuzz.cli",
-        "fuzz",
-        TOY,
-        "tp_mlp",
-        "--duration",
-        "120s",
-        "--progress-every",
-        "0.5",
-        "--failures-dir",
-        str(tmp_path),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = proc.stdout.readline()
-    assert first.startswith("fuzzing"), first + proc.stderr.read()
-    while not proc.stdout.readline().startswith("["):  # fuzzing is under way
-        pass
+def test_ctrl_c_stops_cleanly_and_keeps_failures(tmp_path, procs, start_cli):
+    run = start_cli(
+        "fuzz", TOY, "tp_mlp", "--duration", "120s", "--progress-every", "0.5",
+        "--failures-dir", str(tmp_path),
+    )  # fmt: skip
+    run.wait_line(lambda line: line.startswith("fuzzing"), 60)
+    run.wait_line(lambda line: line.startswith("["), 60)  # fuzzing is under way
     time.sleep(1.0)
-    everything = procs.descendants(proc.pid)
+    everything = procs.descendants(run.pid)
     assert everything  # the forkserver and ranks
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out + err
+    run.signal(signal.SIGINT)
+    code, out, err = run.finish(60)
+    assert code == 130, out + err
     assert "(interrupted)" in out and "interrupted" in err
     assert "tp_mlp" not in out.split("target ")[-1]  # stopped before the second target
     assert procs.wait_gone(everything) == []
@@ -253,3 +242,119 @@ def test_jobs_run_side_by_side_within_the_rank_budget(tmp_path):
     assert "[job 1]" in out.stdout and "[job 2]" in out.stdout
     summary = out.stdout.split("target ")[-1]
     assert "toy" in summary and "tp_mlp" in summary
+
+
+# -- failure files that work from anywhere ---------------------------------------------------------
+DATA = os.path.dirname(TOY)
+MOVABLE_CASE = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+
+
+def make_project(root):
+    """A user's checkout: a target file and an implementation file under a pyproject.toml."""
+    (root / "targets").mkdir(parents=True)
+    (root / "impls").mkdir()
+    (root / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    shutil.copy(TOY, root / "targets" / "toy.py")
+    shutil.copy(os.path.join(DATA, "toy_impls.py"), root / "impls" / "mine.py")
+    return root
+
+
+def record_failure(project, failures_dir, monkeypatch):
+    """A failure file made from inside ``project`` with relative paths (as a user types them)."""
+    monkeypatch.chdir(project)
+    runner = Runner("targets/toy.py", "impls/mine.py::off_by_one", hooks=[FailureRecorder(str(failures_dir))])
+    with pytest.raises(Mismatch):
+        runner.run_case(MOVABLE_CASE)
+    (path,) = failures_dir.glob("*.json")
+    return str(path)
+
+
+def rerun_line(report):
+    import shlex
+
+    (line,) = [ln for ln in report.splitlines() if ln.startswith("Rerun this case: shardfuzz case ")]
+    return shlex.split(line.removeprefix("Rerun this case: shardfuzz "))
+
+
+def test_failure_file_of_a_file_target_works_from_another_folder(tmp_path, monkeypatch):
+    project = make_project(tmp_path / "proj")
+    path = record_failure(project, tmp_path / "failures", monkeypatch)
+    rec = json.loads(open(path).read())
+    target_file = str(project / "targets" / "toy.py")
+    assert rec["target_ref"] == f"{target_file}::toy"
+    assert rec["impl_ref"] == f"{project / 'impls' / 'mine.py'}::off_by_one"
+    assert rec["files"] == {
+        target_file: os.path.join("targets", "toy.py"),
+        str(project / "impls" / "mine.py"): os.path.join("impls", "mine.py"),
+    }
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    out = cli("replay", path, cwd=elsewhere)
+    assert out.returncode == 1 and "STILL FAILS (mismatch; was mismatch)" in out.stdout, (
+        out.stdout + out.stderr
+    )
+
+    rerun = rerun_line(rec["report"])
+    assert rerun[1] == f"{target_file}::toy"  # the full reference, wherever it is run from
+    out = cli(*rerun, cwd=elsewhere)
+    assert out.returncode == 1 and "FAIL (mismatch)" in out.stdout, out.stdout + out.stderr
+
+    script = elsewhere / "repro.py"
+    assert cli("repro", path, "-o", str(script), cwd=elsewhere).returncode == 0
+    monkeypatch.chdir(elsewhere)
+    run = torchrun("--nproc-per-node=2", str(script))
+    assert run.returncode != 0 and "FAIL (mismatch)" in run.stdout, run.stdout + run.stderr
+
+
+def test_failure_file_works_after_the_checkout_moved(tmp_path, monkeypatch):
+    path = record_failure(make_project(tmp_path / "old"), tmp_path / "failures", monkeypatch)
+    shutil.copytree(tmp_path / "old", tmp_path / "new")
+    shutil.rmtree(tmp_path / "old")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    lost = cli("replay", path, cwd=elsewhere)
+    assert lost.returncode == 2 and "Traceback" not in lost.stderr
+    assert str(tmp_path / "old" / "targets" / "toy.py") in lost.stderr and "--search-path" in lost.stderr
+
+    by_env = subprocess.run(
+        [sys.executable, "-m", "shardfuzz.cli", "replay", path],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=elsewhere,
+        env=dict(os.environ, SHARDFUZZ_PATH=str(tmp_path / "new")),
+    )
+    assert by_env.returncode == 1 and "STILL FAILS" in by_env.stdout, by_env.stdout + by_env.stderr
+    by_flag = cli("replay", path, "--search-path", str(tmp_path / "new"), cwd=elsewhere)
+    assert by_flag.returncode == 1 and "STILL FAILS" in by_flag.stdout, by_flag.stdout + by_flag.stderr
+    inside = cli("replay", path, cwd=tmp_path / "new" / "impls")  # the current project root
+    assert inside.returncode == 1 and "STILL FAILS" in inside.stdout, inside.stdout + inside.stderr
+
+    script = elsewhere / "repro.py"
+    monkeypatch.chdir(elsewhere)  # the test's own folder was the deleted checkout
+    repro = cli("repro", path, "-o", str(script), "--search-path", str(tmp_path / "new"))
+    assert repro.returncode == 0, repro.stdout + repro.stderr
+    monkeypatch.setenv("SHARDFUZZ_PATH", str(tmp_path / "new"))
+    run = torchrun("--nproc-per-node=2", str(script))
+    assert run.returncode != 0 and "FAIL (mismatch)" in run.stdout, run.stdout + run.stderr
+
+
+def test_test_for_resolves_relative_files_next_to_the_test_file(pytester, tmp_path):
+    sub = pytester.mkdir("sub")
+    shutil.copy(TOY, sub / "toy_target.py")
+    (sub / "test_rel.py").write_text(
+        "import shardfuzz\n"
+        "test_toy = shardfuzz.test_for('toy_target.py', 'toy_target.py::wrong_rank1', world_sizes=(2,), max_examples=10)\n"
+    )
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--import-mode=importlib",
+        f"--shardfuzz-failures-dir={tmp_path / 'f'}",
+        "sub",
+    )
+    result.assert_outcomes(failed=1)  # found, so the files were found from the test file's folder
+    result.stdout.fnmatch_lines(["*mismatch the oracle*"])
+    assert str(sub / "toy_target.py") + "::toy" in "\n".join(result.outlines)  # rerun line: full path

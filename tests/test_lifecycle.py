@@ -2,7 +2,6 @@
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -14,7 +13,8 @@ TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
 
 
-def start_driver(body: str) -> tuple[subprocess.Popen, list[int]]:
+def start_driver(start_process, body: str):
+    """A driver process with a warm 3-rank pool; returns it and the ranks' pids."""
     code = textwrap.dedent(
         """
         import os, sys, time
@@ -24,40 +24,37 @@ def start_driver(body: str) -> tuple[subprocess.Popen, list[int]]:
         print(" ".join(str(p.pid) for p in pool.procs), flush=True)
         """
     ) + textwrap.dedent(body)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    line = proc.stdout.readline()
-    assert line.strip(), proc.stderr.read()
+    proc = start_process([sys.executable, "-c", code])
+    line = proc.wait_line(lambda line: line.strip(), 120)
     return proc, [int(p) for p in line.split()]
 
 
-def test_workers_die_when_the_driver_is_sigkilled(procs):
-    proc, pids = start_driver("time.sleep(120)")
+def test_workers_die_when_the_driver_is_sigkilled(procs, start_process):
+    proc, pids = start_driver(start_process, "time.sleep(120)")
     everything = procs.descendants(proc.pid)  # the forkserver and the ranks
     assert set(pids) <= set(everything) and all(procs.alive(p) for p in pids)
-    proc.kill()
-    proc.wait()
+    proc.signal(signal.SIGKILL)
+    proc.finish(30)
     assert procs.wait_gone(everything) == []
 
 
-def test_workers_die_when_the_driver_is_interrupted_mid_example(procs):
+def test_workers_die_when_the_driver_is_interrupted_mid_example(procs, start_process):
     body = f"""
     import signal
     print("running", flush=True)
     shardfuzz.run({TOY!r}, "hang_rank0", max_examples=5, timeout=60, database=None)
     """
-    proc, pids = start_driver(body)
-    assert proc.stdout.readline().strip() == "running"
+    proc, pids = start_driver(start_process, body)
+    proc.wait_line(lambda line: line.strip() == "running", 60)
     time.sleep(1.5)
     everything = procs.descendants(proc.pid)
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=30)
+    proc.signal(signal.SIGINT)
+    proc.finish(30)
     assert procs.wait_gone(pids + everything) == []
 
 
-def test_workers_stop_when_the_driver_exits_normally(procs):
-    proc, pids = start_driver("pass")
-    proc.wait(timeout=30)
-    assert proc.returncode == 0
+def test_workers_stop_when_the_driver_exits_normally(procs, start_process):
+    proc, pids = start_driver(start_process, "pass")
+    code, out, err = proc.finish(30)
+    assert code == 0, out + err
     assert procs.wait_gone(pids) == []

@@ -36,7 +36,22 @@ def test_entry_points():
 
 
 def test_public_api_is_complete():
+    import importlib
+
     import shardfuzz
 
-    for name in shardfuzz.__all__:
-        assert getattr(shardfuzz, name) is not None
+    lazy = shardfuzz._LAZY
+    assert len(set(shardfuzz.__all__)) == len(shardfuzz.__all__), "a name listed twice in __all__"
+    assert set(shardfuzz.__all__) == set(lazy) | {"__version__"}, "__all__ and the lazy table differ"
+    assert set(shardfuzz.__all__) <= set(dir(shardfuzz))
+    assert shardfuzz.__version__ == importlib.metadata.version("shardfuzz")
+    for name, module in lazy.items():
+        defined = getattr(importlib.import_module(module), name)
+        assert getattr(shardfuzz, name) is defined, f"shardfuzz.{name} is not {module}.{name}"
+        if hasattr(defined, "__module__"):  # defined there, not re-exported from elsewhere
+            assert defined.__module__ == module, f"shardfuzz.{name} comes from {defined.__module__}"
+    namespace: dict = {}
+    exec("from shardfuzz import *", namespace)
+    assert set(shardfuzz.__all__) - {"__version__"} <= set(namespace)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        shardfuzz.nope  # noqa: B018

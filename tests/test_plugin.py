@@ -1,6 +1,10 @@
 """The pytest plugin, run in subprocesses through pytester."""
 
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -28,7 +32,9 @@ def run(pytester):
     pytester.makepyfile(test_user=TEST_FILE)
 
     def go(*args):
-        return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--import-mode=importlib", *args)
+        return pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--import-mode=importlib", *args, timeout=300
+        )  # fmt: skip
 
     return go
 
@@ -74,3 +80,34 @@ def test_dev_profile_is_the_fallback(run, monkeypatch):
         ["shardfuzz: profile shardfuzz-dev; reproduce with: pytest --shardfuzz-backend=gloo"]
     )
     result.assert_outcomes(passed=1, deselected=2)
+
+
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
+def test_ctrl_c_after_a_finding_reports_it_and_fails_the_run(pytester, procs):
+    failures = pytester.path / "failures"
+    pytester.makepyfile(
+        test_hang=f"import shardfuzz\ntest_hang = shardfuzz.test_for({TOY!r}, 'hang_rank0', timeout=1)\n"
+    )
+    proc = pytester.popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--import-mode=importlib",
+         "--hypothesis-profile=ci", f"--shardfuzz-failures-dir={failures}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 90
+        while not list(failures.glob("*.json")):  # the first hang is found; Hypothesis goes on
+            assert proc.poll() is None, proc.communicate(timeout=30)
+            assert time.monotonic() < end, "no finding within 90 s"
+            time.sleep(0.2)
+        everything = procs.descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "shrinking was cut short" in out + err and "Rerun this case: shardfuzz case" in out + err
+    assert procs.wait_gone(everything) == []

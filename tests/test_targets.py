@@ -60,8 +60,12 @@ def test_reference_has_no_false_positives(target, dtype, examples):
 @pytest.mark.parametrize("target,trigger", TRIGGERS, ids=map(_id, TRIGGERS))
 def test_strategy_reaches_trigger(target, trigger):
     t = TARGETS[target]
-    case = find(t.strategy(), lambda c: trigger in triggers_of(t, c), settings=FIND)
-    assert trigger in triggers_of(t, case)
+    # find() raises when no case reaches it; the case must also be one the target runs
+    find(
+        t.strategy(),
+        lambda c: trigger in triggers_of(t, c) and not (t.supports and t.supports(c)),
+        settings=FIND,
+    )
 
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if TARGETS[t].gradients])

@@ -1,0 +1,151 @@
+"""The ``shardfuzz`` command line: its parser, argument types and exit codes (``cli.py`` runs the
+commands)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import NoReturn
+
+from shardfuzz import campaign
+from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_world_sizes
+from shardfuzz.refs import add_search_path_option
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _world_sizes(text: str) -> tuple[int, ...]:
+    try:
+        return parse_world_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--world-sizes={e}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return v
+
+
+def _duration(text: str) -> float:
+    try:
+        return campaign.parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="shardfuzz",
+        description="Differential fuzzing of sharded PyTorch code against a single-process oracle.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("list", help="list targets and their implementations")
+    sub.add_parser("gpus", help="say which targets and world sizes can run on this machine's GPUs")
+
+    where = _Parser(add_help=False)
+    where.add_argument("--backend", default=None, choices=BACKENDS, help="default: gloo (replay: the file's)")
+    where.add_argument("--device", default=None, choices=DEVICES, help="default: cuda for nccl, else cpu")
+    where.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        help="fixed per-example timeout in seconds (default: adaptive)",
+    )
+    where.add_argument(
+        "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True) on every rank"
+    )
+
+    add_search_path_option(where)
+
+    impl = _Parser(add_help=False)
+    impl.add_argument(
+        "--impl",
+        default=None,
+        help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference)",
+    )
+
+    f = sub.add_parser(
+        "fuzz", parents=[impl, where], help="fuzz targets (default: every built-in target's reference)"
+    )
+    f.add_argument(
+        "targets", nargs="*", metavar="TARGET", help="target names, 'pkg.mod:ATTR' or file.py paths"
+    )
+    budget = f.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--max-examples",
+        type=_positive_int,
+        default=None,
+        help="examples per target (default: the profile's)",
+    )
+    budget.add_argument(
+        "--duration",
+        type=_duration,
+        default=None,
+        metavar="TIME",
+        help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
+    )
+    f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
+    f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
+    f.add_argument(
+        "--failures-dir",
+        default=None,
+        metavar="DIR",
+        help="where failure files go (default: .shardfuzz/failures)",
+    )
+    f.add_argument(
+        "--jobs", type=_positive_int, default=1, help="targets fuzzed side by side in child processes"
+    )
+    f.add_argument(
+        "--rank-budget",
+        type=_positive_int,
+        default=None,
+        help="ranks in use at once across jobs (default: the number of cores)",
+    )
+    f.add_argument("--progress-every", type=_positive_float, default=2.0, metavar="SECONDS")
+    f.add_argument("--summary-json", default=None, help=argparse.SUPPRESS)
+    # child jobs: the parent's RunConfig, and the parent to die with
+    f.add_argument("--config-json", default=None, help=argparse.SUPPRESS)
+    f.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+
+    c = sub.add_parser(
+        "case", parents=[impl, where], help="rerun exactly one case (the last line of a report)"
+    )
+    c.add_argument("target", metavar="TARGET")
+    c.add_argument("case", metavar="CASE", help="Case(...) as printed in a report")
+
+    r = sub.add_parser("replay", parents=[where], help="rerun the cases in failure files")
+    r.add_argument("paths", nargs="+", metavar="FILE|DIR")
+    r.add_argument(
+        "--debug-collectives",
+        action="store_true",
+        help="rerun with torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+    )
+
+    rp = sub.add_parser("repro", help="write a standalone torchrun script for one failure file")
+    rp.add_argument("file", metavar="FILE")
+    rp.add_argument("-o", "--output", default="repro.py")
+    add_search_path_option(rp)
+    return p

@@ -1,0 +1,177 @@
+"""A verdict survives deadlines, Ctrl-C and SIGTERM, and ``--duration`` is a bound; ``--jobs``
+children die with their parent. Every wait here has a deadline."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import shardfuzz
+from shardfuzz.hooks import TimeUp
+
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
+
+
+def failing(line: str) -> bool:
+    """A progress line that counts at least one failing example."""
+    return line.lstrip().startswith("[") and re.search(r", [1-9]\d* failing", line) is not None
+
+
+def cli(*args, env=None, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "shardfuzz.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_python_api_keeps_the_finding_when_the_deadline_cuts_shrinking_short():
+    # every case of hang_rank0 hangs (about 2 s each at a 1 s timeout), and after a first bug
+    # Hypothesis runs at least 10 examples: the 3 s deadline always falls before it is done
+    t0 = time.monotonic()
+    res = shardfuzz.run(TOY, "hang_rank0", timeout=1, deadline=3, profile="shardfuzz-ci", database=None)
+    assert res.found and res.kind == "hang" and res.shrink_cut_short and res.out_of_time, res
+    assert not res.interrupted and res.case is not None and res.stats.failures >= 1
+    assert "shrinking was cut short" in res.report and "Rerun this case" in res.report
+    assert time.monotonic() - t0 < 3 + 15
+
+
+def test_duration_deadline_during_shrinking_exits_1_with_the_finding(tmp_path):
+    t0 = time.monotonic()
+    out = cli(
+        "fuzz", TOY, "--impl", "hang_rank0", "--timeout", "1", "--duration", "3s",
+        "--failures-dir", str(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FOUND hang (shrinking cut short" in out.stdout
+    assert "shrinking was cut short" in out.stdout and "Rerun this case: shardfuzz case" in out.stdout
+    assert list(tmp_path.glob("toy-hang_rank0-gloo-hang.json"))
+    assert time.monotonic() - t0 < 3 + 30
+
+
+@linux_only
+def test_duration_ends_by_the_deadline_plus_the_grace_whatever_the_timeout(procs, start_cli, tmp_path):
+    # a 300 s example timeout, a 2 s duration and a 2 s grace: the hanging example is abandoned
+    env = dict(os.environ, SHARDFUZZ_GRACE="2")
+    run = start_cli(
+        "fuzz", TOY, "--impl", "hang_rank0", "--timeout", "300", "--duration", "2s",
+        "--progress-every", "0.5", "--failures-dir", str(tmp_path), env=env,
+    )  # fmt: skip
+    run.wait_line(lambda line: line.startswith("fuzzing"), 60)
+    t0 = time.monotonic()  # the target's 2 s start about now (imports and start-up come before)
+    run.wait_line(lambda line: line.lstrip().startswith("["), 60)
+    everything = procs.descendants(run.pid)
+    code, out, err = run.finish(60)
+    took = time.monotonic() - t0
+    assert code == 0, out + err  # nothing was found: the hang was never confirmed
+    assert "an example still running after the deadline was abandoned" in out
+    assert took < 2 + 2 + 15, took  # the duration, the grace, and stopping the ranks
+    assert procs.wait_gone(everything) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e999", "0", "0s", "-5", "=-1m", "soon"])
+def test_bad_duration_is_a_usage_error_naming_it(value):
+    args = (
+        ["fuzz", TOY, f"--duration{value}"] if value.startswith("=") else ["fuzz", TOY, "--duration", value]
+    )
+    out = cli(*args, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--duration" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_grace_is_a_usage_error_naming_it():
+    out = cli("fuzz", TOY, "--duration", "5s", env=dict(os.environ, SHARDFUZZ_GRACE="soon"), timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "SHARDFUZZ_GRACE='soon'" in out.stderr
+
+
+@linux_only
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_after_a_finding_prints_it_and_exits_1(procs, start_cli, tmp_path, signum):
+    run = start_cli(
+        "fuzz", TOY, "--impl", "hang_rank0", "--timeout", "1", "--duration", "300s",
+        "--progress-every", "0.5", "--failures-dir", str(tmp_path),
+    )  # fmt: skip
+    run.wait_line(failing, 90)  # found; Hypothesis is still running examples or shrinking
+    everything = procs.descendants(run.pid)
+    run.signal(signum)
+    code, out, err = run.finish(60)
+    assert code == 1, out + err
+    assert "Rerun this case: shardfuzz case" in out and "(interrupted)" in out
+    assert "FOUND hang (shrinking cut short" in out and "interrupted" in err
+    assert list(tmp_path.glob("toy-hang_rank0-gloo-hang.json"))
+    assert procs.wait_gone(everything) == []
+
+
+def _start_jobs(start_cli, tmp_path):
+    run = start_cli(
+        "fuzz", TOY, "tp_mlp", "--jobs", "2", "--rank-budget", "4", "--world-sizes", "1,2",
+        "--duration", "300s", "--progress-every", "0.5", "--failures-dir", str(tmp_path),
+    )  # fmt: skip
+    started = set()
+    while started != {"1", "2"}:  # both children are fuzzing: their ranks are up
+        line = run.wait_line(lambda ln: re.match(r"\[job (\d)\] \[", ln) is not None, 120)
+        started.add(re.match(r"\[job (\d)\]", line).group(1))
+    return run
+
+
+@linux_only
+def test_sigterm_of_a_jobs_parent_stops_every_child_and_rank(procs, start_cli, tmp_path):
+    run = _start_jobs(start_cli, tmp_path)
+    everything = procs.descendants(run.pid)
+    assert len(everything) >= 4  # two children, their forkservers and ranks
+    run.signal(signal.SIGTERM)
+    code, out, err = run.finish(90)
+    assert code == 130, out + err  # nothing found: the references are right
+    assert "interrupted" in err and "toy" in out.split("target ")[-1]
+    assert procs.wait_gone(everything, 30) == []
+
+
+@linux_only
+def test_sigkill_of_a_jobs_parent_leaves_no_process(procs, start_cli, tmp_path):
+    run = _start_jobs(start_cli, tmp_path)
+    everything = procs.descendants(run.pid)
+    assert len(everything) >= 4
+    run.signal(signal.SIGKILL)
+    run.finish(30)
+    assert procs.wait_gone(everything, 30) == []
+
+
+@pytest.mark.parametrize("stop", [TimeUp, KeyboardInterrupt], ids=["deadline", "ctrl-c"])
+def test_stopped_in_the_middle_of_shrinking_keeps_the_smallest_case_so_far(stop):
+    from hypothesis import Verbosity
+
+    from shardfuzz.settings import build_settings
+
+    class StopWhileShrinking(shardfuzz.RunHooks):
+        """Stops the run at the third finding: with one bug reported, Hypothesis shrinks right
+        after the first, so the second and third are shrinking's tries."""
+
+        def __init__(self):
+            self.failing = []
+
+        def on_finding(self, runner, case, finding):
+            self.failing.append(case)
+
+        def before_example(self, runner, case):
+            if len(self.failing) >= 3:
+                raise stop()
+
+    s = build_settings(
+        "shardfuzz-ci", max_examples=200, report_multiple_bugs=False, verbosity=Verbosity.quiet
+    )
+    hook = StopWhileShrinking()
+    res = shardfuzz.run(TOY, "wrong_rank1", settings=s, database=None, hooks=[hook])
+    assert res.found and res.kind == "mismatch" and res.shrink_cut_short, res
+    assert res.interrupted == (stop is KeyboardInterrupt) and res.out_of_time == (stop is TimeUp)
+    assert res.case in hook.failing and len(hook.failing) == 3
+    assert res.case.world_size == min(c.world_size for c in hook.failing)  # the smallest so far
+    assert "shrinking was cut short" in res.report and "Rerun this case" in res.report
