@@ -75,7 +75,8 @@ def _cmd_fuzz(args: Any) -> int:
     interrupted = False
     for spec in targets:
         print(
-            f"fuzzing {spec} ({args.impl or 'reference'}) on {config.backend}/{config.device} ...", flush=True
+            f"fuzzing {spec} ({get_target(spec).impl_name(args.impl)}) on {config.backend}/{config.device} ...",
+            flush=True,
         )
         out = campaign.fuzz_one(
             spec,
