@@ -17,7 +17,7 @@ from typing import Any
 
 from shardfuzz.case import Case
 from shardfuzz.config import RunConfig, check_world_size, env_int
-from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, TargetError, Unsupported
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
 from shardfuzz.judge import Verdict, judge
@@ -323,4 +323,12 @@ class Runner:
             r: list(rep.ignored_collectives) for r, rep in enumerate(replies) if rep.ignored_collectives
         }
         locals_ = [decode(rep.outputs) for rep in replies]
+        for r, out in enumerate(locals_):  # None where the oracle has a value breaks the contract
+            for name, value in out.items():
+                if value is None and expected.ref.get(name) is not None:
+                    raise TargetError(
+                        f"implementation {self.impl_name!r} returned None for output {name!r} on "
+                        f"{case.rank_label(r)}; the target's oracle gives a value there: return a tensor "
+                        "(zeros for a gradient that is unused), or have the oracle return None too"
+                    )
         return judge(case, self.target.outputs_for(case), locals_, expected, self.config.tolerance, ignored)

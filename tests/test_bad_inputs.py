@@ -120,9 +120,9 @@ def test_a_failure_file_that_cannot_be_written_does_not_lose_the_finding(tmp_pat
 
 
 # -- None outputs --------------------------------------------------------------------------------
-def test_none_for_a_tensor_output_is_a_layout_finding_naming_output_and_rank():
+def test_none_for_a_tensor_output_is_a_usage_error_naming_output_and_rank():
     out = cli("case", "tp_mlp", "--impl", os.path.join(DATA, "bad_returns.py") + "::ret_none_grad", OK)
-    refused(out, 1, "FAIL (layout)", "output 'grad_b2'", "rank 0 returned None", "expected a tensor")
+    refused(out, 2, "returned None for output 'grad_b2' on rank 0", "return a tensor")
 
 
 def test_none_where_the_oracle_gives_none_is_no_value_and_passes():
