@@ -22,6 +22,7 @@ __all__ = [
     "InvalidArgument",
     "LayoutMismatch",
     "Mismatch",
+    "OutputTolerance",
     "Owned",
     "PaddedFlat",
     "Partial",
@@ -81,7 +82,8 @@ _LAZY = {
     "ExpectedFailure": "shardfuzz.records",
     "PlantedBug": "shardfuzz.records",
     "bind": "shardfuzz.records",
-    "Tolerance": "shardfuzz.compare",
+    "Tolerance": "shardfuzz.tolerance",
+    "OutputTolerance": "shardfuzz.tolerance",
     "get_target": "shardfuzz.registry",
     "test_for": "shardfuzz.pytest_plugin",
     "regressions": "shardfuzz.pytest_plugin",
@@ -89,7 +91,6 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.case import Case
-    from shardfuzz.compare import Tolerance
     from shardfuzz.config import RunConfig
     from shardfuzz.errors import (
         ExternalFault,
@@ -114,6 +115,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.runner import Runner
     from shardfuzz.search import Result, run
     from shardfuzz.target import Target
+    from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 from shardfuzz import campaign, failures
 from shardfuzz.case import Case
 from shardfuzz.cli_args import EXIT_FOUND, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
-from shardfuzz.config import RunConfig
+from shardfuzz.config import RunConfig, check_tolerance_outputs, format_tolerance
 from shardfuzz.errors import Finding, InfrastructureError, InvalidArgument, ShardfuzzError, Unsupported
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.gpu import placement_summary
@@ -27,6 +27,7 @@ from shardfuzz.refs import add_search_path
 from shardfuzz.registry import BUILTIN_TARGETS, available_targets, get_target
 from shardfuzz.replay import replay_one
 from shardfuzz.runner import Runner
+from shardfuzz.tolerance import Tolerance
 from shardfuzz.torchrun import write_repro
 
 
@@ -39,6 +40,12 @@ def _cmd_list() -> int:
     return EXIT_OK
 
 
+def _tolerance(args: Any) -> Tolerance:
+    """``--tolerance OUTPUT=...`` flags as per-output overrides on the default Tolerance (the last
+    one for an output wins)."""
+    return Tolerance().with_overrides(dict(args.tolerance))
+
+
 def _config(args: Any, **extra: Any) -> RunConfig:
     """The run configuration of a command line (the only place flags become a RunConfig)."""
     return RunConfig(
@@ -46,8 +53,16 @@ def _config(args: Any, **extra: Any) -> RunConfig:
         device=args.device,
         timeout=args.timeout,
         deterministic=args.deterministic,
+        tolerance=_tolerance(args),
         **extra,
     )
+
+
+def _drawn(config: RunConfig) -> str:
+    """What the run restricts, for the 'fuzzing ...' line."""
+    parts = [f"dtypes {','.join(config.dtypes)}"] if config.dtypes else []
+    parts += [f"tolerance {format_tolerance(n, t)}" for n, t in config.tolerance.per_output]
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _cmd_fuzz(args: Any) -> int:
@@ -58,6 +73,7 @@ def _cmd_fuzz(args: Any) -> int:
         config = _config(
             args,
             world_sizes=args.world_sizes,
+            dtypes=args.dtypes,
             profile=args.profile,
             max_examples=args.max_examples,
             deadline=args.duration,
@@ -66,8 +82,9 @@ def _cmd_fuzz(args: Any) -> int:
     if config.deadline is not None:
         grace_seconds()  # a bad $SHARDFUZZ_GRACE is a usage error before any fuzzing
     # resolve every target and implementation first: a typo is a usage error before any fuzzing
-    for spec in targets:
-        Runner(spec, args.impl, config)
+    runners = [Runner(spec, args.impl, config) for spec in targets]
+    if not args.config_json:  # a child job's parent checked every target
+        check_tolerance_outputs([r.target for r in runners], config.tolerance, "--tolerance")
     recorder = FailureRecorder(config.failures_dir)  # checks the directory before any fuzzing
     if args.jobs > 1 and len(targets) > 1:
         return _fuzz_jobs(args, targets, config)
@@ -75,7 +92,8 @@ def _cmd_fuzz(args: Any) -> int:
     interrupted = False
     for spec in targets:
         print(
-            f"fuzzing {spec} ({get_target(spec).impl_name(args.impl)}) on {config.backend}/{config.device} ...",
+            f"fuzzing {spec} ({get_target(spec).impl_name(args.impl)}) on {config.backend}/{config.device}"
+            f"{_drawn(config)} ...",
             flush=True,
         )
         out = campaign.fuzz_one(
@@ -132,6 +150,7 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
 def _cmd_case(args: Any) -> int:
     case = Case.parse(args.case)
     runner = Runner(args.target, args.impl, _config(args))
+    check_tolerance_outputs([runner.target], runner.config.tolerance, "--tolerance")
     check_case(runner.target, case)
     try:
         ratio = runner.run_case(case)
@@ -141,7 +160,7 @@ def _cmd_case(args: Any) -> int:
     except Finding as f:
         print(f"FAIL ({f.kind})\n{f.report}")
         return EXIT_FOUND
-    print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.config.tolerance.describe()})")
+    print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.tolerance.describe(case.dtype)})")
     return EXIT_OK
 
 
@@ -151,6 +170,8 @@ def _cmd_replay(args: Any) -> int:
         print(f"shardfuzz: error: no failure files (*.json) in {args.paths}", file=sys.stderr)
         return EXIT_USAGE
     records = [failures.load(p) for p in paths]  # validate them all before running any
+    tolerance = _tolerance(args)
+    check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
     still = 0
     for rec in records:
         res = replay_one(
@@ -160,6 +181,7 @@ def _cmd_replay(args: Any) -> int:
             debug_collectives=args.debug_collectives,
             deterministic=args.deterministic or None,
             timeout=args.timeout,
+            tolerance=tolerance,
         )
         print(res.line(), flush=True)
         if res.failed:

@@ -9,8 +9,9 @@ import sys
 from typing import NoReturn
 
 from shardfuzz import campaign
-from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_world_sizes
+from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_dtypes, parse_tolerance, parse_world_sizes
 from shardfuzz.refs import add_search_path_option
+from shardfuzz.tolerance import OutputTolerance
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -26,6 +27,20 @@ def _world_sizes(text: str) -> tuple[int, ...]:
         return parse_world_sizes(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"--world-sizes={e}") from None
+
+
+def _tolerance(text: str) -> tuple[str, OutputTolerance]:
+    try:
+        return parse_tolerance(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--tolerance {e}") from None
+
+
+def _dtypes(text: str) -> tuple[str, ...]:
+    try:
+        return parse_dtypes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--dtypes {e}") from None
 
 
 def _positive_int(text: str) -> int:
@@ -78,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True) on every rank"
     )
 
+    where.add_argument(
+        "--tolerance",
+        type=_tolerance,
+        action="append",
+        default=[],
+        metavar="OUTPUT=rtol:X,atol:Y",
+        help="a fixed tolerance for one output in place of the noise model (repeatable; the last for "
+        "an output wins); OUTPUT must be an output of the target (of one of the targets)",
+    )
+
     add_search_path_option(where)
 
     impl = _Parser(add_help=False)
@@ -108,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
     )
     f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
+    f.add_argument(
+        "--dtypes",
+        type=_dtypes,
+        default=None,
+        metavar="DTYPE,...",
+        help="restrict the dtypes drawn, e.g. float32,bfloat16 (default: each target's own)",
+    )
     f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
     f.add_argument(
         "--failures-dir",

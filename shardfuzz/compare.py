@@ -1,19 +1,8 @@
-"""Comparison of the ranks' locals against the oracle, and the tolerance policy.
+"""The elementwise comparison of the ranks' locals against the oracle, and its description.
 
-Tolerance policy (see the README for the measurements behind it):
-
-* the oracle runs in float64 on the *same rounded inputs* the ranks got (the reference), and once
-  more in the case dtype, to measure the rounding noise of that dtype on this very case;
-* an element passes when ``|actual - ref| <= bound`` with
-
-  ``bound = noise_factor * |oracle_case_dtype - ref| + magnitude_factor * (2 + W) * u * mag``
-
-  where ``u`` is the unit roundoff of the case dtype (2^-24 fp32, 2^-8 bf16, 2^-53 fp64), ``W`` the
-  group size, and ``mag`` the target's elementwise magnitude estimate (e.g. ``|x| @ |w|``) when it
-  gives one, else ``|ref| + rms(ref)``;
-* integers, bools and non-tensor values are compared exactly;
-* NaN must match NaN, an infinity must match the same infinity, and a finite reference must be
-  matched by a finite value.
+An element passes when ``|actual - ref| <= bound`` (the bound: :mod:`shardfuzz.tolerance`).
+Integers, bools and non-tensor values are compared exactly. NaN must match NaN, an infinity must
+match the same infinity, and a finite reference must be matched by a finite value.
 """
 
 from __future__ import annotations
@@ -25,39 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-
-UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
-
-
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    """The tolerance policy; the defaults are what the built-in targets were tuned with."""
-
-    noise_factor: float = 4.0
-    magnitude_factor: float = 4.0
-
-    def describe(self) -> str:
-        return (
-            f"|actual - oracle64| <= {self.noise_factor:g} * |oracle_in_case_dtype - oracle64| "
-            f"+ {self.magnitude_factor:g} * (2 + W) * u * magnitude"
-        )
-
-    def bound(
-        self, ref: torch.Tensor, low: torch.Tensor, mag: torch.Tensor | None, dtype: str, group_size: int
-    ) -> torch.Tensor:
-        import torch
-
-        u = UNIT_ROUNDOFF[dtype]
-        noise = (low.double() - ref).abs()
-        noise = torch.where(torch.isfinite(noise), noise, torch.zeros_like(noise))
-        if mag is None:
-            finite = ref[torch.isfinite(ref)]
-            rms = float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
-            mag = ref.abs().nan_to_num(0.0, 0.0, 0.0) + rms
-        else:
-            mag = mag.double().abs()
-        tiny = float(torch.finfo(getattr(torch, dtype)).tiny)
-        return self.noise_factor * noise + self.magnitude_factor * (2 + group_size) * u * mag + tiny
 
 
 @dataclasses.dataclass
@@ -74,6 +30,34 @@ class RankDiff:
     max_rel_at: tuple = ()
     max_ratio: float = 0.0
     note: str = ""
+    worst: list[ElementDiff] = dataclasses.field(default_factory=list)  # the worst elements, worst first
+
+
+@dataclasses.dataclass
+class ElementDiff:
+    """One element of a failing output, for a reader telling a cancellation from a wrong result."""
+
+    index: tuple
+    actual: float
+    expected: float
+    allowed: float
+    ratio: float
+    noise: float | None = None  # the noise model's estimate (root mean square of the samples)
+    terms: float | None = None  # about the magnitude of the terms behind it: noise / u
+
+    def describe(self) -> str:
+        text = (
+            f"[{', '.join(map(str, self.index))}]: {self.actual:.6g} vs expected {self.expected:.6g}, "
+            f"|diff| {abs(self.actual - self.expected):.3g}, allowed {self.allowed:.3g} ({self.ratio:.3g}x)"
+        )
+        if self.noise is not None:
+            text += f"; noise estimate {self.noise:.3g}"
+        if self.terms and abs(self.expected) < 0.1 * self.terms:
+            text += (
+                f"; the expected value is small beside the terms it is made of (about {self.terms:.3g}, "
+                f"ratio {abs(self.expected) / self.terms:.2g}): a cancellation"
+            )
+        return text
 
 
 @dataclasses.dataclass
@@ -107,14 +91,21 @@ def exact_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
+WORST_SHOWN = 3
+
+
 def compare_tensor(
     actual: torch.Tensor,
     expected: torch.Tensor,
     bound: torch.Tensor,
     rank: int | None,
     to_global: Callable[[tuple[int, ...]], tuple[int, ...]],
+    noise: torch.Tensor | None = None,
+    u: float | None = None,
 ) -> RankDiff:
-    """Elementwise comparison with the NaN/Inf policy. ``to_global`` maps a local index to a global one."""
+    """Elementwise comparison with the NaN/Inf policy. ``to_global`` maps a local index to a global
+    one; ``noise`` (the noise model's estimate) and ``u`` (the case dtype's unit roundoff) only
+    enrich the description of the worst elements."""
     import torch
 
     a = actual.detach().double()
@@ -125,7 +116,7 @@ def compare_tensor(
     diff = (a - e).abs()
     fin_e = torch.isfinite(e)
     ok_nonfinite = (torch.isnan(e) & torch.isnan(a)) | (torch.isinf(e) & (a == e))
-    ratio = torch.where(fin_e, diff / bound, torch.zeros_like(diff))
+    ratio = torch.where(fin_e & (diff != 0), diff / bound, torch.zeros_like(diff))  # 0/0: a match
     ratio = torch.where(fin_e & ~torch.isfinite(a), torch.full_like(diff, math.inf), ratio)
     ratio = torch.where(~fin_e & ~ok_nonfinite, torch.full_like(diff, math.inf), ratio)
     ratio = ratio.nan_to_num(nan=math.inf, posinf=math.inf)
@@ -143,6 +134,22 @@ def compare_tensor(
     j = int(rel.argmax())
     rd.max_rel = float(rel.flatten()[j])
     rd.max_rel_at = to_global(tuple(int(v) for v in _unravel(j, e.shape)))
+    if rd.bad:
+        flat_ratio, flat_a, flat_e, flat_b = ratio.flatten(), a.flatten(), e.flatten(), bound.flatten()
+        order = torch.argsort(flat_ratio, descending=True)[: min(WORST_SHOWN, rd.bad)]
+        for k in (int(v) for v in order):
+            sigma = float(noise.flatten()[k]) if noise is not None else None
+            rd.worst.append(
+                ElementDiff(
+                    to_global(tuple(int(v) for v in _unravel(k, e.shape))),
+                    float(flat_a[k]),
+                    float(flat_e[k]),
+                    float(flat_b[k]),
+                    float(flat_ratio[k]),
+                    sigma,
+                    sigma / u if sigma is not None and u else None,
+                )
+            )
     return rd
 
 
@@ -179,4 +186,7 @@ def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
             f"(up to {r.max_abs_allowed:.3g} allowed, {r.max_ratio:.3g}x the tolerance at worst)"
         )
         lines.append(f"    greatest relative difference: {r.max_rel:.6g} at index {r.max_rel_at}")
+        if r.worst:
+            lines.append("    worst elements (actual vs expected, allowed = the tolerance there):")
+            lines.extend(f"      {w.describe()}" for w in r.worst)
     return "\n".join(lines)

@@ -11,12 +11,12 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardfuzz.case import DTYPES
-from shardfuzz.compare import Tolerance
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -97,6 +97,92 @@ def parse_world_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def parse_dtypes(text: str) -> tuple[str, ...]:
+    """``"float32,bfloat16"`` -> ``("float32", "bfloat16")``; ValueError for anything but
+    comma-separated names from :data:`~shardfuzz.case.DTYPES`."""
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    bad = [n for n in names if n not in DTYPES]
+    if not names or bad:
+        what = f"{bad[0]!r} is not a dtype" if bad else "no dtype given"
+        raise ValueError(f"{text!r}: {what}; expected comma-separated dtypes from {', '.join(DTYPES)}")
+    return names
+
+
+TOLERANCE_SYNTAX = "expected OUTPUT=rtol:X,atol:Y (either part may be left out), e.g. y=rtol:1e-3,atol:1e-5"
+
+
+def parse_tolerance(text: str) -> tuple[str, OutputTolerance]:
+    """``"y=rtol:1e-3,atol:1e-5"`` -> ``("y", OutputTolerance(1e-3, 1e-5))``; ValueError naming the
+    value, what is wrong and what is allowed."""
+    name, sep, spec = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"{text!r}: no OUTPUT= before the tolerance; {TOLERANCE_SYNTAX}")
+    try:
+        return name.strip(), OutputTolerance.parse(spec)
+    except ValueError as e:
+        detail = str(e)
+        if detail.startswith(repr(spec)):  # OutputTolerance.parse names the part after '='
+            detail = detail[len(repr(spec)) :].lstrip(":; ")
+        if detail.startswith("expected"):
+            detail = f"{spec!r} is not rtol:X,atol:Y"
+        raise ValueError(f"{text!r}: {detail}; {TOLERANCE_SYNTAX}") from None
+
+
+def format_tolerance(name: str, tol: OutputTolerance) -> str:
+    """The command-line form of one per-output tolerance (what :func:`parse_tolerance` reads)."""
+    return f"{name}=rtol:{tol.rtol!r},atol:{tol.atol!r}"
+
+
+def as_tolerance(value: Any, where: str = "tolerance") -> Tolerance:
+    """A :class:`Tolerance` as is; a mapping output name -> ``OutputTolerance`` / ``{"rtol": X,
+    "atol": Y}`` / ``(rtol, atol)`` as per-output overrides on the default Tolerance; anything else
+    an InvalidArgument naming ``where``."""
+    if isinstance(value, Tolerance):
+        return value
+    allowed = "shardfuzz.OutputTolerance(rtol=..., atol=...), {'rtol': X, 'atol': Y} or (rtol, atol)"
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(
+            f"{where}={value!r}; must be a shardfuzz.Tolerance, or a mapping of output names to {allowed}"
+        )
+    for name, tol in value.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"{where}={value!r}; its keys must be output names, got {name!r}")
+        try:
+            if isinstance(tol, Mapping):
+                OutputTolerance(**tol)
+            elif isinstance(tol, (tuple, list)) and len(tol) == 2:
+                OutputTolerance(*tol)
+            elif not isinstance(tol, OutputTolerance):
+                raise InvalidArgument(f"a {type(tol).__name__}")
+        except TypeError:
+            raise InvalidArgument(f"{where}[{name!r}]={tol!r}: the keys are rtol and atol") from None
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{where}[{name!r}]={tol!r}: {e}; expected {allowed}") from None
+    return Tolerance().with_overrides(value)
+
+
+def check_tolerance_outputs(targets: Iterable[Any], tolerance: Tolerance, where: str) -> None:
+    """InvalidArgument for a per-output tolerance that names no output of any of ``targets`` (the
+    targets of one command: a name may be meant for one of them). A target whose outputs depend on
+    the case (``outputs=callable``) could have any output, so nothing is checked against it."""
+    declared: dict[str, list[str]] = {}
+    for t in targets:
+        if callable(t.outputs):
+            return
+        declared[t.name] = sorted(t.outputs)
+    for name, _ in tolerance.per_output:
+        if declared and not any(name in outs for outs in declared.values()):
+            if len(declared) == 1:
+                tname, outs = next(iter(declared.items()))
+                raise InvalidArgument(
+                    f"{where} names output {name!r}, which target {tname!r} does not have; its outputs are {outs}"
+                )
+            have = "; ".join(f"{t}: {outs}" for t, outs in declared.items())
+            raise InvalidArgument(
+                f"{where} names output {name!r}, which none of the targets has; outputs: {have}"
+            )
+
+
 def _positive(name: str, value: Any, *, integer: bool = False) -> None:
     kinds = (int,) if integer else (int, float)
     if value is None:
@@ -115,7 +201,8 @@ class RunConfig:
         device: ``"cpu"`` or ``"cuda"``; ``None`` picks cuda for nccl, cpu for gloo.
         world_sizes: restrict the world sizes drawn (``None``: the target's own).
         timeout: fixed example timeout in seconds (``None``: adaptive).
-        tolerance: the tolerance policy.
+        tolerance: the tolerance policy; or a mapping output name -> ``OutputTolerance`` /
+            ``{"rtol": X, "atol": Y}`` / ``(rtol, atol)``: per-output overrides on the default one.
         dtypes: restrict the dtypes drawn (``None``: the target's own).
         profile: ``shardfuzz-ci``, ``-dev`` or ``-fuzz`` (``None``: picked from the current
             Hypothesis profile when the test is built).
@@ -171,8 +258,7 @@ class RunConfig:
         _positive("max_examples", self.max_examples, integer=True)
         if self.profile is not None and self.profile not in PROFILES:
             raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
-        if not isinstance(self.tolerance, Tolerance):
-            raise InvalidArgument(f"tolerance={self.tolerance!r}; must be a shardfuzz.Tolerance")
+        object.__setattr__(self, "tolerance", as_tolerance(self.tolerance))
         for flag in ("deterministic", "debug_collectives"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")

@@ -194,7 +194,7 @@ class FailureRecorder(RunHooks):
             "impl_source_sha256": self._source[runner.impl_ref],
             "tolerance": {
                 **dataclasses.asdict(runner.config.tolerance),
-                "policy": runner.config.tolerance.describe(),
+                "policy": runner.tolerance.describe(case.dtype),
             },
             "numerics": {"driver": numerics_flags(), "rank0": runner.numerics},
             "versions": versions(),

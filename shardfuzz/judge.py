@@ -10,9 +10,10 @@ import dataclasses
 from typing import Any
 
 from shardfuzz.case import Case
-from shardfuzz.compare import OutputDiff, RankDiff, Tolerance, compare_tensor, exact_equal
+from shardfuzz.compare import OutputDiff, RankDiff, compare_tensor, exact_equal
 from shardfuzz.layouts import Layout
 from shardfuzz.oracle import Expected
+from shardfuzz.tolerance import UNIT_ROUNDOFF, Tolerance
 
 
 @dataclasses.dataclass
@@ -117,8 +118,21 @@ def compare_values(
             diffs.append(OutputDiff(name, repr(layout), "None", (), []))
             continue
         if floating:
-            bound = tolerance.bound(ref, low, expected.mag.get(name), case.dtype, case.group_size)
-            rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound)
+            fixed = tolerance.for_output(name)
+            if fixed is not None:
+                bound = fixed.bound(ref.double())
+            else:
+                bound = tolerance.bound(
+                    ref,
+                    low,
+                    expected.noise.get(name),
+                    expected.mag.get(name),
+                    case.dtype,
+                    case.group_size,
+                    expected.case_scale,
+                )
+            noise = expected.noise.get(name) if fixed is None else None
+            rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound, noise)
             dtype = _dtype_name(low)
         else:
             rds = _compare_exact(case, layout, [out[name] for out in locals_], ref)
@@ -127,11 +141,15 @@ def compare_values(
     return diffs
 
 
-def _compare_floating(case: Case, layout: Layout, got: list[Any], ref: Any, bound: Any) -> list[RankDiff]:
-    g, shape = case.group_size, tuple(ref.shape)
+def _compare_floating(
+    case: Case, layout: Layout, got: list[Any], ref: Any, bound: Any, noise: Any
+) -> list[RankDiff]:
+    g, shape, u = case.group_size, tuple(ref.shape), UNIT_ROUNDOFF[case.dtype]
     if not layout.per_rank:
         return [
-            compare_tensor(layout.assemble([got[r] for r in replica]), ref, bound, None, lambda idx: idx)
+            compare_tensor(
+                layout.assemble([got[r] for r in replica]), ref, bound, None, lambda idx: idx, noise, u
+            )
             for replica in case.replica_ranks
         ]
     rds = []
@@ -146,6 +164,8 @@ def _compare_floating(case: Case, layout: Layout, got: list[Any], ref: Any, boun
                 layout.piece(bound, r % g, g),
                 r,
                 to_global,
+                None if noise is None else layout.piece(noise, r % g, g),
+                u,
             )
         )
     return rds

@@ -1,5 +1,10 @@
-"""Magnitude helpers for the tolerance: elementwise bounds on the sum of absolute values of the
+"""Magnitude helpers for user targets: elementwise bounds on the sum of absolute values of the
 terms behind an output (``Target(magnitude=...)``).
+
+A target rarely needs one: the noise model (:mod:`shardfuzz.noise`) estimates each output's
+rounding noise from the oracle itself. A magnitude given replaces the output's scale in the
+tolerance's floor (``floor_factor * u * magnitude``), which helps where an implementation's
+intermediates are far larger than the result and the oracle never sees them.
 
 A rounding error of a sum is bounded by the unit roundoff times the sum of the absolute values of
 its terms, not of its result: where terms cancel, the result is small and its error is not. These
@@ -61,3 +66,79 @@ def rope_abs(a):
         return a
     pair = a[..., :half] + a[..., half : 2 * half]
     return torch.cat([pair, pair, a[..., 2 * half :]], dim=-1)
+
+
+def softmax_magnitude(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """A bound behind ``softmax(x, dim)``: ``p * (1 + |x - max|)`` (``exp`` of a rounded difference)."""
+    p = torch.softmax(x, dim).nan_to_num(0.0)
+    return p * (1 + (x - x.amax(dim, keepdim=True)).abs().nan_to_num(0.0, 0.0, 0.0))
+
+
+def layer_norm_magnitude(
+    x: torch.Tensor,
+    n_dims: int = 1,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """A bound behind ``layer_norm`` over the last ``n_dims`` dims: ``(|xhat| * E[x^2]/var + E|x|/std) |w| + |b|``
+    (a one-pass variance cancels against ``E[x^2]``; the mean's rounding scales with ``E|x|``)."""
+    dims = list(range(x.dim() - n_dims, x.dim()))
+    var = x.var(dims, unbiased=False, keepdim=True)
+    rstd = (var + eps).rsqrt()
+    rel = 1 + x.pow(2).mean(dims, keepdim=True) * rstd.pow(2)
+    out = ((x - x.mean(dims, keepdim=True)) * rstd).abs() * rel + x.abs().mean(dims, keepdim=True) * rstd
+    out = out * weight.abs() if weight is not None else out
+    return out + bias.abs() if bias is not None else out
+
+
+def rms_norm_magnitude(
+    x: torch.Tensor, n_dims: int = 1, weight: torch.Tensor | None = None, eps: float = 1e-6
+) -> torch.Tensor:
+    """A bound behind ``rms_norm`` over the last ``n_dims`` dims: ``|x| / rms(x) * |w|`` (a sum of squares
+    does not cancel, so its relative error is small)."""
+    dims = list(range(x.dim() - n_dims, x.dim()))
+    out = x.abs() * (x.pow(2).mean(dims, keepdim=True) + eps).rsqrt()
+    return out * weight.abs() if weight is not None else out
+
+
+def cross_entropy_magnitude(
+    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None, ignore_index: int = -100
+) -> dict[str, torch.Tensor]:
+    """Bounds behind the mean ``cross_entropy(logits [N, C], target [N])`` (``loss``) and its logits
+    gradient (``grad``): the loss sums ``|logsumexp| + |logit of the target|`` per row; the gradient
+    ``p - onehot`` cancels where ``p`` is near 1."""
+    valid = target != ignore_index
+    w = weight[target.clamp_min(0)] if weight is not None else torch.ones_like(logits[:, 0])
+    w = w * valid
+    lse = torch.logsumexp(logits, -1)
+    picked = logits.gather(1, target.clamp_min(0)[:, None])[:, 0]
+    denom = w.sum().clamp_min(torch.finfo(logits.dtype).tiny)
+    row = (lse.abs() + picked.abs() + 1 + logits.abs().amax(-1)) * w
+    p = torch.softmax(logits, -1) * (1 + (logits - logits.amax(-1, keepdim=True)).abs())
+    grad = (p + torch.nn.functional.one_hot(target.clamp_min(0), logits.shape[-1])) * (w / denom)[:, None]
+    return {"loss": row.sum() / denom, "grad": grad}
+
+
+def adam_update_magnitude(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    step: int = 1,
+) -> dict[str, torch.Tensor]:
+    """Bounds behind one (decoupled-weight-decay) Adam step from float64 state: the new ``param``
+    sums ``|param|`` and ``lr * |update|``; ``exp_avg`` and ``exp_avg_sq`` sum their two terms."""
+    b1, b2 = betas
+    m = b1 * exp_avg.abs() + (1 - b1) * grad.abs()
+    v = b2 * exp_avg_sq.abs() + (1 - b2) * grad.pow(2)
+    denom = (v / (1 - b2**step)).sqrt() + eps
+    update = m / (1 - b1**step) / denom
+    # the update divides by sqrt(v) + eps: where v is tiny, its own rounding moves the step by up to 100%
+    p = param.abs() * (1 + lr * weight_decay) + lr * update * (2 + (v.sqrt() / denom))
+    return {"param": p, "exp_avg": m, "exp_avg_sq": v}

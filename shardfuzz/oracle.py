@@ -23,6 +23,7 @@ from typing import Any
 from shardfuzz.case import Case
 from shardfuzz.config import check_world_size
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
+from shardfuzz.noise import estimate
 
 
 @dataclasses.dataclass
@@ -33,6 +34,8 @@ class Expected:
     low: dict[str, Any]  # in the case dtype
     mag: dict[str, Any]  # the target's magnitudes (empty without one)
     inputs: dict[str, Any]  # the full inputs as built (failure files hash them)
+    noise: dict[str, Any] = dataclasses.field(default_factory=dict)  # Monte-Carlo spread per output
+    case_scale: float = 0.0  # the largest rms over the case's floating inputs and outputs
 
 
 def _call(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
@@ -56,8 +59,11 @@ def _check_names(target: Any, field: str, keys: Any, allowed: Any, what: str) ->
         )
 
 
-def evaluate_oracle(target: Any, case: Case, outputs: dict[str, Any] | None = None) -> Expected:
-    """Run ``target``'s oracle on ``case``; ``outputs`` (name -> layout) defaults to the case's."""
+def evaluate_oracle(
+    target: Any, case: Case, outputs: dict[str, Any] | None = None, noise_samples: int = 0
+) -> Expected:
+    """Run ``target``'s oracle on ``case``; ``outputs`` (name -> layout) defaults to the case's.
+    ``noise_samples`` > 0: also estimate each output's rounding noise (:mod:`shardfuzz.noise`)."""
     import torch
 
     torch.manual_seed(case.seed)
@@ -71,14 +77,15 @@ def evaluate_oracle(target: Any, case: Case, outputs: dict[str, Any] | None = No
         k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
         for k, v in inputs.items()
     }
+    rng = torch.get_rng_state()  # every float64 run of the oracle draws what the reference drew
     with torch.enable_grad():
-        ref = _call(target, "oracle(inputs, case)", case, target.oracle, inputs64, case)
+        ref = _call(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
         low = _call(
             target,
             "oracle(inputs, case)",
             case,
             target.oracle,
-            {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()},
+            _fresh(inputs),
             case,
         )
         mag = (
@@ -109,7 +116,39 @@ def evaluate_oracle(target: Any, case: Case, outputs: dict[str, Any] | None = No
     def detach(d: dict[str, Any]) -> dict[str, Any]:
         return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
 
-    return Expected(detach(ref), detach(low), detach(mag), inputs)
+    ref = detach(ref)
+    noise = {}
+    if noise_samples:
+
+        def rerun() -> dict[str, Any]:
+            torch.set_rng_state(rng)
+            with torch.enable_grad():
+                return _call(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
+
+        wanted_ref = {k: ref[k] for k in wanted}
+        noise = estimate(rerun, wanted_ref, case.dtype, case.seed, case.group_size, noise_samples)
+    return Expected(ref, detach(low), detach(mag), inputs, noise, _case_scale(inputs64, ref))
+
+
+def _fresh(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Copies, so that one run of the oracle (gradients, in-place ops) cannot reach the next."""
+    import torch
+
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _case_scale(*dicts: dict[str, Any]) -> float:
+    """The largest root mean square over the case's floating inputs and outputs."""
+    import torch
+
+    best = 0.0
+    for d in dicts:
+        for v in d.values():
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+                finite = v.detach()[torch.isfinite(v.detach())]
+                if finite.numel():
+                    best = max(best, float(finite.double().pow(2).mean().sqrt()))
+    return best
 
 
 # -- hand-made cases ----------------------------------------------------------------------------

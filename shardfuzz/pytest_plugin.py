@@ -3,8 +3,9 @@
 * registers the ``shardfuzz-ci``, ``shardfuzz-dev`` and ``shardfuzz-fuzz`` Hypothesis profiles and,
   after ``--hypothesis-profile`` is loaded, picks ``shardfuzz-<current profile>`` for shardfuzz tests
   only (other Hypothesis tests in the project keep their own settings);
-* adds the namespaced options ``--shardfuzz-backend``, ``--shardfuzz-world-sizes`` and
-  ``--shardfuzz-timeout`` (``--timeout`` belongs to pytest-timeout);
+* adds the namespaced options ``--shardfuzz-backend``, ``--shardfuzz-world-sizes``,
+  ``--shardfuzz-timeout`` (``--timeout`` belongs to pytest-timeout), ``--shardfuzz-dtypes`` and
+  ``--shardfuzz-tolerance`` (repeatable);
 * prints a header line that says how to reproduce the run;
 * :func:`test_for` turns a target into a test in one line.
 
@@ -16,12 +17,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shlex
 from typing import Any
 
 import pytest
 
 from shardfuzz import failures
-from shardfuzz.config import BACKENDS, RunConfig, check_world_size, parse_world_sizes
+from shardfuzz.config import (
+    BACKENDS,
+    RunConfig,
+    check_tolerance_outputs,
+    check_world_size,
+    format_tolerance,
+    parse_dtypes,
+    parse_tolerance,
+    parse_world_sizes,
+)
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.failures import FailureRecorder, check_failures_dir, default_dir
 from shardfuzz.refs import anchored_ref, caller_dir
@@ -29,6 +40,7 @@ from shardfuzz.replay import replay_one
 from shardfuzz.runner import Runner
 from shardfuzz.search import build_test, findings_of, run_test, settings_for
 from shardfuzz.settings import current_profile_name, profile_for, register_profiles
+from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 HELP_BACKEND = (
     "torch.distributed backend for shardfuzz tests: gloo (CPU, default) or nccl (one GPU per rank)."
@@ -38,6 +50,11 @@ HELP_WORLD_SIZES = (
 )
 HELP_TIMEOUT = (
     "fixed per-example timeout in seconds for shardfuzz tests (default: adaptive per target and world size)."
+)
+HELP_DTYPES = "comma-separated dtypes that shardfuzz tests may draw, e.g. float32,bfloat16 (default: each target's own)."
+HELP_TOLERANCE = (
+    "a fixed tolerance for one output of the targets tested, in place of the noise model, e.g. "
+    "y=rtol:1e-3,atol:1e-5 (repeatable; the last for an output wins)."
 )
 HELP_FAILURES_DIR = (
     "directory of failure files: shardfuzz tests write their findings there, and shardfuzz.regressions() "
@@ -55,6 +72,9 @@ class Options:
     profile: str = "shardfuzz-dev"
     hypothesis_profile: str | None = None
     failures_dir: str | None = None
+    dtypes: tuple[str, ...] | None = None
+    #: ``--shardfuzz-tolerance``: output name -> OutputTolerance, as sorted pairs
+    tolerance: tuple[tuple[str, OutputTolerance], ...] = ()
 
     def config(self, **overrides: Any) -> RunConfig:
         """The run configuration of these options; ``overrides`` that are not None win."""
@@ -64,6 +84,8 @@ class Options:
             timeout=self.timeout,
             profile=self.profile,
             failures_dir=self.failures_dir or default_dir(),
+            dtypes=self.dtypes,
+            tolerance=Tolerance().with_overrides(self.tolerance),
         )
         return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
 
@@ -83,12 +105,38 @@ def _parse_world_sizes(text: str | None) -> tuple[int, ...] | None:
     return sizes
 
 
+def _parse_dtypes(text: str | None) -> tuple[str, ...] | None:
+    try:
+        return parse_dtypes(text) if text else None
+    except ValueError as e:
+        raise pytest.UsageError(f"--shardfuzz-dtypes {e}") from None
+
+
+def _parse_tolerances(texts: list[str] | None) -> tuple[tuple[str, OutputTolerance], ...]:
+    out: dict[str, OutputTolerance] = {}
+    for text in texts or []:
+        try:
+            name, tol = parse_tolerance(text)
+        except ValueError as e:
+            raise pytest.UsageError(f"--shardfuzz-tolerance {e}") from None
+        out[name] = tol
+    return tuple(sorted(out.items()))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("shardfuzz", "shardfuzz: differential fuzzing of sharded code")
     group.addoption("--shardfuzz-backend", default="gloo", choices=BACKENDS, help=HELP_BACKEND)
     group.addoption("--shardfuzz-world-sizes", default=None, metavar="N,N,...", help=HELP_WORLD_SIZES)
     group.addoption("--shardfuzz-timeout", default=None, type=float, metavar="SECONDS", help=HELP_TIMEOUT)
     group.addoption("--shardfuzz-failures-dir", default=None, metavar="DIR", help=HELP_FAILURES_DIR)
+    group.addoption("--shardfuzz-dtypes", default=None, metavar="DTYPE,...", help=HELP_DTYPES)
+    group.addoption(
+        "--shardfuzz-tolerance",
+        action="append",
+        default=[],
+        metavar="OUTPUT=rtol:X,atol:Y",
+        help=HELP_TOLERANCE,
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -110,7 +158,10 @@ def pytest_configure(config: pytest.Config) -> None:
         profile=profile_for(current),
         hypothesis_profile=current,
         failures_dir=failures_dir,
+        dtypes=_parse_dtypes(config.getoption("--shardfuzz-dtypes", None)),
+        tolerance=_parse_tolerances(config.getoption("--shardfuzz-tolerance", None)),
     )
+    config._shardfuzz_targets = {}  # type: ignore[attr-defined]  # the targets tested: name -> Target
     config.addinivalue_line(
         "markers", "shardfuzz_regression: replays a failure file (runs before new searches)"
     )
@@ -133,7 +184,26 @@ def pytest_report_header(config: pytest.Config) -> str:
         args.append(f"--shardfuzz-world-sizes={','.join(map(str, o.world_sizes))}")
     if o.timeout:
         args.append(f"--shardfuzz-timeout={o.timeout:g}")
+    if o.dtypes:
+        args.append(f"--shardfuzz-dtypes={','.join(o.dtypes)}")
+    args += [shlex.quote(f"--shardfuzz-tolerance={format_tolerance(n, t)}") for n, t in o.tolerance]
     return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A ``--shardfuzz-tolerance`` output that none of the targets tested has is a usage error
+    (each test's target alone cannot tell: the option applies to every shardfuzz test)."""
+    o: Options | None = getattr(session.config, "_shardfuzz_options", None)
+    targets = getattr(session.config, "_shardfuzz_targets", {})
+    if o is None or not o.tolerance or not targets:
+        return
+    try:
+        check_tolerance_outputs(targets.values(), Tolerance(per_output=o.tolerance), "--shardfuzz-tolerance")
+    except InvalidArgument as e:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"shardfuzz: error: {e}", red=True)
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
 @pytest.fixture(scope="session")
@@ -164,9 +234,10 @@ def test_for(
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
 
-    def test(shardfuzz_options: Options) -> None:
+    def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
         config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, max_examples=max_examples)
         runner = Runner(target, impl, config, hooks=[FailureRecorder(config.failures_dir)])
+        _tested(pytestconfig, runner.target)
         expected = runner.target.expected_failures.get(runner.impl_name)
         test = build_test(runner, settings_for(config))
         try:
@@ -186,6 +257,13 @@ def test_for(
 
     test.__name__ = f"test_shardfuzz_{name}"
     return test
+
+
+def _tested(config: pytest.Config, target: Any) -> None:
+    """Note a target tested in this session (``--shardfuzz-tolerance`` is checked against them)."""
+    targets = getattr(config, "_shardfuzz_targets", None)
+    if targets is not None:
+        targets[target.name] = target
 
 
 test_for.__test__ = False  # type: ignore[attr-defined]  # not itself a test when imported into one
@@ -208,10 +286,13 @@ def regressions(directory: str | None = None) -> Any:
 
     @pytest.mark.shardfuzz_regression
     @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
-    def test(failure_file: str, shardfuzz_options: Options) -> None:
+    def test(failure_file: str, shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
         record = failures.load(failure_file)
+        _tested(pytestconfig, failures.record_target(record)[0])
         res = replay_one(
-            record, backend=shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None
+            record,
+            backend=shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None,
+            tolerance=Tolerance().with_overrides(shardfuzz_options.tolerance),
         )
         if res.failed:
             pytest.fail(f"{res.line()}\n{res.report}", pytrace=False)

@@ -11,6 +11,7 @@ from shardfuzz.config import RunConfig, default_device
 from shardfuzz.errors import Finding
 from shardfuzz.failures import inputs_hash, record_impl, record_target, source_hash
 from shardfuzz.runner import Runner
+from shardfuzz.tolerance import Tolerance
 
 
 @dataclasses.dataclass
@@ -43,6 +44,7 @@ def record_config(
     debug_collectives: bool = False,
     deterministic: bool | None = None,
     timeout: float | None = None,
+    tolerance: Tolerance | None = None,
 ) -> RunConfig:
     """The configuration to replay a record with: the given choices, else the record's."""
     backend = backend or record["backend"]
@@ -54,7 +56,15 @@ def record_config(
         debug_collectives=debug_collectives,
         deterministic=bool(record.get("deterministic", False)) if deterministic is None else deterministic,
         timeout=timeout,
+        tolerance=_replay_tolerance(record, tolerance),
     )
+
+
+def _replay_tolerance(record: dict[str, Any], given: Tolerance | None) -> Tolerance:
+    """The record's per-output overrides (the run's ``--tolerance``), then the given ones on top."""
+    recorded = (record.get("tolerance") or {}).get("per_output") or ()
+    tol = Tolerance().with_overrides(recorded)
+    return tol.with_overrides(given.per_output) if given is not None else tol
 
 
 def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:

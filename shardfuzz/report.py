@@ -10,10 +10,11 @@ import dataclasses
 import shlex
 
 from shardfuzz.case import Case
-from shardfuzz.compare import Tolerance, format_output_diff
+from shardfuzz.compare import format_output_diff
 from shardfuzz.errors import IgnoredCollective, LayoutMismatch, Mismatch, RankError, RankHang
 from shardfuzz.judge import Verdict
 from shardfuzz.protocol import Hung, RankDied, RankFailed
+from shardfuzz.tolerance import Tolerance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,10 @@ class Reporter:
     def raise_mismatch(self, case: Case, verdict: Verdict) -> None:
         bad = verdict.mismatched
         parts = [self._header(f"{len(bad)} of {len(verdict.diffs)} outputs mismatch the oracle", case)]
-        parts.append(f"tolerance: {self.tolerance.describe()}")
+        parts.append(f"tolerance: {self.tolerance.describe(case.dtype)}")
+        parts += [
+            f"  except output {name!r}: {fixed.describe()}" for name, fixed in self.tolerance.per_output
+        ]
         parts += [format_output_diff(d, case.rank_label) for d in bad]
         ok = [
             f"{d.name} (worst {d.max_ratio:.3g})"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardfuzz.case import Case
-from shardfuzz.config import RunConfig, check_world_size, env_int
+from shardfuzz.config import RunConfig, check_world_size, env_int, format_tolerance
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, TargetError, Unsupported
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
@@ -162,15 +162,23 @@ class Runner:
         self.numerics: dict[str, Any] | None = None
         #: the full inputs of the last case the oracle ran (failure files hash them)
         self.last_inputs: dict[str, Any] = {}
+        #: the run's tolerance: the target's per-output overrides, then the run's own on top
+        self.tolerance = dataclasses.replace(
+            self.config.tolerance,
+            per_output=dict(self.target.tolerance) | dict(self.config.tolerance.per_output),
+        )
         impl_arg = self.impl_name if self.impl_name in self.target.implementations else str(self.impl_ref)
         backend = "" if self.config.backend == "gloo" else f" --backend {self.config.backend}"
+        overrides = "".join(
+            f" --tolerance {format_tolerance(n, t)}" for n, t in self.config.tolerance.per_output
+        )
         self.reporter = Reporter(
             self.target.name,
             self.impl_name,
             str(self.impl_ref),
             self.config.backend,
-            f"shardfuzz case {self.target_spec} --impl {impl_arg}{backend}",
-            self.config.tolerance,
+            f"shardfuzz case {self.target_spec} --impl {impl_arg}{backend}{overrides}",
+            self.tolerance,
         )
 
     @property
@@ -308,7 +316,8 @@ class Runner:
     # -- the oracle and the judge (public: the torchrun path uses them) ------------------------
     def expected(self, case: Case) -> Expected:
         """The oracle's values for ``case`` (remembers the inputs for failure files)."""
-        expected = evaluate_oracle(self.target, case)
+        samples = self.tolerance.samples if self.tolerance.noise_model == "mca" else 0
+        expected = evaluate_oracle(self.target, case, noise_samples=samples)
         self.last_inputs = expected.inputs
         return expected
 
@@ -331,4 +340,4 @@ class Runner:
                         f"{case.rank_label(r)}; the target's oracle gives a value there: return a tensor "
                         "(zeros for a gradient that is unused), or have the oracle return None too"
                     )
-        return judge(case, self.target.outputs_for(case), locals_, expected, self.config.tolerance, ignored)
+        return judge(case, self.target.outputs_for(case), locals_, expected, self.tolerance, ignored)

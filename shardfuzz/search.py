@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.case import Case
-from shardfuzz.config import RunConfig
+from shardfuzz.config import RunConfig, check_tolerance_outputs
 from shardfuzz.database import keyed_database
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.failures import FailureRecorder
@@ -286,7 +286,10 @@ def run(
         config: a :class:`~shardfuzz.RunConfig`; or give its fields as keywords instead
             (``backend=``, ``max_examples=``, ``profile=``, ``world_sizes=``, ``dtypes=``,
             ``timeout=``, ``tolerance=``, ``deadline=``, ``failures_dir=``, ``derandomize=``,
-            ``device=``, ``deterministic=``), not both.
+            ``device=``, ``deterministic=``), not both. ``tolerance=`` takes a :class:`Tolerance`
+            or a mapping output name -> ``OutputTolerance`` / ``{"rtol": X, "atol": Y}`` /
+            ``(rtol, atol)`` (per-output overrides on the default); a name must be an output of
+            the target (not checked for outputs that depend on the case).
         hooks: :class:`~shardfuzz.hooks.RunHooks` objects (a failure-file recorder is added for
             ``failures_dir``, a deadline for ``deadline``).
         database: a Hypothesis database, ``None`` for none, or ``"default"`` for the profile's.
@@ -313,6 +316,7 @@ def run(
     if cfg.deadline is not None:
         all_hooks.append(Deadline.after(cfg.deadline))
     runner = Runner(target, impl, cfg, hooks=all_hooks)
+    check_tolerance_outputs([runner.target], cfg.tolerance, "tolerance")
     return search(
         runner, settings if settings is not None else settings_for(cfg, quiet=True), database=database
     )

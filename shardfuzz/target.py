@@ -16,6 +16,7 @@ from shardfuzz.layouts import Layout, Replicate, check_layout
 from shardfuzz.protocol import ImplRef
 from shardfuzz.records import Bound, ExpectedFailure, PlantedBug, bind
 from shardfuzz.refs import module_ref, ref_of_callable
+from shardfuzz.tolerance import per_output_tolerances
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -47,9 +48,13 @@ class Target:
             :func:`bind` of one of those. An implementation is called once per rank as
             ``impl(ctx)`` with a :class:`~shardfuzz.RankContext` and returns a dict of local outputs.
         input_layouts: name -> layout used to fill ``ctx.local`` (default: ``Replicate()``).
-        magnitude: optional ``magnitude(inputs64, case) -> dict[str, Tensor]``: for each output, an
-            elementwise bound on the sum of absolute values of the terms that make it up (e.g.
-            ``|x| @ |w|`` for ``x @ w``). When given, the tolerance is magnitude-aware.
+        magnitude: optional, rarely needed: ``magnitude(inputs64, case) -> dict[str, Tensor]``, for
+            each output an elementwise bound on the sum of absolute values of the terms that make it
+            up (e.g. ``|x| @ |w|``, see :mod:`shardfuzz.magnitudes`). The noise model needs none; a
+            magnitude given replaces the output's scale in the tolerance's floor.
+        tolerance: optional output name -> :class:`~shardfuzz.OutputTolerance` (``rtol``, ``atol``): a
+            fixed tolerance for that output in place of the noise model. A run's own overrides
+            (``--tolerance``, ``run(tolerance=...)``) win over these.
         reference: the name of the correct implementation.
         planted: :class:`PlantedBug` records. Each becomes an implementation under its name (by
             default the reference bound with ``bug=NAME``); the test suite proves each is found.
@@ -74,6 +79,7 @@ class Target:
     implementations: Mapping[str, Any]
     input_layouts: Mapping[str, Layout] = dataclasses.field(default_factory=dict)
     magnitude: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    tolerance: Any = ()  # Mapping[str, OutputTolerance] in; sorted pairs after __post_init__
     reference: str = "reference"
     planted: Any = ()  # Iterable[PlantedBug] in, Mapping[str, PlantedBug] after __post_init__
     expected_failures: Any = ()  # Iterable[ExpectedFailure] in, Mapping[str, ExpectedFailure] after
@@ -128,6 +134,15 @@ class Target:
             if not callable(pred):
                 raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
         object.__setattr__(self, "gradients", tuple(self.gradients))
+        tol = per_output_tolerances(self.tolerance, f"Target {self.name!r}: tolerance")
+        object.__setattr__(self, "tolerance", tol)
+        if not callable(self.outputs):
+            bad = [o for o, _ in tol if o not in self.outputs]
+            if bad:
+                raise TargetError(
+                    f"Target {self.name!r}: tolerance names {bad[0]!r}, which is not an output; "
+                    f"outputs are {sorted(self.outputs)}"
+                )
         if not callable(self.outputs):
             unknown = [g for g in self.gradients if g not in self.outputs]
             if unknown:

@@ -134,7 +134,7 @@ def _judge_on_rank0(
     except Finding as f:
         print(f"FAIL ({f.kind})\n{f.report}")
         return 1
-    print(f"PASS: worst error/tolerance {ratio:.3g} ({runner.config.tolerance.describe()})")
+    print(f"PASS: worst error/tolerance {ratio:.3g} ({runner.tolerance.describe(case.dtype)})")
     return 0
 
 

@@ -1,8 +1,11 @@
 import math
 
+import pytest
 import torch
 
-from shardfuzz.compare import Tolerance, compare_tensor
+from shardfuzz.compare import compare_tensor
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 
 def _cmp(actual, expected, bound=1e-6):
@@ -25,15 +28,71 @@ def test_nan_and_inf_policy():
     assert _cmp([float("inf")], [1.0]).max_ratio == math.inf
 
 
-def test_bound_scales_with_dtype_noise_and_magnitude():
+def test_bound_follows_noise_rerun_and_floor():
     tol = Tolerance()
     ref = torch.tensor([1.0, 0.0], dtype=torch.float64)
     low = torch.tensor([1.0, 0.0], dtype=torch.float32)
-    b32 = tol.bound(ref, low, None, "float32", 2)
-    b16 = tol.bound(ref, low, None, "bfloat16", 2)
-    assert (b16 > 1000 * b32).all()
-    # a cancelling element: the result is 0 but its terms were large
-    mag = torch.tensor([1.0, 100.0], dtype=torch.float64)
-    assert tol.bound(ref, low, mag, "float32", 2)[1] > 50 * b32[1]
+    quiet = torch.zeros(2, dtype=torch.float64)
+    b32 = tol.bound(ref, low, quiet, None, "float32", 2)
+    b16 = tol.bound(ref, low, quiet, None, "bfloat16", 2)
+    assert (b16 > 1000 * b32).all()  # the floor is in units of the case dtype's roundoff
+    # the floor: 2 u rms(ref) on every element, the exact zero included
+    assert torch.allclose(b32, torch.full((2,), 2 * 2.0**-24 * math.sqrt(0.5), dtype=torch.float64))
+    # a noisy element (a cancellation the Monte-Carlo samples saw) gets 4x its noise
+    noise = torch.tensor([0.0, 1e-3], dtype=torch.float64)
+    assert tol.bound(ref, low, noise, None, "float32", 2)[1] >= 4e-3
+    # an element whose samples fell small gets the output's median noise
+    noise = torch.tensor([1e-3, 0.0, 1e-3], dtype=torch.float64)
+    ref3 = torch.ones(3, dtype=torch.float64)
+    assert tol.bound(ref3, ref3.float(), noise, None, "float32", 2)[1] >= 4e-3
+    # the case-dtype rerun's own error counts twice
     noisy = torch.tensor([1.001, 0.0], dtype=torch.float32)
-    assert tol.bound(ref, noisy, None, "float32", 2)[0] >= 4 * 0.00099
+    assert tol.bound(ref, noisy, quiet, None, "float32", 2)[0] >= 2 * 0.00099
+    # an output that is exactly 0 everywhere takes its floor from the case's scale
+    zeros = torch.zeros(2, dtype=torch.float64)
+    assert (
+        tol.bound(zeros, zeros.float(), quiet, None, "bfloat16", 2, case_scale=3.0) >= 2 * 2.0**-8 * 3.0
+    ).all()
+    # a hand-written magnitude replaces the output's scale in the floor
+    mag = torch.tensor([1.0, 100.0], dtype=torch.float64)
+    assert tol.bound(ref, low, quiet, mag, "float32", 2)[1] > 50 * b32[1]
+
+
+def test_legacy_model_is_kept_for_comparison():
+    tol = Tolerance(noise_model="dtype-rerun")
+    ref = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    low = torch.tensor([1.0, 0.0], dtype=torch.float32)
+    b32 = tol.bound(ref, low, None, None, "float32", 2)
+    assert b32[0] == 4 * 4 * 2.0**-24 * (1 + math.sqrt(0.5)) + torch.finfo(torch.float32).tiny
+
+
+def test_output_tolerance_parse_and_bound():
+    t = OutputTolerance.parse("rtol:1e-3, atol:1e-5")
+    assert (t.rtol, t.atol) == (1e-3, 1e-5)
+    assert OutputTolerance.parse("atol:0.5") == OutputTolerance(atol=0.5)
+    for bad in ("rtol=1", "rtol:x", "rtol:1,rtol:2", "ptol:1", "rtol:-1", "atol:inf"):
+        with pytest.raises(ValueError, match=r"rtol|atol"):
+            OutputTolerance.parse(bad)
+    assert torch.equal(
+        t.bound(torch.tensor([-2.0, 0.0], dtype=torch.float64)),
+        torch.tensor([1e-5 + 2e-3, 1e-5], dtype=torch.float64),
+    )
+    with pytest.raises(InvalidArgument, match="per_output"):
+        Tolerance(per_output={"y": 3})
+    with pytest.raises(InvalidArgument, match="noise_model='x'"):
+        Tolerance(noise_model="x")
+
+
+def test_report_of_worst_elements_names_a_cancellation():
+    e = torch.tensor([1e-6, 1.0], dtype=torch.float64)
+    a = torch.tensor([1e-3, 1.0])
+    bound = torch.full_like(e, 1e-5)
+    noise = torch.tensor([2.0**-24 * 0.5, 2.0**-24], dtype=torch.float64)
+    rd = compare_tensor(a, e, bound, 0, lambda i: i, noise, 2.0**-24)
+    assert rd.bad == 1 and len(rd.worst) == 1
+    text = rd.worst[0].describe()
+    assert "vs expected 1e-06" in text and "noise estimate" in text and "a cancellation" in text
+    assert (
+        "cancellation"
+        not in compare_tensor(a, e * 0 + 1e-3 + 1, bound, 0, lambda i: i, noise, 2.0**-24).worst[0].describe()
+    )

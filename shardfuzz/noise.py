@@ -1,0 +1,279 @@
+"""The rounding-noise model: how far a correct implementation in the case dtype may land from the
+float64 oracle, per output element, estimated by Monte Carlo arithmetic on the oracle itself.
+
+The oracle runs ``samples`` more times in float64 under :class:`RoundingNoise`, a
+``TorchDispatchMode`` that adds to each floating result a random error of the size a rounding in the
+case dtype could make there, ``u * scale * xi`` with ``xi`` uniform in [-1, 1]:
+
+* an elementwise op: ``scale = |result|`` (one rounding);
+* a sum-like op (sum, mean, matmul, add, sub, addcmul, ...): ``scale`` is the op on the absolute
+  values of its operands, i.e. the sum of the |terms|, not of the result. A sharded implementation
+  rounds partial sums, each bounded by that, in another order, so cancellation is covered. Real
+  reductions (sum, mean, matmul, ...) are scaled by ``sqrt(W + 1)`` more: ``W`` partial sums and an
+  all-reduce may each round;
+* fused ops (softmax, log-softmax, logsumexp, var/std, layer norm and its backward, scaled-dot-
+  product attention and its backward) have rules of their own in :mod:`shardfuzz.noise_rules`;
+* data movement and exact ops (views, copies, indexing, max, where, ...) are left alone.
+
+The perturbations propagate through the rest of the computation, backward included, so the
+spread of the ``samples`` results around the unperturbed float64 result (their root mean square)
+estimates the noise of each output element. Every draw is seeded from the case, so a verdict is
+the same on every run and on replay. float64 cases perturb at ``2^-30`` instead of ``2^-53``
+(which would mostly round away) and scale the spread back by ``2^-53 / 2^-30``, valid to first
+order. Where it can be wrong: an implementation that rounds far more often than the oracle's ops
+(e.g. a long sequential sum in low precision, or a blockwise algorithm whose intermediates dwarf
+the result) — the tolerance's floor (:class:`shardfuzz.Tolerance`) and the case-dtype rerun of
+the oracle cover part of that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shardfuzz.noise_rules import EXACT, REDUCTIONS, SPECIAL, SUM_LIKE
+from shardfuzz.tolerance import UNIT_ROUNDOFF
+
+if TYPE_CHECKING:
+    import torch
+
+#: every case perturbs at this unit and scales the spread back to its dtype's (first order): small
+#: enough to stay linear (a bf16-sized kick to a log-probability of -1e8 could overflow exp),
+#: large enough that float64 arithmetic does not round it away (2^-53 would)
+PERTURBATION_UNIT = 2.0**-30
+
+
+@dataclasses.dataclass(frozen=True)
+class OpKind:
+    """What the mode does with one aten overload (worked out once per overload)."""
+
+    base: str  # the packet name without a trailing "_"
+    skip: bool  # exact, a view, or not an aten op
+    written: tuple[tuple[int, str], ...]  # (position, name) of the arguments written in place
+    sum_like: bool
+    reduction: bool
+    rule: Callable[..., Any] | None
+
+
+_KINDS: dict[Any, OpKind] = {}
+
+
+def _kind(func: Any) -> OpKind:
+    kind = _KINDS.get(func)
+    if kind is None:
+        schema = getattr(func, "_schema", None)
+        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else ""
+        base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+        view = schema is None or any(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+        )
+        written = tuple(
+            (i, a.name)
+            for i, a in enumerate(schema.arguments if schema is not None else ())
+            if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
+        ) + tuple(
+            (-1, a.name)
+            for a in (schema.arguments if schema is not None else ())
+            if a.alias_info is not None and a.alias_info.is_write and a.kwarg_only
+        )
+        kind = OpKind(
+            base, base in EXACT or view, written, base in SUM_LIKE, base in REDUCTIONS, SPECIAL.get(base)
+        )
+        _KINDS[func] = kind
+    return kind
+
+
+@functools.cache
+def rounding_noise() -> type:
+    """The ``TorchDispatchMode`` class, built on first use (importing shardfuzz imports no torch)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class RoundingNoise(TorchDispatchMode):
+        """Adds a case-dtype-sized random rounding error to every float64 op result (see the module)."""
+
+        def __init__(self, u: float, seed: int, group_size: int) -> None:
+            super().__init__()
+            self.u = u
+            self.reduction_u = u * math.sqrt(group_size + 1)
+            self.gen = torch.Generator().manual_seed(seed)
+
+        def xi(self, like: torch.Tensor, u: float) -> torch.Tensor:
+            """Uniform in [-u, u], shaped like ``like`` (drawn on the CPU generator)."""
+            r = torch.empty(like.shape, dtype=torch.float64).uniform_(-u, u, generator=self.gen)
+            return r if like.device.type == "cpu" else r.to(like.device)
+
+        def noise(self, scale: torch.Tensor, u: float | None = None) -> torch.Tensor:
+            """``u * |scale| * xi``, xi uniform in [-1, 1]; no noise where the scale is not finite
+            (an infinite term: the result is infinite too, and inf - inf would make a NaN)."""
+            scale = torch.nan_to_num(scale.double().abs(), 0.0, 0.0, 0.0)
+            return scale * self.xi(scale, self.u if u is None else u)
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            kind = _kind(func)
+            if kind.skip or not _has_float64(args, kwargs):
+                return func(*args, **kwargs)
+            abs_args = abs_kwargs = None
+            if kind.sum_like:  # the op on |operands| (copies: an in-place op writes to them)
+                abs_args, abs_kwargs = _absolute(kind.base, args, kwargs)
+            out = func(*args, **kwargs)
+            written = _written(kind, args, kwargs)
+            u = self.reduction_u if kind.reduction else self.u
+            if kind.rule is not None:
+                try:
+                    result = kind.rule(self, func, args, kwargs, out)
+                except Exception:  # a case the rule does not know: fall back to the elementwise rule
+                    result = None
+                if result is not None:
+                    for t, r in zip(written, _flat(result)):  # in place: write the noise back
+                        t.copy_(r)
+                    return out if written else result
+            scales: list[Any] | None = None
+            if abs_args is not None and abs_kwargs is not None:
+                try:
+                    abs_out = _op_for_abs(func, kind.base)(*abs_args, **abs_kwargs)
+                    scales = _written(kind, abs_args, abs_kwargs) if written else _flat(abs_out)
+                except Exception:  # the |terms| run is not defined here: one rounding of the result
+                    scales = None
+            if written:  # in place: perturb what was written (the result aliases it)
+                for i, t in enumerate(written):
+                    if _perturbable(t):
+                        s = scales[i] if scales is not None else t
+                        t.add_(self.noise(s, u))
+                return out
+            if isinstance(out, torch.Tensor):
+                if not _perturbable(out):
+                    return out
+                s = scales[0] if scales else None
+                return out + self.noise(out if s is None else s, u)
+            if not isinstance(out, (tuple, list)):
+                return out
+            flat = list(out)
+            for i, t in enumerate(flat):
+                if _perturbable(t):
+                    s = scales[i] if scales is not None and i < len(scales) else None
+                    flat[i] = t + self.noise(t if s is None else s, u)
+            return type(out)(flat) if isinstance(out, list) else tuple(flat)
+
+    return RoundingNoise
+
+
+def _flat(x: Any) -> list[Any]:
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in (_flat(item) if isinstance(item, (tuple, list)) else [item])]
+    return [x]
+
+
+def _perturbable(t: Any) -> bool:
+    import torch
+
+    return isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.numel() > 0
+
+
+def _has_float64(args: tuple, kwargs: dict) -> bool:
+    import torch
+
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            if a.dtype == torch.float64:
+                return True
+        elif isinstance(a, (tuple, list)) and any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in a
+        ):
+            return True
+    return False
+
+
+def _written(kind: OpKind, args: tuple, kwargs: dict) -> list[Any]:
+    """The tensors an in-place or ``out=`` op writes to (flattened)."""
+    import torch
+
+    found: list[Any] = []
+    for i, name in kind.written:
+        value = args[i] if 0 <= i < len(args) else kwargs.get(name)
+        found.extend(t for t in _flat(value) if isinstance(t, torch.Tensor))
+    return found
+
+
+def _absolute(base: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Operands for the |terms| run: floating tensors and numeric scalars by absolute value (copies)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def a(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.abs() if x.is_floating_point() else x
+        if isinstance(x, float) or (isinstance(x, int) and not isinstance(x, bool) and base in _SCALED):
+            return abs(x)  # alpha, beta, value (int dims, e.g. -1, stay as they are)
+        return x
+
+    new_args, new_kwargs = tree_map(a, args), tree_map(a, kwargs)
+    if base == "rsub" and len(new_args) >= 2:  # other - alpha * self: the same terms as add
+        new_args = (new_args[1], new_args[0], *new_args[2:])
+    return tuple(new_args), dict(new_kwargs)
+
+
+#: sum-like ops whose int arguments are all scale factors (alpha, beta, value), none a dim
+_SCALED = frozenset(
+    """add sub rsub addcmul addcdiv addmm addmv addr baddbmm addbmm _foreach_add _foreach_sub
+    _foreach_addcmul _foreach_addcdiv""".split()
+)
+
+
+def _op_for_abs(func: Any, base: str) -> Callable[..., Any]:
+    """``sub`` and ``rsub`` add their |terms|; every other sum-like op is its own |terms| op."""
+    import torch
+
+    if base not in ("sub", "rsub"):
+        return func
+    inplace = func.overloadpacket.__name__.endswith("_")
+    packet = getattr(torch.ops.aten, "add_" if inplace else "add")
+    overload = func._overloadname if func._overloadname in packet.overloads() else "Tensor"
+    return getattr(packet, overload)
+
+
+# -- the estimate ---------------------------------------------------------------------------------
+def unit_for(dtype: str) -> tuple[float, float]:
+    """(perturbation unit, factor back to the case dtype's unit roundoff): every dtype perturbs at
+    ``PERTURBATION_UNIT`` and scales the spread back (first order)."""
+    return PERTURBATION_UNIT, UNIT_ROUNDOFF[dtype] / PERTURBATION_UNIT
+
+
+def sample_seed(case_seed: int, sample: int) -> int:
+    return (int(case_seed) * 1_000_003 + 7919 * (sample + 1)) % (2**63 - 1)
+
+
+def estimate(
+    run_oracle: Callable[[], dict[str, Any]],
+    ref: dict[str, Any],
+    dtype: str,
+    seed: int,
+    group_size: int,
+    samples: int,
+) -> dict[str, torch.Tensor]:
+    """Per floating output of ``ref``: the root mean square over ``samples`` perturbed float64
+    runs of ``run_oracle()`` (fresh inputs each time) of their distance to ``ref``, in the case
+    dtype's units. A non-finite sample element (an overflow the perturbation caused) counts 0."""
+    import torch
+
+    u, back = unit_for(dtype)
+    total: dict[str, torch.Tensor] = {}
+    for k in range(samples):
+        with rounding_noise()(u, sample_seed(seed, k), group_size):
+            got = run_oracle()
+        for name, r in ref.items():
+            g = got.get(name) if isinstance(got, dict) else None
+            if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(g, torch.Tensor)):
+                continue
+            if g.shape != r.shape:
+                continue
+            d = (g.detach().double() - r.double()).pow(2)
+            d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
+            total[name] = total[name] + d if name in total else d
+    return {name: (t / samples).sqrt() * back for name, t in total.items()}

@@ -1,0 +1,123 @@
+"""The rounding-noise model: it must cover what correct low-precision implementations really do,
+stay tight enough to see a 10% error in bfloat16, and give the same verdict on every run."""
+
+import torch
+import torch.nn.functional as F
+
+from shardfuzz.noise import estimate, rounding_noise
+from shardfuzz.tolerance import UNIT_ROUNDOFF, Tolerance
+
+
+def _noise(fn, inputs, dtype, group_size=2, seed=0, samples=4):
+    inputs64 = {k: v.double() for k, v in inputs.items()}
+    ref = {k: v.detach() for k, v in fn({k: v.clone() for k, v in inputs64.items()}).items()}
+    noise = estimate(
+        lambda: fn({k: v.clone() for k, v in inputs64.items()}), ref, dtype, seed, group_size, samples
+    )
+    return ref, noise
+
+
+def _bound(ref, noise, low, dtype, group_size=2):
+    return {k: Tolerance().bound(ref[k], low[k], noise[k], None, dtype, group_size) for k in ref}
+
+
+def test_same_case_same_noise_and_another_seed_another_draw():
+    x = torch.randn(5, 7)
+    fn = lambda d: {"y": (d["x"] @ d["x"].T).softmax(-1)}
+    a = _noise(fn, {"x": x}, "bfloat16", seed=3)[1]["y"]
+    b = _noise(fn, {"x": x}, "bfloat16", seed=3)[1]["y"]
+    c = _noise(fn, {"x": x}, "bfloat16", seed=4)[1]["y"]
+    assert torch.equal(a, b) and not torch.equal(a, c) and (a > 0).any()
+
+
+def test_row_parallel_sum_of_cancelling_bf16_partials_is_covered():
+    # each rank sums its rows in bf16; the partial sums nearly cancel: a correct implementation
+    # errs by a rounding of each partial, far more than a rounding of the (small) result
+    torch.manual_seed(0)
+    worst = 0.0
+    for trial in range(50):
+        half = torch.randn(3, 4).bfloat16()
+        x = torch.cat([half, -half + 0.01 * torch.randn(3, 4).bfloat16()])
+        fn = lambda d: {"mean": d["x"].mean(0)}
+        ref, noise = _noise(fn, {"x": x}, "bfloat16", group_size=2, seed=trial)
+        parts = [p.sum(0) for p in x.chunk(2)]  # in bf16, as the ranks do
+        sharded = ((parts[0] + parts[1]) / x.shape[0]).double()
+        low = {"mean": x.mean(0)}
+        bound = _bound(ref, noise, low, "bfloat16")["mean"]
+        worst = max(worst, float(((sharded - ref["mean"]).abs() / bound).max()))
+    assert worst < 1.0, worst
+
+
+def test_a_ten_percent_error_in_bf16_is_outside_the_bound():
+    torch.manual_seed(1)
+    x, w = torch.randn(8, 16).bfloat16(), torch.randn(16, 6).bfloat16()
+    fn = lambda d: {"y": F.gelu(d["x"] @ d["w"])}
+    ref, noise = _noise(fn, {"x": x, "w": w}, "bfloat16", group_size=4)
+    bound = _bound(ref, noise, {"y": F.gelu(x @ w)}, "bfloat16", group_size=4)["y"]
+    scale = float(ref["y"].abs().max())
+    assert float(bound.max()) < 0.05 * scale  # a 5%-of-scale error anywhere fails
+
+
+def test_float32_layer_norm_backward_by_hand_is_covered():
+    # a Megatron-style LayerNorm gradient written by hand in float32 against F.layer_norm's oracle
+    torch.manual_seed(2)
+    worst = 0.0
+    for trial in range(20):
+        x = (torch.randn(6, 32) * 3 + 50).requires_grad_()  # a large mean: the variance cancels
+        g = torch.randn(6, 32)
+
+        def fn(d):
+            xx = d["x"].clone().requires_grad_()
+            F.layer_norm(xx, (32,)).backward(d["g"])
+            return {"dx": xx.grad}
+
+        ref, noise = _noise(fn, {"x": x.detach(), "g": g}, "float32", seed=trial)
+        mu = x.mean(-1, keepdim=True)
+        xc = x - mu
+        rstd = (xc.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt()
+        xhat = xc * rstd
+        dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+        low = {"dx": fn({"x": x.detach(), "g": g})["dx"]}
+        bound = _bound(ref, noise, low, "float32")["dx"]
+        worst = max(worst, float(((dx.detach().double() - ref["dx"]).abs() / bound).max()))
+    assert worst < 1.0, worst
+
+
+def test_float64_cases_get_a_noise_at_float64_scale():
+    x = torch.randn(6, 6, dtype=torch.float64)
+    fn = lambda d: {"y": d["x"] @ d["x"]}
+    _, noise = _noise(fn, {"x": x}, "float64")
+    rel = float(noise["y"].max() / (x.abs() @ x.abs()).max())
+    assert 1e-18 < rel < 1e-14, rel  # about u = 2^-53 of the |terms|, not 0 and not 2^-30
+
+
+def test_exact_zero_output_gets_the_floor_of_the_case_scale():
+    tol = Tolerance()
+    zeros = torch.zeros(3, dtype=torch.float64)
+    bound = tol.bound(zeros, zeros.float(), zeros, None, "float32", 2, case_scale=10.0)
+    assert (bound >= 2 * UNIT_ROUNDOFF["float32"] * 10.0).all()
+    assert (bound < 1e-5).all()
+
+
+def test_fused_attention_layer_norm_and_softmax_rules_perturb_and_keep_autograd():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    mode = rounding_noise()(2.0**-8, 0, 2)
+    with mode:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.layer_norm(o, (4,), w).log_softmax(-1)
+        y.sum().backward()
+    clean = F.layer_norm(F.scaled_dot_product_attention(q, k, v, is_causal=True), (4,), w).log_softmax(-1)
+    assert y.shape == clean.shape and 0 < float((y - clean).detach().abs().max()) < 0.5
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v, w))
+
+
+def test_negative_dims_and_in_place_ops_are_handled():
+    x = torch.randn(4, 5, dtype=torch.float64)
+    with rounding_noise()(2.0**-8, 0, 2):
+        s = x.sum(-1)  # the |terms| run must keep dim=-1, not abs() it
+        acc = torch.zeros(4, dtype=torch.float64)
+        acc.add_(x[:, 0], alpha=-1)
+    assert s.shape == (4,) and torch.allclose(s, x.sum(-1), rtol=0.1, atol=0.1)
+    assert not torch.equal(acc, -x[:, 0]) and torch.allclose(acc, -x[:, 0], rtol=0.02)
