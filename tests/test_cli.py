@@ -66,6 +66,36 @@ def test_impl_by_reference_from_the_cli():
         (["fuzz", "tp_mlp", "--backend", "mpi"], "invalid choice: 'mpi'"),
         (["case", "tp_mlp", "Case(target='tp_mlp', world_size=2, mesh=(3,))"], "mesh=(3,) has 3 ranks"),
         (["fuzz", "missing_file.py"], "missing_file.py' does not exist"),
+        (
+            ["fuzz", EXAMPLE, "--tolerance", "out=rtol:abc"],
+            "--tolerance 'out=rtol:abc': rtol value 'abc' is not a number; expected OUTPUT=rtol:X,atol:Y",
+        ),
+        (["fuzz", EXAMPLE, "--tolerance", "rtol:1e-3"], "--tolerance 'rtol:1e-3': no OUTPUT="),
+        (["fuzz", EXAMPLE, "--tolerance", "mean=rtl:1"], "'rtl:1' is not rtol:X,atol:Y"),
+        (["fuzz", EXAMPLE, "--tolerance", "mean=atol:-1"], "atol=-1.0; must be a finite number >= 0"),
+        (
+            ["fuzz", EXAMPLE, "--tolerance", "men=rtol:1e-3"],
+            "--tolerance names output 'men', which target 'row_mean' does not have; its outputs are ['mean']",
+        ),
+        (
+            ["fuzz", EXAMPLE, "tp_mlp", "--tolerance", "men=rtol:1e-3"],
+            "which none of the targets has; outputs: row_mean: ['mean']; tp_mlp: ['grad_b1'",
+        ),
+        (
+            [
+                "case",
+                EXAMPLE,
+                "--tolerance",
+                "men=atol:1",
+                "Case(target='row_mean', world_size=1, mesh=(1,))",
+            ],
+            "--tolerance names output 'men'",
+        ),
+        (
+            ["fuzz", EXAMPLE, "--dtypes", "float32,float8"],
+            "--dtypes 'float32,float8': 'float8' is not a dtype; expected comma-separated dtypes from float32,",
+        ),
+        (["fuzz", EXAMPLE, "--dtypes", ","], "--dtypes ',': no dtype given"),
     ],
 )
 def test_usage_errors_exit_2_and_name_the_argument(args, message):
@@ -83,3 +113,44 @@ def test_infrastructure_failure_exits_3():
     out = cli("fuzz", "tp_mlp", "--backend", "nccl", "--world-sizes", "2", "--max-examples", "2")
     assert out.returncode == 3, out.stdout + out.stderr
     assert "the fuzzer itself failed" in out.stderr and "one CUDA device per rank" in out.stderr
+
+
+def test_tolerance_flags_repeat_and_the_last_for_an_output_wins():
+    from shardfuzz import OutputTolerance, Tolerance
+    from shardfuzz.cli import _config
+    from shardfuzz.cli_args import build_parser
+
+    argv = [
+        "--tolerance",
+        "y=rtol:1e-3",
+        "--tolerance",
+        "grad_x=atol:2",
+        "--tolerance",
+        "y=rtol:0.5,atol:1e-5",
+    ]
+    args = build_parser().parse_args(["fuzz", "tp_mlp", "--dtypes", "float64,bfloat16", *argv])
+    config = _config(args, dtypes=args.dtypes)
+    assert config.dtypes == ("float64", "bfloat16")
+    assert config.tolerance == Tolerance(
+        per_output={"y": OutputTolerance(rtol=0.5, atol=1e-5), "grad_x": OutputTolerance(atol=2.0)}
+    )
+    for command in (["case", "tp_mlp", "Case()"], ["replay", "f.json"]):  # every command that runs cases
+        assert build_parser().parse_args([*command, *argv]).tolerance[-1][0] == "y"
+
+
+def test_dtypes_and_tolerance_flags_reach_the_run_and_replay(tmp_path):
+    """bf16 only, and a per-output tolerance: absurdly tight finds a "mismatch" in the correct
+    reference; a loose one passes, and replays the failure file as passing."""
+    common = [EXAMPLE, "--dtypes", "bfloat16", "--profile", "shardfuzz-ci", "--failures-dir", str(tmp_path)]
+    tight = cli("fuzz", *common, "--tolerance", "mean=rtol:0,atol:0", "--max-examples", "30")
+    assert tight.returncode == 1, tight.stdout + tight.stderr
+    assert "(dtypes bfloat16; tolerance mean=rtol:0.0,atol:0.0) ..." in tight.stdout
+    assert "dtype='bfloat16'" in tight.stdout and "mismatched elements" in tight.stdout
+    loose = cli("fuzz", *common, "--tolerance", "mean=rtol:1,atol:1", "--max-examples", "10")
+    assert loose.returncode == 0, loose.stdout + loose.stderr
+    last = [line for line in loose.stdout.splitlines() if "row_mean/reference: 10 examples" in line][-1]
+    assert "bfloat16 100%" in last  # every case drawn was bf16
+    again = cli("replay", str(tmp_path), "--tolerance", "mean=rtol:1,atol:1")
+    assert again.returncode == 0 and "now passes" in again.stdout, again.stdout + again.stderr
+    bad = cli("replay", str(tmp_path), "--tolerance", "nope=rtol:1")
+    assert bad.returncode == 2 and "--tolerance names output 'nope'" in bad.stderr

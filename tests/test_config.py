@@ -111,3 +111,78 @@ def test_derived_target_resolves_its_implementations_in_the_callers_module():
         f"{DERIVED}::my_tp_broken", "broken", profile="shardfuzz-ci", database=None, max_examples=30
     )
     assert bad.found and bad.kind == "mismatch" and bad.case.world_size == 2
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(DATA)), "examples", "mean_target.py")
+
+
+def test_tolerance_is_a_policy_or_per_output_overrides_on_the_default():
+    from shardfuzz import OutputTolerance, Tolerance
+
+    cfg = RunConfig(tolerance={"a": OutputTolerance(rtol=1e-3), "b": {"atol": 1e-5}, "c": (0.5, 1)})
+    assert cfg.tolerance == Tolerance().with_overrides(
+        {"a": OutputTolerance(1e-3, 0), "b": OutputTolerance(0, 1e-5), "c": OutputTolerance(0.5, 1.0)}
+    )
+    assert cfg.tolerance.noise_model == Tolerance().noise_model  # the default policy for the rest
+    assert RunConfig.from_json(cfg.to_json()) == cfg  # how --jobs children get it
+    policy = Tolerance(noise_model="dtype-rerun", per_output={"a": (0, 1)})
+    assert RunConfig(tolerance=policy).tolerance is policy
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (3, "tolerance=3; must be a shardfuzz.Tolerance, or a mapping of output names"),
+        ("y=rtol:1", "tolerance='y=rtol:1'; must be a shardfuzz.Tolerance"),
+        ({"y": "x"}, "tolerance['y']='x'"),
+        ({"y": {"rtl": 1}}, "tolerance['y']={'rtl': 1}"),
+        ({"y": (-1, 0)}, "tolerance['y']=(-1, 0): rtol=-1; must be a finite number >= 0"),
+        ({"y": (0, 1, 2)}, "tolerance['y']=(0, 1, 2)"),
+        ({1: (0, 1)}, "its keys must be output names, got 1"),
+    ],
+)
+def test_bad_tolerance_is_a_named_error(value, message):
+    with pytest.raises(InvalidArgument) as e:
+        RunConfig(tolerance=value)
+    assert message in str(e.value)
+    with pytest.raises(InvalidArgument) as e:
+        shardfuzz.run(TOY, tolerance=value)
+    assert message in str(e.value)
+
+
+def test_tolerance_must_name_an_output_of_the_target():
+    with pytest.raises(InvalidArgument, match=r"tolerance names output 'totl', which target 'toy' does not"):
+        shardfuzz.run(TOY, tolerance={"totl": (0, 1)})
+    with pytest.raises(InvalidArgument, match="names output 'totl'"):
+        shardfuzz.run(TOY, config=RunConfig(tolerance={"totl": (0, 1)}))
+    # outputs that depend on the case: any name may be one of them, so none is refused
+    from types import SimpleNamespace
+
+    from shardfuzz.config import check_tolerance_outputs
+    from shardfuzz.tolerance import Tolerance
+
+    varying = SimpleNamespace(name="v", outputs=lambda case: {})
+    check_tolerance_outputs([varying], Tolerance(per_output={"anything": (0, 1)}), "tolerance")
+
+
+def test_run_applies_a_per_output_tolerance():
+    """An absurdly tight fixed tolerance makes the correct reference "fail" in bf16; a loose one passes."""
+    from shardfuzz import OutputTolerance
+
+    kw = dict(profile="shardfuzz-ci", database=None, dtypes=("bfloat16",))
+    tight = shardfuzz.run(EXAMPLE, max_examples=30, tolerance={"mean": OutputTolerance(rtol=0, atol=0)}, **kw)
+    assert tight.found and tight.kind == "mismatch" and tight.case.dtype == "bfloat16", tight.report
+    loose = shardfuzz.run(EXAMPLE, max_examples=10, tolerance={"mean": (1.0, 1.0)}, **kw)
+    assert not loose.found and loose.stats.triggers["bfloat16"] == loose.stats.examples == 10
+
+
+def test_a_mismatch_under_a_per_output_tolerance_says_so():
+    tight = shardfuzz.run(
+        EXAMPLE, profile="shardfuzz-ci", database=None, max_examples=30, dtypes=("bfloat16",),
+        tolerance={"mean": (0, 0)},
+    )  # fmt: skip
+    assert tight.found and "except output 'mean': " in tight.report, tight.report
+    assert (
+        "(fixed per-output tolerance)" in tight.report
+        and "--tolerance mean=rtol:0.0,atol:0.0" in tight.report
+    )

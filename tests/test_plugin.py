@@ -66,6 +66,42 @@ def test_bad_option_values_are_usage_errors(run):
     result.stderr.fnmatch_lines(["*--shardfuzz-world-sizes='0,x'; expected comma-separated integers >= 1*"])
     result = run("--shardfuzz-backend=mpi")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = run("--shardfuzz-tolerance=out=rtol:abc")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*--shardfuzz-tolerance 'out=rtol:abc': rtol value 'abc' is not a number; expected OUTPUT=rtol:X,atol:Y*"
+        ]
+    )
+    result = run("--shardfuzz-dtypes=float32,fp8")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--shardfuzz-dtypes 'float32,fp8': 'fp8' is not a dtype*"])
+
+
+def test_dtypes_and_tolerance_options_are_applied_and_echoed(run):
+    """bf16 only with an absurdly tight fixed tolerance: the correct reference "fails"."""
+    result = run(
+        "--hypothesis-profile=ci", "--shardfuzz-dtypes=bfloat16", "--shardfuzz-tolerance=mean=atol:0", "-k", "reference"
+    )  # fmt: skip
+    result.stdout.fnmatch_lines(
+        ["*--shardfuzz-dtypes=bfloat16 --shardfuzz-tolerance=mean=rtol:0.0,atol:0.0*"]
+    )
+    result.assert_outcomes(failed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*dtype='bfloat16'*", "*mismatched elements*"])
+
+
+def test_a_tolerance_for_no_output_of_the_targets_tested_is_a_usage_error(run):
+    result = run(
+        "--hypothesis-profile=ci", "--shardfuzz-dtypes=float64", "--shardfuzz-tolerance=mean=rtol:1,atol:1",
+        "--shardfuzz-tolerance=maen=rtol:1", "-k", "reference",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, deselected=2)  # the loose 'mean' tolerance applied
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines(
+        [
+            "*shardfuzz: error: --shardfuzz-tolerance names output 'maen', which target 'row_mean' does not have*"
+        ]
+    )
 
 
 def test_help_lists_the_option_group(run):
