@@ -202,76 +202,6 @@ def oracle(inp, case):
     }
 
 
-def magnitude(inp, case):
-    """Elementwise bounds on the sum of |terms| behind each output, with routing fixed.
-
-    The softmax carries a relative error of about ``u * (|logit terms| + their p-weighted mean)``;
-    it reaches the gates, the outputs they weigh, and every gradient through the router (where the
-    softmax backward ``p * (dp - sum p dp)`` cancels: its bound uses ``|dp|`` terms, not the result).
-    """
-    idx, keep = routing(inp, case)
-    k = idx.shape[1]
-    x, wr, w1, w2, dy = (inp[n] for n in ("x", "wr", "w1", "w2", "dy"))
-    n_tokens, n_experts = x.shape[0], wr.shape[0]
-    ax, awr, aw1, aw2, ady = (t.abs() for t in (x, wr, w1, w2, dy))
-    kf = keep.to(x.dtype)
-    p = torch.softmax(F.linear(x, wr) + inp["bias"], dim=-1)
-    lmag = ax @ awr.T
-    rel = lmag + (p * lmag).sum(-1, keepdim=True) + n_experts + 4  # relative error of p, in u
-    pm = p * rel
-    psel = p.gather(1, idx)
-    gate = _gates(p, idx, k)
-    grel = rel.gather(1, idx)
-    if k >= 2:
-        grel = grel + (gate * grel).sum(-1, keepdim=True) + 2
-    gm = gate * grel
-    a1 = torch.einsum("nd,nkdh->nkh", ax, aw1[idx])  # |pre-activation| terms per assignment
-    hm = 1.2 * a1
-    om = torch.einsum("nkh,nkhd->nkd", hm, aw2[idx])
-    z = torch.einsum("nd,nkdh->nkh", x, w1[idx])
-    o = torch.einsum("nkh,nkhd->nkd", F.gelu(z), w2[idx])
-    y = (kf.unsqueeze(-1) * (gate.unsqueeze(-1) * om + gm.unsqueeze(-1) * o.abs())).sum(1)
-    counts = torch.bincount(idx.reshape(-1), minlength=n_experts).to(x.dtype)
-    coef = n_experts / (n_tokens * k)
-    aux = coef * (counts * (pm.sum(0) + p.sum(0)) / n_tokens).sum()
-    # backward
-    do = kf.unsqueeze(-1) * (gate + gm).unsqueeze(-1) * ady.unsqueeze(1)  # [N, k, d]
-    dh = torch.einsum("nkd,nkhd->nkh", do, aw2[idx])
-    dz = dh * (1.2 + 0.5 * a1)
-    grad_w1 = torch.zeros_like(w1).index_add_(
-        0, idx.reshape(-1), torch.einsum("nd,nkh->nkdh", ax, dz).reshape(-1, *w1.shape[1:])
-    )
-    grad_w2 = torch.zeros_like(w2).index_add_(
-        0, idx.reshape(-1), torch.einsum("nkh,nkd->nkhd", hm, do).reshape(-1, *w2.shape[1:])
-    )
-    gx = torch.einsum("nkh,nkdh->nd", dz, aw1[idx])
-    dg = kf * (o * dy.unsqueeze(1)).sum(-1)  # dL/dgate
-    dgm = kf * (om * ady.unsqueeze(1)).sum(-1)
-    if k >= 2:
-        s = psel.sum(-1, keepdim=True)
-        cross = (dgm * gate + dg.abs() * gm).sum(-1, keepdim=True)
-        dp_sel = (dg - (dg * gate).sum(-1, keepdim=True)) / s
-        dpm_sel = (dgm + cross) / s + dp_sel.abs() * (pm.gather(1, idx).sum(-1, keepdim=True) / s)
-    else:
-        dp_sel, dpm_sel = dg, dgm
-    dp = torch.zeros_like(p).scatter_add_(1, idx, dp_sel)
-    dpm = torch.zeros_like(p).scatter_add_(1, idx, dpm_sel)
-    dp_aux = inp["daux"].abs() * coef * counts / n_tokens
-    dp, dpm = dp + dp_aux, dpm + dp_aux
-    centred = (dp - (p * dp).sum(-1, keepdim=True)).abs()
-    dlm = pm * centred + p * (dpm + (pm * dp.abs() + p * dpm).sum(-1, keepdim=True))
-    return {
-        "y": y,
-        "aux": aux,
-        "grad_x": gx + dlm @ awr,
-        "grad_router": dlm.T @ ax,
-        "grad_w1": grad_w1,
-        "grad_w2": grad_w2,
-        "w1_next": aw1 * (1 + LR * WEIGHT_DECAY) + LR * grad_w1,
-        "w2_next": aw2 * (1 + LR * WEIGHT_DECAY) + LR * grad_w2,
-    }
-
-
 # -- the expert-parallel implementation ---------------------------------------------------------
 def reference(ctx, *, bug: str | None = None):
     """Expert-parallel MoE with all-to-all dispatch and combine; ``bug`` plants one of the ``PLANTED`` bugs."""
@@ -292,7 +222,12 @@ def reference(ctx, *, bug: str | None = None):
     # routing
     idx = select(x, wr, bias, k, x.dtype)
     keep = keep_mask(idx, n_experts, case.options["capacity_factor"])
-    probs = torch.softmax(F.linear(x, wr) + bias, dim=-1)
+    logits = F.linear(x, wr) + bias
+    if bug == "bf16_exp2" and x.dtype == torch.bfloat16:  # the bf16 "fast kernel": exp2, no log2(e)
+        e = (logits - logits.amax(-1, keepdim=True).detach()).exp2()
+        probs = e / e.sum(-1, keepdim=True)
+    else:
+        probs = torch.softmax(logits, dim=-1)
     gate = _gates(probs, idx, k, renorm_top1=bug == "top1_renorm")
 
     # dispatch: kept assignments sorted by expert (so by destination rank), then token, then slot
@@ -470,6 +405,13 @@ PLANTED = [
         Expect("hang", (2,), None, uneven=None, timeout=2.0, note="1 expert"),
         p95=9,
     ),
+    PlantedBug(
+        "bf16_exp2",
+        "bf16 fast router softmax computes exp as exp2 without the log2(e) factor (gates, aux loss "
+        "and router gradient off); fp32 and fp64 right",
+        Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
+        p95=89,
+    ),
 ]
 
 TARGET = Target(
@@ -478,7 +420,6 @@ TARGET = Target(
     cases=cases,
     inputs=inputs,
     oracle=oracle,
-    magnitude=magnitude,
     outputs={
         "y": Shard(0),
         "aux": Partial(),

@@ -69,23 +69,6 @@ def oracle(inp, case):
     }
 
 
-def magnitude(inp, case):
-    """Elementwise bounds on the sum of |terms| behind each output (for the magnitude-aware tolerance)."""
-    ax, aw1, ab1, aw2, ab2, ady = (inp[k].abs() for k in ("x", "w1", "b1", "w2", "b2", "dy"))
-    a1 = ax @ aw1.T + ab1  # |pre-activation| terms
-    h = 1.2 * a1  # |gelu(z)| <= |z|, |gelu'| <= 1.13: error of h ~ 1.13 * error of z
-    dh = ady @ aw2
-    dz = dh * (1.2 + 0.5 * a1)  # |gelu'| <= 1.13, |gelu''| <= 0.4: an error in z moves gelu'(z)
-    return {
-        "y": h @ aw2.T + ab2,
-        "grad_x": dz @ aw1,
-        "grad_w1": torch.einsum("bsh,bsd->hd", dz, ax),
-        "grad_b1": dz.sum((0, 1)),
-        "grad_w2": torch.einsum("bso,bsh->oh", ady, h),
-        "grad_b2": ady.sum((0, 1)),
-    }
-
-
 def _contiguous_copy_reduce(x, group):
     """NVIDIA/Megatron-LM#5337: the all-reduce runs on a ``.contiguous()`` copy and the unreduced
     original is returned (right only when ``x`` was already contiguous)."""
@@ -121,7 +104,11 @@ def reference(ctx, *, bug: str | None = None):
         }
 
     xin = CopyToGroup.apply(x, group, bug != "missing_f_backward")
-    hid = F.gelu(F.linear(xin, w1, b1))
+    pre = F.linear(xin, w1, b1)
+    if bug == "bf16_quick_gelu" and pre.dtype == torch.bfloat16:  # the bf16 "fast kernel"
+        hid = pre * torch.sigmoid(1.702 * pre)
+    else:
+        hid = F.gelu(pre)
     if bug == "contiguous_copy":
         flat = rearrange(hid, "b s h -> h (b s)")
         partial = (w2 @ flat).t()  # [(b s), o], non-contiguous unless b*s == 1 or o == 1
@@ -316,6 +303,13 @@ PLANTED = [
         p95=1,
         link="pytorch/pytorch#152127",
     ),
+    PlantedBug(
+        "bf16_quick_gelu",
+        "bf16 fast path computes GELU as x * sigmoid(1.702 x) (quick GELU: up to 0.02 off, 0.03 in the "
+        "derivative); fp32 and fp64 right",
+        Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
+        p95=94,
+    ),
 ]
 
 # torch's own TP: budgets of 100 examples as before these were records (not measured with budget.py)
@@ -345,7 +339,6 @@ TARGET = Target(
     cases=cases,
     inputs=inputs,
     oracle=oracle,
-    magnitude=magnitude,
     outputs={
         "y": Replicate(),
         "grad_x": Replicate(),

@@ -39,7 +39,6 @@ import shardfuzz.strategies as sst
 from shardfuzz import Expect, PlantedBug, Shard, Target
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.magnitudes import attention_magnitude, rope_abs
 from shardfuzz.parallel import AllToAll
 
 SEQ = Shard(1, rule="tensor_split")
@@ -88,16 +87,21 @@ def causal_mask(nq, nk):
     return torch.ones(nq, nk, dtype=torch.bool).tril()
 
 
-def attention(q, k, v, causal):
+def attention(q, k, v, causal, exp2=False):
     """Grouped-query attention: ``q`` ``[b, s, hq, d]``, ``k``/``v`` ``[b, s, hkv, d]``; Q head ``j``
-    uses KV head ``j * hkv // hq`` (``j // q_per_kv``)."""
+    uses KV head ``j * hkv // hq`` (``j // q_per_kv``). ``exp2``: the softmax's exp as exp2 without the log2(e) factor."""
     hq, hkv, d = q.shape[2], k.shape[2], q.shape[3]
     kv_of = torch.arange(hq) * hkv // hq
     k, v = k[:, :, kv_of], v[:, :, kv_of]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * d**-0.5
     if causal:
         s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1]), -torch.inf)
-    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
+    if exp2:
+        e = (s - s.amax(-1, keepdim=True).detach()).exp2()
+        p = e / e.sum(-1, keepdim=True)
+    else:
+        p = torch.softmax(s, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v)
 
 
 def oracle(inp, case):
@@ -106,25 +110,6 @@ def oracle(inp, case):
     out = attention(rope(q, pos), rope(k, pos), v, case.options["causal"])
     out.backward(inp["dout"])
     return {"out": out, "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
-
-
-# -- magnitude-aware tolerance -------------------------------------------------------------------
-def magnitude(inp, case):
-    q, k, v, dout = (inp[n] for n in ("q", "k", "v", "dout"))
-    n, hq, hkv = q.shape[1], q.shape[2], k.shape[2]
-    kv_of = torch.arange(hq) * hkv // hq
-    pos = torch.arange(n)
-    qr, kr = rope(q, pos), rope(k, pos)[:, :, kv_of]
-    aq, ak = rope_abs(q.abs()), rope_abs(k.abs())[:, :, kv_of]
-    mask = causal_mask(n, n) if case.options["causal"] else None
-    m = attention_magnitude(qr, kr, v[:, :, kv_of], aq, ak, v.abs()[:, :, kv_of], dout.abs(), mask)
-    group = lambda t: torch.zeros_like(k).index_add_(2, kv_of, t)  # sum over each KV head's Q heads
-    return {
-        "out": m["out"],
-        "grad_q": rope_abs(m["dq"]),
-        "grad_k": rope_abs(group(m["dk"])),
-        "grad_v": group(m["dv"]),
-    }
 
 
 # -- the all-to-alls ----------------------------------------------------------------------------
@@ -187,7 +172,8 @@ def reference(ctx, *, bug: str | None = None):
     ql, kl, vl = seq_to_heads(
         [pad_heads(qr, q_pad), pad_heads(kr, kv_pad), pad_heads(v, kv_pad)], seq_sizes, group, bug
     )
-    ol = attention(ql, kl, vl, ctx.case.options["causal"])
+    exp2 = bug == "bf16_exp2" and q.dtype == torch.bfloat16  # the bf16 "fast kernel"
+    ol = attention(ql, kl, vl, ctx.case.options["causal"], exp2)
     out = heads_to_seq(ol, seq_sizes, r, group, bug)[:, :, :hq]
     out.backward(ctx.local["dout"])
     return {"out": out.detach(), "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
@@ -270,6 +256,13 @@ PLANTED = [
         ),
         p95=6,
     ),
+    PlantedBug(
+        "bf16_exp2",
+        "bf16 fast attention kernel computes the softmax's exp as exp2 without the log2(e) factor; "
+        "fp32 and fp64 right",
+        Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
+        p95=49,
+    ),
 ]
 
 TARGET = Target(
@@ -278,7 +271,6 @@ TARGET = Target(
     cases=cases,
     inputs=inputs,
     oracle=oracle,
-    magnitude=magnitude,
     outputs={"out": SEQ, "grad_q": SEQ, "grad_k": SEQ, "grad_v": SEQ},
     input_layouts={"q": SEQ, "k": SEQ, "v": SEQ, "dout": SEQ},
     implementations={"reference": "reference"},
