@@ -37,6 +37,7 @@ import collections
 import dataclasses
 import math
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -229,6 +230,8 @@ def cmd_power(args: Any) -> int:
         target = get_target(name)
         streams = {d: CaseStream(target.strategy(None, (d,)), args.seed) for d in dtypes}
         for bug_name, bug in target.planted.items():
+            if bug.expect.kind not in args.kinds.split(",") or re.search(args.exclude, bug_name):
+                continue
             timeout = bug.expect.timeout
             f64 = CaptureRunner(target, bug_name, make_config("dtype-rerun", timeout))
             low = Runner(target, bug_name, make_config(args.model, timeout))
@@ -374,6 +377,16 @@ def main(argv=None) -> int:
     pw.add_argument("--effective", type=int, default=200, help="stop a bug/dtype after N effective cases")
     pw.add_argument("--max-cases", type=int, default=2000, help="... or after M drawn cases")
     pw.add_argument("--dtypes", default="float32,bfloat16,float64")
+    pw.add_argument(
+        "--kinds",
+        default="mismatch",
+        help="planted bugs whose expected finding is one of these (comma-separated)",
+    )
+    pw.add_argument(
+        "--exclude",
+        default="^bf16_",
+        help="skip bugs matching this regex (default: the bf16-only ones, never effective: their float64 run is the reference)",
+    )
     fp = sub.add_parser("false-positives", help="failures of the references (every case run)")
     fp.add_argument("targets", nargs="*", help="target names or file.py paths (default: all built-ins)")
     fp.add_argument("--examples", type=int, default=500)

@@ -18,12 +18,12 @@ case dtype could make there, ``u * scale * xi`` with ``xi`` uniform in [-1, 1]:
 The perturbations propagate through the rest of the computation, backward included, so the
 spread of the ``samples`` results around the unperturbed float64 result (their root mean square)
 estimates the noise of each output element. Every draw is seeded from the case, so a verdict is
-the same on every run and on replay. float64 cases perturb at ``2^-30`` instead of ``2^-53``
-(which would mostly round away) and scale the spread back by ``2^-53 / 2^-30``, valid to first
-order. Where it can be wrong: an implementation that rounds far more often than the oracle's ops
-(e.g. a long sequential sum in low precision, or a blockwise algorithm whose intermediates dwarf
-the result) — the tolerance's floor (:class:`shardfuzz.Tolerance`) and the case-dtype rerun of
-the oracle cover part of that.
+the same on every run and on replay. The perturbations are applied at ``PERTURBATION_UNIT``
+(2^-30) and the spread is scaled back to the case dtype's unit roundoff, valid to first order:
+2^-53 would round away in float64 arithmetic, and a bf16-sized kick can overflow an ``exp``. Where
+it can be wrong: an implementation that rounds far more often than the oracle's ops (e.g. a long
+sequential sum in low precision, or a blockwise algorithm whose intermediates dwarf the result) --
+the tolerance's floor (:class:`shardfuzz.Tolerance`) and the case-dtype rerun cover part of that.
 """
 
 from __future__ import annotations
@@ -107,10 +107,19 @@ def rounding_noise() -> type:
             return r if like.device.type == "cpu" else r.to(like.device)
 
         def noise(self, scale: torch.Tensor, u: float | None = None) -> torch.Tensor:
-            """``u * |scale| * xi``, xi uniform in [-1, 1]; no noise where the scale is not finite
-            (an infinite term: the result is infinite too, and inf - inf would make a NaN)."""
-            scale = torch.nan_to_num(scale.double().abs(), 0.0, 0.0, 0.0)
+            """``u * |scale| * xi``, xi uniform in [-1, 1] (symmetric: the sign of ``scale`` does
+            not matter); no noise where the scale is not finite (an infinite term: the result is
+            infinite too, and inf - inf would make a NaN)."""
+            scale = torch.nan_to_num(scale.double(), 0.0, 0.0, 0.0)
             return scale * self.xi(scale, self.u if u is None else u)
+
+        def perturb(self, t: torch.Tensor, scale: torch.Tensor | None, u: float) -> torch.Tensor:
+            """``t`` plus noise of ``scale`` (``None``: one rounding of ``t`` itself, ``t * (1 + xi)``,
+            which keeps an infinity infinite)."""
+            if scale is None:
+                r = torch.empty(t.shape, dtype=torch.float64).uniform_(1 - u, 1 + u, generator=self.gen)
+                return t * (r if t.device.type == "cpu" else r.to(t.device))
+            return torch.addcmul(t, torch.nan_to_num(scale, 0.0, 0.0, 0.0), self.xi(t, u))
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -144,21 +153,20 @@ def rounding_noise() -> type:
             if written:  # in place: perturb what was written (the result aliases it)
                 for i, t in enumerate(written):
                     if _perturbable(t):
-                        s = scales[i] if scales is not None else t
-                        t.add_(self.noise(s, u))
+                        t.copy_(self.perturb(t, scales[i] if scales is not None else None, u))
                 return out
             if isinstance(out, torch.Tensor):
                 if not _perturbable(out):
                     return out
-                s = scales[0] if scales else None
-                return out + self.noise(out if s is None else s, u)
+                return self.perturb(out, scales[0] if scales else None, u)
             if not isinstance(out, (tuple, list)):
                 return out
             flat = list(out)
             for i, t in enumerate(flat):
                 if _perturbable(t):
-                    s = scales[i] if scales is not None and i < len(scales) else None
-                    flat[i] = t + self.noise(t if s is None else s, u)
+                    flat[i] = self.perturb(
+                        t, scales[i] if scales is not None and i < len(scales) else None, u
+                    )
             return type(out)(flat) if isinstance(out, list) else tuple(flat)
 
     return RoundingNoise
@@ -204,16 +212,17 @@ def _written(kind: OpKind, args: tuple, kwargs: dict) -> list[Any]:
 def _absolute(base: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Operands for the |terms| run: floating tensors and numeric scalars by absolute value (copies)."""
     import torch
-    from torch.utils._pytree import tree_map
 
     def a(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return x.abs() if x.is_floating_point() else x
         if isinstance(x, float) or (isinstance(x, int) and not isinstance(x, bool) and base in _SCALED):
             return abs(x)  # alpha, beta, value (int dims, e.g. -1, stay as they are)
+        if isinstance(x, (list, tuple)):
+            return type(x)(a(v) for v in x)
         return x
 
-    new_args, new_kwargs = tree_map(a, args), tree_map(a, kwargs)
+    new_args, new_kwargs = tuple(a(v) for v in args), {k: a(v) for k, v in kwargs.items()}
     if base == "rsub" and len(new_args) >= 2:  # other - alpha * self: the same terms as add
         new_args = (new_args[1], new_args[0], *new_args[2:])
     return tuple(new_args), dict(new_kwargs)

@@ -16,6 +16,7 @@ are not compared.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +36,10 @@ class Expected:
     mag: dict[str, Any]  # the target's magnitudes (empty without one)
     inputs: dict[str, Any]  # the full inputs as built (failure files hash them)
     noise: dict[str, Any] = dataclasses.field(default_factory=dict)  # Monte-Carlo spread per output
-    case_scale: float = 0.0  # the largest rms over the case's floating inputs and outputs
+    case_scale: Any = (
+        0.0  # the largest rms over the case's floating inputs and outputs (a callable: on demand)
+    )
+    rng: Any = None  # the CPU RNG state the reference run started from (noise samples start there too)
 
 
 def _call(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
@@ -117,17 +121,34 @@ def evaluate_oracle(
         return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
 
     ref = detach(ref)
-    noise = {}
+    scale = functools.partial(_case_scale, inputs64, ref)  # needed only for an output that is 0 everywhere
+    expected = Expected(ref, detach(low), detach(mag), inputs, {}, functools.cache(scale), rng)
     if noise_samples:
+        estimate_noise(target, case, expected, noise_samples, wanted)
+    return expected
 
-        def rerun() -> dict[str, Any]:
-            torch.set_rng_state(rng)
-            with torch.enable_grad():
-                return _call(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
 
-        wanted_ref = {k: ref[k] for k in wanted}
-        noise = estimate(rerun, wanted_ref, case.dtype, case.seed, case.group_size, noise_samples)
-    return Expected(ref, detach(low), detach(mag), inputs, noise, _case_scale(inputs64, ref))
+def estimate_noise(
+    target: Any, case: Case, expected: Expected, samples: int, outputs: dict[str, Any] | None = None
+) -> None:
+    """Fill ``expected.noise``: each output's rounding noise (:mod:`shardfuzz.noise`), from
+    ``samples`` more float64 runs of the oracle that draw what the reference drew."""
+    import torch
+
+    inputs64 = {
+        k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+        for k, v in expected.inputs.items()
+    }
+
+    def rerun() -> dict[str, Any]:
+        if expected.rng is not None:
+            torch.set_rng_state(expected.rng)
+        with torch.enable_grad():
+            return _call(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
+
+    wanted = outputs if outputs is not None else target.outputs_for(case)
+    ref = {k: expected.ref[k] for k in wanted}
+    expected.noise = estimate(rerun, ref, case.dtype, case.seed, case.group_size, samples)
 
 
 def _fresh(inputs: dict[str, Any]) -> dict[str, Any]:

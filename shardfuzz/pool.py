@@ -163,6 +163,10 @@ class Pool:
         for c in self.conns:
             c.send(task)
 
+    def busy(self) -> bool:
+        """Some rank has not answered yet (the driver's time until then is free)."""
+        return not all(c.poll(0) for c in self.conns)
+
     def collect(self, window_s: float, cap_s: float | None = None, grace_s: float = 0.3) -> Outcome:
         """Wait for every rank. Returns soon after the first error or dead rank, or with a hang.
 

@@ -119,7 +119,7 @@ class Tolerance:
     rerun_factor: float = 2.0
     floor_factor: float = 2.0
     magnitude_factor: float = 4.0
-    samples: int = 4
+    samples: int = 3
     per_output: Any = ()  # Mapping[str, OutputTolerance] in; sorted pairs after __post_init__
 
     def __post_init__(self) -> None:
@@ -149,7 +149,7 @@ class Tolerance:
         mag: torch.Tensor | None,
         dtype: str,
         group_size: int,
-        case_scale: float = 0.0,
+        case_scale: Any = 0.0,
     ) -> torch.Tensor:
         """The elementwise bound on ``|actual - ref|`` for one output. ``noise``: the Monte-Carlo
         spread (``mca``); ``case_scale``: the scale of the case's values, the floor's scale for an
@@ -158,22 +158,23 @@ class Tolerance:
 
         u = UNIT_ROUNDOFF[dtype]
         tiny = float(torch.finfo(getattr(torch, dtype)).tiny)
-        rerun = _finite_or_zero((low.double() - ref).abs())
+        rerun = torch.nan_to_num((low.double() - ref).abs(), 0.0, 0.0, 0.0)
         if self.noise_model == "dtype-rerun":
             scale = mag.double().abs() if mag is not None else ref.abs().nan_to_num(0.0, 0.0, 0.0) + _rms(ref)
             return self.noise_factor * rerun + self.magnitude_factor * (2 + group_size) * u * scale + tiny
-        spread = _finite_or_zero(noise.double()) if noise is not None else torch.zeros_like(ref)
-        finite = spread[torch.isfinite(ref)]
-        if finite.numel():  # an element whose few samples all fell small gets the output's typical noise
-            spread = spread.clamp_min(float(finite.median()))
+        if mag is not None:
+            floor: Any = self.floor_factor * u * mag.double().abs() + tiny
+        else:
+            typical = _rms(ref) or (case_scale() if callable(case_scale) else case_scale)
+            floor = self.floor_factor * u * typical + tiny
+        if noise is None or noise.numel() == 0:
+            return self.rerun_factor * rerun + floor
+        spread = torch.nan_to_num(noise.double(), 0.0, 0.0, 0.0)
+        # an element whose few samples all fell small gets the output's typical noise
+        spread = spread.clamp_min(spread.median())
         if dtype == "float64":  # the rerun in the case dtype is the reference itself: the noise stands in
             rerun = spread
-        if mag is not None:
-            scale = mag.double().abs()
-        else:
-            scale = torch.full_like(ref, _rms(ref) or case_scale)
-        k = self.factor_for(dtype)
-        return k * spread + self.rerun_factor * rerun + self.floor_factor * u * scale + tiny
+        return self.factor_for(dtype) * spread + self.rerun_factor * rerun + floor
 
     def factor_for(self, dtype: str | None) -> float:
         """The factor on the noise estimate for a case dtype."""
@@ -197,15 +198,8 @@ class Tolerance:
         )
 
 
-def _finite_or_zero(t: torch.Tensor) -> torch.Tensor:
-    import torch
-
-    return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
-
-
 def _rms(t: torch.Tensor) -> float:
-    """Root mean square of the finite elements (0.0 for none)."""
+    """Root mean square over the elements (non-finite ones count 0; 0.0 for none)."""
     import torch
 
-    finite = t[torch.isfinite(t)]
-    return float(finite.double().pow(2).mean().sqrt()) if finite.numel() else 0.0
+    return float(torch.nan_to_num(t.double(), 0.0, 0.0, 0.0).pow(2).mean().sqrt()) if t.numel() else 0.0
