@@ -136,7 +136,8 @@ def float64_effect(verdict: Any, expected: Any) -> float:
         if isinstance(ref, torch.Tensor) and (ref.is_floating_point() or ref.is_complex()):
             finite = ref[torch.isfinite(ref)].abs()
             scale = float(finite.max()) if finite.numel() else 0.0
-            scale = scale or float(getattr(expected, "case_scale", 0.0) or 0.0)
+            case_scale = expected.case_scale() if callable(expected.case_scale) else expected.case_scale
+            scale = scale or float(case_scale or 0.0)
             err = max((r.max_abs for r in od.ranks), default=0.0)
             if err > 0:
                 worst = max(worst, err / scale if scale > 0 else math.inf)
