@@ -95,10 +95,15 @@ def rounding_noise() -> type:
     class RoundingNoise(TorchDispatchMode):
         """Adds a case-dtype-sized random rounding error to every float64 op result (see the module)."""
 
-        def __init__(self, u: float, seed: int, group_size: int) -> None:
+        def __init__(self, u: float, seed: int, group_size: int, case_u: float | None = None) -> None:
             super().__init__()
             self.u = u
             self.reduction_u = u * math.sqrt(group_size + 1)
+            #: the case dtype's unit roundoff (``u`` is the perturbation unit, scaled back later)
+            self.case_u = case_u or u
+            #: softmax statistics (max, logsumexp) are kept in float32 at least, as every fused
+            #: attention and cross-entropy kernel does: their rounding over a rounding in the case dtype
+            self.stat_ratio = min(1.0, UNIT_ROUNDOFF["float32"] / self.case_u)
             self.gen = torch.Generator().manual_seed(seed)
 
         def xi(self, like: torch.Tensor, u: float) -> torch.Tensor:
@@ -274,7 +279,7 @@ def estimate(
     u, back = unit_for(dtype)
     total: dict[str, torch.Tensor] = {}
     for k in range(samples):
-        with rounding_noise()(u, sample_seed(seed, k), group_size):
+        with rounding_noise()(u, sample_seed(seed, k), group_size, UNIT_ROUNDOFF[dtype]):
             got = run_oracle()
         for name, r in ref.items():
             g = got.get(name) if isinstance(got, dict) else None

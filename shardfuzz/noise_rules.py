@@ -73,16 +73,30 @@ def _softmax(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
     x, dim = b["self"], b["dim"]
     m = x.amax(dim, keepdim=True)
     # exp(x - max) errs by |x - max| roundings; an implementation that takes exp(x - lse) from a
-    # stored logsumexp also errs by the roundings of x and lse themselves (~|max|), saturated or not
-    z = _fin((x - m).abs()) + _fin(m.abs())
+    # stored logsumexp also errs by that statistic's rounding (_stat_error)
+    z = _fin((x - m).abs()) + _stat_error(mode, m, out.amax(dim, keepdim=True))
     return out + mode.noise(out * (1 + z), mode.reduction_u)
 
 
+def _stat_error(mode: Any, m: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
+    """The error, in roundings of the case dtype, of ``exp(x - lse)`` from a stored logsumexp:
+    ``lse`` (kept in float32 or wider) rounds on the scale of ``|max|``, but by no more than
+    ``1 - pmax``: where one term dominates, ``lse`` rounds to the max itself, exactly."""
+    import torch
+
+    return torch.minimum(_fin(m.abs()) * mode.stat_ratio, _fin(1 - pmax).clamp_min(0) / mode.case_u)
+
+
 def _log_softmax(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
-    x = b["self"]
-    # out = x - lse: an implementation may round x and lse (not just x - max) on their own scale
-    scale = _fin(x.abs()) + _fin((x - out).abs()) + _fin(out.abs())
-    return out + mode.noise(scale, mode.reduction_u)
+    import torch
+
+    x, dim = b["self"], b["dim"]
+    m = x.amax(dim, keepdim=True)
+    # out = (x - max) - log(sum): those roundings, plus a stored logsumexp's (_stat_error)
+    shifted = _fin((x - m).abs()) + _fin((x - out - m).abs()) + _fin(out.abs())
+    return out + mode.noise(
+        shifted + _stat_error(mode, m, torch.exp(out.amax(dim, keepdim=True))), mode.reduction_u
+    )
 
 
 def _logsumexp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
