@@ -74,8 +74,8 @@ def _softmax(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
     m = x.amax(dim, keepdim=True)
     # exp(x - max) errs by |x - max| roundings; an implementation that takes exp(x - lse) from a
     # stored logsumexp also errs by that statistic's rounding (_stat_error)
-    z = _fin((x - m).abs()) + _stat_error(mode, m, out.amax(dim, keepdim=True))
-    return out + mode.noise(out * (1 + z), mode.reduction_u)
+    row = _stat_error(mode, m, out.amax(dim, keepdim=True))  # one error for the whole row: correlated
+    return out + mode.noise(out * (1 + _fin((x - m).abs())), mode.reduction_u) + out * mode.noise(row)
 
 
 def _stat_error(mode: Any, m: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
@@ -94,9 +94,8 @@ def _log_softmax(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
     m = x.amax(dim, keepdim=True)
     # out = (x - max) - log(sum): those roundings, plus a stored logsumexp's (_stat_error)
     shifted = _fin((x - m).abs()) + _fin((x - out - m).abs()) + _fin(out.abs())
-    return out + mode.noise(
-        shifted + _stat_error(mode, m, torch.exp(out.amax(dim, keepdim=True))), mode.reduction_u
-    )
+    row = _stat_error(mode, m, torch.exp(out.amax(dim, keepdim=True)))  # one lse error per row
+    return out + mode.noise(shifted, mode.reduction_u) + mode.noise(row)
 
 
 def _logsumexp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,7 @@
 """The runner: one case of one (target, implementation, backend) on a warm pool, judged against the
-oracle. Statistics and the adaptive example timeout live here too.
-
-Leaks (global state an example left behind, see :mod:`shardfuzz.rank`) are not findings: the ranks
-restore what they can, the pool restarts when they cannot, and every leak is counted in
-``Stats.leaks``, printed in the summary, and appended to the report of a finding in the same example.
+oracle; statistics and the adaptive example timeout. Leaks (global state an example left behind,
+see :mod:`shardfuzz.rank`) are not findings: the ranks restore what they can, the pool restarts when
+they cannot, and every leak is counted, summarised, and appended to a finding's report.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from shardfuzz.config import RunConfig, check_world_size, env_int, format_tolera
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, TargetError, Unsupported
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
-from shardfuzz.judge import Verdict, judge
+from shardfuzz.judge import Verdict, judge, none_where_oracle_has_value
 from shardfuzz.oracle import Expected, estimate_noise, evaluate_oracle
 from shardfuzz.pool import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
@@ -80,8 +78,7 @@ class TimeoutPolicy:
 TIMEOUTS = TimeoutPolicy()
 #: exit codes of a rank killed by a signal that usually comes from outside (SIGKILL, SIGTERM)
 EXTERNAL_SIGNALS = (-signal.SIGKILL, -signal.SIGTERM)
-#: a passing verdict at most this close to the bound without the noise term needs no noise samples
-#: (low enough that a clean run's closest pass, usually above it, is an exact figure)
+#: a pass this far within the bound without the noise term needs no noise samples (see verdict)
 SURE_PASS = 0.25
 CORES = os.cpu_count() or 1
 
@@ -339,21 +336,13 @@ class Runner:
             r: list(rep.ignored_collectives) for r, rep in enumerate(replies) if rep.ignored_collectives
         }
         locals_ = [decode(rep.outputs) for rep in replies]
-        for r, out in enumerate(locals_):  # None where the oracle has a value breaks the contract
-            for name, value in out.items():
-                if value is None and expected.ref.get(name) is not None:
-                    raise TargetError(
-                        f"implementation {self.impl_name!r} returned None for output {name!r} on "
-                        f"{case.rank_label(r)}; the target's oracle gives a value there: return a tensor "
-                        "(zeros for a gradient that is unused), or have the oracle return None too"
-                    )
+        misuse = none_where_oracle_has_value(case, locals_, expected)
+        if misuse:  # None where the oracle has a value breaks the contract
+            raise TargetError(f"implementation {self.impl_name!r} {misuse}")
         outputs = self.target.outputs_for(case)
         verdict = judge(case, outputs, locals_, expected, self.tolerance, ignored)
-        # The noise term only widens the bound: a case that passes without it passes with it, at a
-        # ratio no higher. If that ratio is within SURE_PASS, or below the closest pass seen so far
-        # (which it then cannot raise), the noise samples (the model's cost) are skipped and the
-        # ratio reported is that upper bound. Every other verdict is made with the noise, so the
-        # run's closest pass stays exact.
+        # The noise only widens the bound: a pass without it within SURE_PASS, or below the closest
+        # pass so far, needs no samples (its ratio, an upper bound, cannot raise the closest pass)
         sure = verdict.passed and verdict.worst <= max(SURE_PASS, self.stats.worst_pass_ratio)
         if sure or self.tolerance.noise_model != "mca" or expected.noise or not verdict.diffs:
             return verdict
