@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 #: enough to stay linear (a bf16-sized kick to a log-probability of -1e8 could overflow exp),
 #: large enough that float64 arithmetic does not round it away (2^-53 would)
 PERTURBATION_UNIT = 2.0**-30
+#: full-scale samples draw from seeds this far from the first-order ones
+FULL_SCALE_SEEDS = 1_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,16 +272,21 @@ def estimate(
     seed: int,
     group_size: int,
     samples: int,
+    first: int = 0,
+    full_scale: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per floating output of ``ref``: the root mean square over ``samples`` perturbed float64
     runs of ``run_oracle()`` (fresh inputs each time) of their distance to ``ref``, in the case
-    dtype's units. A non-finite sample element (an overflow the perturbation caused) counts 0."""
+    dtype's units. A non-finite sample element (an overflow the perturbation caused) counts 0.
+    ``first``: the index of the first sample (its seed); ``full_scale``: perturb at the case
+    dtype's own unit, not to first order (sees a rounding that flips a sign or a branch)."""
     import torch
 
-    u, back = unit_for(dtype)
+    u, back = (UNIT_ROUNDOFF[dtype], 1.0) if full_scale else unit_for(dtype)
     total: dict[str, torch.Tensor] = {}
-    for k in range(samples):
-        with rounding_noise()(u, sample_seed(seed, k), group_size, UNIT_ROUNDOFF[dtype]):
+    for k in range(first, first + samples):
+        draw = sample_seed(seed, k + (FULL_SCALE_SEEDS if full_scale else 0))
+        with rounding_noise()(u, draw, group_size, UNIT_ROUNDOFF[dtype]):
             got = run_oracle()
         for name, r in ref.items():
             g = got.get(name) if isinstance(got, dict) else None
@@ -290,4 +297,4 @@ def estimate(
             d = (g.detach().double() - r.double()).pow(2)
             d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
             total[name] = total[name] + d if name in total else d
-    return {name: (t / samples).sqrt() * back for name, t in total.items()}
+    return {name: (t / max(samples, 1)).sqrt() * back for name, t in total.items()}

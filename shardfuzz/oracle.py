@@ -133,6 +133,40 @@ def estimate_noise(
 ) -> None:
     """Fill ``expected.noise``: each output's rounding noise (:mod:`shardfuzz.noise`), from
     ``samples`` more float64 runs of the oracle that draw what the reference drew."""
+    rerun, ref = _noise_runs(target, case, expected, outputs)
+    expected.noise = estimate(rerun, ref, case.dtype, case.seed, case.group_size, samples)
+
+
+def confirm_noise(
+    target: Any, case: Case, expected: Expected, tolerance: Any, outputs: dict[str, Any] | None = None
+) -> None:
+    """Widen ``expected.noise`` (from ``tolerance.samples`` runs) before a mismatch is reported:
+    the spread over ``confirm_samples`` more first-order runs pooled with the first (a few
+    samples can all fall small), or the spread of ``full_scale_samples`` runs perturbed at the
+    case dtype's own unit where that is larger (a rounding can flip a sign, which first order
+    misses: an AdamW update is ``lr * sign(g)`` where g cancels)."""
+    import torch
+
+    rerun, ref = _noise_runs(target, case, expected, outputs)
+    seen, more = tolerance.samples, tolerance.confirm_samples
+    first = dict(expected.noise)
+    pooled = estimate(rerun, ref, case.dtype, case.seed, case.group_size, more, first=seen)
+    full = estimate(
+        rerun, ref, case.dtype, case.seed, case.group_size, tolerance.full_scale_samples, full_scale=True
+    )
+    noise = {}
+    for name in set(first) | set(pooled) | set(full):
+        like = next(d[name] for d in (first, pooled, full) if name in d).double()
+        a, b, c = (d[name].double() if name in d else torch.zeros_like(like) for d in (first, pooled, full))
+        pooled_rms = ((seen * a.pow(2) + more * b.pow(2)) / max(seen + more, 1)).sqrt()
+        noise[name] = torch.maximum(pooled_rms, c)
+    expected.noise = noise
+
+
+def _noise_runs(
+    target: Any, case: Case, expected: Expected, outputs: dict[str, Any] | None
+) -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:
+    """A float64 rerun of the oracle from the reference's inputs and RNG, and the outputs to judge."""
     import torch
 
     inputs64 = {
@@ -147,8 +181,7 @@ def estimate_noise(
             return _call(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
 
     wanted = outputs if outputs is not None else target.outputs_for(case)
-    ref = {k: expected.ref[k] for k in wanted}
-    expected.noise = estimate(rerun, ref, case.dtype, case.seed, case.group_size, samples)
+    return rerun, {k: expected.ref[k] for k in wanted}
 
 
 def _fresh(inputs: dict[str, Any]) -> dict[str, Any]:

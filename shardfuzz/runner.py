@@ -13,17 +13,16 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
+from shardfuzz import registry
 from shardfuzz.case import Case
 from shardfuzz.config import RunConfig, check_world_size, env_int, format_tolerance
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, TargetError, Unsupported
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
 from shardfuzz.judge import Verdict, judge, none_where_oracle_has_value
-from shardfuzz.oracle import Expected, estimate_noise, evaluate_oracle
+from shardfuzz.oracle import Expected, confirm_noise, estimate_noise, evaluate_oracle
 from shardfuzz.pool import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
-from shardfuzz.registry import get_target
-from shardfuzz.registry import target_spec as full_target_spec
 from shardfuzz.report import Reporter
 from shardfuzz.spawn import hard_cap
 from shardfuzz.target import Target
@@ -111,11 +110,8 @@ class Stats:
 
     def summary(self) -> str:
         n = self.examples
-        trig = (
-            ", ".join(f"{k} {100.0 * v / n:.0f}%" for k, v in sorted(self.triggers.items()) if v > 0)
-            if n
-            else ""
-        )
+        shares = sorted((k, v) for k, v in self.triggers.items() if v > 0) if n else []
+        trig = ", ".join(f"{k} {100.0 * v / n:.0f}%" for k, v in shares)
         margin = f", margin {self.margin:.3g}x" if self.margin is not None else ""
         if self.unsupported:
             margin += "; rejected as unsupported: " + ", ".join(
@@ -152,8 +148,8 @@ class Runner:
         for h in self.hooks:
             if not isinstance(h, RunHooks):
                 raise InvalidArgument(f"hooks contains {h!r}; hooks must be shardfuzz.hooks.RunHooks objects")
-        self.target: Target = get_target(target)
-        self.target_spec = full_target_spec(self.target)  # rerun lines work from any folder
+        self.target: Target = registry.get_target(target)
+        self.target_spec = registry.target_spec(self.target)  # rerun lines work from any folder
         self.impl_ref = self.target.impl_ref(impl)
         self.impl_name = self.target.impl_name(impl)
         self.worker_target = self.target.worker_ref()
@@ -256,7 +252,7 @@ class Runner:
         try:
             expected = self.expected(case)  # overlaps with the ranks' work
             if self.tolerance.noise_model == "mca" and case.world_size < CORES and pool.busy():
-                # a core is free while the ranks work: draw the noise samples now (else only if needed)
+                # a core is free while the ranks work: the samples now, not on need
                 estimate_noise(self.target, case, expected, self.tolerance.samples)
             outcome = pool.collect(window, cap)
         except BaseException:  # the oracle raised, Ctrl-C, a deadline: the ranks may still be busy
@@ -319,8 +315,8 @@ class Runner:
 
     # -- the oracle and the judge (public: the torchrun path uses them) ------------------------
     def expected(self, case: Case) -> Expected:
-        """The oracle's values for ``case`` (remembers the inputs for failure files); the noise
-        samples are drawn later, only where the verdict needs them (:meth:`verdict`)."""
+        """The oracle's values for ``case`` (remembers the inputs for failure files); noise samples
+        come later, where the verdict needs them (:meth:`verdict`)."""
         expected = evaluate_oracle(self.target, case)
         self.last_inputs = expected.inputs
         return expected
@@ -339,12 +335,16 @@ class Runner:
         misuse = none_where_oracle_has_value(case, locals_, expected)
         if misuse:  # None where the oracle has a value breaks the contract
             raise TargetError(f"implementation {self.impl_name!r} {misuse}")
-        outputs = self.target.outputs_for(case)
-        verdict = judge(case, outputs, locals_, expected, self.tolerance, ignored)
-        # The noise only widens the bound: a pass without it within SURE_PASS, or below the closest
-        # pass so far, needs no samples (its ratio, an upper bound, cannot raise the closest pass)
+        outputs, tol = self.target.outputs_for(case), self.tolerance
+        verdict = judge(case, outputs, locals_, expected, tol, ignored)
+        # noise only widens the bound: a pass within SURE_PASS or the closest pass needs no samples
         sure = verdict.passed and verdict.worst <= max(SURE_PASS, self.stats.worst_pass_ratio)
-        if sure or self.tolerance.noise_model != "mca" or expected.noise or not verdict.diffs:
+        if sure or tol.noise_model != "mca" or not verdict.diffs:
             return verdict
-        estimate_noise(self.target, case, expected, self.tolerance.samples, outputs)
-        return judge(case, outputs, locals_, expected, self.tolerance, ignored)
+        if not expected.noise:
+            estimate_noise(self.target, case, expected, tol.samples, outputs)
+            verdict = judge(case, outputs, locals_, expected, tol, ignored)
+        if not verdict.passed:  # a mismatch is rechecked with more samples before it is reported
+            confirm_noise(self.target, case, expected, tol, outputs)
+            verdict = judge(case, outputs, locals_, expected, tol, ignored)
+        return verdict

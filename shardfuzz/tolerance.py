@@ -111,6 +111,9 @@ class Tolerance:
     extra margin costs no power. ``"dtype-rerun"``: the model before it,
     ``noise_factor * |oracle_in_case_dtype - ref| + magnitude_factor * (2 + W) * u * magnitude``.
     ``per_output``: output name -> :class:`OutputTolerance`, replacing the model for that output.
+    A bound that fails is checked again before it is reported: ``confirm_samples`` more first-order
+    runs (a few samples can all fall small) and ``full_scale_samples`` runs perturbed at the case
+    dtype's own unit (a rounding can flip a sign or a branch, which first order cannot see).
     """
 
     noise_model: str = "mca"
@@ -120,6 +123,8 @@ class Tolerance:
     floor_factor: float = 2.0
     magnitude_factor: float = 4.0
     samples: int = 3
+    confirm_samples: int = 6
+    full_scale_samples: int = 6
     per_output: Any = ()  # Mapping[str, OutputTolerance] in; sorted pairs after __post_init__
 
     def __post_init__(self) -> None:
@@ -131,6 +136,10 @@ class Tolerance:
                 raise InvalidArgument(f"{name}={value!r}; must be a finite number >= 0")
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 2:
             raise InvalidArgument(f"samples={self.samples!r}; must be an int >= 2")
+        for name in ("confirm_samples", "full_scale_samples"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"{name}={value!r}; must be an int >= 0")
         object.__setattr__(self, "per_output", per_output_tolerances(self.per_output, "per_output"))
 
     def for_output(self, name: str) -> OutputTolerance | None:
@@ -193,7 +202,8 @@ class Tolerance:
         )
         rerun = "noise" if dtype == "float64" else "|oracle_in_case_dtype - oracle64|"
         return (
-            f"|actual - oracle64| <= {k} * noise (Monte-Carlo arithmetic, {self.samples} runs) "
+            f"|actual - oracle64| <= {k} * noise (Monte-Carlo arithmetic, {self.samples} runs; "
+            f"a failure rechecked with {self.confirm_samples} + {self.full_scale_samples} more) "
             f"+ {self.rerun_factor:g} * {rerun} + {self.floor_factor:g} * u * scale"
         )
 
