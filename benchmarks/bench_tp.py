@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     from shardfuzz import RunHooks
     from shardfuzz.case import Case
     from shardfuzz.config import RunConfig
-    from shardfuzz.pool import Pool, discard_pool, get_pool
+    from shardfuzz.pool import Pool
+    from shardfuzz.pools import discard_pool, get_pool
     from shardfuzz.protocol import Completed, Task
     from shardfuzz.runner import Runner
     from shardfuzz.search import search, settings_for

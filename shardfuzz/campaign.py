@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from shardfuzz.config import RunConfig
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.hooks import Deadline, TimeUp
-from shardfuzz.pool import shutdown as stop_pools
+from shardfuzz.pools import shutdown as stop_pools
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.search import Result, search, settings_for
 from shardfuzz.triggers import PROGRESS

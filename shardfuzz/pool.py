@@ -1,4 +1,4 @@
-"""Warm pools of rank processes, keyed by (backend, world size).
+"""A warm pool of rank processes: start, submit a task, collect one outcome, kill.
 
 * Ranks are started by :mod:`shardfuzz.spawn`; the driver never joins a process group. Nothing
   outlives the driver: workers arm ``PR_SET_PDEATHSIG`` and watch a pipe to it; pools die at exit.
@@ -10,21 +10,17 @@
 
 from __future__ import annotations
 
-import atexit
-import collections
 import contextlib
 import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterable
 from multiprocessing.connection import wait
 from typing import Any
 
-from shardfuzz.config import env_int
 from shardfuzz.errors import InfrastructureError
 from shardfuzz.protocol import (
     Completed,
@@ -45,9 +41,6 @@ from shardfuzz.worker import worker_main
 
 START_TIMEOUT_S = 120.0
 OUTPUT_TAIL = 4000
-
-_lock = threading.Lock()
-_pools: collections.OrderedDict[tuple, Pool] = collections.OrderedDict()
 
 
 class Pool:
@@ -155,6 +148,11 @@ class Pool:
         self.kill()
 
     # -- running --------------------------------------------------------------------------
+    def send_all(self, msg: Any) -> None:
+        """Send one message to every rank (a :class:`~shardfuzz.protocol.Warm`: import ahead)."""
+        for c in self.conns:
+            c.send(msg)
+
     def submit(self, task: Task) -> None:
         self._offsets = [(self._size(r, "out"), self._size(r, "err")) for r in range(self.world_size)]
         self._t0 = time.perf_counter()
@@ -303,48 +301,3 @@ def _recv(conn: Any) -> Any:
         return conn.recv() if conn.poll() else None
     except (EOFError, OSError):
         return None
-
-
-def max_pool_ranks() -> int:
-    return env_int("SHARDFUZZ_MAX_POOL_RANKS", 12, 1)
-
-
-def get_pool(
-    backend: str, world_size: int, timeout_s: float, *, device: str = "cpu", debug: bool = False
-) -> Pool:
-    """A warm pool for (backend, world size), started if needed. Idle pools beyond
-    ``SHARDFUZZ_MAX_POOL_RANKS`` ranks in all (default 12) are stopped, least recently used first."""
-    key = (backend, world_size, device, debug)
-    with _lock:
-        pool = _pools.pop(key, None)
-        if pool is not None and not pool.alive:
-            pool.kill()
-            pool = None
-        if pool is None:
-            pool = Pool(backend, world_size, timeout_s, device=device, debug=debug).start()
-        _pools[key] = pool
-        while len(_pools) > 1 and sum(p.world_size for p in _pools.values()) > max_pool_ranks():
-            _, old = _pools.popitem(last=False)
-            old.stop()
-        return pool
-
-
-def discard_pool(pool: Pool) -> None:
-    """Kill a pool after a failure; the next :func:`get_pool` starts a fresh one."""
-    with _lock:
-        for k, v in list(_pools.items()):
-            if v is pool:
-                del _pools[k]
-    pool.kill()
-
-
-def shutdown() -> None:
-    """Stop every pool (registered with atexit)."""
-    with _lock:
-        pools = list(_pools.values())
-        _pools.clear()
-    for p in pools:
-        p.stop()
-
-
-atexit.register(shutdown)

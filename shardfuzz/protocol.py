@@ -105,6 +105,14 @@ class Stop:
     pass
 
 
+@dataclasses.dataclass(frozen=True)
+class Warm:
+    """Import a target and an implementation ahead of the next task (a spare pool); no answer."""
+
+    target_ref: str
+    impl_ref: str
+
+
 RankAnswer = Reply | UnsupportedReply | ErrorReply
 
 

@@ -21,10 +21,10 @@ from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
 from shardfuzz.judge import Verdict, judge, none_where_oracle_has_value
 from shardfuzz.oracle import Expected, confirm_noise, estimate_noise, evaluate_oracle
-from shardfuzz.pool import discard_pool, get_pool
+from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
 from shardfuzz.report import Reporter
-from shardfuzz.spawn import hard_cap
+from shardfuzz.spawn import hard_cap, start_forkserver
 from shardfuzz.target import Target
 
 #: the example timeout (the no-progress window) is one of these; a busy example may run on up to
@@ -110,8 +110,7 @@ class Stats:
 
     def summary(self) -> str:
         n = self.examples
-        shares = sorted((k, v) for k, v in self.triggers.items() if v > 0) if n else []
-        trig = ", ".join(f"{k} {100.0 * v / n:.0f}%" for k, v in shares)
+        trig = ", ".join(f"{k} {100.0 * v / n:.0f}%" for k, v in sorted(self.triggers.items()) if v > 0 and n)
         margin = f", margin {self.margin:.3g}x" if self.margin is not None else ""
         if self.unsupported:
             margin += "; rejected as unsupported: " + ", ".join(
@@ -143,6 +142,7 @@ class Runner:
     ) -> None:
         if config is not None and not isinstance(config, RunConfig):
             raise InvalidArgument(f"config={config!r}; must be a shardfuzz.RunConfig")
+        start_forkserver()  # its preloading overlaps with the imports of the target and the search
         self.config = config or RunConfig()
         self.hooks = tuple(hooks)
         for h in self.hooks:
@@ -260,7 +260,7 @@ class Runner:
             raise
         leaks = self._note_leaks(outcome)
         if not isinstance(outcome, Completed) or any(r.restart for r in outcome.replies):
-            discard_pool(pool)  # a failure, or a leak no rank can undo: fresh ranks next time
+            discard_pool(pool, spare_for=task)  # fresh ranks next time, from a spare started now
         if isinstance(outcome, RankFailed):
             self.reporter.raise_rank_error(case, outcome)
         if isinstance(outcome, RankDied):

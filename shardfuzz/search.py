@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import importlib
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from shardfuzz.case import Case
 from shardfuzz.config import RunConfig, check_tolerance_outputs
+from shardfuzz.covering import CoveringRun, counted_run, seeded_database, stable_seed
 from shardfuzz.database import keyed_database
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.hooks import Deadline, RunHooks, TimeUp, example_order
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.settings import build_settings
-from shardfuzz.triggers import triggers_of
 
 if TYPE_CHECKING:
     import hypothesis
@@ -42,18 +42,11 @@ def check(runner: Runner, case: Case) -> float:
     """Run one case inside a Hypothesis test: statistics, events and ``target()`` included."""
     from hypothesis import event, reject, target
 
-    reached = triggers_of(runner.target, case)
-    runner.stats.triggers.update(reached)
     try:
-        ratio = runner.run_case(case)
-    except Unsupported as e:
-        runner.stats.triggers.subtract(reached)
-        runner.stats.unsupported[e.reason] += 1
-        event(f"unsupported: {e.reason}")
-        reject()
-    except ExternalFault as e:  # counted in the statistics; the case passed when rerun
-        runner.stats.triggers.subtract(reached)
-        event(f"external fault: {str(e).split(' from outside')[0]}")
+        ratio, reached = counted_run(runner, case)
+    except (Unsupported, ExternalFault) as e:
+        what = f"unsupported: {e.reason}" if isinstance(e, Unsupported) else str(e).split(" from outside")[0]
+        event(what if isinstance(e, Unsupported) else f"external fault: {what}")
         reject()
     for t in reached:
         event(t)
@@ -61,23 +54,33 @@ def check(runner: Runner, case: Case) -> float:
     return ratio
 
 
-def stable_seed(key: str) -> int:
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+def stable_identity(runner: Runner) -> str:
+    """The target, the resolved implementation (module and qualified name, its bound arguments) and
+    the backend: what derandomized seeds and database keys come from, never the path as typed."""
+    ref = runner.impl_ref
+    where, sep, name = ref.ref.partition("::")
+    resolved = f"{os.path.splitext(os.path.basename(where))[0]}:{name}" if sep else ref.ref
+    bound = "".join(f",{k}={v!r}" for k, v in ref.kwargs)
+    return f"{runner.target.name}/{resolved}{bound}/{runner.backend}"
 
 
-def build_test(runner: Runner, settings: Any = None, *, database: Any = "default") -> Callable[[], None]:
-    """The ``@given`` test for a runner: one ``case`` argument, settings built now (from the
-    runner's configuration unless given), and a database keyed by target/implementation/backend."""
-    from hypothesis import given, seed
-
+def build_test(
+    runner: Runner, settings: Any = None, *, database: Any = "default", rows: bool = True
+) -> Callable[[], None]:
+    """The test for a runner: first the covering rows (:mod:`shardfuzz.covering`) as plain cases,
+    then the ``@given`` test (one ``case`` argument, settings built now from the runner's
+    configuration unless given, a database keyed by target/implementation/backend). A failing row
+    is handed to Hypothesis through the database, so it is replayed first and shrunk; derandomized
+    runs are seeded from :func:`stable_identity`."""
     cfg = runner.config
     s = settings if settings is not None else settings_for(cfg)
     if database != "default":
         s = type(s)(s, database=database)
+    identity = stable_identity(runner)
     if s.database is not None:
-        s = type(s)(s, database=keyed_database(s.database, runner.key))
-
+        s = type(s)(s, database=keyed_database(s.database, identity))
     smallest = SmallestFindings()
+    covering = CoveringRun(runner, rows)
 
     def test_case(case: Case) -> None:
         try:
@@ -88,11 +91,31 @@ def build_test(runner: Runner, settings: Any = None, *, database: Any = "default
 
     ident = "".join(c if c.isalnum() else "_" for c in runner.key)
     test_case.__name__ = test_case.__qualname__ = f"shardfuzz_{ident}"
-    test = s(given(case=runner.strategy())(test_case))
-    if s.derandomize:
-        test = seed(stable_seed(runner.key))(test)
-    test.shardfuzz_smallest = smallest  # type: ignore[union-attr]  # read by run_test
+
+    def test() -> None:
+        failing = covering.run()
+        # the rows count toward the budget: Hypothesis gets what they left of max_examples
+        budget = type(s)(s, max_examples=max(1, s.max_examples - len(covering.ran)))
+        _given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
+        if failing is not None:  # the row failed, but not when Hypothesis replayed it
+            raise covering.not_reproduced(failing)
+
+    test.__name__ = test.__qualname__ = test_case.__name__
+    test.shardfuzz_smallest = smallest  # type: ignore[attr-defined]  # read by run_test
+    test.shardfuzz_covering = covering  # type: ignore[attr-defined]
     return test
+
+
+def _given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list) -> Callable[[], None]:
+    from hypothesis import given, seed
+
+    derandomized = s.derandomize
+    if seeds:  # Hypothesis replays database entries first, and shrinks those that fail
+        s = type(s)(s, derandomize=False, database=seeded_database(s.database, seeds))
+    test = given(case=runner.strategy())(fn)
+    if derandomized:
+        test = seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
+    return s(test)
 
 
 def run_test(test: Callable[[], None]) -> None:

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from shardfuzz.registry import BUILTIN_TARGETS
+
 #: a rank progresses when its CPU time grew by more than this share of the window
 PROGRESS_FRACTION = 0.02
 #: a busy example may extend its wait up to max(HARD_CAP_MIN_S, HARD_CAP_FACTOR x window)
@@ -42,31 +44,61 @@ def context() -> Any:
         # explicit start method: Python 3.14 changes Linux's default
         _ctx = mp.get_context("forkserver")
         # preload once in the forkserver what every (re)started rank would otherwise import inside
-        # an example: torch.distributed.tensor (DTensor, DeviceMesh, TP: ~0.5 s) and
+        # an example: torch.distributed.tensor (DTensor, DeviceMesh, TP: ~0.5 s),
         # torch._inductor.config, which torch.use_deterministic_algorithms imports (with
-        # torch._dynamo: ~300 modules, 0.5-0.6 s idle, 2-7 s under load)
+        # torch._dynamo: ~300 modules, 0.5-0.6 s idle, 2-7 s under load), and the built-in targets
+        # with Hypothesis and the strategies they import (0.15-0.45 s in a fresh rank's first example)
+        builtin = sorted({ref.split(":")[0] for ref in BUILTIN_TARGETS.values()})
         _ctx.set_forkserver_preload(
             [
                 "torch",
                 "torch.distributed",
                 "torch.distributed.tensor.parallel",
+                "torch._dynamo",
                 "torch._inductor.config",
                 "shardfuzz.worker",
+                "hypothesis",
+                "shardfuzz.strategies",
+                *builtin,
             ]
         )
     return _ctx
 
 
+def start_forkserver() -> None:
+    """Start the forkserver (and its preloading, ~2 s) in a background thread, so that it overlaps
+    with the driver's own start (imports, covering rows, Hypothesis); idempotent."""
+    global _early
+    with _start_lock:
+        if _early is not None:
+            return
+        _early = threading.Thread(target=_ensure_forkserver, name="shardfuzz-forkserver", daemon=True)
+    _early.start()
+
+
+def _ensure_forkserver() -> None:
+    from multiprocessing import forkserver
+
+    context()
+    with no_main_import():
+        forkserver.ensure_running()
+
+
+_early: threading.Thread | None = None
+_start_lock = threading.Lock()
+
+
 def driver_store() -> Any:
     global _store
-    if _store is None:
-        import datetime
+    with _start_lock:
+        if _store is None:
+            import datetime
 
-        import torch.distributed as dist
+            import torch.distributed as dist
 
-        _store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
-        )
+            _store = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+            )
     return _store
 
 
@@ -81,19 +113,24 @@ def no_main_import() -> Iterator[None]:
     """
     from multiprocessing import spawn
 
-    original = spawn.get_preparation_data
+    with _main_lock:  # pools may start from several threads (spares): one patch at a time
+        original = spawn.get_preparation_data
 
-    def prepare(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
+        def prepare(name):
+            data = original(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            data.pop("main_path", None)  # what the forkserver itself would import
+            return data
 
-    spawn.get_preparation_data = prepare
-    try:
-        yield
-    finally:
-        spawn.get_preparation_data = original
+        spawn.get_preparation_data = prepare
+        try:
+            yield
+        finally:
+            spawn.get_preparation_data = original
+
+
+_main_lock = threading.RLock()
 
 
 def hard_cap(window_s: float) -> float:

@@ -18,7 +18,7 @@ import traceback
 from typing import Any
 
 from shardfuzz.errors import Unsupported
-from shardfuzz.protocol import ErrorReply, RankAnswer, Ready, StartFailed, Stop, Task, UnsupportedReply
+from shardfuzz.protocol import ErrorReply, RankAnswer, Ready, StartFailed, Stop, Task, UnsupportedReply, Warm
 from shardfuzz.rank import RankState, run_task, select_device
 
 STORE_TIMEOUT_S = 600.0
@@ -55,6 +55,16 @@ def answer(state: RankState, task: Task) -> RankAnswer:
         reply = error_reply(e)
         sys.stderr.flush()
         return reply
+
+
+def warm(state: RankState, msg: Warm) -> None:
+    """Import what the next task will need (a spare pool, while the driver shrinks a failure). An
+    error is left for that task to report."""
+    try:
+        state.target(msg.target_ref)
+        state.impl(msg.impl_ref)
+    except BaseException:
+        pass
 
 
 def _set_pdeathsig() -> None:
@@ -104,6 +114,9 @@ def _serve(state: RankState, conn: Any) -> None:
             os._exit(0)
         if isinstance(msg, Stop):
             break
+        if isinstance(msg, Warm):
+            warm(state, msg)
+            continue
         reply = answer(state, msg)
         try:
             conn.send(reply)

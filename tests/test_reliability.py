@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shardfuzz import Case, RankHang, RunConfig, Runner
-from shardfuzz.pool import discard_pool, get_pool
+from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Hung, ImplRef, Task
 from shardfuzz.runner import TIMEOUTS, TimeoutPolicy
 from shardfuzz.spawn import HARD_CAP_MIN_S, ProgressWatch, hard_cap, open_fds
