@@ -4,9 +4,12 @@ A campaign is a sequence of ordinary Hypothesis runs (never a search loop of our
 deadline, runs with fresh seeds follow each other until the time is spent; the last one is
 stopped at the deadline (a :class:`~shardfuzz.hooks.Deadline` hook), and an example still running
 the grace period after it is abandoned, so ``--duration D`` ends by D plus the grace whatever the
-example timeouts are. A (target, implementation) pair stops at its first finding, which is
-already in its failure file; a deadline or Ctrl-C while it is being shrunk reports the smallest
-case found so far.
+example timeouts are. A campaign keeps going after a finding: each run's shrunk findings are
+compared by signature (kind and raise site, then the wrong outputs and ranks at the minimal case,
+:attr:`~shardfuzz.errors.Finding.signature`), so what Hypothesis shrinks is never changed, and
+every *distinct* finding is reported and kept in a failure file of its own; one seen again is
+counted as a rediscovery. Known failures are set aside with ``--exclude`` / ``known_failures``. A
+deadline or Ctrl-C while a finding is being shrunk reports the smallest case found so far.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from shardfuzz.config import RunConfig
+from shardfuzz.errors import Finding
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.hooks import Deadline, TimeUp
 from shardfuzz.pools import shutdown as stop_pools
@@ -68,6 +72,10 @@ class Outcome:
     #: an example still running the grace period after the deadline was abandoned
     overran: bool = False
     failure_files: list[str] = dataclasses.field(default_factory=list)
+    #: every distinct finding, in the order found, with its failure file (None: not written)
+    findings: list[tuple[Finding, str | None]] = dataclasses.field(default_factory=list)
+    #: findings of later runs whose signature was seen before
+    rediscovered: int = 0
 
     def row(self) -> dict[str, Any]:
         s = self.runner.stats
@@ -86,7 +94,21 @@ class Outcome:
             "cut_short": bool(self.result and self.result.shrink_cut_short),
             "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
+            "excluded": sum(s.excluded.values()),
+            "closest_pass": s.worst_pass_ratio,
+            "rediscovered": self.rediscovered,
+            "findings": [
+                {"kind": f.kind, "margin": f.ratio, "case": repr(f.case), "file": path, "site": _site(f)}
+                for f, path in self.findings
+            ],
         }
+
+
+def _site(f: Finding) -> str:
+    """A finding's site in words, for the summary (the wrong outputs and ranks, the exception...)."""
+    if f.kind == "mismatch":
+        return ", ".join(f"{name} on ranks {list(ranks)}" for name, ranks in f.site)
+    return " ".join(str(x) for x in f.site if x != ())
 
 
 def _progress_thread(
@@ -133,13 +155,24 @@ def fuzz_one(
     _progress_thread(
         lambda: progress_line(label, runner.stats, time.perf_counter() - t0, shown), stream, interval, stop
     )
+    seen: set[tuple] = set()
     try:
         with deadline.enforced() if deadline is not None else contextlib.nullcontext():
             while True:
                 out.runs += 1
-                result = search(runner, settings_for(config, quiet=True))
-                out.result = result
-                if result.found or result.out_of_time or config.deadline is None:
+                if recorder is not None:
+                    recorder.begin_run(out.runs)
+                first = out.runs == 1  # later runs: no covering rows, no replay of saved failures
+                result = search(
+                    runner,
+                    settings_for(config, quiet=True),
+                    database="default" if first else None,
+                    rows=first,
+                )
+                _settle(out, result, seen, runner, recorder)
+                if out.result is None or not out.result.found:
+                    out.result = result
+                if result.out_of_time or config.deadline is None or result.interrupted:
                     break
     except KeyboardInterrupt:
         out.interrupted = True
@@ -168,6 +201,18 @@ def fuzz_one(
     return out
 
 
+def _settle(out: Outcome, result: Result, seen: set[tuple], runner: Runner, recorder: Any) -> None:
+    """Keep a run's findings that are new (by signature) and their files; count the others."""
+    for f in result.failures:
+        distinct = f.signature not in seen
+        seen.add(f.signature)
+        path = recorder.settle(runner, f, distinct) if recorder is not None else None
+        if distinct:
+            out.findings.append((f, path))
+        else:
+            out.rediscovered += 1
+
+
 def summary_table(rows: list[dict[str, Any]]) -> str:
     head = f"{'target':<16} {'implementation':<24} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
     lines = [head, "-" * len(head)]
@@ -179,11 +224,27 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             res += " (an example still running after the deadline was abandoned)"
         if r.get("unsupported"):
             res += f" ({r['unsupported']} unsupported cases rejected)"
+        if r.get("excluded"):
+            res += f" ({r['excluded']} cases excluded as known failures)"
+        if not r["found"] and r["examples"]:
+            res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
+        if len(r.get("findings", [])) > 1:
+            res += f": {len(r['findings'])} distinct findings"
+        if r.get("rediscovered"):
+            res += f" ({r['rediscovered']} found again)"
         lines.append(
             f"{r['target']:<16} {r['impl']:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
         )
-        for f in r.get("failure_files", []):
-            lines.append(f"{'':<16} failure file: {f}")
+        for f in r.get("findings", []):
+            margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
+            site = f" ({f['site']})" if f.get("site") else ""
+            lines.append(f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}")
+            if f.get("file"):
+                lines.append(f"{'':<16}   failure file: {f['file']}")
+        listed = {f.get("file") for f in r.get("findings", [])}
+        for path in r.get("failure_files", []):
+            if path not in listed:
+                lines.append(f"{'':<16} failure file: {path}")
     return "\n".join(lines)
 
 

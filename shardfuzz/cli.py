@@ -62,6 +62,7 @@ def _drawn(config: RunConfig) -> str:
     """What the run restricts, for the 'fuzzing ...' line."""
     parts = [f"dtypes {','.join(config.dtypes)}"] if config.dtypes else []
     parts += [f"tolerance {format_tolerance(n, t)}" for n, t in config.tolerance.per_output]
+    parts += [f"excluding {e}" for e in config.exclude]
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -78,6 +79,7 @@ def _cmd_fuzz(args: Any) -> int:
             max_examples=args.max_examples,
             deadline=args.duration,
             failures_dir=args.failures_dir,
+            exclude=tuple(args.exclude),
         )
     if config.deadline is not None:
         grace_seconds()  # a bad $SHARDFUZZ_GRACE is a usage error before any fuzzing
@@ -105,8 +107,8 @@ def _cmd_fuzz(args: Any) -> int:
             interval=args.progress_every,
         )
         outcomes.append(out)
-        if out.result is not None and out.result.found:
-            print(f"\n{out.result.report}\n", flush=True)
+        for finding, _ in out.findings:  # every distinct finding, in the order found
+            print(f"\n{finding.report}\n", flush=True)
         if out.interrupted:
             interrupted = True
             break

@@ -10,6 +10,8 @@ from typing import NoReturn
 
 from shardfuzz import campaign
 from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_dtypes, parse_tolerance, parse_world_sizes
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.exclude import CaseExpression
 from shardfuzz.refs import add_search_path_option
 from shardfuzz.tolerance import OutputTolerance
 
@@ -34,6 +36,13 @@ def _tolerance(text: str) -> tuple[str, OutputTolerance]:
         return parse_tolerance(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"--tolerance {e}") from None
+
+
+def _exclude(text: str) -> str:
+    try:
+        return CaseExpression(text).text
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _dtypes(text: str) -> tuple[str, ...]:
@@ -139,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DTYPE,...",
         help="restrict the dtypes drawn, e.g. float32,bfloat16 (default: each target's own)",
+    )
+    f.add_argument(
+        "--exclude",
+        type=_exclude,
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" (repeatable; "
+        "excluded cases are counted and shown)",
     )
     f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
     f.add_argument(

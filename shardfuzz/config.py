@@ -16,6 +16,7 @@ from typing import Any
 
 from shardfuzz.case import DTYPES
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.exclude import CaseExpression
 from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 BACKENDS = ("gloo", "nccl")
@@ -213,6 +214,8 @@ class RunConfig:
             pass ``.shardfuzz/failures``).
         deterministic: ``torch.use_deterministic_algorithms(True)`` on every rank.
         debug_collectives: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` in the ranks (replays only: slow).
+        exclude: case expressions (``"options['smoothing'] > 0"``) of known failures to set aside:
+            a matching case is counted as excluded, never run (see :mod:`shardfuzz.exclude`).
     """
 
     backend: str = "gloo"
@@ -228,6 +231,7 @@ class RunConfig:
     failures_dir: str | None = None
     deterministic: bool = False
     debug_collectives: bool = False
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_environment()
@@ -259,6 +263,12 @@ class RunConfig:
         if self.profile is not None and self.profile not in PROFILES:
             raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
         object.__setattr__(self, "tolerance", as_tolerance(self.tolerance))
+        exprs = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude or ())
+        for text in exprs:
+            if not isinstance(text, str):
+                raise InvalidArgument(f"exclude={self.exclude!r}; must be expression strings")
+            CaseExpression(text, "exclude")
+        object.__setattr__(self, "exclude", exprs)
         for flag in ("deterministic", "debug_collectives"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")
@@ -288,7 +298,7 @@ class RunConfig:
         if unknown:
             raise InvalidArgument(f"run configuration has unknown field(s) {sorted(unknown)}")
         tol = d.pop("tolerance", None)
-        for key in ("world_sizes", "dtypes"):
+        for key in ("world_sizes", "dtypes", "exclude"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
         return cls(tolerance=Tolerance(**tol) if tol else Tolerance(), **d)

@@ -29,6 +29,7 @@ from typing import Any
 
 from shardfuzz.case import Case
 from shardfuzz.errors import ExternalFault, Finding, Unsupported
+from shardfuzz.exclude import Excluded
 from shardfuzz.triggers import triggers_of
 
 #: cases drawn to learn which pairs of conditions occur together
@@ -204,6 +205,9 @@ def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:
     runner.stats.triggers.update(reached)
     try:
         return runner.run_case(case), reached
+    except Excluded:  # counted by the runner
+        runner.stats.triggers.subtract(reached)
+        raise
     except Unsupported as e:
         runner.stats.triggers.subtract(reached)
         runner.stats.unsupported[e.reason] += 1

@@ -88,19 +88,30 @@ class Finding(AssertionError):
 
     kind: str = "finding"
 
-    def __init__(self, report: str, *, case: Any = None, ratio: float | None = None) -> None:
+    def __init__(
+        self, report: str, *, case: Any = None, ratio: float | None = None, site: tuple = ()
+    ) -> None:
         super().__init__(report)
         self.report = report
         self.case = case
         #: greatest error/tolerance over the compared elements (mismatches only)
         self.ratio = ratio
+        #: what tells this finding from another of its kind at its minimal case: the wrong outputs
+        #: and their ranks (mismatch), the exception and where it was raised (rank-error), the
+        #: ranks that hung (hang)
+        self.site = tuple(site)
+
+    @property
+    def signature(self) -> tuple:
+        """Kind and site: two shrunk findings with one signature are one bug (campaigns)."""
+        return (self.kind, *self.site)
 
     def __reduce__(self):  # keep the keyword arguments through pickling
-        return (_rebuild, (type(self), self.report, self.case, self.ratio))
+        return (_rebuild, (type(self), self.report, self.case, self.ratio, self.site))
 
 
-def _rebuild(cls, report, case, ratio):
-    return cls(report, case=case, ratio=ratio)
+def _rebuild(cls, report, case, ratio, site=()):
+    return cls(report, case=case, ratio=ratio, site=site)
 
 
 class Mismatch(Finding):

@@ -16,6 +16,7 @@ for a key is the smallest found so far, and after the final replay it is the shr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -137,10 +138,42 @@ class FailureRecorder(RunHooks):
         self._source: dict[ImplRef, str | None] = {}
         self._spec: dict[Target, str] = {}  # target -> its full reference (rerun lines, replay)
         self._order: dict[str, tuple] = {}  # path -> Hypothesis' order of the case written there
+        #: a campaign's run (1 first): runs after the first write their findings to files of their
+        #: own until :meth:`settle` knows whether each is a new finding or one found before
+        self.run = 1
 
     def path_for(self, runner: Runner, kind: str) -> str:
-        name = f"{_slug(runner.target.name)}-{_slug(runner.impl_name)}-{runner.backend}-{kind}.json"
-        return os.path.join(self.directory, name)
+        stem = f"{_slug(runner.target.name)}-{_slug(runner.impl_name)}-{runner.backend}-{kind}"
+        suffix = f".run{self.run}.json" if self.run > 1 else ".json"
+        return os.path.join(self.directory, stem + suffix)
+
+    def begin_run(self, run: int) -> None:
+        self.run = run
+
+    def settle(self, runner: Runner, finding: Finding, distinct: bool) -> str | None:
+        """After a campaign run: keep ``finding``'s file (it is a distinct finding: the first of its
+        kind keeps the plain name, later ones get ``-2``, ``-3``...) or remove it (a finding seen
+        before). Returns the path kept."""
+        path = self.path_for(runner, finding.kind)
+        if self.run == 1 or path not in self.written:
+            return path if distinct and path in self.written else None
+        kind = self.written.pop(path)
+        if not distinct:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            return None
+        stem = path[: -len(f".run{self.run}.json")]
+        final, n = f"{stem}.json", 1
+        while final in self.written:
+            n += 1
+            final = f"{stem}-{n}.json"
+        try:
+            os.replace(path, final)
+        except OSError as e:
+            self.errors[final] = str(e)
+            return None
+        self.written[final] = kind
+        return final
 
     def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
         path = self.path_for(runner, finding.kind)

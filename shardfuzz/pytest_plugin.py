@@ -34,6 +34,7 @@ from shardfuzz.config import (
     parse_world_sizes,
 )
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.exclude import CaseExpression
 from shardfuzz.failures import FailureRecorder, check_failures_dir, default_dir
 from shardfuzz.refs import anchored_ref, caller_dir
 from shardfuzz.replay import replay_one
@@ -75,6 +76,8 @@ class Options:
     dtypes: tuple[str, ...] | None = None
     #: ``--shardfuzz-tolerance``: output name -> OutputTolerance, as sorted pairs
     tolerance: tuple[tuple[str, OutputTolerance], ...] = ()
+    #: ``--shardfuzz-exclude``: case expressions of known failures to set aside
+    exclude: tuple[str, ...] = ()
 
     def config(self, **overrides: Any) -> RunConfig:
         """The run configuration of these options; ``overrides`` that are not None win."""
@@ -86,6 +89,7 @@ class Options:
             failures_dir=self.failures_dir or default_dir(),
             dtypes=self.dtypes,
             tolerance=Tolerance().with_overrides(self.tolerance),
+            exclude=self.exclude,
         )
         return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
 
@@ -123,6 +127,13 @@ def _parse_tolerances(texts: list[str] | None) -> tuple[tuple[str, OutputToleran
     return tuple(sorted(out.items()))
 
 
+def _parse_excludes(texts: list[str] | None) -> tuple[str, ...]:
+    try:
+        return tuple(CaseExpression(t, "--shardfuzz-exclude").text for t in texts or [])
+    except InvalidArgument as e:
+        raise pytest.UsageError(str(e)) from None
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("shardfuzz", "shardfuzz: differential fuzzing of sharded code")
     group.addoption("--shardfuzz-backend", default="gloo", choices=BACKENDS, help=HELP_BACKEND)
@@ -136,6 +147,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="OUTPUT=rtol:X,atol:Y",
         help=HELP_TOLERANCE,
+    )
+    group.addoption(
+        "--shardfuzz-exclude",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" (repeatable; counted, never passed)",
     )
 
 
@@ -160,6 +178,7 @@ def pytest_configure(config: pytest.Config) -> None:
         failures_dir=failures_dir,
         dtypes=_parse_dtypes(config.getoption("--shardfuzz-dtypes", None)),
         tolerance=_parse_tolerances(config.getoption("--shardfuzz-tolerance", None)),
+        exclude=_parse_excludes(config.getoption("--shardfuzz-exclude", None)),
     )
     config._shardfuzz_targets = {}  # type: ignore[attr-defined]  # the targets tested: name -> Target
     config.addinivalue_line(
@@ -187,6 +206,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     if o.dtypes:
         args.append(f"--shardfuzz-dtypes={','.join(o.dtypes)}")
     args += [shlex.quote(f"--shardfuzz-tolerance={format_tolerance(n, t)}") for n, t in o.tolerance]
+    args += [shlex.quote(f"--shardfuzz-exclude={e}") for e in o.exclude]
     return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}"
 
 

@@ -7,6 +7,8 @@ from its own method below; a shared raise site lets a shrink drift from one bug 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shlex
 
 from shardfuzz.case import Case
@@ -67,8 +69,10 @@ class Reporter:
         if ok:
             parts.append("outputs within tolerance: " + ", ".join(ok))
         parts.append(self._footer(case))
-        err = Mismatch("\n".join(parts), case=case, ratio=verdict.worst)
-        err.outputs = {d.name: sorted(r.rank for r in d.ranks if r.bad and r.rank is not None) for d in bad}
+        wrong = {d.name: sorted(r.rank for r in d.ranks if r.bad and r.rank is not None) for d in bad}
+        site = tuple((name, tuple(ranks)) for name, ranks in sorted(wrong.items()))
+        err = Mismatch("\n".join(parts), case=case, ratio=verdict.worst, site=site)
+        err.outputs = wrong
         raise err
 
     def raise_layout(self, case: Case, verdict: Verdict) -> None:
@@ -84,13 +88,13 @@ class Reporter:
         )
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
-        raise RankError("\n".join(parts), case=case)
+        raise RankError("\n".join(parts), case=case, site=raise_site(outcome.error.traceback))
 
     def raise_rank_died(self, case: Case, outcome: RankDied) -> None:
         parts = [self._header(f"rank {outcome.rank} died (exit code {outcome.exitcode})", case)]
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
-        raise RankError("\n".join(parts), case=case)
+        raise RankError("\n".join(parts), case=case, site=(f"exit code {outcome.exitcode}",))
 
     def raise_hang(self, case: Case, outcome: Hung) -> None:
         o = outcome
@@ -118,7 +122,7 @@ class Reporter:
             parts.append(f"--- rank {r} stack ---\n{stack.rstrip()}")
         parts += [t for t in o.output.values() if t]
         parts.append(self._footer(case))
-        raise RankHang("\n".join(parts), case=case)
+        raise RankHang("\n".join(parts), case=case, site=("stuck", tuple(o.stuck)))
 
     def raise_ignored_collective(self, case: Case, verdict: Verdict) -> None:
         parts = [
@@ -134,6 +138,18 @@ class Reporter:
         )
         parts.append(self._footer(case))
         raise IgnoredCollective("\n".join(parts), case=case)
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def raise_site(traceback: str) -> tuple[str, ...]:
+    """The exception type and the innermost frame that raised it (``file.py:LINE in func``)."""
+    lines = traceback.strip().splitlines()
+    last = lines[-1] if lines else ""
+    frames = _FRAME.findall(traceback)
+    where = f"{os.path.basename(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
+    return (last.split(":", 1)[0].strip(), where)
 
 
 def shell_quote(s: str) -> str:

@@ -17,6 +17,7 @@ from shardfuzz import registry
 from shardfuzz.case import Case
 from shardfuzz.config import RunConfig, check_world_size, env_int, format_tolerance
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, TargetError, Unsupported
+from shardfuzz.exclude import Excluded, exclusion
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
 from shardfuzz.judge import Verdict, judge, none_where_oracle_has_value
@@ -25,6 +26,7 @@ from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
 from shardfuzz.report import Reporter
 from shardfuzz.spawn import hard_cap, start_forkserver
+from shardfuzz.stats import Stats
 from shardfuzz.target import Target
 
 #: the example timeout (the no-progress window) is one of these; a busy example may run on up to
@@ -80,53 +82,6 @@ EXTERNAL_SIGNALS = (-signal.SIGKILL, -signal.SIGTERM)
 #: a pass this far within the bound without the noise term needs no noise samples (see verdict)
 SURE_PASS = 0.25
 CORES = os.cpu_count() or 1
-
-
-@dataclasses.dataclass
-class Stats:
-    """Counters for one fuzzing run."""
-
-    examples: int = 0
-    passed: int = 0
-    failures: int = 0
-    elapsed: float = 0.0
-    #: how many examples ran until the first failure (None: no failure)
-    first_failure_at: int | None = None
-    #: smallest error/tolerance among mismatching examples (how clearly a bug is seen)
-    margin: float | None = None
-    #: largest error/tolerance among passing examples (how close a correct run came)
-    worst_pass_ratio: float = 0.0
-    triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    #: cases rejected as unsupported, by reason
-    unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    #: global state examples left behind (restored, or the pool restarted), by description
-    leaks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    #: ranks killed from outside whose case then passed (set aside, not findings)
-    external_faults: int = 0
-
-    @property
-    def per_second(self) -> float:
-        return self.examples / self.elapsed if self.elapsed else 0.0
-
-    def summary(self) -> str:
-        n = self.examples
-        trig = ", ".join(f"{k} {100.0 * v / n:.0f}%" for k, v in sorted(self.triggers.items()) if v > 0 and n)
-        margin = f", margin {self.margin:.3g}x" if self.margin is not None else ""
-        if self.unsupported:
-            margin += "; rejected as unsupported: " + ", ".join(
-                f"{k} x{v}" for k, v in self.unsupported.items()
-            )
-        if self.external_faults:
-            margin += f"; external faults set aside (rank killed from outside): {self.external_faults}"
-        if self.leaks:
-            margin += "; leaks (not findings): " + ", ".join(
-                f"{k} x{v}" for k, v in self.leaks.most_common(5)
-            )
-        return (
-            f"{n} examples in {self.elapsed:.1f} s ({self.per_second:.1f}/s), "
-            f"{self.failures} failing{margin}; worst passing error/tolerance {self.worst_pass_ratio:.3g}"
-            + (f"; reached: {trig}" if trig else "")
-        )
 
 
 class Runner:
@@ -214,6 +169,10 @@ class Runner:
                 raise Unsupported(
                     f"target {self.target.name!r} does not support this case: {reason}", reason=reason
                 )
+        reason = exclusion(case, self.target, self.config.exclude)
+        if reason is not None:  # a known failure: counted and shown, never run
+            self.stats.excluded[reason] += 1
+            raise Excluded(f"excluded as a known failure: {reason}", reason=reason)
         self.stats.examples += 1
         try:
             ratio, elapsed = self._run_on_pool(case)

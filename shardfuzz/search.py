@@ -20,6 +20,7 @@ from shardfuzz.config import RunConfig, check_tolerance_outputs
 from shardfuzz.covering import CoveringRun, counted_run, seeded_database, stable_seed
 from shardfuzz.database import keyed_database
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
+from shardfuzz.exclude import Excluded
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.hooks import Deadline, RunHooks, TimeUp, example_order
 from shardfuzz.runner import Runner, Stats
@@ -45,8 +46,10 @@ def check(runner: Runner, case: Case) -> float:
     try:
         ratio, reached = counted_run(runner, case)
     except (Unsupported, ExternalFault) as e:
-        what = f"unsupported: {e.reason}" if isinstance(e, Unsupported) else str(e).split(" from outside")[0]
-        event(what if isinstance(e, Unsupported) else f"external fault: {what}")
+        if isinstance(e, Unsupported):
+            event(f"{'excluded' if isinstance(e, Excluded) else 'unsupported'}: {e.reason}")
+        else:
+            event(f"external fault: {str(e).split(' from outside')[0]}")
         reject()
     for t in reached:
         event(t)
@@ -253,14 +256,15 @@ def findings_of(exc: BaseException) -> list[Finding]:
     return []
 
 
-def search(runner: Runner, settings: Any = None, *, database: Any = "default") -> Result:
-    """One Hypothesis run over ``runner``'s cases; a :class:`Result` (it does not raise on findings).
+def search(runner: Runner, settings: Any = None, *, database: Any = "default", rows: bool = True) -> Result:
+    """One Hypothesis run over ``runner``'s cases, after the covering rows unless ``rows`` is False;
+    a :class:`Result` (it does not raise on findings).
 
     A deadline or Ctrl-C after a finding returns that finding (``shrink_cut_short``); Ctrl-C before
     any finding raises KeyboardInterrupt."""
     from hypothesis.errors import Flaky
 
-    test = build_test(runner, settings, database=database)
+    test = build_test(runner, settings, database=database, rows=rows)
     result = Result(runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats)
     t0 = time.perf_counter()
     try:

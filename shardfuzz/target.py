@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetCodeError, TargetError
+from shardfuzz.exclude import known_failures
 from shardfuzz.layouts import Layout, Replicate, check_layout
 from shardfuzz.protocol import ImplRef
 from shardfuzz.records import Bound, ExpectedFailure, PlantedBug, bind
@@ -69,6 +70,9 @@ class Target:
         supports: optional ``supports(case) -> None | reason``: a case the target cannot handle is
             rejected loudly (counted by reason in the statistics), never passed silently. Prefer
             strategies that do not draw such cases.
+        known_failures: known failures to set aside while fuzzing: a mapping reason -> predicate of
+            the case (or an expression string, as ``--exclude`` takes), or a sequence of them. A
+            matching case is counted as excluded and shown, never run or passed.
     """
 
     name: str
@@ -88,6 +92,7 @@ class Target:
     description: str = ""
     supports: Callable[[Any], str | None] | None = None
     collectives: tuple[str, ...] | None = None
+    known_failures: Any = ()  # Mapping[str, predicate] or Sequence in; (reason, predicate) pairs after
     #: where workers re-import this target from (module name or file path); set automatically
     origin: str | None = None
 
@@ -134,6 +139,7 @@ class Target:
             if not callable(pred):
                 raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
         object.__setattr__(self, "gradients", tuple(self.gradients))
+        object.__setattr__(self, "known_failures", known_failures(self.known_failures, self.name))
         tol = per_output_tolerances(self.tolerance, f"Target {self.name!r}: tolerance")
         object.__setattr__(self, "tolerance", tol)
         if not callable(self.outputs):

@@ -70,6 +70,14 @@ def wrong_rank1(ctx):
     return out
 
 
+def two_bugs(ctx):
+    """Two bugs of different kinds: rank 1's ``x2`` is off by one (a mismatch from 2 ranks on), and
+    rank 2 raises (a rank error, 3 ranks or more)."""
+    if ctx.group_rank == 2:
+        raise IndexError("rank 2 has no shard to give")
+    return wrong_rank1(ctx)
+
+
 def wrong_shape(ctx):
     out = reference(ctx)
     out["x2"] = torch.cat([out["x2"], out["x2"][:1]])
@@ -171,6 +179,7 @@ TOY = Target(
         "segfault_rank1": "segfault_rank1",
         "wrong_rank1": "wrong_rank1",
         "wrong_shape": "wrong_shape",
+        "two_bugs": "two_bugs",
         "wrong_count": "wrong_count",
         "via_device_mesh": bind("reference", use_device_mesh=True),
         "killed_from_outside_once": "killed_from_outside_once",

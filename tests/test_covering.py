@@ -1,0 +1,200 @@
+"""Campaigns that find more per minute: covering rows first, seeds from the resolved implementation,
+distinct findings after the first, known failures set aside, warm spares after a failure."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import shardfuzz
+from shardfuzz import covering
+from shardfuzz.config import RunConfig
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.exclude import CaseExpression
+from shardfuzz.hooks import RunHooks, example_order
+from shardfuzz.registry import BUILTIN_TARGETS, get_target
+from shardfuzz.runner import Runner
+from shardfuzz.search import search, settings_for, stable_identity
+
+HERE = os.path.dirname(__file__)
+TOY = os.path.join(HERE, "data", "toy_target.py")
+TOY_IMPLS = os.path.join(HERE, "data", "toy_impls.py")
+
+
+class Order(RunHooks):
+    """Records every case run, and whether Hypothesis drew it (inside a Hypothesis test)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def before_example(self, runner, case):
+        self.seen.append((case, example_order() is not None))
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_TARGETS))
+def test_covering_rows_reach_every_pair_of_conditions_their_pool_reaches(name):
+    target = get_target(name)
+    rows = covering.covering_rows(target, target.strategy(), seed=7)
+    pool = [c for c, _ in covering.draw_pool(target.strategy(), 7)]
+    assert covering.uncovered(rows, pool, target) == set()
+    assert {r.case for r in rows} <= set(pool)
+    # every declared trigger the pool reaches is reached by a row, paired with every other condition
+    declared = set(target.triggers) | ({"backward"} if target.gradients else set())
+    reached = {t for r in rows for t in r.conditions}
+    assert {t for c in pool for t in shardfuzz.triggers.triggers_of(target, c)} & declared <= reached
+    assert len(rows) <= 30, f"{len(rows)} rows would take the whole ci budget"
+
+
+def test_pairs_are_what_a_case_reaches_together():
+    assert covering.pairs_of(frozenset({"a", "b", "c"})) == {
+        ("a",), ("b",), ("c",), ("a", "b"), ("a", "c"), ("b", "c"),
+    }  # fmt: skip
+    target = get_target("ring_attention")
+    pool = [c for c, _ in covering.draw_pool(target.strategy(), 3, 100)]
+    assert "variant" in covering.categorical_options(pool)  # each of its values is a condition
+    row = covering.covering_rows(target, target.strategy(), seed=3, pool_size=100)[:1]
+    missing = covering.uncovered(row, pool, target)
+    assert missing, "one row cannot cover every pair: the check must be able to fail"
+
+
+def test_rows_run_before_any_random_example_and_count_toward_the_budget():
+    order = Order()
+    res = shardfuzz.run(TOY, max_examples=20, database=None, profile="shardfuzz-ci", hooks=[order])
+    rows = covering.rows_for(Runner(TOY, None, RunConfig()))
+    assert not res.found and rows
+    drawn = [inside for _, inside in order.seen]
+    assert drawn[: len(rows)] == [False] * len(rows) and all(drawn[len(rows) :])
+    assert [c for c, _ in order.seen[: len(rows)]] == [r.case for r in rows]
+    assert res.stats.examples == 20
+
+
+def test_a_bug_found_on_a_row_is_still_shrunk_to_its_minimal_case():
+    cfg = RunConfig(profile="shardfuzz-ci")
+    runner = Runner("tp_mlp", "world_group", cfg)
+    rows = covering.rows_for(runner)
+    res = search(runner, settings_for(cfg, quiet=True))
+    assert res.found and res.kind == "mismatch"
+    assert res.stats.first_failure_at <= len(rows)  # found on a row, not by random generation
+    c = res.case
+    assert (c.world_size, c.mesh) == (2, (2, 1)) and set(c.sizes.values()) == {1}
+    assert c not in {r.case for r in rows}  # Hypothesis shrank it
+
+
+def test_derandomized_seed_comes_from_the_resolved_implementation(tmp_path, monkeypatch):
+    rel = os.path.relpath(TOY_IMPLS)
+    a = Runner(TOY, f"{rel}::off_by_one", RunConfig())
+    b = Runner(TOY, f"{os.path.abspath(TOY_IMPLS)}::off_by_one", RunConfig())
+    moved = tmp_path / "elsewhere.py"
+    moved.write_text(open(TOY_IMPLS).read())
+    c = Runner(TOY, f"{moved}::off_by_one", RunConfig())
+    assert stable_identity(a) == stable_identity(b) == "toy/toy_impls:off_by_one/gloo"
+    assert stable_identity(c) == "toy/elsewhere:off_by_one/gloo"  # another module name: another seed
+    seen = []
+    for impl in (f"{rel}::off_by_one", os.path.abspath(TOY_IMPLS) + "::off_by_one"):
+        order = Order()
+        res = shardfuzz.run(TOY, impl, max_examples=15, database=None, profile="shardfuzz-ci", hooks=[order])
+        seen.append(([c for c, _ in order.seen], repr(res.case)))
+    assert seen[0] == seen[1]  # the same examples, the same verdict
+
+
+# -- a campaign keeps going; known failures are set aside ----------------------------------------
+def cli(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "shardfuzz.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_campaign_reports_two_distinct_findings_each_shrunk_and_exclude_sets_one_aside(tmp_path):
+    out = cli("fuzz", TOY, "--impl", "two_bugs", "--max-examples", "60", "--failures-dir", str(tmp_path))
+    assert out.returncode == 1, out.stdout + out.stderr
+    text = out.stdout
+    assert "2 distinct findings" in text, text
+    assert "- mismatch (x2 on ranks [1])" in text and "- rank-error (IndexError" in text
+    # each shrunk to its own minimal case: the mismatch at 2 ranks, the crash at 3
+    assert (
+        "world_size=2, mesh=(2,), sizes={'n': 2}" in text
+        and "world_size=3, mesh=(3,), sizes={'n': 3}" in text
+    )
+    assert text.count("Rerun this case:") == 2
+    files = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert files == ["toy-two_bugs-gloo-mismatch.json", "toy-two_bugs-gloo-rank-error.json"], files
+
+    out = cli(
+        "fuzz", TOY, "--impl", "two_bugs", "--max-examples", "40", "--exclude", "world_size >= 3",
+        "--failures-dir", str(tmp_path / "excluded"),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FOUND mismatch" in out.stdout and "rank-error" not in out.stdout
+    assert "cases excluded as known failures" in out.stdout, out.stdout
+    assert "excluding world_size >= 3" in out.stdout
+
+
+def test_known_failures_on_the_target_are_counted_never_passed():
+    res = shardfuzz.run(
+        os.path.join(HERE, "data", "toy_known.py") + "::TOY_KNOWN",
+        "two_bugs",
+        max_examples=40,
+        database=None,
+        profile="shardfuzz-ci",
+    )
+    assert res.found and res.kind == "mismatch"
+    assert res.stats.excluded["rank 2 raises"] > 0
+    assert "excluded as known failures: rank 2 raises" in res.stats.summary()
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("world_size >=", "is not a Python expression"),
+        ("__import__('os')", "only abs, all, any, len, max, min, sum may be called"),
+        ("case.__class__", "attribute '__class__' is not allowed"),
+        ("open('x')", "may be called"),
+        ("options['x'] > y", "unknown name 'y'"),
+        ("[x for x in sizes]", "ListComp is not allowed"),
+        ("wrld_size > 2", "unknown name 'wrld_size'; allowed: case, world_size"),
+    ],
+)
+def test_a_bad_exclude_expression_is_a_usage_error_naming_it(text, needle):
+    with pytest.raises(InvalidArgument, match="--exclude") as info:
+        CaseExpression(text)
+    assert needle in str(info.value) and repr(text) in str(info.value)
+
+
+def test_the_cli_refuses_a_bad_exclude_with_exit_2():
+    out = cli("fuzz", TOY, "--exclude", "wrld_size > 2")
+    assert out.returncode == 2 and "--exclude" in out.stderr and "unknown name 'wrld_size'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_exclude_expressions_read_the_case():
+    from shardfuzz.case import Case
+
+    c = Case(target="t", world_size=3, mesh=(3,), sizes={"n": 4}, split=("n",), dtype="bfloat16",
+             profile="normal", seed=1, options={"smoothing": 0.1})  # fmt: skip
+    assert CaseExpression("options['smoothing'] > 0")(c)
+    assert CaseExpression("world_size >= 3 and dtype == 'bfloat16' and sizes['n'] % group_size")(c)
+    assert not CaseExpression("options['missing'] > 0")(c)  # a case without that option is not excluded
+    assert not CaseExpression("len(mesh) == 2")(c)
+
+
+# -- fast while failing ------------------------------------------------------------------------------
+def test_a_pool_discarded_after_a_failure_is_replaced_by_a_warm_spare():
+    from shardfuzz import pools
+    from shardfuzz.case import Case
+    from shardfuzz.errors import Finding
+
+    crash = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 2}, split=("n",), dtype="float32",
+                 profile="normal", seed=0, options={})  # fmt: skip
+    runner = Runner(TOY, "crash_rank1", RunConfig())
+    with pytest.raises(Finding):
+        runner.run_case(crash)
+    key = ("gloo", 2, "cpu", False)
+    started = pools._starting.get(key)
+    if started is not None:
+        assert started.wait(60)
+    spare = pools._spares.get(key)
+    assert spare is not None and spare.alive
+    assert pools.get_pool("gloo", 2, 120.0) is spare  # the next example runs on it
+    ok = Runner(TOY, None, RunConfig())
+    assert ok.run_case(crash) >= 0
