@@ -35,6 +35,7 @@ ENV_INTS = {
     "SHARDFUZZ_WORKER_THREADS": (1, 1),
     "SHARDFUZZ_DRIVER_THREADS": (1, 1),
     "SHARDFUZZ_MAX_WORLD": (0, 1),  # 0: not set (see max_world_size)
+    "SHARDFUZZ_SPARE_POOLS": (1, 0),  # 0: no warm spare after a failure (benchmarks' "before")
 }
 
 

@@ -75,7 +75,7 @@ def discard_pool(pool: Pool, *, spare_for: Task | None = None) -> None:
     key = (pool.backend, pool.world_size, pool.device, pool.debug)
     timeout_s = pool.timeout_s
     pool.kill()
-    if spare_for is not None:
+    if spare_for is not None and env_int("SHARDFUZZ_SPARE_POOLS", 1, 0):
         start_spare(key, timeout_s, Warm(spare_for.target_ref, spare_for.impl.ref))
 
 

@@ -144,8 +144,8 @@ class Ring:
         """``(q_start, k_stop, causal)`` of the pieces to compute at ``step`` with ``src``'s block:
         local queries ``[q_start:]`` against the block's keys ``[:k_stop]``."""
         k_all = self.lens[src]
-        if self.variant == "full":
-            return [(0, k_all, False)]
+        if self.variant == "full":  # unmasked_padding: the padded length, zero keys included
+            return [(0, self.maxlen if self.bug == "unmasked_padding" else k_all, False)]
         if step == 0:
             return [(0, k_all, True)]
         every = self.bug == "causal_every_step"
@@ -306,6 +306,9 @@ def _variant(case):
 TRIGGERS = {
     **{f"variant={v}": (lambda c, v=v: _variant(c) == v) for v in VARIANTS},
     "causal on exactly 3 ranks": lambda c: _variant(c) == "causal" and c.world_size == 3,
+    "non-causal on an uneven sequence": lambda c: (
+        _variant(c) == "full" and c.sizes["seq"] % c.group_size != 0
+    ),
     "zigzag on 3 ranks": lambda c: _variant(c) == "zigzag" and c.world_size == 3,
     "zigzag on 4 ranks": lambda c: _variant(c) == "zigzag" and c.world_size == 4,
     "causal with an empty DTensor shard": lambda c: (
@@ -317,6 +320,21 @@ TRIGGERS = {
 }
 
 PLANTED = [
+    PlantedBug(
+        "unmasked_padding",
+        "non-causal path attends over the padded K/V block (zero keys unmasked, weight exp(-lse)); "
+        "the causal paths slice by the real length (needs an uneven sequence and non-causal "
+        "attention at once; a saturated softmax would hide it)",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=("seq",),
+            check=lambda c: _variant(c) == "full",
+            note="non-causal, uneven seq",
+        ),
+        p95=5,
+    ),
     PlantedBug(
         "naive_merge",
         "LSE merge log(1 + exp(lse_b - lse)) overflows in float32 for logit gaps above ~88",

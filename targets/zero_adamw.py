@@ -275,6 +275,8 @@ def reference(ctx, *, bug: str | None = None):
             (grad,) = torch.autograd.grad(loss, p)
             if stage == 1:
                 grad_full += grad
+            elif bug == "stage2_accum_unreduced" and mb > 0:  # reduce-scatter dispatched once
+                grad_shard += padded(grad).narrow(0, lo, chunk)  # my slice of my own gradient only
             else:  # reduce-scatter every micro-batch, accumulate the shard
                 grad_shard += reduce_scatter_by_all_to_all(padded(grad), group, g_size)
         if stage == 1:
@@ -389,6 +391,9 @@ TRIGGERS = {
     "padding on several ranks": padding_spans_ranks,
     "odd numel on 2 ranks": lambda c: c.group_size == 2 and c.sizes["numel"] % 2 == 1,
     "stage 3 over several steps": lambda c: c.options["stage"] == 3 and c.options["steps"] >= 2,
+    "stage >= 2 with accumulation on 2+ ranks": lambda c: (
+        c.options["stage"] >= 2 and c.options["grad_accum"] > 1 and c.group_size > 1
+    ),
     "several parameters across ranks": lambda c: len(param_sizes(c)) == 3 and c.group_size >= 3,
 }
 
@@ -482,6 +487,22 @@ PLANTED = [
         Expect("mismatch", 1, (1,), uneven=None, check=lambda c: c.options["steps"] == 2, note="2 steps"),
         p95=11,
         link="deepspeedai/DeepSpeed#7839",
+    ),
+    PlantedBug(
+        "stage2_accum_unreduced",
+        "stage >= 2 with gradient accumulation: the reduce-scatter is dispatched on the first "
+        "micro-batch only, later micro-batches add the rank's own slice of its local gradient, "
+        "unreduced (needs stage >= 2, accumulation and 2+ ranks at once)",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=None,
+            check=lambda c: c.options["stage"] >= 2 and c.options["grad_accum"] == 2,
+            note="stage >= 2, 2 micro-batches",
+        ),
+        p95=1,
+        link="InfiniTensor/InfiniTrain#213",
     ),
     PlantedBug(
         "bf16_step_tensor",
