@@ -82,7 +82,8 @@ def discard_pool(pool: Pool, *, spare_for: Task | None = None) -> None:
 def start_spare(key: tuple, timeout_s: float, warm: Warm | None = None) -> None:
     """Start a spare pool for ``key`` in a background thread, unless one exists or is starting."""
     with _lock:
-        if _closing or key in _spares or key in _starting:
+        spare_ranks = sum(p.world_size for p in _spares.values())
+        if _closing or key in _spares or key in _starting or spare_ranks + key[1] > max_pool_ranks():
             return
         done = _starting[key] = threading.Event()
 

@@ -97,6 +97,8 @@ def build_test(
 
     def test() -> None:
         failing = covering.run()
+        if failing is not None:  # kept, so a deadline before Hypothesis replays it cannot lose it
+            smallest.on_finding(runner, failing.case, covering.finding)
         # the rows count toward the budget: Hypothesis gets what they left of max_examples
         budget = type(s)(s, max_examples=max(1, s.max_examples - len(covering.ran)))
         _given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
