@@ -237,6 +237,8 @@ class CoveringRun:
         self.done = False
         #: the rows run, in order, and the finding of the failing one
         self.ran: list[Row] = []
+        #: how many rows ran as examples (not rejected as unsupported, excluded or set aside)
+        self.examples = 0
         self.finding: Any = None
 
     def run(self) -> Row | None:
@@ -251,8 +253,10 @@ class CoveringRun:
             except (Unsupported, ExternalFault):
                 continue
             except Finding as f:
+                self.examples += 1
                 self.finding = f
                 return row
+            self.examples += 1
         return None
 
     def not_reproduced(self, row: Row) -> BaseException:

@@ -100,7 +100,7 @@ def build_test(
         if failing is not None:  # kept, so a deadline before Hypothesis replays it cannot lose it
             smallest.on_finding(runner, failing.case, covering.finding)
         # the rows count toward the budget: Hypothesis gets what they left of max_examples
-        budget = type(s)(s, max_examples=max(1, s.max_examples - len(covering.ran)))
+        budget = type(s)(s, max_examples=max(1, s.max_examples - covering.examples))
         _given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
         if failing is not None:  # the row failed, but not when Hypothesis replayed it
             raise covering.not_reproduced(failing)
