@@ -53,25 +53,30 @@ class Row:
 
 
 def draw_pool(strategy: Any, seed: int, size: int = POOL_SIZE) -> list[tuple[Case, tuple]]:
-    """``size`` cases drawn from ``strategy`` with a ``random.Random(seed)``, each with its choice
-    sequence (what Hypothesis' database stores). Draws the strategy rejects are skipped."""
+    """Up to ``size`` distinct cases drawn from ``strategy`` at random (uniformly over Hypothesis'
+    choices, not simplest-first as a search starts) with a ``random.Random(seed)``, each with the
+    choice sequence that drew it (what Hypothesis' database stores). Draws a filter rejects are
+    skipped. The draws run inside a Hypothesis build context, so maps and composites work as in a
+    search."""
+    from hypothesis.control import BuildContext
     from hypothesis.errors import StopTest
     from hypothesis.internal.conjecture.data import ConjectureData, Status
 
     rng = random.Random(seed)
-    out: list[tuple[Case, tuple]] = []
+    out: dict[Case, tuple] = {}
     for _ in range(size * 2):
         if len(out) >= size:
             break
         data = ConjectureData(random=rng)
         try:
-            case = data.draw(strategy)
+            with BuildContext(data, is_final=False, wrapped_test=draw_pool):
+                case = data.draw(strategy)
         except StopTest:  # a filter rejected the draw
             continue
         data.freeze()
-        if data.status >= Status.VALID and isinstance(case, Case):
-            out.append((case, tuple(data.choices)))
-    return out
+        if data.status >= Status.VALID and isinstance(case, Case) and case not in out:
+            out[case] = tuple(data.choices)
+    return list(out.items())
 
 
 def categorical_options(cases: Iterable[Case]) -> tuple[str, ...]:

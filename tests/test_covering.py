@@ -56,6 +56,9 @@ def test_pairs_are_what_a_case_reaches_together():
     row = covering.covering_rows(target, target.strategy(), seed=3, pool_size=100)[:1]
     missing = covering.uncovered(row, pool, target)
     assert missing, "one row cannot cover every pair: the check must be able to fail"
+    # a mapped or filtered strategy (--dtypes maps) draws as in a search
+    mapped = covering.draw_pool(target.strategy(None, ("bfloat16",)).filter(lambda c: c.world_size > 1), 3, 30)
+    assert mapped and all(c.dtype == "bfloat16" and c.world_size > 1 for c, _ in mapped)
 
 
 def test_rows_run_before_any_random_example_and_count_toward_the_budget():
