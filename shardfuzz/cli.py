@@ -22,6 +22,7 @@ from shardfuzz.errors import Finding, InfrastructureError, InvalidArgument, Shar
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.gpu import placement_summary
 from shardfuzz.hooks import grace_seconds
+from shardfuzz.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.oracle import check_case
 from shardfuzz.refs import add_search_path
 from shardfuzz.registry import BUILTIN_TARGETS, available_targets, get_target
@@ -130,13 +131,13 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
     if args.impl is not None:
         opts += ["--impl", args.impl]
     jobs = [[*base, spec, *opts] for spec in targets]
-    cost = campaign.job_cost(config.world_sizes)
+    cost = job_cost(config.world_sizes)
     budget = args.rank_budget or os.cpu_count() or 1
     print(
         f"running {len(jobs)} jobs, up to {args.jobs} at once within {budget} ranks (each job uses up to {cost})",
         flush=True,
     )
-    rows, codes, interrupted = campaign.run_jobs(jobs, [cost] * len(jobs), budget, args.jobs)
+    rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, args.jobs)
     print("\n" + campaign.summary_table(rows), flush=True)
     found = any(r["found"] for r in rows)
     if interrupted:
@@ -205,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
     if getattr(args, "parent_pid", None):
-        campaign.die_with_parent(args.parent_pid)
-    with campaign.sigterm_interrupts(args.command == "fuzz"):  # SIGTERM stops a campaign like Ctrl-C
+        die_with_parent(args.parent_pid)
+    with sigterm_interrupts(args.command == "fuzz"):  # SIGTERM stops a campaign like Ctrl-C
         return _main(args)
 
 

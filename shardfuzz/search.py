@@ -107,7 +107,6 @@ def build_test(
 
     test.__name__ = test.__qualname__ = test_case.__name__
     test.shardfuzz_smallest = smallest  # type: ignore[attr-defined]  # read by run_test
-    test.shardfuzz_covering = covering  # type: ignore[attr-defined]
     return test
 
 
