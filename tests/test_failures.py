@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -195,11 +196,16 @@ def test_campaign_with_duration_progress_and_summary(tmp_path):
     assert "nothing found" in out.stdout and "toy" in out.stdout
 
 
-def test_campaign_stops_at_a_finding_and_writes_its_file(tmp_path):
-    out = cli("fuzz", TOY, "--impl", "wrong_rank1", "--duration", "60s", "--failures-dir", str(tmp_path))
+def test_campaign_keeps_going_after_a_finding_and_keeps_one_file_per_distinct_finding(tmp_path):
+    out = cli("fuzz", TOY, "--impl", "wrong_rank1", "--duration", "10s", "--failures-dir", str(tmp_path))
     assert out.returncode == 1
     assert "FOUND mismatch" in out.stdout and "failure file:" in out.stdout
-    assert list(tmp_path.glob("toy-wrong_rank1-gloo-mismatch.json"))
+    row = re.search(r"^toy\s+wrong_rank1\s+(\d+)\s+[\d.]+\s+(\d+)\s+FOUND", out.stdout, re.M)
+    assert row, out.stdout
+    runs = int(row.group(2))
+    assert runs >= 2, out.stdout  # it went on after the first finding
+    assert "found again" in out.stdout  # the same bug, not a second finding
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["toy-wrong_rank1-gloo-mismatch.json"]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
