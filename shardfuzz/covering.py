@@ -30,6 +30,7 @@ from typing import Any
 from shardfuzz.case import Case
 from shardfuzz.errors import ExternalFault, Finding, Unsupported
 from shardfuzz.exclude import Excluded
+from shardfuzz.hooks import StickyInterrupt
 from shardfuzz.triggers import triggers_of
 
 #: cases drawn to learn which pairs of conditions occur together
@@ -252,6 +253,7 @@ class CoveringRun:
             return None
         self.done = True
         for row in rows_for(self.runner):
+            StickyInterrupt.check()
             self.ran.append(row)
             try:
                 counted_run(self.runner, row.case)

@@ -124,3 +124,38 @@ class Deadline(RunHooks):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0.0)
             signal.signal(signal.SIGALRM, previous)
+
+
+class StickyInterrupt:
+    """Ctrl-C that stays pending until it is acted on. Python raises KeyboardInterrupt wherever the
+    main thread is when SIGINT arrives; inside a garbage-collector callback (Hypothesis installs
+    one) or a ``__del__`` it is printed as "ignored" and lost, and the run would go on as if
+    nothing happened. Within :meth:`armed`, the interrupt is remembered and :meth:`check` (called
+    before every example) raises it again."""
+
+    pending = False
+
+    @classmethod
+    @contextlib.contextmanager
+    def armed(cls) -> Iterator[None]:
+        usable = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGINT) if usable else None
+        if previous is not signal.default_int_handler:
+            yield  # someone else handles SIGINT: leave it to them
+            return
+
+        def _interrupt(signum: int, frame: object) -> None:
+            cls.pending = True
+            raise KeyboardInterrupt()
+
+        signal.signal(signal.SIGINT, _interrupt)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            cls.pending = False
+
+    @classmethod
+    def check(cls) -> None:
+        if cls.pending:
+            raise KeyboardInterrupt()

@@ -22,7 +22,7 @@ from shardfuzz.database import keyed_database
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.exclude import Excluded
 from shardfuzz.failures import FailureRecorder
-from shardfuzz.hooks import Deadline, RunHooks, TimeUp, example_order
+from shardfuzz.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_order
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.settings import build_settings
 
@@ -43,6 +43,7 @@ def check(runner: Runner, case: Case) -> float:
     """Run one case inside a Hypothesis test: statistics, events and ``target()`` included."""
     from hypothesis import event, reject, target
 
+    StickyInterrupt.check()  # a Ctrl-C that Python swallowed (in a gc callback) still stops the run
     try:
         ratio, reached = counted_run(runner, case)
     except (Unsupported, ExternalFault) as e:
@@ -131,7 +132,8 @@ def run_test(test: Callable[[], None]) -> None:
     if smallest is not None:
         smallest.clear()
     try:
-        test()
+        with StickyInterrupt.armed():
+            test()
     except BaseException as exc:
         why = _stopped_by(exc)
         cut = smallest.cut_short(why) if smallest is not None and why is not None else None
@@ -153,10 +155,7 @@ def _stopped_by(exc: BaseException) -> str | None:
     return None
 
 
-_CUT_SHORT = {
-    "deadline": "the deadline fell",
-    "interrupted": "the run was interrupted",
-}
+_CUT_SHORT = {"deadline": "the deadline fell", "interrupted": "the run was interrupted"}
 
 
 class SmallestFindings(RunHooks):
