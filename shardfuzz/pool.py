@@ -40,6 +40,8 @@ from shardfuzz.spawn import ProgressWatch, context, driver_store, hard_cap, no_m
 from shardfuzz.worker import worker_main
 
 START_TIMEOUT_S = 120.0
+#: after a rank's own exception (not a peer's closed connection), how long to wait for the others
+OWN_ERROR_GRACE_S = 0.05
 OUTPUT_TAIL = 4000
 
 
@@ -202,7 +204,10 @@ class Pool:
                 pending.discard(r)
             now = time.monotonic()
             if (errors or dead) and pending:
-                grace_end = min(grace_end, now + grace_s)
+                # a rank's own exception is the cause: peers are only stuck waiting for it (a
+                # moment for a death at the same time); a "connection closed" may follow one
+                cause = not dead and all(not (e.peer_closed or e.timed_out) for e in errors.values())
+                grace_end = min(grace_end, now + (min(grace_s, OWN_ERROR_GRACE_S) if cause else grace_s))
             if now >= grace_end:
                 verdict = "grace"
                 break
