@@ -34,7 +34,7 @@ from shardfuzz.hooks import StickyInterrupt
 from shardfuzz.triggers import triggers_of
 
 #: cases drawn to learn which pairs of conditions occur together
-POOL_SIZE = 400
+POOL_SIZE = 250
 #: an option with at most this many distinct values in the pool is categorical: each value is a condition
 MAX_CATEGORIES = 6
 

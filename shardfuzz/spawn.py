@@ -22,8 +22,6 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from shardfuzz.registry import BUILTIN_TARGETS
-
 #: a rank progresses when its CPU time grew by more than this share of the window
 PROGRESS_FRACTION = 0.02
 #: a busy example may extend its wait up to max(HARD_CAP_MIN_S, HARD_CAP_FACTOR x window)
@@ -46,9 +44,9 @@ def context() -> Any:
         # preload once in the forkserver what every (re)started rank would otherwise import inside
         # an example: torch.distributed.tensor (DTensor, DeviceMesh, TP: ~0.5 s),
         # torch._inductor.config, which torch.use_deterministic_algorithms imports (with
-        # torch._dynamo: ~300 modules, 0.5-0.6 s idle, 2-7 s under load), and the built-in targets
-        # with Hypothesis and the strategies they import (0.15-0.45 s in a fresh rank's first example)
-        builtin = sorted({ref.split(":")[0] for ref in BUILTIN_TARGETS.values()})
+        # torch._dynamo: ~300 modules, 0.5-0.6 s idle, 2-7 s under load), and Hypothesis and the
+        # strategies, which every target module imports (most of the 0.15-0.45 s a fresh rank's
+        # first example spent importing its target; a spare imports the target itself)
         _ctx.set_forkserver_preload(
             [
                 "torch",
@@ -59,7 +57,6 @@ def context() -> Any:
                 "shardfuzz.worker",
                 "hypothesis",
                 "shardfuzz.strategies",
-                *builtin,
             ]
         )
     return _ctx

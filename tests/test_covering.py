@@ -35,8 +35,9 @@ class Order(RunHooks):
 @pytest.mark.parametrize("name", sorted(BUILTIN_TARGETS))
 def test_covering_rows_reach_every_pair_of_conditions_their_pool_reaches(name):
     target = get_target(name)
-    rows = covering.covering_rows(target, target.strategy(), seed=7)
-    pool = [c for c, _ in covering.draw_pool(target.strategy(), 7)]
+    rows = covering.rows_for(Runner(target, None, RunConfig()))  # what every run of it uses (cached)
+    seed = covering.stable_seed(f"{target.name}/covering")
+    pool = [c for c, _ in covering.draw_pool(target.strategy(), seed)]
     assert covering.uncovered(rows, pool, target) == set()
     assert {r.case for r in rows} <= set(pool)
     # every declared trigger the pool reaches is reached by a row, paired with every other condition
@@ -57,7 +58,9 @@ def test_pairs_are_what_a_case_reaches_together():
     missing = covering.uncovered(row, pool, target)
     assert missing, "one row cannot cover every pair: the check must be able to fail"
     # a mapped or filtered strategy (--dtypes maps) draws as in a search
-    mapped = covering.draw_pool(target.strategy(None, ("bfloat16",)).filter(lambda c: c.world_size > 1), 3, 30)
+    mapped = covering.draw_pool(
+        target.strategy(None, ("bfloat16",)).filter(lambda c: c.world_size > 1), 3, 30
+    )
     assert mapped and all(c.dtype == "bfloat16" and c.world_size > 1 for c, _ in mapped)
 
 
