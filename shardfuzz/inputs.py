@@ -20,14 +20,33 @@ def generator(case: Any, stream: int = 0) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed((case.seed * 1_000_003 + stream) % (2**63))
 
 
-def apply_profile(t: torch.Tensor, case: Any) -> torch.Tensor:
-    """Shape float32 values ``t`` by ``case.profile`` (see :data:`shardfuzz.strategies.PROFILES`)."""
+#: what a tensor is to the value profile (``role=`` of :func:`randn`):
+#: ``activation``: inputs, activations, loss scales and cotangents: ``large``/``small`` scale them;
+#: ``weight``: weights, biases, embedding tables: they keep their init scale (a large weight makes
+#: every activation after it large, saturating what follows: a GELU input far below 0 is exactly 0);
+#: ``logits``: a tensor that feeds a softmax (queries, keys, router inputs): ``large`` logits make
+#: the softmax one-hot, which hides bugs (zero-padded keys get weight 0); test large logit gaps on
+#: purpose with a target option (``ring_attention``'s ``logit_scale``);
+#: ``cotangent``: the gradient fed to backward, a loss scale: ``large``/``small`` scale it, ``ties``
+#: leaves it (a few values on a coarse grid are often all 0, and a zero cotangent zeroes every
+#: gradient).
+#: ``ties`` quantises the other roles to the midpoints of a grid relative to the tensor's own scale.
+ROLES = ("activation", "weight", "logits", "cotangent")
+
+
+def apply_profile(t: torch.Tensor, case: Any, role: str = "activation", scale: float = 1.0) -> torch.Tensor:
+    """Shape float32 values ``t`` (of standard deviation ``scale``) by ``case.profile`` for a tensor
+    of ``role`` (see :data:`ROLES` and :data:`shardfuzz.strategies.PROFILES`)."""
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}; allowed: {', '.join(ROLES)}")
     opts = case.options
-    if case.profile == "large" or case.profile == "small":
-        return t * float(opts.get("scale", 1.0))
-    if case.profile == "ties":
-        grid = float(opts.get("grid", 0.5))
-        return (t / grid).round() * grid
+    if case.profile in ("large", "small"):
+        return t * float(opts.get("scale", 1.0)) if role in ("activation", "cotangent") else t
+    if case.profile == "ties" and role != "cotangent":
+        # the midpoints of a coarse grid: many exactly equal values, and never a 0 (a few values
+        # rounded to 0 on a coarse grid are often all 0, and every output after them with them)
+        grid = float(opts.get("grid", 0.5)) * scale
+        return ((t / grid).floor() + 0.5) * grid
     return t
 
 
@@ -37,13 +56,15 @@ def randn(
     gen: torch.Generator | None = None,
     scale: float = 1.0,
     profile: bool = True,
+    role: str = "activation",
     dtype: str | None = None,
 ) -> torch.Tensor:
-    """Normal values of ``shape`` in the case dtype (or ``dtype``), after the value profile."""
+    """Normal values of ``shape`` and standard deviation ``scale`` in the case dtype (or
+    ``dtype``), shaped by the value profile for a tensor of ``role`` (``profile=False``: not at all)."""
     import torch
 
     g = gen if gen is not None else generator(case)
     t = torch.randn(*shape, generator=g, dtype=torch.float32) * scale
     if profile:
-        t = apply_profile(t, case)
+        t = apply_profile(t, case, role, scale)
     return t.to(getattr(torch, dtype or case.dtype))

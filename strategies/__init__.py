@@ -28,6 +28,7 @@ __all__ = [
     "cases",
     "dtypes",
     "meshes",
+    "mostly",
     "seeds",
     "sharded_sizes",
     "split_dims",
@@ -93,12 +94,16 @@ class Split:
     ``per_rank`` is drawn in ``[min_per_rank, max_per_rank]`` and the remainder in
     ``[0, group - 1]`` when ``uneven`` (else 0). Empty shards need ``allow_empty``: it lets
     ``per_rank`` be 0 (the global size still stays >= 1), so "uneven" never shrinks into "empty".
+    ``min_size`` is the smallest global size, for a dim that is degenerate below it (a router over
+    one expert has a softmax of one element: its gradient is exactly 0); a smaller draw is raised
+    to it.
     """
 
     min_per_rank: int = 1
     max_per_rank: int = 3
     uneven: bool = True
     allow_empty: bool = False
+    min_size: int = 1
 
     def __post_init__(self) -> None:
         _check_int("min_per_rank", self.min_per_rank, 0)
@@ -108,6 +113,7 @@ class Split:
             raise InvalidArgument("min_per_rank=0 gives empty shards; pass allow_empty=True to allow them")
         if self.max_per_rank == 0 and not self.uneven:
             raise InvalidArgument("max_per_rank=0 with uneven=False gives a global size of 0")
+        _check_int("min_size", self.min_size, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,9 +140,10 @@ def sharded_sizes(draw, parts: int, spec: Split = Split()) -> int:
     lo = spec.min_per_rank if spec.min_per_rank > 0 or not spec.allow_empty else 0
     per_rank = draw(st.integers(lo, spec.max_per_rank))
     if per_rank == 0:  # only under allow_empty: fewer rows than ranks, but never a global size of 0
-        return draw(st.integers(1, parts - 1)) if parts > 1 else 1
-    rem = draw(st.integers(0, parts - 1)) if spec.uneven else 0
-    return per_rank * parts + rem
+        size = draw(st.integers(1, parts - 1)) if parts > 1 else 1
+    else:
+        size = per_rank * parts + (draw(st.integers(0, parts - 1)) if spec.uneven else 0)
+    return max(size, spec.min_size)
 
 
 def split_dims(ndim: int, *, min_dim: int = 0, max_dim: int | None = None) -> st.SearchStrategy[int]:
@@ -190,6 +197,19 @@ def _value_profiles(draw, allowed, min_log_scale, max_log_scale):
     if name == "ties":
         return name, {"grid": draw(st.sampled_from([0.5, 1.0, 0.25]))}
     return name, {}
+
+
+def mostly(common: Any, *rare: Any, share: float = 0.95) -> st.SearchStrategy[Any]:
+    """``common`` in about ``share`` of the draws, else one of ``rare`` (equally often); shrinks
+    toward ``common``. For an option value that is needed to find some bugs but hides others (a
+    large logit scale saturates the softmax): rare among random draws, while the covering rows
+    still put every value next to every other condition."""
+    if not rare:
+        raise InvalidArgument("mostly(common): give at least one rare value")
+    if not isinstance(share, float) or not 0.0 < share < 1.0:
+        raise InvalidArgument(f"share={share!r}; must be a float in (0, 1)")
+    cut = round(1000 * share)
+    return st.integers(0, 999).map(lambda i: common if i < cut else rare[(i - cut) * len(rare) // (1000 - cut)])
 
 
 def seeds(*, max_seed: int = 2**31 - 1) -> st.SearchStrategy[int]:

@@ -69,7 +69,7 @@ LR, WEIGHT_DECAY = 0.5, 0.5
 
 SIZES = {
     "tokens": sst.Split(min_per_rank=1, max_per_rank=3),
-    "experts": sst.Split(min_per_rank=0, max_per_rank=2, allow_empty=True),
+    "experts": sst.Split(min_per_rank=0, max_per_rank=2, allow_empty=True, min_size=2),
     "d_model": sst.Free(1, 3),
     "hidden": sst.Free(1, 3),
 }
@@ -96,13 +96,14 @@ def _k(case) -> int:
 def inputs(case):
     n, e, d, h = (case.sizes[k] for k in ("tokens", "experts", "d_model", "hidden"))
     g = generator(case)
-    forced = min(case.options["empty_experts"], e - _k(case))
+    # keep k + 1 usable experts: with only k the gates are fixed and the router gradient is 0
+    forced = max(0, min(case.options["empty_experts"], e - _k(case) - 1))
     bias = torch.zeros(e, dtype=getattr(torch, case.dtype))
     if forced:
         bias[e - forced :] = -math.inf
     return {
         "x": randn(case, n, d, gen=g),
-        "wr": randn(case, e, d, gen=g, scale=d**-0.5),
+        "wr": randn(case, e, d, gen=g, scale=d**-0.5, role="weight"),
         "bias": bias,
         "w1": randn(case, e, d, h, gen=g, scale=d**-0.5, profile=False),
         "w2": randn(case, e, h, d, gen=g, scale=h**-0.5, profile=False),

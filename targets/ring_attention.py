@@ -68,7 +68,9 @@ def cases(world_sizes=None):
         sizes=SIZES,
         options={
             "variant": st.sampled_from(VARIANTS),
-            "logit_scale": st.sampled_from([1.0, 30.0, 100.0]),
+            # large logit gaps saturate the softmax, which hides most bugs: rare at random, and
+            # every value still meets every other condition in the covering rows
+            "logit_scale": sst.mostly(1.0, 30.0, 100.0),
         },
         world_sizes=world_sizes,
     )
@@ -88,8 +90,8 @@ def inputs(case):
     b, s, h, d = (case.sizes[k] for k in ("batch", "seq", "heads", "head_dim"))
     g = generator(case)
     return {
-        "q": randn(case, b, s, h, d, gen=g, scale=case.options["logit_scale"]),
-        "k": randn(case, b, s, h, d, gen=g),
+        "q": randn(case, b, s, h, d, gen=g, scale=case.options["logit_scale"], role="logits"),
+        "k": randn(case, b, s, h, d, gen=g, role="logits"),
         "v": randn(case, b, s, h, d, gen=g),
         "dout": randn(case, b, s, h, d, gen=g, profile=False),
         "dlse": randn(case, b, h, s, gen=g, profile=False),
@@ -338,12 +340,12 @@ PLANTED = [
     PlantedBug(
         "naive_merge",
         "LSE merge log(1 + exp(lse_b - lse)) overflows in float32 for logit gaps above ~88",
-        # a large logit gap between the blocks' LSEs (a drawn logit_scale, or the 'large' profile)
+        # a large logit gap between the blocks' LSEs (a drawn logit_scale)
         Expect(
             "mismatch",
             2,
             (2,),
-            check=lambda c: _variant(c) == "full" and (c.options["logit_scale"] > 1 or c.profile == "large"),
+            check=lambda c: _variant(c) == "full" and c.options["logit_scale"] > 1,
             note="logit_scale 30",
         ),
         p95=28,

@@ -47,10 +47,10 @@ def inputs(case):
     g = generator(case)
     return {
         "x": randn(case, b, s, d, gen=g),
-        "w1": randn(case, h, d, gen=g, scale=d**-0.5),
-        "b1": randn(case, h, gen=g),
-        "w2": randn(case, o, h, gen=g, scale=h**-0.5),
-        "b2": randn(case, o, gen=g),
+        "w1": randn(case, h, d, gen=g, scale=d**-0.5, role="weight"),
+        "b1": randn(case, h, gen=g, role="weight"),
+        "w2": randn(case, o, h, gen=g, scale=h**-0.5, role="weight"),
+        "b2": randn(case, o, gen=g, role="weight"),
         "dy": randn(case, b, s, o, gen=g, profile=False),
     }
 

@@ -46,7 +46,7 @@ ROPE_BASE = 10000.0
 
 SIZES = {
     "batch": sst.Free(1, 2),
-    "seq": sst.Split(min_per_rank=1, max_per_rank=3),
+    "seq": sst.Split(min_per_rank=1, max_per_rank=3, min_size=2),  # one key: dq = dk = 0
     "kv_heads": sst.Free(1, 3),
     "q_per_kv": sst.Free(1, 3),
     "head_dim": sst.Free(1, 4),
@@ -61,8 +61,8 @@ def inputs(case):
     b, s, hkv, g, d = (case.sizes[k] for k in ("batch", "seq", "kv_heads", "q_per_kv", "head_dim"))
     gen = generator(case)
     return {
-        "q": randn(case, b, s, hkv * g, d, gen=gen),
-        "k": randn(case, b, s, hkv, d, gen=gen),
+        "q": randn(case, b, s, hkv * g, d, gen=gen, role="logits"),
+        "k": randn(case, b, s, hkv, d, gen=gen, role="logits"),
         "v": randn(case, b, s, hkv, d, gen=gen),
         "dout": randn(case, b, s, hkv * g, d, gen=gen, profile=False),
     }

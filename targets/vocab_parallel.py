@@ -37,7 +37,7 @@ SIZES = {
     "batch": sst.Free(1, 2),
     "seq": sst.Free(1, 3),
     "d_model": sst.Free(1, 4),
-    "vocab": sst.Split(min_per_rank=1, max_per_rank=3),
+    "vocab": sst.Split(min_per_rank=1, max_per_rank=3, min_size=2),  # one class: loss = 0
 }
 
 
@@ -59,12 +59,15 @@ def inputs(case):
     # so bugs that are right on rank 0 show at any seed (and shrinking keeps them)
     first_of_last = split_offsets(v, case.group_size, VOCAB.rule)[-1]
     tokens[0, 0] = labels[0, 0] = first_of_last
+    # and not every token the same (token, label) pair, so the per-token loss is not constant
+    if b * s > 1:
+        labels.view(-1)[-1] = (first_of_last + 1) % v
     return {
         "tokens": tokens,
         "labels": labels,
-        "emb": randn(case, v, d, gen=g),
-        "w_out": randn(case, v, d, gen=g, scale=d**-0.5),
-        "dloss": randn(case, b, s, gen=g, profile=False),
+        "emb": randn(case, v, d, gen=g, role="weight"),
+        "w_out": randn(case, v, d, gen=g, scale=d**-0.5, role="weight"),
+        "dloss": randn(case, b, s, gen=g, role="cotangent"),  # the loss scale: large under `large`
     }
 
 

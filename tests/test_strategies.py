@@ -1,9 +1,11 @@
 """Strategies: pinned minimal examples, clear bound errors, and reach of every trigger condition."""
 
 import math
+import warnings
 
 import pytest
 from hypothesis import find, given, settings
+from hypothesis.errors import NonInteractiveExampleWarning
 from hypothesis import strategies as st
 
 import shardfuzz.strategies as sst
@@ -34,6 +36,22 @@ def test_sharded_sizes_shrink_even_then_uneven_never_empty_without_flag():
     assert minimal(sst.sharded_sizes(3)) == 3
     assert minimal(sst.sharded_sizes(3), lambda n: n % 3) == 4
     assert minimal(sst.sharded_sizes(3, sst.Split(allow_empty=True, min_per_rank=0)), lambda n: n < 3) == 1
+
+
+def test_min_size_raises_the_global_size_and_keeps_empty_shards_reachable():
+    spec = sst.Split(allow_empty=True, min_per_rank=0, min_size=2)
+    assert minimal(sst.sharded_sizes(1, spec)) == 2
+    assert minimal(sst.sharded_sizes(3, spec), lambda n: n < 3) == 2  # [1, 1, 0]: a rank still empty
+
+
+def test_mostly_draws_the_common_value_mostly_and_shrinks_to_it():
+    assert minimal(sst.mostly(1.0, 30.0, 100.0)) == 1.0
+    assert minimal(sst.mostly(1.0, 30.0, 100.0), lambda v: v > 1) == 30.0
+    assert minimal(sst.mostly(1.0, 30.0, 100.0), lambda v: v > 30) == 100.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonInteractiveExampleWarning)
+        draws = [sst.mostly("a", "b", share=0.9).example() for _ in range(300)]
+    assert 0.8 < draws.count("a") / len(draws) < 0.97
 
 
 @given(st.integers(1, 4).flatmap(lambda p: st.tuples(st.just(p), sst.sharded_sizes(p))))
@@ -80,6 +98,9 @@ def test_explicit_world_sizes():
         (lambda: sst.split_dims(2, max_dim=2), "max_dim=2; a 2-d tensor has dims 0..1"),
         (lambda: sst.split_dims(0), "ndim=0"),
         (lambda: sst.value_profiles(allowed=("spiky",)), "spiky"),
+        (lambda: sst.Split(min_size=0), "min_size=0"),
+        (lambda: sst.mostly(1), "at least one rare value"),
+        (lambda: sst.mostly(1, 2, share=1.0), "share=1.0"),
         (lambda: sst.cases("t", min_world=3, max_world=1), "min_world=3 > max_world=1"),
     ],
 )
@@ -95,3 +116,31 @@ def test_generic_trigger_labels():
         target="t", world_size=4, mesh=(2, 2), sizes={"n": 3, "batch": 2}, split=("n",), dtype="bfloat16"
     )
     assert {"world>=3", "group<world", "2-D mesh", "uneven", "batch>1", "bfloat16"} <= generic_triggers(c)
+
+
+# -- value profiles by role: large magnitudes where they find bugs ------------------------------
+def _profiled(profile, options, role, scale=1.0):
+    from shardfuzz.inputs import randn
+
+    case = Case(target="t", world_size=1, mesh=(1,), profile=profile, options=options)
+    return randn(case, 2000, scale=scale, role=role)
+
+
+def test_large_scales_activations_and_cotangents_not_weights_or_logits():
+    base = {r: _profiled("normal", {}, r) for r in ("activation", "weight", "logits", "cotangent")}
+    large = {r: _profiled("large", {"scale": 1000.0}, r) for r in base}
+    assert large["activation"].equal(base["activation"] * 1000)
+    assert large["cotangent"].equal(base["cotangent"] * 1000)
+    assert large["weight"].equal(base["weight"]) and large["logits"].equal(base["logits"])
+
+
+def test_ties_quantise_on_a_grid_relative_to_the_tensor_scale_and_leave_cotangents():
+    w = _profiled("ties", {"grid": 1.0}, "weight", scale=0.1)
+    assert bool(((w / 0.1 - 0.5) == (w / 0.1 - 0.5).round()).all())  # midpoints of a grid of 0.1
+    assert bool((w != 0).all()) and len(w.unique()) < 12  # many ties, never a 0
+    assert _profiled("ties", {"grid": 1.0}, "cotangent").equal(_profiled("normal", {}, "cotangent"))
+
+
+def test_an_unknown_role_is_refused():
+    with pytest.raises(ValueError, match="role='bias'; allowed: activation, weight, logits, cotangent"):
+        _profiled("normal", {}, "bias")

@@ -9,7 +9,9 @@ tests, so a new built-in target needs no test file of its own:
 * the reference passes 200 examples in float32 and 200 in bfloat16 (float64: 60), no false positive
   (the 2,000- and 10,000-example runs are ``benchmarks/no_false_positives.py``);
 * the strategy reaches every declared trigger and the generic ones every target must reach;
-* backward is checked: the declared gradients are outputs of the cases that reach ``backward``.
+* backward is checked: the declared gradients are outputs of the cases that reach ``backward``;
+* under 5% of the strategy's random cases give a degenerate output (all zero or constant, or a
+  softmax saturated to one-hot: inputs that hide bugs).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import pytest
 from hypothesis import find, settings
 
 import shardfuzz
+from shardfuzz.covering import draw_pool, stable_seed
+from shardfuzz.degenerate import degenerate_share
 from shardfuzz.registry import BUILTIN_TARGETS, get_target
 from shardfuzz.testing import assert_planted_bug_found, assert_reference_passes
 from shardfuzz.triggers import triggers_of
@@ -81,6 +85,15 @@ NO_PLANTED = {
     "zero_adamw_torch": "torch's ZeroRedundancyOptimizer is the implementation under test; "
     "the planted bugs of the ZeRO contract live in zero_adamw",
 }
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_few_random_cases_have_degenerate_outputs(target):
+    t = TARGETS[target]
+    pool = [case for case, _ in draw_pool(t.strategy(), stable_seed(f"{target}/degenerate"), 250)]
+    found = degenerate_share(t, pool)
+    assert found.cases >= 200, f"only {found.cases} supported cases drawn"
+    assert found.share < 0.05, f"{target}: {found.degenerate} of {found.cases} cases degenerate: {found.by_cause}"
 
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if "batch" in _sizes_drawn(TARGETS[t])])
