@@ -37,9 +37,9 @@ def inputs(case):
     g = generator(case)
     return {
         "x": randn(case, t, d, gen=g),
-        "router": randn(case, e, d, gen=g, scale=d**-0.5),
-        "w1": randn(case, e, d, h, gen=g, scale=d**-0.5),
-        "w2": randn(case, e, h, d, gen=g, scale=h**-0.5),
+        "router": randn(case, e, d, gen=g, role="weight", scale=d**-0.5),
+        "w1": randn(case, e, d, h, gen=g, role="weight", scale=d**-0.5),
+        "w2": randn(case, e, h, d, gen=g, role="weight", scale=h**-0.5),
         "dy": randn(case, t, d, gen=g, profile=False),
     }
 

@@ -38,10 +38,10 @@ def inputs(case):
         "x": randn(case, b, s, d, gen=g),
         "ln_weight": 1 + randn(case, d, gen=g, scale=0.1, profile=False),
         "ln_bias": randn(case, d, gen=g, scale=0.1, profile=False),
-        "w1": randn(case, h, d, gen=g, scale=d**-0.5),
-        "b1": randn(case, h, gen=g),
-        "w2": randn(case, d, h, gen=g, scale=h**-0.5),
-        "b2": randn(case, d, gen=g),
+        "w1": randn(case, h, d, gen=g, role="weight", scale=d**-0.5),
+        "b1": randn(case, h, gen=g, role="weight"),
+        "w2": randn(case, d, h, gen=g, role="weight", scale=h**-0.5),
+        "b2": randn(case, d, gen=g, role="weight"),
         "dy": randn(case, b, s, d, gen=g, profile=False),
     }
 

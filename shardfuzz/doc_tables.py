@@ -36,6 +36,8 @@ def minimal_case(expect: Expect) -> str:
         parts.append(f"uneven {', '.join(expect.uneven)}")
     if expect.note:
         parts.append(expect.note)
+    if len(expect.needs) >= 2:
+        parts.append("needs " + " and ".join(f"`{n}`" for n in expect.needs))
     return ", ".join(parts)
 
 

@@ -48,6 +48,9 @@ class Expect:
             predicate on the tuple of wrong outputs.
         timeout: a fixed example timeout (hang bugs: keep it short).
         note: what ``check`` asks for, in words, for the README's minimal-case column.
+        needs: the trigger conditions the bug needs at once (labels of ``docs/triggers.md`` or of
+            the target's ``triggers``, or ``option=value``, e.g. ``("uneven", "causal")``): the
+            shrunk case must reach every one of them.
     """
 
     kind: str
@@ -58,6 +61,7 @@ class Expect:
     outputs: tuple[str, ...] | Callable[[tuple[str, ...]], bool] | None = None
     timeout: float | None = None
     note: str = ""
+    needs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -72,7 +76,7 @@ class PlantedBug:
         name: the implementation name it gets (``--impl NAME``).
         models: what real bug it models, in one line.
         expect: the finding the fuzzer must make, shrunk (:class:`Expect`).
-        p95: the 95th percentile of examples to the first failure over 30 seeds, measured with
+        p95: the 95th percentile of examples to the first failure over 20 seeds, measured with
             ``benchmarks/budget.py``; the test budget is ``2 * p95 + 10``.
         link: the upstream issue or pull request of the real bug, if there is one.
         impl: the implementation; default: the reference bound with ``bug=name``.

@@ -20,6 +20,7 @@ from shardfuzz.records import Expect
 from shardfuzz.refs import anchored_ref, caller_dir
 from shardfuzz.registry import get_target
 from shardfuzz.search import Result, run
+from shardfuzz.triggers import triggers_of
 
 __all__ = ["Expect", "assert_planted_bug_found", "assert_reference_passes", "budget", "uneven_sizes"]
 
@@ -31,7 +32,7 @@ def uneven_sizes(case: Case) -> tuple[str, ...]:
 
 def budget(p95: int) -> int:
     """The example budget for a planted-bug test: twice the 95th percentile of examples-to-failure
-    over 30 seeds (``benchmarks/budget.py`` measures it), plus 10."""
+    over 20 seeds (``benchmarks/budget.py`` measures it), plus 10."""
     return 2 * p95 + 10
 
 
@@ -54,6 +55,11 @@ def assert_planted_bug_found(target: Any, impl: str, expect: Expect, *, p95: int
         assert uneven_sizes(case) == tuple(expect.uneven), result.report
     if expect.check is not None:
         assert expect.check(case), result.report
+    if expect.needs:
+        t = get_target(target) if isinstance(target, str) else target
+        reached = triggers_of(t, case) | {f"{k}={v!r}" for k, v in case.options.items()}
+        missing = sorted(set(expect.needs) - reached)
+        assert not missing, f"the shrunk case does not reach {missing}:\n{result.report}"
     if expect.outputs is not None:
         first = result.failures[0]
         assert isinstance(first, Mismatch), result.report  # only mismatches name wrong outputs

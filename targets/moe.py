@@ -133,8 +133,9 @@ def select(x, wr, bias, k: int, dtype):
     return torch.sort(z, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def keep_mask(idx, n_experts: int, capacity_factor):
-    """Which of one rank's assignments ``idx [T, k]`` fit: first choices first, then token order."""
+def keep_mask(idx, n_experts: int, capacity_factor, second_from_zero: bool = False):
+    """Which of one rank's assignments ``idx [T, k]`` fit: first choices first, then token order.
+    ``second_from_zero``: the planted bug ``second_choice_slots``."""
     t, k = idx.shape
     keep = torch.ones(t, k, dtype=torch.bool)
     if capacity_factor is None or t == 0:
@@ -142,6 +143,8 @@ def keep_mask(idx, n_experts: int, capacity_factor):
     cap = math.ceil(capacity_factor * t * k / n_experts)
     used = [0] * n_experts
     for s in range(k):
+        if second_from_zero:  # GShard top-2 gating without locations2 += sum(mask1)
+            used = [0] * n_experts
         for i in range(t):
             e = int(idx[i, s])
             keep[i, s] = used[e] < cap
@@ -222,7 +225,7 @@ def reference(ctx, *, bug: str | None = None):
 
     # routing
     idx = select(x, wr, bias, k, x.dtype)
-    keep = keep_mask(idx, n_experts, case.options["capacity_factor"])
+    keep = keep_mask(idx, n_experts, case.options["capacity_factor"], bug == "second_choice_slots")
     logits = F.linear(x, wr) + bias
     if bug == "bf16_exp2" and x.dtype == torch.bfloat16:  # the bf16 "fast kernel": exp2, no log2(e)
         e = (logits - logits.amax(-1, keepdim=True).detach()).exp2()
@@ -350,6 +353,22 @@ GRADIENTS = ("grad_x", "grad_router", "grad_w1", "grad_w2")
 
 # -- planted bugs ----------------------------------------------------------------------------------
 PLANTED = [
+    PlantedBug(
+        "second_choice_slots",
+        "second-choice capacity slots counted from 0, not after the first choices (GShard-style "
+        "top-2 gating without `locations2 += sum(mask1)`), so second choices overflow the capacity "
+        "(needs top_k >= 2 and a capacity that drops)",
+        Expect(
+            "mismatch",
+            (1, 2),
+            None,
+            uneven=None,
+            check=lambda c: c.options["top_k"] == 2 and c.options["capacity_factor"] is not None,
+            note="top_k 2, a capacity that drops",
+            needs=("top_k=2", "a capacity overflows"),
+        ),
+        p95=1,
+    ),
     PlantedBug(
         "expert_id_no_offset",
         "received tokens matched to local experts by the global expert id, not shifted by the rank's "

@@ -334,6 +334,7 @@ PLANTED = [
             uneven=("seq",),
             check=lambda c: _variant(c) == "full",
             note="non-causal, uneven seq",
+            needs=("uneven", "variant='full'"),
         ),
         p95=5,
     ),

@@ -26,7 +26,7 @@ from einops import rearrange
 import shardfuzz.strategies as sst
 from shardfuzz import Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target
 from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_sizes
+from shardfuzz.layouts import split_offsets, split_sizes
 from shardfuzz.parallel import CopyToGroup, ReduceFromGroup
 
 SIZES = {
@@ -85,6 +85,11 @@ def reference(ctx, *, bug: str | None = None):
         h = ctx.inputs["w1"].shape[0]
         per = h // ctx.group_size
         rows = slice(ctx.group_rank * per, (ctx.group_rank + 1) * per)
+        w1, b1, w2 = ctx.inputs["w1"][rows], ctx.inputs["b1"][rows], ctx.inputs["w2"][:, rows]
+    elif bug == "tensor_split_shards":  # hand-made shards by tensor_split's rule, not the layout's
+        h, g, r = ctx.inputs["w1"].shape[0], ctx.group_size, ctx.group_rank
+        start, size = split_offsets(h, g, "tensor_split")[r], split_sizes(h, g, "tensor_split")[r]
+        rows = slice(start, start + size)
         w1, b1, w2 = ctx.inputs["w1"][rows], ctx.inputs["b1"][rows], ctx.inputs["w2"][:, rows]
     else:
         w1, b1, w2 = ctx.local["w1"], ctx.local["b1"], ctx.local["w2"]
@@ -281,6 +286,22 @@ PLANTED = [
         ),
         p95=11,
         link="NVIDIA/Megatron-LM#5337",
+    ),
+    PlantedBug(
+        "tensor_split_shards",
+        "hand-made shards by tensor_split's rule ([2, 1, 1]) where the layout, like DTensor, chunks "
+        "([2, 2, 0]); y is right, the gradient shards are misplaced (needs 3+ ranks and an uneven "
+        "hidden size: the rules agree on 2 ranks)",
+        Expect(
+            "layout",
+            3,
+            (3,),
+            uneven=("hidden",),
+            check=lambda c: c.sizes["hidden"] == 4,
+            note="hidden 4",
+            needs=("world>=3", "uneven"),
+        ),
+        p95=1,
     ),
     PlantedBug(
         "skip_empty_shard",

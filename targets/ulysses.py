@@ -82,12 +82,13 @@ def rope(x, pos):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
 
-def causal_mask(nq, nk):
-    """``[nq, nk]`` bool, True where query ``i`` may see key ``j`` (``j <= i``, top-left aligned)."""
-    return torch.ones(nq, nk, dtype=torch.bool).tril()
+def causal_mask(nq, nk, shift=0):
+    """``[nq, nk]`` bool, True where query ``i`` may see key ``j`` (``j <= i + shift``; 0:
+    top-left aligned)."""
+    return torch.ones(nq, nk, dtype=torch.bool).tril(shift)
 
 
-def attention(q, k, v, causal, exp2=False):
+def attention(q, k, v, causal, exp2=False, shift=0):
     """Grouped-query attention: ``q`` ``[b, s, hq, d]``, ``k``/``v`` ``[b, s, hkv, d]``; Q head ``j``
     uses KV head ``j * hkv // hq`` (``j // q_per_kv``). ``exp2``: the softmax's exp as exp2 without the log2(e) factor."""
     hq, hkv, d = q.shape[2], k.shape[2], q.shape[3]
@@ -95,7 +96,7 @@ def attention(q, k, v, causal, exp2=False):
     k, v = k[:, :, kv_of], v[:, :, kv_of]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * d**-0.5
     if causal:
-        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1]), -torch.inf)
+        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1], shift), -torch.inf)
     if exp2:
         e = (s - s.amax(-1, keepdim=True).detach()).exp2()
         p = e / e.sum(-1, keepdim=True)
@@ -173,7 +174,11 @@ def reference(ctx, *, bug: str | None = None):
         [pad_heads(qr, q_pad), pad_heads(kr, kv_pad), pad_heads(v, kv_pad)], seq_sizes, group, bug
     )
     exp2 = bug == "bf16_exp2" and q.dtype == torch.bfloat16  # the bf16 "fast kernel"
-    ol = attention(ql, kl, vl, ctx.case.options["causal"], exp2)
+    # causal_bottom_right: K/V counted as padded to sp * ceil(n / sp), the causal mask aligned to
+    # the bottom right as flash-attn >= 2.1 does when seqlen_k > seqlen_q: queries see the padding's
+    # worth of future keys
+    shift = -(-n // sp) * sp - n if bug == "causal_bottom_right" else 0
+    ol = attention(ql, kl, vl, ctx.case.options["causal"], exp2, shift)
     out = heads_to_seq(ol, seq_sizes, r, group, bug)[:, :, :hq]
     out.backward(ctx.local["dout"])
     return {"out": out.detach(), "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
@@ -198,6 +203,22 @@ TRIGGERS = {
 }
 
 PLANTED = [
+    PlantedBug(
+        "causal_bottom_right",
+        "K/V padded to a multiple of sp and the causal mask aligned bottom-right (flash-attn >= 2.1's "
+        "rule for seqlen_k > seqlen_q), so queries see future keys: right on even sequences and "
+        "without causal (needs causal attention and an uneven sequence)",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=("seq",),
+            check=lambda c: c.options["causal"],
+            note="causal",
+            needs=("causal", "uneven"),
+        ),
+        p95=1,
+    ),
     PlantedBug(
         "a2a_reshape",
         "output all-to-all unpacked seq-first although packed batch-first; right at batch 1 "

@@ -91,7 +91,7 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     """Megatron's vocab-parallel cross-entropy with label smoothing, forward and backward."""
 
     @staticmethod
-    def forward(ctx, logits, labels, start, vocab, eps, group, local_smoothing_bug=False, exp2=False):
+    def forward(ctx, logits, labels, start, vocab, eps, group, smoothing_bug=None, exp2=False):
         local_v = logits.shape[-1]
         lmax = (
             logits.max(dim=-1).values
@@ -113,14 +113,15 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         log_sum = sum_exp.log()
         loss = log_sum - z_label
         if eps:
-            if local_smoothing_bug:  # NVIDIA/Megatron-LM#737: local vocab size and local mean
+            if smoothing_bug == "local_smoothing":  # NVIDIA/Megatron-LM#737: local size and mean
                 mean_z = z.sum(-1) / local_v
                 n = local_v
             else:
+                # even_vocab_smoothing: the vocab size as local size x tp (an even split assumed)
+                n = local_v * dist.get_world_size(group) if smoothing_bug == "even_vocab_smoothing" else vocab
                 sum_z = z.sum(-1)
                 dist.all_reduce(sum_z, group=group)
-                mean_z = sum_z / vocab
-                n = vocab
+                mean_z = sum_z / n
             loss = (1 - eps) * loss + eps * (log_sum - mean_z)
         else:
             n = vocab
@@ -159,9 +160,7 @@ def reference(ctx, *, bug: str | None = None):
     logits = F.linear(CopyToGroup.apply(h, ctx.group), w_out)
     exp2 = bug == "bf16_exp2" and logits.dtype == torch.bfloat16  # the bf16 "fast kernel"
     eps = ctx.case.options["smoothing"]
-    loss = VocabParallelCrossEntropy.apply(
-        logits, labels, start, vocab, eps, ctx.group, bug == "local_smoothing", exp2
-    )
+    loss = VocabParallelCrossEntropy.apply(logits, labels, start, vocab, eps, ctx.group, bug, exp2)
     loss.backward(ctx.inputs["dloss"])
     return {"loss": loss.detach(), "grad_emb": emb.grad, "grad_w_out": w_out.grad}
 
@@ -182,6 +181,21 @@ TRIGGERS = {
 }
 
 PLANTED = [
+    PlantedBug(
+        "even_vocab_smoothing",
+        "label smoothing divides by the local vocab size x tp, as if the split were even: right on "
+        "even vocabularies and without smoothing (needs an uneven vocab and smoothing > 0)",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=("vocab",),
+            check=lambda c: c.options["smoothing"] == 0.1,
+            note="smoothing 0.1",
+            needs=("uneven", "smoothing>0"),
+        ),
+        p95=1,
+    ),
     PlantedBug(
         "local_smoothing",
         "label smoothing uses the local vocab size and local mean (tp > 1 and smoothing > 0)",

@@ -500,6 +500,7 @@ PLANTED = [
             uneven=None,
             check=lambda c: c.options["stage"] >= 2 and c.options["grad_accum"] == 2,
             note="stage >= 2, 2 micro-batches",
+            needs=("grad_accum>=2", "stage=2"),
         ),
         p95=1,
         link="InfiniTensor/InfiniTrain#213",

@@ -93,7 +93,9 @@ def test_few_random_cases_have_degenerate_outputs(target):
     pool = [case for case, _ in draw_pool(t.strategy(), stable_seed(f"{target}/degenerate"), 250)]
     found = degenerate_share(t, pool)
     assert found.cases >= 200, f"only {found.cases} supported cases drawn"
-    assert found.share < 0.05, f"{target}: {found.degenerate} of {found.cases} cases degenerate: {found.by_cause}"
+    assert found.share < 0.05, (
+        f"{target}: {found.degenerate} of {found.cases} cases degenerate: {found.by_cause}"
+    )
 
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if "batch" in _sizes_drawn(TARGETS[t])])
@@ -108,6 +110,10 @@ def test_every_target_has_planted_bugs_with_their_real_bug():
         for rec in [*t.planted.values(), *t.expected_failures.values()]:
             assert rec.p95 >= 1 and rec.expect.kind, rec
             assert getattr(rec, "models", None) or getattr(rec, "reason", None), rec
+        if t.planted:  # the shrunk case of each is checked to reach its needs
+            assert any(len(b.expect.needs) >= 2 for b in t.planted.values()), (
+                f"{t.name}: no planted bug needs two trigger conditions at once"
+            )
 
 
 @pytest.mark.slow
