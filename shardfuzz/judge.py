@@ -13,6 +13,7 @@ from shardfuzz.case import Case
 from shardfuzz.compare import OutputDiff, RankDiff, compare_tensor, exact_equal
 from shardfuzz.layouts import Layout
 from shardfuzz.oracle import Expected
+from shardfuzz.placements import resolve as resolve_dtensors
 from shardfuzz.tolerance import UNIT_ROUNDOFF, Tolerance
 
 
@@ -45,6 +46,9 @@ def judge(
     """Judge the decoded locals of every rank (``locals_[rank]``) against ``expected``."""
     if ignored:
         return Verdict(ignored=ignored)
+    outputs, locals_, problems = resolve_dtensors(case, outputs, locals_, expected.ref)
+    if problems:
+        return Verdict(layout_problems=problems)
     problems = check_layouts(case, outputs, locals_, expected)
     if problems:
         return Verdict(layout_problems=problems)
@@ -99,7 +103,7 @@ def check_layouts(
                     f"(the oracle gives {list(ref.shape)} {_dtype_name(low)})"
                 )
                 continue
-            want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), r % g, g)
+            want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), layout.index_of(r, g), g)
             if tuple(got.shape) != want_shape or got.dtype != low.dtype:
                 problems.append(
                     f"output {name!r} ({layout!r}): {label(r)} holds "
@@ -107,7 +111,7 @@ def check_layouts(
                     f"{list(want_shape)} {_dtype_name(low)} (global {list(ref.shape)} over {g} ranks)"
                 )
         if isinstance(ref, torch.Tensor) and len(problems) == before:
-            for replica in case.replica_ranks:
+            for replica in layout.replicas(case):
                 msg = layout.check_group([tuple(locals_[r][name].shape) for r in replica], tuple(ref.shape))
                 if msg:
                     problems.append(f"output {name!r} ({layout!r}), ranks {replica}: {msg}")
@@ -162,23 +166,30 @@ def _compare_floating(
     if not layout.per_rank:
         return [
             compare_tensor(
-                layout.assemble([got[r] for r in replica]), ref, bound, None, lambda idx: idx, noise, u
+                layout.assemble_at(replica, [got[r] for r in replica]),
+                ref,
+                bound,
+                None,
+                lambda idx: idx,
+                noise,
+                u,
             )
-            for replica in case.replica_ranks
+            for replica in layout.replicas(case)
         ]
     rds = []
     for r, local in enumerate(got):
         if not layout.holds_piece(tuple(local.shape), shape):
             continue
-        to_global = lambda idx, r=r: layout.global_index(idx, r % g, g, shape)
+        i = layout.index_of(r, g)
+        to_global = lambda idx, i=i: layout.global_index(idx, i, g, shape)
         rds.append(
             compare_tensor(
-                layout.comparable(local, r % g, g, shape),
-                layout.piece(ref, r % g, g),
-                layout.piece(bound, r % g, g),
+                layout.comparable(local, i, g, shape),
+                layout.piece(ref, i, g),
+                layout.piece(bound, i, g),
                 r,
                 to_global,
-                None if noise is None else layout.piece(noise, r % g, g),
+                None if noise is None else layout.piece(noise, i, g),
                 u,
             )
         )
@@ -194,13 +205,13 @@ def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list
         for r, local in enumerate(got):
             if not layout.holds_piece(tuple(getattr(local, "shape", ())), tuple(getattr(ref, "shape", ()))):
                 continue
-            want = layout.piece(ref, r % g, g) if isinstance(ref, torch.Tensor) else ref
+            want = layout.piece(ref, layout.index_of(r, g), g) if isinstance(ref, torch.Tensor) else ref
             ok = exact_equal(local, want)
             note = "" if ok else f": got {_short(local)}, expected {_short(want)}"
             rds.append(RankDiff(r, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note))
         return rds
-    for replica in case.replica_ranks:
-        total = layout.assemble([got[r] for r in replica])
+    for replica in layout.replicas(case):
+        total = layout.assemble_at(replica, [got[r] for r in replica])
         ok = exact_equal(total.to(ref.dtype), ref)
         note = "" if ok else f": sum {_short(total)}, expected {_short(ref)}"
         rds.append(RankDiff(None, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note))

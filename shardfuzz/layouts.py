@@ -80,6 +80,18 @@ class Layout:
         """Rebuild the global value from every rank's local, in group-rank order."""
         raise NotImplementedError
 
+    def index_of(self, rank: int, group_size: int) -> int:
+        """The index a world rank has in this layout's methods: its group rank."""
+        return rank % group_size
+
+    def replicas(self, case: Any) -> list[list[int]]:
+        """The world ranks whose locals together make one global value, per replica."""
+        return case.replica_ranks
+
+    def assemble_at(self, ranks: list[int], locals_: list[Any]) -> Any:
+        """:meth:`assemble` the locals of world ``ranks`` (one replica)."""
+        return self.assemble(locals_)
+
     def global_index(
         self, local_index: tuple[int, ...], rank: int, parts: int, global_shape: tuple[int, ...]
     ) -> tuple[int, ...]:

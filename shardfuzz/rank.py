@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from shardfuzz.placements import describe as describe_dtensor
 from shardfuzz.protocol import Reply, Task, encode, numerics_flags
 from shardfuzz.refs import load_ref
 from shardfuzz.registry import resolve_worker_target
@@ -338,4 +339,5 @@ def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Re
         raise TypeError(
             f"implementation {task.impl} returned {type(out).__name__}, expected a dict of outputs"
         )
+    out = {k: describe_dtensor(v) for k, v in out.items()}  # a DTensor travels with its placements
     return Reply(encode(out), elapsed, ignored, numerics_flags() if task.want_flags else None)

@@ -178,17 +178,14 @@ def _torch_tp(ctx, plan, *, guard_size1=True):
     x = inp["x"].clone().requires_grad_()
     y = mlp(x)
     y.backward(inp["dy"])
-
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
-
+    # the gradients are DTensors: the engine reads their placements (no to_local needed)
     return {
-        "y": local(y).detach(),
+        "y": y.detach(),
         "grad_x": x.grad,
-        "grad_w1": local(mlp.fc1.weight.grad),
-        "grad_b1": local(mlp.fc1.bias.grad),
-        "grad_w2": local(mlp.fc2.weight.grad),
-        "grad_b2": local(mlp.fc2.bias.grad),
+        "grad_w1": mlp.fc1.weight.grad,
+        "grad_b1": mlp.fc1.bias.grad,
+        "grad_w2": mlp.fc2.weight.grad,
+        "grad_b2": mlp.fc2.bias.grad,
     }
 
 

@@ -1,0 +1,249 @@
+"""DTensor outputs: an implementation may return DTensors, and their own placements say where each
+rank's local piece sits in the oracle's global value.
+
+On the rank, :func:`describe` turns a DTensor into a :class:`DTensorPiece`: its local tensor, its
+global shape, its placements and its device mesh (the mesh's global ranks, this rank's
+coordinate). On the driver, :func:`resolve` turns the pieces of one output into a :class:`Placed`
+layout, which the judge uses like any declared layout. The piece each rank must hold is computed
+here from the oracle's shape with DTensor's rule (``Shard(d)`` on each mesh axis in turn, nested:
+``ceil(n / parts)`` rows until they run out), never read back from torch, so a DTensor built with
+a wrong local shape (``DTensor.from_local`` without ``run_check``) is a layout finding. A
+``Partial`` axis is summed (``avg``: averaged) over the ranks of that axis; replicated copies
+are each compared, except under ``Partial``, where the copy at coordinate 0 of every
+``Replicate`` axis is summed.
+
+A DTensor output uses its placements whatever layout the target declares for that output: a
+built-in target's DTensor-returning implementation (torch TP, FSDP2) needs no wrapper. Declare
+:class:`FromDTensor` for an output that must be a DTensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.layouts import Layout, split_offsets, split_sizes
+from shardfuzz.protocol import decode, encode
+
+#: the reduce ops of a Partial placement that can be rebuilt: op -> divide by the axis size
+PARTIAL_OPS = {"sum": False, "avg": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class DTensorPiece:
+    """What a rank sends for a DTensor output (``local`` is encoded, as every output is).
+
+    ``placements`` are ``("shard", dim)``, ``("replicate",)`` or ``("partial", op)``, one per
+    mesh axis; ``mesh_ranks`` the mesh's global ranks, row-major; ``coordinate`` this rank's.
+    """
+
+    local: Any
+    global_shape: tuple[int, ...]
+    placements: tuple[tuple[Any, ...], ...]
+    mesh_shape: tuple[int, ...]
+    mesh_ranks: tuple[int, ...]
+    coordinate: tuple[int, ...]
+
+
+def _placement(p: Any) -> tuple[Any, ...]:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    if type(p) is Shard:  # a subclass (_StridedShard, FSDP2 + TP) is laid out otherwise
+        return ("shard", int(p.dim))
+    if isinstance(p, Replicate):
+        return ("replicate",)
+    if isinstance(p, Partial):
+        return ("partial", str(p.reduce_op))
+    return ("unknown", repr(p))
+
+
+def describe(value: Any) -> Any:
+    """A DTensor as a :class:`DTensorPiece`; any other value unchanged (on the rank)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(value, DTensor):
+        return value
+    mesh = value.device_mesh
+    return DTensorPiece(
+        local=encode(value.to_local()),
+        global_shape=tuple(value.shape),
+        placements=tuple(_placement(p) for p in value.placements),
+        mesh_shape=tuple(mesh.shape),
+        mesh_ranks=tuple(int(r) for r in mesh.mesh.flatten().tolist()),
+        coordinate=tuple(int(c) for c in (mesh.get_coordinate() or ())),
+    )
+
+
+def placement_text(p: tuple[Any, ...]) -> str:
+    kind = p[0]
+    if kind == "shard":
+        return f"Shard({p[1]})"
+    if kind == "replicate":
+        return "Replicate()"
+    if kind == "partial":
+        return f"Partial({p[1]})"
+    return str(p[1])
+
+
+def box(
+    shape: tuple[int, ...],
+    placements: tuple[tuple[Any, ...], ...],
+    mesh_shape: tuple[int, ...],
+    coordinate: tuple[int, ...],
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (offset, shape) of the piece at ``coordinate`` under DTensor's rule, mesh axes in turn."""
+    offset, size = [0] * len(shape), list(shape)
+    for axis, p in enumerate(placements):
+        if p[0] != "shard":
+            continue
+        d = p[1] % len(shape) if shape else 0
+        parts, c = mesh_shape[axis], coordinate[axis]
+        offset[d] += split_offsets(size[d], parts, "dtensor")[c]
+        size[d] = split_sizes(size[d], parts, "dtensor")[c]
+    return tuple(offset), tuple(size)
+
+
+@dataclasses.dataclass(frozen=True)
+class FromDTensor(Layout):
+    """Declared for an output that every implementation returns as a DTensor: its placements
+    decide the layout. A plain tensor there is a layout finding."""
+
+    def __repr__(self) -> str:
+        return "FromDTensor()"
+
+    def local_shape(self, global_shape, rank, parts):
+        raise InvalidArgument("FromDTensor(): the output must be a DTensor; its placements give the layout")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placed(Layout):
+    """The layout of one DTensor output, built from the ranks' pieces: per world rank, the
+    (offset, shape) box it holds; the world ranks of each device mesh; the ranks whose locals are
+    summed under ``Partial``."""
+
+    placements: tuple[tuple[Any, ...], ...]
+    mesh_shape: tuple[int, ...]
+    boxes: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+    meshes: tuple[tuple[int, ...], ...]
+    summed: tuple[int, ...]
+    global_shape: tuple[int, ...]
+    per_rank: bool = True
+    divide: int = 1
+
+    def __repr__(self) -> str:
+        return f"DTensor({', '.join(placement_text(p) for p in self.placements)}) on mesh {self.mesh_shape}"
+
+    def index_of(self, rank: int, group_size: int) -> int:
+        return rank  # boxes are per world rank
+
+    def replicas(self, case: Case) -> list[list[int]]:
+        return [list(m) for m in self.meshes]
+
+    def local_shape(self, global_shape, rank, parts):
+        return self.boxes[rank][1]
+
+    def piece(self, value, rank, parts):
+        offset, size = self.boxes[rank]
+        return value[tuple(slice(o, o + s) for o, s in zip(offset, size))]
+
+    def global_index(self, local_index, rank, parts, global_shape):
+        return tuple(o + i for o, i in zip(self.boxes[rank][0], local_index))
+
+    def assemble_at(self, ranks: list[int], locals_: list[Any]) -> Any:
+        import torch
+
+        floating = locals_[0].is_floating_point()
+        total = torch.zeros(self.global_shape, dtype=torch.float64 if floating else locals_[0].dtype)
+        for r, local in zip(ranks, locals_):
+            if r in self.summed:
+                offset, size = self.boxes[r]
+                total[tuple(slice(o, o + s) for o, s in zip(offset, size))] += local.to(total.dtype)
+        return total / self.divide if self.divide > 1 else total
+
+
+def resolve(
+    case: Case, outputs: dict[str, Layout], locals_: list[dict[str, Any]], ref: dict[str, Any]
+) -> tuple[dict[str, Layout], list[dict[str, Any]], list[str]]:
+    """Replace each DTensor output's declared layout by its :class:`Placed` layout and its pieces
+    by their local tensors; the problems found (a layout finding) on the side."""
+    outputs, locals_ = dict(outputs), [dict(out) for out in locals_]
+    problems: list[str] = []
+    for name, declared in list(outputs.items()):
+        values = [out.get(name) for out in locals_]
+        pieces = [v for v in values if isinstance(v, DTensorPiece)]
+        if not pieces:
+            plain = [r for r, v in enumerate(values) if v is not None]
+            if isinstance(declared, FromDTensor) and plain:
+                problems.append(
+                    f"output {name!r} (FromDTensor()): {case.rank_label(plain[0])} returned a plain "
+                    "value, expected a DTensor"
+                )
+            continue
+        placed, problem = _placed(case, name, values, tuple(getattr(ref.get(name), "shape", ())))
+        if problem:
+            problems.append(problem)
+            continue
+        outputs[name] = placed
+        for out in locals_:
+            out[name] = decode(out[name].local)
+    return outputs, locals_, problems
+
+
+def _placed(case: Case, name: str, values: list[Any], shape: tuple[int, ...]) -> tuple[Any, str]:
+    label = case.rank_label
+    plain = [r for r, v in enumerate(values) if not isinstance(v, DTensorPiece)]
+    if plain:
+        return None, f"output {name!r}: {label(plain[0])} returned a plain value where others return DTensors"
+    first = values[0]
+    for r, v in enumerate(values):
+        if (v.placements, v.mesh_shape) != (first.placements, first.mesh_shape):
+            return None, (
+                f"output {name!r}: {label(r)} holds a DTensor with placements "
+                f"{[placement_text(p) for p in v.placements]} on mesh {v.mesh_shape}, {label(0)} "
+                f"{[placement_text(p) for p in first.placements]} on mesh {first.mesh_shape}"
+            )
+        if v.global_shape != shape:
+            return None, (
+                f"output {name!r}: {label(r)} holds a DTensor of global shape {list(v.global_shape)}, "
+                f"the oracle gives {list(shape)}"
+            )
+        if v.mesh_ranks[int(_flat(v.coordinate, v.mesh_shape))] != r:
+            return (
+                None,
+                f"output {name!r}: {label(r)} is at {v.coordinate} of a mesh {v.mesh_ranks} that puts another rank there",
+            )
+    bad = [
+        placement_text(p)
+        for p in first.placements
+        if p[0] == "unknown" or (p[0] == "partial" and p[1] not in PARTIAL_OPS)
+    ]
+    if bad:
+        return (
+            None,
+            f"output {name!r}: placements {bad} cannot be compared (supported: Shard, Replicate, Partial sum/avg)",
+        )
+    meshes = sorted({v.mesh_ranks for v in values})
+    partial_axes = [a for a, p in enumerate(first.placements) if p[0] == "partial"]
+    replicate_axes = [a for a, p in enumerate(first.placements) if p[0] == "replicate"]
+    summed = tuple(r for r, v in enumerate(values) if all(v.coordinate[a] == 0 for a in replicate_axes))
+    divide = math.prod(first.mesh_shape[a] for a in partial_axes if PARTIAL_OPS[first.placements[a][1]])
+    return Placed(
+        placements=first.placements,
+        mesh_shape=first.mesh_shape,
+        boxes=tuple(box(shape, first.placements, first.mesh_shape, v.coordinate) for v in values),
+        meshes=tuple(meshes),
+        summed=summed,
+        global_shape=shape,
+        per_rank=not partial_axes,
+        divide=max(divide, 1),
+    ), ""
+
+
+def _flat(coordinate: tuple[int, ...], mesh_shape: tuple[int, ...]) -> int:
+    flat = 0
+    for c, n in zip(coordinate, mesh_shape):
+        flat = flat * n + c
+    return flat

@@ -1,0 +1,54 @@
+"""DTensor outputs: the engine reads their placements and checks each rank's local piece."""
+
+import pytest
+
+import shardfuzz
+from shardfuzz.placements import box
+
+TARGET = "tests/data/dtensor_target.py"
+
+
+def _run(impl, **kw):
+    return shardfuzz.run(TARGET, impl, profile="shardfuzz-ci", database=None, **{"max_examples": 25, **kw})
+
+
+@pytest.mark.parametrize("impl", ["reference", "replicated", "both_axes"])
+def test_dtensor_outputs_pass_on_uneven_and_empty_shards_and_2d_meshes(impl):
+    result = _run(impl)
+    assert not result.found, result.report
+    assert result.stats.passed == result.stats.examples >= 25
+
+
+def test_a_partial_sum_labelled_replicate_is_a_mismatch():
+    result = _run("partial_called_replicate")
+    assert result.found and result.kind == "mismatch", result.report
+    assert result.case.world_size == 2 and "total" in result.report
+    assert "DTensor(Replicate()) on mesh (2,)" in result.report
+
+
+@pytest.mark.parametrize(
+    "impl, message",
+    [
+        (
+            "wrong_local_shape",
+            "output 'y' (DTensor(Shard(0)) on mesh (2,)): rank 1 holds [1, 1] float32, expected [0, 1]",
+        ),
+        (
+            "plain_for_dtensor",
+            "output 'y' (FromDTensor()): rank 0 returned a plain value, expected a DTensor",
+        ),
+    ],
+)
+def test_a_dtensor_that_breaks_its_placements_is_a_layout_finding(impl, message):
+    result = _run(impl)
+    assert result.found and result.kind == "layout", result.report
+    assert message in result.report
+
+
+def test_the_piece_of_each_rank_follows_dtensor_rule_on_every_axis():
+    # 5 rows on 2 x 2: axis 0 takes [3, 2] rows, axis 1 splits those again: [2, 1] and [1, 1]
+    placements = (("shard", 0), ("shard", 0))
+    boxes = [box((5, 4), placements, (2, 2), (i, j)) for i in range(2) for j in range(2)]
+    assert boxes == [((0, 0), (2, 4)), ((2, 0), (1, 4)), ((3, 0), (1, 4)), ((4, 0), (1, 4))]
+    assert box((1, 3), (("shard", 0),), (2,), (1,)) == ((1, 0), (0, 3))  # an empty shard
+    assert box((2, 3), (("replicate",), ("shard", 1)), (2, 2), (1, 1)) == ((0, 2), (2, 1))
