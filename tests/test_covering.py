@@ -47,6 +47,20 @@ def test_covering_rows_reach_every_pair_of_conditions_their_pool_reaches(name):
     assert len(rows) <= 30, f"{len(rows)} rows would take the whole ci budget"
 
 
+def test_the_pool_does_not_depend_on_the_constants_of_loaded_modules(tmp_path, monkeypatch):
+    # Hypothesis draws some values from literals in the loaded modules' source; the rows must not
+    target = get_target("tp_mlp")
+    seed = covering.stable_seed("tp_mlp/covering")
+    before = covering.draw_pool(target.strategy(), seed, 60)
+    # enough literals that Hypothesis' constant draws (5% of draws) mostly pick one of them
+    values = ", ".join(str(1_000_003 * k) for k in range(1, 600))  # Hypothesis reads up to 1024
+    (tmp_path / "many_constants.py").write_text(f"VALUES = [{values}]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import many_constants  # noqa: F401
+
+    assert covering.draw_pool(target.strategy(), seed, 60) == before
+
+
 def test_pairs_are_what_a_case_reaches_together():
     assert covering.pairs_of(frozenset({"a", "b", "c"})) == {
         ("a",), ("b",), ("c",), ("a", "b"), ("a", "c"), ("b", "c"),
