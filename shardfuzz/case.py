@@ -173,3 +173,14 @@ class Case:
         except ValueError as e:
             raise InvalidArgument(f"case={text!r} holds a non-literal value: {e}") from None
         return cls.from_dict(kw)
+
+
+def pin_options(target: str, pinned: dict[str, Any], case: Case) -> Case:
+    """``case`` with the ``pinned`` options (``RunConfig.options``); an unknown name is an error."""
+    unknown = sorted(set(pinned) - set(case.options))
+    if unknown:
+        raise InvalidArgument(
+            f"option {unknown[0]!r} pinned, but target {target!r} has no such option; "
+            f"its options: {', '.join(sorted(case.options)) or 'none'}"
+        )
+    return dataclasses.replace(case, options={**case.options, **pinned})

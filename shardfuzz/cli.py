@@ -64,6 +64,7 @@ def _drawn(config: RunConfig) -> str:
     parts = [f"dtypes {','.join(config.dtypes)}"] if config.dtypes else []
     parts += [f"tolerance {format_tolerance(n, t)}" for n, t in config.tolerance.per_output]
     parts += [f"excluding {e}" for e in config.exclude]
+    parts += [f"option {n}={v!r}" for n, v in config.options]
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -81,6 +82,7 @@ def _cmd_fuzz(args: Any) -> int:
             deadline=args.duration,
             failures_dir=args.failures_dir,
             exclude=tuple(args.exclude),
+            options=dict(args.option),
         )
     if config.deadline is not None:
         grace_seconds()  # a bad $SHARDFUZZ_GRACE is a usage error before any fuzzing

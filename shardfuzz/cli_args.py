@@ -4,9 +4,10 @@ commands)."""
 from __future__ import annotations
 
 import argparse
+import ast
 import math
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from shardfuzz import campaign
 from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_dtypes, parse_tolerance, parse_world_sizes
@@ -36,6 +37,21 @@ def _tolerance(text: str) -> tuple[str, OutputTolerance]:
         return parse_tolerance(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"--tolerance {e}") from None
+
+
+def _option(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"--option {text!r}: expected NAME=VALUE, e.g. lse_grad=False")
+    try:
+        parsed = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        parsed = value.strip()  # a bare word is a string
+    if not isinstance(parsed, (str, int, float, bool, type(None))):
+        raise argparse.ArgumentTypeError(
+            f"--option {text!r}: the value must be a number, string, bool or None"
+        )
+    return name.strip(), parsed
 
 
 def _exclude(text: str) -> str:
@@ -157,6 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="EXPR",
         help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" (repeatable; "
         "excluded cases are counted and shown)",
+    )
+    f.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="pin a target option, e.g. lse_grad=False (a Python literal; repeatable): the contract "
+        "choice of an implementation that supports only that value",
     )
     f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
     f.add_argument(

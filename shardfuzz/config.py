@@ -217,6 +217,8 @@ class RunConfig:
         debug_collectives: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` in the ranks (replays only: slow).
         exclude: case expressions (``"options['smoothing'] > 0"``) of known failures to set aside:
             a matching case is counted as excluded, never run (see :mod:`shardfuzz.exclude`).
+        options: target options pinned to a value (``{"lse_grad": False}``): every drawn case
+            gets it, as a contract choice for an implementation that supports only it.
     """
 
     backend: str = "gloo"
@@ -233,6 +235,7 @@ class RunConfig:
     deterministic: bool = False
     debug_collectives: bool = False
     exclude: tuple[str, ...] = ()
+    options: Any = ()  # Mapping[str, JSON value] in; sorted (name, value) pairs after
 
     def __post_init__(self) -> None:
         check_environment()
@@ -270,6 +273,11 @@ class RunConfig:
                 raise InvalidArgument(f"exclude={self.exclude!r}; must be expression strings")
             CaseExpression(text, "exclude")
         object.__setattr__(self, "exclude", exprs)
+        pairs = tuple(sorted(dict(self.options or {}).items()))
+        for name, value in pairs:
+            if not isinstance(name, str) or not isinstance(value, (str, int, float, bool, type(None))):
+                raise InvalidArgument(f"options={self.options!r}; names must be str, values JSON scalars")
+        object.__setattr__(self, "options", pairs)
         for flag in ("deterministic", "debug_collectives"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")
@@ -302,6 +310,7 @@ class RunConfig:
         for key in ("world_sizes", "dtypes", "exclude"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
+        d["options"] = tuple(tuple(p) for p in d.get("options") or ())
         return cls(tolerance=Tolerance(**tol) if tol else Tolerance(), **d)
 
 

@@ -231,15 +231,16 @@ def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _rows_for(target: Any, world_sizes: Any, dtypes: Any) -> tuple[Row, ...]:
-    strategy = target.strategy(world_sizes, dtypes)
+def _rows_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[Row, ...]:
+    strategy = target.strategy(world_sizes, dtypes, options)
     return tuple(covering_rows(target, strategy, stable_seed(f"{target.name}/covering")))
 
 
 def rows_for(runner: Any) -> tuple[Row, ...]:
     """The covering rows of a runner's target under its run's world sizes and dtypes (the same for
     every implementation of the target: seeded from its name; cached)."""
-    return _rows_for(runner.target, runner.config.world_sizes, runner.config.dtypes)
+    c = runner.config
+    return _rows_for(runner.target, c.world_sizes, c.dtypes, c.options)
 
 
 class CoveringRun:

@@ -147,7 +147,7 @@ class Runner:
         return f"{self.target.name}/{self.impl_name}/{self.backend}"
 
     def strategy(self):
-        return self.target.strategy(self.config.world_sizes, self.config.dtypes)
+        return self.target.strategy(self.config.world_sizes, self.config.dtypes, self.config.options)
 
     def rerun_command(self, case: Case) -> str:
         return self.reporter.rerun_command(case)

@@ -6,11 +6,12 @@ whole spec.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from shardfuzz.case import Case
+from shardfuzz.case import Case, pin_options
 from shardfuzz.errors import TargetCodeError, TargetError
 from shardfuzz.exclude import known_failures
 from shardfuzz.layouts import Layout, Replicate, check_layout
@@ -39,9 +40,8 @@ class Target:
         inputs: ``inputs(case) -> dict[str, Tensor]``: the *full* inputs, built on CPU from
             ``case.seed`` with a ``torch.Generator``, in ``case.dtype`` for floating tensors. It is
             called on every rank and in the driver, and must give identical tensors everywhere.
-        oracle: ``oracle(inputs, case) -> dict[str, Tensor | value]``: the single-process result.
-            The driver calls it twice: on the inputs upcast to float64 (the reference) and on the
-            inputs as they are (to measure the rounding noise of the case dtype).
+        oracle: ``oracle(inputs, case) -> dict[str, Tensor | value]``: the single-process result,
+            run on the inputs upcast to float64 (the reference) and as they are (the case dtype).
         outputs: name -> :class:`~shardfuzz.Layout` of every output the implementations return, or
             a function ``outputs(case)`` returning that mapping when the outputs depend on the case.
         implementations: name -> implementation, as ``"pkg.mod:func"``, ``"file.py::NAME"``, a
@@ -49,10 +49,9 @@ class Target:
             :func:`bind` of one of those. An implementation is called once per rank as
             ``impl(ctx)`` with a :class:`~shardfuzz.RankContext` and returns a dict of local outputs.
         input_layouts: name -> layout used to fill ``ctx.local`` (default: ``Replicate()``).
-        magnitude: optional, rarely needed: ``magnitude(inputs64, case) -> dict[str, Tensor]``, for
-            each output an elementwise bound on the sum of absolute values of the terms that make it
-            up (e.g. ``|x| @ |w|``, see :mod:`shardfuzz.magnitudes`). The noise model needs none; a
-            magnitude given replaces the output's scale in the tolerance's floor.
+        magnitude: optional, rarely needed: ``magnitude(inputs64, case) -> dict[str, Tensor]``: per
+            output, an elementwise bound on the sum of |terms| (``|x| @ |w|``, :mod:`shardfuzz.magnitudes`);
+            it replaces the output's scale in the tolerance's floor.
         tolerance: optional output name -> :class:`~shardfuzz.OutputTolerance` (``rtol``, ``atol``): a
             fixed tolerance for that output in place of the noise model. A run's own overrides
             (``--tolerance``, ``run(tolerance=...)``) win over these.
@@ -68,8 +67,7 @@ class Target:
         collectives: the collectives the implementations use (e.g. ``("all_reduce",)``); decides
             whether the target can run several ranks on one GPU with gloo (see :mod:`shardfuzz.gpu`).
         supports: optional ``supports(case) -> None | reason``: a case the target cannot handle is
-            rejected loudly (counted by reason in the statistics), never passed silently. Prefer
-            strategies that do not draw such cases.
+            rejected loudly (counted by reason), never passed silently.
         known_failures: known failures to set aside while fuzzing: a mapping reason -> predicate of
             the case (or an expression string, as ``--exclude`` takes), or a sequence of them. A
             matching case is counted as excluded and shown, never run or passed.
@@ -213,9 +211,13 @@ class Target:
         return "implementation"
 
     def strategy(
-        self, world_sizes: tuple[int, ...] | None = None, dtypes: tuple[str, ...] | None = None
+        self,
+        world_sizes: tuple[int, ...] | None = None,
+        dtypes: tuple[str, ...] | None = None,
+        options: tuple[tuple[str, Any], ...] = (),
     ) -> SearchStrategy[Case]:
-        """The Hypothesis strategy of cases, restricted to ``world_sizes`` and ``dtypes`` when given."""
+        """The Hypothesis strategy of cases, restricted to ``world_sizes`` and ``dtypes`` when
+        given, with ``options`` (name, value) pinned."""
         from hypothesis.strategies import SearchStrategy
 
         if isinstance(self.cases, SearchStrategy):
@@ -236,6 +238,8 @@ class Target:
                     c if c.dtype in chosen else dataclasses.replace(c, dtype=chosen[c.seed % len(chosen)])
                 )
             )
+        if options:
+            s = s.map(functools.partial(pin_options, self.name, dict(options)))
         return s
 
     def input_layout(self, name: str) -> Layout:

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, PlantedBug, Shard, Target
+from shardfuzz import Expect, ExpectedFailure, PlantedBug, Shard, Target, bind
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import Zigzag, split_sizes
 from shardfuzz.testing import uneven_sizes
@@ -56,7 +56,9 @@ LAYOUTS = {"shard": (Shard(1), Shard(2)), "zigzag": (Zigzag(1), Zigzag(2))}
 
 SIZES = {
     "batch": sst.Free(1, 2),
-    "seq": sst.Split(min_per_rank=1, max_per_rank=3),
+    "seq": sst.Split(
+        min_per_rank=1, max_per_rank=3, min_size=2
+    ),  # one key: dq = dk = 0 without an LSE gradient
     "heads": sst.Free(1, 2),
     "head_dim": sst.Free(1, 4),
 }
@@ -68,6 +70,9 @@ def cases(world_sizes=None):
         sizes=SIZES,
         options={
             "variant": st.sampled_from(VARIANTS),
+            # False: no gradient flows into the LSE output (torch's and flash-attn's rings take
+            # none); the LSE is still compared
+            "lse_grad": st.sampled_from([True, False]),
             # large logit gaps saturate the softmax, which hides most bugs: rare at random, and
             # every value still meets every other condition in the covering rows
             "logit_scale": sst.mostly(1.0, 30.0, 100.0),
@@ -94,7 +99,7 @@ def inputs(case):
         "k": randn(case, b, s, h, d, gen=g, role="logits"),
         "v": randn(case, b, s, h, d, gen=g),
         "dout": randn(case, b, s, h, d, gen=g, profile=False),
-        "dlse": randn(case, b, h, s, gen=g, profile=False),
+        "dlse": randn(case, b, h, s, gen=g, profile=False) * float(case.options.get("lse_grad", True)),
     }
 
 
@@ -346,6 +351,7 @@ PLANTED = [
             "mismatch",
             2,
             (2,),
+            uneven=None,  # needs neither: the gap decides, and shrinking may end on either
             check=lambda c: _variant(c) == "full" and c.options["logit_scale"] > 1,
             note="logit_scale 30",
         ),
@@ -415,6 +421,30 @@ PLANTED = [
     ),
 ]
 
+#: PyTorch's context-parallel ring (targets/ring_attention_torch.py)
+TORCH_RING = "shardfuzz.targets.ring_attention_torch:torch_cp_ring"
+
+EXPECTED = [
+    ExpectedFailure(
+        "torch_cp_ring",
+        "torch's context-parallel ring (_templated_ring_attention, CPU flash kernels) aborts the "
+        "process on a sequence the group does not divide: the ranks' K/V buffers differ in size "
+        "(gloo EnforceNotMet 'Received data size doesn't match expected size'); torch requires "
+        "seq % cp == 0",
+        Expect("rank-error", 2, (2,), uneven=("seq",), check=lambda c: c.sizes["seq"] == 3, note="seq 3"),
+        p95=2,
+        impl=bind(TORCH_RING),
+    ),
+    ExpectedFailure(
+        "torch_cp_ring_float64",
+        "torch's context-parallel ring merges the blocks in float32 (_cp_options.convert_to_f32, on "
+        "by default) also for float64 inputs, so its float64 LSE is only float32-accurate",
+        Expect("mismatch", 1, (1,), check=lambda c: c.dtype == "float64", note="float64"),
+        p95=1,
+        impl=bind(TORCH_RING, even_only=True, float64=True),
+    ),
+]
+
 TARGET = Target(
     name="ring_attention",
     description="ring attention with LSE merge: non-causal, causal with block skipping, zigzag causal",
@@ -422,8 +452,15 @@ TARGET = Target(
     inputs=inputs,
     oracle=oracle,
     outputs=outputs,
-    implementations={"reference": "reference"},
+    implementations={
+        "reference": "reference",
+        **{
+            f"torch_cp_ring_even{suffix}": bind(TORCH_RING, rotate=rotate, even_only=True)
+            for suffix, rotate in (("", "allgather"), ("_a2a", "alltoall"))
+        },
+    },
     planted=PLANTED,
+    expected_failures=EXPECTED,
     triggers=TRIGGERS,
     gradients=GRADIENTS,
 )
