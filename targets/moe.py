@@ -367,7 +367,7 @@ PLANTED = [
             note="top_k 2, a capacity that drops",
             needs=("top_k=2", "a capacity overflows"),
         ),
-        p95=1,
+        p95=11,
     ),
     PlantedBug(
         "expert_id_no_offset",
@@ -376,7 +376,7 @@ PLANTED = [
         Expect(
             "mismatch", (2,), None, uneven=None, check=lambda c: c.sizes["experts"] >= 2, note="2 experts"
         ),
-        p95=18,
+        p95=1,
         link="flashinfer-ai/flashinfer#3547",
     ),
     PlantedBug(
@@ -384,7 +384,7 @@ PLANTED = [
         "an expert with no tokens keeps grad=None, so the optimizer skips its weight decay; gradients "
         "look right, only the weights after the step are wrong",
         Expect("mismatch", (1, 2), None, uneven=None, outputs=("w1_next", "w2_next"), note="an empty expert"),
-        p95=12,
+        p95=1,
         link="NVIDIA-NeMo/Automodel#2995",
     ),
     PlantedBug(
@@ -399,7 +399,7 @@ PLANTED = [
             check=lambda c: c.options["top_k"] == 1 and c.sizes["experts"] >= 2,
             note="top_k 1, 2 experts",
         ),
-        p95=54,
+        p95=2,
         link="jingyaogong/minimind#858",
     ),
     PlantedBug(
@@ -416,7 +416,7 @@ PLANTED = [
             outputs=lambda outs: "aux" in outs and set(outs) <= {"aux", "grad_x", "grad_router"},
             note="a capacity that drops",
         ),
-        p95=32,
+        p95=1,
         link="NVIDIA/Megatron-LM#1513",
     ),
     PlantedBug(
@@ -424,14 +424,14 @@ PLANTED = [
         "a rank that received no tokens leaves the autograd graph and skips the backward all-to-all; "
         "its peers hang (a rank that receives nothing, next to one that receives something)",
         Expect("hang", (2,), None, uneven=None, timeout=2.0, note="1 expert"),
-        p95=9,
+        p95=1,
     ),
     PlantedBug(
         "bf16_exp2",
         "bf16 fast router softmax computes exp as exp2 without the log2(e) factor (gates, aux loss "
         "and router gradient off); fp32 and fp64 right",
         Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
-        p95=89,
+        p95=1,
     ),
 ]
 

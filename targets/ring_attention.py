@@ -341,7 +341,7 @@ PLANTED = [
             note="non-causal, uneven seq",
             needs=("uneven", "variant='full'"),
         ),
-        p95=5,
+        p95=3,
     ),
     PlantedBug(
         "naive_merge",
@@ -355,7 +355,7 @@ PLANTED = [
             check=lambda c: _variant(c) == "full" and c.options["logit_scale"] > 1,
             note="logit_scale 30",
         ),
-        p95=28,
+        p95=7,
         link="zhuzilin/ring-flash-attention 9b84a6a",
     ),
     PlantedBug(
@@ -370,14 +370,14 @@ PLANTED = [
             check=lambda c: _variant(c) == "causal" and c.sizes["seq"] == 3,
             note="causal, seq 3",
         ),
-        p95=29,
+        p95=2,
         link="zhuzilin/ring-flash-attention 4072701",
     ),
     PlantedBug(
         "zigzag_inverted_branch",
         "zigzag test for a block from an earlier rank inverted (the inverted skip test)",
         Expect("mismatch", 2, (2,), check=lambda c: _variant(c) == "zigzag", note="zigzag"),
-        p95=42,
+        p95=4,
         link="zhuzilin/ring-flash-attention 4072701",
     ),
     PlantedBug(
@@ -391,7 +391,7 @@ PLANTED = [
             check=lambda c: _variant(c) == "full",
             outputs=lambda outs: set(outs) <= set(GRADIENTS),
         ),
-        p95=10,
+        p95=2,
         link="huggingface/diffusers#14265",
     ),
     PlantedBug(
@@ -410,14 +410,14 @@ PLANTED = [
             ),
             note="right at 2 ranks",
         ),
-        p95=19,
+        p95=2,
     ),
     PlantedBug(
         "bf16_exp2",
         "bf16 fast kernel's block softmax computes exp as exp2 without the log2(e) factor (the "
         "backward keeps exp); fp32 and fp64 right",
         Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
-        p95=111,
+        p95=2,
     ),
 ]
 

@@ -242,33 +242,33 @@ PLANTED = [
         "missing_allreduce",
         "row-parallel output never all-reduced",
         Expect("mismatch", 2, (2,), outputs=("y",)),
-        p95=2,
+        p95=1,
     ),
     PlantedBug(
         "bias_before_allreduce",
         "row-parallel bias added on every rank before the all-reduce",
         Expect("mismatch", 2, (2,), outputs=("y",)),
-        p95=2,
+        p95=1,
         link="huggingface/text-generation-inference#1036",
     ),
     PlantedBug(
         "missing_f_backward",
         "f operator skips the backward all-reduce of the input gradient (forward right)",
         Expect("mismatch", 2, (2,), outputs=("grad_x",)),
-        p95=2,
+        p95=1,
         link="bigcode-project/Megatron-LM#35",
     ),
     PlantedBug(
         "world_group",
         "collectives on the world group instead of the TP group (right on every 1-D mesh)",
         Expect("mismatch", 2, (2, 1)),
-        p95=29,
+        p95=2,
     ),
     PlantedBug(
         "floor_split",
         "hand-sliced shards with hidden // tp rows drop the remainder (right on even sizes)",
         Expect("layout", 2, (2,), uneven=("hidden",), note="hidden 3"),
-        p95=65,
+        p95=1,
     ),
     PlantedBug(
         "contiguous_copy",
@@ -281,7 +281,7 @@ PLANTED = [
             outputs=("y",),
             note="batch*seq 2, d_out 2",
         ),
-        p95=11,
+        p95=1,
         link="NVIDIA/Megatron-LM#5337",
     ),
     PlantedBug(
@@ -312,7 +312,7 @@ PLANTED = [
             timeout=2.0,
             note="hidden 4 ([2, 2, 0])",
         ),
-        p95=155,
+        p95=1,
     ),
     PlantedBug(
         "raw_allreduce",
@@ -326,7 +326,7 @@ PLANTED = [
         "bf16 fast path computes GELU as x * sigmoid(1.702 x) (quick GELU: up to 0.02 off, 0.03 in the "
         "derivative); fp32 and fp64 right",
         Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
-        p95=94,
+        p95=2,
     ),
 ]
 
@@ -338,7 +338,7 @@ EXPECTED_FAILURES = [
         Expect(
             "rank-error", 2, (2,), uneven=("hidden",), check=lambda c: c.sizes["hidden"] == 3, note="hidden 3"
         ),
-        p95=45,
+        p95=1,
         link="pytorch/pytorch#150336",
         impl="torch_tp",
     ),
@@ -346,7 +346,7 @@ EXPECTED_FAILURES = [
         "torch_tp_dtensor_size1",
         TORCH_TP_SIZE1,
         Expect("rank-error", 1, (1,), check=lambda c: c.sizes["hidden"] == 1, note="all sizes 1"),
-        p95=45,
+        p95=3,
         impl="torch_tp_dtensor_size1",
     ),
 ]

@@ -232,7 +232,7 @@ PLANTED = [
             check=lambda c: c.sizes["batch"] == 2 and c.sizes["seq"] == 3,
             note="batch 2, seq 3",
         ),
-        p95=41,
+        p95=1,
         link="deepspeedai/DeepSpeed#5664",
     ),
     PlantedBug(
@@ -245,7 +245,7 @@ PLANTED = [
             check=lambda c: c.sizes["head_dim"] == 2 and c.sizes["seq"] == 2,
             note="seq 2, head_dim 2",
         ),
-        p95=33,
+        p95=1,
         link="NVIDIA/Megatron-LM#453",
     ),
     PlantedBug(
@@ -260,7 +260,7 @@ PLANTED = [
             check=lambda c: c.sizes["kv_heads"] == 1 and c.sizes["q_per_kv"] == 2,
             note="1 KV head, 2 Q heads",
         ),
-        p95=45,
+        p95=1,
         link="vllm-project/vllm-omni#5716",
     ),
     PlantedBug(
@@ -275,14 +275,14 @@ PLANTED = [
             outputs=lambda outs: set(outs) <= set(GRADIENTS),
             note="float32",
         ),
-        p95=6,
+        p95=1,
     ),
     PlantedBug(
         "bf16_exp2",
         "bf16 fast attention kernel computes the softmax's exp as exp2 without the log2(e) factor; "
         "fp32 and fp64 right",
         Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
-        p95=49,
+        p95=2,
     ),
 ]
 

@@ -419,7 +419,7 @@ PLANTED = [
             outputs=("exp_avg", "exp_avg_sq"),
             note="active clip",
         ),
-        p95=22,
+        p95=2,
         link="karpathy/llm.c#524",
     ),
     PlantedBug(
@@ -450,7 +450,7 @@ PLANTED = [
             check=lambda c: padding_spans_ranks(c) and c.sizes["numel"] == 1,
             note="1 element ([1, 0, 0])",
         ),
-        p95=28,
+        p95=3,
         link="deepspeedai/DeepSpeed#6974",
     ),
     PlantedBug(
@@ -464,7 +464,7 @@ PLANTED = [
             check=lambda c: c.options["clip_factor"] == 0.5 and c.sizes["numel"] % 2 == 1,
             note="odd size, active clip",
         ),
-        p95=18,
+        p95=1,
     ),
     PlantedBug(
         "unscale_unscaled",
@@ -478,14 +478,14 @@ PLANTED = [
             outputs=("exp_avg", "exp_avg_sq"),
             note="bfloat16",
         ),
-        p95=23,
+        p95=3,
         link="deepspeedai/DeepSpeed#7839",
     ),
     PlantedBug(
         "grads_not_zeroed",
         "gradient buffer not zeroed between optimizer steps, so step 2 adds step 1's gradients (needs 2 steps)",
         Expect("mismatch", 1, (1,), uneven=None, check=lambda c: c.options["steps"] == 2, note="2 steps"),
-        p95=11,
+        p95=2,
         link="deepspeedai/DeepSpeed#7839",
     ),
     PlantedBug(
@@ -518,7 +518,7 @@ PLANTED = [
             outputs=("param",),
             note="bfloat16",
         ),
-        p95=49,
+        p95=3,
     ),
 ]
 
