@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsDTensor",
     "Bound",
     "Case",
     "Expect",
@@ -65,6 +66,7 @@ _LAZY = {
     "ShardfuzzError": "shardfuzz.errors",
     "TargetError": "shardfuzz.errors",
     "FromDTensor": "shardfuzz.placements",
+    "AsDTensor": "shardfuzz.placements",
     "Owned": "shardfuzz.layouts",
     "PaddedFlat": "shardfuzz.layouts",
     "Zigzag": "shardfuzz.layouts",

@@ -24,7 +24,7 @@ from shardfuzz.gpu import placement_summary
 from shardfuzz.hooks import grace_seconds
 from shardfuzz.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.oracle import check_case
-from shardfuzz.refs import add_search_path
+from shardfuzz.refs import add_search_path, split_file_ref
 from shardfuzz.registry import BUILTIN_TARGETS, available_targets, get_target
 from shardfuzz.replay import replay_one
 from shardfuzz.runner import Runner
@@ -154,7 +154,10 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
 
 def _cmd_case(args: Any) -> int:
     case = Case.parse(args.case)
-    runner = Runner(args.target, args.impl, _config(args))
+    target, parts = args.target, split_file_ref(args.target)
+    if parts is not None and not parts[1]:  # a file of several targets: the one the case names
+        target = f"{parts[0]}::{case.target}"
+    runner = Runner(target, args.impl, _config(args))
     check_tolerance_outputs([runner.target], runner.config.tolerance, "--tolerance")
     check_case(runner.target, case)
     try:

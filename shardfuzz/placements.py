@@ -119,6 +119,43 @@ class FromDTensor(Layout):
 
 
 @dataclasses.dataclass(frozen=True)
+class AsDTensor(Layout):
+    """An input layout: the ranks get the input as a DTensor with ``placements`` (torch's
+    ``Shard``/``Replicate`` objects) on the mesh axis under test (``mesh="impl"``) or on the whole
+    case mesh (``mesh="all"``), made by ``distribute_tensor(..., src_data_rank=None)``: each rank
+    takes its piece of the full input locally, no collective."""
+
+    placements: tuple[Any, ...]
+    mesh: str = "impl"
+
+    def __init__(self, *placements: Any, mesh: str = "impl") -> None:
+        if mesh not in ("impl", "all"):
+            raise InvalidArgument(f"AsDTensor(mesh={mesh!r}); allowed: 'impl', 'all'")
+        if not placements:
+            raise InvalidArgument("AsDTensor(): give one placement per mesh axis, e.g. AsDTensor(Shard(0))")
+        object.__setattr__(self, "placements", tuple(placements))
+        object.__setattr__(self, "mesh", mesh)
+
+    def __repr__(self) -> str:
+        return f"AsDTensor({', '.join(map(repr, self.placements))}, mesh={self.mesh!r})"
+
+    def distribute(self, value: Any, device_mesh: Any) -> Any:
+        from torch.distributed.tensor import distribute_tensor
+
+        mesh = device_mesh if self.mesh == "all" else device_mesh["impl"]
+        if len(self.placements) != mesh.ndim:
+            raise InvalidArgument(f"{self!r}: {len(self.placements)} placements for a {mesh.ndim}-d mesh")
+        return distribute_tensor(value, mesh, list(self.placements), src_data_rank=None)
+
+
+def local_input(layout: Layout, value: Any, mesh: Any, group_rank: int, group_size: int) -> Any:
+    """What ``ctx.local`` holds for a full input ``value`` under its input ``layout`` (on the rank)."""
+    if isinstance(layout, AsDTensor):
+        return layout.distribute(value, mesh.device_mesh())
+    return layout.piece(value, group_rank, group_size)
+
+
+@dataclasses.dataclass(frozen=True)
 class Placed(Layout):
     """The layout of one DTensor output, built from the ranks' pieces: per world rank, the
     (offset, shape) box it holds; the world ranks of each device mesh; the ranks whose locals are

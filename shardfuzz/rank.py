@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.placements import describe as describe_dtensor
+from shardfuzz.placements import local_input
 from shardfuzz.protocol import Reply, Task, encode, numerics_flags
 from shardfuzz.refs import load_ref
 from shardfuzz.registry import resolve_worker_target
@@ -310,7 +311,11 @@ def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Re
     if state.device.type != "cpu":
         inputs = {k: (v.to(state.device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
     local = {
-        k: (target.input_layout(k).piece(v, group_rank, group_size) if isinstance(v, torch.Tensor) else v)
+        k: (
+            local_input(target.input_layout(k), v, mesh, group_rank, group_size)
+            if isinstance(v, torch.Tensor)
+            else v
+        )
         for k, v in inputs.items()
     }
     ctx = RankContext(

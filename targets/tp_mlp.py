@@ -325,7 +325,16 @@ PLANTED = [
         "bf16_quick_gelu",
         "bf16 fast path computes GELU as x * sigmoid(1.702 x) (quick GELU: up to 0.02 off, 0.03 in the "
         "derivative); fp32 and fp64 right",
-        Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
+        # any world size: the error is a few bf16 roundings, so shrinking from the covering row that
+        # finds it (4 ranks) can stop at a marginal case (1.05x) that no smaller draw still fails
+        Expect(
+            "mismatch",
+            (1, 2, 3, 4),
+            None,
+            uneven=None,
+            check=lambda c: c.dtype == "bfloat16",
+            note="bfloat16, any world size",
+        ),
         p95=2,
     ),
 ]

@@ -286,6 +286,19 @@ def test_a_misspelt_input_layout_key_is_a_usage_error():
     )
     out = cli("case", MISTAKES + "::misspelt_layout", case)
     refused(out, 2, "Target 'misspelt_layout': input_layouts key 'xx' is not an input; inputs are ['x']")
+
+
+def test_case_on_a_file_of_several_targets_runs_the_target_the_case_names(capsys):
+    from shardfuzz.cli import main
+
+    case = (
+        "Case(target='none_output', world_size=2, mesh=(2,), sizes={'rows': 3, 'cols': 1}, "
+        "split=('rows',), dtype='float32', profile='normal', seed=0, options={})"
+    )
+    assert main(["case", MISTAKES, case]) == 0, capsys.readouterr()
+    assert "PASS: Case(target='none_output'" in capsys.readouterr().out
+    assert main(["case", MISTAKES, case.replace("'none_output'", "'nonesuch'")]) == 2
+    assert "has no target 'nonesuch'; it defines ['misspelt_layout'" in capsys.readouterr().err
     with pytest.raises(TargetError, match="input_layouts key 'xx' is not an input"):
         shardfuzz.run(MISTAKES + "::misspelt_layout", max_examples=5, database=None)
 

@@ -12,7 +12,7 @@ def _run(impl, **kw):
     return shardfuzz.run(TARGET, impl, profile="shardfuzz-ci", database=None, **{"max_examples": 25, **kw})
 
 
-@pytest.mark.parametrize("impl", ["reference", "replicated", "both_axes"])
+@pytest.mark.parametrize("impl", ["reference", "replicated", "both_axes", "dtensor_inputs"])
 def test_dtensor_outputs_pass_on_uneven_and_empty_shards_and_2d_meshes(impl):
     result = _run(impl)
     assert not result.found, result.report

@@ -57,6 +57,14 @@ def both_axes(ctx):
     return {"y": 2 * x, "total": part}
 
 
+def dtensor_inputs(ctx):
+    """``ctx.local["x"]`` is a DTensor (``AsDTensor(Shard(0))``): DTensor ops all the way; the sum
+    over the sharded rows comes out ``Partial``."""
+    x = ctx.local["x"]
+    assert isinstance(x, DTensor) and x.placements == (Shard(0),), x
+    return {"y": 2 * x, "total": x.sum(0)}
+
+
 def partial_called_replicate(ctx):
     """Bug: each rank's partial sum labelled Replicate (a reduction forgotten)."""
     mesh = _impl_mesh(ctx)
@@ -90,11 +98,13 @@ TARGET = shardfuzz.Target(
     ),
     inputs=inputs,
     oracle=oracle,
+    input_layouts={"x": shardfuzz.AsDTensor(Shard(0))},
     outputs={"y": shardfuzz.FromDTensor(), "total": shardfuzz.Replicate()},
     implementations={
         "reference": shard_rows,
         "replicated": replicated,
         "both_axes": both_axes,
+        "dtensor_inputs": dtensor_inputs,
         "partial_called_replicate": partial_called_replicate,
         "wrong_local_shape": wrong_local_shape,
         "plain_for_dtensor": plain_for_dtensor,
