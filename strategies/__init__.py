@@ -209,7 +209,9 @@ def mostly(common: Any, *rare: Any, share: float = 0.95) -> st.SearchStrategy[An
     if not isinstance(share, float) or not 0.0 < share < 1.0:
         raise InvalidArgument(f"share={share!r}; must be a float in (0, 1)")
     cut = round(1000 * share)
-    return st.integers(0, 999).map(lambda i: common if i < cut else rare[(i - cut) * len(rare) // (1000 - cut)])
+    return st.integers(0, 999).map(
+        lambda i: common if i < cut else rare[(i - cut) * len(rare) // (1000 - cut)]
+    )
 
 
 def seeds(*, max_seed: int = 2**31 - 1) -> st.SearchStrategy[int]:

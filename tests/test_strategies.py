@@ -5,8 +5,8 @@ import warnings
 
 import pytest
 from hypothesis import find, given, settings
-from hypothesis.errors import NonInteractiveExampleWarning
 from hypothesis import strategies as st
+from hypothesis.errors import NonInteractiveExampleWarning
 
 import shardfuzz.strategies as sst
 from shardfuzz import Case, InvalidArgument

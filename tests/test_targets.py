@@ -93,7 +93,9 @@ def test_few_random_cases_have_degenerate_outputs(target):
     pool = [case for case, _ in draw_pool(t.strategy(), stable_seed(f"{target}/degenerate"), 250)]
     found = degenerate_share(t, pool)
     assert found.cases >= 200, f"only {found.cases} supported cases drawn"
-    assert found.share < 0.05, f"{target}: {found.degenerate} of {found.cases} cases degenerate: {found.by_cause}"
+    assert found.share < 0.05, (
+        f"{target}: {found.degenerate} of {found.cases} cases degenerate: {found.by_cause}"
+    )
 
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if "batch" in _sizes_drawn(TARGETS[t])])
