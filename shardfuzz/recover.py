@@ -33,6 +33,8 @@ def regroup(pool: Pool, outcome: Outcome, timeout_s: float = REGROUP_TIMEOUT_S) 
     serve the next example (False: discard it). ``SHARDFUZZ_REGROUP=0`` always discards."""
     if not isinstance(outcome, RankFailed) or not pool.alive or not env_int("SHARDFUZZ_REGROUP", 1, 0):
         return False
+    if pool.backend != "gloo":  # a blocked NCCL kernel is not failed by a peer's destroy
+        return False
     pool.generation += 1
     msg = Regroup(pool.generation)
     try:

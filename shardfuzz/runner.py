@@ -213,11 +213,11 @@ class Runner:
         try:
             expected = self.expected(case)  # overlaps with the ranks' work
             outcome = pool.collect(window, cap)
+            kept = regroup(pool, outcome)  # a rank's own error: the processes stay, with a new group
         except BaseException:  # the oracle raised, Ctrl-C, a deadline: the ranks may still be busy
             discard_pool(pool)
             raise
         leaks = self._note_leaks(outcome)
-        kept = regroup(pool, outcome)  # a rank's own error: the processes stay, with a new group
         if not kept and (not isinstance(outcome, Completed) or any(r.restart for r in outcome.replies)):
             discard_pool(pool, spare_for=task)  # fresh ranks next time, from a spare started now
         if isinstance(outcome, RankFailed):

@@ -168,7 +168,7 @@ def _join(
     return join
 
 
-def _serve(state: RankState, conn: Any, join: Callable[[str], None]) -> None:
+def _serve(state: RankState, conn: Any, join: Callable[[str], None], backend: str) -> None:
     while True:
         try:
             msg = conn.recv()
@@ -187,7 +187,7 @@ def _serve(state: RankState, conn: Any, join: Callable[[str], None]) -> None:
             conn.send(reply)
         except Exception as e:  # an output that does not pickle
             conn.send(ErrorReply(f"could not send outputs back: {e!r}", type(e).__name__))
-        if isinstance(reply, ErrorReply):
+        if isinstance(reply, ErrorReply) and backend == "gloo":  # NCCL: see recover.regroup
             # after the reply, so the driver hears this rank's own error before its peers'
             # "connection closed": their collectives fail now, not at the gloo timeout
             with contextlib.suppress(Exception):
@@ -235,5 +235,5 @@ def worker_main(
         conn.send(StartFailed(traceback.format_exc()))
         os._exit(1)
     conn.send(Ready(os.getpid()))
-    _serve(state, conn, join)
+    _serve(state, conn, join, backend)
     os._exit(0)

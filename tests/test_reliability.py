@@ -13,7 +13,7 @@ from shardfuzz import Case, RankHang, RunConfig, Runner
 from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Hung, ImplRef, Task
 from shardfuzz.runner import TIMEOUTS, TimeoutPolicy
-from shardfuzz.spawn import HARD_CAP_MIN_S, ProgressWatch, hard_cap, open_fds
+from shardfuzz.spawn import HARD_CAP_MIN_S, ProgressWatch, hard_cap, open_fds, os_threads
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 linux = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -160,6 +160,7 @@ def test_leaked_process_groups_restart_the_pool():
 
 
 # -- a rank error keeps the processes: only their process group is rebuilt ------------------------
+@linux
 def test_a_rank_error_regroups_the_pool_in_place_and_later_examples_are_judged_afresh():
     from shardfuzz import Mismatch, RankError
 
@@ -167,6 +168,7 @@ def test_a_rank_error_regroups_the_pool_in_place_and_later_examples_are_judged_a
         c = Case(target="toy", world_size=world, mesh=mesh, sizes={"n": 5}, split=("n",), seed=1)
         assert runner("reference").run_case(c) < 1
         same = pids(world)
+        counts = []
         for _ in range(3):
             with pytest.raises(RankError) as e:
                 runner("crash_rank1").run_case(c)
@@ -180,7 +182,9 @@ def test_a_rank_error_regroups_the_pool_in_place_and_later_examples_are_judged_a
             with pytest.raises(Mismatch) as m:  # and a wrong one is still found
                 runner("wrong_rank1").run_case(c)
             assert list(m.value.outputs) == ["x2"]
+            counts.append([(open_fds(p), os_threads(p)) for p in same])
         assert pids(world) == same
+        assert counts[1] == counts[2]  # no file descriptor or thread left behind by a regroup
 
 
 def test_a_group_the_implementation_keeps_open_replaces_the_pool():
