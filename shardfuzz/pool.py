@@ -67,6 +67,7 @@ class Pool:
         self.started = False
         self.generation = 0  # of the world group: :func:`shardfuzz.recover.regroup` counts up
         self.unanswered: set[int] = set()  # ranks still running the last task when collect returned
+        self.regrouping: float | None = None  # when an unsettled regroup was sent (recover.py)
         self._offsets: list[tuple[int, int]] = []
 
     # -- lifecycle ------------------------------------------------------------------------

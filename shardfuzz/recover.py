@@ -8,8 +8,9 @@ raising rank's, as before), so :func:`regroup` sends every rank a
 :class:`~shardfuzz.protocol.Regroup`: the ranks that answered destroy their groups, which fails
 the collectives of the peers still blocked on them (gloo: "connection closed by peer"); those
 answer the task, then regroup too, and every rank joins a fresh world group under a new store
-prefix. Anything else (a rank that does not answer in time, dies, or cannot regroup; a hang; a
-death) keeps the old path: the pool is discarded.
+prefix, while the driver goes on (:func:`settle` waits for them before the pool's next task).
+Anything else (a rank that does not answer in time, dies, or cannot regroup; a hang; a death)
+keeps the old path: the pool is discarded.
 """
 
 from __future__ import annotations
@@ -28,23 +29,34 @@ ANSWER_TIMEOUT_S = 1.0
 REGROUP_TIMEOUT_S = 5.0
 
 
-def regroup(pool: Pool, outcome: Outcome, timeout_s: float = REGROUP_TIMEOUT_S) -> bool:
-    """After a rank's own exception, rebuild the pool's process group; True when the pool may
-    serve the next example (False: discard it). ``SHARDFUZZ_REGROUP=0`` always discards."""
+def regroup(pool: Pool, outcome: Outcome) -> bool:
+    """After a rank's own exception, start rebuilding the pool's process group; True when the pool
+    is kept (False: discard it). The ranks regroup while the driver reports the finding and draws
+    the next example; :func:`settle` (in :func:`~shardfuzz.pools.get_pool`) waits for their
+    answers before the pool's next task. ``SHARDFUZZ_REGROUP=0`` always discards."""
     if not isinstance(outcome, RankFailed) or not pool.alive or not env_int("SHARDFUZZ_REGROUP", 1, 0):
         return False
     if pool.backend != "gloo":  # a blocked NCCL kernel is not failed by a peer's destroy
         return False
     pool.generation += 1
-    msg = Regroup(pool.generation)
     try:
         for c in pool.conns:
-            c.send(msg)
+            c.send(Regroup(pool.generation))
     except OSError:
         return False
+    pool.regrouping = time.monotonic()
+    return True
+
+
+def settle(pool: Pool, timeout_s: float = REGROUP_TIMEOUT_S) -> bool:
+    """Wait for the answers to a :func:`regroup` (at once when there was none); True when every
+    rank rejoined in time (False: discard the pool)."""
+    if pool.regrouping is None:
+        return True
+    start, pool.regrouping = pool.regrouping, None
     answering = set(pool.unanswered)  # these answer the task first
+    pool.unanswered = set()
     waiting = set(range(pool.world_size))
-    start = time.monotonic()
     while waiting:
         objs = {pool.conns[r]: r for r in waiting}
         objs.update({pool.procs[r].sentinel: r for r in waiting})
@@ -64,9 +76,8 @@ def regroup(pool: Pool, outcome: Outcome, timeout_s: float = REGROUP_TIMEOUT_S) 
                 answering.discard(r)
                 if getattr(got, "restart", False):
                     return False  # the task left state behind that only fresh ranks undo
-            elif isinstance(got, Regrouped) and got.generation == msg.generation:
+            elif isinstance(got, Regrouped) and got.generation == pool.generation:
                 waiting.discard(r)
             else:
                 return False  # the regroup failed on this rank
-    pool.unanswered = set()
     return True
