@@ -1,15 +1,17 @@
 """Fast while failing: throughput of a campaign where every other example crashes a rank, against
-a passing one, with and without warm spare pools; and the time from ``shardfuzz fuzz`` to its first
+a passing one, with the pool regrouped in place after a crash (the default) and without (a fresh
+pool from a warm spare, or started afresh); and the time from ``shardfuzz fuzz`` to its first
 example, against the floor of ``import torch`` alone. Figures are measured in the same run.
 
     python benchmarks/failing_speed.py [--examples 120] [--target tp_mlp] [--starts 3]
 
 Every other example crashes: :func:`crash_every_other` is the target's reference, except that rank
 0 raises on cases with an odd seed. Both campaigns run the same cases through a
-:class:`~shardfuzz.runner.Runner` on warm pools (untimed warm-up first); ``spares off`` sets
-``SHARDFUZZ_SPARE_POOLS=0``, so a discarded pool is started afresh on the next example (as before
-spares existed). The goal of issue 10: the crashing campaign runs at >= 50% of the passing rate,
-and the first example comes within 3 s on an idle 2-core machine.
+:class:`~shardfuzz.runner.Runner` on warm pools (untimed warm-up first); ``regroup off`` sets
+``SHARDFUZZ_REGROUP=0``, so each crash discards its pool (as before regroups existed), and
+``spares off`` also sets ``SHARDFUZZ_SPARE_POOLS=0``, so a discarded pool is started afresh on the
+next example (as before spares existed). The goal of issue 10: the crashing campaign runs at >= 50%
+of the passing rate, and the first example comes within 3 s on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ def crash_every_other(ctx):
     return load_ref(target.impl_ref().ref)(ctx)
 
 
-def throughput(target: str, impl: str | None, cases: list, spares: bool) -> tuple[float, int]:
+def throughput(target: str, impl: str | None, cases: list, spares: bool, regroup: bool) -> tuple[float, int]:
     from shardfuzz import pools
     from shardfuzz.config import RunConfig
     from shardfuzz.errors import Finding
     from shardfuzz.runner import Runner
 
     os.environ["SHARDFUZZ_SPARE_POOLS"] = "1" if spares else "0"
+    os.environ["SHARDFUZZ_REGROUP"] = "1" if regroup else "0"
     pools.shutdown()
     runner = Runner(target, impl, RunConfig())
     for case in cases[:6]:  # warm-up: pools started, target imported (not timed)
@@ -100,12 +103,13 @@ def main(argv=None) -> int:
     cases = [dataclasses.replace(c, seed=2 * i + (i % 2)) for i, c in enumerate(drawn)]  # odd every other
     crash = f"{HERE}::crash_every_other"
     rows = []
-    for label, impl, spares in (
-        ("passing", None, True),
-        ("every other crashes, spares on", crash, True),
-        ("every other crashes, spares off", crash, False),
+    for label, impl, spares, regroup in (
+        ("passing", None, True, True),
+        ("every other crashes, regrouped", crash, True, True),
+        ("every other crashes, regroup off", crash, True, False),
+        ("every other crashes, no spares", crash, False, False),
     ):
-        rate, failed = throughput(args.target, impl, cases, spares)
+        rate, failed = throughput(args.target, impl, cases, spares, regroup)
         rows.append((label, rate, failed))
     base = rows[0][1]
     print(f"{'campaign':<34} {'examples/s':>10} {'failed':>7} {'vs passing':>10}")

@@ -65,6 +65,9 @@ class Pool:
         self.alive_w: list[Any] = []
         self.outdir = ""
         self.started = False
+        self.generation = 0  # of the world group: :func:`shardfuzz.recover.regroup` counts up
+        self.unanswered: set[int] = set()  # ranks still running the last task when collect returned
+        self.regrouping: float | None = None  # when an unsettled regroup was sent (recover.py)
         self._offsets: list[tuple[int, int]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -106,7 +109,7 @@ class Pool:
                 )
             for r, c in list(waiting.items()):
                 if c in ready or self.procs[r].sentinel in ready:
-                    msg = _recv(c)
+                    msg = receive(c)
                     if isinstance(msg, Ready):
                         del waiting[r]
                         continue
@@ -191,7 +194,7 @@ class Pool:
                 r = objs[obj]
                 if r not in pending:
                     continue
-                msg = _recv(self.conns[r])
+                msg = receive(self.conns[r])
                 if msg is None:
                     if self.procs[r].is_alive() and obj is not self.procs[r].sentinel:
                         continue
@@ -216,6 +219,7 @@ class Pool:
                 if verdict:
                     break
         elapsed = time.perf_counter() - self._t0
+        self.unanswered = set(pending)
         if dead:
             r = min(dead)
             return RankDied(r, self.procs[r].exitcode, self._output([r]), elapsed)
@@ -300,7 +304,7 @@ class Pool:
         return text
 
 
-def _recv(conn: Any) -> Any:
+def receive(conn: Any) -> Any:
     """The next message on ``conn``, or None at EOF (or when there is none yet)."""
     try:
         return conn.recv() if conn.poll() else None

@@ -1,12 +1,14 @@
 """The driver's pools: one warm :class:`~shardfuzz.pool.Pool` per (backend, world size, device,
 debug), least recently used ones stopped beyond a rank budget, and *spares*.
 
-A failure kills its pool (its ranks may hold a broken group), and Hypothesis then shrinks that
-failure with many more failing examples in a row: starting fresh ranks, and importing the target
-in them, on the critical path of each made failing runs 30-100x slower than passing ones. So a pool
-discarded after a failure is replaced in the background by a spare of the same kind, which also
-imports the target and implementation the failing example used (:class:`~shardfuzz.protocol.Warm`);
-the next :func:`get_pool` takes it (waiting for it if it is still starting).
+A failure that is not a rank's own exception (a death, a hang) kills its pool, and Hypothesis then
+shrinks that failure with many more failing examples in a row: starting fresh ranks, and importing
+the target in them, on the critical path of each made failing runs 30-100x slower than passing
+ones. So a pool discarded after a failure is replaced in the background by a spare of the same
+kind, which also imports the target and implementation the failing example used
+(:class:`~shardfuzz.protocol.Warm`); the next :func:`get_pool` takes it (waiting for it if it is
+still starting). After a rank's own exception the pool is kept and regrouped instead
+(:mod:`shardfuzz.recover`): :func:`get_pool` waits for the regroup to settle before handing it out.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 from shardfuzz.config import env_int
 from shardfuzz.pool import Pool
 from shardfuzz.protocol import Task, Warm
+from shardfuzz.recover import settle
 
 _lock = threading.Lock()
 _pools: collections.OrderedDict[tuple, Pool] = collections.OrderedDict()
@@ -46,7 +49,7 @@ def get_pool(
         starting.wait(SPARE_WAIT_S)
     with _lock:
         pool = _pools.pop(key, None)
-        if pool is not None and not pool.alive:
+        if pool is not None and not (pool.alive and settle(pool)):  # settle: a regroup's answers
             pool.kill()
             pool = None
         if pool is None:

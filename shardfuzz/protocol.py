@@ -2,7 +2,8 @@
 
 The driver sends a :class:`Task` per example; each rank answers with exactly one of
 :class:`Reply` (its outputs), :class:`UnsupportedReply` (the implementation refused the case) or
-:class:`ErrorReply` (an exception). At start-up a rank says :class:`Ready` or :class:`StartFailed`.
+:class:`ErrorReply` (an exception). At start-up a rank says :class:`Ready` or :class:`StartFailed`;
+after a rank error the driver may send :class:`Regroup` to keep the processes (:mod:`shardfuzz.recover`).
 The pool turns the answers of all ranks into one :class:`Outcome`: :class:`Completed`,
 :class:`RankFailed`, :class:`RankDied` or :class:`Hung`. The same messages travel under torchrun
 (:mod:`shardfuzz.torchrun`), gathered through a separate CPU group.
@@ -111,6 +112,21 @@ class Warm:
 
     target_ref: str
     impl_ref: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Regroup:
+    """After a rank error: tear down this rank's process groups (which fails the collectives its
+    peers are blocked in), drop every group cached from them, and join a fresh world group under
+    store prefix ``generation``. A rank still running the task answers it first; then each rank
+    answers :class:`Regrouped`, or :class:`ErrorReply` (the pool is discarded)."""
+
+    generation: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Regrouped:
+    generation: int
 
 
 RankAnswer = Reply | UnsupportedReply | ErrorReply

@@ -199,6 +199,7 @@ class RankState:
         #: what the last example left behind, and whether that needs a fresh rank
         self.leaks: tuple[str, ...] = ()
         self.restart = False
+        self.old_groups: list[Any] = []  # weak references to the groups a regroup left (worker.leave)
 
     def mesh(self, shape: tuple[int, ...], timeout_s: float) -> Mesh:
         key = (shape, timeout_s)

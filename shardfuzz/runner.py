@@ -25,6 +25,7 @@ from shardfuzz.judge import Verdict, judge, none_where_oracle_has_value
 from shardfuzz.oracle import Expected, confirm_noise, estimate_noise, evaluate_oracle
 from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
+from shardfuzz.recover import regroup
 from shardfuzz.report import Reporter
 from shardfuzz.spawn import hard_cap, start_forkserver
 from shardfuzz.stats import Stats
@@ -212,11 +213,12 @@ class Runner:
         try:
             expected = self.expected(case)  # overlaps with the ranks' work
             outcome = pool.collect(window, cap)
+            kept = regroup(pool, outcome)  # a rank's own error: the processes stay, with a new group
         except BaseException:  # the oracle raised, Ctrl-C, a deadline: the ranks may still be busy
             discard_pool(pool)
             raise
         leaks = self._note_leaks(outcome)
-        if not isinstance(outcome, Completed) or any(r.restart for r in outcome.replies):
+        if not kept and (not isinstance(outcome, Completed) or any(r.restart for r in outcome.replies)):
             discard_pool(pool, spare_for=task)  # fresh ranks next time, from a spare started now
         if isinstance(outcome, RankFailed):
             self.reporter.raise_rank_error(case, outcome)

@@ -3,22 +3,39 @@
 A worker is a forkserver child (torch preloaded). It joins the pool's process group once, then
 serves :class:`~shardfuzz.protocol.Task` messages until told to stop or until its driver goes
 away, answering each with one :class:`~shardfuzz.protocol.Reply`,
-:class:`~shardfuzz.protocol.UnsupportedReply` or :class:`~shardfuzz.protocol.ErrorReply`.
+:class:`~shardfuzz.protocol.UnsupportedReply` or :class:`~shardfuzz.protocol.ErrorReply`. After a
+rank error, a :class:`~shardfuzz.protocol.Regroup` makes it leave its groups and join a fresh world
+group, so that the process (and its imports) serve the next example.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
+import gc
 import os
 import signal
 import sys
 import threading
 import traceback
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from shardfuzz.errors import Unsupported
-from shardfuzz.protocol import ErrorReply, RankAnswer, Ready, StartFailed, Stop, Task, UnsupportedReply, Warm
+from shardfuzz.protocol import (
+    ErrorReply,
+    RankAnswer,
+    Ready,
+    Regroup,
+    Regrouped,
+    StartFailed,
+    Stop,
+    Task,
+    UnsupportedReply,
+    Warm,
+)
 from shardfuzz.rank import RankState, run_task, select_device
 
 STORE_TIMEOUT_S = 600.0
@@ -88,7 +105,43 @@ def _watchdog(alive_conn: Any) -> None:
     os._exit(3)
 
 
-def _join(rank: int, world_size: int, backend: str, store_info: tuple, timeout_s: float, debug: bool) -> None:
+def leave(state: RankState) -> None:
+    """Destroy every process group of this rank, and drop the meshes built on them."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    state.meshes.clear()
+    state.warm.clear()  # new groups may initialise lazily again
+    groups = getattr(getattr(c10d, "_world", None), "pg_map", None) or {}
+    state.old_groups += [weakref.ref(g) for g in groups]
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    # a gloo group closes its sockets (failing its peers' collectives) only once freed; a reference
+    # cycle (a traceback, a DeviceMesh) may still hold one: a full collection (~0.1 s) frees it
+    if any(g() is not None for g in state.old_groups):
+        gc.collect()
+
+
+def regroup(state: RankState, msg: Regroup, join: Callable[[str], None]) -> Regrouped | ErrorReply:
+    """Leave the old groups and join the world group of generation ``msg.generation``."""
+    try:
+        if state.restart:
+            raise RuntimeError("the failed example left state behind that only fresh ranks undo")
+        leave(state)
+        if any(g() is not None for g in state.old_groups):
+            # still open (cached by the implementation?): peers blocked on it would never return
+            raise RuntimeError("a process group of the failed example is still referenced")
+        state.old_groups = []
+        join(f"regroup{msg.generation}/")
+        return Regrouped(msg.generation)
+    except BaseException as e:
+        return error_reply(e)
+
+
+def _join(
+    rank: int, world_size: int, backend: str, store_info: tuple, timeout_s: float, debug: bool
+) -> Callable[[str], None]:
+    """Join the pool's world group; returns how to join again under a store prefix (a regroup)."""
     os.environ["OMP_NUM_THREADS"] = os.environ.get("SHARDFUZZ_WORKER_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -101,12 +154,21 @@ def _join(rank: int, world_size: int, backend: str, store_info: tuple, timeout_s
     if debug:  # collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL): slow, for replays only
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level(dist.DebugLevel.DETAIL)
-    dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
-    )
+
+    def join(generation: str) -> None:
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(generation, store) if generation else store,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+
+    join("")
+    return join
 
 
-def _serve(state: RankState, conn: Any) -> None:
+def _serve(state: RankState, conn: Any, join: Callable[[str], None], backend: str) -> None:
     while True:
         try:
             msg = conn.recv()
@@ -117,11 +179,19 @@ def _serve(state: RankState, conn: Any) -> None:
         if isinstance(msg, Warm):
             warm(state, msg)
             continue
+        if isinstance(msg, Regroup):
+            conn.send(regroup(state, msg, join))
+            continue
         reply = answer(state, msg)
         try:
             conn.send(reply)
         except Exception as e:  # an output that does not pickle
             conn.send(ErrorReply(f"could not send outputs back: {e!r}", type(e).__name__))
+        if isinstance(reply, ErrorReply) and backend == "gloo":  # NCCL: see recover.regroup
+            # after the reply, so the driver hears this rank's own error before its peers'
+            # "connection closed": their collectives fail now, not at the gloo timeout
+            with contextlib.suppress(Exception):
+                leave(state)
     import torch.distributed as dist
 
     try:
@@ -159,11 +229,11 @@ def worker_main(
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     try:
         device_obj = select_device(backend, device, rank)  # before joining: nccl binds the device
-        _join(rank, world_size, backend, store_info, timeout_s, debug)
+        join = _join(rank, world_size, backend, store_info, timeout_s, debug)
         state = RankState(rank, world_size, device_obj, timeout_s)
     except BaseException:
         conn.send(StartFailed(traceback.format_exc()))
         os._exit(1)
     conn.send(Ready(os.getpid()))
-    _serve(state, conn)
+    _serve(state, conn, join, backend)
     os._exit(0)

@@ -199,11 +199,12 @@ def test_exclude_expressions_read_the_case():
 
 
 # -- fast while failing ------------------------------------------------------------------------------
-def test_a_pool_discarded_after_a_failure_is_replaced_by_a_warm_spare():
+def test_a_pool_discarded_after_a_failure_is_replaced_by_a_warm_spare(monkeypatch):
     from shardfuzz import pools
     from shardfuzz.case import Case
     from shardfuzz.errors import Finding
 
+    monkeypatch.setenv("SHARDFUZZ_REGROUP", "0")  # a rank error discards the pool, as a death does
     crash = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 2}, split=("n",), dtype="float32",
                  profile="normal", seed=0, options={})  # fmt: skip
     runner = Runner(TOY, "crash_rank1", RunConfig())

@@ -13,7 +13,7 @@ from shardfuzz import Case, RankHang, RunConfig, Runner
 from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Hung, ImplRef, Task
 from shardfuzz.runner import TIMEOUTS, TimeoutPolicy
-from shardfuzz.spawn import HARD_CAP_MIN_S, ProgressWatch, hard_cap, open_fds
+from shardfuzz.spawn import HARD_CAP_MIN_S, ProgressWatch, hard_cap, open_fds, os_threads
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 linux = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -157,6 +157,48 @@ def test_leaked_process_groups_restart_the_pool():
     assert max(open_fds(p) for p in pids()) < 100
     assert "process group" in r.stats.summary()
     assert runner("check_clean").run_case(case()) < 1
+
+
+# -- a rank error keeps the processes: only their process group is rebuilt ------------------------
+@linux
+def test_a_rank_error_regroups_the_pool_in_place_and_later_examples_are_judged_afresh():
+    from shardfuzz import Mismatch, RankError
+
+    for world, mesh in ((3, (3,)), (4, (2, 2))):
+        c = Case(target="toy", world_size=world, mesh=mesh, sizes={"n": 5}, split=("n",), seed=1)
+        assert runner("reference").run_case(c) < 1
+        same = pids(world)
+        counts = []
+        for _ in range(3):
+            with pytest.raises(RankError) as e:
+                runner("crash_rank1").run_case(c)
+            report = e.value.report  # rank 1's own error, not a peer's "connection closed"
+            assert "rank 1 raised an exception" in report and "ValueError: boom on rank 1" in report
+            assert "rank 1 is about to fail" in report and "Connection closed" not in report
+            assert pids(world) == same  # the same processes, regrouped: no pool started
+            assert runner("reference").run_case(c) < 1  # a passing example still passes
+            assert Runner(TOY, "via_device_mesh").run_case(c) < 1  # a DeviceMesh of the new groups
+            assert runner("check_clean").run_case(c) < 1
+            with pytest.raises(Mismatch) as m:  # and a wrong one is still found
+                runner("wrong_rank1").run_case(c)
+            assert list(m.value.outputs) == ["x2"]
+            counts.append([(open_fds(p), os_threads(p)) for p in same])
+        assert pids(world) == same
+        assert counts[1] == counts[2]  # no file descriptor or thread left behind by a regroup
+
+
+def test_a_group_the_implementation_keeps_open_replaces_the_pool():
+    from shardfuzz import RankError
+
+    c = case(3, 5)
+    assert runner("reference").run_case(c) < 1
+    before = pids(3)
+    t0 = time.perf_counter()
+    with pytest.raises(RankError, match="rank 1 raised an exception"):
+        runner("crash_rank1_keeps_group").run_case(c)
+    assert time.perf_counter() - t0 < 3  # refused at once, not at the regroup timeout
+    assert not set(pids(3)) & set(before)  # fresh ranks
+    assert runner("reference").run_case(c) < 1
 
 
 # -- a rank killed from outside is an external fault, not a finding --------------------------------

@@ -51,6 +51,16 @@ def crash_rank1(ctx):
     return reference(ctx)
 
 
+_KEPT = []
+
+
+def crash_rank1_keeps_group(ctx):
+    """``crash_rank1``, but every rank keeps its group (as a cache of the implementation would): it
+    stays open after the error, so the pool cannot regroup and is replaced."""
+    _KEPT.append(ctx.group)
+    return crash_rank1(ctx)
+
+
 def hang_rank0(ctx):
     if ctx.group_rank == 0:
         time.sleep(3600)
@@ -175,6 +185,7 @@ TOY = Target(
     implementations={
         "reference": "reference",
         "crash_rank1": "crash_rank1",
+        "crash_rank1_keeps_group": "crash_rank1_keeps_group",
         "hang_rank0": "hang_rank0",
         "segfault_rank1": "segfault_rank1",
         "wrong_rank1": "wrong_rank1",
