@@ -152,13 +152,15 @@ def test_a_failing_verdict_is_rechecked_before_it_is_reported():
     target = get_target("zero_adamw")
     case = Case(
         target="zero_adamw", world_size=2, mesh=(2,), sizes={"numel": 5}, split=("numel",),
-        dtype="bfloat16", profile="ties", seed=2735,
+        dtype="bfloat16", profile="ties", seed=6,
         options={"stage": 1, "clip_factor": None, "grid": 0.25, "steps": 3, "grad_accum": 2},
-    )  # fmt: skip
+    )  # fmt: skip  (found by a search over seeds, after the value profiles by role)
     expected = evaluate_oracle(target, case)
     estimate_noise(target, case, expected, 3)
-    before = expected.noise["param"][0, 0].item()
+    before = expected.noise["param"][2, 4].item()
     confirm_noise(target, case, expected, Tolerance())
-    after = expected.noise["param"][0, 0].item()
-    # the reference's bf16 run lands 0.097 from oracle64 there; k = 4 must cover it after, not before
-    assert 4 * before < 0.097 < 4 * after
+    after = expected.noise["param"][2, 4].item()
+    # the oracle's own bf16 run (a correct implementation) lands this far from oracle64 there:
+    # k = 4 must cover it after the recheck, not before
+    off = (expected.low["param"][2, 4].double() - expected.ref["param"][2, 4].double()).abs().item()
+    assert 4 * before < off < 4 * after, (before, off, after)
