@@ -13,6 +13,7 @@ the drawn world by construction (``per_rank * group + remainder``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -208,10 +209,12 @@ def mostly(common: Any, *rare: Any, share: float = 0.95) -> st.SearchStrategy[An
         raise InvalidArgument("mostly(common): give at least one rare value")
     if not isinstance(share, float) or not 0.0 < share < 1.0:
         raise InvalidArgument(f"share={share!r}; must be a float in (0, 1)")
-    cut = round(1000 * share)
-    return st.integers(0, 999).map(
-        lambda i: common if i < cut else rare[(i - cut) * len(rare) // (1000 - cut)]
-    )
+    return st.integers(0, 999).map(functools.partial(_mostly_value, common, rare, round(1000 * share)))
+
+
+def _mostly_value(common: Any, rare: tuple[Any, ...], cut: int, i: int) -> Any:
+    """``mostly``'s value for a draw ``i`` in ``[0, 999]``: ``common`` below ``cut``."""
+    return common if i < cut else rare[(i - cut) * len(rare) // (1000 - cut)]
 
 
 def seeds(*, max_seed: int = 2**31 - 1) -> st.SearchStrategy[int]:

@@ -282,6 +282,7 @@ def rerun_line(report):
     return shlex.split(line.removeprefix("Rerun this case: shardfuzz "))
 
 
+@pytest.mark.slow  # 8 CLI and torchrun processes (~30 s); pytest -m slow runs it
 def test_failure_file_of_a_file_target_works_from_another_folder(tmp_path, monkeypatch):
     project = make_project(tmp_path / "proj")
     path = record_failure(project, tmp_path / "failures", monkeypatch)
@@ -313,6 +314,7 @@ def test_failure_file_of_a_file_target_works_from_another_folder(tmp_path, monke
     assert run.returncode != 0 and "FAIL (mismatch)" in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.slow  # 6 CLI and torchrun processes (~37 s); pytest -m slow runs it
 def test_failure_file_works_after_the_checkout_moved(tmp_path, monkeypatch):
     path = record_failure(make_project(tmp_path / "old"), tmp_path / "failures", monkeypatch)
     shutil.copytree(tmp_path / "old", tmp_path / "new")

@@ -151,8 +151,14 @@ def test_a_failing_verdict_is_rechecked_before_it_is_reported():
 
     target = get_target("zero_adamw")
     case = Case(
-        target="zero_adamw", world_size=2, mesh=(2,), sizes={"numel": 5}, split=("numel",),
-        dtype="bfloat16", profile="ties", seed=6,
+        target="zero_adamw",
+        world_size=2,
+        mesh=(2,),
+        sizes={"numel": 5},
+        split=("numel",),
+        dtype="bfloat16",
+        profile="ties",
+        seed=6,
         options={"stage": 1, "clip_factor": None, "grid": 0.25, "steps": 3, "grad_accum": 2},
     )  # fmt: skip  (found by a search over seeds, after the value profiles by role)
     expected = evaluate_oracle(target, case)

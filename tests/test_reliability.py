@@ -162,8 +162,11 @@ def test_leaked_process_groups_restart_the_pool():
 # -- a rank error keeps the processes: only their process group is rebuilt ------------------------
 @linux
 def test_a_rank_error_regroups_the_pool_in_place_and_later_examples_are_judged_afresh():
-    from shardfuzz import Mismatch, RankError
+    from shardfuzz import Mismatch, RankError, pools
 
+    # fresh pools: ranks that ran DTensor code keep their old group referenced from torch's C++
+    # side, so they would (correctly, but not under test here) be replaced instead of regrouped
+    pools.shutdown()
     for world, mesh in ((3, (3,)), (4, (2, 2))):
         c = Case(target="toy", world_size=world, mesh=mesh, sizes={"n": 5}, split=("n",), seed=1)
         assert runner("reference").run_case(c) < 1
