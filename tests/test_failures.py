@@ -227,6 +227,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_failures(tmp_path, procs, start_cli):
     assert procs.wait_gone(everything) == []
 
 
+@pytest.mark.slow  # ~13 s; tests/test_interrupts.py runs --jobs in the ci suite (signals, cleanup)
 def test_jobs_run_side_by_side_within_the_rank_budget(tmp_path):
     out = cli(
         "fuzz",
