@@ -106,6 +106,7 @@ def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
     assert out.returncode == 1 and "2 replayed: 1 fail, 1 pass" in out.stdout
 
 
+@pytest.mark.slow  # a TORCH_DISTRIBUTED_DEBUG=DETAIL replay (~9 s)
 def test_replay_with_collective_checking(found):
     out = cli("replay", found[1], "--debug-collectives")
     assert out.returncode == 1 and "STILL FAILS" in out.stdout
@@ -149,6 +150,7 @@ def test_repro_script_runs_under_torchrun(found, tmp_path):
     assert "use torchrun --nproc-per-node=2" in wrong.stderr
 
 
+@pytest.mark.slow  # ~9 s; test_repro_script_runs_under_torchrun runs torchrun in the ci suite
 def test_torchrun_module_replays_a_passing_case(found, tmp_path):
     rec = json.loads(open(found[1]).read())
     (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
@@ -177,6 +179,7 @@ def test_failure_files_become_regression_tests_that_run_first(pytester, found):
     result.stdout.fnmatch_lines(["*STILL FAILS (mismatch; was mismatch)*"])
 
 
+@pytest.mark.slow  # ~9 s; tests/test_interrupts.py checks --duration deadlines in the ci suite
 def test_campaign_with_duration_progress_and_summary(tmp_path):
     out = cli(
         "fuzz",

@@ -124,6 +124,7 @@ def _start_jobs(start_cli, tmp_path):
 
 
 @linux_only
+@pytest.mark.slow  # --jobs runs with pytest -m slow (~12 s); single-process signal tests stay in ci
 def test_sigterm_of_a_jobs_parent_stops_every_child_and_rank(procs, start_cli, tmp_path):
     run = _start_jobs(start_cli, tmp_path)
     everything = procs.descendants(run.pid)
@@ -136,6 +137,7 @@ def test_sigterm_of_a_jobs_parent_stops_every_child_and_rank(procs, start_cli, t
 
 
 @linux_only
+@pytest.mark.slow  # --jobs runs with pytest -m slow (~11 s); tests/test_lifecycle.py: a SIGKILLed driver
 def test_sigkill_of_a_jobs_parent_leaves_no_process(procs, start_cli, tmp_path):
     run = _start_jobs(start_cli, tmp_path)
     everything = procs.descendants(run.pid)
