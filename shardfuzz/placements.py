@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 from shardfuzz.case import Case
@@ -62,6 +63,8 @@ def _placement(p: Any) -> tuple[Any, ...]:
 
 def describe(value: Any) -> Any:
     """A DTensor as a :class:`DTensorPiece`; any other value unchanged (on the rank)."""
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor can exist: skip the import
+        return value
     from torch.distributed.tensor import DTensor
 
     if not isinstance(value, DTensor):
