@@ -22,7 +22,9 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def examples_to_failure(target: str, impl: str, seed: int, cap: int, timeout: float | None) -> int | None:
+def examples_to_failure(
+    target: str, impl: str, seed: int, cap: int, timeout: float | None, exclude: tuple[str, ...] = ()
+) -> int | None:
     import hypothesis
     from hypothesis import Phase, Verbosity
 
@@ -31,7 +33,7 @@ def examples_to_failure(target: str, impl: str, seed: int, cap: int, timeout: fl
     from shardfuzz.search import build_test, findings_of
     from shardfuzz.settings import build_settings
 
-    runner = Runner(target, impl, RunConfig(timeout=timeout))
+    runner = Runner(target, impl, RunConfig(timeout=timeout, exclude=exclude))
     s = build_settings(
         "shardfuzz-ci",
         derandomize=False,
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             timeout = rec.expect.timeout
             counts = [
-                examples_to_failure(tname, impl, 1000 + k, args.cap, timeout) for k in range(args.seeds)
+                examples_to_failure(tname, impl, 1000 + k, args.cap, timeout, rec.expect.exclude)
+                for k in range(args.seeds)
             ]
             found = sorted(c for c in counts if c is not None)
             missed = len(counts) - len(found)

@@ -49,7 +49,9 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown IMPL {sorted(unknown)}; known: {[f'{e[0]}:{e[1]}' for e in TORCH_IMPLS]}")
     print(f"# loadavg {os.getloadavg()}, {os.cpu_count()} cpus, {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    print(f"{'target:impl':<40} {'dtype':<9} {'examples':>8} {'failures':>8} {'worst pass':>10} {'time':>7}  set aside")
+    print(
+        f"{'target:impl':<40} {'dtype':<9} {'examples':>8} {'failures':>8} {'worst pass':>10} {'time':>7}  set aside"
+    )
     bad = 0
     for target, impl, options, exclude in chosen:
         for dtype in args.dtypes.split(","):

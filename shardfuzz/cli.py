@@ -28,6 +28,7 @@ from shardfuzz.refs import add_search_path, split_file_ref
 from shardfuzz.registry import BUILTIN_TARGETS, available_targets, get_target
 from shardfuzz.replay import replay_one
 from shardfuzz.runner import Runner
+from shardfuzz.standalone import write_standalone
 from shardfuzz.tolerance import Tolerance
 from shardfuzz.torchrun import write_repro
 
@@ -201,7 +202,10 @@ def _cmd_replay(args: Any) -> int:
 
 def _cmd_repro(args: Any) -> int:
     record = failures.load(args.file)
-    path = write_repro(record, args.output)
+    if args.standalone:
+        path = write_standalone(record, args.output or "repro")
+    else:
+        path = write_repro(record, args.output or "repro.py")
     n = record["case"].world_size
     print(f"wrote {path}; run it with: torchrun --nproc-per-node={n} {path} [--backend nccl]")
     return EXIT_OK

@@ -219,8 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="rerun with torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
     )
 
-    rp = sub.add_parser("repro", help="write a standalone torchrun script for one failure file")
+    rp = sub.add_parser("repro", help="write a torchrun script for one failure file")
     rp.add_argument("file", metavar="FILE")
-    rp.add_argument("-o", "--output", default="repro.py")
+    rp.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="the script (default repro.py); with --standalone, a folder (default repro)",
+    )
+    rp.add_argument(
+        "--standalone",
+        action="store_true",
+        help="a script that needs nothing but torch, to attach to an upstream issue: inputs, the "
+        "implementation's source and the oracle's values inlined",
+    )
     add_search_path_option(rp)
     return p

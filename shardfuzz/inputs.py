@@ -64,7 +64,7 @@ def randn(
     import torch
 
     g = gen if gen is not None else generator(case)
-    t = torch.randn(*shape, generator=g, dtype=torch.float32) * scale
+    t = torch.randn(shape, generator=g, dtype=torch.float32) * scale
     if profile:
         t = apply_profile(t, case, role, scale)
     return t.to(getattr(torch, dtype or case.dtype))

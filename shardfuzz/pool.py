@@ -43,6 +43,8 @@ START_TIMEOUT_S = 120.0
 #: after a rank's own exception (not a peer's closed connection), how long to wait for the others
 OWN_ERROR_GRACE_S = 0.05
 OUTPUT_TAIL = 4000
+#: and of its first lines: an abort's 'terminate called after throwing' comes before the noise
+OUTPUT_HEAD = 2000
 
 
 class Pool:
@@ -222,14 +224,14 @@ class Pool:
         self.unanswered = set(pending)
         if dead:
             r = min(dead)
-            return RankDied(r, self.procs[r].exitcode, self._output([r]), elapsed)
+            return RankDied(r, self.procs[r].exitcode, self._output(range(n), errors, r), elapsed)
         late = elapsed >= cap - 1.0  # a gloo timeout at the cap is hang evidence, not the rank's error
         own = sorted(
             (m.timed_out, r) for r, m in errors.items() if not m.peer_closed and not (m.timed_out and late)
         )
         if own:
             r = own[0][1]
-            return RankFailed(r, errors[r], self._output([r]), elapsed)
+            return RankFailed(r, errors[r], self._output(range(n), errors, r), elapsed)
         timed_out = {r: m.traceback for r, m in errors.items() if m.timed_out}
         if pending or timed_out:
             stacks = self.dump_stacks()
@@ -249,18 +251,25 @@ class Pool:
             )
         if errors:
             r = min(errors)
-            return RankFailed(r, errors[r], self._output([r]), elapsed)
+            return RankFailed(r, errors[r], self._output(range(n), errors, r), elapsed)
         return Completed([rep for rep in replies if rep is not None], elapsed)
 
-    def _output(self, ranks: Iterable[int]) -> dict[int, str]:
-        """The stdout/stderr each of ``ranks`` wrote during this example."""
+    def _output(
+        self, ranks: Iterable[int], errors: dict | None = None, cause: int | None = None
+    ) -> dict[int, str]:
+        """The stdout/stderr each of ``ranks`` wrote during this example, and the last line of each
+        peer's error (a peer of ``cause`` sees the connection close: say so, briefly)."""
         out = {}
         for r in ranks:
             text = self._tail(r, "out", self._offsets[r][0] if self._offsets else 0)
             text_err = self._tail(r, "err", self._offsets[r][1] if self._offsets else 0)
+            peer = errors.get(r) if errors and r != cause else None
+            last = (
+                peer.traceback.strip().splitlines()[-1] if peer is not None and peer.traceback.strip() else ""
+            )
             out[r] = "".join(
-                f"--- rank {r} {name} ---\n{t}"
-                for name, t in (("stdout", text), ("stderr", text_err))
+                f"--- rank {r} {name} ---\n{t.rstrip()}\n"
+                for name, t in (("stdout", text), ("stderr", text_err), ("error", last))
                 if t.strip()
             )
         return out
@@ -299,8 +308,9 @@ class Pool:
                 text = f.read()
         except OSError:
             return ""
-        if len(text) > OUTPUT_TAIL:
-            text = f"[... {len(text) - OUTPUT_TAIL} characters cut ...]\n" + text[-OUTPUT_TAIL:]
+        if len(text) > OUTPUT_HEAD + OUTPUT_TAIL:
+            cut = len(text) - OUTPUT_HEAD - OUTPUT_TAIL
+            text = f"{text[:OUTPUT_HEAD]}\n[... {cut} characters cut ...]\n{text[-OUTPUT_TAIL:]}"
         return text
 
 

@@ -51,6 +51,8 @@ class Expect:
         needs: the trigger conditions the bug needs at once (labels of ``docs/triggers.md`` or of
             the target's ``triggers``, or ``option=value``, e.g. ``("uneven", "causal")``): the
             shrunk case must reach every one of them.
+        exclude: ``--exclude`` expressions of the implementation's *other* known failures, set
+            aside (counted) while this one is searched: one implementation, several findings.
     """
 
     kind: str
@@ -62,6 +64,7 @@ class Expect:
     timeout: float | None = None
     note: str = ""
     needs: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

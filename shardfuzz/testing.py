@@ -41,7 +41,13 @@ def assert_planted_bug_found(target: Any, impl: str, expect: Expect, *, p95: int
     relative ``file.py`` target is found next to the calling test file first."""
     target = anchored_ref(target, caller_dir())
     result = run(
-        target, impl, profile="shardfuzz-ci", database=None, max_examples=budget(p95), timeout=expect.timeout
+        target,
+        impl,
+        profile="shardfuzz-ci",
+        database=None,
+        max_examples=budget(p95),
+        timeout=expect.timeout,
+        exclude=expect.exclude,
     )
     name = f"{get_target(target).name}/{impl}"
     assert result.found, f"{name} not found in {budget(p95)} examples: {result.stats.summary()}"

@@ -39,3 +39,24 @@ def test_a_pinned_option_the_target_lacks_is_an_error_naming_it():
         shardfuzz.run(
             "ring_attention", "reference", max_examples=2, database=None, options={"lse_gradient": False}
         )
+
+
+def test_a_gloo_abort_reports_the_aborting_ranks_first_lines_and_the_peers_closed_connection():
+    """The expected failure's case: the aborting rank's stderr keeps its head (the 'terminate
+    called after throwing' line comes before the noise) and the peer's error is shown too."""
+    case = shardfuzz.Case(
+        target="ring_attention",
+        world_size=2,
+        mesh=(2,),
+        sizes={"batch": 1, "seq": 3, "heads": 1, "head_dim": 1},
+        split=("seq",),
+        dtype="float32",
+        options={"variant": "full", "logit_scale": 1.0, "lse_grad": False},
+    )
+    runner = shardfuzz.Runner("ring_attention", "torch_cp_ring")
+    with pytest.raises(shardfuzz.Finding) as e:
+        runner.run_case(case)
+    report = e.value.report
+    assert e.value.kind == "rank-error", report
+    assert "terminate called after throwing" in report and "EnforceNotMet" in report, report
+    assert "Connection closed by peer" in report or "Connection reset" in report, report

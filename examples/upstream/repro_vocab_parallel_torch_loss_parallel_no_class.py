@@ -1,0 +1,197 @@
+"""Reproducer: vocab_parallel / torch_loss_parallel_no_class (rank-error).
+
+3 rank(s), mesh (3,); sizes batch=1, seq=1, d_model=1, vocab=2; float32; options {'smoothing': 0.0, 'rule': 'dtensor', 'class_weight': False, 'ignore_index': False, 'reduction': 'none'}.
+Run: torchrun --nproc-per-node=3 repro_vocab_parallel_torch_loss_parallel_no_class.py    (add --backend nccl for GPUs)
+Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-02). Each rank runs the
+implementation below on its inputs and compares its outputs with the oracle's float64 values,
+within the tolerance shardfuzz allowed; a wrong element or an error fails the run.
+"""
+
+import os
+import sys
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+class Unsupported(Exception):
+    """The implementation refuses this case (shardfuzz counts it; here it is an error)."""
+
+    def __init__(self, message, reason=None):
+        super().__init__(message)
+
+
+# -- the implementation under test --------------------------------------------------------------
+class _Model(torch.nn.Module):
+    def __init__(self, emb, w_out):
+        super().__init__()
+        v, d = emb.shape
+        self.tok_embeddings = torch.nn.Embedding(v, d, dtype=emb.dtype)
+        self.output = torch.nn.Linear(d, v, bias=False, dtype=w_out.dtype)
+        with torch.no_grad():
+            self.tok_embeddings.weight.copy_(emb)
+            self.output.weight.copy_(w_out)
+
+    def forward(self, tokens):
+        return self.output(self.tok_embeddings(tokens))
+
+
+IGNORE = -100
+
+
+def torch_loss_parallel(ctx, *, smoothing: bool = False):
+    """torchtitan's embedding / output plan and ``loss_parallel`` cross-entropy, forward and backward."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    case, inp = ctx.case, ctx.inputs
+    if case.options["rule"] != "dtensor":
+        raise Unsupported("torch shards the vocab by DTensor's rule (pin rule=dtensor)", reason="rule")
+    if case.options["smoothing"] and not smoothing:
+        raise Unsupported("loss_parallel does not support label smoothing (documented)", reason="smoothing")
+    model = _Model(inp["emb"], inp["w_out"])
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+        "output": ColwiseParallel(use_local_output=False),
+    }
+    parallelize_module(model, ctx.mesh.device_mesh()["impl"], plan)
+    logits = model(inp["tokens"])
+    with loss_parallel():
+        loss = F.cross_entropy(
+            logits.flatten(0, 1),
+            inp["labels"].flatten(),
+            weight=inp.get("class_weight"),
+            ignore_index=IGNORE,
+            reduction=case.options["reduction"],
+        )
+        loss = loss.full_tensor().view(inp["dloss"].shape)  # replicated: no communication
+        loss.backward(inp["dloss"])
+    # the gradients are DTensors (Shard(0) by DTensor's rule): the engine reads their placements
+    return {
+        "loss": loss.detach(),
+        "grad_emb": model.tok_embeddings.weight.grad,
+        "grad_w_out": model.output.weight.grad,
+    }
+
+
+# -- the case, its inputs, the oracle's values and the allowed error ----------------------------
+CASE = {'world_size': 3,
+ 'mesh': (3,),
+ 'sizes': {'batch': 1, 'seq': 1, 'd_model': 1, 'vocab': 2},
+ 'dtype': 'float32',
+ 'options': {'smoothing': 0.0,
+             'rule': 'dtensor',
+             'class_weight': False,
+             'ignore_index': False,
+             'reduction': 'none'}}
+DATA = {}
+INPUTS = {
+    'tokens': torch.tensor([[1]], dtype=torch.int64),
+    'labels': torch.tensor([[1]], dtype=torch.int64),
+    'emb': torch.tensor([[0.5507453083992004], [0.2703641355037689]], dtype=torch.float32),
+    'w_out': torch.tensor([[0.6472479701042175], [0.24900221824645996]], dtype=torch.float32),
+    'dloss': torch.tensor([[-0.33539512753486633]], dtype=torch.float32),
+}
+EXPECTED = {
+    'loss': torch.tensor([[0.7484313057544956]], dtype=torch.float64),
+    'grad_emb': torch.tensor([[0.0], [-0.07037678057263191]], dtype=torch.float64),
+    'grad_w_out': torch.tensor([[-0.04777792945762323], [0.047777929457623214]], dtype=torch.float64),
+}
+ALLOWED = {
+    'loss': torch.tensor([[1.0750385399660445e-06]], dtype=torch.float32),
+    'grad_emb': torch.tensor([[5.932319080415027e-09], [1.6787527101769228e-07]], dtype=torch.float32),
+    'grad_w_out': torch.tensor([[4.816967802412364e-08], [1.1991541271072492e-07]], dtype=torch.float32),
+}
+OUTPUT_LAYOUTS = {'grad_emb': ('shard', 0, 'dtensor'), 'grad_w_out': ('shard', 0, 'dtensor'), 'loss': ('replicate',)}
+
+
+def split(size, parts, rule):
+    """Shard sizes: DTensor's rule (ceil(size / parts) until they run out) or torch.tensor_split's."""
+    if rule == "dtensor":
+        chunk = -(-size // parts)
+        return [max(0, min(chunk, size - chunk * r)) for r in range(parts)]
+    return [size // parts + (r < size % parts) for r in range(parts)]
+
+
+def piece(value, layout, rank, parts):
+    if layout[0] != "shard":
+        return value
+    dim, rule = layout[1], layout[2]
+    sizes = split(value.shape[dim], parts, rule)
+    return value.narrow(dim, sum(sizes[:rank]), sizes[rank])
+
+
+class Mesh:
+    def __init__(self, shape, device):
+        self.shape, self.device = tuple(shape), device
+
+    def device_mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = (*(f"axis{i}" for i in range(len(self.shape) - 1)), "impl")
+        return init_device_mesh(self.device.type, self.shape, mesh_dim_names=names)
+
+
+class Ctx:
+    """What shardfuzz hands the implementation, cut down to this case."""
+
+    def __init__(self, device):
+        shape = CASE["mesh"]
+        self.case = type("Case", (), dict(CASE, group_size=shape[-1]))()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = device
+        # the group under test: this rank's row of the mesh's last axis
+        rows = [list(range(s, s + shape[-1])) for s in range(0, self.world_size, shape[-1])]
+        groups = [dist.new_group(r) for r in rows]
+        self.group = groups[self.rank // shape[-1]]
+        self.group_rank, self.group_size = self.rank % shape[-1], shape[-1]
+        self.inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in INPUTS.items()}
+        self.mesh = Mesh(shape, device)
+
+
+def check(ctx, outputs):
+    for name, layout in OUTPUT_LAYOUTS.items():
+        got = outputs[name]
+        if hasattr(got, "full_tensor"):  # a DTensor: compare the whole value
+            got = got.full_tensor()
+        elif layout[0] == "partial":
+            got = got.clone()
+            dist.all_reduce(got, group=ctx.group)
+        want = piece(EXPECTED[name], ("replicate",) if hasattr(outputs[name], "full_tensor") else layout,
+                     ctx.group_rank, ctx.group_size)
+        if name not in ALLOWED:
+            assert torch.equal(got.cpu(), want), f"rank {ctx.rank}: {name} = {got}, expected {want}"
+            continue
+        allowed = piece(ALLOWED[name], ("replicate",) if hasattr(outputs[name], "full_tensor") else layout,
+                        ctx.group_rank, ctx.group_size).double()
+        err = (got.detach().cpu().double() - want).abs()
+        bad = ~(err <= allowed)
+        if bad.any():
+            ratio = (err / allowed).nan_to_num(float("inf")).max().item()
+            raise AssertionError(
+                f"rank {ctx.rank}: output {name!r}: {int(bad.sum())} of {err.numel()} elements wrong, "
+                f"worst {ratio:.3g}x the allowed error\n  got      {got}\n  expected {want}"
+            )
+    print(f"rank {ctx.rank}: all outputs within the allowed error", flush=True)
+
+
+def main():
+    backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "gloo"
+    dist.init_process_group(backend)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        ctx = Ctx(device)
+        check(ctx, torch_loss_parallel(ctx, **{}))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

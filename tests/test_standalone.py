@@ -1,0 +1,114 @@
+"""Reproducers to file upstream: ``shardfuzz repro FILE --standalone`` on failures the fuzzer finds
+in PyTorch's ``loss_parallel`` (expected failures of ``vocab_parallel``).
+
+Each test fuzzes the implementation until it fails, writes the standalone script from the
+failure file, runs it under torchrun and checks that it fails the same way while importing
+nothing but torch and the standard library. The scripts shipped in ``examples/upstream/`` must be
+what the tool writes today (the header's date and version aside).
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardfuzz import cli
+from shardfuzz.targets.vocab_parallel import TARGET
+
+UPSTREAM = Path(__file__).resolve().parent.parent / "examples" / "upstream"
+
+#: the modules a standalone script must not import
+FORBIDDEN = ("shardfuzz", "hypothesis", "pytest")
+
+WRAPPER = """\
+import json, os, runpy, signal, sys
+# torchrun stops the other ranks with SIGTERM when one fails: let them write their list too
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+try:
+    runpy.run_path(sys.argv[1], run_name="__main__")
+finally:  # what the script imported, whatever way it ended
+    bad = sorted(m for m in sys.modules if m.split(".")[0] in {forbidden!r})
+    with open(os.path.join({out!r}, "modules-" + os.environ["RANK"] + ".json"), "w") as f:
+        json.dump(bad, f)
+"""
+
+
+def _torchrun(script: Path, n: int, out: Path) -> subprocess.CompletedProcess:
+    wrapper = out / "wrapper.py"
+    wrapper.write_text(WRAPPER.format(forbidden=FORBIDDEN, out=str(out)))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COV_CORE_SOURCE")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={n}",
+            "--standalone",  # a free port on localhost
+            str(wrapper),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=out,
+    )
+
+
+def _body(text: str) -> str:
+    """The script without its header's 'written with ... on DATE' line."""
+    return "\n".join(line for line in text.splitlines() if "written with torch" not in line)
+
+
+@pytest.mark.parametrize(
+    ("record", "error"),
+    [
+        ("torch_loss_parallel_weight_ignore", "index -100 is out of bounds"),
+        ("torch_loss_parallel_no_class", "index 0 is out of bounds for dimension 1 with size 0"),
+    ],
+)
+def test_standalone_reproducer_of_a_found_crash_fails_the_same_way_with_torch_only(tmp_path, record, error):
+    failures = tmp_path / "failures"
+    exclude = [a for e in TARGET.expected_failures[record].expect.exclude for a in ("--exclude", e)]
+    code = cli.main(
+        [
+            "fuzz",
+            "vocab_parallel",
+            "--impl",
+            record,
+            "--profile",
+            "shardfuzz-ci",
+            "--max-examples",
+            "80",
+            "--failures-dir",
+            str(failures),
+            *exclude,
+        ]
+    )
+    assert code == cli.EXIT_FOUND
+    (found,) = glob.glob(str(failures / "*.json"))
+    assert cli.main(["repro", found, "--standalone", "-o", str(tmp_path / "out")]) == cli.EXIT_OK
+    (script,) = (tmp_path / "out").glob("repro_*.py")
+    text = script.read_text()
+    assert "shardfuzz" not in "\n".join(
+        line for line in text.splitlines() if line.startswith(("import", "from"))
+    )
+    n = json.loads(Path(found).read_text())["case"]["world_size"]
+    res = _torchrun(script, n, tmp_path)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert error in res.stderr, res.stderr[-4000:]
+    lists = sorted(tmp_path.glob("modules-*.json"))  # a rank killed inside a collective writes none
+    assert lists, res.stderr[-4000:]
+    for path in lists:
+        imported = json.loads(path.read_text())
+        assert imported == [], f"{path.stem}: imported {imported}"
+    shipped = UPSTREAM / script.name
+    assert shipped.exists(), f"ship {script.name} in examples/upstream/ (shardfuzz repro --standalone)"
+    assert _body(shipped.read_text()) == _body(text), (
+        f"examples/upstream/{script.name} is stale: regenerate it"
+    )
