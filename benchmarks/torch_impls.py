@@ -25,6 +25,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 TORCH_IMPLS: list[tuple[str, str, dict, tuple]] = [
     ("tp_mlp", "torch_tp_dtensor", {}, ()),
     ("zero_adamw_torch", "zero_redundancy_optimizer", {}, ()),
+    ("zero_adamw_torch", "fsdp2", {}, ()),
+    ("zero_adamw_torch", "fsdp2_hsdp", {}, ()),
     ("ring_attention", "torch_cp_ring_even", {"lse_grad": False}, ()),
     ("ring_attention", "torch_cp_ring_even_a2a", {"lse_grad": False}, ()),
 ]
