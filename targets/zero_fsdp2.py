@@ -68,10 +68,14 @@ def _fully_shard():
     return fully_shard
 
 
+#: the HSDP mesh of each group: its ranks -> (a weak reference to the group, the DeviceMesh)
+_HSDP_MESHES: dict = {}
+
+
 def _hsdp_mesh(ctx):
-    """A 2 x 2 DeviceMesh (replicate, shard) over the group's 4 ranks. Made on the first example
-    and kept while the group lives: new groups per example would leave a rank's DeviceMesh caches
-    naming destroyed groups."""
+    """A 2 x 2 DeviceMesh (replicate, shard) over the group's 4 ranks, made on the first example
+    and kept while the group lives (made per example and destroyed after it, the next example's
+    ``clip_grad_norm_`` failed: "Could not resolve the process group registered under the name")."""
     from torch.distributed.device_mesh import DeviceMesh
 
     key = tuple(ctx.mesh.ranks[-1])
@@ -85,10 +89,6 @@ def _hsdp_mesh(ctx):
     mesh = DeviceMesh.from_group(groups, ctx.device.type, mesh=ranks, mesh_dim_names=("replicate", "shard"))
     _HSDP_MESHES[key] = (weakref.ref(ctx.group), mesh)
     return mesh
-
-
-#: the HSDP mesh of each group: its ranks -> (a weak reference to the group, the DeviceMesh)
-_HSDP_MESHES: dict = {}
 
 
 def _check(ctx, hsdp: bool) -> None:
@@ -106,7 +106,9 @@ def fsdp2(ctx, *, hsdp: bool = False, empty_params: bool = False):
 
     fully_shard = _fully_shard()
     _check(ctx, hsdp)
-    if hsdp:  # before any other refusal: made on a rank's first example, which may leave groups
+    # the HSDP mesh first: the example that makes its groups (a rank's first of this implementation
+    # and mesh, the only one allowed to leave groups behind) must not be a refused one
+    if hsdp:
         mesh = _hsdp_mesh(ctx)
     else:
         mesh = DeviceMesh.from_group(ctx.group, ctx.device.type, mesh=torch.tensor(ctx.mesh.ranks[-1]))
@@ -136,11 +138,10 @@ def fsdp2(ctx, *, hsdp: bool = False, empty_params: bool = False):
             rows["exp_avg"][i].append(state["exp_avg"].clone())
             rows["exp_avg_sq"][i].append(state["exp_avg_sq"].clone())
             rows["step"][i].append(state["step"].reshape(1).float())
-    out = {}
+    out, replicate = {}, [Replicate()] * mesh.ndim
     for i in range(len(params)):
         for k in ("param", "exp_avg", "exp_avg_sq"):
             out[f"{k}_{i}"] = torch.stack(rows[k][i])  # DTensor: Shard(0) rows stacked -> Shard(1)
         # FSDP2 keeps a plain step counter on every rank: each rank's is compared
-        replicate = [Replicate()] * mesh.ndim
         out[f"step_{i}"] = DTensor.from_local(torch.cat(rows["step"][i]), mesh, replicate, run_check=False)
     return out
