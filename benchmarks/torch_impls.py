@@ -20,11 +20,14 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-#: (target, implementation, pinned options, known failures to exclude): each a torch implementation
-#: restricted to what torch supports; its findings are the target's ExpectedFailure records
-TORCH_IMPLS: list[tuple[str, str, dict, tuple]] = [
+#: (target, implementation, pinned options, known failures to exclude[, other RunConfig fields]):
+#: each a torch implementation restricted to what torch supports; its findings are the target's
+#: ExpectedFailure records
+TORCH_IMPLS: list[tuple] = [
     ("tp_mlp", "torch_tp_dtensor", {}, ()),
     ("zero_adamw_torch", "zero_redundancy_optimizer", {}, ()),
+    ("zero_adamw_torch", "fsdp2", {}, ()),
+    ("zero_adamw_torch", "fsdp2_hsdp", {}, (), {"world_sizes": (4,)}),  # HSDP 2 x 2: groups of 4
     ("ring_attention", "torch_cp_ring_even", {"lse_grad": False}, ()),
     ("ring_attention", "torch_cp_ring_even_a2a", {"lse_grad": False}, ()),
 ]
@@ -53,7 +56,7 @@ def main(argv=None) -> int:
         f"{'target:impl':<40} {'dtype':<9} {'examples':>8} {'failures':>8} {'worst pass':>10} {'time':>7}  set aside"
     )
     bad = 0
-    for target, impl, options, exclude in chosen:
+    for target, impl, options, exclude, *more in chosen:
         for dtype in args.dtypes.split(","):
             t0 = time.perf_counter()
             r = shardfuzz.run(
@@ -65,6 +68,7 @@ def main(argv=None) -> int:
                 dtypes=(dtype,),
                 options=options,
                 exclude=exclude,
+                **(more[0] if more else {}),
             )
             bad += r.found
             print(

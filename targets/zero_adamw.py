@@ -37,17 +37,25 @@ cores it is several times faster than the dedicated ones).
 Planted bugs: the ``PLANTED`` records at the end of this file (each a small change to the
 reference, modelled on a real bug).
 
-A second target in this module, ``zero_adamw_torch`` (:data:`TORCH_TARGET`), fuzzes
-``torch.distributed.optim.ZeroRedundancyOptimizer`` around AdamW: it gives whole parameters to
-owner ranks and does not reduce gradients, so the wrapper all-reduces them (sum of the per-rank
-``loss / (grad_accum * G)`` gradients: the mean) and clips outside it. Its parameters are compared
-on every rank (``[steps, n]``, replicated) and its state per parameter on the owner
-(``Owned()``: ``exp_avg_i``, ``exp_avg_sq_i`` and ``step_i`` for parameters ``i`` = 0, 1, 2, sizes
-``p0``-``p2``); option ``bucket_view`` sets ``parameters_as_bucket_view``. The step counts are
-float32 there (torch's own dtype for ``state["step"]``): whole numbers, so a wrong count is far
-outside any tolerance; the engine compares integer ``Owned()`` outputs on non-owners too. It is a second target
-rather than a second implementation because one target has one set of output layouts, and the
-flat and the owner layouts cannot describe the same output.
+A second target in this module, ``zero_adamw_torch`` (:data:`TORCH_TARGET`), fuzzes torch's own
+ZeRO code around AdamW, with three parameters ``i`` = 0, 1, 2 of sizes ``p0``-``p2``; its outputs
+are per parameter, after every step: ``param_i``, ``exp_avg_i``, ``exp_avg_sq_i`` (``[steps,
+p_i]``) and ``step_i`` (``[steps]``). The option ``empty_param`` (rare) gives parameter 1 no
+elements. Its implementations:
+
+* ``torch.distributed.optim.ZeroRedundancyOptimizer`` (the reference): it gives whole parameters
+  to owner ranks and does not reduce gradients, so the wrapper all-reduces them (sum of the
+  per-rank ``loss / (grad_accum * G)`` gradients: the mean) and clips outside it. Its parameters
+  are compared on every rank (``Replicate()``) and its state on the owner (``Owned()``); option
+  ``bucket_view`` sets ``parameters_as_bucket_view``. The step counts are float32 there (torch's
+  own dtype for ``state["step"]``): whole numbers, so a wrong count is far outside any tolerance;
+  the engine compares integer ``Owned()`` outputs on non-owners too.
+* FSDP2 (``fsdp2``, ``fsdp2_hsdp``; :mod:`shardfuzz.targets.zero_fsdp2`): each parameter sharded
+  ``Shard(0)``; the state comes back as DTensors, whose placements replace the declared layouts.
+
+It is a second target rather than a second implementation of ``zero_adamw`` because its state is
+per parameter, which the flat layouts cannot describe (and ``zero_adamw``'s flat buffer has no
+fixed parameter count).
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ import hypothesis.strategies as st
 import torch
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, Owned, PaddedFlat, PlantedBug, Replicate, Target
+from shardfuzz import Expect, ExpectedFailure, Owned, PaddedFlat, PlantedBug, Replicate, Target, bind
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_sizes
@@ -98,7 +106,8 @@ def torch_cases(world_sizes=None):
     return sst.cases(
         "zero_adamw_torch",
         sizes=TORCH_SIZES,
-        options={"clip_factor": CLIP, "bucket_view": st.booleans()},
+        # empty_param (rare): parameter p1 has no elements, whatever its drawn size
+        options={"clip_factor": CLIP, "bucket_view": st.booleans(), "empty_param": sst.mostly(False, True)},
         late_options=LATE,
         world_sizes=world_sizes,
     )
@@ -140,7 +149,10 @@ def param_sizes(case) -> list[int]:
     if "numel" in case.sizes:
         n = case.sizes["numel"]
         return split_sizes(n, min(N_PARAMS, n), "tensor_split")
-    return [case.sizes[name] for name in PARAMS]
+    sizes = [case.sizes[name] for name in PARAMS]
+    if case.options.get("empty_param"):
+        sizes[1] = 0
+    return sizes
 
 
 def _mean_grad(p, a, x, group_size):
@@ -174,7 +186,7 @@ def oracle(inp, case):
         params, lr=LR, betas=(BETA1, BETA2), eps=EPS, weight_decay=WEIGHT_DECAY, foreach=False
     )
     rows = {k: [] for k in ("param", "exp_avg", "exp_avg_sq")}
-    per_param = {f"{k}_{i}": [] for k in ("exp_avg", "exp_avg_sq", "step") for i in range(len(sizes))}
+    per_param = {f"{k}_{i}": [] for k in ("param", "exp_avg", "exp_avg_sq", "step") for i in range(len(sizes))}
     counts = []
     for t in range(steps):
         opt.zero_grad()
@@ -186,6 +198,8 @@ def oracle(inp, case):
         opt.step()
         states = [opt.state[q] for q in params]
         rows["param"].append(torch.cat([q.detach() for q in params]))
+        for i, q in enumerate(params):
+            per_param[f"param_{i}"].append(q.detach().clone())
         for k in ("exp_avg", "exp_avg_sq"):
             rows[k].append(torch.cat([s[k] for s in states]))
             for i, s in enumerate(states):
@@ -331,7 +345,7 @@ def zero_redundancy_optimizer(ctx):
         foreach=False,
         parameters_as_bucket_view=opts["bucket_view"],
     )
-    rows = []
+    rows = [[] for _ in params]
     mine = {f"{k}_{i}": [] for k in ("exp_avg", "exp_avg_sq", "step") for i in range(len(sizes))}
     for t in range(steps):
         for q in params:
@@ -346,14 +360,14 @@ def zero_redundancy_optimizer(ctx):
         if max_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False)
         zero.step()
-        rows.append(torch.cat([q.detach() for q in params]))
         for i, q in enumerate(params):
+            rows[i].append(q.detach().clone())
             state = zero.optim.state.get(q)
             if state:
                 mine[f"exp_avg_{i}"].append(state["exp_avg"].clone())
                 mine[f"exp_avg_sq_{i}"].append(state["exp_avg_sq"].clone())
                 mine[f"step_{i}"].append(state["step"].reshape(1).float())
-    out = {"param": torch.stack(rows)}
+    out = {f"param_{i}": torch.stack(r) for i, r in enumerate(rows)}
     for k, v in mine.items():
         if not v:  # not the owner
             out[k] = torch.empty(0, dtype=torch.float32 if k.startswith("step_") else p0.dtype)
@@ -399,6 +413,7 @@ TRIGGERS = {
 
 TORCH_TRIGGERS = {
     **STEP_TRIGGERS,
+    "a parameter with no elements": lambda c: c.options["empty_param"],
     "bucket view on several ranks over steps": lambda c: (
         c.options["bucket_view"] and c.group_size >= 2 and c.options["steps"] >= 2
     ),
@@ -536,19 +551,48 @@ TARGET = Target(
     triggers=TRIGGERS,
 )
 
-# a second target, not a second implementation: its state is per parameter on the owner (Owned()),
+#: PyTorch's FSDP2 (targets/zero_fsdp2.py)
+FSDP2 = "shardfuzz.targets.zero_fsdp2:fsdp2"
+
+TORCH_EXPECTED = [
+    ExpectedFailure(
+        "fsdp2_empty_param",
+        "shardfuzz finding: FSDP2 (fully_shard) crashes in its gradient reduce-scatter on a "
+        "parameter with no elements ('_chunk_cat expects non-empty tensor' in "
+        "foreach_reduce_scatter_copy_in); the other parameters may be any size",
+        Expect(
+            "rank-error",
+            1,
+            (1,),
+            uneven=None,
+            check=lambda c: 0 in param_sizes(c),
+            note="a parameter of size 0",
+        ),
+        p95=1,
+        impl=bind(FSDP2, empty_params=True),
+    ),
+]
+
+# a second target, not a second implementation of zero_adamw: its state is per parameter (whole on
+# the owner for ZeroRedundancyOptimizer, Owned(); Shard(0) DTensors for FSDP2, read from them),
 # which the flat layouts above cannot describe (see the module docstring)
 TORCH_TARGET = Target(
     name="zero_adamw_torch",
-    description="torch ZeroRedundancyOptimizer(AdamW), gradients all-reduced and clipped outside, state by owner",
+    description="torch's ZeRO: ZeroRedundancyOptimizer(AdamW), state by owner; FSDP2 fully_shard, per-parameter "
+    "Shard(0) DTensors",
     cases=torch_cases,
     inputs=inputs,
     oracle=oracle,
     outputs={
-        "param": Replicate(),
+        **{f"param_{i}": Replicate() for i in range(N_PARAMS)},
         **{f"{k}_{i}": Owned() for i in range(N_PARAMS) for k in ("exp_avg", "exp_avg_sq", "step")},
     },
-    implementations={"zero_redundancy_optimizer": "zero_redundancy_optimizer"},
+    implementations={
+        "zero_redundancy_optimizer": "zero_redundancy_optimizer",
+        "fsdp2": bind(FSDP2),
+        "fsdp2_hsdp": bind(FSDP2, hsdp=True),
+    },
     reference="zero_redundancy_optimizer",
+    expected_failures=TORCH_EXPECTED,
     triggers=TORCH_TRIGGERS,
 )
