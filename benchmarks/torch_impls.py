@@ -30,6 +30,15 @@ TORCH_IMPLS: list[tuple] = [
     ("zero_adamw_torch", "fsdp2_hsdp", {}, (), {"world_sizes": (4,)}),  # HSDP 2 x 2: groups of 4
     ("ring_attention", "torch_cp_ring_even", {"lse_grad": False}, ()),
     ("ring_attention", "torch_cp_ring_even_a2a", {"lse_grad": False}, ()),
+    (
+        "vocab_parallel",
+        "torch_loss_parallel",
+        {"rule": "dtensor", "smoothing": 0.0},
+        (
+            "options['class_weight'] and options['ignore_index']",
+            "-(-sizes['vocab'] // group_size) * (group_size - 1) >= sizes['vocab']",
+        ),
+    ),  # the two crashes' regions: vocab_parallel.LOSS_PARALLEL_KNOWN
 ]
 
 

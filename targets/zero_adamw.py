@@ -186,7 +186,9 @@ def oracle(inp, case):
         params, lr=LR, betas=(BETA1, BETA2), eps=EPS, weight_decay=WEIGHT_DECAY, foreach=False
     )
     rows = {k: [] for k in ("param", "exp_avg", "exp_avg_sq")}
-    per_param = {f"{k}_{i}": [] for k in ("param", "exp_avg", "exp_avg_sq", "step") for i in range(len(sizes))}
+    per_param = {
+        f"{k}_{i}": [] for k in ("param", "exp_avg", "exp_avg_sq", "step") for i in range(len(sizes))
+    }
     counts = []
     for t in range(steps):
         opt.zero_grad()

@@ -62,7 +62,9 @@ def _fully_shard():
     try:
         from torch.distributed.fsdp import FSDPModule, fully_shard
     except ImportError as e:  # torch < 2.6 keeps it in torch.distributed._composable.fsdp
-        raise Unsupported(f"this torch has no torch.distributed.fsdp.fully_shard: {e}", reason="no FSDP2") from e
+        raise Unsupported(
+            f"this torch has no torch.distributed.fsdp.fully_shard: {e}", reason="no FSDP2"
+        ) from e
     if not hasattr(FSDPModule, "set_requires_gradient_sync"):
         raise Unsupported("this torch's FSDP2 has no set_requires_gradient_sync", reason="no FSDP2")
     return fully_shard
@@ -114,7 +116,9 @@ def fsdp2(ctx, *, hsdp: bool = False, empty_params: bool = False):
         mesh = DeviceMesh.from_group(ctx.group, ctx.device.type, mesh=torch.tensor(ctx.mesh.ranks[-1]))
     if not empty_params and 0 in param_sizes(ctx.case):
         # known discrepancy, the expected failure fsdp2_empty_param: rejected loudly, never passed
-        raise Unsupported("FSDP2's reduce-scatter crashes on a parameter with no elements", reason="empty parameter")
+        raise Unsupported(
+            "FSDP2's reduce-scatter crashes on a parameter with no elements", reason="empty parameter"
+        )
     opts = ctx.case.options
     steps, accum = opts["steps"], opts["grad_accum"]
     p0, max_norm = ctx.inputs["p0"], ctx.inputs["max_norm"]

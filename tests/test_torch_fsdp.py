@@ -54,7 +54,9 @@ def _reached(cases, *triggers):
 def test_fsdp2_passes_with_accumulation_clipping_and_uneven_shards(dtype):
     result, cases = _run("fsdp2", dtype, 40)
     ran = [c for c in cases if not c.options["empty_param"]]
-    _reached(ran, "steps>=2", "steps>=2 with accumulation", "clip active", "uneven", "empty shard", "world>=3")
+    _reached(
+        ran, "steps>=2", "steps>=2 with accumulation", "clip active", "uneven", "empty shard", "world>=3"
+    )
     # a parameter with no elements crashes FSDP2 (the expected failure fsdp2_empty_param): refused
     assert result.stats.unsupported["empty parameter"] > 0, result.stats.summary()
 
