@@ -6,14 +6,21 @@ structure, and its reference passes. The built-in targets' tests use them; so ca
     def test_mean_of_means_is_found():
         assert_planted_bug_found("my_target.py", "mean_of_means", Expect("mismatch", 2, (2,), uneven=("rows",)), p95=20)
 
+:func:`run_cli` runs the ``shardfuzz`` command in the calling process, for tests of a CLI workflow.
+
 A built-in target declares the same facts once, as :class:`~shardfuzz.PlantedBug` records;
 ``tests/test_targets.py`` proves every registered target from them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import subprocess
 from typing import Any
 
+from shardfuzz import cli
 from shardfuzz.case import Case
 from shardfuzz.errors import Mismatch
 from shardfuzz.records import Expect
@@ -88,3 +95,33 @@ def assert_reference_passes(target: Any, dtype: str, *, examples: int = 500, imp
     assert result.stats.passed == result.stats.examples >= examples, result.stats.summary()
     print(f"{t.name} {dtype}: worst passing error/tolerance {result.stats.worst_pass_ratio:.3g}")
     return result
+
+
+def run_cli(
+    *args: Any, cwd: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``shardfuzz ARGS`` in this process (:func:`shardfuzz.cli.main`), as a ``CompletedProcess``
+    with its exit code and what it printed. A subprocess pays ``import torch`` twice (the command
+    and its forkserver), about 5 s on 2 cores; here imports and pools are shared. ``env`` and
+    ``cwd`` apply for the call only. Tests of signals, exit and import-time behaviour need a real
+    process instead."""
+    out, err = io.StringIO(), io.StringIO()
+    saved_env = {k: os.environ.get(k) for k in (env or {})}
+    saved_cwd = os.getcwd()
+    try:
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main([str(a) for a in args])
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else 2
+    finally:
+        os.chdir(saved_cwd)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["shardfuzz", *map(str, args)], code, out.getvalue(), err.getvalue())

@@ -5,8 +5,6 @@ issue), most through the CLI, plus inputs of the same kinds that were not on the
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -15,6 +13,7 @@ from shardfuzz import Case, InvalidArgument, Runner, TargetError
 from shardfuzz.config import check_world_size, env_int, max_world_size
 from shardfuzz.errors import TargetCodeError
 from shardfuzz.failures import FailureRecorder, check_failures_dir
+from shardfuzz.testing import run_cli
 
 pytest_plugins = ["pytester"]
 
@@ -28,14 +27,7 @@ OK = (
 
 
 def cli(*args, env=None, cwd=None, timeout=240):
-    out = subprocess.run(
-        [sys.executable, "-m", "shardfuzz.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-    )
+    out = run_cli(*args, env=env, cwd=cwd)  # in this process: an uncaught error fails the test too
     assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
     return out
 

@@ -2,18 +2,18 @@
 
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from shardfuzz.testing import run_cli
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "mean_target.py")
 
 
 def cli(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "shardfuzz.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    """``shardfuzz ARGS`` in this process (conftest.run_cli): the command's own code, without a
+    second ``import torch``; ``timeout`` is kept for the subprocess form's signature."""
+    return run_cli(*args)
 
 
 def test_list_shows_targets_and_implementations():

@@ -2,8 +2,6 @@
 distinct findings after the first, known failures set aside, warm spares after a failure."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +14,7 @@ from shardfuzz.hooks import RunHooks, example_order
 from shardfuzz.registry import BUILTIN_TARGETS, get_target
 from shardfuzz.runner import Runner
 from shardfuzz.search import search, settings_for, stable_identity
+from shardfuzz.testing import run_cli
 
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "data", "toy_target.py")
@@ -120,9 +119,7 @@ def test_derandomized_seed_comes_from_the_resolved_implementation(tmp_path, monk
 
 # -- a campaign keeps going; known failures are set aside ----------------------------------------
 def cli(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "shardfuzz.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return run_cli(*args)  # in this process (conftest.run_cli)
 
 
 def test_campaign_reports_two_distinct_findings_each_shrunk_and_exclude_sets_one_aside(tmp_path):

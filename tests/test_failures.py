@@ -14,6 +14,7 @@ import pytest
 import shardfuzz
 from shardfuzz import Case, Mismatch, Runner, failures
 from shardfuzz.failures import FailureRecorder
+from shardfuzz.testing import run_cli
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 pytest_plugins = ["pytester"]
@@ -31,13 +32,7 @@ def torchrun(*args):
 
 
 def cli(*args, timeout=300, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "shardfuzz.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-    )
+    return run_cli(*args, cwd=cwd)  # in this process: no second import of torch
 
 
 @pytest.fixture(scope="module")
