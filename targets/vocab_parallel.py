@@ -260,6 +260,12 @@ TRIGGERS = {
     # rank 0's offset is 0: an offset bug needs a later rank with 2+ rows (one row hides it in the clamp)
     "2+ vocab rows off rank 0": lambda c: _rows_off_rank0(c) >= 2,
     "uneven vocab on 3 ranks": lambda c: c.group_size == 3 and c.sizes["vocab"] % 3 != 0,
+    # the contract's options: the covering rows pair each with every other condition
+    "class weights": lambda c: c.options["class_weight"],
+    "ignored labels": lambda c: c.options["ignore_index"],
+    "reduction=mean": lambda c: c.options["reduction"] == "mean",
+    "reduction=sum": lambda c: c.options["reduction"] == "sum",
+    "DTensor split rule": lambda c: c.options["rule"] == "dtensor",
 }
 
 PLANTED = [
