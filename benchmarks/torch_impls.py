@@ -27,6 +27,9 @@ TORCH_IMPLS: list[tuple[str, str, dict, tuple]] = [
     ("zero_adamw_torch", "zero_redundancy_optimizer", {}, ()),
     ("ring_attention", "torch_cp_ring_even", {"lse_grad": False}, ()),
     ("ring_attention", "torch_cp_ring_even_a2a", {"lse_grad": False}, ()),
+    ("tp_mlp", "torch_sp_even", {}, ()),
+    ("tp_mlp", "torch_sp_dtensor", {}, ()),
+    ("redistribute", "torch_redistribute", {}, ()),
 ]
 
 
