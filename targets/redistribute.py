@@ -240,7 +240,7 @@ PLANTED = [
             note="a Shard(d) destination, that dim 4 on 3 ranks",
             needs=("world>=3", "uneven"),
         ),
-        p95=3,
+        p95=6,
     ),
     PlantedBug(
         "sum_replicas",

@@ -517,7 +517,7 @@ EXPECTED_FAILURES = [
             check=lambda c: sequence_parallel(c) and c.sizes["seq"] == 3,
             note="sequence parallel, seq 3",
         ),
-        p95=1,
+        p95=2,
         link="pytorch/torchtitan#1306",
         # a rank without tokens makes it hang instead (another symptom, set aside: counted)
         impl=bind("torch_tp", sp_only=True, even_hidden=True, nonempty_seq=True),
