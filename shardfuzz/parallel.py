@@ -86,7 +86,9 @@ class GatherSequence(torch.autograd.Function):
     (``reduce_backward=False`` only slices it, for planted bugs)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, seq_len: int, reduce_backward: bool = True) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, group: Any, seq_len: int, reduce_backward: bool = True
+    ) -> torch.Tensor:
         ctx.group, ctx.reduce_backward = group, reduce_backward
         return gather_seq(x, group, seq_len)
 

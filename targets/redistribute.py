@@ -47,7 +47,10 @@ def _with_placements(draw, base):
     """A case of ``base`` with ``src``/``dst`` drawn for each axis of its mesh."""
     case = draw(base)
     axes = len(case.mesh)
-    drawn = {k: ",".join(draw(st.lists(st.sampled_from(PLACEMENTS), min_size=axes, max_size=axes))) for k in ("src", "dst")}
+    drawn = {
+        k: ",".join(draw(st.lists(st.sampled_from(PLACEMENTS), min_size=axes, max_size=axes)))
+        for k in ("src", "dst")
+    }
     return dataclasses.replace(case, options={**case.options, **drawn})
 
 
@@ -136,7 +139,9 @@ def _dtensor(local, mesh, places, shape):
     from torch.distributed.tensor import DTensor
 
     stride = torch.empty(shape).stride()
-    return DTensor.from_local(local, mesh, torch_placements(places), run_check=False, shape=shape, stride=stride)
+    return DTensor.from_local(
+        local, mesh, torch_placements(places), run_check=False, shape=shape, stride=stride
+    )
 
 
 def _coord(mesh):
@@ -199,31 +204,35 @@ def _has(case, key, p):
     return p in placements(case, key)
 
 
+def _nested(case, key):
+    shards = [p for p in placements(case, key) if p.startswith("S")]
+    return len(shards) == 2 and shards[0] == shards[1]
+
+
 TRIGGERS = {
     "Partial source": lambda c: _has(c, "src", "P"),
     "Partial destination": lambda c: _has(c, "dst", "P"),
     "Partial -> Shard on one axis": lambda c: any(
         s == "P" and d.startswith("S") for s, d in zip(placements(c, "src"), placements(c, "dst"))
     ),
-    "Shard -> another Shard on one axis": lambda c: any(
-        s.startswith("S") and d.startswith("S") and s != d for s, d in zip(placements(c, "src"), placements(c, "dst"))
+    "Shard -> another Shard on one axis": lambda c: any(  # an all-to-all
+        s.startswith("S") and d.startswith("S") and s != d
+        for s, d in zip(placements(c, "src"), placements(c, "dst"))
     ),
-    "two mesh axes shard one dim (nested)": lambda c: any(
-        len(c.mesh) == 2 and placements(c, k)[0] == placements(c, k)[1] != "R" and placements(c, k)[0] != "P"
-        for k in ("src", "dst")
-    ),
+    "two mesh axes shard one dim (nested)": lambda c: _nested(c, "src") or _nested(c, "dst"),
     # DTensor's rule and tensor_split's differ only here ([2, 2, 0] vs [2, 1, 1])
     "an uneven Shard destination on a mesh axis of 3+": lambda c: any(
-        p.startswith("S") and n >= 3 and c.sizes[f"d{p[1]}"] % n
-        for n, p in zip(c.mesh, placements(c, "dst"))
+        p.startswith("S") and n >= 3 and c.sizes[f"d{p[1]}"] % n for n, p in zip(c.mesh, placements(c, "dst"))
     ),
     "a dim smaller than its mesh axis (empty shards)": lambda c: any(
         p.startswith("S") and c.sizes[f"d{p[1]}"] < n
         for k in ("src", "dst")
         for n, p in zip(c.mesh, placements(c, k))
     ),
-    "2-D mesh, Partial on one axis, Shard on the other": lambda c: sum(1 for m in c.mesh if m > 1) == 2
-    and any(set(placements(c, k)) in ({"P", "S0"}, {"P", "S1"}) for k in ("src", "dst")),
+    "2-D mesh, Partial on one axis, Shard on the other": lambda c: (
+        sum(1 for m in c.mesh if m > 1) == 2
+        and any(set(placements(c, k)) in ({"P", "S0"}, {"P", "S1"}) for k in ("src", "dst"))
+    ),
 }
 
 PLANTED = [
@@ -236,7 +245,9 @@ PLANTED = [
             3,
             (3,),
             uneven=None,  # the other dim shrinks to 1, uneven too
-            check=lambda c: len(placements(c, "dst")[0]) == 2 and c.sizes[f"d{placements(c, 'dst')[0][1]}"] == 4,
+            check=lambda c: (
+                len(placements(c, "dst")[0]) == 2 and c.sizes[f"d{placements(c, 'dst')[0][1]}"] == 4
+            ),
             note="a Shard(d) destination, that dim 4 on 3 ranks",
             needs=("world>=3", "uneven"),
         ),
@@ -259,7 +270,9 @@ PLANTED = [
             2,
             (2,),
             uneven=None,
-            check=lambda c: placements(c, "src") in (("S0",), ("S1",)) and c.sizes[f"d{placements(c, 'src')[0][1]}"] == 1,
+            check=lambda c: (
+                placements(c, "src") in (("S0",), ("S1",)) and c.sizes[f"d{placements(c, 'src')[0][1]}"] == 1
+            ),
             note="a Shard(d) source, that dim 1 on 2 ranks",
         ),
         p95=1,

@@ -15,7 +15,12 @@ from shardfuzz import Case, Mismatch, Runner
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_torch_redistribute_passes(dtype):
     result = shardfuzz.run(
-        "redistribute", "torch_redistribute", profile="shardfuzz-ci", database=None, max_examples=40, dtypes=(dtype,)
+        "redistribute",
+        "torch_redistribute",
+        profile="shardfuzz-ci",
+        database=None,
+        max_examples=40,
+        dtypes=(dtype,),
     )
     assert not result.found, result.report
     assert result.stats.passed == result.stats.examples >= 40, result.stats.summary()
