@@ -259,7 +259,8 @@ class _MLP(torch.nn.Module):
 def _plan(sp: bool, local_output: bool) -> dict:
     """torch TP's plan: Colwise fc1, Rowwise fc2; with ``sp``, SequenceParallel on the norm and the
     activations ``Shard(1)`` into fc1 and out of fc2. ``local_output=False`` keeps DTensors between
-    the modules (the input of fc2 is then the DTensor fc1 returns)."""
+    the modules (the input of fc2 is then the DTensor fc1 returns) and, with ``sp``, out of the
+    module."""
     from torch.distributed.tensor import Shard as DShard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
@@ -269,7 +270,8 @@ def _plan(sp: bool, local_output: bool) -> dict:
         "fc2": RowwiseParallel(
             **({} if local_output else {"input_layouts": DShard(-1)}),
             **({"output_layouts": DShard(1)} if sp else {}),
-            use_local_output=local_output,
+            # the plain DTensor plan returns y as a local (replicated) tensor, as it always did
+            use_local_output=local_output or not sp,
         ),
     }
     if sp:
@@ -503,7 +505,7 @@ PLANTED = [
             check=lambda c: c.dtype == "bfloat16",
             note="bfloat16, any world size",
         ),
-        p95=143,
+        p95=187,
     ),
 ]
 
