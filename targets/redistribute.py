@@ -180,8 +180,6 @@ def reference(ctx, *, bug=None):
 
 def torch_redistribute(ctx, *, bug=None):
     """PyTorch's ``DTensor.redistribute`` forward and backward, the source built from its pieces."""
-    from torch.distributed.tensor import DTensor
-
     mesh, case = ctx.mesh.device_mesh(), ctx.case
     coord, mesh_shape = _coord(mesh), tuple(mesh.shape)
     src, dst = placements(case, "src"), placements(case, "dst")
@@ -189,12 +187,11 @@ def torch_redistribute(ctx, *, bug=None):
         raise Unsupported("torch: redistributing to Partial is for internal use only", reason="to Partial")
     x, dy = ctx.inputs["x"], ctx.inputs["dy"]
     shape = tuple(x.shape)
-    local = piece(x, ctx.inputs["owner"], src, mesh_shape, coord)
-    if bug == "from_local_no_shape":  # torch infers the global shape as if every shard were full
-        xd = DTensor.from_local(local, mesh, torch_placements(src), run_check=False)
+    if bug == "partial_copies":  # every Partial coordinate keeps every element
+        local = cut(x, *box(shape, src, mesh_shape, coord)).contiguous()
     else:
-        xd = _dtensor(local, mesh, src, shape)
-    xd = xd.detach().requires_grad_()
+        local = piece(x, ctx.inputs["owner"], src, mesh_shape, coord)
+    xd = _dtensor(local, mesh, src, shape).detach().requires_grad_()
     y = xd.redistribute(mesh, torch_placements(dst))
     y.backward(_dtensor(piece(dy, ctx.inputs["dy_owner"], dst, mesh_shape, coord), mesh, dst, shape))
     return {"y": y.detach(), "grad_x": xd.grad}
@@ -257,26 +254,30 @@ PLANTED = [
         "sum_replicas",
         "every Replicate copy summed into the global tensor, not one per replica: a Replicate "
         "source counted world-size times",
-        Expect("mismatch", 2, (2,), check=lambda c: placements(c, "src") == ("R",), note="Replicate source"),
-        p95=14,
-    ),
-    PlantedBug(
-        "from_local_no_shape",
-        "source built with DTensor.from_local without shape=/stride=: torch infers the global shape "
-        "as local x mesh size, wrong on uneven shards (the cause of pytorch/torchtitan#1306): a rank "
-        "with an empty shard sees global shape [0, 1] and its backward fails 'Mismatch in shape'",
         Expect(
-            "rank-error",
+            "mismatch",
             2,
             (2,),
-            uneven=None,
-            check=lambda c: (
-                placements(c, "src") in (("S0",), ("S1",)) and c.sizes[f"d{placements(c, 'src')[0][1]}"] == 1
-            ),
-            note="a Shard(d) source, that dim 1 on 2 ranks",
+            uneven=None,  # sizes shrink to 1: uneven on 2 ranks, and beside the point
+            check=lambda c: placements(c, "src") == ("R",),
+            note="Replicate source",
+        ),
+        p95=10,
+    ),
+    PlantedBug(
+        "partial_copies",
+        "a Partial source made of full copies, not of terms that sum to the tensor (each rank's "
+        "local piece is the whole value): the Partial axis counts it once per rank",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=None,  # sizes shrink to 1: uneven on 2 ranks, and beside the point
+            check=lambda c: placements(c, "src") == ("P",),
+            note="Partial source",
         ),
         p95=1,
-        impl=bind("torch_redistribute", bug="from_local_no_shape"),
+        impl=bind("torch_redistribute", bug="partial_copies"),
     ),
 ]
 

@@ -509,7 +509,7 @@ PLANTED = [
     ),
 ]
 
-# torch's own TP: budgets of 100 examples as before these were records (not measured with budget.py)
+# torch's own TP and SP: p95s measured with benchmarks/budget.py (20 seeds)
 EXPECTED_FAILURES = [
     ExpectedFailure(
         "torch_tp",
@@ -532,7 +532,7 @@ EXPECTED_FAILURES = [
             check=lambda c: sequence_parallel(c) and c.sizes["seq"] == 3,
             note="sequence parallel, seq 3",
         ),
-        p95=2,
+        p95=3,
         link="pytorch/torchtitan#1306",
         # a rank without tokens makes it hang instead (another symptom, set aside: counted)
         impl=bind("torch_tp", sp_only=True, even_hidden=True, nonempty_seq=True),
@@ -541,7 +541,7 @@ EXPECTED_FAILURES = [
         "torch_tp_dtensor_size1",
         TORCH_TP_SIZE1,
         Expect("rank-error", 1, (1,), check=lambda c: c.sizes["hidden"] == 1, note="all sizes 1"),
-        p95=3,
+        p95=12,
         impl="torch_tp_dtensor_size1",
     ),
 ]
