@@ -39,6 +39,9 @@ TORCH_IMPLS: list[tuple] = [
             "-(-sizes['vocab'] // group_size) * (group_size - 1) >= sizes['vocab']",
         ),
     ),  # the two crashes' regions: vocab_parallel.LOSS_PARALLEL_KNOWN
+    ("tp_mlp", "torch_sp_even", {}, ()),
+    ("tp_mlp", "torch_sp_dtensor", {}, ()),
+    ("redistribute", "torch_redistribute", {}, ()),
 ]
 
 

@@ -4,6 +4,10 @@
   is the identity forward and all-reduces the gradient backward; ``g`` all-reduces forward and is
   the identity backward. A column-parallel linear starts with ``f``, a row-parallel one ends with
   ``g``.
+* :class:`GatherSequence` and :class:`ReduceScatterSequence`: Megatron's sequence-parallel pair
+  on dim 1 (``[batch, seq, ...]``), uneven and empty shards by DTensor's rule included: all-gather
+  forward / reduce-scatter backward, and reduce-scatter forward / all-gather backward, written with
+  ``all_reduce`` alone (the gather as the sum of a zero-filled buffer: exact).
 * :class:`AllToAll`: ``all_to_all_single`` along dim 0 with uneven splits, inside autograd (the
   backward is the reverse all-to-all), with an optional wire dtype for the gradient.
 * :func:`all_reduce_by_all_to_all`, :func:`reduce_scatter_by_all_to_all`,
@@ -21,6 +25,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from shardfuzz.layouts import split_offsets, split_sizes
 
 
 class CopyToGroup(torch.autograd.Function):
@@ -52,6 +58,57 @@ class ReduceFromGroup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         return grad, None
+
+
+def gather_seq(t: torch.Tensor, group: Any, seq_len: int) -> torch.Tensor:
+    """All-gather of dim 1 shards (DTensor's rule), as an all-reduce of a zero-filled full buffer:
+    uneven and empty shards need no padding, and it runs wherever all_reduce does (gloo on CUDA)."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    full = t.new_zeros(t.shape[0], seq_len, *t.shape[2:])
+    off = split_offsets(seq_len, size)[rank]
+    full[:, off : off + t.shape[1]] = t
+    dist.all_reduce(full, group=group)
+    return full
+
+
+def reduce_scatter_seq(t: torch.Tensor, group: Any, reduce: bool = True) -> torch.Tensor:
+    """This rank's dim 1 shard of the sum over the group (``reduce=False``: of its own ``t``)."""
+    full = t.contiguous().clone()
+    if reduce:
+        dist.all_reduce(full, group=group)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    off, n = split_offsets(t.shape[1], size)[rank], split_sizes(t.shape[1], size)[rank]
+    return full[:, off : off + n].clone()
+
+
+class GatherSequence(torch.autograd.Function):
+    """All-gather of the sequence forward, reduce-scatter of the gradient backward
+    (``reduce_backward=False`` only slices it, for planted bugs)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, group: Any, seq_len: int, reduce_backward: bool = True
+    ) -> torch.Tensor:
+        ctx.group, ctx.reduce_backward = group, reduce_backward
+        return gather_seq(x, group, seq_len)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return reduce_scatter_seq(grad, ctx.group, ctx.reduce_backward), None, None, None
+
+
+class ReduceScatterSequence(torch.autograd.Function):
+    """Reduce-scatter of the sequence forward (``reduce=False`` only slices, for planted bugs),
+    all-gather of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, reduce: bool = True) -> torch.Tensor:
+        ctx.group, ctx.seq_len = group, x.shape[1]
+        return reduce_scatter_seq(x, group, reduce)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return gather_seq(grad, ctx.group, ctx.seq_len), None, None
 
 
 class AllToAll(torch.autograd.Function):

@@ -21,6 +21,7 @@ BUILTIN_TARGETS: dict[str, str] = {
     "zero_adamw": "shardfuzz.targets.zero_adamw:TARGET",
     "zero_adamw_torch": "shardfuzz.targets.zero_adamw:TORCH_TARGET",
     "moe": "shardfuzz.targets.moe:TARGET",
+    "redistribute": "shardfuzz.targets.redistribute:TARGET",
 }
 
 

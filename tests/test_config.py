@@ -100,7 +100,13 @@ def test_bound_implementation_and_the_device_mesh():
 def test_derived_target_resolves_its_implementations_in_the_callers_module():
     t = get_target(f"{DERIVED}::my_tp")
     assert t.name == "my_tp" and not t.planted and not t.expected_failures
-    assert set(t.implementations) == {"reference", "torch_tp_dtensor", "mine"}
+    assert set(t.implementations) == {
+        "reference",
+        "torch_tp_dtensor",
+        "torch_sp_even",
+        "torch_sp_dtensor",
+        "mine",
+    }
     assert t.impl_ref("mine").ref.endswith("derived_target.py::my_tp_mlp")
     assert t.impl_ref("reference").ref == "shardfuzz.targets.tp_mlp:reference"
     again = get_target(f"{DERIVED}::my_tp_broken")
