@@ -47,7 +47,10 @@ def _check(ctx, even_only: bool, float64: bool) -> None:
 
 def torch_cp_ring(ctx, *, rotate: str = "allgather", even_only: bool = False, float64: bool = False):
     """torch's context-parallel ring forward and backward on this rank's shards."""
-    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+    except ImportError as e:  # a torch without this private module: refused, counted
+        raise Unsupported(f"this torch has no context-parallel ring: {e}", reason="no cp ring") from e
 
     if rotate not in _ROTATIONS:
         raise ValueError(f"rotate={rotate!r}; allowed: {', '.join(_ROTATIONS)}")

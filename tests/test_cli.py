@@ -78,8 +78,8 @@ def test_impl_by_reference_from_the_cli():
             "--tolerance names output 'men', which target 'row_mean' does not have; its outputs are ['mean']",
         ),
         (
-            ["fuzz", EXAMPLE, "tp_mlp", "--tolerance", "men=rtol:1e-3"],
-            "which none of the targets has; outputs: row_mean: ['mean']; tp_mlp: ['grad_b1'",
+            ["fuzz", EXAMPLE, "ulysses", "--tolerance", "men=rtol:1e-3"],
+            "which none of the targets has; outputs: row_mean: ['mean']; ulysses: ['grad_k'",
         ),
         (
             [
