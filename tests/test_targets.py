@@ -68,7 +68,16 @@ def test_planted_bug_is_found_and_shrunk(target, bug):
     assert_planted_bug_found(target, bug, rec.expect, p95=rec.p95)
 
 
-@pytest.mark.parametrize("target,name", EXPECTED, ids=map(_id, EXPECTED))
+def _expected_params():
+    """The expected failures; the hangs, and the searches that pass through hangs (a fixed
+    ``timeout``), run with ``pytest -m slow``, as the planted hangs do."""
+    for t, name in EXPECTED:
+        expect = TARGETS[t].expected_failures[name].expect
+        slow = expect.kind == "hang" or expect.timeout is not None
+        yield pytest.param(t, name, id=_id((t, name)), marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("target,name", list(_expected_params()))
 def test_expected_failure_is_found_and_shrunk(target, name):
     rec = TARGETS[target].expected_failures[name]
     assert_planted_bug_found(target, name, rec.expect, p95=rec.p95)
