@@ -151,6 +151,7 @@ def fuzz_one(
         lambda: progress_line(label, runner.stats, time.perf_counter() - t0, shown), stream, interval, stop
     )
     seen: set[tuple] = set()
+    already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
     try:
         with deadline.enforced() if deadline is not None else contextlib.nullcontext():
             while True:
@@ -181,7 +182,7 @@ def fuzz_one(
         out.overran = True
         stop_pools()  # the abandoned example's ranks are still busy: start afresh
     if recorder is not None:
-        out.failure_files = list(recorder.written)
+        out.failure_files = list(recorder.written)[already:]  # this target's files only
     print(
         progress_line(label, runner.stats, out.elapsed, shown)
         + (" (interrupted)" if out.interrupted else "")

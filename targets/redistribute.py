@@ -170,7 +170,9 @@ def reference(ctx, *, bug=None):
     shape = tuple(x.shape)
     rule = "tensor_split" if bug == "tensor_split_offsets" else "dtensor"
     full = gather_full(piece(x, ctx.inputs["owner"], src, mesh_shape, coord), shape, src, mesh, bug=bug)
-    y = piece(full, ctx.inputs["owner"], dst, mesh_shape, coord, rule)
+    # a Partial destination: each element kept by one coordinate of *its* Partial axes (dy_owner is
+    # drawn over them; the source's owner counts the source's Partial axes)
+    y = piece(full, ctx.inputs["dy_owner"], dst, mesh_shape, coord, rule)
     # backward: the cotangent's pieces summed the same way, cut with the source's placements
     grad_places = tuple("R" if p == "P" else p for p in src)
     dy_full = gather_full(piece(dy, ctx.inputs["dy_owner"], dst, mesh_shape, coord), shape, dst, mesh)

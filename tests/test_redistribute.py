@@ -54,3 +54,14 @@ def test_a_2d_mesh_partial_output_is_summed_over_its_axis_only():
     assert Runner("redistribute", "reference").run_case(_case("R,S0", "P,S0")) < 1
     with pytest.raises(Mismatch):
         Runner("redistribute", "sum_replicas").run_case(_case("R,S0", "P,S0"))
+
+
+def test_a_partial_destination_on_another_axis_than_the_sources_partial_sums_to_the_value():
+    """Found by `shardfuzz fuzz` (the README's quick start): the reference cut a Partial
+    destination with the owners of the source's Partial axes, so an element kept by source
+    coordinate 1 was kept by no destination coordinate."""
+    case = shardfuzz.Case(
+        target="redistribute", world_size=2, mesh=(2, 1), sizes={"d0": 1, "d1": 1}, split=("d0", "d1"),
+        options={"src": "P,R", "dst": "R,P"},
+    )  # fmt: skip
+    assert shardfuzz.Runner("redistribute", "reference").run_case(case) < 1
