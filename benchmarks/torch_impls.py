@@ -20,6 +20,8 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from shardfuzz.targets.vocab_parallel import LOSS_PARALLEL_KNOWN
+
 #: (target, implementation, pinned options, known failures to exclude[, other RunConfig fields]):
 #: each a torch implementation restricted to what torch supports; its findings are the target's
 #: ExpectedFailure records
@@ -34,11 +36,8 @@ TORCH_IMPLS: list[tuple] = [
         "vocab_parallel",
         "torch_loss_parallel",
         {"rule": "dtensor", "smoothing": 0.0},
-        (
-            "options['class_weight'] and options['ignore_index']",
-            "-(-sizes['vocab'] // group_size) * (group_size - 1) >= sizes['vocab']",
-        ),
-    ),  # the two crashes' regions: vocab_parallel.LOSS_PARALLEL_KNOWN
+        tuple(LOSS_PARALLEL_KNOWN.values()),  # the two crashes' regions
+    ),
     ("tp_mlp", "torch_sp_even", {}, ()),
     ("tp_mlp", "torch_sp_dtensor", {}, ()),
     ("redistribute", "torch_redistribute", {}, ()),
