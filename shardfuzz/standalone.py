@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import datetime
+import functools
 import importlib
 import inspect
 import os
@@ -34,6 +35,13 @@ from shardfuzz.standalone_script import CTX_EXTRAS, DATA_LOAD, MESH_CLASS, SHIM_
 INLINE_NUMEL = 512
 
 
+@functools.cache
+def _parsed(module_name: str) -> tuple[str, ast.Module]:
+    """A module's source and its parse, once per module (every copied name looks it up)."""
+    src = inspect.getsource(sys.modules[module_name])
+    return src, ast.parse(src)
+
+
 class _Closure:
     """The source an implementation needs, in dependency order: imports, constants, definitions."""
 
@@ -48,12 +56,12 @@ class _Closure:
         if (module.__name__, name) in self.seen:
             return
         self.seen.add((module.__name__, name))
-        tree = ast.parse(inspect.getsource(module))
+        tree = _parsed(module.__name__)[1]
         node = next(n for n in tree.body if getattr(n, "name", None) == name)
         self._add_node(module, tree, node)
 
     def _add_node(self, module: Any, tree: ast.Module, node: ast.stmt) -> None:
-        src = inspect.getsource(module)
+        src = _parsed(module.__name__)[0]
         lines = ast.get_source_segment(src, node, padded=True) or ""
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.decorator_list:
             first = node.decorator_list[0].lineno
