@@ -13,6 +13,9 @@ case dtype could make there, ``u * scale * xi`` with ``xi`` uniform in [-1, 1]:
   all-reduce may each round;
 * fused ops (softmax, log-softmax, logsumexp, var/std, layer norm and its backward, scaled-dot-
   product attention and its backward) have rules of their own in :mod:`shardfuzz.noise_rules`;
+  a rule may ask for the |terms| behind an operand (``terms_of``: kept, weakly, for the results of
+  sum-like ops and their views), e.g. softmax's backward, whose row sum a flash-style
+  implementation forms from the forward output;
 * data movement and exact ops (views, copies, indexing, max, where, ...) are left alone.
 
 The perturbations propagate through the rest of the computation, backward included, so the
@@ -31,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +111,25 @@ def rounding_noise() -> type:
             #: attention and cross-entropy kernel does: their rounding over a rounding in the case dtype
             self.stat_ratio = min(1.0, UNIT_ROUNDOFF["float32"] / self.case_u)
             self.gen = torch.Generator().manual_seed(seed)
+            #: id -> (weak reference, |terms|) of matmul-like results and their views, for rules
+            #: that need the terms behind an operand (:meth:`terms_of`); nothing keeps a result alive
+            self._terms: dict[int, tuple[Any, torch.Tensor]] = {}
+
+        def terms_of(self, t: torch.Tensor) -> torch.Tensor | None:
+            """The |terms| behind ``t`` if a sum-like op (or a view of one) made it, else None."""
+            entry = self._terms.get(id(t))
+            if entry is None or entry[0]() is not t or entry[1].shape != t.shape:
+                return None
+            return entry[1]
+
+        def _remember(self, t: Any, terms: Any) -> None:
+            if isinstance(t, torch.Tensor) and isinstance(terms, torch.Tensor) and terms.shape == t.shape:
+                key = id(t)
+
+                def forget(_: Any, k: int = key) -> None:
+                    self._terms.pop(k, None)
+
+                self._terms[key] = (weakref.ref(t, forget), terms)
 
         def xi(self, like: torch.Tensor, u: float) -> torch.Tensor:
             """Uniform in [-u, u], shaped like ``like`` (drawn on the CPU generator)."""
@@ -134,7 +157,10 @@ def rounding_noise() -> type:
             kwargs = kwargs or {}
             kind = _kind(func)
             if kind.skip or not _has_float64(args, kwargs):
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+                if kind.base in _SHAPE_OPS and args and self.terms_of(args[0]) is not None:
+                    self._remember(out, func(self.terms_of(args[0]), *args[1:], **kwargs))
+                return out
             abs_args = abs_kwargs = None
             if kind.sum_like:  # the op on |operands| (copies: an in-place op writes to them)
                 abs_args, abs_kwargs = _absolute(kind.base, args, kwargs)
@@ -165,7 +191,10 @@ def rounding_noise() -> type:
             if isinstance(out, torch.Tensor):
                 if not _perturbable(out):
                     return out
-                return self.perturb(out, scales[0] if scales else None, u)
+                result = self.perturb(out, scales[0] if scales else None, u)
+                if scales:
+                    self._remember(result, scales[0])
+                return result
             if not isinstance(out, (tuple, list)):
                 return out
             flat = list(out)
@@ -177,6 +206,13 @@ def rounding_noise() -> type:
             return type(out)(flat) if isinstance(out, list) else tuple(flat)
 
     return RoundingNoise
+
+
+#: views and copies that keep each element's |terms| where they are (followed by ``terms_of``)
+_SHAPE_OPS = frozenset(
+    """view _unsafe_view reshape permute transpose t expand squeeze unsqueeze clone contiguous alias
+    detach slice select unflatten flatten""".split()
+)
 
 
 def _flat(x: Any) -> list[Any]:

@@ -115,7 +115,12 @@ def _logsumexp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
 def _softmax_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
     g, y, dim = b["grad_output"], b["output"], b["dim"]
     scale = y.abs() * (g.abs() + (g * y).abs().sum(dim, keepdim=True))
-    return out + mode.noise(scale, mode.reduction_u)
+    # out = y * (g - delta), delta = rowsum(g * y). A flash-style backward takes delta as
+    # rowsum(dO * O) from the stored forward output: its error is on the scale of the terms behind
+    # g (|dO| @ |V|, which can dwarf |g| where dO . v cancels), and one error serves the whole row
+    terms = mode.terms_of(g)
+    row = (y.abs() * (g.abs() if terms is None else terms)).sum(dim, keepdim=True)
+    return out + mode.noise(scale, mode.reduction_u) + y * mode.noise(row, mode.reduction_u)
 
 
 def _log_softmax_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:

@@ -170,3 +170,84 @@ def test_a_failing_verdict_is_rechecked_before_it_is_reported():
     # k = 4 must cover it after the recheck, not before
     off = (expected.low["param"][2, 4].double() - expected.ref["param"][2, 4].double()).abs().item()
     assert 4 * before < off < 4 * after, (before, off, after)
+
+
+def test_terms_behind_a_matmul_follow_its_views_and_die_with_it():
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    mode = rounding_noise()(2.0**-30, 0, 2)
+    with mode:
+        y = a @ b
+        yt = y.t().reshape(5, 3)
+        z = y * 2  # elementwise: no terms of its own
+    assert torch.allclose(mode.terms_of(y), a.abs() @ b.abs())
+    assert torch.allclose(mode.terms_of(yt), (a.abs() @ b.abs()).t())
+    assert mode.terms_of(z) is None
+    del y, yt
+    assert not mode._terms  # a dead result leaves nothing behind
+
+
+def _flash_attention_float32(q, k, v, dout, blocks):
+    """Blockwise attention in float32 with an LSE merge, and flash-attention's backward:
+    ``delta = rowsum(dO * O)`` from the stored output (what a ring or flash kernel does)."""
+    scale = q.shape[-1] ** -0.5
+    out = lse = None
+    for kb, vb in zip(k.chunk(blocks, 1), v.chunk(blocks, 1)):
+        s = torch.einsum("bqhd,bkhd->bhqk", q, kb) * scale
+        b_lse = s.logsumexp(-1)
+        b_out = torch.einsum("bhqk,bkhd->bqhd", (s - b_lse[..., None]).exp(), vb)
+        if out is None:
+            out, lse = b_out, b_lse
+            continue
+        new = torch.logaddexp(lse, b_lse)
+        w_old, w_new = ((t - new).exp().transpose(1, 2)[..., None] for t in (lse, b_lse))
+        out, lse = w_old * out + w_new * b_out, new
+    delta = (dout * out).sum(-1).transpose(1, 2)
+    p = (torch.einsum("bqhd,bkhd->bhqk", q, k) * scale - lse[..., None]).exp()
+    ds = p * (torch.einsum("bqhd,bkhd->bhqk", dout, v) - delta[..., None]) * scale
+    return torch.einsum("bhqk,bkhd->bqhd", ds, k)
+
+
+def test_float32_flash_backward_with_delta_from_the_stored_output_is_covered():
+    # found by `shardfuzz fuzz` on ring attention's reference (float32, no LSE gradient): grad_q is
+    # small beside its terms, and delta = rowsum(dO * O) carries the forward output's rounding, which
+    # the oracle's softmax backward (delta = rowsum(dP * P)) never forms: 1.22x before the rule
+    # gave delta the terms behind dP. The inputs are that case's, then random ones.
+    from shardfuzz.case import Case
+    from shardfuzz.targets import ring_attention
+
+    found = Case(
+        target="ring_attention", world_size=2, mesh=(2,), sizes={"batch": 2, "seq": 4, "heads": 2, "head_dim": 4},
+        split=("seq",), dtype="float32", profile="normal", seed=2,
+        options={"variant": "full", "lse_grad": False, "logit_scale": 1.0},
+    )  # fmt: skip
+    inputs = ring_attention.inputs(found)
+    torch.manual_seed(4)
+    trials = [tuple(inputs[n] for n in ("q", "k", "v", "dout"))]
+    trials += [tuple(torch.randn(2, 4, 2, 4) for _ in range(4)) for _ in range(20)]
+    worst = []
+    for trial, (q, k, v, dout) in enumerate(trials):
+
+        def fn(d):
+            qq = d["q"].clone().requires_grad_()
+            s = torch.einsum("bqhd,bkhd->bhqk", qq, d["k"]) * qq.shape[-1] ** -0.5
+            torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), d["v"]).backward(d["dout"])
+            return {"dq": qq.grad}
+
+        data = {"q": q, "k": k, "v": v, "dout": dout}
+        ref, noise = _noise(fn, data, "float32", seed=found.seed if trial == 0 else trial, samples=3)
+        bound = _bound(ref, noise, fn(data), "float32")["dq"]
+        dq = _flash_attention_float32(q, k, v, dout, blocks=2).double()
+        worst.append(float(((dq - ref["dq"]).abs() / bound).max()))
+    assert max(worst) < 1.0, worst
+
+
+def test_ring_attention_reference_passes_the_case_that_fuzz_flagged():
+    from shardfuzz.case import Case
+    from shardfuzz.runner import Runner
+
+    found = Case(
+        target="ring_attention", world_size=2, mesh=(2,), sizes={"batch": 2, "seq": 4, "heads": 2, "head_dim": 4},
+        split=("seq",), dtype="float32", profile="normal", seed=2,
+        options={"variant": "full", "lse_grad": False, "logit_scale": 1.0},
+    )  # fmt: skip
+    assert Runner("ring_attention", "reference").run_case(found) < 1  # was 1.22 (grad_q)
