@@ -17,7 +17,9 @@ from typing import Any
 from shardfuzz import campaign, failures
 from shardfuzz.case import Case
 from shardfuzz.cli_args import EXIT_FOUND, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
+from shardfuzz.comm import CostModel, format_comm
 from shardfuzz.config import RunConfig, check_tolerance_outputs, format_tolerance
+from shardfuzz.divergence import format_trace
 from shardfuzz.errors import Finding, InfrastructureError, InvalidArgument, ShardfuzzError, Unsupported
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.gpu import placement_summary
@@ -168,9 +170,19 @@ def _cmd_case(args: Any) -> int:
         return EXIT_USAGE
     except Finding as f:
         print(f"FAIL ({f.kind})\n{f.report}")
+        _print_collectives(args, f.traces)
         return EXIT_FOUND
     print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.tolerance.describe(case.dtype)})")
+    _print_collectives(args, runner.last_traces)
     return EXIT_OK
+
+
+def _print_collectives(args: Any, traces: dict[int, Any]) -> None:
+    if args.trace:
+        print(f"collective trace:\n{format_trace(traces)}")
+    if args.comm:
+        model = CostModel(args.alpha, args.beta, args.algorithm)
+        print(f"communication (model of shardfuzz.comm):\n{format_comm(traces, model)}")
 
 
 def _cmd_replay(args: Any) -> int:
