@@ -14,6 +14,8 @@ __all__ = [
     "AsDTensor",
     "Bound",
     "Case",
+    "CommBudget",
+    "CommunicationExceeded",
     "Expect",
     "ExpectedFailure",
     "ExternalFault",
@@ -54,6 +56,8 @@ __all__ = [
 
 _LAZY = {
     "Case": "shardfuzz.case",
+    "CommBudget": "shardfuzz.comm",
+    "CommunicationExceeded": "shardfuzz.errors",
     "Finding": "shardfuzz.errors",
     "ExternalFault": "shardfuzz.errors",
     "IgnoredCollective": "shardfuzz.errors",
@@ -95,8 +99,10 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.case import Case
+    from shardfuzz.comm import CommBudget
     from shardfuzz.config import RunConfig
     from shardfuzz.errors import (
+        CommunicationExceeded,
         ExternalFault,
         Finding,
         IgnoredCollective,

@@ -10,7 +10,7 @@ from typing import Any
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetError
 
-KINDS = ("mismatch", "layout", "rank-error", "hang", "ignored-collective")
+KINDS = ("mismatch", "layout", "rank-error", "hang", "ignored-collective", "communication")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,8 @@ class Expect:
     structure, never seeds.
 
     Attributes:
-        kind: the failure kind ("mismatch", "layout", "rank-error", "hang", "ignored-collective").
+        kind: the failure kind ("mismatch", "layout", "rank-error", "hang", "ignored-collective",
+            "communication").
         world_size, mesh: the smallest world size and mesh that trigger the bug (``world_size`` may
             be a tuple of accepted sizes, with ``mesh=None`` meaning the 1-D mesh).
         uneven: the split sizes that must be uneven in the minimal case; all others must be even

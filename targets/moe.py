@@ -60,7 +60,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, Partial, PlantedBug, Shard, Target
+from shardfuzz import CommBudget, Expect, Partial, PlantedBug, Shard, Target
+from shardfuzz.comm import ITEMSIZE
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_offsets, split_sizes
 from shardfuzz.parallel import AllToAll, all_reduce_by_all_to_all
@@ -270,6 +271,9 @@ def reference(ctx, *, bug: str | None = None):
     # aux loss: global counts before capacity, this rank's tokens' share of the mean probability
     counted = idx[keep] if bug == "aux_capacity_masked" else idx.reshape(-1)
     counts = all_reduce_by_all_to_all(torch.bincount(counted, minlength=n_experts), group, g_size)
+    if bug == "logged_expert_counts":  # a load-balance log that sums the counts a second time
+        logged = torch.bincount(counted, minlength=n_experts)
+        dist.all_reduce(logged, group=group)
     aux = n_experts / (n_tokens * k) * (counts.to(x.dtype) * probs.sum(0) / n_tokens).sum()
 
     torch.autograd.backward([y, aux], [ctx.local["dy"], ctx.inputs["daux"]])
@@ -352,7 +356,35 @@ GRADIENTS = ("grad_x", "grad_router", "grad_w1", "grad_w2")
 
 
 # -- planted bugs ----------------------------------------------------------------------------------
+def reference_comm(case) -> CommBudget:
+    """Per rank, seven all-to-alls: the send counts (one int64 per rank), the kept assignments'
+    token rows to the experts' ranks and back, forward and backward (``2 (S_out + S_in)`` rows of
+    ``d``), their expert and token ids (two int64 per row sent) and the aux loss's expert counts
+    (``n_experts`` int64 to every other rank). ``S_out``/``S_in``: rows this rank sends to / gets
+    from the others, from the case's routing."""
+    g, d, n_experts = case.group_size, case.sizes["d_model"], case.sizes["experts"]
+    idx, keep = _routed(case)
+    token_rank = torch.repeat_interleave(torch.arange(g), torch.tensor(split_sizes(idx.shape[0], g)))
+    tok, slot = keep.nonzero(as_tuple=True)
+    owner = torch.bucketize(idx[tok, slot], torch.tensor(split_offsets(n_experts, g)), right=True) - 1
+    src = token_rank[tok]
+    most = 0.0
+    for r in range(g):
+        s_out, s_in = int(((src == r) & (owner != r)).sum()), int(((owner == r) & (src != r)).sum())
+        rows = 2 * (s_out + s_in) * d * ITEMSIZE[case.dtype]
+        most = max(most, rows + 16 * s_out + 8 * (g - 1) * (1 + n_experts))
+    why = "2 (S_out + S_in) token rows of d_model, 16 B of ids per row sent, (g - 1) (1 + experts) int64"
+    return CommBudget(sent=most, collectives=7, why=why)
+
+
 PLANTED = [
+    PlantedBug(
+        "logged_expert_counts",
+        "the tokens-per-expert counts all-reduced a second time for a load-balance log (they were "
+        "already summed for the aux loss): right values, one collective too many",
+        Expect("communication", 1, (1,), uneven=None, note="any case"),
+        p95=1,
+    ),
     PlantedBug(
         "second_choice_slots",
         "second-choice capacity slots counted from 0, not after the first choices (GShard-style "
@@ -457,4 +489,5 @@ TARGET = Target(
     planted=PLANTED,
     triggers=TRIGGERS,
     gradients=GRADIENTS,
+    comm={"reference": reference_comm},
 )

@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, PlantedBug, Target, Unsupported, bind
+from shardfuzz import CommBudget, Expect, PlantedBug, Target, Unsupported, bind
+from shardfuzz.comm import all_reduce_bytes
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_offsets, split_sizes
 from shardfuzz.placements import FromDTensor
@@ -156,6 +157,11 @@ def gather_full(local, shape, places, mesh, *, bug=None):
     if replica or bug == "sum_replicas":
         offset, size = box(shape, places, tuple(mesh.shape), coord)
         cut(full, offset, size).copy_(local)
+    if bug == "float64_all_reduce":  # "summed in float64 for accuracy": the same sums, wider messages
+        wide = full.double()
+        for axis in range(mesh.ndim):
+            dist.all_reduce(wide, group=mesh.get_group(axis))
+        return wide.to(full.dtype)
     for axis in range(mesh.ndim):
         dist.all_reduce(full, group=mesh.get_group(axis))
     return full
@@ -234,7 +240,26 @@ TRIGGERS = {
     ),
 }
 
+
+def reference_comm(case) -> CommBudget:
+    """Per rank: the global tensor all-reduced over every mesh axis in turn, forward (the source's
+    pieces) and backward (the cotangent's), in the case dtype."""
+    numel = case.sizes["d0"] * case.sizes["d1"]
+    sent = 2 * sum(all_reduce_bytes(numel, n, case.dtype) for n in case.mesh)
+    why = "2 x one all-reduce of d0*d1 elements per mesh axis"
+    return CommBudget(sent=sent, collectives=2 * len(case.mesh), why=why)
+
+
 PLANTED = [
+    PlantedBug(
+        "float64_all_reduce",
+        "the pieces summed in float64 'for accuracy' (each element has one nonzero piece, so the "
+        "sums are exact anyway): right values, 2-4x the bytes",
+        Expect(
+            "communication", 2, None, uneven=None, check=lambda c: c.dtype != "float64", note="not float64"
+        ),
+        p95=1,
+    ),
     PlantedBug(
         "tensor_split_offsets",
         "destination shards cut by tensor_split's rule ([2, 1, 1]) where DTensor chunks ([2, 2, 0]): "
@@ -295,4 +320,5 @@ TARGET = Target(
     triggers=TRIGGERS,
     gradients=("grad_x",),
     collectives=None,  # torch's redistribute picks all_gather, reduce_scatter, all_to_all, ...
+    comm={"reference": reference_comm},
 )

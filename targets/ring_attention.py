@@ -45,7 +45,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, ExpectedFailure, PlantedBug, Shard, Target, bind
+from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Shard, Target, bind
+from shardfuzz.comm import ITEMSIZE
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import Zigzag, split_sizes
 from shardfuzz.testing import uneven_sizes
@@ -141,6 +142,8 @@ class Ring:
 
     @property
     def maxlen(self):
+        if self.bug == "pad_to_full_sequence":  # right values, every message the whole sequence long
+            return sum(self.lens)
         return max(self.lens)
 
     def source(self, step):
@@ -284,18 +287,22 @@ class RingAttention(torch.autograd.Function):
         return dq.to(ctx.dtype), dk.to(ctx.dtype), dv.to(ctx.dtype), None
 
 
+def block_lengths(case):
+    """Every rank's local sequence length, and the Zigzag layout's chunks."""
+    n, sp = case.sizes["seq"], case.group_size
+    chunks = split_sizes(n, 2 * sp, "tensor_split")
+    if layout_of(case) == "zigzag":
+        return [chunks[r] + chunks[2 * sp - 1 - r] for r in range(sp)], chunks
+    return split_sizes(n, sp, "dtensor"), chunks
+
+
 def reference(ctx, *, bug: str | None = None):
     """Ring attention in the case's variant; ``bug`` plants one of the ``PLANTED`` bugs."""
     variant = ctx.case.options["variant"]
-    lay = layout_of(ctx.case)
-    seq, seq_lse = LAYOUTS[lay]
-    n, sp = ctx.inputs["q"].shape[1], ctx.group_size
+    seq, seq_lse = LAYOUTS[layout_of(ctx.case)]
+    sp = ctx.group_size
     q, k, v = (ctx.shard(ctx.inputs[name], seq).clone().requires_grad_() for name in ("q", "k", "v"))
-    chunks = split_sizes(n, 2 * sp, "tensor_split")  # the Zigzag layout's chunks
-    if lay == "zigzag":
-        lens = [chunks[r] + chunks[2 * sp - 1 - r] for r in range(sp)]
-    else:
-        lens = split_sizes(n, sp, "dtensor")
+    lens, chunks = block_lengths(ctx.case)
     ring = Ring(ctx.group, ctx.group_rank, sp, variant, lens, chunks[:sp], bug)
     out, lse = RingAttention.apply(q, k, v, ring)
     dout, dlse = ctx.shard(ctx.inputs["dout"], seq), ctx.shard(ctx.inputs["dlse"], seq_lse)
@@ -304,6 +311,20 @@ def reference(ctx, *, bug: str | None = None):
 
 
 GRADIENTS = ("grad_q", "grad_k", "grad_v")
+
+
+def reference_comm(case) -> CommBudget:
+    """Per rank: ``sp - 1`` forward hops of the K/V block, ``sp - 1`` backward hops of K/V with
+    their dK/dV accumulators and one last hop home of dK/dV, each block padded to the longest
+    shard, in the blockwise precision (float32, float64 for float64)."""
+    sp = case.group_size
+    if sp == 1:
+        return CommBudget(sent=0, collectives=0, why="one rank: no ring")
+    b, h, d = (case.sizes[k] for k in ("batch", "heads", "head_dim"))
+    block = b * max(block_lengths(case)[0]) * h * d
+    item = ITEMSIZE[str(_stat_dtype(getattr(torch, case.dtype))).removeprefix("torch.")]
+    why = "(2 (sp-1) + 4 (sp-1) + 2) x batch*max_len*heads*head_dim elements sent in 2 sp - 1 hops"
+    return CommBudget(sent=item * block * (6 * (sp - 1) + 2), collectives=2 * (2 * sp - 1), why=why)
 
 
 def _variant(case):
@@ -327,6 +348,13 @@ TRIGGERS = {
 }
 
 PLANTED = [
+    PlantedBug(
+        "pad_to_full_sequence",
+        "every K/V block padded to the whole sequence, not to the longest shard, before it travels: "
+        "right values, sp times the bytes",
+        Expect("communication", 2, (2,), uneven=None, note="any case with 2 ranks"),
+        p95=1,
+    ),
     PlantedBug(
         "unmasked_padding",
         "non-causal path attends over the padded K/V block (zero keys unmasked, weight exp(-lse)); "
@@ -480,4 +508,5 @@ TARGET = Target(
     expected_failures=EXPECTED,
     triggers=TRIGGERS,
     gradients=GRADIENTS,
+    comm={"reference": reference_comm},
 )

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
+from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
+from shardfuzz.comm import all_reduce_bytes
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_offsets, split_sizes
 from shardfuzz.parallel import CopyToGroup, GatherSequence, ReduceFromGroup, ReduceScatterSequence
@@ -202,6 +203,9 @@ def _tensor_parallel(ctx, group, bug, x, w1, b1, w2):
         out = ReduceFromGroup.apply(partial, group)
     y = out if bug == "bias_before_allreduce" else out + b2
     y.backward(ctx.inputs["dy"])
+    if bug == "redundant_bias_allreduce":  # a data-parallel habit: b2's gradient is already replicated
+        dist.all_reduce(b2.grad, group=group)
+        b2.grad /= ctx.group_size
     return {
         "y": y.detach(),
         "grad_x": x.grad,
@@ -412,7 +416,31 @@ TRIGGERS = {
     ),
 }
 
+
+def reference_comm(case) -> CommBudget:
+    """What the reference sends per rank: Megatron's f and g are one all-reduce each way; under
+    sequence parallelism the gather and reduce-scatter of the sequence (both as all-reduces of the
+    zero-padded full activations) forward and backward, and the replicated parameters' gradients."""
+    n, rows = case.group_size, case.sizes["batch"] * case.sizes["seq"]
+    d_model, d_out = case.sizes["d_model"], case.sizes["d_out"]
+    if sequence_parallel(case):
+        numels = [rows * d_model, rows * d_out] * 2 + [d_model, d_model, d_out]
+        why = "all-reduces: 2 x batch*seq*d_model, 2 x batch*seq*d_out, then d_model, d_model, d_out"
+    else:
+        numels = [rows * d_out, rows * d_model]
+        why = "one all-reduce of batch*seq*d_out forward (g), one of batch*seq*d_model backward (f)"
+    sent = sum(all_reduce_bytes(k, n, case.dtype) for k in numels)
+    return CommBudget(sent=sent, collectives=len(numels), why=why)
+
+
 PLANTED = [
+    PlantedBug(
+        "redundant_bias_allreduce",
+        "b2's gradient all-reduced and averaged though every rank already holds the same one (a "
+        "data-parallel habit): right values, one collective too many",
+        Expect("communication", 2, (2,), uneven=None, note="any case with 2 ranks"),
+        p95=1,
+    ),
     PlantedBug(
         "missing_allreduce",
         "row-parallel output never all-reduced",
@@ -590,4 +618,5 @@ TARGET = Target(
     gradients=GRADIENTS,
     triggers=TRIGGERS,
     collectives=("all_reduce",),
+    comm={"reference": reference_comm},
 )

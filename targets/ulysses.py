@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, PlantedBug, Shard, Target
+from shardfuzz import CommBudget, Expect, PlantedBug, Shard, Target
+from shardfuzz.comm import ITEMSIZE
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_offsets, split_sizes
 from shardfuzz.parallel import AllToAll
@@ -167,11 +168,14 @@ def reference(ctx, *, bug: str | None = None):
     s_r = q.shape[1]
     pos = torch.arange(s_r) if bug == "local_rope_positions" else torch.arange(start, start + s_r)
     qr, kr = rope(q, pos), rope(k, pos)
+    vr = v
+    if bug == "kv_repeated_before_a2a":  # GQA expanded before the all-to-all, not after it
+        kr, vr, hkv = kr.repeat_interleave(hq // hkv, 2), v.repeat_interleave(hq // hkv, 2), hq
     # heads: pad KV to a multiple of sp, then Q to padded_kv * q_per_kv, so GQA groups stay whole
     kv_pad = -(-hkv // sp) * sp
     q_pad = -(-hq // sp) * sp if bug == "gqa_pad_separately" else kv_pad * (hq // hkv)
     ql, kl, vl = seq_to_heads(
-        [pad_heads(qr, q_pad), pad_heads(kr, kv_pad), pad_heads(v, kv_pad)], seq_sizes, group, bug
+        [pad_heads(qr, q_pad), pad_heads(kr, kv_pad), pad_heads(vr, kv_pad)], seq_sizes, group, bug
     )
     exp2 = bug == "bf16_exp2" and q.dtype == torch.bfloat16  # the bf16 "fast kernel"
     # causal_bottom_right: K/V counted as padded to sp * ceil(n / sp), the causal mask aligned to
@@ -185,6 +189,22 @@ def reference(ctx, *, bug: str | None = None):
 
 
 GRADIENTS = ("grad_q", "grad_k", "grad_v")
+
+
+def reference_comm(case) -> CommBudget:
+    """Per rank, four all-to-alls (q, k, v to heads and back, and both backward), on the heads
+    padded to whole GQA groups: rank ``r`` with ``s_r`` tokens sends
+    ``b * d * (hl + hl_out) * (n + (sp - 2) s_r)`` elements, ``hl = (q_pad + 2 kv_pad) / sp``."""
+    sp, n = case.group_size, case.sizes["seq"]
+    if sp == 1:
+        return CommBudget(sent=0, collectives=0, why="one rank: no all-to-all")
+    b, d, hkv = case.sizes["batch"], case.sizes["head_dim"], case.sizes["kv_heads"]
+    kv_pad = -(-hkv // sp) * sp
+    q_pad = kv_pad * case.sizes["q_per_kv"]
+    hl, hl_out = (q_pad + 2 * kv_pad) // sp, q_pad // sp
+    most = max(b * d * (hl + hl_out) * (n + (sp - 2) * s_r) for s_r in split_sizes(n, sp, SEQ.rule))
+    why = "4 all-to-alls of q/k/v (KV heads padded to a multiple of sp, Q to whole groups) and the output"
+    return CommBudget(sent=most * ITEMSIZE[case.dtype], collectives=4, why=why)
 
 
 def _q_heads(case):
@@ -203,6 +223,20 @@ TRIGGERS = {
 }
 
 PLANTED = [
+    PlantedBug(
+        "kv_repeated_before_a2a",
+        "GQA's K/V heads repeated to the query heads before the all-to-all instead of after it "
+        "(the attention is the same): right values, q_per_kv times the K/V bytes",
+        Expect(
+            "communication",
+            2,
+            (2,),
+            uneven=None,
+            check=lambda c: c.sizes["q_per_kv"] >= 2,
+            note="q_per_kv 2",
+        ),
+        p95=2,
+    ),
     PlantedBug(
         "causal_bottom_right",
         "K/V padded to a multiple of sp and the causal mask aligned bottom-right (flash-attn >= 2.1's "
@@ -298,4 +332,5 @@ TARGET = Target(
     planted=PLANTED,
     triggers=TRIGGERS,
     gradients=GRADIENTS,
+    comm={"reference": reference_comm},
 )

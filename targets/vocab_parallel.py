@@ -40,7 +40,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
+from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
+from shardfuzz.comm import all_reduce_bytes
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_offsets, split_sizes
 from shardfuzz.parallel import CopyToGroup, ReduceFromGroup
@@ -152,7 +153,14 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
             if local_v
             else torch.full(logits.shape[:-1], -torch.inf, dtype=logits.dtype)
         )
-        dist.all_reduce(lmax, op=dist.ReduceOp.MAX, group=group)
+        if bug == "gathered_max":  # every rank's logits gathered to find the max: right, V/tp x bytes
+            size = dist.get_world_size(group)
+            padded = F.pad(logits, (0, -(-vocab // size) - local_v), value=-torch.inf)
+            everyone = padded.new_empty(size * padded.numel())
+            dist.all_gather_into_tensor(everyone, padded.reshape(-1), group=group)
+            lmax = everyone.view(size, *padded.shape).amax(dim=(0, -1))
+        else:
+            dist.all_reduce(lmax, op=dist.ReduceOp.MAX, group=group)
         z = logits - lmax.unsqueeze(-1)
         exp = z.exp2() if exp2 else z.exp()  # bf16_exp2: the log2(e) factor forgotten
         sum_exp = exp.sum(-1)
@@ -268,7 +276,33 @@ TRIGGERS = {
     "DTensor split rule": lambda c: c.options["rule"] == "dtensor",
 }
 
+
+def reference_comm(case) -> CommBudget:
+    """Per rank, seven all-reduces of the case dtype: the embedding's partial rows (batch*seq*d_model)
+    forward and their gradient backward, and per token the max, the sum of exp, the label's logit
+    and the smoothing sum, and the class weights' total (one element)."""
+    tokens, d = case.sizes["batch"] * case.sizes["seq"], case.sizes["d_model"]
+    numels = [tokens * d, tokens, tokens, tokens, 1, tokens, tokens * d]
+    sent = sum(all_reduce_bytes(k, case.group_size, case.dtype) for k in numels)
+    why = "all-reduces of 2 x batch*seq*d_model, 4 x batch*seq and 1 element"
+    return CommBudget(sent=sent, collectives=len(numels), why=why)
+
+
 PLANTED = [
+    PlantedBug(
+        "gathered_max",
+        "the global max of the logits found by all-gathering every rank's logits (the naive way), "
+        "not by a MAX all-reduce of each rank's max: right values, vocab / tp times the bytes",
+        Expect(
+            "communication",
+            2,
+            (2,),
+            uneven=None,
+            check=lambda c: c.sizes["vocab"] >= 3,
+            note="vocab 3 or more",
+        ),
+        p95=2,
+    ),
     PlantedBug(
         "even_vocab_smoothing",
         "label smoothing divides by the local vocab size x tp, as if the split were even: right on "
@@ -389,4 +423,5 @@ TARGET = Target(
     triggers=TRIGGERS,
     gradients=GRADIENTS,
     collectives=("all_reduce",),
+    comm={"reference": reference_comm},
 )

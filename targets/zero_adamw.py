@@ -67,7 +67,18 @@ import hypothesis.strategies as st
 import torch
 
 import shardfuzz.strategies as sst
-from shardfuzz import Expect, ExpectedFailure, Owned, PaddedFlat, PlantedBug, Replicate, Target, bind
+from shardfuzz import (
+    CommBudget,
+    Expect,
+    ExpectedFailure,
+    Owned,
+    PaddedFlat,
+    PlantedBug,
+    Replicate,
+    Target,
+    bind,
+)
+from shardfuzz.comm import ITEMSIZE
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.inputs import generator, randn
 from shardfuzz.layouts import split_sizes
@@ -293,6 +304,8 @@ def reference(ctx, *, bug: str | None = None):
                 grad_full += grad
             elif bug == "stage2_accum_unreduced" and mb > 0:  # reduce-scatter dispatched once
                 grad_shard += padded(grad).narrow(0, lo, chunk)  # my slice of my own gradient only
+            elif bug == "reduce_scatter_as_all_reduce":  # the whole reduced gradient, then my slice
+                grad_shard += all_reduce_by_all_to_all(padded(grad), group, g_size).narrow(0, lo, chunk)
             else:  # reduce-scatter every micro-batch, accumulate the shard
                 grad_shard += reduce_scatter_by_all_to_all(padded(grad), group, g_size)
         if stage == 1:
@@ -423,7 +436,37 @@ TORCH_TRIGGERS = {
 
 
 # -- planted bugs ------------------------------------------------------------------------------------
+def reference_comm(case) -> CommBudget:
+    """Per rank and step, all on all-to-alls (every rank sends its piece to every other): stage 3
+    gathers the parameters (chunk), stage 1 all-reduces the accumulated gradient (numel), stages 2
+    and 3 reduce-scatter each micro-batch (chunk each); the norm's sum of squares (one float32, or
+    float64) when clipping; and stages 1-2 gather the parameters between steps."""
+    o, g, n = case.options, case.group_size, case.sizes["numel"]
+    chunk, item = -(-n // g), ITEMSIZE[case.dtype]
+    acc = ITEMSIZE["float64" if case.dtype == "float64" else "float32"]
+    per_step = [(chunk * item, 1)] if o["stage"] == 3 else []
+    per_step += [(n * item, 1)] if o["stage"] == 1 else [(o["grad_accum"] * chunk * item, o["grad_accum"])]
+    per_step += [(acc, 1)] if o["clip_factor"] is not None else []
+    sent = sum(b for b, _ in per_step) * o["steps"] + (o["steps"] - 1) * chunk * item * (o["stage"] != 3)
+    count = sum(c for _, c in per_step) * o["steps"] + (o["steps"] - 1) * (o["stage"] != 3)
+    return CommBudget(sent=(g - 1) * sent, collectives=count, why="(g - 1) x the pieces above")
+
+
 PLANTED = [
+    PlantedBug(
+        "reduce_scatter_as_all_reduce",
+        "stages 2 and 3 reduce the whole gradient (an all-reduce) and keep their slice, where a "
+        "reduce-scatter sends each rank only its own: right values, g times the gradient bytes",
+        Expect(
+            "communication",
+            2,
+            (2,),
+            uneven=None,
+            check=lambda c: c.options["stage"] >= 2,
+            note="stage 2 or 3",
+        ),
+        p95=2,
+    ),
     PlantedBug(
         "local_grad_norm",
         "clipping norm of the local shard only, never all-reduced (needs 2+ ranks and an active clip)",
@@ -551,6 +594,7 @@ TARGET = Target(
     implementations={"reference": "reference"},
     planted=PLANTED,
     triggers=TRIGGERS,
+    comm={"reference": reference_comm},
 )
 
 #: PyTorch's FSDP2 (targets/zero_fsdp2.py)
