@@ -117,11 +117,14 @@ def _rebuild(cls, report, case, ratio, site=()):
 class Mismatch(Finding):
     """Values on some rank differ from the oracle by more than the tolerance.
 
-    ``outputs`` maps each mismatching output to the ranks whose shards hold wrong elements.
+    ``outputs`` maps each mismatching output to the ranks whose shards hold wrong elements;
+    ``diffs`` holds their comparisons, values included, for ``shardfuzz case --plot`` (in this
+    process only: never pickled).
     """
 
     kind = "mismatch"
     outputs: dict[str, list[int]] = {}
+    diffs: list[Any] = []
 
 
 class LayoutMismatch(Finding):
