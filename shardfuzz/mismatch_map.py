@@ -166,7 +166,8 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
         dims = ("dims " if len(sharded) > 1 else "dim ") + ", ".join(map(str, sharded))
         head = f"{dims} split over the ranks ({od.layout}); local indices, global in brackets"
     else:
-        head = f"every rank holds the whole value ({od.layout}); indices are global"
+        who = "one rank holds" if len(pieces) <= len(od.groups or [()]) else "every rank holds"
+        head = f"{who} the whole value ({od.layout}); indices are global"
     lines = [f"  map of the wrong elements: {head}"]
     clean = []
     for p in pieces:
@@ -175,7 +176,7 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
             if p.bad:
                 lines.append(f"    {who}: wrong (not compared element by element)")
             else:
-                clean.append(str(p.rank))
+                clean.append(f"{p.rank}" + (" (empty)" if p.local.numel() == 0 else ""))
             continue
         where = []  # the sharded dims, and the others where not every index is hit
         for d in range(p.wrong.ndim):

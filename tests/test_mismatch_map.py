@@ -288,3 +288,12 @@ def test_case_plot_without_matplotlib_says_what_to_install(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import matplotlib fails
     out = run_cli("case", "ring_attention", repr(_ring("causal", 4)), "--plot", "x.png")
     assert out.returncode == 2 and 'pip install "shardfuzz[plot]"' in out.stderr, out.stderr
+
+
+def test_an_empty_piece_and_a_group_of_one():
+    ref = torch.randn(1)
+    text = format_output_diff(diff(PaddedFlat(), ref, ref + 1, 2), LABEL)  # rank 1 holds only padding
+    assert "    rank 0: wrong at dim 0: all 1 [global 0]" in text and "    clean: rank 1 (empty)" in text
+    ref = torch.randn(3, 2)
+    text = format_output_diff(diff(Shard(0), ref, ref + 1, 1), LABEL)
+    assert "one rank holds the whole value (Shard(0)); indices are global" in text
