@@ -17,7 +17,9 @@ from typing import Any
 from shardfuzz import campaign, failures, plot
 from shardfuzz.case import Case
 from shardfuzz.cli_args import EXIT_FOUND, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
+from shardfuzz.comm import CostModel, format_comm
 from shardfuzz.config import RunConfig, check_tolerance_outputs, format_tolerance
+from shardfuzz.divergence import format_trace
 from shardfuzz.errors import (
     Finding,
     InfrastructureError,
@@ -179,8 +181,10 @@ def _cmd_case(args: Any) -> int:
         print(f"UNSUPPORTED: {e}", file=sys.stderr)
         return EXIT_USAGE
     except Finding as f:
-        print(f"FAIL ({f.kind})\n{f.report}", flush=True)
+        print(f"FAIL ({f.kind})\n{f.report}")
+        _print_collectives(args, f.traces)
         if args.plot is not None:
+            sys.stdout.flush()
             if isinstance(f, Mismatch) and f.diffs:
                 drawn = plot.plot_mismatch(f.diffs, args.plot, args.plot_output)
                 print(f"plot of {', '.join(drawn)}: {args.plot}")
@@ -188,9 +192,18 @@ def _cmd_case(args: Any) -> int:
                 print(f"--plot: nothing drawn, the finding is a {f.kind}, not a mismatch", file=sys.stderr)
         return EXIT_FOUND
     print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.tolerance.describe(case.dtype)})")
+    _print_collectives(args, runner.last_traces)
     if args.plot is not None:
         print("--plot: nothing drawn, the case passes", file=sys.stderr)
     return EXIT_OK
+
+
+def _print_collectives(args: Any, traces: dict[int, Any]) -> None:
+    if args.trace:
+        print(f"collective trace:\n{format_trace(traces)}")
+    if args.comm:
+        model = CostModel(args.alpha, args.beta, args.algorithm)
+        print(f"communication (model of shardfuzz.comm):\n{format_comm(traces, model)}")
 
 
 def _cmd_replay(args: Any) -> int:

@@ -10,6 +10,7 @@ import sys
 from typing import Any, NoReturn
 
 from shardfuzz import campaign
+from shardfuzz.comm import _RATE_UNITS, _TIME_UNITS, ALGORITHMS, parse_quantity
 from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_dtypes, parse_tolerance, parse_world_sizes
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.exclude import CaseExpression
@@ -86,6 +87,23 @@ def _positive_float(text: str) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
     return v
+
+
+def _alpha(text: str) -> float:
+    try:
+        return parse_quantity(text, _TIME_UNITS, "--alpha")
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _beta(text: str) -> float:
+    try:
+        value = parse_quantity(text, _RATE_UNITS, "--beta")
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--beta={text!r}; must be > 0, e.g. 200GB/s")
+    return value
 
 
 def _duration(text: str) -> float:
@@ -210,6 +228,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("target", metavar="TARGET")
     c.add_argument("case", metavar="CASE", help="Case(...) as printed in a report")
+    c.add_argument("--trace", action="store_true", help="print the collectives each rank entered, in order")
+    c.add_argument(
+        "--comm",
+        action="store_true",
+        help="print collectives and bytes sent/received per rank and op, and each collective's "
+        "alpha-beta estimate (ring and tree)",
+    )
+    c.add_argument(
+        "--alpha", type=_alpha, default=5e-6, metavar="TIME", help="latency per step (default 5us)"
+    )
+    c.add_argument("--beta", type=_beta, default=200e9, metavar="RATE", help="bandwidth (default 200GB/s)")
+    c.add_argument("--algorithm", choices=ALGORITHMS, default="both", help="estimate ring, tree or both")
     c.add_argument(
         "--plot",
         default=None,

@@ -100,18 +100,22 @@ class Finding(AssertionError):
         #: and their ranks (mismatch), the exception and where it was raised (rank-error), the
         #: ranks that hung (hang)
         self.site = tuple(site)
+        #: global rank -> the collectives it entered (:class:`~shardfuzz.collectives.Collective`)
+        self.traces: dict[int, Any] = {}
 
     @property
     def signature(self) -> tuple:
         """Kind and site: two shrunk findings with one signature are one bug (campaigns)."""
         return (self.kind, *self.site)
 
-    def __reduce__(self):  # keep the keyword arguments through pickling
-        return (_rebuild, (type(self), self.report, self.case, self.ratio, self.site))
+    def __reduce__(self):  # keep the keyword arguments and the attributes through pickling
+        return (_rebuild, (type(self), self.report, self.case, self.ratio, self.site, dict(self.__dict__)))
 
 
-def _rebuild(cls, report, case, ratio, site=()):
-    return cls(report, case=case, ratio=ratio, site=site)
+def _rebuild(cls, report, case, ratio, site=(), attributes=None):
+    err = cls(report, case=case, ratio=ratio, site=site)
+    err.__dict__.update(attributes or {})
+    return err
 
 
 class Mismatch(Finding):
@@ -125,6 +129,10 @@ class Mismatch(Finding):
     kind = "mismatch"
     outputs: dict[str, list[int]] = {}
     diffs: list[Any] = []
+
+    def __reduce__(self):  # diffs hold tensors and layouts' index maps: kept in this process
+        rebuild, args = super().__reduce__()
+        return (rebuild, (*args[:-1], {k: v for k, v in args[-1].items() if k != "diffs"}))
 
 
 class LayoutMismatch(Finding):
@@ -143,6 +151,13 @@ class RankHang(Finding):
     """The example did not finish in time (or a collective timed out). The report has every rank's stack."""
 
     kind = "hang"
+
+
+class CommunicationExceeded(Finding):
+    """A rank sent more than the implementation's declared communication budget for the case
+    (:class:`~shardfuzz.comm.CommBudget`): a redundant or oversized collective, right values or not."""
+
+    kind = "communication"
 
 
 class IgnoredCollective(Finding):

@@ -223,6 +223,7 @@ class FailureRecorder(RunHooks):
             "kind": finding.kind,
             "ratio": finding.ratio,
             "report": finding.report,
+            "trace": {str(r): [c.to_json() for c in t] for r, t in sorted(finding.traces.items())},
             "inputs_sha256": inputs_hash(runner.last_inputs),
             "impl_source_sha256": self._source[runner.impl_ref],
             "tolerance": {

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import wait
 from typing import Any
 
+from shardfuzz.collectives import Collective, read_trace
 from shardfuzz.errors import InfrastructureError
 from shardfuzz.protocol import (
     Completed,
@@ -224,14 +225,16 @@ class Pool:
         self.unanswered = set(pending)
         if dead:
             r = min(dead)
-            return RankDied(r, self.procs[r].exitcode, self._output(range(n), errors, r), elapsed)
+            return RankDied(
+                r, self.procs[r].exitcode, self._output(range(n), errors, r), elapsed, self.traces()
+            )
         late = elapsed >= cap - 1.0  # a gloo timeout at the cap is hang evidence, not the rank's error
         own = sorted(
             (m.timed_out, r) for r, m in errors.items() if not m.peer_closed and not (m.timed_out and late)
         )
         if own:
             r = own[0][1]
-            return RankFailed(r, errors[r], self._output(range(n), errors, r), elapsed)
+            return RankFailed(r, errors[r], self._output(range(n), errors, r), elapsed, self.traces())
         timed_out = {r: m.traceback for r, m in errors.items() if m.timed_out}
         if pending or timed_out:
             stacks = self.dump_stacks()
@@ -248,10 +251,11 @@ class Pool:
                 stuck=tuple(sorted(pending | set(timed_out))),
                 busy=watch.busy,
                 cpu=watch.used(),
+                traces=self.traces(),
             )
         if errors:
             r = min(errors)
-            return RankFailed(r, errors[r], self._output(range(n), errors, r), elapsed)
+            return RankFailed(r, errors[r], self._output(range(n), errors, r), elapsed, self.traces())
         return Completed([rep for rep in replies if rep is not None], elapsed)
 
     def _output(
@@ -273,6 +277,11 @@ class Pool:
                 if t.strip()
             )
         return out
+
+    def traces(self) -> dict[int, tuple[Collective, ...]]:
+        """The collectives each rank entered in this example, from its trace file (written as it
+        entered them, so a hung, aborted or dead rank's trace is there too)."""
+        return {r: read_trace(self._path(r, "trace")) for r in range(self.world_size)}
 
     def dump_stacks(self, wait_s: float = 1.0) -> dict[int, str]:
         """Every live rank's Python stack (all threads), via faulthandler on SIGUSR1."""

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 
 from shardfuzz.case import Case
+from shardfuzz.collectives import Collective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Task:
     timeout: float  # the gloo timeout of the case's groups: the hard cap, so the driver decides hangs
     deterministic: bool = False
     want_flags: bool = False  # report the numerics flags (first example only)
+    trace: bool = True  # record the collectives the implementation enters (shardfuzz.collectives)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Reply:
     numerics: dict[str, Any] | None = None
     leaks: tuple[str, ...] = ()
     restart: bool = False
+    trace: tuple[Collective, ...] = ()  # the collectives this rank entered, in order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +152,7 @@ class RankFailed:
     error: ErrorReply
     output: dict[int, str] = dataclasses.field(default_factory=dict)
     elapsed: float = 0.0
+    traces: dict[int, tuple[Collective, ...]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -159,6 +163,7 @@ class RankDied:
     exitcode: int | None
     output: dict[int, str] = dataclasses.field(default_factory=dict)
     elapsed: float = 0.0
+    traces: dict[int, tuple[Collective, ...]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -169,7 +174,7 @@ class Hung:
     (ranks still out after a peer's collective failed). ``finished``: ranks that answered;
     ``stuck``: ranks that did not; ``cpu``: CPU seconds each rank used in the example;
     ``timed_out``: collectives that timed out inside ranks (at the cap); ``stacks``: every rank's
-    stack."""
+    stack; ``traces``: the collectives each rank entered (every failed outcome has them)."""
 
     rank: int
     timed_out: dict[int, str] = dataclasses.field(default_factory=dict)
@@ -183,6 +188,7 @@ class Hung:
     stuck: tuple[int, ...] = ()
     busy: tuple[int, ...] = ()
     cpu: dict[int, float] = dataclasses.field(default_factory=dict)
+    traces: dict[int, tuple[Collective, ...]] = dataclasses.field(default_factory=dict)
 
 
 Outcome = Completed | RankFailed | RankDied | Hung

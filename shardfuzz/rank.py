@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from shardfuzz.collectives import TRACER
 from shardfuzz.placements import describe as describe_dtensor
 from shardfuzz.placements import local_input
 from shardfuzz.protocol import Reply, Task, encode, numerics_flags
@@ -333,9 +334,13 @@ def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Re
         world_group=dist.group.WORLD,
     )
     t0 = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = impl(ctx, **dict(task.impl.kwargs))
+    TRACER.start(task.trace)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = impl(ctx, **dict(task.impl.kwargs))
+    finally:
+        trace = TRACER.stop()
     elapsed = time.perf_counter() - t0
     ignored = tuple(str(w.message) for w in caught if IGNORED_COLLECTIVE_WARNING in str(w.message))
     for w in caught:
@@ -346,4 +351,5 @@ def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Re
             f"implementation {task.impl} returned {type(out).__name__}, expected a dict of outputs"
         )
     out = {k: describe_dtensor(v) for k, v in out.items()}  # a DTensor travels with its placements
-    return Reply(encode(out), elapsed, ignored, numerics_flags() if task.want_flags else None)
+    flags = numerics_flags() if task.want_flags else None
+    return Reply(encode(out), elapsed, ignored, flags, trace=trace)

@@ -12,8 +12,18 @@ import re
 import shlex
 
 from shardfuzz.case import Case
+from shardfuzz.comm import CommBudget, format_comm
 from shardfuzz.compare import format_output_diff
-from shardfuzz.errors import IgnoredCollective, LayoutMismatch, Mismatch, RankError, RankHang
+from shardfuzz.divergence import Traces, describe_sequences
+from shardfuzz.errors import (
+    CommunicationExceeded,
+    Finding,
+    IgnoredCollective,
+    LayoutMismatch,
+    Mismatch,
+    RankError,
+    RankHang,
+)
 from shardfuzz.judge import Verdict
 from shardfuzz.protocol import Hung, RankDied, RankFailed
 from shardfuzz.tolerance import Tolerance
@@ -43,20 +53,27 @@ class Reporter:
     def _footer(self, case: Case) -> str:
         return f"Rerun this case: {self.rerun_command(case)}"
 
-    def raise_verdict(self, case: Case, verdict: Verdict) -> None:
-        """Raise the finding a failing verdict stands for (nothing when it passed)."""
-        if verdict.ignored:
-            self.raise_ignored_collective(case, verdict)
-        if verdict.layout_problems:
-            self.raise_layout(case, verdict)
-        if verdict.mismatched:
-            self.raise_mismatch(case, verdict)
+    def raise_verdict(self, case: Case, verdict: Verdict, traces: Traces | None = None) -> None:
+        """Raise the finding a failing verdict stands for (nothing when it passed). ``traces``: the
+        collectives each rank entered (a mismatch's report says whether they agreed)."""
+        try:
+            if verdict.ignored:
+                self.raise_ignored_collective(case, verdict)
+            if verdict.layout_problems:
+                self.raise_layout(case, verdict)
+            if verdict.mismatched:
+                self.raise_mismatch(case, verdict)
+        except Finding as f:
+            if traces is not None:
+                with_traces(f, traces)
+            raise
 
     # -- raise sites, one per failure kind ----------------------------------------------------
     def raise_mismatch(self, case: Case, verdict: Verdict) -> None:
         bad = verdict.mismatched
         parts = [self._header(f"{len(bad)} of {len(verdict.diffs)} outputs mismatch the oracle", case)]
         parts.append(f"tolerance: {self.tolerance.describe(case.dtype)}")
+        parts.append(TRACE_LINE)  # filled in by with_traces
         parts += [
             f"  except output {name!r}: {fixed.describe()}" for name, fixed in self.tolerance.per_output
         ]
@@ -87,15 +104,21 @@ class Reporter:
         parts.append(
             f"Rank {outcome.rank} terminated with the following error:\n{outcome.error.traceback.rstrip()}"
         )
+        parts.append(describe_sequences(outcome.traces))
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
-        raise RankError("\n".join(parts), case=case, site=raise_site(outcome.error.traceback))
+        err = RankError("\n".join(parts), case=case, site=raise_site(outcome.error.traceback))
+        err.traces = dict(outcome.traces)
+        raise err
 
     def raise_rank_died(self, case: Case, outcome: RankDied) -> None:
         parts = [self._header(f"rank {outcome.rank} died (exit code {outcome.exitcode})", case)]
+        parts.append(describe_sequences(outcome.traces))
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
-        raise RankError("\n".join(parts), case=case, site=(f"exit code {outcome.exitcode}",))
+        err = RankError("\n".join(parts), case=case, site=(f"exit code {outcome.exitcode}",))
+        err.traces = dict(outcome.traces)
+        raise err
 
     def raise_hang(self, case: Case, outcome: Hung) -> None:
         o = outcome
@@ -111,6 +134,7 @@ class Reporter:
             f"ranks {list(o.finished)} finished the example" if o.finished else "no rank finished the example"
         )
         parts.append(f"{done}; ranks {list(o.stuck)} did not (gloo timeout {o.cap:g} s)")
+        parts.append(describe_sequences(o.traces))
         if o.cpu:
             parts.append(
                 "CPU time in this example: "
@@ -123,7 +147,23 @@ class Reporter:
             parts.append(f"--- rank {r} stack ---\n{stack.rstrip()}")
         parts += [t for t in o.output.values() if t]
         parts.append(self._footer(case))
-        raise RankHang("\n".join(parts), case=case, site=("stuck", tuple(o.stuck)))
+        err = RankHang("\n".join(parts), case=case, site=("stuck", tuple(o.stuck)))
+        err.traces = dict(o.traces)
+        raise err
+
+    def raise_communication(self, case: Case, problem: str, budget: CommBudget, traces: Traces) -> None:
+        parts = [self._header("the implementation communicated more than its declared budget", case)]
+        parts.append(f"  {problem}")
+        parts.append(f"  budget per rank: {budget.why or budget}")
+        parts.append(
+            "  the values were right (within tolerance); the trace, by the formulas of shardfuzz.comm:"
+        )
+        parts.append(format_comm(traces))
+        parts.append(self._footer(case))
+        over = tuple(int(w.split()[1]) for w in problem.split("; ") if w.startswith("rank "))
+        err = CommunicationExceeded("\n".join(parts), case=case, site=("over budget", over))
+        err.traces = dict(traces)
+        raise err
 
     def raise_ignored_collective(self, case: Case, verdict: Verdict) -> None:
         parts = [
@@ -139,6 +179,18 @@ class Reporter:
         )
         parts.append(self._footer(case))
         raise IgnoredCollective("\n".join(parts), case=case)
+
+
+#: where a mismatch's report says whether the collective sequences agreed (:func:`with_traces`)
+TRACE_LINE = "collectives: (not traced)"
+
+
+def with_traces(finding: Finding, traces: Traces) -> None:
+    """Attach the ranks' traces to a finding, and say in its report whether the sequences agreed."""
+    finding.traces = dict(traces)
+    if TRACE_LINE in finding.report:
+        finding.report = finding.report.replace(TRACE_LINE, describe_sequences(traces), 1)
+        finding.args = (finding.report,)
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')

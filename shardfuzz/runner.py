@@ -16,8 +16,16 @@ from typing import Any
 
 from shardfuzz import registry
 from shardfuzz.case import Case
+from shardfuzz.comm import budget_for
 from shardfuzz.config import RunConfig, check_world_size, env_int, format_tolerance
-from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, TargetError, Unsupported
+from shardfuzz.errors import (
+    ExternalFault,
+    Finding,
+    InvalidArgument,
+    TargetCodeError,
+    TargetError,
+    Unsupported,
+)
 from shardfuzz.exclude import Excluded, exclusion
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
@@ -116,6 +124,7 @@ class Runner:
         self.numerics: dict[str, Any] | None = None
         #: the full inputs of the last case the oracle ran (failure files hash them)
         self.last_inputs: dict[str, Any] = {}
+        self.last_traces: dict[int, tuple] = {}  # the collectives of the last judged example
         #: the run's tolerance: the target's per-output overrides, then the run's own on top
         self.tolerance = dataclasses.replace(
             self.config.tolerance,
@@ -283,7 +292,17 @@ class Runner:
     def judge_replies(self, case: Case, replies: list[Reply], expected: Expected) -> float:
         """Judge every rank's :class:`Reply`; returns the worst error/tolerance or raises a Finding."""
         verdict = self.verdict(case, replies, expected)
-        self.reporter.raise_verdict(case, verdict)
+        self.last_traces = traces = {r: rep.trace for r, rep in enumerate(replies)}
+        self.reporter.raise_verdict(case, verdict, traces)
+        budget_fn = budget_for(self.target, self.impl_name)
+        if budget_fn is not None:  # right values; now the bytes: an upper bound the implementation declared
+            try:
+                budget = budget_fn(case)
+            except Exception as e:
+                raise TargetCodeError.of(self.target.name, f"comm[{self.impl_name!r}](case)", case, e) from e
+            problem = budget.violation(traces)
+            if problem:
+                self.reporter.raise_communication(case, problem, budget, traces)
         return verdict.worst
 
     def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.case import Case, pin_options
+from shardfuzz.comm import check_budgets
 from shardfuzz.errors import TargetCodeError, TargetError
 from shardfuzz.exclude import known_failures
 from shardfuzz.layouts import Layout, Replicate, check_layout
@@ -71,6 +72,8 @@ class Target:
         known_failures: known failures to set aside while fuzzing: a mapping reason -> predicate of
             the case (or an expression string, as ``--exclude`` takes), or a sequence of them. A
             matching case is counted as excluded and shown, never run or passed.
+        comm: implementation name -> ``fn(case) -> CommBudget``: the most that implementation may
+            communicate per rank (:mod:`shardfuzz.comm`); more is a ``communication`` finding.
     """
 
     name: str
@@ -91,6 +94,7 @@ class Target:
     supports: Callable[[Any], str | None] | None = None
     collectives: tuple[str, ...] | None = None
     known_failures: Any = ()  # Mapping[str, predicate] or Sequence in; (reason, predicate) pairs after
+    comm: Any = ()  # Mapping[implementation name, fn(case) -> CommBudget]
     #: where workers re-import this target from (module name or file path); set automatically
     origin: str | None = None
 
@@ -138,6 +142,7 @@ class Target:
                 raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
         object.__setattr__(self, "gradients", tuple(self.gradients))
         object.__setattr__(self, "known_failures", known_failures(self.known_failures, self.name))
+        object.__setattr__(self, "comm", check_budgets(self.comm, self.name, self.implementations))
         tol = per_output_tolerances(self.tolerance, f"Target {self.name!r}: tolerance")
         object.__setattr__(self, "tolerance", tol)
         if not callable(self.outputs):

@@ -22,6 +22,7 @@ from typing import Any
 import shardfuzz
 from shardfuzz import failures
 from shardfuzz.case import Case
+from shardfuzz.collectives import install
 from shardfuzz.config import BACKENDS, DEVICES, RunConfig, default_device
 from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.failures import inputs_hash, record_impl, record_target
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
     bind_device: dict[str, Any] = {"device_id": device_obj} if device_obj.type == "cuda" else {}
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout), **bind_device)
     results_group = dist.new_group(backend="gloo")  # the locals travel here, never on the group under test
+    install()  # the collective trace (the reply carries it; there is no driver to read a file)
     state = RankState(rank, world, device_obj, args.timeout)
     task = Task(
         case=case,

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from shardfuzz.collectives import install
 from shardfuzz.errors import Unsupported
 from shardfuzz.protocol import (
     ErrorReply,
@@ -230,6 +231,7 @@ def worker_main(
     try:
         device_obj = select_device(backend, device, rank)  # before joining: nccl binds the device
         join = _join(rank, world_size, backend, store_info, timeout_s, debug)
+        install(os.path.join(outdir, f"rank{rank}.trace"))  # before any target is imported
         state = RankState(rank, world_size, device_obj, timeout_s)
     except BaseException:
         conn.send(StartFailed(traceback.format_exc()))

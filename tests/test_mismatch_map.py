@@ -1,5 +1,6 @@
 """The map of where a mismatch's wrong elements sit (shardfuzz.mismatch_map) and ``case --plot``."""
 
+import pickle
 import re
 import time
 
@@ -245,6 +246,8 @@ def test_map_of_tp_mlp_missing_f_backward_is_on_every_replica():
     wrong, clean = _map_of(e.report, "grad_x")
     assert clean == [] and sorted(wrong) == [0, 1], e.report
     assert len(e.diffs) == 1 and e.diffs[0].name == "grad_x"
+    again = pickle.loads(pickle.dumps(e))  # the values for --plot stay in this process
+    assert again.report == e.report and again.outputs == e.outputs and again.diffs == []
 
 
 def test_case_plot_writes_a_png(tmp_path):

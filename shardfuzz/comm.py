@@ -1,0 +1,289 @@
+"""Communication accounting: collectives and bytes per rank and per op, the alpha-beta estimate of
+each collective, and the budget an implementation may declare.
+
+Bytes come from the collective trace (:mod:`shardfuzz.collectives`) and the bandwidth-optimal
+algorithms, not from the wire (gloo and NCCL pick their own algorithms): with ``S`` the
+collective's size in bytes and ``n`` its group size, a rank sends and receives
+
+* all-reduce: ``2 (n-1)/n * S`` (ring: a reduce-scatter, then an all-gather);
+* all-gather (``S`` the output) and reduce-scatter (``S`` the input): ``(n-1)/n * S``;
+* all-to-all: exactly its splits to and from the other ranks;
+* send / recv: the tensor; broadcast, reduce, gather, scatter: what must leave or reach the root;
+* barrier and object collectives: 0 bytes (counted as collectives).
+
+The alpha-beta model times one step as ``alpha + bytes / beta`` (defaults: the handbook's 5 us
+and 200 GB/s): an all-reduce takes ``2(n-1)`` ring steps of ``S/n`` or ``2 ceil(log2 n)`` tree
+steps of ``S``; :func:`estimate` has the formula of every op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from shardfuzz.collectives import POINT_TO_POINT, Collective
+from shardfuzz.errors import InvalidArgument
+
+ITEMSIZE = {
+    "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
+    "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
+}  # fmt: skip
+ALGORITHMS = ("ring", "tree", "both")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """The alpha-beta model: ``alpha`` seconds per step, ``beta`` bytes per second."""
+
+    alpha: float = 5e-6
+    beta: float = 200e9
+    algorithm: str = "both"
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
+                raise InvalidArgument(f"{name}={v!r}; must be a finite number >= 0")
+        if self.beta <= 0:
+            raise InvalidArgument(f"beta={self.beta!r}; must be > 0 (bytes per second)")
+        if self.algorithm not in ALGORITHMS:
+            raise InvalidArgument(f"algorithm={self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
+
+
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_RATE_UNITS = {"B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12}
+
+
+def parse_quantity(text: str, units: Mapping[str, float], what: str) -> float:
+    """``"5us"`` -> 5e-6, ``"200GB/s"`` -> 2e11 (a bare number is in the base unit)."""
+    t = text.strip()
+    for unit, scale in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if t.endswith(unit) and t[: -len(unit)].strip():
+            t, factor = t[: -len(unit)], scale
+            break
+    else:
+        factor = 1.0
+    try:
+        value = float(t) * factor
+    except ValueError:
+        value = math.nan
+    if not (0 <= value < math.inf):
+        raise InvalidArgument(f"{what}={text!r}; expected a number >= 0 with a unit ({', '.join(units)})")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+    """One collective as one rank sees it: ``size`` is ``S`` of the formulas."""
+
+    op: str
+    group_size: int
+    size: float
+    sent: float
+    received: float
+
+
+def _bytes(shapes: Sequence[tuple[int, ...]], dtype: str) -> int:
+    return sum(math.prod(s) for s in shapes) * ITEMSIZE.get(dtype, 4)
+
+
+def traffic(c: Collective, rank: int) -> Traffic:
+    """What ``rank`` sends and receives in collective ``c`` (the module's formulas)."""
+    n, item = max(len(c.group), 1), ITEMSIZE.get(c.dtype, 4)
+    inb, outb = _bytes(c.shapes, c.dtype), _bytes(c.out_shapes, c.dtype)
+    op, frac = c.op, (n - 1) / n
+    if n == 1 and op not in POINT_TO_POINT:
+        return Traffic(op, 1, inb, 0.0, 0.0)
+    if op in ("all_reduce", "all_reduce_coalesced"):
+        return Traffic(op, n, inb, 2 * frac * inb, 2 * frac * inb)
+    if op in ("all_gather", "all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
+        return Traffic(op, n, n * inb, frac * n * inb, frac * n * inb)
+    if op in ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
+        return Traffic(op, n, inb, frac * inb, frac * inb)
+    if op in ("all_to_all", "all_to_all_single") and c.splits is not None:
+        me = c.group.index(rank) if rank in c.group else -1
+        sent = sum(s for i, s in enumerate(c.splits[0]) if i != me) * item
+        received = sum(s for i, s in enumerate(c.splits[1]) if i != me) * item
+        return Traffic(op, n, inb, sent, received)
+    if op == "send":
+        return Traffic(op, 2, inb, inb, 0.0)
+    if op == "recv":
+        return Traffic(op, 2, outb, 0.0, outb)
+    root = c.peer == rank
+    if op == "broadcast":
+        return Traffic(op, n, inb, inb if root else 0.0, 0.0 if root else inb)
+    if op == "reduce":
+        return Traffic(op, n, inb, 0.0 if root else inb, (n - 1) * inb if root else 0.0)
+    if op == "gather":
+        return Traffic(op, n, n * inb, 0.0 if root else inb, (n - 1) * inb if root else 0.0)
+    if op == "scatter":
+        part = outb
+        return Traffic(op, n, n * part, (n - 1) * part if root else 0.0, 0.0 if root else part)
+    return Traffic(op, n, 0.0, 0.0, 0.0)  # barrier, object collectives
+
+
+def estimate(op: str, n: int, size: float, algorithm: str, model: CostModel) -> float:
+    """Seconds for one collective of ``size`` bytes on ``n`` ranks by ``algorithm`` (ring or tree)."""
+    a, b = model.alpha, model.beta
+    if op in POINT_TO_POINT:
+        return a + size / b
+    if n <= 1:
+        return 0.0
+    logn = math.ceil(math.log2(n))
+    ring = algorithm == "ring"
+    if op in ("all_reduce", "all_reduce_coalesced"):  # ring: RS + AG; tree: reduce + broadcast
+        return 2 * (n - 1) * (a + size / (n * b)) if ring else 2 * logn * (a + size / b)
+    if op.startswith(("all_gather", "reduce_scatter", "gather", "scatter")):
+        return (n - 1) * (a + size / (n * b)) if ring else logn * a + (n - 1) / n * size / b
+    if op.startswith("all_to_all"):  # ring: pairwise exchange; tree: Bruck's log n rounds of S/2
+        return (n - 1) * (a + size / (n * b)) if ring else logn * (a + size / (2 * b))
+    if op in ("broadcast", "reduce"):
+        return (n - 1) * (a + size / b) if ring else logn * (a + size / b)
+    if op == "barrier":
+        return 2 * (n - 1) * a if ring else 2 * logn * a
+    return 0.0
+
+
+@dataclasses.dataclass
+class Usage:
+    """One rank's totals, and per op: collectives entered, bytes sent and received."""
+
+    collectives: int = 0
+    sent: float = 0.0
+    received: float = 0.0
+    ops: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # op -> [count, sent, recv]
+
+
+def usage(traces: Mapping[int, Sequence[Collective]]) -> dict[int, Usage]:
+    """Each rank's :class:`Usage` from its trace."""
+    out: dict[int, Usage] = {}
+    for r, events in traces.items():
+        u = out[r] = Usage()
+        for c in events:
+            t = traffic(c, r)
+            u.collectives += 1
+            u.sent += t.sent
+            u.received += t.received
+            row = u.ops.setdefault(c.op, [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += t.sent
+            row[2] += t.received
+    return out
+
+
+def _b(x: float) -> str:
+    return (
+        f"{x:,.0f} B" if x < 10_000 else f"{x / 1024:,.1f} KiB" if x < 10_000_000 else f"{x / 2**20:,.1f} MiB"
+    )
+
+
+def _t(s: float) -> str:
+    return f"{s * 1e6:.4g} us" if s < 1e-3 else f"{s * 1e3:.4g} ms"
+
+
+def format_comm(traces: Mapping[int, Sequence[Collective]], model: CostModel | None = None) -> str:
+    """The accounting table per rank and per op, then every collective with its estimate."""
+    model = model or CostModel()
+    algos = ("ring", "tree") if model.algorithm == "both" else (model.algorithm,)
+    lines = [f"{'rank':>4}  {'op':<28} {'count':>5} {'sent':>12} {'received':>12}"]
+    for r, u in sorted(usage(traces).items()):
+        for op, (count, sent, recv) in sorted(u.ops.items()):
+            lines.append(f"{r:>4}  {op:<28} {count:>5} {_b(sent):>12} {_b(recv):>12}")
+        lines.append(f"{r:>4}  {'total':<28} {u.collectives:>5} {_b(u.sent):>12} {_b(u.received):>12}")
+    lines.append(
+        f"alpha-beta estimate per collective (alpha {model.alpha * 1e6:g} us, beta {model.beta / 1e9:g} GB/s; "
+        f"S = the collective's size):"
+    )
+    total = dict.fromkeys(algos, 0.0)
+    for r, c in _each_once(traces):
+        t = traffic(c, r)
+        ests = {a: estimate(c.op, t.group_size, t.size, a, model) for a in algos}
+        for a in algos:
+            total[a] += ests[a]
+        where = f"to rank {c.peer}" if c.op == "send" else f"on group {list(c.group)}"
+        est = ", ".join(f"{a} {_t(v)}" for a, v in ests.items())
+        lines.append(f"  rank {r} {c.signature()} {where}: S = {_b(t.size)}; {est}")
+    lines.append("  sum over the collectives: " + ", ".join(f"{a} {_t(v)}" for a, v in total.items()))
+    return "\n".join(lines)
+
+
+def _each_once(traces: Mapping[int, Sequence[Collective]]) -> list[tuple[int, Collective]]:
+    """Every collective once: a group's from its lowest traced member, a send from its sender."""
+    out = []
+    for r, events in sorted(traces.items()):
+        for c in events:
+            if c.op == "recv":
+                continue
+            if c.op != "send" and min((m for m in c.group if m in traces), default=r) != r:
+                continue
+            out.append((r, c))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CommBudget:
+    """An upper bound on what one rank may communicate in one case, declared per implementation
+    (``Target(comm={"reference": fn})``, ``fn(case) -> CommBudget``). ``sent``: bytes sent per
+    rank, by the module's formulas; ``collectives``: collectives entered per rank; ``why``: the
+    formula in words, for the report."""
+
+    sent: float | None = None
+    collectives: int | None = None
+    why: str = ""
+
+    def violation(self, traces: Mapping[int, Sequence[Collective]]) -> str | None:
+        """What exceeds the budget on which rank, or None."""
+        problems = []
+        for r, u in sorted(usage(traces).items()):
+            if self.sent is not None and u.sent > self.sent + 1e-6:
+                problems.append(
+                    f"rank {r} sent {_b(u.sent)}, over the budget of {_b(self.sent)} ({u.sent / max(self.sent, 1):.3g}x)"
+                )
+            if self.collectives is not None and u.collectives > self.collectives:
+                problems.append(
+                    f"rank {r} entered {u.collectives} collectives, over the budget of {self.collectives}"
+                )
+        return "; ".join(problems) if problems else None
+
+
+def all_reduce_bytes(numel: int, n: int, dtype: str) -> float:
+    """Bytes one rank sends in a ring all-reduce of ``numel`` elements on ``n`` ranks."""
+    return 2 * (n - 1) / n * numel * ITEMSIZE[dtype] if n > 1 else 0.0
+
+
+def all_gather_bytes(numel_out: int, n: int, dtype: str) -> float:
+    """Bytes one rank sends in an all-gather (or reduce-scatter) of ``numel_out`` elements in all."""
+    return (n - 1) / n * numel_out * ITEMSIZE[dtype] if n > 1 else 0.0
+
+
+BudgetFn = Callable[[Any], CommBudget]
+
+
+def check_budgets(comm: Any, target: str, implementations: Mapping[str, Any]) -> dict[str, BudgetFn]:
+    """``Target(comm=...)`` checked: implementation name -> ``fn(case) -> CommBudget``."""
+    if not isinstance(comm, (Mapping, tuple)):
+        raise InvalidArgument(
+            f"Target {target!r}: comm={comm!r}; must be a mapping name -> fn(case) -> CommBudget"
+        )
+    out = {}
+    for name, fn in dict(comm or {}).items():
+        if name not in implementations or not callable(fn):
+            raise InvalidArgument(
+                f"Target {target!r}: comm[{name!r}]={fn!r}; must map an implementation name "
+                f"({', '.join(implementations)}) to fn(case) -> CommBudget"
+            )
+        out[name] = fn
+    return out
+
+
+def budget_for(target: Any, impl_name: str) -> BudgetFn | None:
+    """The budget function of an implementation: its own, else (a planted bug or expected failure
+    made from the reference) the reference's."""
+    comm = target.comm
+    if impl_name in comm:
+        return comm[impl_name]
+    rec = target.planted.get(impl_name) or target.expected_failures.get(impl_name)
+    return comm.get(target.reference) if rec is not None and rec.impl is None else None
