@@ -14,13 +14,20 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from shardfuzz import campaign, failures
+from shardfuzz import campaign, failures, plot
 from shardfuzz.case import Case
 from shardfuzz.cli_args import EXIT_FOUND, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
 from shardfuzz.comm import CostModel, format_comm
 from shardfuzz.config import RunConfig, check_tolerance_outputs, format_tolerance
 from shardfuzz.divergence import format_trace
-from shardfuzz.errors import Finding, InfrastructureError, InvalidArgument, ShardfuzzError, Unsupported
+from shardfuzz.errors import (
+    Finding,
+    InfrastructureError,
+    InvalidArgument,
+    Mismatch,
+    ShardfuzzError,
+    Unsupported,
+)
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.gpu import placement_summary
 from shardfuzz.hooks import grace_seconds
@@ -156,6 +163,11 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
 
 
 def _cmd_case(args: Any) -> int:
+    if args.plot_output is not None and args.plot is None:
+        raise InvalidArgument(f"--plot-output {args.plot_output!r} needs --plot FILE.png")
+    if args.plot is not None:  # before the case runs: a missing extra or folder is a usage error
+        plot.require_matplotlib()
+        plot.check_path(args.plot)
     case = Case.parse(args.case)
     target, parts = args.target, split_file_ref(args.target)
     if parts is not None and not parts[1]:  # a file of several targets: the one the case names
@@ -171,9 +183,18 @@ def _cmd_case(args: Any) -> int:
     except Finding as f:
         print(f"FAIL ({f.kind})\n{f.report}")
         _print_collectives(args, f.traces)
+        if args.plot is not None:
+            sys.stdout.flush()
+            if isinstance(f, Mismatch) and f.diffs:
+                drawn = plot.plot_mismatch(f.diffs, args.plot, args.plot_output)
+                print(f"plot of {', '.join(drawn)}: {args.plot}")
+            else:
+                print(f"--plot: nothing drawn, the finding is a {f.kind}, not a mismatch", file=sys.stderr)
         return EXIT_FOUND
     print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.tolerance.describe(case.dtype)})")
     _print_collectives(args, runner.last_traces)
+    if args.plot is not None:
+        print("--plot: nothing drawn, the case passes", file=sys.stderr)
     return EXIT_OK
 
 

@@ -240,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--beta", type=_beta, default=200e9, metavar="RATE", help="bandwidth (default 200GB/s)")
     c.add_argument("--algorithm", choices=ALGORITHMS, default="both", help="estimate ring, tree or both")
+    c.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="on a mismatch, draw the oracle, the result, the error/tolerance and the shard boundaries "
+        'of each mismatching output into FILE.png (needs matplotlib: pip install "shardfuzz[plot]")',
+    )
+    c.add_argument("--plot-output", default=None, metavar="OUTPUT", help="with --plot: draw only this output")
 
     r = sub.add_parser("replay", parents=[where], help="rerun the cases in failure files")
     r.add_argument("paths", nargs="+", metavar="FILE|DIR")

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from shardfuzz import mismatch_map
+
 if TYPE_CHECKING:
     import torch
 
@@ -31,6 +33,13 @@ class RankDiff:
     max_ratio: float = 0.0
     note: str = ""
     worst: list[ElementDiff] = dataclasses.field(default_factory=list)  # the worst elements, worst first
+    # for the map and the plot of a mismatch (shardfuzz.mismatch_map, shardfuzz.plot): the compared
+    # tensor, its mask of wrong elements (None when none is) and its layout's local -> global map
+    local: Any = dataclasses.field(default=None, repr=False)
+    wrong: Any = dataclasses.field(default=None, repr=False)
+    to_global: Callable[[tuple[int, ...]], tuple[int, ...]] | None = dataclasses.field(
+        default=None, repr=False
+    )
 
 
 @dataclasses.dataclass
@@ -67,6 +76,9 @@ class OutputDiff:
     dtype: str
     shape: tuple
     ranks: list[RankDiff]
+    groups: list[list[int]] = dataclasses.field(default_factory=list)  # world ranks per replica
+    ref: Any = dataclasses.field(default=None, repr=False)  # the oracle's global value (float64)
+    bound: Any = dataclasses.field(default=None, repr=False)  # the tolerance bound over it
 
     @property
     def bad(self) -> int:
@@ -112,11 +124,12 @@ def compare_tensor(
     e = expected.double()
     n = e.numel()
     if n == 0:
-        return RankDiff(rank, 0, 0)
+        return RankDiff(rank, 0, 0, local=actual, to_global=to_global)
     diff = (a - e).abs()
     if bool(torch.isfinite(diff).all()):  # the usual case: no NaN or infinity on either side
         ratio = diff / bound.clamp_min(1e-300)  # a zero bound (atol=rtol=0) allows exactly 0
-        rd = RankDiff(rank, n, int((ratio > 1).sum()))
+        wrong = ratio > 1
+        rd = RankDiff(rank, n, int(wrong.sum()), local=actual, to_global=to_global)
         rd.max_ratio = float(ratio.max())
         d = diff
         fin_e = ok_nonfinite = None
@@ -127,7 +140,8 @@ def compare_tensor(
         ratio = torch.where(fin_e & ~torch.isfinite(a), torch.full_like(diff, math.inf), ratio)
         ratio = torch.where(~fin_e & ~ok_nonfinite, torch.full_like(diff, math.inf), ratio)
         ratio = ratio.nan_to_num(nan=math.inf, posinf=math.inf)
-        rd = RankDiff(rank, n, int((ratio > 1).sum()))
+        wrong = ratio > 1
+        rd = RankDiff(rank, n, int(wrong.sum()), local=actual, to_global=to_global)
         rd.max_ratio = float(ratio.max())
         d = torch.where(
             fin_e, diff.nan_to_num(nan=math.inf, posinf=math.inf), torch.where(ok_nonfinite, 0.0, math.inf)
@@ -138,6 +152,7 @@ def compare_tensor(
     rd.max_abs_allowed = float(bound.flatten()[i])
     if not rd.bad:  # a passing piece is described by its worst ratio and its largest difference
         return rd
+    rd.wrong = wrong
     rel = d / e.abs().clamp_min(1e-300)
     j = int(rel.argmax())
     rd.max_rel = float(rel.flatten()[j])
@@ -197,4 +212,5 @@ def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
         if r.worst:
             lines.append("    worst elements (actual vs expected, allowed = the tolerance there):")
             lines.extend(f"      {w.describe()}" for w in r.worst)
+    lines += mismatch_map.describe(od, rank_label)
     return "\n".join(lines)

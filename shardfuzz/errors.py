@@ -121,11 +121,18 @@ def _rebuild(cls, report, case, ratio, site=(), attributes=None):
 class Mismatch(Finding):
     """Values on some rank differ from the oracle by more than the tolerance.
 
-    ``outputs`` maps each mismatching output to the ranks whose shards hold wrong elements.
+    ``outputs`` maps each mismatching output to the ranks whose shards hold wrong elements;
+    ``diffs`` holds their comparisons, values included, for ``shardfuzz case --plot`` (in this
+    process only: never pickled).
     """
 
     kind = "mismatch"
     outputs: dict[str, list[int]] = {}
+    diffs: list[Any] = []
+
+    def __reduce__(self):  # diffs hold tensors and layouts' index maps: kept in this process
+        rebuild, args = super().__reduce__()
+        return (rebuild, (*args[:-1], {k: v for k, v in args[-1].items() if k != "diffs"}))
 
 
 class LayoutMismatch(Finding):

@@ -153,9 +153,11 @@ def compare_values(
             rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound, noise)
             dtype = _dtype_name(low)
         else:
-            rds = _compare_exact(case, layout, [out[name] for out in locals_], ref)
+            rds, bound = _compare_exact(case, layout, [out[name] for out in locals_], ref), None
             dtype = _dtype_name(ref)
-        diffs.append(OutputDiff(name, repr(layout), dtype, tuple(getattr(ref, "shape", ())), rds))
+        groups = layout.replicas(case) if layout.per_rank else []
+        shape = tuple(getattr(ref, "shape", ()))
+        diffs.append(OutputDiff(name, repr(layout), dtype, shape, rds, groups, ref, bound))
     return diffs
 
 
@@ -205,17 +207,31 @@ def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list
         for r, local in enumerate(got):
             if not layout.holds_piece(tuple(getattr(local, "shape", ())), tuple(getattr(ref, "shape", ()))):
                 continue
-            want = layout.piece(ref, layout.index_of(r, g), g) if isinstance(ref, torch.Tensor) else ref
+            i = layout.index_of(r, g)
+            want = layout.piece(ref, i, g) if isinstance(ref, torch.Tensor) else ref
             ok = exact_equal(local, want)
             note = "" if ok else f": got {_short(local)}, expected {_short(want)}"
-            rds.append(RankDiff(r, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note))
+            rd = RankDiff(r, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note)
+            if isinstance(ref, torch.Tensor):
+                to_global = lambda idx, i=i: layout.global_index(idx, i, g, tuple(ref.shape))
+                _exact_map(rd, layout.comparable(local, i, g, tuple(ref.shape)), want, to_global)
+            rds.append(rd)
         return rds
     for replica in layout.replicas(case):
         total = layout.assemble_at(replica, [got[r] for r in replica])
         ok = exact_equal(total.to(ref.dtype), ref)
         note = "" if ok else f": sum {_short(total)}, expected {_short(ref)}"
-        rds.append(RankDiff(None, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note))
+        rd = RankDiff(None, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note)
+        _exact_map(rd, total.to(ref.dtype), ref, lambda idx: idx)
+        rds.append(rd)
     return rds
+
+
+def _exact_map(rd: RankDiff, local: Any, want: Any, to_global: Any) -> None:
+    """What the mismatch map needs of an exactly compared tensor: its elements that differ."""
+    rd.local, rd.to_global = local, to_global
+    if rd.bad and tuple(local.shape) == tuple(want.shape):
+        rd.wrong = local.cpu() != want.cpu().to(local.dtype)
 
 
 def _what(v: Any) -> str:

@@ -90,6 +90,7 @@ class Reporter:
         site = tuple((name, tuple(ranks)) for name, ranks in sorted(wrong.items()))
         err = Mismatch("\n".join(parts), case=case, ratio=verdict.worst, site=site)
         err.outputs = wrong
+        err.diffs = bad
         raise err
 
     def raise_layout(self, case: Case, verdict: Verdict) -> None:

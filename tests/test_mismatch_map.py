@@ -1,0 +1,302 @@
+"""The map of where a mismatch's wrong elements sit (shardfuzz.mismatch_map) and ``case --plot``."""
+
+import pickle
+import re
+import time
+
+import pytest
+import torch
+
+from shardfuzz.case import Case
+from shardfuzz.compare import OutputDiff, compare_tensor, format_output_diff
+from shardfuzz.errors import Mismatch
+from shardfuzz.layouts import PaddedFlat, Partial, Replicate, Shard, Zigzag
+from shardfuzz.mismatch_map import MAX_COLS, MAX_ROWS, cells, format_runs, runs, segments
+from shardfuzz.runner import Runner
+from shardfuzz.testing import run_cli
+
+LABEL = lambda r: f"rank {r}"
+
+
+def diff(layout, ref, actual, parts):
+    """The OutputDiff the judge makes for a per-rank layout: each rank's piece of ``actual`` against
+    its piece of ``ref`` (tolerance 1e-9)."""
+    ref, actual = ref.double(), actual.double()
+    shape = tuple(ref.shape)
+    if not layout.per_rank:  # Partial: rank 0 holds the whole value, the others zeros
+        locals_ = [actual] + [torch.zeros_like(actual)] * (parts - 1)
+        total = layout.assemble(locals_)
+        rds = [compare_tensor(total, ref, torch.full_like(ref, 1e-9), None, lambda i: i)]
+        return OutputDiff("y", repr(layout), "float64", shape, rds, [], ref, torch.full_like(ref, 1e-9))
+    rds = []
+    for r in range(parts):
+        local = layout.piece(actual, r, parts)
+        to_global = lambda idx, r=r: layout.global_index(idx, r, parts, shape)
+        want = layout.piece(ref, r, parts)
+        rds.append(compare_tensor(local, want, torch.full_like(want, 1e-9), r, to_global))
+    bound = torch.full_like(ref, 1e-9)
+    return OutputDiff("y", repr(layout), "float64", shape, rds, [list(range(parts))], ref, bound)
+
+
+def map_lines(text):
+    return text.split("map of the wrong elements", 1)[1].splitlines()
+
+
+def grid_of(text):
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("grid"))
+    return [line.strip() for line in lines[start + 1 :] if line.startswith("      ") and "[" not in line]
+
+
+def test_runs_merge_and_stay_short():
+    assert runs([3, 4, 5, 9]) == [(3, 5), (9, 9)]
+    assert format_runs(runs([3, 4, 5, 9]), 12) == "3-5, 9 of 12"
+    assert format_runs(runs(list(range(6))), 6) == "all 6"
+    many = format_runs(runs(list(range(0, 40, 2))), 40)
+    assert many.startswith("0, 2, 4, 6, ...") and "16 more runs" in many
+
+
+@pytest.mark.parametrize(
+    "layout, n, parts",
+    [(Shard(0), 10, 3), (Shard(0, rule="tensor_split"), 10, 4), (Zigzag(0), 11, 2), (PaddedFlat(), 7, 3)],
+)
+def test_segments_are_the_layouts_index_map(layout, n, parts):
+    for r in range(parts):
+        k = layout.comparable(layout.piece(torch.arange(n), r, parts), r, parts, (n,)).shape[0]
+        segs = segments(lambda idx, r=r: layout.global_index(idx, r, parts, (n,)), (k,), 0)
+        flat = [g + j for lo, length, g in segs for j in range(length)]
+        assert flat == [layout.global_index((i,), r, parts, (n,))[0] for i in range(k)]
+        assert len(segs) <= (2 if isinstance(layout, Zigzag) else 1)
+
+
+def test_segments_of_a_huge_dim_take_a_handful_of_calls():
+    calls = []
+    to_global = lambda idx: calls.append(idx) or Zigzag(0).global_index(idx, 1, 4, (10**7,))
+    segs = segments(to_global, (10**7 // 4,), 0)
+    assert [(lo, k) for lo, k, _ in segs] == [(0, 1_250_000), (1_250_000, 1_250_000)]
+    assert len(calls) < 200
+
+
+def test_one_wrong_run_on_one_rank_of_a_1d_shard():
+    ref = torch.arange(12.0)
+    bad = ref.clone()
+    bad[5:7] += 1  # rank 1 holds global 4-7: its local 1-2
+    text = format_output_diff(diff(Shard(0), ref, bad, 3), LABEL)
+    lines = map_lines(text)
+    assert "dim 0 split over the ranks (Shard(0))" in lines[0]
+    assert "    rank 1: wrong at dim 0: 1-2 of 4 [global 5-6]" in lines
+    assert "    clean: ranks 0, 2" in lines
+    assert grid_of(text) == ["....|.##.|...."]
+
+
+def test_a_2d_grid_shows_the_one_wrong_shard_and_its_boundary():
+    ref = torch.randn(8, 6)
+    bad = ref.clone()
+    bad[4:] += 1  # rank 1's whole shard
+    text = format_output_diff(diff(Shard(0), ref, bad, 2), LABEL)
+    assert "    rank 1: wrong at dim 0: all 4 [global 4-7]" in text
+    assert grid_of(text) == ["......"] * 4 + ["------"] + ["######"] * 4
+
+
+def test_a_diagonal_on_a_replicated_output():
+    ref = torch.randn(6, 6)
+    bad = ref + torch.eye(6)
+    d = diff(Replicate(), ref, bad, 2)
+    d.ranks[0] = compare_tensor(ref, ref, torch.full_like(ref, 1e-9), 0, lambda i: i)  # rank 0 right
+    text = format_output_diff(d, LABEL)
+    assert "every rank holds the whole value (Replicate()); indices are global" in text
+    assert (
+        "    clean: rank 0" in text
+        and "    rank 1: wrong at 6 of 36 elements, in every index of every dim" in text
+    )
+    assert grid_of(text) == ["".join("#" if i == j else "." for j in range(6)) for i in range(6)]
+
+
+def test_a_zigzag_piece_maps_to_its_two_chunks():
+    ref = torch.randn(8, 3)
+    bad = ref.clone()
+    bad[6] += 1  # chunks of 2: rank 0 holds global 0-1 and 6-7, so global 6 is its local 2
+    text = format_output_diff(diff(Zigzag(0), ref, bad, 2), LABEL)
+    assert "    rank 0: wrong at dim 0: 2 of 4 [global 6]" in text and "    clean: rank 1" in text
+    assert grid_of(text) == ["..."] * 2 + ["---"] + ["..."] * 4 + ["---"] + ["###", "..."]
+
+
+def test_a_partial_output_blames_no_rank():
+    ref = torch.randn(4, 4)
+    bad = ref.clone()
+    bad[:, 1] += 1
+    text = format_output_diff(diff(Partial(), ref, bad, 2), LABEL)
+    assert "the sum over ranks is compared (Partial()): no one rank holds these elements" in text
+    assert "    sum: wrong at dim 1: 1 of 4" in text
+    assert grid_of(text) == [".#.."] * 4
+
+
+def test_a_big_tensor_gets_a_small_grid_aligned_to_its_shards():
+    ref = torch.zeros(1000, 3000)
+    bad = ref.clone()
+    bad[100:200, 2300:2400] = 1  # inside rank 3's columns (2250-2999)
+    start = time.perf_counter()
+    text = format_output_diff(diff(Shard(1), ref, bad, 4), LABEL)
+    assert time.perf_counter() - start < 5
+    assert "    rank 3: wrong at dim 0: 100-199 of 1000; dim 1: 50-149 of 750 [global 2300-2399]" in text
+    assert "    clean: ranks 0, 1, 2" in text
+    grid = grid_of(text)
+    assert len(grid) <= MAX_ROWS and all(len(line) <= MAX_COLS for line in grid)
+    assert all(line.count("|") == 3 for line in grid)  # the three boundaries between four shards
+    hit = [i for i, line in enumerate(grid) if "#" in line]
+    assert hit and all("#" not in line.rsplit("|", 1)[0] for line in grid)  # only rank 3's cells
+    assert len(map_lines(text)) < 25
+
+
+def test_cells_never_straddle_a_cut():
+    out, seps = cells(100, [10, 55], 16)
+    assert len(out) + len(seps) <= 16
+    assert {a for a, _ in out} >= {0, 10, 55} and out[-1][1] == 100
+    assert seps == {i for i, (_, b) in enumerate(out) if b in (10, 55)}
+    even, none = cells(100, list(range(1, 100)), 16)  # more pieces than fit: even cells, no lines
+    assert len(even) == 16 and not none
+
+
+# -- the planted bugs: the map points at the shard each one corrupts --------------------------
+
+
+def _mismatch(target, bug, case):
+    with pytest.raises(Mismatch) as info:
+        Runner(target, bug).run_case(case)
+    return info.value
+
+
+def _output_block(report, name):
+    return report.split(f"output {name!r}", 1)[1].split("\noutput '", 1)[0]
+
+
+def _map_of(report, name):
+    """rank -> its map line, and the clean ranks, of one output's map."""
+    lines = map_lines(_output_block(report, name))[1:]
+    wrong = {int(m[1]): m[2] for line in lines if (m := re.match(r"    rank (\d+): wrong at (.*)", line))}
+    clean = next((line for line in lines if line.startswith("    clean: ")), "")
+    return wrong, [int(r) for r in re.findall(r"\d+", clean)]
+
+
+def _ring(variant, seq):
+    return Case(
+        target="ring_attention", world_size=2, mesh=(2,), sizes={"batch": 1, "seq": seq, "heads": 1, "head_dim": 2},
+        split=("seq",), options={"variant": variant, "lse_grad": True, "logit_scale": 1.0},
+    )  # fmt: skip
+
+
+def test_map_of_ring_causal_every_step_names_rank_1_row_0():
+    # seq 4 on 2 ranks: the causal mask wrongly applied to rank 0's block hides its key 1 from
+    # rank 1's local query 0 (global 2); rank 1's query 1 sees both keys, rank 0 never uses the block
+    e = _mismatch("ring_attention", "causal_every_step", _ring("causal", 4))
+    for name, dim in (("out", 1), ("grad_q", 1), ("lse", 2)):
+        wrong, clean = _map_of(e.report, name)
+        assert clean == [0] and list(wrong) == [1], e.report
+        assert wrong[1] == f"dim {dim}: 0 of 2 [global 2]", e.report
+
+
+def test_map_of_ulysses_local_rope_positions_spares_rank_0():
+    # RoPE at local positions: rank 0's positions are right, and under causal attention its
+    # queries see only its own keys
+    case = Case(
+        target="ulysses", world_size=2, mesh=(2,), sizes={"batch": 1, "seq": 4, "kv_heads": 1, "q_per_kv": 1, "head_dim": 2},
+        split=("seq",), options={"causal": True},
+    )  # fmt: skip
+    e = _mismatch("ulysses", "local_rope_positions", case)
+    wrong, clean = _map_of(e.report, "out")
+    assert clean == [0] and wrong == {1: "dim 1: all 2 [global 2-3]"}, e.report
+
+
+def test_map_of_vocab_embedding_no_offset_names_the_second_vocab_shard():
+    # ids not shifted by the rank's vocab offset: rank 0 (offset 0) is right, rank 1's rows are not
+    case = Case(
+        target="vocab_parallel", world_size=2, mesh=(2,), sizes={"batch": 1, "seq": 2, "d_model": 2, "vocab": 4},
+        split=("vocab",), options={"smoothing": 0.0, "rule": "dtensor", "class_weight": False,
+                                   "ignore_index": False, "reduction": "mean"},
+    )  # fmt: skip
+    e = _mismatch("vocab_parallel", "embedding_no_offset", case)
+    wrong, clean = _map_of(e.report, "grad_emb")
+    assert clean == [0] and list(wrong) == [1] and "[global 2-3]" in wrong[1], e.report
+    assert "grid, rows dim 0 (4) x cols dim 1 (2)" in _output_block(e.report, "grad_emb")
+
+
+def test_map_of_moe_expert_id_no_offset_stays_on_the_second_ranks_experts():
+    # experts matched by global id on rank 1 (experts 2-3); rank 0 (experts 0-1) is right
+    case = Case(
+        target="moe", world_size=2, mesh=(2,), sizes={"tokens": 4, "experts": 4, "d_model": 2, "hidden": 2},
+        split=("tokens", "experts"), options={"top_k": 1, "capacity_factor": None, "empty_experts": 0},
+    )  # fmt: skip
+    e = _mismatch("moe", "expert_id_no_offset", case)
+    for name in ("grad_w1", "grad_w2"):
+        wrong, clean = _map_of(e.report, name)
+        assert clean == [0] and list(wrong) == [1], e.report
+        rows = re.match(r"dim 0: .* \[global ([\d, -]+)\]", wrong[1])
+        assert rows and set(re.findall(r"\d", rows[1])) <= {"2", "3"}, e.report
+
+
+def test_map_of_tp_mlp_missing_f_backward_is_on_every_replica():
+    # the input gradient is Replicate and never all-reduced: every rank's copy is wrong
+    case = Case(
+        target="tp_mlp", world_size=2, mesh=(2,), sizes={"batch": 1, "seq": 2, "d_model": 2, "hidden": 2, "d_out": 2},
+        split=("hidden",),
+    )  # fmt: skip
+    e = _mismatch("tp_mlp", "missing_f_backward", case)
+    block = _output_block(e.report, "grad_x")
+    assert "every rank holds the whole value (Replicate())" in block
+    wrong, clean = _map_of(e.report, "grad_x")
+    assert clean == [] and sorted(wrong) == [0, 1], e.report
+    assert len(e.diffs) == 1 and e.diffs[0].name == "grad_x"
+    again = pickle.loads(pickle.dumps(e))  # the values for --plot stay in this process
+    assert again.report == e.report and again.outputs == e.outputs and again.diffs == []
+
+
+def test_case_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    case = repr(_ring("causal", 4))
+    png = tmp_path / "ring.png"
+    out = run_cli("case", "ring_attention", case, "--impl", "causal_every_step", "--plot", png)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"plot of out, lse, grad_q, grad_k, grad_v: {png}" in out.stdout
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] > 500 and im.size[1] > 5 * 200
+    bad = run_cli("case", "ring_attention", case, "--plot-output", "lse")
+    assert bad.returncode == 2 and "--plot-output 'lse' needs --plot FILE.png" in bad.stderr
+    nowhere = run_cli("case", "ring_attention", case, "--plot", tmp_path / "no" / "x.png")
+    assert nowhere.returncode == 2 and "does not exist" in nowhere.stderr
+
+
+def test_plot_draws_the_chosen_output_only(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from shardfuzz.errors import InvalidArgument
+    from shardfuzz.plot import plot_mismatch
+
+    ref = torch.randn(6)
+    a, b = diff(Shard(0), ref, ref + 1, 2), diff(Zigzag(0), ref, ref, 2)
+    b.name = "z"
+    assert plot_mismatch([a, b], str(tmp_path / "z.png"), "z") == ["z"]
+    with Image.open(tmp_path / "z.png") as im:
+        assert im.format == "PNG" and im.size[1] < 400  # one row of panels
+    with pytest.raises(
+        InvalidArgument,
+        match=r"--plot-output 'w' is not a mismatching output of this case; they are \['y', 'z'\]",
+    ):
+        plot_mismatch([a, b], str(tmp_path / "w.png"), "w")
+
+
+def test_case_plot_without_matplotlib_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import matplotlib fails
+    out = run_cli("case", "ring_attention", repr(_ring("causal", 4)), "--plot", "x.png")
+    assert out.returncode == 2 and 'pip install "shardfuzz[plot]"' in out.stderr, out.stderr
+
+
+def test_an_empty_piece_and_a_group_of_one():
+    ref = torch.randn(1)
+    text = format_output_diff(diff(PaddedFlat(), ref, ref + 1, 2), LABEL)  # rank 1 holds only padding
+    assert "    rank 0: wrong at dim 0: all 1 [global 0]" in text and "    clean: rank 1 (empty)" in text
+    ref = torch.randn(3, 2)
+    text = format_output_diff(diff(Shard(0), ref, ref + 1, 1), LABEL)
+    assert "one rank holds the whole value (Shard(0)); indices are global" in text
