@@ -16,7 +16,7 @@ case dtype could make there, ``u * scale * xi`` with ``xi`` uniform in [-1, 1]:
   a rule may ask for the |terms| behind an operand (``terms_of``: kept, weakly, for the results of
   sum-like ops and their views), e.g. softmax's backward, whose row sum a flash-style
   implementation forms from the forward output;
-* data movement and exact ops (views, copies, indexing, max, where, ...) are left alone.
+* data movement and exact ops (views, copies, indexing, max, where, collectives, ...) are left alone.
 
 The perturbations propagate through the rest of the computation, backward included, so the
 spread of the ``samples`` results around the unperturbed float64 result (their root mean square)
@@ -85,8 +85,15 @@ def _kind(func: Any) -> OpKind:
             for a in (schema.arguments if schema is not None else ())
             if a.alias_info is not None and a.alias_info.is_write and a.kwarg_only
         )
+        # a collective is data movement (a self-oracle runs one rank), and an async one writes later
+        comm = "c10d" in getattr(func, "namespace", "")
         kind = OpKind(
-            base, base in EXACT or view, written, base in SUM_LIKE, base in REDUCTIONS, SPECIAL.get(base)
+            base,
+            base in EXACT or view or comm,
+            written,
+            base in SUM_LIKE,
+            base in REDUCTIONS,
+            SPECIAL.get(base),
         )
         _KINDS[func] = kind
     return kind

@@ -25,6 +25,7 @@ from shardfuzz.case import Case
 from shardfuzz.config import check_world_size
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.noise import estimate
+from shardfuzz.target import SELF
 
 
 @dataclasses.dataclass
@@ -40,6 +41,8 @@ class Expected:
         0.0  # the largest rms over the case's floating inputs and outputs (a callable: on demand)
     )
     rng: Any = None  # the CPU RNG state the reference run started from (noise samples start there too)
+    #: a self-oracle (:mod:`shardfuzz.selforacle`): fills ``ref``/``low`` and draws noise on a rank
+    source: Any = None
 
 
 def _call(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
@@ -70,6 +73,11 @@ def evaluate_oracle(
     ``noise_samples`` > 0: also estimate each output's rounding noise (:mod:`shardfuzz.noise`)."""
     import torch
 
+    if target.oracle == SELF:
+        raise TargetError(
+            f"Target {target.name!r} has oracle={SELF!r}: there is no oracle function to run here; "
+            "a self-oracle runs the implementation at world size 1 on a pool (shardfuzz.run, Runner)"
+        )
     torch.manual_seed(case.seed)
     inputs = _call(target, "inputs(case)", case, target.inputs, case)
     if not isinstance(inputs, dict):
@@ -133,8 +141,7 @@ def estimate_noise(
 ) -> None:
     """Fill ``expected.noise``: each output's rounding noise (:mod:`shardfuzz.noise`), from
     ``samples`` more float64 runs of the oracle that draw what the reference drew."""
-    rerun, ref = _noise_runs(target, case, expected, outputs)
-    expected.noise = estimate(rerun, ref, case.dtype, case.seed, case.group_size, samples)
+    expected.noise = _spread(target, case, expected, outputs, samples)
 
 
 def confirm_noise(
@@ -147,13 +154,10 @@ def confirm_noise(
     misses: an AdamW update is ``lr * sign(g)`` where g cancels)."""
     import torch
 
-    rerun, ref = _noise_runs(target, case, expected, outputs)
     seen, more = tolerance.samples, tolerance.confirm_samples
     first = dict(expected.noise)
-    pooled = estimate(rerun, ref, case.dtype, case.seed, case.group_size, more, first=seen)
-    full = estimate(
-        rerun, ref, case.dtype, case.seed, case.group_size, tolerance.full_scale_samples, full_scale=True
-    )
+    pooled = _spread(target, case, expected, outputs, more, first=seen)
+    full = _spread(target, case, expected, outputs, tolerance.full_scale_samples, full_scale=True)
     noise = {}
     for name in set(first) | set(pooled) | set(full):
         like = next(d[name] for d in (first, pooled, full) if name in d).double()
@@ -161,6 +165,23 @@ def confirm_noise(
         pooled_rms = ((seen * a.pow(2) + more * b.pow(2)) / max(seen + more, 1)).sqrt()
         noise[name] = torch.maximum(pooled_rms, c)
     expected.noise = noise
+
+
+def _spread(
+    target: Any,
+    case: Case,
+    expected: Expected,
+    outputs: dict[str, Any] | None,
+    samples: int,
+    first: int = 0,
+    full_scale: bool = False,
+) -> dict[str, Any]:
+    """The noise of each output from ``samples`` runs (:func:`shardfuzz.noise.estimate`); a
+    self-oracle draws them on its rank."""
+    if expected.source is not None:
+        return expected.source.noise(samples, first, full_scale)
+    rerun, ref = _noise_runs(target, case, expected, outputs)
+    return estimate(rerun, ref, case.dtype, case.seed, case.group_size, samples, first, full_scale)
 
 
 def _noise_runs(

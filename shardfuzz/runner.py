@@ -35,6 +35,7 @@ from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
 from shardfuzz.recover import regroup
 from shardfuzz.report import Reporter
+from shardfuzz.selforacle import SELF, self_expected
 from shardfuzz.spawn import hard_cap, start_forkserver
 from shardfuzz.stats import Stats
 from shardfuzz.target import Target
@@ -285,7 +286,11 @@ class Runner:
     def expected(self, case: Case) -> Expected:
         """The oracle's values for ``case`` (remembers the inputs for failure files); noise samples
         come later, where the verdict needs them (:meth:`verdict`)."""
-        expected = evaluate_oracle(self.target, case)
+        if self.target.oracle == SELF:  # the implementation at world size 1, once the ranks answered
+            window = TIMEOUTS.timeout(self._timeout_key(case), self.config.timeout)
+            expected = self_expected(self.target, case, self.impl_ref, self.config, window)
+        else:
+            expected = evaluate_oracle(self.target, case)
         self.last_inputs = expected.inputs
         return expected
 
@@ -306,6 +311,8 @@ class Runner:
         return verdict.worst
 
     def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:
+        if expected.source is not None:  # a self-oracle: its values now, the ranks being done
+            expected.source.values(expected)
         ignored = {
             r: list(rep.ignored_collectives) for r, rep in enumerate(replies) if rep.ignored_collectives
         }

@@ -29,6 +29,7 @@ from shardfuzz.layouts import Layout, Partial, Replicate, Shard
 from shardfuzz.oracle import confirm_noise, estimate_noise
 from shardfuzz.replay import record_config
 from shardfuzz.runner import Runner
+from shardfuzz.selforacle import refuse
 from shardfuzz.standalone_script import CTX_EXTRAS, DATA_LOAD, MESH_CLASS, SHIM_UNSUPPORTED, TEMPLATE
 
 #: larger tensors go to ``inputs.pt`` beside the script
@@ -183,6 +184,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     import torch
 
     target, _ = record_target(record)
+    refuse(target, "shardfuzz repro --standalone")  # the script carries an oracle's values
     case = record["case"]
     runner = Runner(target, record_impl(target, record), record_config(record))
     ref = runner.impl_ref

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Target"]
 
+#: ``Target(oracle=SELF)``: the implementation at world size 1 in float64 is the oracle
+SELF = "self"
+
 Outputs = Mapping[str, Layout]
 
 
@@ -42,7 +45,9 @@ class Target:
             ``case.seed`` with a ``torch.Generator``, in ``case.dtype`` for floating tensors. It is
             called on every rank and in the driver, and must give identical tensors everywhere.
         oracle: ``oracle(inputs, case) -> dict[str, Tensor | value]``: the single-process result,
-            run on the inputs upcast to float64 (the reference) and as they are (the case dtype).
+            run on the inputs upcast to float64 (the reference) and as they are (the case dtype);
+            or ``"self"``: the implementation under test itself, at world size 1 in float64
+            (:mod:`shardfuzz.selforacle`).
         outputs: name -> :class:`~shardfuzz.Layout` of every output the implementations return, or
             a function ``outputs(case)`` returning that mapping when the outputs depend on the case.
         implementations: name -> implementation, as ``"pkg.mod:func"``, ``"file.py::NAME"``, a
@@ -79,7 +84,7 @@ class Target:
     name: str
     cases: Any
     inputs: Callable[[Any], dict[str, Any]]
-    oracle: Callable[[dict[str, Any], Any], dict[str, Any]]
+    oracle: Callable[[dict[str, Any], Any], dict[str, Any]] | str
     outputs: Outputs | Callable[[Case], Outputs]
     implementations: Mapping[str, Any]
     input_layouts: Mapping[str, Layout] = dataclasses.field(default_factory=dict)
@@ -102,9 +107,10 @@ class Target:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise TargetError(f"Target(name={self.name!r}); must be an identifier-like string")
         for piece in ("inputs", "oracle"):
-            if not callable(getattr(self, piece)):
+            if not callable(getattr(self, piece)) and (piece, getattr(self, piece)) != ("oracle", SELF):
+                also = f" or {SELF!r} (a self-oracle)" if piece == "oracle" else ""
                 raise TargetError(
-                    f"Target {self.name!r}: {piece}={getattr(self, piece)!r} must be a callable; "
+                    f"Target {self.name!r}: {piece}={getattr(self, piece)!r} must be a callable{also}; "
                     "a target needs cases, inputs, oracle, outputs and implementations"
                 )
         if self.cases is None:

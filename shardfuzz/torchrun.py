@@ -29,6 +29,7 @@ from shardfuzz.failures import inputs_hash, record_impl, record_target
 from shardfuzz.protocol import ErrorReply, Task, UnsupportedReply
 from shardfuzz.rank import RankState, select_device
 from shardfuzz.runner import Runner
+from shardfuzz.selforacle import refuse
 from shardfuzz.worker import answer
 
 
@@ -167,6 +168,7 @@ if __name__ == "__main__":
 
 def write_repro(record: dict[str, Any], path: str) -> str:
     """Write a standalone torchrun script for one failure record."""
+    refuse(record_target(record)[0], "shardfuzz repro")  # rank 0 judges with the oracle function
     keep = (
         "target",
         "target_ref",

@@ -1,0 +1,141 @@
+"""``Target(oracle="self")``: the implementation at world size 1 in float64 is the oracle. A bug
+that needs world size > 1 is found and shrunk; one that is there at world size 1 too passes, by
+design, while a written oracle catches it; the oracle's inputs are the case's rounded ones; what
+a self-oracle cannot do is refused by name. (The example's reference and planted bug are proved
+by ``tests/test_examples.py``.)"""
+
+import os
+
+import pytest
+import torch
+
+import shardfuzz
+from shardfuzz import Case, Runner, TargetError
+from shardfuzz.degenerate import degenerate
+from shardfuzz.oracle import estimate_noise, evaluate_oracle
+from shardfuzz.testing import Expect, assert_planted_bug_found
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "self_oracle.py")
+SELF, WRITTEN, TP_SELF = (
+    f"{DATA}::{n}" for n in ("row_parallel_self_bugs", "row_parallel_written", "tp_mlp_self")
+)
+
+
+def _case(target, dtype="bfloat16", **sizes):
+    return Case(
+        target=target,
+        world_size=2,
+        mesh=(2,),
+        sizes={"batch": 2, "inner": 3, "out": 2, **sizes},
+        split=("inner",),
+        dtype=dtype,
+        seed=5,
+    )
+
+
+def test_a_bug_that_needs_two_ranks_is_found_and_shrunk():
+    result = assert_planted_bug_found(SELF, "w_offset_zero", Expect("mismatch", 2, (2,)), p95=5)
+    assert result.case is not None and result.case.sizes["inner"] == 2, result.report  # one column each
+
+
+def test_a_bug_at_world_size_1_too_passes_a_self_oracle_and_fails_a_written_one():
+    hidden = shardfuzz.run(SELF, "bias_twice", profile="shardfuzz-ci", database=None, max_examples=40)
+    assert not hidden.found and hidden.stats.passed >= 40, hidden.report  # by design
+    seen = shardfuzz.run(WRITTEN, "bias_twice", profile="shardfuzz-ci", database=None, max_examples=40)
+    assert seen.found and seen.kind == "mismatch", seen.stats.summary()
+
+
+def test_a_builtin_target_with_a_self_oracle_finds_its_planted_bug():
+    t = shardfuzz.get_target(TP_SELF)
+    bug = t.planted["bias_before_allreduce"]
+    assert t.oracle == "self" and t.reference == "reference"
+    assert_planted_bug_found(TP_SELF, bug.name, bug.expect, p95=bug.p95)
+
+
+def test_the_oracle_is_the_implementation_in_float64_on_the_rounded_inputs():
+    runner = Runner(SELF)
+    case = _case("row_parallel_self_bugs")
+    expected = runner.expected(case)
+    assert expected.ref == {} and expected.source is not None  # the values come once the ranks answered
+    expected.source.values(expected)
+    written = evaluate_oracle(shardfuzz.get_target(WRITTEN), _case("row_parallel_written"))
+    for name, ref in expected.ref.items():
+        assert ref.dtype == torch.float64 and expected.low[name].dtype == torch.bfloat16, name
+        # float64 inputs built afresh would differ from the bf16-rounded ones by ~1e-3
+        torch.testing.assert_close(ref, written.ref[name], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            expected.low[name].double(), written.low[name].double(), rtol=0.05, atol=0.05
+        )
+    assert runner.run_case(case) <= 1.0
+
+
+def test_its_noise_is_drawn_on_the_rank():
+    runner = Runner(SELF)
+    case = _case("row_parallel_self_bugs", dtype="float32")
+    expected = runner.expected(case)
+    expected.source.values(expected)
+    estimate_noise(runner.target, case, expected, 3)
+    assert set(expected.noise) == {"y", "grad_x", "grad_w", "grad_b"}
+    assert float(expected.noise["y"].max()) > 0  # a matmul and an add round
+    assert float(expected.noise["y"].max()) < 1e-5 * float(expected.ref["y"].abs().max() + 1)
+
+
+def test_an_oracle_that_is_neither_callable_nor_self_is_refused():
+    t = shardfuzz.get_target(SELF)
+    with pytest.raises(TargetError, match=r"oracle='selff' must be a callable or 'self'"):
+        t.derive("bad", oracle="selff")
+
+
+def test_what_needs_an_oracle_function_refuses_a_self_oracle():
+    t = shardfuzz.get_target(SELF)
+    case = _case("row_parallel_self_bugs")
+    with pytest.raises(TargetError, match=r"has oracle='self'"):
+        evaluate_oracle(t, case)
+    with pytest.raises(TargetError, match=r"has oracle='self'"):
+        degenerate(t, case)
+    from shardfuzz.selforacle import refuse
+
+    with pytest.raises(
+        TargetError, match=r"shardfuzz repro: target 'row_parallel_self_bugs' has oracle='self'"
+    ):
+        refuse(t, "shardfuzz repro")
+
+
+def test_an_implementation_that_fails_at_world_size_1_is_a_usage_error_with_its_traceback():
+    runner = Runner(SELF, "needs_two_ranks")
+    with pytest.raises(
+        TargetError,
+        match=r"(?s)at world size 1 \(values\), the self-oracle of .*raised:.*needs at least two ranks",
+    ):
+        runner.run_case(_case("row_parallel_self_bugs"))
+
+
+def test_the_noise_model_leaves_collectives_alone():
+    from shardfuzz.noise import _kind
+
+    # at one rank a collective moves nothing, and an async one writes its result after it returns
+    assert _kind(torch.ops.c10d.allreduce_.default).skip
+    assert _kind(torch.ops._c10d_functional.all_reduce.default).skip
+    assert not _kind(torch.ops.aten.add.Tensor).skip
+
+
+def test_dtensor_code_is_refused_by_the_noise_model_and_runs_under_dtype_rerun():
+    case = Case(
+        target="tp_mlp_self",
+        world_size=2,
+        mesh=(2,),
+        sizes={"batch": 1, "seq": 2, "d_model": 2, "hidden": 2, "d_out": 2},
+        split=("hidden",),
+        seed=3,
+    )
+    runner = Runner(TP_SELF, "torch_tp_dtensor")
+    expected = runner.expected(case)
+    expected.source.values(expected)  # the values are fine: only the noise mode cannot see inside
+    with pytest.raises(TargetError, match=r"computes on \['DTensor'\], whose ops the noise model cannot"):
+        estimate_noise(runner.target, case, expected, 3)
+    rerun = Runner(
+        TP_SELF,
+        "torch_tp_dtensor",
+        shardfuzz.RunConfig(tolerance=shardfuzz.Tolerance(noise_model="dtype-rerun")),
+    )
+    assert rerun.run_case(case) <= 1.0
