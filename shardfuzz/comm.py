@@ -24,7 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardfuzz.collectives import POINT_TO_POINT, Collective
-from shardfuzz.errors import InvalidArgument
+from shardfuzz.errors import InvalidArgument, TargetCodeError
+
+Traces = Mapping[int, Sequence[Collective]]
 
 ITEMSIZE = {
     "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
@@ -197,17 +199,27 @@ def format_comm(traces: Mapping[int, Sequence[Collective]], model: CostModel | N
         f"alpha-beta estimate per collective (alpha {model.alpha * 1e6:g} us, beta {model.beta / 1e9:g} GB/s; "
         f"S = the collective's size):"
     )
-    total = dict.fromkeys(algos, 0.0)
     for r, c in _each_once(traces):
         t = traffic(c, r)
-        ests = {a: estimate(c.op, t.group_size, t.size, a, model) for a in algos}
-        for a in algos:
-            total[a] += ests[a]
+        est = ", ".join(f"{a} {_t(estimate(c.op, t.group_size, t.size, a, model))}" for a in algos)
         where = f"to rank {c.peer}" if c.op == "send" else f"on group {list(c.group)}"
-        est = ", ".join(f"{a} {_t(v)}" for a, v in ests.items())
         lines.append(f"  rank {r} {c.signature()} {where}: S = {_b(t.size)}; {est}")
-    lines.append("  sum over the collectives: " + ", ".join(f"{a} {_t(v)}" for a, v in total.items()))
+    per_rank = {  # a rank's collectives run one after another; ranks in parallel: the slowest
+        a: max((sum(_seconds(c, r, a, model) for c in t) for r, t in traces.items()), default=0.0)
+        for a in algos
+    }
+    lines.append(
+        "  the slowest rank's collectives in sequence: "
+        + ", ".join(f"{a} {_t(v)}" for a, v in per_rank.items())
+    )
     return "\n".join(lines)
+
+
+def _seconds(c: Collective, rank: int, algorithm: str, model: CostModel) -> float:
+    if c.op == "recv":  # its send is counted on the sender
+        return 0.0
+    t = traffic(c, rank)
+    return estimate(c.op, t.group_size, t.size, algorithm, model)
 
 
 def _each_once(traces: Mapping[int, Sequence[Collective]]) -> list[tuple[int, Collective]]:
@@ -287,3 +299,16 @@ def budget_for(target: Any, impl_name: str) -> BudgetFn | None:
         return comm[impl_name]
     rec = target.planted.get(impl_name) or target.expected_failures.get(impl_name)
     return comm.get(target.reference) if rec is not None and rec.impl is None else None
+
+
+def over_budget(target: Any, impl_name: str, case: Any, traces: Traces) -> tuple[CommBudget, str] | None:
+    """The budget and what exceeds it, where the implementation declared one and sent more."""
+    fn = budget_for(target, impl_name)
+    if fn is None:
+        return None
+    try:
+        budget = fn(case)
+    except Exception as e:
+        raise TargetCodeError.of(target.name, f"comm[{impl_name!r}](case)", case, e) from e
+    problem = budget.violation(traces)
+    return None if problem is None else (budget, problem)

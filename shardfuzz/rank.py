@@ -320,18 +320,9 @@ def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Re
         )
         for k, v in inputs.items()
     }
-    ctx = RankContext(
-        case=case,
-        rank=state.rank,
-        world_size=state.world_size,
-        group=mesh.groups[-1],
-        group_rank=group_rank,
-        group_size=group_size,
-        mesh=mesh,
-        inputs=inputs,
-        local=local,
-        device=state.device,
-        world_group=dist.group.WORLD,
+    ctx = RankContext(  # the fields in order: case, rank, world_size, group, ..., world_group
+        *(case, state.rank, state.world_size, mesh.groups[-1], group_rank, group_size, mesh),
+        *(inputs, local, state.device, dist.group.WORLD),
     )
     t0 = time.perf_counter()
     TRACER.start(task.trace)

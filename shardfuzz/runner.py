@@ -16,16 +16,9 @@ from typing import Any
 
 from shardfuzz import registry
 from shardfuzz.case import Case
-from shardfuzz.comm import budget_for
+from shardfuzz.comm import over_budget
 from shardfuzz.config import RunConfig, check_world_size, env_int, format_tolerance
-from shardfuzz.errors import (
-    ExternalFault,
-    Finding,
-    InvalidArgument,
-    TargetCodeError,
-    TargetError,
-    Unsupported,
-)
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, TargetError, Unsupported
 from shardfuzz.exclude import Excluded, exclusion
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
@@ -126,6 +119,7 @@ class Runner:
         #: the full inputs of the last case the oracle ran (failure files hash them)
         self.last_inputs: dict[str, Any] = {}
         self.last_traces: dict[int, tuple] = {}  # the collectives of the last judged example
+        self.trace = True  # record the collectives (off: benchmarks/trace_cost.py's baseline)
         #: the run's tolerance: the target's per-output overrides, then the run's own on top
         self.tolerance = dataclasses.replace(
             self.config.tolerance,
@@ -218,7 +212,9 @@ class Runner:
             self.backend, case.world_size, cap, device=self.device, debug=self.config.debug_collectives
         )
         want_flags = self.numerics is None
-        task = Task(case, self.worker_target, self.impl_ref, cap, self.config.deterministic, want_flags)
+        task = Task(
+            case, self.worker_target, self.impl_ref, cap, self.config.deterministic, want_flags, self.trace
+        )
         pool.submit(task)
         try:
             expected = self.expected(case)  # overlaps with the ranks' work
@@ -299,15 +295,9 @@ class Runner:
         verdict = self.verdict(case, replies, expected)
         self.last_traces = traces = {r: rep.trace for r, rep in enumerate(replies)}
         self.reporter.raise_verdict(case, verdict, traces)
-        budget_fn = budget_for(self.target, self.impl_name)
-        if budget_fn is not None:  # right values; now the bytes: an upper bound the implementation declared
-            try:
-                budget = budget_fn(case)
-            except Exception as e:
-                raise TargetCodeError.of(self.target.name, f"comm[{self.impl_name!r}](case)", case, e) from e
-            problem = budget.violation(traces)
-            if problem:
-                self.reporter.raise_communication(case, problem, budget, traces)
+        over = over_budget(self.target, self.impl_name, case, traces)  # right values; now the bytes
+        if over is not None:
+            self.reporter.raise_communication(case, over[1], over[0], traces)
         return verdict.worst
 
     def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:

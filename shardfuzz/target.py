@@ -77,8 +77,7 @@ class Target:
         known_failures: known failures to set aside while fuzzing: a mapping reason -> predicate of
             the case (or an expression string, as ``--exclude`` takes), or a sequence of them. A
             matching case is counted as excluded and shown, never run or passed.
-        comm: implementation name -> ``fn(case) -> CommBudget``: the most that implementation may
-            communicate per rank (:mod:`shardfuzz.comm`); more is a ``communication`` finding.
+        comm: implementation name -> ``fn(case) -> CommBudget``, the most it may send per rank.
     """
 
     name: str
@@ -99,9 +98,8 @@ class Target:
     supports: Callable[[Any], str | None] | None = None
     collectives: tuple[str, ...] | None = None
     known_failures: Any = ()  # Mapping[str, predicate] or Sequence in; (reason, predicate) pairs after
-    comm: Any = ()  # Mapping[implementation name, fn(case) -> CommBudget]
-    #: where workers re-import this target from (module name or file path); set automatically
-    origin: str | None = None
+    comm: Any = ()  # Mapping[implementation name, fn(case) -> CommBudget] (shardfuzz.comm)
+    origin: str | None = None  # where workers re-import this target from: set automatically
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():

@@ -126,6 +126,8 @@ def seq_to_heads(xs, seq_sizes, group, bug=None):
     sp, (b, s_r, _, d) = len(seq_sizes), xs[0].shape
     if sp == 1:
         return list(xs)
+    if bug == "separate_qkv_all_to_all" and len(xs) > 1:  # one all-to-all per tensor
+        return [seq_to_heads([x], seq_sizes, group)[0] for x in xs]
     hls = [x.shape[2] // sp for x in xs]
     # per destination j: [b, s_r, heads of chunk j of each tensor, d], batch-first
     packed = torch.cat([x.reshape(b, s_r, sp, hl, d) for x, hl in zip(xs, hls)], dim=3)
@@ -168,14 +170,11 @@ def reference(ctx, *, bug: str | None = None):
     s_r = q.shape[1]
     pos = torch.arange(s_r) if bug == "local_rope_positions" else torch.arange(start, start + s_r)
     qr, kr = rope(q, pos), rope(k, pos)
-    vr = v
-    if bug == "kv_repeated_before_a2a":  # GQA expanded before the all-to-all, not after it
-        kr, vr, hkv = kr.repeat_interleave(hq // hkv, 2), v.repeat_interleave(hq // hkv, 2), hq
     # heads: pad KV to a multiple of sp, then Q to padded_kv * q_per_kv, so GQA groups stay whole
     kv_pad = -(-hkv // sp) * sp
     q_pad = -(-hq // sp) * sp if bug == "gqa_pad_separately" else kv_pad * (hq // hkv)
     ql, kl, vl = seq_to_heads(
-        [pad_heads(qr, q_pad), pad_heads(kr, kv_pad), pad_heads(vr, kv_pad)], seq_sizes, group, bug
+        [pad_heads(qr, q_pad), pad_heads(kr, kv_pad), pad_heads(v, kv_pad)], seq_sizes, group, bug
     )
     exp2 = bug == "bf16_exp2" and q.dtype == torch.bfloat16  # the bf16 "fast kernel"
     # causal_bottom_right: K/V counted as padded to sp * ceil(n / sp), the causal mask aligned to
@@ -224,18 +223,12 @@ TRIGGERS = {
 
 PLANTED = [
     PlantedBug(
-        "kv_repeated_before_a2a",
-        "GQA's K/V heads repeated to the query heads before the all-to-all instead of after it "
-        "(the attention is the same): right values, q_per_kv times the K/V bytes",
-        Expect(
-            "communication",
-            2,
-            (2,),
-            uneven=None,
-            check=lambda c: c.sizes["q_per_kv"] >= 2,
-            note="q_per_kv 2",
-        ),
-        p95=2,
+        "separate_qkv_all_to_all",
+        "q, k and v each sent in an all-to-all of their own, forward and backward, where one packed "
+        "all-to-all carries all three: right values and bytes, 4 collectives too many (4 alpha "
+        "latencies per layer)",
+        Expect("communication", 2, (2,), uneven=None, note="any case with 2 ranks"),
+        p95=1,
     ),
     PlantedBug(
         "causal_bottom_right",

@@ -293,14 +293,7 @@ PLANTED = [
         "gathered_max",
         "the global max of the logits found by all-gathering every rank's logits (the naive way), "
         "not by a MAX all-reduce of each rank's max: right values, vocab / tp times the bytes",
-        Expect(
-            "communication",
-            2,
-            (2,),
-            uneven=None,
-            check=lambda c: c.sizes["vocab"] >= 3,
-            note="vocab 3 or more",
-        ),
+        Expect("communication", (2, 3), None, uneven=None, note="3 ranks, or a wider vocab on 2"),
         p95=2,
     ),
     PlantedBug(

@@ -13,6 +13,7 @@ import pytest
 
 import shardfuzz
 from shardfuzz import Case, Mismatch, Runner, failures
+from shardfuzz.collectives import Collective
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.testing import run_cli
 
@@ -67,6 +68,11 @@ def test_failure_file_holds_the_shrunk_case_and_everything_to_replay_it(found):
     assert "cuda_matmul_allow_tf32" in rec["numerics"]["driver"]
     assert "deterministic_algorithms" in rec["numerics"]["rank0"]
     assert set(rec["versions"]) >= {"torch", "shardfuzz", "hypothesis", "python"}
+    # the collective trace: the f operator's backward all-reduce on every rank (the bug drops g's)
+    trace = {int(r): [Collective.from_json(c) for c in t] for r, t in rec["trace"].items()}
+    assert sorted(trace) == list(range(res.case.world_size))
+    assert all([c.op for c in t] == ["all_reduce"] for t in trace.values()), trace
+    assert "collectives: every rank entered the same sequence" in rec["report"]
 
 
 def test_file_is_written_at_the_first_failure(tmp_path):

@@ -1,0 +1,201 @@
+"""The collective trace: what each rank entered, the first divergent collective of a hang or a rank
+error, communication accounting against the handbook's formulas, and the ``communication``
+finding."""
+
+import math
+import os
+import re
+
+import pytest
+
+from shardfuzz import Case, RankError, RankHang, RunConfig, Runner
+from shardfuzz.collectives import Collective
+from shardfuzz.comm import CommBudget, CostModel, estimate, format_comm, parse_quantity, usage
+from shardfuzz.divergence import describe_sequences, first_divergence
+from shardfuzz.errors import CommunicationExceeded, InvalidArgument
+from shardfuzz.registry import BUILTIN_TARGETS, get_target
+from shardfuzz.testing import run_cli
+
+RING = os.path.join(os.path.dirname(__file__), "data", "ring_allreduce.py")
+
+
+def _c(seq, op, group, shape, dtype="float32", peer=None, out=()):
+    return Collective(
+        seq, op, tuple(group), (tuple(shape),) if shape is not None else (), dtype, out, None, peer
+    )
+
+
+# -- the first divergent collective ----------------------------------------------------------------
+def test_the_issue_example_names_the_op_the_ranks_and_who_never_got_further():
+    g = (0, 1, 2)
+    same = [_c(0, "all_reduce", g, [4]), _c(1, "broadcast", g, [2], peer=0)]
+    traces = {
+        0: [*same, _c(2, "all_reduce", g, [4]), _c(3, "all_reduce", g, [1])],
+        1: [*same, _c(2, "all_reduce", g, [4])],
+        2: [*same, _c(2, "all_gather", g, [2])],
+    }
+    d = first_divergence(traces)
+    assert d.op == "all_reduce" and d.entered == (0, 1) and d.others == (2,)
+    assert "ranks 0, 1 entered #3 all_reduce(float32[4]) on group [0, 1, 2]" in d.text
+    assert "rank 2's #3 is all_gather(float32[2])" in d.text
+    assert "rank 2 never reached a #4" in d.text
+
+
+def test_a_rank_that_stopped_early_and_a_shape_disagreement():
+    g = (0, 1)
+    stopped = {
+        0: [_c(0, "all_reduce", g, [3]), _c(1, "all_reduce", g, [3])],
+        1: [_c(0, "all_reduce", g, [3])],
+    }
+    d = first_divergence(stopped)
+    assert (d.op, d.entered, d.others) == ("all_reduce", (0,), (1,))
+    assert "rank 1 never reached a #2 (its last on this group: #1 all_reduce(float32[3]))" in d.text
+    shapes = {0: [_c(0, "all_reduce", g, [3])], 1: [_c(0, "all_reduce", g, [2])]}
+    assert first_divergence(shapes) is not None
+    agree = {0: [_c(0, "all_reduce", g, [3])], 1: [_c(0, "all_reduce", g, [3])]}
+    assert first_divergence(agree) is None
+    assert describe_sequences(agree).startswith("collectives: every rank entered the same sequence")
+
+
+def test_point_to_point_pairs_by_order_and_size():
+    ok = {0: [_c(0, "send", (0, 1), [2, 3], peer=1)], 1: [_c(0, "recv", (0, 1), None, peer=0, out=((6,),))]}
+    assert first_divergence(ok) is None  # same element count, another shape: gloo only sees bytes
+    size = {0: [_c(0, "send", (0, 1), [4], peer=1)], 1: [_c(0, "recv", (0, 1), None, peer=0, out=((2,),))]}
+    d = first_divergence(size)
+    assert d.entered == (0,) and d.others == (1,) and "the sizes differ" in d.text
+    lost = {0: [_c(0, "send", (0, 1), [4], peer=1)], 1: []}
+    d = first_divergence(lost)
+    assert "has no matching receive: rank 1 posted 0 receive(s) from rank 0" in d.text
+
+
+# every planted hang and rank error of the built-in targets, on its minimal case: the named op, the
+# ranks that entered it, and the ranks that did not (or entered another)
+DIVERGENCES = {
+    ("tp_mlp", "skip_empty_shard"): (
+        Case(
+            target="tp_mlp", world_size=3, mesh=(3,), split=("hidden",),
+            sizes={"batch": 1, "seq": 1, "d_model": 1, "hidden": 4, "d_out": 1},
+        ),
+        "all_reduce", (0, 1), (2,),
+    ),
+    ("moe", "skip_empty_backward"): (
+        Case(
+            target="moe", world_size=2, mesh=(2,), split=("tokens", "experts"), seed=2,
+            sizes={"tokens": 2, "experts": 2, "d_model": 1, "hidden": 1},
+            options={"top_k": 1, "capacity_factor": None, "empty_experts": 0},
+        ),
+        "all_to_all_single", (0,), (1,),
+    ),
+    ("zero_adamw", "padding_on_last_rank"): (
+        Case(
+            target="zero_adamw", world_size=3, mesh=(3,), sizes={"numel": 1}, split=("numel",),
+            options={"stage": 1, "clip_factor": None, "steps": 1, "grad_accum": 1},
+        ),
+        "all_to_all_single", (0,), (1, 2),
+    ),
+}  # fmt: skip
+
+
+def test_every_planted_hang_and_rank_error_is_listed_here():
+    listed = {
+        (t, name)
+        for t in BUILTIN_TARGETS
+        for name, rec in get_target(t).planted.items()
+        if rec.expect.kind in ("hang", "rank-error")
+    }
+    assert listed == set(DIVERGENCES)
+
+
+@pytest.mark.parametrize("target,bug", sorted(DIVERGENCES), ids=lambda x: str(x))
+def test_planted_hangs_and_rank_errors_name_their_first_divergent_collective(target, bug):
+    case, op, entered, others = DIVERGENCES[(target, bug)]
+    with pytest.raises((RankHang, RankError)) as info:
+        Runner(target, bug, RunConfig(timeout=2)).run_case(case)
+    d = first_divergence(info.value.traces)
+    assert (d.op, d.entered, d.others) == (op, entered, others), d.text
+    assert f"first divergent collective: {d.text}" in info.value.report
+
+
+def test_torch_context_parallel_abort_is_two_all_gathers_of_different_sizes():
+    # the expected failure torch_cp_ring: on seq 3 over 2 ranks the ranks' K/V buffers differ
+    case = Case(
+        target="ring_attention", world_size=2, mesh=(2,), sizes={"batch": 1, "seq": 3, "heads": 1, "head_dim": 1},
+        split=("seq",), options={"variant": "full", "lse_grad": False, "logit_scale": 1.0},
+    )  # fmt: skip
+    with pytest.raises(RankError) as info:
+        Runner("ring_attention", "torch_cp_ring").run_case(case)
+    d = first_divergence(info.value.traces)
+    assert d.op == "all_gather_into_tensor" and len(d.entered) == 1 and len(d.others) == 1
+    assert "float32[4]" in d.text and "float32[2]" in d.text
+
+
+# -- communication accounting ------------------------------------------------------------------
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_hand_written_ring_all_reduce_sends_2_n_minus_1_over_n_of_s(n):
+    rows = 2
+    runner = Runner(RING)
+    case = Case(target="ring_allreduce", world_size=n, mesh=(n,), sizes={"rows": rows})
+    assert runner.run_case(case) < 1  # its own budget, 2 (n-1)/n * S, is met exactly
+    s_bytes = rows * n * 4
+    for u in usage(runner.last_traces).values():
+        assert u.sent == pytest.approx(2 * (n - 1) / n * s_bytes) == u.received
+        assert u.ops["send"][0] == 2 * (n - 1)
+
+
+def test_tp_mlp_comm_prints_counts_bytes_per_rank_and_both_estimates():
+    sizes = {"batch": 2, "seq": 3, "d_model": 4, "hidden": 6, "d_out": 5}
+    case = Case(target="tp_mlp", world_size=2, mesh=(2,), sizes=sizes, split=("hidden",))
+    res = run_cli("case", "tp_mlp", repr(case), "--comm", "--trace")
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = 2 * 3
+    per_rank = 2 * (2 - 1) / 2 * (rows * 5 + rows * 4) * 4  # g's all-reduce forward, f's backward
+    totals = re.findall(rf"^\s+[01]\s+total\s+2\s+{per_rank:,.0f} B\s+{per_rank:,.0f} B$", res.stdout, re.M)
+    assert len(totals) == 2, res.stdout
+    assert res.stdout.count("all_reduce(float32[2, 3, 5]) on group [0, 1]") >= 3  # trace + estimate
+    assert "ring " in res.stdout and "tree " in res.stdout
+    runner = Runner("tp_mlp")
+    runner.run_case(case)
+    assert {r: u.sent for r, u in usage(runner.last_traces).items()} == {0: per_rank, 1: per_rank}
+
+
+def test_alpha_beta_formulas_are_the_handbooks():
+    m = CostModel()  # 5 us, 200 GB/s
+    s = 1 << 20
+    for n in (2, 3, 8):
+        assert estimate("all_reduce", n, s, "ring", m) == pytest.approx(2 * (n - 1) * (5e-6 + s / n / 200e9))
+        tree = 2 * math.ceil(math.log2(n)) * (5e-6 + s / 200e9)
+        assert estimate("all_reduce", n, s, "tree", m) == pytest.approx(tree)
+    assert estimate("send", 2, s, "ring", m) == pytest.approx(5e-6 + s / 200e9)
+    slow = CostModel(alpha=1e-3, beta=1e9, algorithm="ring")
+    assert estimate("all_gather_into_tensor", 4, 4e6, "ring", slow) == pytest.approx(3 * (1e-3 + 1e6 / 1e9))
+    assert "tree" not in format_comm({0: [_c(0, "all_reduce", (0, 1), [8])]}, slow)
+
+
+def test_bad_cost_model_and_units_name_the_argument():
+    with pytest.raises(InvalidArgument, match="algorithm='fast'"):
+        CostModel(algorithm="fast")
+    with pytest.raises(InvalidArgument, match="beta=0"):
+        CostModel(beta=0)
+    assert parse_quantity("5us", {"us": 1e-6}, "--alpha") == pytest.approx(5e-6)
+    with pytest.raises(InvalidArgument, match="--alpha='fast'"):
+        parse_quantity("fast", {"us": 1e-6}, "--alpha")
+    res = run_cli("case", "tp_mlp", "Case(target='tp_mlp', world_size=1)", "--beta", "-3GB/s")
+    assert res.returncode == 2 and "--beta" in res.stderr
+
+
+def test_a_budget_names_the_rank_and_how_far_over():
+    traces = {0: [_c(0, "all_reduce", (0, 1), [8])], 1: [_c(0, "all_reduce", (0, 1), [8])]}
+    assert CommBudget(sent=32).violation(traces) is None
+    text = CommBudget(sent=16, collectives=0).violation(traces)
+    assert "rank 0 sent 32 B, over the budget of 16 B (2x)" in text and "entered 1 collectives" in text
+
+
+def test_a_communication_finding_is_raised_on_right_values():
+    case = Case(target="vocab_parallel", world_size=2, mesh=(2,), sizes={"batch": 1, "seq": 1, "d_model": 1, "vocab": 4},
+                split=("vocab",), options={"smoothing": 0.0, "rule": "dtensor", "class_weight": False,
+                                           "ignore_index": False, "reduction": "none"})  # fmt: skip
+    assert Runner("vocab_parallel").run_case(case) < 1
+    with pytest.raises(CommunicationExceeded) as info:
+        Runner("vocab_parallel", "gathered_max").run_case(case)
+    assert "the values were right" in info.value.report and "all_gather_into_tensor" in info.value.report
+    assert info.value.kind == "communication" and info.value.site == ("over budget", (0, 1))
