@@ -39,6 +39,7 @@ class Reporter:
     backend: str
     rerun_prefix: str  # ``shardfuzz case TARGET --impl IMPL [--backend B]``
     tolerance: Tolerance
+    self_oracle: bool = False  # the oracle is the implementation itself at world size 1
 
     def rerun_command(self, case: Case) -> str:
         return f"{self.rerun_prefix} {shell_quote(repr(case))}"
@@ -73,6 +74,11 @@ class Reporter:
         bad = verdict.mismatched
         parts = [self._header(f"{len(bad)} of {len(verdict.diffs)} outputs mismatch the oracle", case)]
         parts.append(f"tolerance: {self.tolerance.describe(case.dtype)}")
+        if self.self_oracle:
+            parts.append(
+                "oracle: the implementation itself at world size 1 in float64 (oracle='self'): "
+                "a bug it also has at world size 1 cannot show"
+            )
         parts.append(TRACE_LINE)  # filled in by with_traces
         parts += [
             f"  except output {name!r}: {fixed.describe()}" for name, fixed in self.tolerance.per_output

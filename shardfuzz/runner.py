@@ -137,6 +137,7 @@ class Runner:
             self.config.backend,
             f"shardfuzz case {self.target_spec} --impl {impl_arg}{backend}{overrides}",
             self.tolerance,
+            self_oracle=self.target.oracle == SELF,
         )
 
     @property

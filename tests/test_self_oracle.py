@@ -36,6 +36,7 @@ def _case(target, dtype="bfloat16", **sizes):
 def test_a_bug_that_needs_two_ranks_is_found_and_shrunk():
     result = assert_planted_bug_found(SELF, "w_offset_zero", Expect("mismatch", 2, (2,)), p95=5)
     assert result.case is not None and result.case.sizes["inner"] == 2, result.report  # one column each
+    assert "oracle: the implementation itself at world size 1" in result.report
 
 
 def test_a_bug_at_world_size_1_too_passes_a_self_oracle_and_fails_a_written_one():
@@ -43,6 +44,7 @@ def test_a_bug_at_world_size_1_too_passes_a_self_oracle_and_fails_a_written_one(
     assert not hidden.found and hidden.stats.passed >= 40, hidden.report  # by design
     seen = shardfuzz.run(WRITTEN, "bias_twice", profile="shardfuzz-ci", database=None, max_examples=40)
     assert seen.found and seen.kind == "mismatch", seen.stats.summary()
+    assert "oracle: the implementation itself" not in seen.report
 
 
 def test_a_builtin_target_with_a_self_oracle_finds_its_planted_bug():
