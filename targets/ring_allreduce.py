@@ -11,8 +11,10 @@ one more, the larger first; ``S < n`` leaves the last chunks empty). The reduce-
 ``r + 1`` and adds what rank ``r - 1`` sends into chunk ``r - s - 1``, so it ends owning the full
 sum of chunk ``r + 1``. The all-gather takes ``n - 1`` more steps: at step ``s`` rank ``r``
 forwards chunk ``r + 1 - s`` and receives chunk ``r - s``. In bfloat16 (and float16) the partial
-sums accumulate in float32 and travel in the case dtype, as NCCL does: each hop adds two values,
-so the sums are those of the case dtype's own adds, rounded once per hop.
+sums accumulate in float32 and travel in the case dtype (a correct low-precision ring). Each hop
+adds two values, so that rounds as the case dtype's own adds do, once per hop: a ring that
+accumulated in bf16 is not a bug the oracle's bound can see, so the planted dtype bug is a bf16
+wire for float32 and float64 data (``bf16_wire``).
 
 Bytes: rank ``r`` sends every chunk but ``r + 1`` in the reduce-scatter and every chunk but
 ``r + 2`` in the all-gather, ``2 S - c[r+1] - c[r+2]`` elements: ``2 (n-1)/n * S`` when ``n``
@@ -75,8 +77,7 @@ def ring_elements(numel: int, n: int) -> list[int]:
 def _cut(x, sizes, bug):
     if bug == "tensor_chunk":  # Tensor.chunk: ceil-sized pieces, fewer than n when the last are empty
         return list(x.chunk(len(sizes)))
-    pieces = list(x[: sum(sizes)].split(sizes))
-    return pieces
+    return list(x[: sum(sizes)].split(sizes))  # floor_chunks leaves the remainder out
 
 
 def _mod(i: int, n: int, bug: str | None) -> int:
