@@ -41,6 +41,8 @@ TORCH_IMPLS: list[tuple] = [
     ("tp_mlp", "torch_sp_even", {}, ()),
     ("tp_mlp", "torch_sp_dtensor", {}, ()),
     ("redistribute", "torch_redistribute", {}, ()),
+    ("ring_allreduce", "torch_all_reduce", {}, ()),
+    ("ring_allreduce", "torch_rs_ag", {}, ()),
 ]
 
 

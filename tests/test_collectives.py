@@ -3,7 +3,6 @@ error, communication accounting against the handbook's formulas, and the ``commu
 finding."""
 
 import math
-import os
 import re
 
 import pytest
@@ -15,8 +14,6 @@ from shardfuzz.divergence import describe_sequences, first_divergence
 from shardfuzz.errors import CommunicationExceeded, InvalidArgument
 from shardfuzz.registry import BUILTIN_TARGETS, get_target
 from shardfuzz.testing import run_cli
-
-RING = os.path.join(os.path.dirname(__file__), "data", "ring_allreduce.py")
 
 
 def _c(seq, op, group, shape, dtype="float32", peer=None, out=()):
@@ -93,6 +90,11 @@ DIVERGENCES = {
         ),
         "all_to_all_single", (0,), (1, 2),
     ),
+    # every rank raises before its first send (Tensor.chunk gave one piece for two ranks)
+    ("ring_allreduce", "tensor_chunk"): (
+        Case(target="ring_allreduce", world_size=2, mesh=(2,), sizes={"numel": 1}, split=("numel",)),
+        None, (), (),
+    ),
 }  # fmt: skip
 
 
@@ -112,6 +114,9 @@ def test_planted_hangs_and_rank_errors_name_their_first_divergent_collective(tar
     with pytest.raises((RankHang, RankError)) as info:
         Runner(target, bug, RunConfig(timeout=2)).run_case(case)
     d = first_divergence(info.value.traces)
+    if op is None:  # no rank entered a collective: nothing diverged, and the report says so
+        assert d is None and "collectives: none entered on any rank" in info.value.report
+        return
     assert (d.op, d.entered, d.others) == (op, entered, others), d.text
     assert f"first divergent collective: {d.text}" in info.value.report
 
@@ -130,16 +135,52 @@ def test_torch_context_parallel_abort_is_two_all_gathers_of_different_sizes():
 
 
 # -- communication accounting ------------------------------------------------------------------
-@pytest.mark.parametrize("n", [2, 3, 4])
+#: per world size, numel: even, uneven, and with empty chunks (fewer elements than ranks)
+RING_SIZES = {2: (4, 3, 1), 3: (6, 4, 5, 2), 4: (8, 5, 7, 3)}
+
+
+@pytest.mark.parametrize("n", sorted(RING_SIZES))
 def test_hand_written_ring_all_reduce_sends_2_n_minus_1_over_n_of_s(n):
-    rows = 2
-    runner = Runner(RING)
-    case = Case(target="ring_allreduce", world_size=n, mesh=(n,), sizes={"rows": rows})
-    assert runner.run_case(case) < 1  # its own budget, 2 (n-1)/n * S, is met exactly
-    s_bytes = rows * n * 4
-    for u in usage(runner.last_traces).values():
-        assert u.sent == pytest.approx(2 * (n - 1) / n * s_bytes) == u.received
-        assert u.ops["send"][0] == 2 * (n - 1)
+    """The built-in ring_allreduce's trace: 2 (n-1)/n * S per rank on even sizes; on uneven ones
+    rank r sends every chunk but r+1, then every chunk but r+2 (balanced chunks: S // n, the first
+    S % n one more), at most 2 (n-1)/n of the size padded to a multiple of n."""
+    runner = Runner("ring_allreduce")
+    target = get_target("ring_allreduce")
+    for numel in RING_SIZES[n]:
+        case = Case(
+            target="ring_allreduce", world_size=n, mesh=(n,), sizes={"numel": numel}, split=("numel",)
+        )
+        assert runner.run_case(case) < 1  # right values, and within its own budget
+        c = [numel // n + (i < numel % n) for i in range(n)]
+        sent = {r: 4 * (2 * numel - c[(r + 1) % n] - c[(r + 2) % n]) for r in range(n)}
+        received = {r: 4 * (2 * numel - c[r] - c[(r + 1) % n]) for r in range(n)}
+        used = usage(runner.last_traces)
+        assert {r: u.sent for r, u in used.items()} == sent, (numel, c)
+        assert {r: u.received for r, u in used.items()} == received, (numel, c)
+        padded = -(-numel // n) * n
+        for u in used.values():
+            assert u.ops["send"][0] == u.ops["recv"][0] == 2 * (n - 1)
+            assert u.sent <= 2 * (n - 1) / n * padded * 4
+            if numel % n == 0:
+                assert u.sent == pytest.approx(2 * (n - 1) / n * numel * 4)
+        budget = target.comm["reference"](case)
+        assert budget.sent == max(sent.values()) and budget.collectives == 4 * (n - 1)
+
+
+def test_torch_all_reduce_and_padded_reduce_scatter_all_gather_pass_within_their_budgets():
+    """torch's all-reduce sends 2 (n-1)/n * S by the formula; reduce-scatter + all-gather on the
+    vector padded to a multiple of n sends 2 (n-1)/n of the padded size, more than the ring."""
+    n = 3
+    for impl in ("torch_all_reduce", "torch_rs_ag"):
+        runner = Runner("ring_allreduce", impl)
+        for numel in (6, 4, 2):
+            case = Case(
+                target="ring_allreduce", world_size=n, mesh=(n,), sizes={"numel": numel}, split=("numel",)
+            )
+            assert runner.run_case(case) < 1
+            size = numel if impl == "torch_all_reduce" else -(-numel // n) * n
+            for u in usage(runner.last_traces).values():
+                assert u.sent == pytest.approx(2 * (n - 1) / n * size * 4), (impl, numel)
 
 
 def test_tp_mlp_comm_prints_counts_bytes_per_rank_and_both_estimates():
