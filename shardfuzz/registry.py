@@ -22,6 +22,7 @@ BUILTIN_TARGETS: dict[str, str] = {
     "zero_adamw_torch": "shardfuzz.targets.zero_adamw:TORCH_TARGET",
     "moe": "shardfuzz.targets.moe:TARGET",
     "redistribute": "shardfuzz.targets.redistribute:TARGET",
+    "ddp_buckets": "shardfuzz.targets.ddp_buckets:TARGET",
 }
 
 
