@@ -379,7 +379,7 @@ PLANTED = [
             check=lambda c: c.options["micro"] == 2,
             note="2 micro-steps",
         ),
-        p95=2,
+        p95=1,
         link="baidu-baige/LoongForge#163",
     ),
     PlantedBug(
@@ -396,14 +396,14 @@ PLANTED = [
             note="cap 1 byte: a bucket per parameter",
             needs=("several buckets",),
         ),
-        p95=2,
+        p95=1,
     ),
     PlantedBug(
         "double_average",
         "gradients divided by the world size twice: the loss divided by it by hand and the "
         "bucket averaged again (right at 1 rank)",
         Expect("mismatch", 2, (2,), uneven=None),
-        p95=2,
+        p95=1,
         link="sanderwood/bgpt#5",
     ),
     PlantedBug(
@@ -455,7 +455,7 @@ EXPECTED = [
         Expect(
             "rank-error", 1, (1,), uneven=None, check=lambda c: c.options["micro"] == 2, note="2 micro-steps"
         ),
-        p95=2,
+        p95=1,
         link="pytorch/pytorch#143580",
         impl=bind(DDP, static_graph=True),
     ),
@@ -475,7 +475,7 @@ EXPECTED = [
             note="an unused parameter, 1 step",
             exclude=("options['steps'] >= 2",),
         ),
-        p95=2,
+        p95=1,
         impl=bind(DDP, check=False),
     ),
 ]
