@@ -20,6 +20,7 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from shardfuzz.targets.ddp_buckets import STATIC_GRAPH_NO_SYNC
 from shardfuzz.targets.vocab_parallel import LOSS_PARALLEL_KNOWN
 
 #: (target, implementation, pinned options, known failures to exclude[, other RunConfig fields]):
@@ -43,6 +44,9 @@ TORCH_IMPLS: list[tuple] = [
     ("redistribute", "torch_redistribute", {}, ()),
     ("ring_allreduce", "torch_all_reduce", {}, ()),
     ("ring_allreduce", "torch_rs_ag", {}, ()),
+    ("ddp_buckets", "torch_ddp", {}, ()),  # unused parameters: DDP's refusal, Unsupported
+    ("ddp_buckets", "torch_ddp_find_unused", {}, ()),
+    ("ddp_buckets", "torch_ddp_static_graph", {}, (STATIC_GRAPH_NO_SYNC,)),  # pytorch/pytorch#143580
 ]
 
 

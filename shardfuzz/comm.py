@@ -239,11 +239,14 @@ def _each_once(traces: Mapping[int, Sequence[Collective]]) -> list[tuple[int, Co
 class CommBudget:
     """An upper bound on what one rank may communicate in one case, declared per implementation
     (``Target(comm={"reference": fn})``, ``fn(case) -> CommBudget``). ``sent``: bytes sent per
-    rank, by the module's formulas; ``collectives``: collectives entered per rank; ``why``: the
-    formula in words, for the report."""
+    rank, by the module's formulas; ``collectives``: collectives entered per rank; ``largest``: the
+    size ``S`` in bytes of the largest single collective a rank may enter (a bucket cap: one big
+    collective in place of several small ones sends the same bytes); ``why``: the formula in
+    words, for the report."""
 
     sent: float | None = None
     collectives: int | None = None
+    largest: float | None = None
     why: str = ""
 
     def violation(self, traces: Mapping[int, Sequence[Collective]]) -> str | None:
@@ -258,6 +261,14 @@ class CommBudget:
                 problems.append(
                     f"rank {r} entered {u.collectives} collectives, over the budget of {self.collectives}"
                 )
+        if self.largest is not None:
+            for r, events in sorted(traces.items()):
+                big = max(events, key=lambda c: traffic(c, r).size, default=None)
+                if big is not None and traffic(big, r).size > self.largest + 1e-6:
+                    problems.append(
+                        f"rank {r} entered {big.signature()} of S = {_b(traffic(big, r).size)}, over the "
+                        f"largest single collective allowed, {_b(self.largest)}"
+                    )
         return "; ".join(problems) if problems else None
 
 

@@ -231,6 +231,17 @@ def test_a_budget_names_the_rank_and_how_far_over():
     assert "rank 0 sent 32 B, over the budget of 16 B (2x)" in text and "entered 1 collectives" in text
 
 
+def test_a_budget_bounds_the_largest_single_collective():
+    # two buckets of 2 float32 each, or one of 4: the same bytes, one collective twice as large
+    two = [_c(0, "all_reduce", (0, 1), [2]), _c(1, "all_reduce", (0, 1), [2])]
+    traces = {0: two, 1: two}
+    assert CommBudget(sent=16, largest=8).violation(traces) is None
+    one = {r: [_c(0, "all_reduce", (0, 1), [4])] for r in (0, 1)}
+    assert CommBudget(sent=16).violation(one) is None
+    text = CommBudget(sent=16, largest=8).violation(one)
+    assert "rank 0 entered all_reduce(float32[4]) of S = 16 B" in text and "allowed, 8 B" in text
+
+
 def test_a_communication_finding_is_raised_on_right_values():
     case = Case(target="vocab_parallel", world_size=2, mesh=(2,), sizes={"batch": 1, "seq": 1, "d_model": 1, "vocab": 4},
                 split=("vocab",), options={"smoothing": 0.0, "rule": "dtensor", "class_weight": False,
