@@ -43,6 +43,7 @@ TORCH_IMPLS: list[tuple] = [
     ("redistribute", "torch_redistribute", {}, ()),
     ("ring_allreduce", "torch_all_reduce", {}, ()),
     ("ring_allreduce", "torch_rs_ag", {}, ()),
+    ("pipeline_1f1b", "torch_pipeline", {}, ()),
 ]
 
 

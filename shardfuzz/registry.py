@@ -23,6 +23,7 @@ BUILTIN_TARGETS: dict[str, str] = {
     "moe": "shardfuzz.targets.moe:TARGET",
     "redistribute": "shardfuzz.targets.redistribute:TARGET",
     "ring_allreduce": "shardfuzz.targets.ring_allreduce:TARGET",
+    "pipeline_1f1b": "shardfuzz.targets.pipeline_1f1b:TARGET",
 }
 
 
