@@ -47,6 +47,7 @@ TORCH_IMPLS: list[tuple] = [
     ("ddp_buckets", "torch_ddp", {}, ()),  # unused parameters: DDP's refusal, Unsupported
     ("ddp_buckets", "torch_ddp_find_unused", {}, ()),
     ("ddp_buckets", "torch_ddp_static_graph", {}, (STATIC_GRAPH_NO_SYNC,)),  # pytorch/pytorch#143580
+    ("pipeline_1f1b", "torch_pipeline", {}, ()),
 ]
 
 

@@ -24,6 +24,7 @@ BUILTIN_TARGETS: dict[str, str] = {
     "redistribute": "shardfuzz.targets.redistribute:TARGET",
     "ring_allreduce": "shardfuzz.targets.ring_allreduce:TARGET",
     "ddp_buckets": "shardfuzz.targets.ddp_buckets:TARGET",
+    "pipeline_1f1b": "shardfuzz.targets.pipeline_1f1b:TARGET",
 }
 
 

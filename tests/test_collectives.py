@@ -95,6 +95,24 @@ DIVERGENCES = {
         Case(target="ring_allreduce", world_size=2, mesh=(2,), sizes={"numel": 1}, split=("numel",)),
         None, (), (),
     ),
+    # 3 stages: stage 2 sends its input gradient to stage 0, so stage 1 waits for one forever and
+    # stage 0 for stage 1's
+    ("pipeline_1f1b", "grad_to_next_stage"): (
+        Case(
+            target="pipeline_1f1b", world_size=3, mesh=(3,), split=("layers",),
+            sizes={"layers": 3, "rows": 1, "hidden": 1}, options={"kind": "gpipe", "microbatches": 1},
+        ),
+        "recv", (0,), (1,),
+    ),
+    # stage 0 raises (no micro-batch 1) after its first forward; stage 1 is left waiting for its
+    # gradient send to stage 0, stage 2 finishes and enters the orders' all-gather alone
+    ("pipeline_1f1b", "warmup_unclamped"): (
+        Case(
+            target="pipeline_1f1b", world_size=3, mesh=(3,), split=("layers",),
+            sizes={"layers": 3, "rows": 1, "hidden": 1}, options={"kind": "1f1b", "microbatches": 1},
+        ),
+        "all_gather_into_tensor", (2,), (0, 1),
+    ),
 }  # fmt: skip
 
 
