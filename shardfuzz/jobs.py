@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from shardfuzz.hooks import StickyInterrupt
+
 
 def job_cost(world_sizes: tuple[int, ...] | None) -> int:
     """Ranks a job may have in use at once: its largest world size (4 by default)."""
@@ -29,6 +31,9 @@ def sigterm_interrupts(enabled: bool = True) -> Any:
         return
 
     def _terminate(signum: int, frame: Any) -> None:
+        # pending, as for Ctrl-C: raised inside a garbage-collector callback (importlib's module
+        # locks have one) the KeyboardInterrupt is "ignored" and lost; the next example re-raises it
+        StickyInterrupt.pending = True
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, _terminate)
@@ -36,6 +41,7 @@ def sigterm_interrupts(enabled: bool = True) -> Any:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        StickyInterrupt.pending = False
 
 
 def die_with_parent(parent_pid: int) -> None:
