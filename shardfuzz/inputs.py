@@ -68,3 +68,10 @@ def randn(
     if profile:
         t = apply_profile(t, case, role, scale)
     return t.to(getattr(torch, dtype or case.dtype))
+
+
+def float64(v: Any) -> Any:
+    """A floating tensor upcast to float64; anything else as it is."""
+    import torch
+
+    return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v

@@ -24,6 +24,7 @@ from typing import Any
 from shardfuzz.case import Case
 from shardfuzz.config import check_world_size
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
+from shardfuzz.inputs import float64
 from shardfuzz.noise import estimate
 from shardfuzz.target import SELF
 
@@ -37,12 +38,9 @@ class Expected:
     mag: dict[str, Any]  # the target's magnitudes (empty without one)
     inputs: dict[str, Any]  # the full inputs as built (failure files hash them)
     noise: dict[str, Any] = dataclasses.field(default_factory=dict)  # Monte-Carlo spread per output
-    case_scale: Any = (
-        0.0  # the largest rms over the case's floating inputs and outputs (a callable: on demand)
-    )
+    case_scale: Any = 0.0  # the largest rms of the case's floating inputs and outputs (callable: lazy)
     rng: Any = None  # the CPU RNG state the reference run started from (noise samples start there too)
-    #: a self-oracle (:mod:`shardfuzz.selforacle`): fills ``ref``/``low`` and draws noise on a rank
-    source: Any = None
+    source: Any = None  # a self-oracle (shardfuzz.selforacle): fills ref/low, draws noise on a rank
 
 
 def _call(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
@@ -66,6 +64,20 @@ def _check_names(target: Any, field: str, keys: Any, allowed: Any, what: str) ->
         )
 
 
+def case_inputs(target: Any, case: Case) -> dict[str, Any]:
+    """The case's full inputs, checked: built from its seed, a dict, names the layouts know."""
+    import torch
+
+    torch.manual_seed(case.seed)
+    inputs = _call(target, "inputs(case)", case, target.inputs, case)
+    if not isinstance(inputs, dict):
+        raise TargetError(
+            f"Target {target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict"
+        )
+    _check_names(target, "input_layouts", target.input_layouts, inputs, "an input")
+    return inputs
+
+
 def evaluate_oracle(
     target: Any, case: Case, outputs: dict[str, Any] | None = None, noise_samples: int = 0
 ) -> Expected:
@@ -78,17 +90,8 @@ def evaluate_oracle(
             f"Target {target.name!r} has oracle={SELF!r}: there is no oracle function to run here; "
             "a self-oracle runs the implementation at world size 1 on a pool (shardfuzz.run, Runner)"
         )
-    torch.manual_seed(case.seed)
-    inputs = _call(target, "inputs(case)", case, target.inputs, case)
-    if not isinstance(inputs, dict):
-        raise TargetError(
-            f"Target {target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict"
-        )
-    _check_names(target, "input_layouts", target.input_layouts, inputs, "an input")
-    inputs64 = {
-        k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-        for k, v in inputs.items()
-    }
+    inputs = case_inputs(target, case)
+    inputs64 = {k: float64(v) for k, v in inputs.items()}
     rng = torch.get_rng_state()  # every float64 run of the oracle draws what the reference drew
     with torch.enable_grad():
         ref = _call(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)

@@ -26,8 +26,9 @@ from typing import Any
 
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetError, Unsupported
+from shardfuzz.inputs import float64
 from shardfuzz.noise import estimate
-from shardfuzz.oracle import Expected, _call, _case_scale, _check_names
+from shardfuzz.oracle import Expected, _call, _case_scale, case_inputs
 from shardfuzz.placements import local_input
 from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, ImplRef, RankDied, RankFailed, Task, UnsupportedReply, decode
@@ -52,27 +53,13 @@ def refuse(target: Any, what: str) -> None:
         )
 
 
-def _float64(v: Any) -> Any:
-    import torch
-
-    return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-
-
 def self_expected(target: Any, case: Case, impl: ImplRef, config: Any, window: float) -> Expected:
     """The :class:`Expected` of a self-oracle case: the inputs and magnitudes now (failure files
     hash the inputs), the values and noise from a 1-rank pool when asked (:class:`SelfSource`)."""
-    import torch
-
-    torch.manual_seed(case.seed)
-    inputs = _call(target, "inputs(case)", case, target.inputs, case)
-    if not isinstance(inputs, dict):
-        raise TargetError(
-            f"Target {target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict"
-        )
-    _check_names(target, "input_layouts", target.input_layouts, inputs, "an input")
+    inputs = case_inputs(target, case)
     mag = {}
     if target.magnitude:
-        inputs64 = {k: _float64(v) for k, v in inputs.items()}
+        inputs64 = {k: float64(v) for k, v in inputs.items()}
         mag = _call(target, "magnitude(inputs, case)", case, target.magnitude, inputs64, case)
     source = SelfSource(
         target, case, impl, config.backend, config.device or "cpu", config.deterministic, window
@@ -104,7 +91,7 @@ class SelfSource:
                 f"output {missing[0]!r} at world size 1; it returns {sorted(got['ref'])}"
             )
         expected.ref, expected.low = got["ref"], got["low"]
-        inputs64 = {k: _float64(v) for k, v in expected.inputs.items()}
+        inputs64 = {k: float64(v) for k, v in expected.inputs.items()}
         expected.case_scale = functools.cache(functools.partial(_case_scale, inputs64, expected.ref))
 
     def noise(self, samples: int, first: int = 0, full_scale: bool = False) -> dict[str, Any]:
@@ -185,7 +172,7 @@ def run_self(
 
     def placed(dtype: str) -> dict[str, Any]:
         full = {
-            k: (v.to(ctx.device) if dtype != "float64" else _float64(v).to(ctx.device))
+            k: (v.to(ctx.device) if dtype != "float64" else float64(v).to(ctx.device))
             if isinstance(v, torch.Tensor)
             else v
             for k, v in built.items()
