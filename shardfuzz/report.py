@@ -17,7 +17,6 @@ from shardfuzz.compare import format_output_diff
 from shardfuzz.divergence import Traces, describe_sequences
 from shardfuzz.errors import (
     CommunicationExceeded,
-    Finding,
     IgnoredCollective,
     LayoutMismatch,
     Mismatch,
@@ -57,20 +56,16 @@ class Reporter:
     def raise_verdict(self, case: Case, verdict: Verdict, traces: Traces | None = None) -> None:
         """Raise the finding a failing verdict stands for (nothing when it passed). ``traces``: the
         collectives each rank entered (a mismatch's report says whether they agreed)."""
-        try:
-            if verdict.ignored:
-                self.raise_ignored_collective(case, verdict)
-            if verdict.layout_problems:
-                self.raise_layout(case, verdict)
-            if verdict.mismatched:
-                self.raise_mismatch(case, verdict)
-        except Finding as f:
-            if traces is not None:
-                with_traces(f, traces)
-            raise
+        traces = dict(traces or {})
+        if verdict.ignored:
+            self.raise_ignored_collective(case, verdict, traces)
+        if verdict.layout_problems:
+            self.raise_layout(case, verdict, traces)
+        if verdict.mismatched:
+            self.raise_mismatch(case, verdict, traces)
 
     # -- raise sites, one per failure kind ----------------------------------------------------
-    def raise_mismatch(self, case: Case, verdict: Verdict) -> None:
+    def raise_mismatch(self, case: Case, verdict: Verdict, traces: Traces) -> None:
         bad = verdict.mismatched
         parts = [self._header(f"{len(bad)} of {len(verdict.diffs)} outputs mismatch the oracle", case)]
         parts.append(f"tolerance: {self.tolerance.describe(case.dtype)}")
@@ -79,7 +74,8 @@ class Reporter:
                 "oracle: the implementation itself at world size 1 in float64 (oracle='self'): "
                 "a bug it also has at world size 1 cannot show"
             )
-        parts.append(TRACE_LINE)  # filled in by with_traces
+        if traces:
+            parts.append(describe_sequences(traces))
         parts += [
             f"  except output {name!r}: {fixed.describe()}" for name, fixed in self.tolerance.per_output
         ]
@@ -95,15 +91,16 @@ class Reporter:
         wrong = {d.name: sorted(r.rank for r in d.ranks if r.bad and r.rank is not None) for d in bad}
         site = tuple((name, tuple(ranks)) for name, ranks in sorted(wrong.items()))
         err = Mismatch("\n".join(parts), case=case, ratio=verdict.worst, site=site)
-        err.outputs = wrong
-        err.diffs = bad
+        err.outputs, err.diffs, err.traces = wrong, bad, dict(traces)
         raise err
 
-    def raise_layout(self, case: Case, verdict: Verdict) -> None:
+    def raise_layout(self, case: Case, verdict: Verdict, traces: Traces) -> None:
         parts = [self._header("local shapes/dtypes do not match the output layouts", case)]
         parts += [f"  {p}" for p in verdict.layout_problems]
         parts.append(self._footer(case))
-        raise LayoutMismatch("\n".join(parts), case=case)
+        err = LayoutMismatch("\n".join(parts), case=case)
+        err.traces = dict(traces)
+        raise err
 
     def raise_rank_error(self, case: Case, outcome: RankFailed) -> None:
         parts = [self._header(f"rank {outcome.rank} raised an exception", case)]
@@ -171,7 +168,7 @@ class Reporter:
         err.traces = dict(traces)
         raise err
 
-    def raise_ignored_collective(self, case: Case, verdict: Verdict) -> None:
+    def raise_ignored_collective(self, case: Case, verdict: Verdict, traces: Traces) -> None:
         parts = [
             self._header(
                 "autograd went through a collective with no autograd kernel (treated as identity)", case
@@ -184,19 +181,9 @@ class Reporter:
             "torch.distributed.nn.functional; see pytorch/pytorch#152127."
         )
         parts.append(self._footer(case))
-        raise IgnoredCollective("\n".join(parts), case=case)
-
-
-#: where a mismatch's report says whether the collective sequences agreed (:func:`with_traces`)
-TRACE_LINE = "collectives: (not traced)"
-
-
-def with_traces(finding: Finding, traces: Traces) -> None:
-    """Attach the ranks' traces to a finding, and say in its report whether the sequences agreed."""
-    finding.traces = dict(traces)
-    if TRACE_LINE in finding.report:
-        finding.report = finding.report.replace(TRACE_LINE, describe_sequences(traces), 1)
-        finding.args = (finding.report,)
+        err = IgnoredCollective("\n".join(parts), case=case)
+        err.traces = dict(traces)
+        raise err
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
