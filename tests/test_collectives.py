@@ -238,8 +238,8 @@ def test_bad_cost_model_and_units_name_the_argument():
     assert parse_quantity("5us", {"us": 1e-6}, "--alpha") == pytest.approx(5e-6)
     with pytest.raises(InvalidArgument, match="--alpha='fast'"):
         parse_quantity("fast", {"us": 1e-6}, "--alpha")
-    res = run_cli("case", "tp_mlp", "Case(target='tp_mlp', world_size=1)", "--beta", "-3GB/s")
-    assert res.returncode == 2 and "--beta" in res.stderr
+    res = run_cli("case", "tp_mlp", "Case(target='tp_mlp', world_size=1)", "--beta", "0GB/s")
+    assert res.returncode == 2 and "--beta='0GB/s'; must be > 0" in res.stderr, res.stderr
 
 
 def test_a_budget_names_the_rank_and_how_far_over():
