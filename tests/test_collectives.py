@@ -104,14 +104,16 @@ DIVERGENCES = {
         ),
         "recv", (0,), (1,),
     ),
-    # stage 0 raises (no micro-batch 1) after its first forward; stage 1 is left waiting for its
-    # gradient send to stage 0, stage 2 finishes and enters the orders' all-gather alone
+    # stage 0 raises (no micro-batch 1). Its peers run on until the report is made, so how far
+    # they got is a race (seen in clean-ci): stage 2 alone in the orders' all-gather, or a stage
+    # still waiting for an activation its predecessor never sent. Each names a lower stage as the
+    # one that did not keep up.
     ("pipeline_1f1b", "warmup_unclamped"): (
         Case(
             target="pipeline_1f1b", world_size=3, mesh=(3,), split=("layers",),
             sizes={"layers": 3, "rows": 1, "hidden": 1}, options={"kind": "1f1b", "microbatches": 1},
         ),
-        "all_gather_into_tensor", (2,), (0, 1),
+        [("all_gather_into_tensor", (2,), (0, 1)), ("recv", (2,), (1,)), ("recv", (1,), (0,))], None, None,
     ),
 }  # fmt: skip
 
@@ -135,7 +137,8 @@ def test_planted_hangs_and_rank_errors_name_their_first_divergent_collective(tar
     if op is None:  # no rank entered a collective: nothing diverged, and the report says so
         assert d is None and "collectives: none entered on any rank" in info.value.report
         return
-    assert (d.op, d.entered, d.others) == (op, entered, others), d.text
+    allowed = op if isinstance(op, list) else [(op, entered, others)]
+    assert (d.op, d.entered, d.others) in allowed, d.text
     assert f"first divergent collective: {d.text}" in info.value.report
 
 
