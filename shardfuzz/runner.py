@@ -1,7 +1,9 @@
 """The runner: one case of one (target, implementation, backend) on a warm pool, judged against the
-oracle; statistics and the adaptive example timeout. Leaks (global state an example left behind,
-see :mod:`shardfuzz.rank`) are not findings: the ranks restore what they can, the pool restarts when
-they cannot, and every leak is counted, summarised, and appended to a finding's report.
+oracle. Statistics and the adaptive example timeout live here too.
+
+Leaks (global state an example left behind, see :mod:`shardfuzz.rank`) are not findings: the ranks
+restore what they can, the pool restarts when they cannot, and every leak is counted in
+``Stats.leaks``, printed in the summary, and appended to the report of a finding in the same example.
 """
 
 from __future__ import annotations
