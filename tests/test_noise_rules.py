@@ -69,3 +69,27 @@ def test_lerp_gets_its_own_rule_not_the_elementwise_one():
     with rounding_noise()(2.0**-8, 0, 2):
         out = torch.lerp(a, -a, 0.5)  # exactly 0
     assert float(out.abs().max()) > 0
+
+
+def test_a_rule_that_does_not_apply_falls_back_and_a_broken_rule_raises():
+    import pytest
+
+    from shardfuzz.noise import _by_rule, _kind, _terms_scales
+
+    mode = rounding_noise()(2.0**-8, 0, 2)
+    x = torch.randn(3, dtype=torch.float64)
+    func = torch.ops.aten.lerp.Scalar
+
+    def does_not_apply(*_):
+        raise KeyError("weight")  # an overload without the argument the rule reads
+
+    def broken(*_):
+        raise NameError("torch")  # the lerp bug: must not pass for "does not apply"
+
+    assert _by_rule(mode, does_not_apply, func, (x, x, 0.5), {}, x, []) is None
+    with pytest.raises(NameError):
+        _by_rule(mode, broken, func, (x, x, 0.5), {}, x, [])
+    add = torch.ops.aten.add.Tensor
+    refused = ((torch.zeros(3, dtype=torch.long), x.abs()), {})  # an in-place-like refusal by torch
+    assert _terms_scales(_kind(add), torch.ops.aten.add_.Tensor, refused, []) is None
+    assert _terms_scales(_kind(add), add, ((x.abs(), x.abs()), {}), [])[0].shape == x.shape
