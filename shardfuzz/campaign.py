@@ -202,7 +202,7 @@ def _settle(out: Outcome, result: Result, seen: set[tuple], runner: Runner, reco
     for f in result.failures:
         distinct = f.signature not in seen
         seen.add(f.signature)
-        path = recorder.settle(runner, f, distinct) if recorder is not None else None
+        path = recorder.settle(f, distinct) if recorder is not None else None
         if distinct:
             out.findings.append((f, path))
         else:

@@ -102,6 +102,10 @@ class Finding(AssertionError):
         self.site = tuple(site)
         #: global rank -> the collectives it entered (:class:`~shardfuzz.collectives.Collective`)
         self.traces: dict[int, Any] = {}
+        #: global state the example left behind (its report says so too)
+        self.leaks: tuple[str, ...] = ()
+        #: the :class:`~shardfuzz.finding.FindingContext` the runner builds when it raises this
+        self.context: Any = None
 
     @property
     def signature(self) -> tuple:

@@ -5,7 +5,8 @@ A hook overrides what it needs:
 
 * :meth:`RunHooks.before_example` runs before each example (a campaign's deadline raises there);
 * :meth:`RunHooks.on_finding` runs for every finding, shrinking included (failure files are
-  written there, so an interrupted run keeps what it found).
+  written there, so an interrupted run keeps what it found); it gets the finding's frozen
+  :class:`~shardfuzz.finding.FindingContext`, never the runner.
 
 :class:`Deadline` stops new examples at its time; inside :meth:`Deadline.enforced` it also
 abandons an example still running :data:`GRACE_S` seconds after it, whatever its timeout.
@@ -27,6 +28,7 @@ from shardfuzz.errors import InvalidArgument
 if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.case import Case
     from shardfuzz.errors import Finding
+    from shardfuzz.finding import FindingContext
     from shardfuzz.runner import Runner
 
 #: an example still running this long after a campaign's deadline is abandoned
@@ -40,8 +42,9 @@ class RunHooks:
     def before_example(self, runner: Runner, case: Case) -> None:
         """Called before each example; raising stops the search with that exception."""
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
-        """Called for every finding (Hypothesis' shrinking included)."""
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:
+        """Called for every finding (Hypothesis' shrinking included), with what the example was
+        (``context.case``, the implementation, the inputs' digest, its traces and leaks)."""
 
 
 def example_order() -> tuple | None:

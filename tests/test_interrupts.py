@@ -160,8 +160,8 @@ def test_stopped_in_the_middle_of_shrinking_keeps_the_smallest_case_so_far(stop)
         def __init__(self):
             self.failing = []
 
-        def on_finding(self, runner, case, finding):
-            self.failing.append(case)
+        def on_finding(self, context, finding):
+            self.failing.append(context.case)
 
         def before_example(self, runner, case):
             if len(self.failing) >= 3:
