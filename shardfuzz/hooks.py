@@ -56,7 +56,7 @@ def example_order() -> tuple | None:
         from hypothesis.internal.conjecture.shrinker import sort_key
 
         return tuple(sort_key(current_build_context().data.nodes))
-    except Exception:
+    except Exception:  # noqa: BLE001 (outside a Hypothesis test, or its internals moved: no order, never a crash)
         return None
 
 
@@ -94,7 +94,7 @@ class Deadline(RunHooks):
     def after(cls, seconds: float) -> Deadline:
         return cls(time.perf_counter() + seconds)
 
-    def before_example(self, runner: Runner, case: Case) -> None:
+    def before_example(self, runner: Runner, case: Case) -> None:  # noqa: ARG002 (the hook signature)
         if time.perf_counter() >= self.at:
             raise TimeUp()
 
@@ -116,7 +116,7 @@ class Deadline(RunHooks):
             yield False
             return
 
-        def _alarm(signum: int, frame: object) -> None:
+        def _alarm(_signum: int, _frame: object) -> None:
             self.overran = True
             raise Overrun()
 
@@ -147,7 +147,7 @@ class StickyInterrupt:
             yield  # someone else handles SIGINT: leave it to them
             return
 
-        def _interrupt(signum: int, frame: object) -> None:
+        def _interrupt(_signum: int, _frame: object) -> None:
             cls.pending = True
             raise KeyboardInterrupt()
 

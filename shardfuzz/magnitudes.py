@@ -22,7 +22,7 @@ def matmul_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.abs() @ b.abs()
 
 
-def attention_magnitude(q, k, v, aq, ak, av, adout, mask, *, adlse=None, merge=False):
+def attention_magnitude(q, k, v, aq, ak, av, adout, mask, *, adlse=None, merge=False):  # noqa: ARG001 (v: the signature mirrors attention; only its bound av enters)
     """Elementwise bounds on the sum of |terms| behind attention's outputs and gradients.
 
     ``q``/``k``/``v`` ``[b, s, h, d]`` (float64, same heads) give the true probabilities ``P``;

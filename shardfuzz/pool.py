@@ -173,7 +173,7 @@ class Pool:
         """Some rank has not answered yet (the driver's time until then is free)."""
         return not all(c.poll(0) for c in self.conns)
 
-    def collect(self, window_s: float, cap_s: float | None = None, grace_s: float = 0.3) -> Outcome:
+    def collect(self, window_s: float, cap_s: float | None = None, grace_s: float = 0.3) -> Outcome:  # noqa: C901 (not split yet: issue 24 (faults) changes this loop at the same time)
         """Wait for every rank. Returns soon after the first error or dead rank, or with a hang.
 
         A hang needs evidence (:class:`~shardfuzz.spawn.ProgressWatch`): no rank used CPU over

@@ -246,7 +246,7 @@ class RankState:
                 leaks.append(f"rank {self.rank} left {name} = {new!r}")
                 try:
                     set_(old)
-                except Exception:  # e.g. interop threads once parallel work started
+                except Exception:  # noqa: BLE001 (a global setter raises what it raises, e.g. interop threads once parallel work started: the pool restarts)
                     restart = True
         counts = [count() for *_, count in RESOURCES]
         first = warm_key not in self.warm  # lazy initialisation may add threads or fds once

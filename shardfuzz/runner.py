@@ -162,33 +162,15 @@ class Runner:
     def run_case(self, case: Case) -> float:
         """Run one case on the ranks and compare. Returns the worst error/tolerance; raises a Finding."""
         _prepare_driver()
-        if not isinstance(case, Case):
-            raise InvalidArgument(f"case={case!r}; expected a shardfuzz.Case")
-        if case.target != self.target.name:
-            raise InvalidArgument(f"case.target={case.target!r} but this runner fuzzes {self.target.name!r}")
-        check_world_size(case.world_size, "case world_size")
+        self._check_case(case)
         for hook in self.hooks:
             hook.before_example(self, case)
-        check_placement(self.target, self.backend, self.device, case.world_size)
-        if self.target.supports is not None:
-            reason = self.target.supports(case)
-            if reason:
-                raise Unsupported(
-                    f"target {self.target.name!r} does not support this case: {reason}", reason=reason
-                )
-        reason = exclusion(case, self.target, self.config.exclude)
-        if reason is not None:  # a known failure: counted and shown, never run
-            self.stats.excluded[reason] += 1
-            raise Excluded(f"excluded as a known failure: {reason}", reason=reason)
+        self._admit(case)
         self.stats.examples += 1
         try:
             ratio, elapsed = self._run_on_pool(case)
         except Finding as f:
-            self.stats.failures += 1
-            if self.stats.first_failure_at is None:
-                self.stats.first_failure_at = self.stats.examples
-            if f.ratio is not None and f.kind == "mismatch":
-                self.stats.margin = f.ratio if self.stats.margin is None else min(self.stats.margin, f.ratio)
+            self.stats.count_finding(f)
             f.context = self.finding_context(case, f)  # once, for every hook and the caller
             for hook in self.hooks:
                 hook.on_finding(f.context, f)
@@ -201,6 +183,29 @@ class Runner:
         if elapsed is not None:
             TIMEOUTS.record(self._timeout_key(case), elapsed)
         return ratio
+
+    def _check_case(self, case: Case) -> None:
+        """``case`` is a Case of this runner's target at a world size shardfuzz runs."""
+        if not isinstance(case, Case):
+            raise InvalidArgument(f"case={case!r}; expected a shardfuzz.Case")
+        if case.target != self.target.name:
+            raise InvalidArgument(f"case.target={case.target!r} but this runner fuzzes {self.target.name!r}")
+        check_world_size(case.world_size, "case world_size")
+
+    def _admit(self, case: Case) -> None:
+        """Raise if ``case`` is not to be run here: a placement the devices cannot take, a case the
+        target does not support (Unsupported), or a known failure (Excluded, counted)."""
+        check_placement(self.target, self.backend, self.device, case.world_size)
+        if self.target.supports is not None:
+            reason = self.target.supports(case)
+            if reason:
+                raise Unsupported(
+                    f"target {self.target.name!r} does not support this case: {reason}", reason=reason
+                )
+        reason = exclusion(case, self.target, self.config.exclude)
+        if reason is not None:  # a known failure: counted and shown, never run
+            self.stats.excluded[reason] += 1
+            raise Excluded(f"excluded as a known failure: {reason}", reason=reason)
 
     def _timeout_key(self, case: Case) -> tuple:
         return (self.target.name, case.world_size, self.backend, self.device)

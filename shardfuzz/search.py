@@ -175,7 +175,7 @@ class SmallestFindings(RunHooks):
     def __bool__(self) -> bool:
         return bool(self.best)
 
-    def on_finding(self, context: FindingContext, finding: Finding) -> None:
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:  # noqa: ARG002 (the hook signature)
         self._seen += 1
         order = example_order()
         key = (0, order) if order is not None else (1, -self._seen)

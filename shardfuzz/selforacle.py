@@ -201,7 +201,7 @@ def run_self(
     if mode == "values":
         ref = run("float64")
         return {"self": {"ref": ref, "low": ref if orig.dtype == "float64" else run(orig.dtype)}}
-    ref = _plain(run, orig)
+    ref = _plain(run)
     with torch.enable_grad():
         noise = estimate(
             lambda: run("float64"), ref, orig.dtype, orig.seed, orig.group_size, samples, first, full_scale
@@ -209,7 +209,7 @@ def run_self(
     return {"self": {"noise": noise}}
 
 
-def _plain(run: Any, case: Case) -> dict[str, Any]:
+def _plain(run: Any) -> dict[str, Any]:
     """The float64 run, refused when it computes on tensor subclasses (DTensor): the noise mode
     sees their ops, not the local ones inside, and cannot perturb them."""
     import torch
