@@ -109,7 +109,7 @@ def _site(f: Finding) -> str:
 def _progress_thread(
     get_line: Callable[[], str], stream: TextIO, interval: float, stop: threading.Event
 ) -> threading.Thread:
-    def loop():
+    def loop() -> None:
         while not stop.wait(interval):
             print(get_line(), file=stream, flush=True)
 

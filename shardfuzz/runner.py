@@ -152,7 +152,7 @@ class Runner:
     def key(self) -> str:
         return f"{self.target.name}/{self.impl_name}/{self.backend}"
 
-    def strategy(self):
+    def strategy(self) -> Any:
         return self.target.strategy(self.config.world_sizes, self.config.dtypes, self.config.options)
 
     def rerun_command(self, case: Case) -> str:

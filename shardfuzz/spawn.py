@@ -113,7 +113,7 @@ def no_main_import() -> Iterator[None]:
     with _main_lock:  # pools may start from several threads (spares): one patch at a time
         original = spawn.get_preparation_data
 
-        def prepare(name):
+        def prepare(name: str) -> dict[str, Any]:
             data = original(name)
             data.pop("init_main_from_path", None)
             data.pop("init_main_from_name", None)
