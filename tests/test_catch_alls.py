@@ -70,3 +70,41 @@ def test_a_failed_warm_up_is_left_for_the_task_to_report():
 
     state = types.SimpleNamespace(target=fail, impl=fail)
     worker.warm(state, types.SimpleNamespace(target_ref="x", impl_ref="y"))  # must not raise
+
+
+def test_a_setting_that_cannot_be_restored_restarts_the_pool():
+    import torch
+
+    from shardfuzz.rank import RankState
+
+    state = RankState(0, 1, torch.device("cpu"), 10.0)
+    value = {"x": 1}
+
+    def refuse(_):
+        raise RuntimeError("cannot set number of interop threads after parallel work has started")
+
+    state.settings = [("x", lambda: value["x"], refuse)]
+    before = state.snapshot()
+    value["x"] = 2
+    state.clean_up(before, ("t", (1,)))
+    assert state.restart and list(state.leaks) == ["rank 0 left x = 2"]
+
+
+def test_an_answer_that_does_not_pickle_is_sent_as_an_error_and_the_rank_exits_cleanly(monkeypatch):
+    # also reaches the catch-all around destroy_process_group: no group was ever made here
+    sent = []
+
+    class Conn:
+        inbox = ["a task", worker.Stop()]
+
+        def recv(self):
+            return self.inbox.pop(0)
+
+        def send(self, msg):
+            if msg == "an answer":
+                raise TypeError("cannot pickle 'generator' object")
+            sent.append(msg)
+
+    monkeypatch.setattr(worker, "answer", lambda state, task: "an answer")
+    worker._serve(types.SimpleNamespace(), Conn(), lambda prefix: None, "gloo")
+    assert [type(m) for m in sent] == [ErrorReply] and "could not send outputs back" in sent[0].traceback
