@@ -211,6 +211,7 @@ def breakdown(runner, cases, hypothesis_s: float) -> dict[str, float]:
     import glob
     import json
 
+    import shardfuzz.decide as decide_mod
     import shardfuzz.runner as runner_mod
     from shardfuzz.pool import Pool
     from shardfuzz.pools import _pools
@@ -240,8 +241,8 @@ def breakdown(runner, cases, hypothesis_s: float) -> dict[str, float]:
     timed(Pool, "submit", "send")
     timed(runner, "expected", "oracle (while the ranks work)")
     timed(Pool, "collect", "ranks (the wait after the oracle)")
-    timed(runner_mod, "estimate_noise", "noise estimate")
-    timed(runner_mod, "confirm_noise", "noise recheck")
+    timed(decide_mod, "estimate_noise", "noise estimate")
+    timed(decide_mod, "confirm_noise", "noise recheck")
     timed(runner, "verdict", "judge (with the noise)")
     timed(runner_mod, "over_budget", "communication budget")
     timed(Reporter, "raise_verdict", "report (verdict to finding)")

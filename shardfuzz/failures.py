@@ -34,13 +34,13 @@ import shardfuzz
 from shardfuzz.case import Case
 from shardfuzz.config import BACKENDS, DEVICES
 from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.finding import FindingContext
 from shardfuzz.hooks import RunHooks, example_order
 from shardfuzz.oracle import check_case
 from shardfuzz.protocol import ImplRef
 from shardfuzz.rank import numerics_flags
 from shardfuzz.refs import file_entries, load_ref, ref_of_callable, relocate_ref, split_file_ref
-from shardfuzz.registry import get_target, target_spec
-from shardfuzz.runner import Runner
+from shardfuzz.registry import get_target
 from shardfuzz.target import Target
 
 FORMAT = "shardfuzz-failure"
@@ -75,25 +75,6 @@ def check_failures_dir(path: str, what: str = "--failures-dir") -> str:
             f"{what}={path!r}: cannot write there ({e.strerror}); give a writable directory"
         ) from None
     return path
-
-
-def inputs_hash(inputs: dict[str, Any]) -> str:
-    """sha256 over every input's name, dtype, shape and bytes (bf16 as its bits)."""
-    import torch
-
-    h = hashlib.sha256()
-    for name in sorted(inputs):
-        v = inputs[name]
-        h.update(name.encode())
-        if isinstance(v, torch.Tensor):
-            t = v.detach().cpu().contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            if t.dtype == torch.bfloat16:
-                t = t.view(torch.int16)
-            h.update(t.numpy().tobytes())
-        else:
-            h.update(repr(v).encode())
-    return h.hexdigest()
 
 
 def source_hash(impl: ImplRef) -> str | None:
@@ -136,25 +117,24 @@ class FailureRecorder(RunHooks):
         #: failure files that could not be written (path -> why); the finding is reported anyway
         self.errors: dict[str, str] = {}
         self._source: dict[ImplRef, str | None] = {}
-        self._spec: dict[Target, str] = {}  # target -> its full reference (rerun lines, replay)
         self._order: dict[str, tuple] = {}  # path -> Hypothesis' order of the case written there
         #: a campaign's run (1 first): runs after the first write their findings to files of their
         #: own until :meth:`settle` knows whether each is a new finding or one found before
         self.run = 1
 
-    def path_for(self, runner: Runner, kind: str) -> str:
-        stem = f"{_slug(runner.target.name)}-{_slug(runner.impl_name)}-{runner.backend}-{kind}"
+    def path_for(self, context: FindingContext, kind: str) -> str:
+        stem = f"{_slug(context.target)}-{_slug(context.impl)}-{context.backend}-{kind}"
         suffix = f".run{self.run}.json" if self.run > 1 else ".json"
         return os.path.join(self.directory, stem + suffix)
 
     def begin_run(self, run: int) -> None:
         self.run = run
 
-    def settle(self, runner: Runner, finding: Finding, distinct: bool) -> str | None:
+    def settle(self, finding: Finding, distinct: bool) -> str | None:
         """After a campaign run: keep ``finding``'s file (it is a distinct finding: the first of its
         kind keeps the plain name, later ones get ``-2``, ``-3``...) or remove it (a finding seen
         before). Returns the path kept."""
-        path = self.path_for(runner, finding.kind)
+        path = self.path_for(finding.context, finding.kind)
         if self.run == 1 or path not in self.written:
             return path if distinct and path in self.written else None
         kind = self.written.pop(path)
@@ -175,20 +155,20 @@ class FailureRecorder(RunHooks):
         self.written[final] = kind
         return final
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
-        path = self.path_for(runner, finding.kind)
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:
+        path = self.path_for(context, finding.kind)
         order = example_order()
         if order is not None and path in self._order and order > self._order[path]:
             return  # Hypothesis went on generating after shrinking: keep the smaller case on file
         if order is not None:
             self._order[path] = order
         try:
-            self._write(path, runner, case, finding)
+            self._write(path, context, finding)
         except OSError as e:  # never lose the finding over its file
             self.errors[path] = str(e)
             print(f"shardfuzz: warning: could not write the failure file {path!r}: {e}", file=sys.stderr)
 
-    def _write(self, path: str, runner: Runner, case: Case, finding: Finding) -> None:
+    def _write(self, path: str, context: FindingContext, finding: Finding) -> None:
         os.makedirs(self.directory, exist_ok=True)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         created, updates = now, 0
@@ -199,38 +179,35 @@ class FailureRecorder(RunHooks):
                 created, updates = old.get("created", now), int(old.get("updates", 0)) + 1
             except (OSError, ValueError):
                 pass
-        ref = runner.impl_ref.ref
-        if runner.target not in self._spec:
-            self._spec[runner.target] = target_spec(runner.target)
-        spec = self._spec[runner.target]
-        if runner.impl_ref not in self._source:
-            self._source[runner.impl_ref] = source_hash(runner.impl_ref)
+        ref, spec, case = context.impl_ref.ref, context.target_ref, context.case
+        if context.impl_ref not in self._source:
+            self._source[context.impl_ref] = source_hash(context.impl_ref)
         record = {
             "format": FORMAT,
             "version": VERSION,
-            "target": runner.target.name,
+            "target": context.target,
             "target_ref": spec,
-            "target_worker_ref": runner.worker_target,
-            "impl": runner.impl_name,
+            "target_worker_ref": context.worker_ref,
+            "impl": context.impl,
             "impl_ref": ref,
-            "impl_kwargs": dict(runner.impl_ref.kwargs),
-            "files": file_entries([spec, runner.worker_target, ref]),
+            "impl_kwargs": dict(context.impl_ref.kwargs),
+            "files": file_entries([spec, context.worker_ref, ref]),
             "case": case.to_dict(),
             "case_repr": repr(case),
-            "backend": runner.backend,
-            "device": runner.device,
-            "deterministic": runner.config.deterministic,
+            "backend": context.backend,
+            "device": context.device,
+            "deterministic": context.config.deterministic,
             "kind": finding.kind,
             "ratio": finding.ratio,
             "report": finding.report,
             "trace": {str(r): [c.to_json() for c in t] for r, t in sorted(finding.traces.items())},
-            "inputs_sha256": inputs_hash(runner.last_inputs),
-            "impl_source_sha256": self._source[runner.impl_ref],
+            "inputs_sha256": context.inputs_sha256,
+            "impl_source_sha256": self._source[context.impl_ref],
             "tolerance": {
-                **dataclasses.asdict(runner.config.tolerance),
-                "policy": runner.tolerance.describe(case.dtype),
+                **dataclasses.asdict(context.config.tolerance),
+                "policy": context.tolerance.describe(case.dtype),
             },
-            "numerics": {"driver": numerics_flags(), "rank0": runner.numerics},
+            "numerics": {"driver": numerics_flags(), "rank0": context.numerics},
             "versions": versions(),
             "created": created,
             "updated": now,
