@@ -211,7 +211,7 @@ def _cmd_replay(args: Any) -> int:
     if not paths:
         print(f"shardfuzz: error: no failure files (*.json) in {args.paths}", file=sys.stderr)
         return EXIT_USAGE
-    records = [failures.load(p) for p in paths]  # validate them all before running any
+    records = [failures.load(p, trust_refs=args.trust_refs) for p in paths]  # all checked before any runs
     tolerance = _tolerance(args)
     check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
     still = 0
@@ -234,7 +234,7 @@ def _cmd_replay(args: Any) -> int:
 
 
 def _cmd_repro(args: Any) -> int:
-    record = failures.load(args.file)
+    record = failures.load(args.file, trust_refs=args.trust_refs)
     if args.standalone:
         path = write_standalone(record, args.output or "repro")
     else:

@@ -9,6 +9,7 @@ from typing import Any
 
 from shardfuzz.config import RunConfig, default_device
 from shardfuzz.errors import Finding
+from shardfuzz.failure_schema import printable
 from shardfuzz.failures import inputs_hash, record_impl, record_target, source_hash
 from shardfuzz.runner import Runner
 from shardfuzz.tolerance import Tolerance
@@ -26,7 +27,7 @@ class Replayed:
 
     def line(self) -> str:
         case = self.record["case"]
-        head = f"{os.path.basename(self.path)}: {self.record['target']}/{self.record['impl']}"
+        head = f"{printable(os.path.basename(self.path))}: {self.record['target']}/{printable(self.record['impl'])}"
         if self.status == "different inputs":
             what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
         elif self.failed:
