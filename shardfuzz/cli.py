@@ -31,6 +31,7 @@ from shardfuzz.errors import (
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.gpu import placement_summary
 from shardfuzz.hooks import grace_seconds
+from shardfuzz.input_bounds import check_input_size
 from shardfuzz.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.oracle import check_case
 from shardfuzz.refs import add_search_path, split_file_ref
@@ -174,6 +175,7 @@ def _cmd_case(args: Any) -> int:
         target = f"{parts[0]}::{case.target}"
     runner = Runner(target, args.impl, _config(args))
     check_tolerance_outputs([runner.target], runner.config.tolerance, "--tolerance")
+    check_input_size(runner.target, case)  # before inputs(case) allocates them
     check_case(runner.target, case)
     try:
         ratio = runner.run_case(case)

@@ -7,9 +7,11 @@ import json
 import os
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -257,6 +259,8 @@ def test_huge_sizes_are_refused_before_allocation(tmp_path):
     out = cli("replay", write(tmp_path / "f.json", record(case=big)))
     assert out.returncode == 2, out.stdout + out.stderr
     assert "refused before building them" in out.stderr and "batch=1000000" in out.stderr, out.stderr
+    out = cli("case", "tp_mlp", repr(Case.from_dict(big)))  # a hand-made case on the command line
+    assert out.returncode == 2 and "refused before building them" in out.stderr, out.stderr
 
 
 def test_sizes_within_the_limit_are_measured_exactly():
@@ -298,3 +302,63 @@ def test_the_driver_store_listens_on_loopback_only():
     mine = [a for a in addresses if a.endswith(":" + port)]
     assert mine, (addresses, port)
     assert all(a == f"0100007F:{port}" for a in mine), mine  # 127.0.0.1, never 0.0.0.0 or ::
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+LOOPBACK = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1 and ::1 in /proc/net
+
+
+@pytest.mark.slow  # a real campaign process and its ranks (~15 s under load); the test above is the ci one
+def test_a_running_campaign_listens_on_loopback_only(tmp_path):
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shardfuzz.cli",
+            "fuzz",
+            "tp_mlp",
+            "--duration",
+            "120",
+            "--failures-dir",
+            tmp_path,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        start_new_session=True,  # its ranks and forkserver share its process group: one kill ends all
+    )
+    try:
+        seen: dict[int, list[str]] = {}
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (seen.get(proc.pid) and len(seen) >= 3):
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                try:
+                    if found := listening_sockets(pid):
+                        seen[pid] = found
+                except OSError:  # a rank that just exited
+                    continue
+            time.sleep(0.5)
+        assert seen.get(proc.pid), f"the driver never listened: {seen}"
+        assert len(seen) >= 3, f"the ranks never listened: {seen}"  # the driver and 2+ gloo ranks
+        wide = {pid: a for pid, addrs in seen.items() for a in addrs if not a.startswith(LOOPBACK)}
+        assert not wide, f"listening beyond loopback: {wide}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
