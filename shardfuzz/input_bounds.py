@@ -10,10 +10,10 @@ no storage) and refuses a case whose inputs exceed :data:`MAX_INPUT_ELEMENTS` or
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.limits import env_int
 
 #: the most elements and bytes a case's inputs may hold together (every rank and the driver build
 #: them all, the oracle again in float64); ``$SHARDFUZZ_MAX_INPUT_BYTES`` raises the byte limit
@@ -25,12 +25,7 @@ MAX_UNMEASURED_SIZE = 2**16
 
 
 def max_input_bytes() -> int:
-    text = os.environ.get("SHARDFUZZ_MAX_INPUT_BYTES", "").strip()
-    if not text:
-        return MAX_INPUT_BYTES
-    if not text.isdigit() or int(text) < 1:
-        raise InvalidArgument(f"environment variable SHARDFUZZ_MAX_INPUT_BYTES={text!r}; must be an int >= 1")
-    return int(text)
+    return env_int("SHARDFUZZ_MAX_INPUT_BYTES", MAX_INPUT_BYTES, 1)
 
 
 def measure_inputs(target: Any, case: Any) -> tuple[int, int] | None:
