@@ -25,6 +25,7 @@ from shardfuzz.failures import FailureRecorder
 from shardfuzz.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_order
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.settings import build_settings
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 if TYPE_CHECKING:
     import hypothesis
@@ -39,8 +40,8 @@ else:  # pragma: no cover; Hypothesis brings the backport on 3.10
         _EXCEPTION_GROUP = None
 
 
-def check(runner: Runner, case: Case) -> float:
-    """Run one case inside a Hypothesis test: statistics, events and ``target()`` included."""
+def check(runner: Runner, case: Case, label: str = "error/tolerance") -> float:
+    """Run one case inside a Hypothesis test: statistics, events and ``target(label=label)`` included."""
     from hypothesis import event, reject, target
 
     StickyInterrupt.check()  # a Ctrl-C that Python swallowed (in a gc callback) still stops the run
@@ -54,7 +55,7 @@ def check(runner: Runner, case: Case) -> float:
         reject()
     for t in reached:
         event(t)
-    target(min(ratio, 1.0), label="error/tolerance")
+    target(min(ratio, 1.0), label=label)
     return ratio
 
 
@@ -107,7 +108,7 @@ def build_test(
             raise covering.not_reproduced(failing)
 
     test.__name__ = test.__qualname__ = test_case.__name__
-    test.shardfuzz_smallest = smallest  # type: ignore[attr-defined]  # read by run_test
+    test.shardfuzz_smallest, test.shardfuzz_given = smallest, test_case  # type: ignore[attr-defined]  # run_test, test_for
     return test
 
 
@@ -118,7 +119,7 @@ def _given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list
     if seeds:  # Hypothesis replays database entries first, and shrinks those that fail
         s = type(s)(s, derandomize=False, database=seeded_database(s.database, seeds))
     test = given(case=runner.strategy())(fn)
-    if derandomized:
+    if derandomized and getattr(fn, "_hypothesis_internal_use_seed", None) is None:  # a user's @seed wins
         test = seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
     return s(test)
 
