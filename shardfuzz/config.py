@@ -61,6 +61,14 @@ def check_environment() -> None:
         env_int(name, default, minimum)
 
 
+def run_origin() -> dict[str, str]:
+    """The pytest test and the pytest-xdist worker (``gw0``, ``gw1``...) this process runs, from
+    ``$PYTEST_CURRENT_TEST`` and ``$PYTEST_XDIST_WORKER``: failure files name them (empty outside)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return {k: v for k, v in (("pytest_test", test), ("xdist_worker", worker)) if v}
+
+
 def max_world_size() -> int:
     """The largest world size allowed: ``$SHARDFUZZ_MAX_WORLD`` when set, else
     ``min(MAX_WORLD_SIZE, RANKS_PER_CORE * cores)``."""

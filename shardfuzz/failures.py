@@ -32,7 +32,7 @@ from typing import Any
 
 import shardfuzz
 from shardfuzz.case import Case
-from shardfuzz.config import BACKENDS, DEVICES
+from shardfuzz.config import BACKENDS, DEVICES, run_origin
 from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.hooks import RunHooks, example_order
 from shardfuzz.oracle import check_case
@@ -212,6 +212,7 @@ class FailureRecorder(RunHooks):
             "target_ref": spec,
             "target_worker_ref": runner.worker_target,
             "impl": runner.impl_name,
+            "planted": runner.impl_name in runner.target.planted,  # regressions() leaves these out
             "impl_ref": ref,
             "impl_kwargs": dict(runner.impl_ref.kwargs),
             "files": file_entries([spec, runner.worker_target, ref]),
@@ -235,6 +236,7 @@ class FailureRecorder(RunHooks):
             "created": created,
             "updated": now,
             "updates": updates,
+            "origin": run_origin(),  # the pytest test and xdist worker that wrote it
         }
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
