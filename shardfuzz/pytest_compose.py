@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +32,8 @@ from shardfuzz.search import build_test, findings_of, run_test, settings_for
 from shardfuzz.settings import SETTING_NAMES, build_settings, compose_settings
 from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
+#: failure files up to this size are read at collection time for regressions()' filters
+MAX_SUMMARY_BYTES = 16 * 2**20
 #: what Hypothesis' decorators leave on a test and read from the ``@given`` test when it runs
 FORWARDED = (
     "_hypothesis_internal_use_seed",
@@ -187,9 +190,8 @@ def select_failure_files(
     }
     kept = []
     for path in files:
-        try:
-            with open(path) as f:
-                record = json.load(f)
+        try:  # an oversized file is not parsed here: its test refuses it with the reason
+            record = json.loads(open(path).read()) if os.path.getsize(path) <= MAX_SUMMARY_BYTES else None
         except (OSError, ValueError):
             record = None
         if not isinstance(record, dict):

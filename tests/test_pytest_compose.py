@@ -107,6 +107,23 @@ def test_regression_filters_and_planted_bug_files(tmp_path):
         select_failure_files(files, planted="yes")
 
 
+def test_regressions_collects_only_the_files_its_filters_keep(pytester, tmp_path):
+    _record(tmp_path, "mine")
+    _record(tmp_path, "hung", kind="hang", impl="hang_rank0")
+    _record(tmp_path, "planted", planted=True)
+    pytester.makepyfile(
+        test_reg=f"import shardfuzz\n"
+        f"test_all = shardfuzz.regressions({str(tmp_path)!r})\n"
+        f"test_hangs = shardfuzz.regressions({str(tmp_path)!r}, kind='hang')\n"
+        f"test_planted = shardfuzz.regressions({str(tmp_path)!r}, impl='wrong_rank1', planted=True)\n"
+    )
+    result = pytester.runpytest_inprocess("--collect-only", "-q")
+    ids = sorted(line.split("::")[1] for line in result.outlines if "::" in line)
+    assert ids == [
+        "test_all[hung]", "test_all[mine]", "test_hangs[hung]", "test_planted[mine]", "test_planted[planted]",
+    ]  # fmt: skip
+
+
 def test_new_options_are_checked_and_echoed(pytester):
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
     result = pytester.runpytest_inprocess("--shardfuzz-max-examples=0")
