@@ -9,6 +9,7 @@ when a test is *built* (at collection time, after ``--hypothesis-profile`` was l
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.config import PROFILES as PROFILE_NAMES
@@ -60,6 +61,8 @@ def current_profile_name() -> str | None:
 def profile_for(current: str | None = None) -> str:
     """``shardfuzz-<current>`` when such a profile exists, else :data:`DEFAULT_PROFILE`."""
     current = current_profile_name() if current is None else current
+    # --hypothesis-verbosity / --hypothesis-explain load "ci-with-verbose-verbosity" and the like
+    current = re.sub(r"(-with-\w+-verbosity|-with-explain-phase)+$", "", current or "")
     if current in PROFILE_NAMES:
         return current
     name = f"shardfuzz-{current}"

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 
 from shardfuzz.errors import InvalidArgument, Mismatch
 from shardfuzz.pytest_compose import select_failure_files
-from shardfuzz.settings import SETTING_NAMES, build_settings, compose_settings, register_profiles
+from shardfuzz.settings import SETTING_NAMES, build_settings, compose_settings, profile_for, register_profiles
 from shardfuzz.tracebacks import hide_for_findings
 
 pytest_plugins = ["pytester"]
@@ -40,6 +40,12 @@ def test_ci_profile_keeps_shardfuzz_ci_so_the_ci_suite_runs_what_it_ran(profiles
         assert getattr(composed, name) == getattr(ours, name), name
     assert set(composed.suppress_health_check) == set(ours.suppress_health_check)
     assert composed.print_blob  # Hypothesis' ci profile asks for it: @reproduce_failure works on test_for
+
+
+def test_profile_names_that_hypothesis_derives_keep_their_shardfuzz_profile():
+    assert profile_for("ci-with-verbose-verbosity") == "shardfuzz-ci"
+    assert profile_for("fuzz-with-debug-verbosity-with-explain-phase") == "shardfuzz-fuzz"
+    assert profile_for("nightly") == "shardfuzz-dev"
 
 
 def test_layers_user_profile_then_options_then_settings_then_arguments(profiles):
