@@ -182,6 +182,7 @@ def _sections(text: str) -> dict[str, str]:
 
 
 def test_under_xdist_with_a_user_profile_settings_statistics_and_readable_failures(pytester, tmp_path):
+    pytest.importorskip("xdist", reason="pytest-xdist, a dev dependency (pip install -e '.[dev]'), runs it")
     failures = tmp_path / "failures"
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_user=TESTS)
