@@ -163,7 +163,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+def pytest_collection_modifyitems(items: list) -> None:
     """Failure-file regressions run before any new search."""
     items.sort(key=lambda item: 0 if item.get_closest_marker("shardfuzz_regression") else 1)
 
@@ -193,7 +193,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}{changed}"
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """A ``--shardfuzz-tolerance`` output that none of the targets tested has is a usage error
     (each test's target alone cannot tell: the option applies to every shardfuzz test)."""
     o: Options | None = getattr(session.config, "_shardfuzz_options", None)
@@ -276,17 +276,19 @@ def regressions(
     impl: Any = None,
     kind: Any = None,
     planted: bool = False,
+    trust_refs: bool = False,
 ) -> Any:
     """Parametrized regression tests, one test id per failure file in ``directory``:
     ``test_regressions = shardfuzz.regressions()``. Each replays its case exactly (no search) and
     fails with the report while the bug is still there. They run before any new search.
 
     ``directory`` defaults to ``--shardfuzz-failures-dir``, ``$SHARDFUZZ_FAILURES_DIR`` or
-    ``.shardfuzz/failures``; it is read at collection time. ``target``, ``impl`` and ``kind``
-    (each a name or a list of names; ``kind`` one of ``mismatch``, ``layout``, ``rank-error``,
-    ``hang``, ``ignored-collective``, ``communication``) keep only the files that match; the files
-    of planted bugs (deliberate runs of a target's ``planted`` implementations) are left out
-    unless ``planted=True``.
+    ``.shardfuzz/failures``; it is read at collection time. Files in the project (or on the search
+    path) replay as they are; ``trust_refs=True`` also imports code a file names outside them
+    (``docs/trust.md``). ``target``, ``impl`` and ``kind`` (each a name or a list of names;
+    ``kind`` one of ``mismatch``, ``layout``, ``rank-error``, ``hang``, ``ignored-collective``,
+    ``communication``) keep only the files that match; the files of planted bugs (deliberate runs
+    of a target's ``planted`` implementations) are left out unless ``planted=True``.
     """
     where = directory or default_dir()
     files = (
@@ -299,7 +301,7 @@ def regressions(
     @pytest.mark.shardfuzz_regression
     @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
     def test(failure_file: str, shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
-        record = failures.load(failure_file)
+        record = failures.load(failure_file, trust_refs=trust_refs)
         record_target = failures.record_target(record)[0]
         _tested(pytestconfig, record_target)
         if not planted and record.get("planted") is None and record["impl"] in record_target.planted:

@@ -40,6 +40,14 @@ class Stats:
         if self.closest_pass is None or ratio > self.worst_pass_ratio:
             self.worst_pass_ratio, self.closest_pass = max(self.worst_pass_ratio, ratio), case
 
+    def count_finding(self, finding: Any) -> None:
+        """One more failing example: the first failure's position, and a mismatch's margin."""
+        self.failures += 1
+        if self.first_failure_at is None:
+            self.first_failure_at = self.examples
+        if finding.ratio is not None and finding.kind == "mismatch":
+            self.margin = finding.ratio if self.margin is None else min(self.margin, finding.ratio)
+
     @property
     def per_second(self) -> float:
         return self.examples / self.elapsed if self.elapsed else 0.0
