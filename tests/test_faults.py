@@ -5,8 +5,11 @@ forkserver reports late, an implementation that leaks an environment variable an
 directory, and shardfuzz.parallel's helpers fed transposed, sliced, offset and expanded inputs.
 """
 
+import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import threading
 from multiprocessing import forkserver
@@ -137,3 +140,67 @@ def test_parallel_helpers_property_any_strides_on_1_to_3_ranks():
     result = shardfuzz.run(PARALLEL, "reference", max_examples=25, derandomize=True, database=None)
     assert not result.found, result.report
     assert result.stats.passed >= 20
+
+
+# -- items 6 and 7: failure files beside other writers, and on a full disk --------------------------
+WRITER = os.path.join(DATA, "failure_writer.py")
+
+
+@pytest.fixture(scope="module")
+def writers(tmp_path_factory):
+    """Two and three processes that record 13 updates each of a finding of their own into one
+    folder, all at once; and one whose files may not grow past 1000 bytes (a full disk). One
+    Python process imports shardfuzz once and forks them all (the imports are the slow part)."""
+    root = tmp_path_factory.mktemp("writers")
+    args = [f"{root / 'two'}:2", f"{root / 'three'}:3", f"{root / 'full'}:1:1000"]
+    out = subprocess.run([sys.executable, WRITER, *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return root, dict(zip(("two", "three", "full"), map(json.loads, out.stdout.splitlines())))
+
+
+@linux
+@pytest.mark.parametrize("n", [2, 3])
+def test_concurrent_campaigns_never_overwrite_each_others_failure_files(writers, n):
+    root, scenarios = writers
+    results = scenarios["two" if n == 2 else "three"]
+    files = sorted(os.listdir(root / ("two" if n == 2 else "three")))
+    assert files == sorted(
+        ["toy-wrong_rank1-gloo-mismatch.json"]
+        + [f"toy-wrong_rank1-gloo-mismatch-{k}.json" for k in range(2, n + 1)]
+    )  # one file each, and no temporary file left
+    for name, result in zip("ABC", results):
+        assert not result.get("crash") and not result["errors"], result
+        (path,) = result["written"]  # the file this writer's summary points at holds its own finding
+        record = json.loads(open(path).read())
+        assert record["report"] == f"bug of writer {name}, update 12" and record["updates"] == 12
+
+
+@linux
+def test_a_full_disk_leaves_no_partial_file_and_warns_once(writers):
+    """RLIMIT_FSIZE of 1000 bytes: every write of a ~2.3 kB failure file fails part way."""
+    root, scenarios = writers
+    (result,) = scenarios["full"]
+    err = result["stderr"]
+    assert os.listdir(root / "full") == []  # no truncated temporary file
+    path = str(root / "full" / "toy-wrong_rank1-gloo-mismatch.json")
+    assert result["errors"] and result["written"] == []
+    warnings = [line for line in err.splitlines() if "could not write the failure file" in line]
+    assert len(warnings) == 1, err  # once, not once per update
+    assert re.search(
+        rf"{re.escape(repr(path))}: \[Errno 27\] File too large; \d+ bytes did not fit", warnings[0]
+    )
+
+
+# -- item 8: the CLI's summary shows the external faults and leaks it counted -----------------------
+def test_the_cli_summary_shows_external_faults_and_leaks(tmp_path):
+    from shardfuzz.testing import run_cli
+
+    marker = os.environ["SHARDFUZZ_FAILURES_DIR"] + ".killed-once"  # rank 1 is killed until it exists
+    if os.path.exists(marker):
+        os.remove(marker)
+    out = run_cli("fuzz", TOY, "--impl", "killed_once_and_leaky", "--max-examples", "8", "--world-sizes", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "external faults set aside (a rank died, and the case passed on fresh ranks): 1" in out.stdout
+    assert re.search(
+        r"leaks \(not findings; .*rank [01] left os.environ\['SHARDFUZZ_TOY_LEAKED'\] = '1'", out.stdout
+    )

@@ -234,6 +234,21 @@ def reads_environment(ctx):
     return out
 
 
+def killed_once_and_leaky(ctx):
+    """Rank 1 is SIGKILLed in the first example only (it creates the file
+    ``$SHARDFUZZ_FAILURES_DIR.killed-once``: the tests set the variable before any rank starts),
+    and every example leaks an environment variable and a working directory."""
+    if ctx.group_rank == 1:
+        marker = os.environ["SHARDFUZZ_FAILURES_DIR"] + ".killed-once"
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return leak_environment(ctx)
+
+
 def sigkill_rank1(ctx):
     """Rank 1 is SIGKILLed on every run: reproducible, so a finding, not an external fault."""
     if ctx.group_rank == 1:
@@ -278,6 +293,7 @@ TOY = Target(
         "dies_after_closing_rank1": "dies_after_closing_rank1",
         "leak_environment": "leak_environment",
         "reads_environment": "reads_environment",
+        "killed_once_and_leaky": "killed_once_and_leaky",
         "slow_rank0": "slow_rank0",
         "skip_collective_rank1": "skip_collective_rank1",
         "check_clean": "check_clean",
