@@ -69,7 +69,7 @@ def sometimes_dies(tmp: str, i: int) -> tuple[int, int, str]:
     return 0, int(got != ["external", "flaky rank-error"]), ", ".join(got)
 
 
-def late_exit_code(tmp: str, i: int) -> tuple[int, int, str]:
+def late_exit_code(_tmp: str, _i: int) -> tuple[int, int, str]:
     from multiprocessing import forkserver
 
     from shardfuzz import RunConfig, Runner
@@ -87,7 +87,7 @@ def late_exit_code(tmp: str, i: int) -> tuple[int, int, str]:
     return int(got != "rank-error"), 0, got  # a hang here is a second, false finding of one death
 
 
-def leaked_environment(tmp: str, i: int) -> tuple[int, int, str]:
+def leaked_environment(_tmp: str, _i: int) -> tuple[int, int, str]:
     from shardfuzz import Runner
 
     leaker = Runner(TOY, "leak_environment")
@@ -96,7 +96,7 @@ def leaked_environment(tmp: str, i: int) -> tuple[int, int, str]:
     return int(got != ["pass", "pass"]), int(not shown), ", ".join(got)
 
 
-def parallel_layouts(tmp: str, i: int) -> tuple[int, int, str]:
+def parallel_layouts(_tmp: str, i: int) -> tuple[int, int, str]:
     from shardfuzz import Case, Runner
 
     layouts = ("transposed", "sliced", "offset", "expanded")

@@ -112,7 +112,7 @@ def _site(f: Finding) -> str:
 def _progress_thread(
     get_line: Callable[[], str], stream: TextIO, interval: float, stop: threading.Event
 ) -> threading.Thread:
-    def loop():
+    def loop() -> None:
         while not stop.wait(interval):
             print(get_line(), file=stream, flush=True)
 
@@ -168,7 +168,7 @@ def fuzz_one(
                     database="default" if first else None,
                     rows=first,
                 )
-                _settle(out, result, seen, runner, recorder)
+                _settle(out, result, seen, recorder)
                 if out.result is None or not out.result.found:
                     out.result = result
                 if result.out_of_time or config.deadline is None or result.interrupted:
@@ -200,12 +200,12 @@ def fuzz_one(
     return out
 
 
-def _settle(out: Outcome, result: Result, seen: set[tuple], runner: Runner, recorder: Any) -> None:
+def _settle(out: Outcome, result: Result, seen: set[tuple], recorder: Any) -> None:
     """Keep a run's findings that are new (by signature) and their files; count the others."""
     for f in result.failures:
         distinct = f.signature not in seen
         seen.add(f.signature)
-        path = recorder.settle(runner, f, distinct) if recorder is not None else None
+        path = recorder.settle(f, distinct) if recorder is not None else None
         if distinct:
             out.findings.append((f, path))
         else:
@@ -216,7 +216,7 @@ def _settle(out: Outcome, result: Result, seen: set[tuple], runner: Runner, reco
 LEAKS_SHOWN = 5
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:
+def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (one row's result words; the faults' lines are _fault_lines)
     head = f"{'target':<16} {'implementation':<24} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -244,20 +244,27 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}")
             if f.get("file"):
                 lines.append(f"{'':<16}   failure file: {f['file']}")
-        if r.get("external_faults"):
-            lines.append(
-                f"{'':<16} external faults set aside (a rank died, and the case passed on fresh ranks): "
-                f"{r['external_faults']}"
-            )
-        if r.get("leaks"):
-            shown = ", ".join(f"{k} x{v}" for k, v in r["leaks"].items())
-            more = r.get("leaks_total", 0) - sum(r["leaks"].values())
-            lines.append(
-                f"{'':<16} leaks (not findings; restored, or the pool restarted): {shown}"
-                + (f" and {more} more" if more > 0 else "")
-            )
+        lines += _fault_lines(r)
         listed = {f.get("file") for f in r.get("findings", [])}
         for path in r.get("failure_files", []):
             if path not in listed:
                 lines.append(f"{'':<16} failure file: {path}")
     return "\n".join(lines)
+
+
+def _fault_lines(r: dict[str, Any]) -> list[str]:
+    """The summary's lines for what a row counted but is no finding: external faults and leaks."""
+    lines = []
+    if r.get("external_faults"):
+        lines.append(
+            f"{'':<16} external faults set aside (a rank died, and the case passed on fresh ranks): "
+            f"{r['external_faults']}"
+        )
+    if r.get("leaks"):
+        shown = ", ".join(f"{k} x{v}" for k, v in r["leaks"].items())
+        more = r.get("leaks_total", 0) - sum(r["leaks"].values())
+        lines.append(
+            f"{'':<16} leaks (not findings; restored, or the pool restarted): {shown}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+    return lines

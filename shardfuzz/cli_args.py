@@ -10,7 +10,7 @@ import sys
 from typing import Any, NoReturn
 
 from shardfuzz import campaign
-from shardfuzz.comm import _RATE_UNITS, _TIME_UNITS, ALGORITHMS, parse_quantity
+from shardfuzz.comm import ALGORITHMS, RATE_UNITS, TIME_UNITS, parse_quantity
 from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_dtypes, parse_tolerance, parse_world_sizes
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.exclude import CaseExpression
@@ -91,14 +91,14 @@ def _positive_float(text: str) -> float:
 
 def _alpha(text: str) -> float:
     try:
-        return parse_quantity(text, _TIME_UNITS, "--alpha")
+        return parse_quantity(text, TIME_UNITS, "--alpha")
     except InvalidArgument as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _beta(text: str) -> float:
     try:
-        value = parse_quantity(text, _RATE_UNITS, "--beta")
+        value = parse_quantity(text, RATE_UNITS, "--beta")
     except InvalidArgument as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if value <= 0:

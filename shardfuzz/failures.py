@@ -34,13 +34,13 @@ from shardfuzz.case import Case
 from shardfuzz.config import BACKENDS, DEVICES
 from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.filewriter import FileWriter, WriteFailed
+from shardfuzz.finding import FindingContext
 from shardfuzz.hooks import RunHooks, example_order
 from shardfuzz.oracle import check_case
 from shardfuzz.protocol import ImplRef
 from shardfuzz.rank import numerics_flags
 from shardfuzz.refs import file_entries, load_ref, ref_of_callable, relocate_ref, split_file_ref
-from shardfuzz.registry import get_target, target_spec
-from shardfuzz.runner import Runner
+from shardfuzz.registry import get_target
 from shardfuzz.target import Target
 
 FORMAT = "shardfuzz-failure"
@@ -75,25 +75,6 @@ def check_failures_dir(path: str, what: str = "--failures-dir") -> str:
             f"{what}={path!r}: cannot write there ({e.strerror}); give a writable directory"
         ) from None
     return path
-
-
-def inputs_hash(inputs: dict[str, Any]) -> str:
-    """sha256 over every input's name, dtype, shape and bytes (bf16 as its bits)."""
-    import torch
-
-    h = hashlib.sha256()
-    for name in sorted(inputs):
-        v = inputs[name]
-        h.update(name.encode())
-        if isinstance(v, torch.Tensor):
-            t = v.detach().cpu().contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            if t.dtype == torch.bfloat16:
-                t = t.view(torch.int16)
-            h.update(t.numpy().tobytes())
-        else:
-            h.update(repr(v).encode())
-    return h.hexdigest()
 
 
 def source_hash(impl: ImplRef) -> str | None:
@@ -137,7 +118,6 @@ class FailureRecorder(RunHooks):
         #: failure files that could not be written (path -> why); the finding is reported anyway
         self.errors: dict[str, str] = {}
         self._source: dict[ImplRef, str | None] = {}
-        self._spec: dict[Target, str] = {}  # target -> its full reference (rerun lines, replay)
         self._order: dict[tuple, tuple] = {}  # file key -> Hypothesis' order of the case written there
         #: a campaign's run (1 first): runs after the first write their findings to files of their
         #: own until :meth:`settle` knows whether each is a new finding or one found before
@@ -151,25 +131,25 @@ class FailureRecorder(RunHooks):
     def directory(self, path: str) -> None:
         self.writer.directory = path
 
-    def key(self, runner: Runner, kind: str) -> tuple[str, str]:
-        stem = f"{_slug(runner.target.name)}-{_slug(runner.impl_name)}-{runner.backend}-{kind}"
+    def key(self, context: FindingContext, kind: str) -> tuple[str, str]:
+        stem = f"{_slug(context.target)}-{_slug(context.impl)}-{context.backend}-{kind}"
         return stem, f".run{self.run}.json" if self.run > 1 else ".json"
 
-    def path_for(self, runner: Runner, kind: str) -> str:
-        return self.writer.path(*self.key(runner, kind))
+    def path_for(self, context: FindingContext, kind: str) -> str:
+        return self.writer.path(*self.key(context, kind))
 
     def begin_run(self, run: int) -> None:
         self.run = run
 
-    def settle(self, runner: Runner, finding: Finding, distinct: bool) -> str | None:
+    def settle(self, finding: Finding, distinct: bool) -> str | None:
         """After a campaign run: keep ``finding``'s file (it is a distinct finding: the first of its
         kind keeps the plain name, later ones get ``-2``, ``-3``...) or remove it (a finding seen
         before). Returns the path kept."""
-        path = self.path_for(runner, finding.kind)
+        path = self.path_for(finding.context, finding.kind)
         if self.run == 1 or path not in self.written:
             return path if distinct and path in self.written else None
         kind = self.written.pop(path)
-        stem, suffix = self.key(runner, finding.kind)
+        stem, suffix = self.key(finding.context, finding.kind)
         self.writer.forget(stem, suffix)
         if not distinct:
             with contextlib.suppress(OSError):
@@ -183,17 +163,17 @@ class FailureRecorder(RunHooks):
         self.written[final] = kind
         return final
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
-        key = self.key(runner, finding.kind)
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:
+        key = self.key(context, finding.kind)
         order = example_order()
         if order is not None and key in self._order and order > self._order[key]:
             return  # Hypothesis went on generating after shrinking: keep the smaller case on file
         if order is not None:
             self._order[key] = order
         try:
-            self._write(key, runner, case, finding)
+            self._write(key, context, finding)
         except OSError as e:  # never lose the finding over its file; say so once, not per update
-            path = getattr(e, "path", self.path_for(runner, finding.kind))
+            path = getattr(e, "path", self.path_for(context, finding.kind))
             size = f"; {e.size} bytes did not fit" if isinstance(e, WriteFailed) else ""
             if not self.errors:
                 print(
@@ -202,46 +182,43 @@ class FailureRecorder(RunHooks):
                 )
             self.errors[path] = str(e)
 
-    def _write(self, key: tuple[str, str], runner: Runner, case: Case, finding: Finding) -> None:
+    def _write(self, key: tuple[str, str], context: FindingContext, finding: Finding) -> None:
         os.makedirs(self.directory, exist_ok=True)
         before = self.writer.owned.get(key, "")
-        path = self.writer.write(*key, self._record(runner, case, finding))
+        path = self.writer.write(*key, self._record(context, finding))
         self.written.pop(before if before != path else "", None)  # taken over by another writer
         self.written[path] = finding.kind
 
-    def _record(self, runner: Runner, case: Case, finding: Finding) -> dict[str, Any]:
-        ref = runner.impl_ref.ref
-        if runner.target not in self._spec:
-            self._spec[runner.target] = target_spec(runner.target)
-        spec = self._spec[runner.target]
-        if runner.impl_ref not in self._source:
-            self._source[runner.impl_ref] = source_hash(runner.impl_ref)
+    def _record(self, context: FindingContext, finding: Finding) -> dict[str, Any]:
+        ref, spec, case = context.impl_ref.ref, context.target_ref, context.case
+        if context.impl_ref not in self._source:
+            self._source[context.impl_ref] = source_hash(context.impl_ref)
         return {
             "format": FORMAT,
             "version": VERSION,
-            "target": runner.target.name,
+            "target": context.target,
             "target_ref": spec,
-            "target_worker_ref": runner.worker_target,
-            "impl": runner.impl_name,
+            "target_worker_ref": context.worker_ref,
+            "impl": context.impl,
             "impl_ref": ref,
-            "impl_kwargs": dict(runner.impl_ref.kwargs),
-            "files": file_entries([spec, runner.worker_target, ref]),
+            "impl_kwargs": dict(context.impl_ref.kwargs),
+            "files": file_entries([spec, context.worker_ref, ref]),
             "case": case.to_dict(),
             "case_repr": repr(case),
-            "backend": runner.backend,
-            "device": runner.device,
-            "deterministic": runner.config.deterministic,
+            "backend": context.backend,
+            "device": context.device,
+            "deterministic": context.config.deterministic,
             "kind": finding.kind,
             "ratio": finding.ratio,
             "report": finding.report,
             "trace": {str(r): [c.to_json() for c in t] for r, t in sorted(finding.traces.items())},
-            "inputs_sha256": inputs_hash(runner.last_inputs),
-            "impl_source_sha256": self._source[runner.impl_ref],
+            "inputs_sha256": context.inputs_sha256,
+            "impl_source_sha256": self._source[context.impl_ref],
             "tolerance": {
-                **dataclasses.asdict(runner.config.tolerance),
-                "policy": runner.tolerance.describe(case.dtype),
+                **dataclasses.asdict(context.config.tolerance),
+                "policy": context.tolerance.describe(case.dtype),
             },
-            "numerics": {"driver": numerics_flags(), "rank0": runner.numerics},
+            "numerics": {"driver": numerics_flags(), "rank0": context.numerics},
             "versions": versions(),
         }
 

@@ -64,7 +64,7 @@ class FileWriter:
         record = read_record(src)
         if record is None:
             raise OSError(errno.ENOENT, f"cannot read {src}")
-        path = self._claim_free(stem, suffix, lambda old: record)
+        path = self._claim_free(stem, suffix, lambda _old: record)
         os.remove(src)
         return path
 

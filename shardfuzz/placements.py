@@ -117,7 +117,7 @@ class FromDTensor(Layout):
     def __repr__(self) -> str:
         return "FromDTensor()"
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         raise InvalidArgument("FromDTensor(): the output must be a DTensor; its placements give the layout")
 
 
@@ -182,14 +182,16 @@ class Placed(Layout):
     def replicas(self, case: Case) -> list[list[int]]:
         return [list(m) for m in self.meshes]
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         return self.boxes[rank][1]
 
-    def piece(self, value, rank, parts):
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
         offset, size = self.boxes[rank]
         return value[tuple(slice(o, o + s) for o, s in zip(offset, size))]
 
-    def global_index(self, local_index, rank, parts, global_shape):
+    def global_index(
+        self, local_index: tuple[int, ...], rank: int, parts: int, global_shape: tuple[int, ...]
+    ) -> tuple[int, ...]:
         return tuple(o + i for o, i in zip(self.boxes[rank][0], local_index))
 
     def assemble_at(self, ranks: list[int], locals_: list[Any]) -> Any:

@@ -186,7 +186,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+def pytest_collection_modifyitems(items: list) -> None:
     """Failure-file regressions run before any new search."""
     items.sort(key=lambda item: 0 if item.get_closest_marker("shardfuzz_regression") else 1)
 
@@ -210,7 +210,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}"
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """A ``--shardfuzz-tolerance`` output that none of the targets tested has is a usage error
     (each test's target alone cannot tell: the option applies to every shardfuzz test)."""
     o: Options | None = getattr(session.config, "_shardfuzz_options", None)

@@ -9,7 +9,8 @@ from typing import Any
 
 from shardfuzz.config import RunConfig, default_device
 from shardfuzz.errors import Finding
-from shardfuzz.failures import inputs_hash, record_impl, record_target, source_hash
+from shardfuzz.failures import record_impl, record_target, source_hash
+from shardfuzz.finding import inputs_hash
 from shardfuzz.runner import Runner
 from shardfuzz.tolerance import Tolerance
 

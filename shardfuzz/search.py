@@ -29,6 +29,8 @@ from shardfuzz.settings import build_settings
 if TYPE_CHECKING:
     import hypothesis
 
+    from shardfuzz.finding import FindingContext
+
 _EXCEPTION_GROUP: type[Any] | None  # has ``.exceptions``
 if sys.version_info >= (3, 11):
     _EXCEPTION_GROUP = BaseExceptionGroup  # noqa: F821 (a builtin since 3.11; ruff targets 3.10)
@@ -56,6 +58,12 @@ def check(runner: Runner, case: Case) -> float:
         event(t)
     target(min(ratio, 1.0), label="error/tolerance")
     return ratio
+
+
+#: the database key of every shardfuzz test: Hypothesis' digest of 0.1's ``test_case`` (5a6d863)
+DATABASE_KEY = bytes.fromhex(
+    "c808f5934700e9e68b738079c7c1a258fa3b3b48e52bdd4f988191a646ed4d507b2217b992c2d3281c4ed944983eb0af"
+)
 
 
 def stable_identity(runner: Runner) -> str:
@@ -90,7 +98,7 @@ def build_test(
         try:
             check(runner, case)
         except Finding as f:
-            smallest.on_finding(runner, case, f)
+            smallest.on_finding(f.context, f)
             raise
 
     ident = "".join(c if c.isalnum() else "_" for c in runner.key)
@@ -99,7 +107,7 @@ def build_test(
     def test() -> None:
         failing = covering.run()
         if failing is not None:  # kept, so a deadline before Hypothesis replays it cannot lose it
-            smallest.on_finding(runner, failing.case, covering.finding)
+            smallest.on_finding(covering.finding.context, covering.finding)
         # the rows count toward the budget: Hypothesis gets what they left of max_examples
         budget = type(s)(s, max_examples=max(1, s.max_examples - covering.examples))
         _given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
@@ -118,6 +126,10 @@ def _given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list
     if seeds:  # Hypothesis replays database entries first, and shrinks those that fail
         s = type(s)(s, derandomize=False, database=seeded_database(s.database, seeds))
     test = given(case=runner.strategy())(fn)
+    # Hypothesis keys its database by a digest of the test function's source, which any edit of
+    # test_case would change, orphaning every saved example; shardfuzz pins the key it had in 0.1
+    # (the database is keyed per target/implementation/backend by the prefix, not by this key)
+    test._hypothesis_internal_database_key = DATABASE_KEY  # type: ignore[attr-defined]
     if derandomized:
         test = seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
     return s(test)
@@ -173,7 +185,7 @@ class SmallestFindings(RunHooks):
     def __bool__(self) -> bool:
         return bool(self.best)
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:  # noqa: ARG002 (the hook signature)
         self._seen += 1
         order = example_order()
         key = (0, order) if order is not None else (1, -self._seen)

@@ -113,7 +113,7 @@ def no_main_import() -> Iterator[None]:
     with _main_lock:  # pools may start from several threads (spares): one patch at a time
         original = spawn.get_preparation_data
 
-        def prepare(name):
+        def prepare(name: str) -> dict[str, Any]:
             data = original(name)
             data.pop("init_main_from_path", None)
             data.pop("init_main_from_name", None)
@@ -173,11 +173,13 @@ def cpu_seconds(pid: int) -> float | None:
             _psutil = importlib.import_module("psutil")  # optional: not a dependency
         except ImportError:
             _psutil = False
-    try:
-        t = _psutil.Process(pid).cpu_times() if _psutil else None
-        return None if t is None else float(t.user + t.system)
-    except Exception:  # the process is gone
+    if not _psutil:
         return None
+    try:
+        t = _psutil.Process(pid).cpu_times()
+    except (_psutil.Error, OSError):  # gone (NoSuchProcess) or not ours to read (AccessDenied)
+        return None
+    return float(t.user + t.system)
 
 
 _psutil: Any = None

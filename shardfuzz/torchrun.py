@@ -25,7 +25,8 @@ from shardfuzz.case import Case
 from shardfuzz.collectives import install
 from shardfuzz.config import BACKENDS, DEVICES, RunConfig, default_device
 from shardfuzz.errors import Finding, InvalidArgument
-from shardfuzz.failures import inputs_hash, record_impl, record_target
+from shardfuzz.failures import record_impl, record_target
+from shardfuzz.finding import inputs_hash
 from shardfuzz.protocol import ErrorReply, Task, UnsupportedReply
 from shardfuzz.rank import RankState, select_device
 from shardfuzz.runner import Runner

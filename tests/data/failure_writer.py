@@ -26,7 +26,8 @@ def write(directory, name, runner):
     recorder = FailureRecorder(directory)
     for update in range(13):
         case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",), seed=update)
-        recorder.on_finding(runner, case, Mismatch(f"bug of writer {name}, update {update}", case=case))
+        finding = Mismatch(f"bug of writer {name}, update {update}", case=case)
+        recorder.on_finding(runner.finding_context(case, finding), finding)
     return {"written": list(recorder.written), "errors": recorder.errors}
 
 
@@ -45,7 +46,7 @@ def scenario(runner, directory, n, fsize=None):
             sys.stderr = io.StringIO()
             try:
                 result = write(directory, name, runner)
-            except BaseException:
+            except BaseException:  # noqa: BLE001 (a forked writer hands whatever stopped it to the parent)
                 result = {"crash": traceback.format_exc()}
             result["stderr"] = sys.stderr.getvalue()
             os.write(out_w, json.dumps(result).encode())
