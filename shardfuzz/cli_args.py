@@ -16,6 +16,7 @@ from shardfuzz.errors import InvalidArgument
 from shardfuzz.exclude import CaseExpression
 from shardfuzz.refs import add_search_path_option
 from shardfuzz.tolerance import OutputTolerance
+from shardfuzz.trust import add_trust_option
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -256,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rerun with torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
     )
+    add_trust_option(r)
 
     rp = sub.add_parser("repro", help="write a torchrun script for one failure file")
     rp.add_argument("file", metavar="FILE")
@@ -272,4 +274,5 @@ def build_parser() -> argparse.ArgumentParser:
         "implementation's source and the oracle's values inlined",
     )
     add_search_path_option(rp)
+    add_trust_option(rp)
     return p

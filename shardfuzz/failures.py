@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import hashlib
 import inspect
-import json
 import os
 import platform
 import re
@@ -30,22 +29,26 @@ from collections.abc import Iterable
 from typing import Any
 
 import shardfuzz
-from shardfuzz.case import Case
-from shardfuzz.config import BACKENDS, DEVICES
 from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.failure_load import load, prepare, record_impl, record_target
+from shardfuzz.failure_schema import FORMAT, VERSION
 from shardfuzz.filewriter import FileWriter, WriteFailed
 from shardfuzz.finding import FindingContext
 from shardfuzz.hooks import RunHooks, example_order
-from shardfuzz.oracle import check_case
 from shardfuzz.protocol import ImplRef
 from shardfuzz.rank import numerics_flags
-from shardfuzz.refs import file_entries, load_ref, ref_of_callable, relocate_ref, split_file_ref
-from shardfuzz.registry import get_target
-from shardfuzz.target import Target
+from shardfuzz.refs import file_entries, load_ref
 
-FORMAT = "shardfuzz-failure"
-VERSION = 1
-REQUIRED = ("target", "impl", "impl_ref", "case", "backend", "device", "kind", "report", "inputs_sha256")
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "FailureRecorder",
+    "find_files",
+    "load",
+    "prepare",
+    "record_impl",
+    "record_target",
+]
 
 
 def default_dir() -> str:
@@ -221,97 +224,6 @@ class FailureRecorder(RunHooks):
             "numerics": {"driver": numerics_flags(), "rank0": context.numerics},
             "versions": versions(),
         }
-
-
-def load(path: str, *, check: bool = True) -> dict[str, Any]:
-    """Read and validate a failure file (see :func:`prepare`); errors name the file and the field."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise InvalidArgument(f"failure file {path!r}: cannot read it: {e.strerror}") from None
-    except ValueError as e:
-        raise InvalidArgument(f"failure file {path!r}: not valid JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise InvalidArgument(
-            f"failure file {path!r}: field 'format' is {got!r}, expected {FORMAT!r} (a foreign file?)"
-        )
-    version = data.get("version")
-    if not isinstance(version, int):
-        raise InvalidArgument(f"failure file {path!r}: field 'version' is {version!r}, expected an integer")
-    if version > VERSION:
-        raise InvalidArgument(
-            f"failure file {path!r}: format version {version} is newer than this shardfuzz reads ({VERSION}); "
-            "upgrade shardfuzz to replay it"
-        )
-    for field in REQUIRED:
-        if field not in data:
-            raise InvalidArgument(f"failure file {path!r}: field {field!r} is missing")
-    return prepare(data, path, check=check)
-
-
-def prepare(data: dict[str, Any], path: str, *, check: bool = True) -> dict[str, Any]:
-    """Validate a record's fields, find its files again (they may have moved: see
-    :mod:`shardfuzz.refs`) and, with ``check``, resolve its target and implementation and check its
-    case against the target. Every error names the file and the field."""
-    where = f"failure file {path!r}"
-    if not isinstance(data["case"], (dict, Case)):
-        raise InvalidArgument(f"{where}: field 'case' must be an object, got {data['case']!r}")
-    try:
-        if not isinstance(data["case"], Case):
-            data["case"] = Case.from_dict(data["case"])
-    except (InvalidArgument, TypeError) as e:
-        raise InvalidArgument(f"{where}: field 'case' is invalid: {e}") from None
-    for field, kind in (("impl_kwargs", dict), ("files", dict), ("impl_ref", str), ("target", str)):
-        if data.get(field) is not None and not isinstance(data[field], kind):
-            raise InvalidArgument(f"{where}: field {field!r} is {data[field]!r}, expected a {kind.__name__}")
-    for field in ("target_ref", "target_worker_ref", "impl_ref"):
-        if isinstance(data.get(field), str):
-            data[field] = _field(where, field, relocate_ref, data[field], data.get("files") or {}, field)
-    data["path"] = path
-    data["impl_spec"] = ImplRef.from_parts(data["impl_ref"], data.get("impl_kwargs") or {})
-    if check:
-        target, _ = _field(where, "target_ref", record_target, data)
-        _field(where, "impl_ref", ref_of_callable, data["impl_ref"], "impl")
-        for field, allowed in (("backend", BACKENDS), ("device", DEVICES)):
-            if data[field] not in allowed:
-                raise InvalidArgument(
-                    f"{where}: field {field!r} is {data[field]!r}; allowed: {', '.join(allowed)}"
-                )
-        case = data["case"]
-        try:
-            check_case(target, case)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"{where}: field 'case' is invalid: {e}") from None
-    return data
-
-
-def _field(where: str, field: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except InvalidArgument as e:
-        raise InvalidArgument(f"{where}: field {field!r}: {e}") from None
-
-
-def record_target(record: dict[str, Any]) -> tuple[Target, str]:
-    """The target of a failure record and how it was named (its full reference when it has one; a
-    file that cannot be found is an error, never replaced by a target of the same name)."""
-    spec = record.get("target_ref") or record["target"]
-    try:
-        return get_target(spec), spec
-    except InvalidArgument:
-        if spec == record["target"] or split_file_ref(spec) is not None:
-            raise
-    return get_target(record["target"]), record["target"]
-
-
-def record_impl(target: Target, record: dict[str, Any]) -> Any:
-    """The record's implementation: by name when the target still has it under that name."""
-    name = record["impl"]
-    if name in target.implementations and target.impl_ref(name) == record["impl_spec"]:
-        return name
-    return record["impl_spec"]
 
 
 def find_files(paths: Iterable[str]) -> list[str]:

@@ -289,13 +289,15 @@ def _tested(config: pytest.Config, target: Any) -> None:
 test_for.__test__ = False  # type: ignore[attr-defined]  # not itself a test when imported into one
 
 
-def regressions(directory: str | None = None) -> Any:
+def regressions(directory: str | None = None, *, trust_refs: bool = False) -> Any:
     """Parametrized regression tests, one test id per failure file in ``directory``:
     ``test_regressions = shardfuzz.regressions()``. Each replays its case exactly (no search) and
     fails with the report while the bug is still there. They run before any new search.
 
     ``directory`` defaults to ``--shardfuzz-failures-dir``, ``$SHARDFUZZ_FAILURES_DIR`` or
-    ``.shardfuzz/failures``; it is read at collection time.
+    ``.shardfuzz/failures``; it is read at collection time. Files in the project (or on the search
+    path) replay as they are; ``trust_refs=True`` also imports code a file names outside them
+    (``docs/trust.md``).
     """
     where = directory or default_dir()
     files = (
@@ -307,7 +309,7 @@ def regressions(directory: str | None = None) -> Any:
     @pytest.mark.shardfuzz_regression
     @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
     def test(failure_file: str, shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
-        record = failures.load(failure_file)
+        record = failures.load(failure_file, trust_refs=trust_refs)
         _tested(pytestconfig, failures.record_target(record)[0])
         res = replay_one(
             record,

@@ -4,7 +4,8 @@ re-import of the driver's ``__main__``) and watching them (:class:`ProgressWatch
 * Workers are forkserver children of a server that has torch preloaded, so a (re)start costs
   tens of milliseconds, not the ~2 s of ``import torch`` (plain fork is unsafe after the driver used
   OpenMP, and a child of a process holding a process group cannot init its own).
-* The driver owns the rendezvous: one ``TCPStore`` on port 0 per driver process, a fresh key
+* The driver owns the rendezvous: one ``TCPStore`` per driver process on a port the kernel picks,
+  listening on 127.0.0.1 only (the ranks are local; the store has no authentication), a fresh key
   prefix per pool start. No fixed or probed port, so ``pytest -n 2`` cannot race.
 * A hang needs evidence: :class:`ProgressWatch` reads the ranks' CPU time, and an example is
   stuck only when no rank used CPU over the last window (a rank waiting in a gloo collective or a
@@ -17,6 +18,7 @@ import collections
 import contextlib
 import importlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -93,8 +95,19 @@ def driver_store() -> Any:
 
             import torch.distributed as dist
 
+            # TCPStore("127.0.0.1", 0, is_master=True) listens on every interface (IPv4 and IPv6)
+            # without authentication: hand it a socket bound to the loopback address instead
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(128)
+            port = listener.getsockname()[1]
             _store = dist.TCPStore(
-                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+                "127.0.0.1",
+                port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=60),
+                master_listen_fd=listener.detach(),  # the store owns the descriptor from here
             )
     return _store
 
