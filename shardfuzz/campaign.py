@@ -26,10 +26,13 @@ from typing import Any, TextIO
 from shardfuzz.config import RunConfig
 from shardfuzz.errors import Finding
 from shardfuzz.failures import FailureRecorder
+from shardfuzz.fleet import signature_of
+from shardfuzz.fleet_worker import FleetWorker
 from shardfuzz.hooks import Deadline, TimeUp
 from shardfuzz.pools import shutdown as stop_pools
 from shardfuzz.runner import Runner, Stats
-from shardfuzz.search import Result, search, settings_for
+from shardfuzz.search import Result, search, settings_for, stable_identity
+from shardfuzz.shared_db import save_only
 from shardfuzz.triggers import PROGRESS
 
 
@@ -71,6 +74,8 @@ class Outcome:
     findings: list[tuple[Finding, str | None]] = dataclasses.field(default_factory=list)
     #: findings of later runs whose signature was seen before
     rediscovered: int = 0
+    #: with a fleet (``--database redis://...``): what the fleet says of each finding, in order
+    fleet: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         s = self.runner.stats
@@ -94,7 +99,8 @@ class Outcome:
             "rediscovered": self.rediscovered,
             "findings": [
                 {"kind": f.kind, "margin": f.ratio, "case": repr(f.case), "file": path, "site": _site(f)}
-                for f, path in self.findings
+                | (self.fleet[i] if i < len(self.fleet) else {})
+                for i, (f, path) in enumerate(self.findings)
             ],
         }
 
@@ -137,6 +143,9 @@ def fuzz_one(
     """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``config.deadline``."""
     t0 = time.perf_counter()
     hooks: list[Any] = [recorder] if recorder is not None else []
+    fleet = FleetWorker.for_config(config)  # connects now: an unreachable Redis is a usage error
+    if fleet is not None:
+        hooks.append(fleet)
     deadline = None
     if config.deadline is not None:
         deadline = Deadline(t0 + config.deadline)
@@ -152,20 +161,27 @@ def fuzz_one(
     )
     seen: set[tuple] = set()
     already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
+    if fleet is not None:
+        fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
     try:
         with deadline.enforced() if deadline is not None else contextlib.nullcontext():
             while True:
                 out.runs += 1
                 if recorder is not None:
                     recorder.begin_run(out.runs)
+                if fleet is not None:
+                    fleet.begin_run()
                 first = out.runs == 1  # later runs: no covering rows, no replay of saved failures
+                settings = settings_for(config, quiet=True)
                 result = search(
                     runner,
-                    settings_for(config, quiet=True),
-                    database="default" if first else None,
+                    settings,
+                    database="default"
+                    if first or settings.database is None
+                    else save_only(settings.database),
                     rows=first,
                 )
-                _settle(out, result, seen, runner, recorder)
+                _settle(out, result, seen, runner, recorder, fleet)
                 if out.result is None or not out.result.found:
                     out.result = result
                 if result.out_of_time or config.deadline is None or result.interrupted:
@@ -177,6 +193,8 @@ def fuzz_one(
     finally:
         stop.set()
         out.elapsed = time.perf_counter() - t0
+        if fleet is not None:
+            fleet.stop("interrupted" if out.interrupted else "finished")
     out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
     if deadline is not None and deadline.overran:
         out.overran = True
@@ -197,16 +215,37 @@ def fuzz_one(
     return out
 
 
-def _settle(out: Outcome, result: Result, seen: set[tuple], runner: Runner, recorder: Any) -> None:
-    """Keep a run's findings that are new (by signature) and their files; count the others."""
+def _settle(
+    out: Outcome, result: Result, seen: set[tuple], runner: Runner, recorder: Any, fleet: FleetWorker | None
+) -> None:
+    """Keep a run's findings that are new (by signature) and their files; count the others; offer
+    each to the fleet, if any."""
+    shrink = fleet.run_shrink_seconds(len(result.failures)) if fleet is not None else 0.0
     for f in result.failures:
-        distinct = f.signature not in seen
-        seen.add(f.signature)
+        distinct = signature_of(f) not in seen
+        seen.add(signature_of(f))
         path = recorder.settle(runner, f, distinct) if recorder is not None else None
+        note = fleet.settle(stable_identity(runner), f, path, distinct, shrink) if fleet is not None else None
         if distinct:
             out.findings.append((f, path))
+            if note is not None:
+                out.fleet.append(note)
         else:
             out.rediscovered += 1
+
+
+def _heartbeat(runner: Runner, out: Outcome, elapsed: float, shown: tuple[str, ...]) -> dict[str, Any]:
+    """What a fleet worker says of itself every heartbeat (``shardfuzz status``)."""
+    s = runner.stats
+    return {
+        "target": runner.target.name,
+        "impl": runner.impl_name,
+        "examples": s.examples,
+        "per_second": s.examples / elapsed if elapsed > 0 else 0.0,
+        "triggers": {t: s.triggers.get(t, 0) / s.examples for t in shown} if s.examples else {},
+        "findings": len(out.findings),
+        "runs": out.runs,
+    }
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
@@ -235,6 +274,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
             site = f" ({f['site']})" if f.get("site") else ""
             lines.append(f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}")
+            if f.get("fleet"):
+                lines.append(f"{'':<16}   fleet finding {f['id']}: {fleet_note(f)}")
             if f.get("file"):
                 lines.append(f"{'':<16}   failure file: {f['file']}")
         listed = {f.get("file") for f in r.get("findings", [])}
@@ -242,3 +283,12 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             if path not in listed:
                 lines.append(f"{'':<16} failure file: {path}")
     return "\n".join(lines)
+
+
+def fleet_note(note: dict[str, Any]) -> str:
+    """What the fleet says of a finding, in words (summary and report lines)."""
+    if note["fleet"] == "new":
+        return "new, stored in the fleet"
+    if note["fleet"] == "lost":
+        return "not stored (the shared database was lost; it is in the local failure file)"
+    return f"a rediscovery (first found by {note.get('found_by')} at {note.get('found_at')})"

@@ -17,6 +17,7 @@ from typing import Any
 from shardfuzz.case import DTYPES
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.exclude import CaseExpression
+from shardfuzz.shared_db import check_database, check_fleet, env_database, env_fleet
 from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 BACKENDS = ("gloo", "nccl")
@@ -219,6 +220,11 @@ class RunConfig:
             a matching case is counted as excluded, never run (see :mod:`shardfuzz.exclude`).
         options: target options pinned to a value (``{"lse_grad": False}``): every drawn case
             gets it, as a contract choice for an implementation that supports only it.
+        database: where examples are kept: a directory, or a ``redis://HOST:PORT/N`` URL shared by
+            a fleet of workers (:mod:`shardfuzz.shared_db`); ``None``: ``$SHARDFUZZ_DATABASE``, else
+            the profile's own.
+        fleet: the fleet's name on a shared Redis (its key prefix); ``None``: ``$SHARDFUZZ_FLEET``,
+            else ``default``.
     """
 
     backend: str = "gloo"
@@ -236,6 +242,8 @@ class RunConfig:
     debug_collectives: bool = False
     exclude: tuple[str, ...] = ()
     options: Any = ()  # Mapping[str, JSON value] in; sorted (name, value) pairs after
+    database: str | None = None
+    fleet: str | None = None
 
     def __post_init__(self) -> None:
         check_environment()
@@ -278,6 +286,8 @@ class RunConfig:
             if not isinstance(name, str) or not isinstance(value, (str, int, float, bool, type(None))):
                 raise InvalidArgument(f"options={self.options!r}; names must be str, values JSON scalars")
         object.__setattr__(self, "options", pairs)
+        object.__setattr__(self, "database", check_database(self.database) or env_database())
+        object.__setattr__(self, "fleet", check_fleet(self.fleet) if self.fleet is not None else env_fleet())
         for flag in ("deterministic", "debug_collectives"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")

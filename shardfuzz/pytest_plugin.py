@@ -41,6 +41,7 @@ from shardfuzz.replay import replay_one
 from shardfuzz.runner import Runner
 from shardfuzz.search import build_test, findings_of, run_test, settings_for
 from shardfuzz.settings import current_profile_name, profile_for, register_profiles
+from shardfuzz.shared_db import database_options
 from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 HELP_BACKEND = (
@@ -56,6 +57,9 @@ HELP_DTYPES = "comma-separated dtypes that shardfuzz tests may draw, e.g. float3
 HELP_TOLERANCE = (
     "a fixed tolerance for one output of the targets tested, in place of the noise model, e.g. "
     "y=rtol:1e-3,atol:1e-5 (repeatable; the last for an output wins)."
+)
+HELP_DATABASE = (
+    "a directory or a fleet's redis://HOST:PORT/N to keep examples in (default: $SHARDFUZZ_DATABASE)"
 )
 HELP_FAILURES_DIR = (
     "directory of failure files: shardfuzz tests write their findings there, and shardfuzz.regressions() "
@@ -78,6 +82,9 @@ class Options:
     tolerance: tuple[tuple[str, OutputTolerance], ...] = ()
     #: ``--shardfuzz-exclude``: case expressions of known failures to set aside
     exclude: tuple[str, ...] = ()
+    #: ``--shardfuzz-database`` / ini ``shardfuzz_database``: a directory or a fleet's redis:// URL
+    database: str | None = None
+    fleet: str | None = None
 
     def config(self, **overrides: Any) -> RunConfig:
         """The run configuration of these options; ``overrides`` that are not None win."""
@@ -90,6 +97,8 @@ class Options:
             dtypes=self.dtypes,
             tolerance=Tolerance().with_overrides(self.tolerance),
             exclude=self.exclude,
+            database=self.database,
+            fleet=self.fleet,
         )
         return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
 
@@ -155,6 +164,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="EXPR",
         help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" (repeatable; counted, never passed)",
     )
+    for name, what in (("database", HELP_DATABASE), ("fleet", "the fleet's name on a shared Redis")):
+        group.addoption(f"--shardfuzz-{name}", default=None, help=what)  # or the ini key shardfuzz_NAME
+        parser.addini(f"shardfuzz_{name}", what, default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -169,6 +181,11 @@ def pytest_configure(config: pytest.Config) -> None:
         except InvalidArgument as e:
             raise pytest.UsageError(str(e)) from None
     current = current_profile_name()
+    get = lambda name: config.getoption(f"--shardfuzz-{name}") or config.getini(f"shardfuzz_{name}")
+    try:
+        database, fleet = database_options(get, "--shardfuzz-")
+    except InvalidArgument as e:
+        raise pytest.UsageError(str(e)) from None
     config._shardfuzz_options = Options(  # type: ignore[attr-defined]
         backend=config.getoption("--shardfuzz-backend", "gloo"),
         world_sizes=_parse_world_sizes(config.getoption("--shardfuzz-world-sizes", None)),
@@ -179,6 +196,8 @@ def pytest_configure(config: pytest.Config) -> None:
         dtypes=_parse_dtypes(config.getoption("--shardfuzz-dtypes", None)),
         tolerance=_parse_tolerances(config.getoption("--shardfuzz-tolerance", None)),
         exclude=_parse_excludes(config.getoption("--shardfuzz-exclude", None)),
+        database=database,
+        fleet=fleet,
     )
     config._shardfuzz_targets = {}  # type: ignore[attr-defined]  # the targets tested: name -> Target
     config.addinivalue_line(
