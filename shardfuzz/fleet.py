@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.failures import versions
 from shardfuzz.shared_db import RedisLost, connect, fleet_prefix, redact, redis_errors
 
 #: how findings are told apart (:func:`signature_of`); bump it when that changes, so old entries
@@ -63,9 +64,9 @@ def worker_name() -> str:
 class FleetStore:
     """The findings and workers of fleet ``fleet`` in the Redis at ``url``."""
 
-    def __init__(self, url: str, fleet: str) -> None:
+    def __init__(self, url: str, fleet: str, what: str = "--database") -> None:
         self.url, self.shown_url, self.fleet = url, redact(url), fleet
-        self.redis = connect(url)
+        self.redis = connect(url, what)
         self.prefix = fleet_prefix(fleet)
         self.errors = redis_errors()
 
@@ -196,8 +197,6 @@ def _numbers(raw: dict) -> dict[str, float]:
 def finding_doc(
     identity: str, finding: Finding, record: dict[str, Any] | None, worker: str, shrink_seconds: float
 ) -> dict[str, Any]:
-    from shardfuzz.failures import versions
-
     return {
         "format": FORMAT,
         "id": finding_id(identity, finding),

@@ -13,7 +13,7 @@ from shardfuzz.shared_db import env_fleet, redact
 
 
 def _store(url: str, fleet: str | None) -> FleetStore:
-    return FleetStore(url, fleet or env_fleet())
+    return FleetStore(url, fleet or env_fleet(), "URL")
 
 
 def rerun_command(url: str, fleet: str, fid: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from shardfuzz.config import env_int
 from shardfuzz.errors import Finding
+from shardfuzz.failures import versions
 from shardfuzz.fleet import FleetStore, finding_doc, finding_id, worker_name
 from shardfuzz.hooks import RunHooks
 from shardfuzz.shared_db import RedisLost, is_redis_url
@@ -107,8 +108,6 @@ class FleetWorker(RunHooks):
         self._beat(state)
 
     def _beat(self, state: str) -> None:
-        from shardfuzz.failures import versions
-
         fields = {
             **self._describe(),
             "state": state,

@@ -136,10 +136,14 @@ def connect(url: str, what: str = "--database") -> Any:
     shown = redact(url)
     try:
         client = redis.Redis.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
+            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT, **_no_retries()
         )
         client.ping()
     except redis.AuthenticationError:
+        if urllib.parse.urlsplit(url).password is None:
+            raise InvalidArgument(
+                f"{what}={shown!r}: Redis asks for a password; give it in the URL: redis://:PASSWORD@HOST:PORT/N"
+            ) from None
         raise InvalidArgument(f"{what}={shown!r}: Redis refused the password (or user)") from None
     except redis.ResponseError as e:  # NOAUTH and friends
         raise InvalidArgument(f"{what}={shown!r}: Redis refused the connection: {e}") from None
@@ -149,6 +153,17 @@ def connect(url: str, what: str = "--database") -> Any:
         ) from None
     RedisLost.lost = None  # reachable again (a new campaign in this process)
     return client
+
+
+def _no_retries() -> dict[str, Any]:
+    """redis-py >= 4 retries a refused connection with a backoff (about 5 s): a worker that lost
+    Redis goes on locally at once, and a wrong URL is said at once (3.x has no retries to turn off)."""
+    try:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        return {}
+    return {"retry": Retry(NoBackoff(), 0)}
 
 
 def fleet_prefix(fleet: str) -> str:

@@ -264,12 +264,15 @@ def test_bad_database_url_exits_2_naming_it_without_the_password(url, message):
 def test_wrong_password_exits_2(tmp_path):
     server = RedisServer(tmp_path, "--requirepass", "s3cret")
     try:
-        url = f"redis://:wrong@127.0.0.1:{server.port}/0"
+        url = f"redis://:hunter3@127.0.0.1:{server.port}/0"
         out = run_cli("status", url)
+        anonymous = run_cli("findings", f"redis://127.0.0.1:{server.port}/0")
     finally:
         server.stop()
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "Redis refused" in out.stderr and "wrong" not in out.stderr.replace("wrong password", "")
+    assert f"URL='redis://:***@127.0.0.1:{server.port}/0': Redis refused the password" in out.stderr
+    assert "hunter3" not in out.stdout + out.stderr
+    assert anonymous.returncode == 2 and "Redis asks for a password" in anonymous.stderr, anonymous.stderr
 
 
 def test_missing_redis_client_names_the_extra(monkeypatch):
