@@ -10,83 +10,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardfuzz.case import DTYPES
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.exclude import CaseExpression
+
+# the limits moved to the core module shardfuzz.limits; re-exported for RunConfig's callers
+from shardfuzz.limits import BACKENDS as BACKENDS
+from shardfuzz.limits import DEVICES as DEVICES
+from shardfuzz.limits import ENV_INTS as ENV_INTS
+from shardfuzz.limits import check_environment as check_environment
+from shardfuzz.limits import check_world_size as check_world_size
+from shardfuzz.limits import default_device as default_device
+from shardfuzz.limits import env_int as env_int
+from shardfuzz.limits import max_world_size as max_world_size
 from shardfuzz.shared_db import check_database, check_fleet, env_database, env_fleet
 from shardfuzz.tolerance import OutputTolerance, Tolerance
 
-BACKENDS = ("gloo", "nccl")
-DEVICES = ("cpu", "cuda")
 PROFILES = ("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
-
-
-#: the largest world size shardfuzz starts without being told (``SHARDFUZZ_MAX_WORLD``), and the
-#: share of the cores it may use: each rank is a process, and more than 4 per core only thrashes
-MAX_WORLD_SIZE = 16
-RANKS_PER_CORE = 4
-
-#: integer environment variables: name -> (default, minimum)
-ENV_INTS = {
-    "SHARDFUZZ_MAX_POOL_RANKS": (12, 1),
-    "SHARDFUZZ_WORKER_THREADS": (1, 1),
-    "SHARDFUZZ_DRIVER_THREADS": (1, 1),
-    "SHARDFUZZ_MAX_WORLD": (0, 1),  # 0: not set (see max_world_size)
-    "SHARDFUZZ_SPARE_POOLS": (1, 0),  # 0: no warm spare after a failure (benchmarks' "before")
-}
-
-
-def env_int(name: str, default: int, minimum: int = 0) -> int:
-    """The integer environment variable ``name`` (``default`` when unset or empty); InvalidArgument,
-    naming the variable, its value and what is allowed, for anything but an int >= ``minimum``."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise InvalidArgument(f"environment variable {name}={text!r}; must be an integer >= {minimum}")
-    return value
-
-
-def check_environment() -> None:
-    """Validate every shardfuzz environment variable that holds a number (RunConfig does, so each
-    front end refuses a bad one before fuzzing)."""
-    for name, (default, minimum) in ENV_INTS.items():
-        env_int(name, default, minimum)
-
-
-def max_world_size() -> int:
-    """The largest world size allowed: ``$SHARDFUZZ_MAX_WORLD`` when set, else
-    ``min(MAX_WORLD_SIZE, RANKS_PER_CORE * cores)``."""
-    explicit = env_int("SHARDFUZZ_MAX_WORLD", 0, 1)
-    return explicit or min(MAX_WORLD_SIZE, RANKS_PER_CORE * (os.cpu_count() or 1))
-
-
-def check_world_size(world_size: int, what: str = "world_size") -> None:
-    """InvalidArgument for a world size above :func:`max_world_size` (every rank is a process)."""
-    limit = max_world_size()
-    if world_size > limit:
-        why = (
-            "set by SHARDFUZZ_MAX_WORLD"
-            if os.environ.get("SHARDFUZZ_MAX_WORLD", "").strip()
-            else f"min({MAX_WORLD_SIZE}, {RANKS_PER_CORE} x {os.cpu_count() or 1} cores)"
-        )
-        raise InvalidArgument(
-            f"{what}={world_size!r} is above the largest world size allowed here, {limit} ({why}); every "
-            "rank is a process: set SHARDFUZZ_MAX_WORLD=N to allow more"
-        )
-
-
-def default_device(backend: str) -> str:
-    """The one device default rule: nccl runs on CUDA, gloo on the CPU."""
-    return "cuda" if backend == "nccl" else "cpu"
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:

@@ -18,11 +18,11 @@ import threading
 import time
 from typing import Any
 
-from shardfuzz.config import env_int
 from shardfuzz.errors import Finding
 from shardfuzz.failures import versions
 from shardfuzz.fleet import FleetStore, finding_doc, finding_id, worker_name
 from shardfuzz.hooks import RunHooks
+from shardfuzz.limits import env_int
 from shardfuzz.shared_db import RedisLost, is_redis_url
 
 

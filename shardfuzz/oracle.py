@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from shardfuzz.case import Case
-from shardfuzz.config import check_world_size
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.inputs import float64
+from shardfuzz.limits import check_world_size
 from shardfuzz.noise import estimate
 from shardfuzz.target import SELF
 

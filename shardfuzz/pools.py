@@ -18,7 +18,7 @@ import collections
 import contextlib
 import threading
 
-from shardfuzz.config import env_int
+from shardfuzz.limits import env_int
 from shardfuzz.pool import Pool
 from shardfuzz.protocol import Task, Warm
 from shardfuzz.recover import settle

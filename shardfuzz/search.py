@@ -59,6 +59,12 @@ def check(runner: Runner, case: Case) -> float:
     return ratio
 
 
+#: the database key of every shardfuzz test: Hypothesis' digest of 0.1's ``test_case`` (5a6d863)
+DATABASE_KEY = bytes.fromhex(
+    "c808f5934700e9e68b738079c7c1a258fa3b3b48e52bdd4f988191a646ed4d507b2217b992c2d3281c4ed944983eb0af"
+)
+
+
 def stable_identity(runner: Runner) -> str:
     """The target, the resolved implementation (module and qualified name, its bound arguments) and
     the backend: what derandomized seeds and database keys come from, never the path as typed."""
@@ -119,6 +125,10 @@ def _given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list
     if seeds:  # Hypothesis replays database entries first, and shrinks those that fail
         s = type(s)(s, derandomize=False, database=seeded_database(s.database, seeds))
     test = given(case=runner.strategy())(fn)
+    # Hypothesis keys its database by a digest of the test function's source, which any edit of
+    # test_case would change, orphaning every saved example; shardfuzz pins the key it had in 0.1
+    # (the database is keyed per target/implementation/backend by the prefix, not by this key)
+    test._hypothesis_internal_database_key = DATABASE_KEY  # type: ignore[attr-defined]
     if derandomized:
         test = seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
     return s(test)
@@ -217,8 +227,7 @@ def settings_for(config: RunConfig, *, quiet: bool = False, **overrides: Any) ->
 
     kw: dict[str, Any] = dict(max_examples=config.max_examples, derandomize=config.derandomize)
     kw["verbosity"] = Verbosity.quiet if quiet else None
-    if config.database is not None:  # a directory or a fleet's Redis (the profile's database else)
-        kw["database"] = hypothesis_database(config.database, config.fleet)
+    kw["database"] = hypothesis_database(config.database, config.fleet) if config.database else None
     kw.update(overrides)
     return build_settings(config.profile, **kw)
 
@@ -315,10 +324,10 @@ def run(
         config: a :class:`~shardfuzz.RunConfig`; or give its fields as keywords instead
             (``backend=``, ``max_examples=``, ``profile=``, ``world_sizes=``, ``dtypes=``,
             ``timeout=``, ``tolerance=``, ``deadline=``, ``failures_dir=``, ``derandomize=``,
-            ``device=``, ``deterministic=``, ``database=``, ``fleet=``), not both. ``tolerance=`` takes a :class:`Tolerance`
-            or a mapping output name -> ``OutputTolerance`` / ``{"rtol": X, "atol": Y}`` /
-            ``(rtol, atol)`` (per-output overrides on the default); a name must be an output of
-            the target (not checked for outputs that depend on the case).
+            ``device=``, ``deterministic=``, ``database=``, ``fleet=``), not both. ``tolerance=``
+            takes a :class:`Tolerance` or a mapping output name -> ``OutputTolerance`` / ``{"rtol":
+            X, "atol": Y}`` / ``(rtol, atol)`` (per-output overrides on the default); a name must be
+            an output of the target (not checked for outputs that depend on the case).
         hooks: :class:`~shardfuzz.hooks.RunHooks` (a failure-file recorder for ``failures_dir``, a
             deadline for ``deadline``). database: a Hypothesis database, None, or "default" (the config's).
         settings: Hypothesis settings instead of the configuration's profile and budget.

@@ -192,3 +192,27 @@ def test_a_mismatch_under_a_per_output_tolerance_says_so():
         "(fixed per-output tolerance)" in tight.report
         and "--tolerance mean=rtol:0.0,atol:0.0" in tight.report
     )
+
+
+def test_every_environment_variable_the_engine_reads_is_in_the_one_table():
+    import pathlib
+    import re
+
+    from shardfuzz.limits import ENV_INTS, ENVIRONMENT
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    read = {
+        name
+        for path in [
+            *root.glob("shardfuzz/**/*.py"),
+            *root.glob("strategies/*.py"),
+            *root.glob("targets/*.py"),
+        ]
+        for name in re.findall(r"\bSHARDFUZZ_[A-Z_]*[A-Z]\b", path.read_text())
+    }
+    table = {v.name for v in ENVIRONMENT}
+    assert read - table == set(), (
+        f"read by the engine but not in shardfuzz.limits.ENVIRONMENT: {read - table}"
+    )
+    assert table - read == set(), f"in ENVIRONMENT but read nowhere: {table - read}"
+    assert set(ENV_INTS) <= table
