@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -61,8 +62,14 @@ def run_workers(n: int, target: str, duration: str, database: str, work: str) ->
         cmd += ["--database", database, "--failures-dir", d, "--summary-json", summaries[-1]]
         cmd += ["--progress-every", "600"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, cwd=ROOT))
-    for p in procs:
-        p.wait()
+    try:
+        for p in procs:
+            p.wait()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait()
     rows = []
     for path in summaries:
         with open(path) as f:
@@ -77,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2,3")
     args = p.parse_args(argv)
     counts = [int(x) for x in args.workers.split(",")]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop Redis and the workers on the way out
     with tempfile.TemporaryDirectory(prefix="shardfuzz-fleet-bench-") as work:
         server, url = start_redis(work)
         try:

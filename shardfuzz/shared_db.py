@@ -307,5 +307,6 @@ def hypothesis_database(database: str, fleet: str | None) -> Any:
     from hypothesis.configuration import storage_directory
 
     # the local copy: Hypothesis' own default directory ($HYPOTHESIS_STORAGE_DIRECTORY/examples)
-    local = DirectoryBasedExampleDatabase(str(storage_directory("examples")))
+    where: Any = storage_directory("examples")
+    local = DirectoryBasedExampleDatabase(getattr(where, "path", where))  # newer Hypothesis: a lazy object
     return open_database(database, fleet or DEFAULT_FLEET, local)

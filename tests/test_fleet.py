@@ -8,6 +8,7 @@ found in a few examples); the rest run in this process.
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import socket
@@ -21,6 +22,7 @@ import pytest
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.testing import run_cli
 
+pytest_plugins = ["pytester"]
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "data", "toy_target.py")
 BUGS = os.path.join(HERE, "data", "fleet_impls.py") + "::parity_bugs"
@@ -208,6 +210,10 @@ def test_redis_lost_mid_campaign_keeps_findings_locally(tmp_path):
     assert f"its findings are in the failure files under {tmp_path}" in out.stderr
     written = sorted(tmp_path.glob("*parity_bugs-gloo-*.json"))
     assert written and all(f"failure file: {p}" in out.stdout for p in written), out.stdout
+    # the corpus was multiplexed with Hypothesis' own local directory (not one in the checkout)
+    local = pathlib.Path(os.environ["HYPOTHESIS_STORAGE_DIRECTORY"]) / "examples"
+    assert any(local.iterdir()), local
+    assert not list(pathlib.Path.cwd().glob("<hypothesis*")), "a local database named by an object's repr"
 
 
 def test_two_fleets_never_mix_and_a_finding_is_stored_exactly_once(redis_server):
@@ -295,3 +301,14 @@ def test_database_from_every_front_end(monkeypatch):
         RunConfig()
     with pytest.raises(InvalidArgument, match="fleet='a b'"):
         RunConfig(database="d", fleet="a b")
+
+
+def test_pytest_option_and_ini_key(pytester):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    bad = pytester.runpytest_inprocess("--shardfuzz-database=ftp://u:hunter2@h/0", "-q")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--shardfuzz-database='ftp://u:***@h/0': unknown scheme 'ftp'" in bad.stderr.str()
+    pytester.makeini("[pytest]\nshardfuzz_database = redis://127.0.0.1:6379/zero\n")
+    assert "database 'zero' is not a number" in pytester.runpytest_inprocess("-q").stderr.str()
+    pytester.makeini("[pytest]\nshardfuzz_fleet = no spaces\n")
+    assert "--shardfuzz-fleet='no spaces'" in pytester.runpytest_inprocess("-q").stderr.str()
