@@ -192,20 +192,23 @@ def test_redis_lost_mid_campaign_keeps_findings_locally(tmp_path):
             for key in client.scan_iter(match="shardfuzz:lost:worker:*"):
                 if json.loads(client.get(key) or "{}").get("examples", 0) > 0:
                     server.stop()
+                    killed_at.append(time.monotonic())
                     return
             time.sleep(0.2)
 
+    killed_at: list[float] = []
     killer = threading.Thread(target=kill_once_fuzzing)
     killer.start()
     try:
         out = run_cli(
-            "fuzz", TOY, "--impl", BUGS, "--world-sizes", "2", "--duration", "8s", "--database", server.url,
+            "fuzz", TOY, "--impl", BUGS, "--world-sizes", "2", "--duration", "12s", "--database", server.url,
             "--fleet", "lost", "--failures-dir", tmp_path, env={"SHARDFUZZ_HEARTBEAT": "1"},
         )  # fmt: skip
     finally:
         killer.join()
         server.stop()
     assert out.returncode == 1, out.stdout + out.stderr
+    assert server.proc.poll() is not None and killed_at, "Redis was not killed while the campaign ran"
     assert out.stderr.count("lost the shared database redis://127.0.0.1") == 1, out.stderr
     assert f"its findings are in the failure files under {tmp_path}" in out.stderr
     written = sorted(tmp_path.glob("*parity_bugs-gloo-*.json"))
