@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ from shardfuzz.errors import (
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.gpu import placement_summary
 from shardfuzz.hooks import grace_seconds
+from shardfuzz.input_bounds import check_input_size
 from shardfuzz.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.oracle import check_case
 from shardfuzz.refs import add_search_path, split_file_ref
@@ -190,6 +190,7 @@ def _cmd_case(args: Any) -> int:
         target = f"{parts[0]}::{case.target}"
     runner = Runner(target, args.impl, _config(args))
     check_tolerance_outputs([runner.target], runner.config.tolerance, "--tolerance")
+    check_input_size(runner.target, case)  # before inputs(case) allocates them
     check_case(runner.target, case)
     try:
         ratio = runner.run_case(case)
@@ -225,19 +226,14 @@ def _print_collectives(args: Any, traces: dict[int, Any]) -> None:
 def _cmd_replay(args: Any) -> int:
     if args.finding is not None and not any(map(is_redis_url, args.paths)):
         raise InvalidArgument(f"--finding={args.finding!r} names a fleet finding: give a redis://... URL")
-    with tempfile.TemporaryDirectory(prefix="shardfuzz-fleet-") as fleet_dir:
-        paths = [p for p in args.paths if not is_redis_url(p)]
-        paths = failures.find_files(paths) if paths else []
-        for url in filter(is_redis_url, args.paths):  # the fleet's findings, checked as files are
-            paths += fleet_view.fleet_failure_files(url, args.fleet, args.finding, fleet_dir)
-        return _replay_files(args, paths)
-
-
-def _replay_files(args: Any, paths: list[str]) -> int:
-    if not paths:
-        print(f"shardfuzz: error: no failure files (*.json) in {args.paths}", file=sys.stderr)
+    files = [p for p in args.paths if not is_redis_url(p)]
+    paths = failures.find_files(files) if files else []
+    records = [failures.load(p, trust_refs=args.trust_refs) for p in paths]  # all checked before any runs
+    for url in filter(is_redis_url, args.paths):  # a fleet's findings: untrusted records of a store
+        records += fleet_view.fleet_records(url, args.fleet, args.finding, trust_refs=args.trust_refs)
+    if not records:
+        print(f"shardfuzz: error: no failure files (*.json) or findings in {args.paths}", file=sys.stderr)
         return EXIT_USAGE
-    records = [failures.load(p) for p in paths]  # validate them all before running any
     tolerance = _tolerance(args)
     check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
     still = 0
@@ -260,7 +256,7 @@ def _replay_files(args: Any, paths: list[str]) -> int:
 
 
 def _cmd_repro(args: Any) -> int:
-    record = failures.load(args.file)
+    record = failures.load(args.file, trust_refs=args.trust_refs)
     if args.standalone:
         path = write_standalone(record, args.output or "repro")
     else:

@@ -198,6 +198,22 @@ class RunConfig:
         if self.backend == "nccl" and device != "cuda":
             raise InvalidArgument(f"device={device!r} with backend='nccl'; nccl needs device='cuda'")
         object.__setattr__(self, "device", device)
+        self._check_world_sizes_and_dtypes()
+        _positive("timeout", self.timeout)
+        _positive("deadline", self.deadline)
+        _positive("max_examples", self.max_examples, integer=True)
+        if self.profile is not None and self.profile not in PROFILES:
+            raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
+        object.__setattr__(self, "tolerance", as_tolerance(self.tolerance))
+        self._check_exclude_and_options()
+        object.__setattr__(self, "database", check_database(self.database) or env_database())
+        object.__setattr__(self, "fleet", check_fleet(self.fleet) if self.fleet is not None else env_fleet())
+        for flag in ("deterministic", "debug_collectives"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")
+
+    def _check_world_sizes_and_dtypes(self) -> None:
+        """world_sizes: ints >= 1 within the limits; dtypes: among DTYPES (a str for one)."""
         if self.world_sizes is not None:
             sizes = tuple(self.world_sizes) if isinstance(self.world_sizes, Iterable) else ()
             if not sizes or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in sizes):
@@ -212,12 +228,9 @@ class RunConfig:
             if not dts or any(d not in DTYPES for d in dts):
                 raise InvalidArgument(f"dtypes={self.dtypes!r}; choose from {', '.join(DTYPES)}")
             object.__setattr__(self, "dtypes", dts)
-        _positive("timeout", self.timeout)
-        _positive("deadline", self.deadline)
-        _positive("max_examples", self.max_examples, integer=True)
-        if self.profile is not None and self.profile not in PROFILES:
-            raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
-        object.__setattr__(self, "tolerance", as_tolerance(self.tolerance))
+
+    def _check_exclude_and_options(self) -> None:
+        """exclude: case expressions (checked now); options: sorted (name, JSON scalar) pairs."""
         exprs = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude or ())
         for text in exprs:
             if not isinstance(text, str):
@@ -229,11 +242,6 @@ class RunConfig:
             if not isinstance(name, str) or not isinstance(value, (str, int, float, bool, type(None))):
                 raise InvalidArgument(f"options={self.options!r}; names must be str, values JSON scalars")
         object.__setattr__(self, "options", pairs)
-        object.__setattr__(self, "database", check_database(self.database) or env_database())
-        object.__setattr__(self, "fleet", check_fleet(self.fleet) if self.fleet is not None else env_fleet())
-        for flag in ("deterministic", "debug_collectives"):
-            if not isinstance(getattr(self, flag), bool):
-                raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with ``changes`` (validated again); unknown names are an error."""

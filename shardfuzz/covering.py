@@ -67,7 +67,7 @@ def draw_pool(strategy: Any, seed: int, size: int = POOL_SIZE) -> list[tuple[Cas
     class NoConstants(HypothesisProvider):
         # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
         # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
-        def _maybe_draw_constant(self, choice_type, constraints, *, p=0.05):
+        def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
             return None
 
     rng = random.Random(seed)
@@ -274,7 +274,7 @@ class CoveringRun:
             self.examples += 1
         return None
 
-    def not_reproduced(self, row: Row) -> BaseException:
+    def not_reproduced(self, row: Row) -> BaseException:  # noqa: ARG002 (the row that was replayed; its finding is kept on self)
         """The row's finding, marked: Hypothesis did not see it fail again when it replayed it."""
         f = self.finding
         note = (

@@ -15,7 +15,8 @@ Keys (all under ``shardfuzz:FLEET:``, so fleets never mix; none of them expire, 
 The ID is a hash of the signature version, the target/implementation/backend and the signature
 (:func:`signature_of`, the one place that says how findings are told apart). Everything read back
 is untrusted: sizes are bounded, fields are type-checked, and the failure file is checked by the
-same loader as a file on disk (:func:`export_failure_file`, then :func:`shardfuzz.failures.load`).
+same checks as a file on disk (:func:`shardfuzz.failure_schema.validate_failure_record` when read,
+:func:`shardfuzz.failure_load.prepare` as a record of a store, with its trust rule, when replayed).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from typing import Any
 
 from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.failure_schema import MAX_FILE_BYTES, validate_failure_record
 from shardfuzz.failures import versions
 from shardfuzz.shared_db import RedisLost, connect, fleet_prefix, redact, redis_errors
 
@@ -36,8 +38,8 @@ from shardfuzz.shared_db import RedisLost, connect, fleet_prefix, redact, redis_
 #: are keyed apart from new ones and can be told from them
 SIGNATURE_VERSION = 1
 FORMAT = "shardfuzz-fleet-finding"
-#: the largest stored finding read back (a failure file with its traces is a few hundred kB at most)
-MAX_FINDING_BYTES = 4 * 1024 * 1024
+#: the largest stored finding read back: a failure file's bound and room for the fleet's fields
+MAX_FINDING_BYTES = MAX_FILE_BYTES + 64 * 1024
 #: a worker whose last heartbeat is older than this many heartbeat intervals is shown as gone
 GONE_AFTER = 3
 
@@ -132,6 +134,8 @@ class FleetStore:
                 raise InvalidArgument(f"{where}: field {field!r} is {doc.get(field)!r}, expected {kind}")
         if doc["id"] != fid:
             raise InvalidArgument(f"{where}: field 'id' is {doc['id']!r}, not the key's id")
+        if doc["failure_file"] is not None:  # the schema of a failure file; imports nothing
+            validate_failure_record(doc["failure_file"], f"{where}: field 'failure_file'")
         return doc
 
     def findings(self) -> list[dict[str, Any]]:
@@ -215,14 +219,3 @@ def finding_doc(
         "versions": versions(),
         "failure_file": record,
     }
-
-
-def export_failure_file(doc: dict[str, Any], directory: str) -> str | None:
-    """Write a stored finding's failure file into ``directory`` (named by its id), for the loader
-    and the replay of files on disk; None when it has none."""
-    if doc.get("failure_file") is None:
-        return None
-    path = os.path.join(directory, f"fleet-{doc['id']}.json")
-    with open(path, "w") as f:
-        json.dump(doc["failure_file"], f, indent=2)
-    return path

@@ -4,11 +4,14 @@ loader as files on disk)."""
 
 from __future__ import annotations
 
+import copy
 import shlex
+import sys
 from typing import Any
 
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.fleet import FleetStore, export_failure_file
+from shardfuzz.failure_load import prepare
+from shardfuzz.fleet import FleetStore
 from shardfuzz.shared_db import env_fleet, redact
 
 
@@ -86,9 +89,12 @@ def cmd_status(url: str, fleet: str | None) -> int:
     return 0
 
 
-def fleet_failure_files(url: str, fleet: str | None, finding: str | None, directory: str) -> list[str]:
-    """The failure files of a fleet's findings (only ``finding`` when given), written to
-    ``directory`` for :func:`shardfuzz.failures.load`."""
+def fleet_records(
+    url: str, fleet: str | None, finding: str | None, *, trust_refs: bool
+) -> list[dict[str, Any]]:
+    """The failure records of a fleet's findings (only ``finding`` when given), each checked as a
+    record from a store of findings (:func:`shardfuzz.failure_load.prepare` with no file: it may
+    name only shardfuzz's own code unless ``trust_refs``)."""
     store = _store(url, fleet)
     docs = store.findings()
     if finding is not None:
@@ -97,5 +103,13 @@ def fleet_failure_files(url: str, fleet: str | None, finding: str | None, direct
             raise InvalidArgument(
                 f"--finding={finding!r}: fleet {store.fleet!r} at {store.shown_url} has no such finding"
             )
-    paths = [export_failure_file(d, directory) for d in docs]
-    return [p for p in paths if p is not None]
+    out = []
+    for d in docs:
+        if d["failure_file"] is None:
+            print(f"shardfuzz: fleet finding {d['id']} has no failure record (not replayed)", file=sys.stderr)
+            continue
+        try:
+            out.append(prepare(copy.deepcopy(d["failure_file"]), None, trust_refs=trust_refs))
+        except InvalidArgument as e:
+            raise InvalidArgument(f"fleet finding {d['id']} in {store.shown_url}: {e}") from None
+    return out

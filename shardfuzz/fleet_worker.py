@@ -43,11 +43,13 @@ class FleetWorker(RunHooks):
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_config(cls, config: Any) -> FleetWorker | None:
-        return cls(config.database, config.fleet) if is_redis_url(config.database) else None
+    def for_config(cls, config: Any) -> FleetWorker | NoFleet:
+        """A worker of the configuration's fleet (connected now: an unreachable Redis is a usage
+        error before any fuzzing), or :class:`NoFleet` without a Redis database."""
+        return cls(config.database, config.fleet) if is_redis_url(config.database) else NoFleet()
 
     # -- hook -----------------------------------------------------------------------------------------
-    def on_finding(self, runner: Any, case: Any, finding: Finding) -> None:
+    def on_finding(self, context: Any, finding: Finding) -> None:  # noqa: ARG002 (the hook signature)
         if self.run_failing_since is None:
             self.run_failing_since = time.perf_counter()
 
@@ -129,3 +131,22 @@ def _record(path: str | None) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None  # the finding is stored without its file rather than not at all
     return data if isinstance(data, dict) else None
+
+
+class NoFleet(RunHooks):
+    """A campaign without a fleet: every fleet step does nothing (one code path in the campaign)."""
+
+    def begin_run(self) -> None:
+        pass
+
+    def run_shrink_seconds(self, findings: int) -> float:  # noqa: ARG002 (the worker's signature)
+        return 0.0
+
+    def settle(self, *args: Any) -> None:  # noqa: ARG002 (the worker's signature)
+        return None
+
+    def start(self, describe: Any) -> None:
+        pass
+
+    def stop(self, state: str = "finished") -> None:
+        pass

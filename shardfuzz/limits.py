@@ -29,6 +29,7 @@ ENV_INTS = {
     "SHARDFUZZ_MAX_WORLD": (0, 1),  # 0: not set (see max_world_size)
     "SHARDFUZZ_SPARE_POOLS": (1, 0),  # 0: no warm spare after a failure (benchmarks' "before")
     "SHARDFUZZ_REGROUP": (1, 0),  # 0: a pool whose rank raised is discarded (benchmarks' "regroup off")
+    "SHARDFUZZ_MAX_INPUT_BYTES": (2**30, 1),  # a hand-made case's inputs (shardfuzz.input_bounds)
     "SHARDFUZZ_HEARTBEAT": (10, 1),  # seconds between a fleet worker's heartbeats
 }
 
@@ -120,7 +121,18 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar(
         "SHARDFUZZ_FAILURES_DIR", "path", ".shardfuzz/failures", "where failure files are written and found"
     ),
-    EnvVar("SHARDFUZZ_PATH", "paths", "", "folders where the files a failure file names are looked up"),
+    EnvVar(
+        "SHARDFUZZ_PATH",
+        "paths",
+        "",
+        "folders where the files a failure file names are looked up, and trusted (docs/trust.md)",
+    ),
+    EnvVar(
+        "SHARDFUZZ_MAX_INPUT_BYTES",
+        "int >= 1",
+        str(2**30),
+        "the most bytes a failure file's (or shardfuzz case's) inputs may hold, measured before building",
+    ),
     EnvVar(
         "SHARDFUZZ_DATABASE",
         "path or URL",

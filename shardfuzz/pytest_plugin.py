@@ -205,7 +205,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+def pytest_collection_modifyitems(items: list) -> None:
     """Failure-file regressions run before any new search."""
     items.sort(key=lambda item: 0 if item.get_closest_marker("shardfuzz_regression") else 1)
 
@@ -229,7 +229,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}"
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """A ``--shardfuzz-tolerance`` output that none of the targets tested has is a usage error
     (each test's target alone cannot tell: the option applies to every shardfuzz test)."""
     o: Options | None = getattr(session.config, "_shardfuzz_options", None)
@@ -308,13 +308,15 @@ def _tested(config: pytest.Config, target: Any) -> None:
 test_for.__test__ = False  # type: ignore[attr-defined]  # not itself a test when imported into one
 
 
-def regressions(directory: str | None = None) -> Any:
+def regressions(directory: str | None = None, *, trust_refs: bool = False) -> Any:
     """Parametrized regression tests, one test id per failure file in ``directory``:
     ``test_regressions = shardfuzz.regressions()``. Each replays its case exactly (no search) and
     fails with the report while the bug is still there. They run before any new search.
 
     ``directory`` defaults to ``--shardfuzz-failures-dir``, ``$SHARDFUZZ_FAILURES_DIR`` or
-    ``.shardfuzz/failures``; it is read at collection time.
+    ``.shardfuzz/failures``; it is read at collection time. Files in the project (or on the search
+    path) replay as they are; ``trust_refs=True`` also imports code a file names outside them
+    (``docs/trust.md``).
     """
     where = directory or default_dir()
     files = (
@@ -326,7 +328,7 @@ def regressions(directory: str | None = None) -> Any:
     @pytest.mark.shardfuzz_regression
     @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
     def test(failure_file: str, shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
-        record = failures.load(failure_file)
+        record = failures.load(failure_file, trust_refs=trust_refs)
         _tested(pytestconfig, failures.record_target(record)[0])
         res = replay_one(
             record,

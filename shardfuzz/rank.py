@@ -50,7 +50,7 @@ class Mesh:
     device_type: str = "cpu"
     _device_mesh: Any = None
 
-    def device_mesh(self):
+    def device_mesh(self) -> Any:
         """This rank's :class:`torch.distributed.device_mesh.DeviceMesh` over the whole mesh, with
         axes named ``axis0, ...`` and ``impl`` (the last one, under test)."""
         if self._device_mesh is None:
@@ -100,7 +100,7 @@ class RankContext:
         return layout.piece(value, self.group_rank, self.group_size)
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         import torch
 
         return getattr(torch, self.case.dtype)
@@ -246,7 +246,7 @@ class RankState:
                 leaks.append(f"rank {self.rank} left {name} = {new!r}")
                 try:
                     set_(old)
-                except Exception:  # e.g. interop threads once parallel work started
+                except Exception:  # noqa: BLE001 (a global setter raises what it raises, e.g. interop threads once parallel work started: the pool restarts)
                     restart = True
         counts = [count() for *_, count in RESOURCES]
         first = warm_key not in self.warm  # lazy initialisation may add threads or fds once

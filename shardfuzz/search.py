@@ -30,6 +30,8 @@ from shardfuzz.shared_db import hypothesis_database
 if TYPE_CHECKING:
     import hypothesis
 
+    from shardfuzz.finding import FindingContext
+
 _EXCEPTION_GROUP: type[Any] | None  # has ``.exceptions``
 if sys.version_info >= (3, 11):
     _EXCEPTION_GROUP = BaseExceptionGroup  # noqa: F821 (a builtin since 3.11; ruff targets 3.10)
@@ -97,7 +99,7 @@ def build_test(
         try:
             check(runner, case)
         except Finding as f:
-            smallest.on_finding(runner, case, f)
+            smallest.on_finding(f.context, f)
             raise
 
     ident = "".join(c if c.isalnum() else "_" for c in runner.key)
@@ -106,7 +108,7 @@ def build_test(
     def test() -> None:
         failing = covering.run()
         if failing is not None:  # kept, so a deadline before Hypothesis replays it cannot lose it
-            smallest.on_finding(runner, failing.case, covering.finding)
+            smallest.on_finding(covering.finding.context, covering.finding)
         # the rows count toward the budget: Hypothesis gets what they left of max_examples
         budget = type(s)(s, max_examples=max(1, s.max_examples - covering.examples))
         _given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
@@ -184,7 +186,7 @@ class SmallestFindings(RunHooks):
     def __bool__(self) -> bool:
         return bool(self.best)
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:  # noqa: ARG002 (the hook signature)
         self._seen += 1
         order = example_order()
         key = (0, order) if order is not None else (1, -self._seen)

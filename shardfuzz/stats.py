@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -30,6 +31,14 @@ class Stats:
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason
     excluded: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def count_finding(self, finding: Any) -> None:
+        """One more failing example: the first failure's position, and a mismatch's margin."""
+        self.failures += 1
+        if self.first_failure_at is None:
+            self.first_failure_at = self.examples
+        if finding.ratio is not None and finding.kind == "mismatch":
+            self.margin = finding.ratio if self.margin is None else min(self.margin, finding.ratio)
 
     @property
     def per_second(self) -> float:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 
 import shardfuzz
 from shardfuzz import Case, InvalidArgument, Mismatch, RunConfig, RunHooks, Runner
+from shardfuzz.finding import inputs_hash
 from shardfuzz.registry import get_target
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -63,12 +65,13 @@ def test_dtypes_restrict_what_is_drawn():
 
 class Count(RunHooks):
     def __init__(self):
-        self.before, self.found = 0, []
+        self.before, self.found, self.contexts = 0, [], []
 
     def before_example(self, runner, case):
         self.before += 1
 
-    def on_finding(self, runner, case, finding):
+    def on_finding(self, context, finding):
+        self.contexts.append(context)
         self.found.append(finding.kind)
 
 
@@ -76,9 +79,15 @@ def test_hooks_are_declared_objects():
     hook = Count()
     r = Runner(TOY, "wrong_rank1", hooks=[hook])
     case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
-    with pytest.raises(Mismatch):
+    with pytest.raises(Mismatch) as excinfo:
         r.run_case(case)
     assert hook.before == 1 and hook.found == ["mismatch"]
+    # the hook gets the finding's frozen context, not the runner
+    (context,) = hook.contexts
+    assert context is excinfo.value.context and context.case == case and context.impl == "wrong_rank1"
+    assert context.inputs_sha256 == inputs_hash(r.last_inputs) and context.traces == excinfo.value.traces
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        context.impl = "other"  # type: ignore[misc]
     with pytest.raises(InvalidArgument, match="hooks must be"):
         Runner(TOY, hooks=[print])
 

@@ -166,10 +166,13 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
     assert code == 1
     assert {n for _, n in _notes(late)} == {"known"} and {i for i, _ in _notes(late)} == set(stored)
 
-    replayed = run_cli("replay", url, "--fleet", fleet)
+    # a record from the store may name only shardfuzz's own code unless --trust-refs (docs/trust.md)
+    refused = run_cli("replay", url, "--fleet", fleet)
+    assert refused.returncode == 2 and "a record from a store of findings" in refused.stderr, refused.stderr
+    replayed = run_cli("replay", url, "--fleet", fleet, "--trust-refs")
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
     assert "2 replayed: 2 fail, 0 pass" in replayed.stdout
-    one = run_cli("replay", url, "--fleet", fleet, "--finding", stored[0])
+    one = run_cli("replay", url, "--fleet", fleet, "--finding", stored[0], "--trust-refs")
     assert "1 replayed: 1 fail, 0 pass" in one.stdout, one.stdout + one.stderr
 
     status = run_cli("status", url, "--fleet", fleet)
@@ -241,7 +244,7 @@ def test_two_fleets_never_mix_and_a_finding_is_stored_exactly_once(redis_server)
 
 
 def test_a_stored_finding_is_untrusted_input(redis_server):
-    from shardfuzz.fleet import FleetStore
+    from shardfuzz.fleet import FORMAT, FleetStore
 
     store = FleetStore(redis_server.url, "untrusted")
     client = _client(redis_server.url)
@@ -253,6 +256,15 @@ def test_a_stored_finding_is_untrusted_input(redis_server):
         store.findings()
     out = run_cli("findings", redis_server.url, "--fleet", "untrusted")
     assert out.returncode == 2 and "feedface" in out.stderr
+    doc = {
+        "format": FORMAT, "id": "feedface", "signature_version": 1, "signature": "('x',)",
+        "identity": "t/i/gloo", "kind": "mismatch", "target": "t", "impl": "i", "backend": "gloo",
+        "case": "Case()", "found_by": "w", "found_at": "now", "shrink_seconds": 0.0, "versions": {},
+        "failure_file": {"format": "shardfuzz-failure", "version": 1, "case": "__import__('os')"},
+    }  # fmt: skip
+    client.set("shardfuzz:untrusted:finding:feedface", json.dumps(doc))
+    with pytest.raises(InvalidArgument, match=r"'feedface'.*field 'failure_file'.*field '\w+' is missing"):
+        store.findings()
 
 
 @pytest.mark.parametrize(
