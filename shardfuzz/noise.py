@@ -174,6 +174,12 @@ def rounding_noise() -> type:
     class RoundingNoise(NoiseDraws, TorchDispatchMode):
         """Adds a case-dtype-sized random rounding error to every float64 op result (see the module)."""
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # no torch.compile runs under this mode: without this, torch wraps __torch_dispatch__
+            # in its dynamo ``disable`` wrapper, paid on every op of every noise sample
+            return False
+
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
         ) -> Any:

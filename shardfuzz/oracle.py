@@ -23,7 +23,7 @@ from typing import Any
 
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
-from shardfuzz.inputs import float64
+from shardfuzz.inputs import float64, seed_global
 from shardfuzz.limits import check_world_size
 from shardfuzz.noise import estimate
 from shardfuzz.target import SELF
@@ -66,9 +66,7 @@ def _check_names(target: Any, field: str, keys: Any, allowed: Any, what: str) ->
 
 def case_inputs(target: Any, case: Case) -> dict[str, Any]:
     """The case's full inputs, checked: built from its seed, a dict, names the layouts know."""
-    import torch
-
-    torch.manual_seed(case.seed)
+    seed_global(case.seed)  # the oracle runs on the driver's CPU
     inputs = call_target_code(target, "inputs(case)", case, target.inputs, case)
     if not isinstance(inputs, dict):
         raise TargetError(

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.collectives import TRACER
+from shardfuzz.inputs import seed_global
 from shardfuzz.placements import describe as describe_dtensor
 from shardfuzz.placements import local_input
 from shardfuzz.protocol import Reply, Task, encode, numerics_flags
@@ -289,7 +290,7 @@ def run_task(state: RankState, task: Task) -> Reply:
     # reset state so a failure replays identically
     if torch.are_deterministic_algorithms_enabled() != task.deterministic:
         torch.use_deterministic_algorithms(task.deterministic)  # preloaded by the forkserver
-    torch.manual_seed(case.seed)
+    seed_global(case.seed, state.device.type)
     random.seed(case.seed)
     np.random.seed(case.seed % (2**32))
     torch.set_grad_enabled(True)
