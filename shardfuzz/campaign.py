@@ -26,10 +26,13 @@ from typing import Any, TextIO
 from shardfuzz.config import RunConfig
 from shardfuzz.errors import Finding
 from shardfuzz.failures import FailureRecorder
+from shardfuzz.fleet import signature_of
+from shardfuzz.fleet_worker import FleetWorker, NoFleet
 from shardfuzz.hooks import Deadline, TimeUp
 from shardfuzz.pools import shutdown as stop_pools
 from shardfuzz.runner import Runner, Stats
-from shardfuzz.search import Result, search, settings_for
+from shardfuzz.search import Result, search, settings_for, stable_identity
+from shardfuzz.shared_db import save_only
 from shardfuzz.triggers import PROGRESS
 
 
@@ -71,6 +74,8 @@ class Outcome:
     findings: list[tuple[Finding, str | None]] = dataclasses.field(default_factory=list)
     #: findings of later runs whose signature was seen before
     rediscovered: int = 0
+    #: with a fleet (``--database redis://...``): what the fleet says of each finding, in order
+    fleet: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         s = self.runner.stats
@@ -97,7 +102,8 @@ class Outcome:
             "rediscovered": self.rediscovered,
             "findings": [
                 {"kind": f.kind, "margin": f.ratio, "case": repr(f.case), "file": path, "site": _site(f)}
-                for f, path in self.findings
+                | (self.fleet[i] if i < len(self.fleet) else {})
+                for i, (f, path) in enumerate(self.findings)
             ],
         }
 
@@ -140,6 +146,8 @@ def fuzz_one(
     """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``config.deadline``."""
     t0 = time.perf_counter()
     hooks: list[Any] = [recorder] if recorder is not None else []
+    fleet = FleetWorker.for_config(config)  # NoFleet without a Redis database
+    hooks.append(fleet)
     deadline = None
     if config.deadline is not None:
         deadline = Deadline(t0 + config.deadline)
@@ -155,20 +163,18 @@ def fuzz_one(
     )
     seen: set[tuple] = set()
     already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
+    fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
     try:
         with deadline.enforced() if deadline is not None else contextlib.nullcontext():
             while True:
                 out.runs += 1
                 if recorder is not None:
                     recorder.begin_run(out.runs)
+                fleet.begin_run()
                 first = out.runs == 1  # later runs: no covering rows, no replay of saved failures
-                result = search(
-                    runner,
-                    settings_for(config, quiet=True),
-                    database="default" if first else None,
-                    rows=first,
-                )
-                _settle(out, result, seen, recorder)
+                settings = settings_for(config, quiet=True)
+                result = search(runner, settings, database=_run_database(settings, first), rows=first)
+                _settle(out, result, seen, runner, recorder, fleet)
                 if out.result is None or not out.result.found:
                     out.result = result
                 if result.out_of_time or config.deadline is None or result.interrupted:
@@ -180,6 +186,7 @@ def fuzz_one(
     finally:
         stop.set()
         out.elapsed = time.perf_counter() - t0
+        fleet.stop("interrupted" if out.interrupted else "finished")
     out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
     if deadline is not None and deadline.overran:
         out.overran = True
@@ -200,16 +207,48 @@ def fuzz_one(
     return out
 
 
-def _settle(out: Outcome, result: Result, seen: set[tuple], recorder: Any) -> None:
-    """Keep a run's findings that are new (by signature) and their files; count the others."""
+def _run_database(settings: Any, first: bool) -> Any:
+    """A campaign's first run replays the database (the fleet's findings too); later runs save to
+    it only, so they search elsewhere instead of replaying the known failures again."""
+    return "default" if first or settings.database is None else save_only(settings.database)
+
+
+def _settle(
+    out: Outcome,
+    result: Result,
+    seen: set[tuple],
+    runner: Runner,
+    recorder: Any,
+    fleet: FleetWorker | NoFleet,
+) -> None:
+    """Keep a run's findings that are new (by signature) and their files; count the others; offer
+    each to the fleet, if any."""
+    shrink = fleet.run_shrink_seconds(len(result.failures))
     for f in result.failures:
-        distinct = f.signature not in seen
-        seen.add(f.signature)
+        distinct = signature_of(f) not in seen
+        seen.add(signature_of(f))
         path = recorder.settle(f, distinct) if recorder is not None else None
+        note = fleet.settle(stable_identity(runner), f, path, distinct, shrink)
         if distinct:
             out.findings.append((f, path))
+            if note is not None:
+                out.fleet.append(note)
         else:
             out.rediscovered += 1
+
+
+def _heartbeat(runner: Runner, out: Outcome, elapsed: float, shown: tuple[str, ...]) -> dict[str, Any]:
+    """What a fleet worker says of itself every heartbeat (``shardfuzz status``)."""
+    s = runner.stats
+    return {
+        "target": runner.target.name,
+        "impl": runner.impl_name,
+        "examples": s.examples,
+        "per_second": s.examples / elapsed if elapsed > 0 else 0.0,
+        "triggers": {t: s.triggers.get(t, 0) / s.examples for t in shown} if s.examples else {},
+        "findings": len(out.findings),
+        "runs": out.runs,
+    }
 
 
 #: the most frequent leaks the summary table names (the rest are counted)
@@ -242,6 +281,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (one row's r
             margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
             site = f" ({f['site']})" if f.get("site") else ""
             lines.append(f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}")
+            if f.get("fleet"):
+                lines.append(f"{'':<16}   fleet finding {f['id']}: {fleet_note(f)}")
             if f.get("file"):
                 lines.append(f"{'':<16}   failure file: {f['file']}")
         lines += _fault_lines(r)
@@ -268,3 +309,12 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
             + (f" and {more} more" if more > 0 else "")
         )
     return lines
+
+
+def fleet_note(note: dict[str, Any]) -> str:
+    """What the fleet says of a finding, in words (summary and report lines)."""
+    if note["fleet"] == "new":
+        return "new, stored in the fleet"
+    if note["fleet"] == "lost":
+        return "not stored (the shared database was lost; it is in the local failure file)"
+    return f"a rediscovery (first found by {note.get('found_by')} at {note.get('found_at')})"

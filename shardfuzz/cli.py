@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from shardfuzz import campaign, failures, plot
+from shardfuzz import campaign, failures, fleet_view, plot
 from shardfuzz.case import Case
 from shardfuzz.cli_args import EXIT_FOUND, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
 from shardfuzz.comm import CostModel, format_comm
@@ -38,6 +38,7 @@ from shardfuzz.refs import add_search_path, split_file_ref
 from shardfuzz.registry import BUILTIN_TARGETS, available_targets, get_target
 from shardfuzz.replay import replay_one
 from shardfuzz.runner import Runner
+from shardfuzz.shared_db import RedisLost, is_redis_url
 from shardfuzz.standalone import write_standalone
 from shardfuzz.tolerance import Tolerance
 from shardfuzz.torchrun import write_repro
@@ -92,6 +93,8 @@ def _cmd_fuzz(args: Any) -> int:
             max_examples=args.max_examples,
             deadline=args.duration,
             failures_dir=args.failures_dir,
+            database=args.database,
+            fleet=args.fleet,
             exclude=tuple(args.exclude),
             options=dict(args.option),
         )
@@ -121,8 +124,14 @@ def _cmd_fuzz(args: Any) -> int:
             interval=args.progress_every,
         )
         outcomes.append(out)
-        for finding, _ in out.findings:  # every distinct finding, in the order found
-            print(f"\n{finding.report}\n", flush=True)
+        for i, (finding, _) in enumerate(out.findings):  # every distinct finding, in the order found
+            note = out.fleet[i] if i < len(out.fleet) else None
+            if note is not None and note["fleet"] == "known":  # the fleet has its report already
+                print(
+                    f"\n{finding.kind}: fleet finding {note['id']}, {campaign.fleet_note(note)}\n", flush=True
+                )
+            else:
+                print(f"\n{finding.report}\n", flush=True)
         if out.interrupted:
             interrupted = True
             break
@@ -132,6 +141,12 @@ def _cmd_fuzz(args: Any) -> int:
         with open(args.summary_json, "w") as fh:
             json.dump(rows, fh)
     found = any(r["found"] for r in rows)
+    if RedisLost.lost is not None:
+        print(
+            f"shardfuzz: the shared database was lost during the campaign ({RedisLost.lost}); its findings "
+            f"are in the failure files under {recorder.directory}",
+            file=sys.stderr,
+        )
     if interrupted:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
         return EXIT_FOUND if found else EXIT_INTERRUPTED
@@ -209,11 +224,16 @@ def _print_collectives(args: Any, traces: dict[int, Any]) -> None:
 
 
 def _cmd_replay(args: Any) -> int:
-    paths = failures.find_files(args.paths)
-    if not paths:
-        print(f"shardfuzz: error: no failure files (*.json) in {args.paths}", file=sys.stderr)
-        return EXIT_USAGE
+    if args.finding is not None and not any(map(is_redis_url, args.paths)):
+        raise InvalidArgument(f"--finding={args.finding!r} names a fleet finding: give a redis://... URL")
+    files = [p for p in args.paths if not is_redis_url(p)]
+    paths = failures.find_files(files) if files else []
     records = [failures.load(p, trust_refs=args.trust_refs) for p in paths]  # all checked before any runs
+    for url in filter(is_redis_url, args.paths):  # a fleet's findings: untrusted records of a store
+        records += fleet_view.fleet_records(url, args.fleet, args.finding, trust_refs=args.trust_refs)
+    if not records:
+        print(f"shardfuzz: error: no failure files (*.json) or findings in {args.paths}", file=sys.stderr)
+        return EXIT_USAGE
     tolerance = _tolerance(args)
     check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
     still = 0
@@ -271,6 +291,10 @@ def _main(args: Any) -> int:
             return _cmd_replay(args)
         if args.command == "repro":
             return _cmd_repro(args)
+        if args.command == "findings":
+            return fleet_view.cmd_findings(args.url, args.fleet)
+        if args.command == "status":
+            return fleet_view.cmd_status(args.url, args.fleet)
     except InvalidArgument as e:
         print(f"shardfuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -15,6 +15,7 @@ from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_dtypes, parse_to
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.exclude import CaseExpression
 from shardfuzz.refs import add_search_path_option
+from shardfuzz.shared_db import check_database, check_fleet, is_redis_url, redact
 from shardfuzz.tolerance import OutputTolerance
 from shardfuzz.trust import add_trust_option
 
@@ -114,6 +115,29 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _database(text: str) -> str:
+    try:
+        return str(check_database(text, "--database"))
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _redis_url(text: str) -> str:
+    if not is_redis_url(text):
+        raise argparse.ArgumentTypeError(f"{redact(text)!r} is not a redis://HOST:PORT/N URL")
+    return _database(text)
+
+
+def _fleet(text: str) -> str:
+    try:
+        return check_fleet(text, "--fleet")
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+FLEET_HELP = "the fleet's name on a shared Redis (default: $SHARDFUZZ_FLEET, else 'default')"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="shardfuzz",
@@ -210,6 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="where failure files go (default: .shardfuzz/failures)",
     )
     f.add_argument(
+        "--database",
+        type=_database,
+        default=None,
+        metavar="DIR|redis://HOST:PORT/N",
+        help="where examples are kept; a Redis URL shares them and the findings with a fleet of workers "
+        "(default: $SHARDFUZZ_DATABASE, else the profile's local database)",
+    )
+    f.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
+    f.add_argument(
         "--jobs", type=_positive_int, default=1, help="targets fuzzed side by side in child processes"
     )
     f.add_argument(
@@ -250,8 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--plot-output", default=None, metavar="OUTPUT", help="with --plot: draw only this output")
 
-    r = sub.add_parser("replay", parents=[where], help="rerun the cases in failure files")
-    r.add_argument("paths", nargs="+", metavar="FILE|DIR")
+    r = sub.add_parser("replay", parents=[where], help="rerun the cases in failure files or of a fleet")
+    r.add_argument("paths", nargs="+", metavar="FILE|DIR|redis://...")
+    r.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
+    r.add_argument("--finding", default=None, metavar="ID", help="with redis://...: replay only this finding")
     r.add_argument(
         "--debug-collectives",
         action="store_true",
@@ -275,4 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_search_path_option(rp)
     add_trust_option(rp)
+
+    for name, what in (("findings", "list a fleet's findings"), ("status", "show a fleet's workers")):
+        fl = sub.add_parser(name, help=what)
+        fl.add_argument("url", type=_redis_url, metavar="redis://HOST:PORT/N")
+        fl.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
     return p

@@ -27,6 +27,7 @@ from shardfuzz.limits import check_world_size as check_world_size
 from shardfuzz.limits import default_device as default_device
 from shardfuzz.limits import env_int as env_int
 from shardfuzz.limits import max_world_size as max_world_size
+from shardfuzz.shared_db import check_database, check_fleet, env_database, env_fleet
 from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 PROFILES = ("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
@@ -171,6 +172,11 @@ class RunConfig:
             a matching case is counted as excluded, never run (see :mod:`shardfuzz.exclude`).
         options: target options pinned to a value (``{"lse_grad": False}``): every drawn case
             gets it, as a contract choice for an implementation that supports only it.
+        database: where examples are kept: a directory, or a ``redis://HOST:PORT/N`` URL shared by
+            a fleet of workers (:mod:`shardfuzz.shared_db`); ``None``: ``$SHARDFUZZ_DATABASE``, else
+            the profile's own.
+        fleet: the fleet's name on a shared Redis (its key prefix); ``None``: ``$SHARDFUZZ_FLEET``,
+            else ``default``.
     """
 
     backend: str = "gloo"
@@ -188,6 +194,8 @@ class RunConfig:
     debug_collectives: bool = False
     exclude: tuple[str, ...] = ()
     options: Any = ()  # Mapping[str, JSON value] in; sorted (name, value) pairs after
+    database: str | None = None
+    fleet: str | None = None
 
     def __post_init__(self) -> None:
         check_environment()
@@ -207,6 +215,8 @@ class RunConfig:
             raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
         object.__setattr__(self, "tolerance", as_tolerance(self.tolerance))
         self._check_exclude_and_options()
+        object.__setattr__(self, "database", check_database(self.database) or env_database())
+        object.__setattr__(self, "fleet", check_fleet(self.fleet) if self.fleet is not None else env_fleet())
         for flag in ("deterministic", "debug_collectives"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")

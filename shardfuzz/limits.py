@@ -30,6 +30,7 @@ ENV_INTS = {
     "SHARDFUZZ_SPARE_POOLS": (1, 0),  # 0: no warm spare after a failure (benchmarks' "before")
     "SHARDFUZZ_REGROUP": (1, 0),  # 0: a pool whose rank raised is discarded (benchmarks' "regroup off")
     "SHARDFUZZ_MAX_INPUT_BYTES": (2**30, 1),  # a hand-made case's inputs (shardfuzz.input_bounds)
+    "SHARDFUZZ_HEARTBEAT": (10, 1),  # seconds between a fleet worker's heartbeats
 }
 
 
@@ -132,4 +133,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         str(2**30),
         "the most bytes a failure file's (or shardfuzz case's) inputs may hold, measured before building",
     ),
+    EnvVar(
+        "SHARDFUZZ_DATABASE",
+        "path or URL",
+        "",
+        "where examples are kept: a directory or a fleet's redis://HOST:PORT/N (--database)",
+    ),
+    EnvVar("SHARDFUZZ_FLEET", "name", "default", "the fleet's name on a shared Redis (--fleet)"),
+    EnvVar("SHARDFUZZ_HEARTBEAT", "int >= 1", "10", "seconds between a fleet worker's heartbeats"),
 )

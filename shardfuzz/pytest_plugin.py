@@ -41,6 +41,7 @@ from shardfuzz.failures import check_failures_dir, default_dir
 from shardfuzz.refs import anchored_ref, caller_dir
 from shardfuzz.replay import replay_one
 from shardfuzz.settings import current_profile_name, profile_for, register_profiles
+from shardfuzz.shared_db import database_options
 from shardfuzz.tolerance import OutputTolerance, Tolerance
 from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
@@ -57,6 +58,9 @@ HELP_DTYPES = "comma-separated dtypes that shardfuzz tests may draw, e.g. float3
 HELP_TOLERANCE = (
     "a fixed tolerance for one output of the targets tested, in place of the noise model, e.g. "
     "y=rtol:1e-3,atol:1e-5 (repeatable; the last for an output wins)."
+)
+HELP_DATABASE = (
+    "a directory or a fleet's redis://HOST:PORT/N to keep examples in (default: $SHARDFUZZ_DATABASE)"
 )
 HELP_FAILURES_DIR = (
     "directory of failure files: shardfuzz tests write their findings there, and shardfuzz.regressions() "
@@ -81,6 +85,9 @@ class Options:
     exclude: tuple[str, ...] = ()
     max_examples: int | None = None
     device: str | None = None
+    #: ``--shardfuzz-database`` / ini ``shardfuzz_database``: a directory or a fleet's redis:// URL
+    database: str | None = None
+    fleet: str | None = None
 
     def config(self, **overrides: Any) -> RunConfig:
         """The run configuration of these options; ``overrides`` that are not None win."""
@@ -95,6 +102,8 @@ class Options:
             exclude=self.exclude,
             max_examples=self.max_examples,
             device=self.device,
+            database=self.database,
+            fleet=self.fleet,
         )
         return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
 
@@ -125,6 +134,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--shardfuzz-profile", default=None, choices=PROFILES, help=opts.HELP_PROFILE)
     group.addoption("--shardfuzz-device", default=None, choices=DEVICES, help=opts.HELP_DEVICE)
+    for name, what in (("database", HELP_DATABASE), ("fleet", "the fleet's name on a shared Redis")):
+        group.addoption(f"--shardfuzz-{name}", default=None, help=what)  # or the ini key shardfuzz_NAME
+        parser.addini(f"shardfuzz_{name}", what, default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -139,6 +151,11 @@ def pytest_configure(config: pytest.Config) -> None:
         except InvalidArgument as e:
             raise pytest.UsageError(str(e)) from None
     current = current_profile_name()
+    get = lambda name: config.getoption(f"--shardfuzz-{name}") or config.getini(f"shardfuzz_{name}")
+    try:
+        database, fleet = database_options(get, "--shardfuzz-")
+    except InvalidArgument as e:
+        raise pytest.UsageError(str(e)) from None
     options = Options(
         backend=config.getoption("--shardfuzz-backend", "gloo"),
         world_sizes=opts.parse_world_sizes(config.getoption("--shardfuzz-world-sizes", None)),
@@ -151,6 +168,8 @@ def pytest_configure(config: pytest.Config) -> None:
         exclude=opts.parse_excludes(config.getoption("--shardfuzz-exclude", None)),
         max_examples=opts.parse_max_examples(config.getoption("--shardfuzz-max-examples", None)),
         device=config.getoption("--shardfuzz-device", None),
+        database=database,
+        fleet=fleet,
     )
     try:  # a combination RunConfig refuses (--shardfuzz-backend=nccl --shardfuzz-device=cpu)
         options.config()

@@ -25,6 +25,7 @@ from shardfuzz.failures import FailureRecorder
 from shardfuzz.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_order
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.settings import build_settings
+from shardfuzz.shared_db import hypothesis_database
 from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 if TYPE_CHECKING:
@@ -228,8 +229,8 @@ def settings_for(config: RunConfig, *, quiet: bool = False, **overrides: Any) ->
     from hypothesis import Verbosity
 
     kw: dict[str, Any] = dict(max_examples=config.max_examples, derandomize=config.derandomize)
-    if quiet:
-        kw["verbosity"] = Verbosity.quiet
+    kw["verbosity"] = Verbosity.quiet if quiet else None
+    kw["database"] = hypothesis_database(config.database, config.fleet) if config.database else None
     kw.update(overrides)
     return build_settings(config.profile, **kw)
 
@@ -326,14 +327,13 @@ def run(
         config: a :class:`~shardfuzz.RunConfig`; or give its fields as keywords instead
             (``backend=``, ``max_examples=``, ``profile=``, ``world_sizes=``, ``dtypes=``,
             ``timeout=``, ``tolerance=``, ``deadline=``, ``failures_dir=``, ``derandomize=``,
-            ``device=``, ``deterministic=``), not both. ``tolerance=`` takes a :class:`Tolerance`
-            or a mapping output name -> ``OutputTolerance`` / ``{"rtol": X, "atol": Y}`` /
-            ``(rtol, atol)`` (per-output overrides on the default); a name must be an output of
-            the target (not checked for outputs that depend on the case).
-        hooks: :class:`~shardfuzz.hooks.RunHooks` objects (a failure-file recorder is added for
-            ``failures_dir``, a deadline for ``deadline``).
-        database: a Hypothesis database, ``None`` for none, or ``"default"`` for the profile's.
-        settings: Hypothesis settings to use instead of the configuration's profile and budget.
+            ``device=``, ``deterministic=``, ``database=``, ``fleet=``), not both. ``tolerance=``
+            takes a :class:`Tolerance` or a mapping output name -> ``OutputTolerance`` / ``{"rtol":
+            X, "atol": Y}`` / ``(rtol, atol)`` (per-output overrides on the default); a name must be
+            an output of the target (not checked for outputs that depend on the case).
+        hooks: :class:`~shardfuzz.hooks.RunHooks` (a failure-file recorder for ``failures_dir``, a
+            deadline for ``deadline``). database: a Hypothesis database, None, or "default" (the config's).
+        settings: Hypothesis settings instead of the configuration's profile and budget.
     """
     if config is not None and fields:
         raise InvalidArgument(

@@ -1,0 +1,334 @@
+"""Fleets against a real ``redis-server`` (Debian's package; ``.ci/run`` installs it): workers as
+separate processes sharing one Redis, the fleet view, findings stored once, Redis lost mid-campaign,
+and bad URLs. Without redis-server these tests skip locally (and fail in CI: they must run there).
+
+Budget: the two multi-process tests are the whole cost (a tiny target whose two planted bugs are
+found in a few examples); the rest run in this process.
+"""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.testing import run_cli
+
+pytest_plugins = ["pytester"]
+HERE = os.path.dirname(__file__)
+TOY = os.path.join(HERE, "data", "toy_target.py")
+BUGS = os.path.join(HERE, "data", "fleet_impls.py") + "::parity_bugs"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+INSTALL = "install it with: apt-get install redis-server (and pip install 'shardfuzz[redis]')"
+
+
+def _needs(what: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{what} is missing in CI, where the fleet tests must run; .ci/run installs it")
+    pytest.skip(f"{what} is not installed: {INSTALL}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server on a free port, its files in ``directory``, stopped with :meth:`stop`."""
+
+    def __init__(self, directory, *extra: str) -> None:
+        if shutil.which("redis-server") is None:
+            _needs("redis-server")
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            _needs("the redis client")
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            ["redis-server", *args, "--dir", str(directory), *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        end = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > end or self.proc.poll() is not None:
+                    self.stop()
+                    pytest.fail(f"redis-server did not start on port {self.port}")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+def _client(url):
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+def _worker(start_cli, url, fleet, failures_dir, *budget):
+    """A worker on the toy target with two planted bugs (every case fails one way or the other, so
+    a few examples find both); ``budget``: ``--duration T`` or ``--max-examples N``."""
+    return start_cli(
+        "fuzz", TOY, "--impl", BUGS, "--world-sizes", "2", *budget,
+        "--database", url, "--fleet", fleet, "--failures-dir", str(failures_dir),
+        "--summary-json", str(failures_dir / "summary.json"), "--progress-every", "1",
+        env={**os.environ, "SHARDFUZZ_HEARTBEAT": "1"},
+    )  # fmt: skip
+
+
+def _notes(failures_dir):
+    rows = json.loads((failures_dir / "summary.json").read_text())
+    return [(f["id"], f["fleet"]) for r in rows for f in r["findings"]]
+
+
+def _worker_doc(url, fleet, pid):
+    for key in _client(url).scan_iter(match=f"shardfuzz:{fleet}:worker:*"):
+        if key.decode().endswith(f"-{pid}"):
+            return key.decode()
+    return None
+
+
+def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_server, start_cli, tmp_path):
+    """Done-when of issue 27: three workers (separate processes, one killed mid-run) and two
+    planted bugs: two findings, each stored once, every other copy a rediscovery; a worker started
+    later reports neither as new; ``replay redis://`` reproduces both; the killed worker shows as
+    gone and lost nothing."""
+    url, fleet = redis_server.url, "three"
+    dirs = [tmp_path / f"w{i}" for i in range(4)]
+    for d in dirs:
+        d.mkdir()
+    workers = [_worker(start_cli, url, fleet, d, "--max-examples", "10") for d in dirs[:2]]
+    doomed = _worker(start_cli, url, fleet, dirs[2], "--duration", "300s")
+    for w in workers:
+        code, out, err = w.finish(240)
+        assert code == 1, out + err
+    doomed.wait_line(lambda line: re.search(r", [1-9][0-9]* failing", line), 120)
+    doomed_key = _worker_doc(url, fleet, doomed.pid)
+    assert doomed_key is not None, doomed.output()
+    doomed.kill()  # SIGKILL, with its ranks: mid-run, maybe mid-write
+
+    store = _client(url)
+    stored = sorted(
+        k.decode().rsplit(":", 1)[1] for k in store.scan_iter(match=f"shardfuzz:{fleet}:finding:*")
+    )
+    assert len(stored) == 2, stored
+    notes = [n for d in dirs[:2] for n in _notes(d)]
+    assert {fid for fid, _ in notes} <= set(stored), (notes, stored)
+    for fid in stored:
+        doc = json.loads(store.get(f"shardfuzz:{fleet}:finding:{fid}"))  # whole: it parses, all fields
+        by_doomed = doc["found_by"].endswith(f"-{doomed.pid}")
+        assert notes.count((fid, "new")) + by_doomed == 1, (notes, doc["found_by"])
+        seen = {k.decode(): int(v) for k, v in store.hgetall(f"shardfuzz:{fleet}:seen:{fid}").items()}
+        assert sum(seen.values()) >= notes.count((fid, "known")), (seen, notes)
+        assert {k.decode() for k in store.hgetall(f"shardfuzz:{fleet}:shrink:{fid}")} == set(seen)
+        assert doc["failure_file"]["kind"] == doc["kind"] and doc["signature_version"] == 1
+        assert doc["versions"]["torch"] and doc["versions"]["shardfuzz"]
+    # the killed worker lost nothing: its failure files are there, whole
+    kept = list(dirs[2].glob("*parity_bugs-gloo-*.json"))
+    assert kept and all(json.loads(p.read_text())["kind"] for p in kept)
+
+    listed = run_cli("findings", url, "--fleet", fleet)
+    assert listed.returncode == 0, listed.stderr
+    assert f"'{fleet}' at {url}: 2 findings" in listed.stdout
+    assert listed.stdout.count("rerun: shardfuzz replay") == 2
+
+    # a worker started after both are stored reports neither as new (the corpus replays them)
+    late = dirs[3]
+    code = run_cli(
+        "fuzz", TOY, "--impl", BUGS, "--world-sizes", "2", "--max-examples", "5", "--database", url,
+        "--fleet", fleet, "--failures-dir", late, "--summary-json", late / "summary.json",
+    ).returncode  # fmt: skip
+    assert code == 1
+    assert {n for _, n in _notes(late)} == {"known"} and {i for i, _ in _notes(late)} == set(stored)
+
+    # a record from the store may name only shardfuzz's own code unless --trust-refs (docs/trust.md)
+    refused = run_cli("replay", url, "--fleet", fleet)
+    assert refused.returncode == 2 and "a record from a store of findings" in refused.stderr, refused.stderr
+    replayed = run_cli("replay", url, "--fleet", fleet, "--trust-refs")
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    assert "2 replayed: 2 fail, 0 pass" in replayed.stdout
+    one = run_cli("replay", url, "--fleet", fleet, "--finding", stored[0], "--trust-refs")
+    assert "1 replayed: 1 fail, 0 pass" in one.stdout, one.stdout + one.stderr
+
+    status = run_cli("status", url, "--fleet", fleet)
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[3:-1] if line.strip()}
+    assert rows[doomed_key.rsplit(":", 1)[1]] == "gone", status.stdout
+    assert sorted(rows.values()).count("finished") == 3, status.stdout
+    assert "fleet total:" in status.stdout.splitlines()[-1]
+
+
+def test_redis_lost_mid_campaign_keeps_findings_locally(tmp_path):
+    """Redis killed while a campaign runs: it finishes, says so once, and its findings are in its
+    failure files (in this process: its pools are the other tests')."""
+    server = RedisServer(tmp_path)
+    client = _client(server.url)
+
+    def kill_once_fuzzing():  # once the worker's heartbeat shows examples, kill Redis
+        end = time.monotonic() + 120
+        while time.monotonic() < end and server.proc.poll() is None:
+            for key in client.scan_iter(match="shardfuzz:lost:worker:*"):
+                if json.loads(client.get(key) or "{}").get("examples", 0) > 0:
+                    server.stop()
+                    killed_at.append(time.monotonic())
+                    return
+            time.sleep(0.2)
+
+    killed_at: list[float] = []
+    killer = threading.Thread(target=kill_once_fuzzing)
+    killer.start()
+    try:
+        out = run_cli(
+            "fuzz", TOY, "--impl", BUGS, "--world-sizes", "2", "--duration", "12s", "--database", server.url,
+            "--fleet", "lost", "--failures-dir", tmp_path, env={"SHARDFUZZ_HEARTBEAT": "1"},
+        )  # fmt: skip
+    finally:
+        killer.join()
+        server.stop()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert server.proc.poll() is not None and killed_at, "Redis was not killed while the campaign ran"
+    assert out.stderr.count("lost the shared database redis://127.0.0.1") == 1, out.stderr
+    assert f"its findings are in the failure files under {tmp_path}" in out.stderr
+    written = sorted(tmp_path.glob("*parity_bugs-gloo-*.json"))
+    assert written and all(f"failure file: {p}" in out.stdout for p in written), out.stdout
+    # the corpus was multiplexed with Hypothesis' own local directory (not one in the checkout)
+    local = pathlib.Path(os.environ["HYPOTHESIS_STORAGE_DIRECTORY"]) / "examples"
+    assert any(local.iterdir()), local
+    assert not list(pathlib.Path.cwd().glob("<hypothesis*")), "a local database named by an object's repr"
+
+
+def test_two_fleets_never_mix_and_a_finding_is_stored_exactly_once(redis_server):
+    from shardfuzz.fleet import FORMAT, FleetStore
+
+    a, b = FleetStore(redis_server.url, "race-a"), FleetStore(redis_server.url, "race-b")
+    doc = {
+        "format": FORMAT, "id": "0123456789abcdef", "signature_version": 1, "signature": "('x',)",
+        "identity": "t/i/gloo", "kind": "mismatch", "target": "t", "impl": "i", "backend": "gloo",
+        "case": "Case()", "found_by": "w", "found_at": "now", "shrink_seconds": 0.0, "versions": {},
+        "failure_file": None,
+    }  # fmt: skip
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(a.publish(dict(doc)))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(None) == 1 and len(results) == 8  # one stored it; seven found it there
+    assert [d["id"] for d in a.findings()] == [doc["id"]]
+    assert b.findings() == []
+
+
+def test_a_stored_finding_is_untrusted_input(redis_server):
+    from shardfuzz.fleet import FORMAT, FleetStore
+
+    store = FleetStore(redis_server.url, "untrusted")
+    client = _client(redis_server.url)
+    client.set("shardfuzz:untrusted:finding:feedface", b"{not json")
+    with pytest.raises(InvalidArgument, match=r"fleet finding .feedface.*not valid JSON"):
+        store.findings()
+    client.set("shardfuzz:untrusted:finding:feedface", json.dumps({"format": "other"}))
+    with pytest.raises(InvalidArgument, match="field 'format'"):
+        store.findings()
+    out = run_cli("findings", redis_server.url, "--fleet", "untrusted")
+    assert out.returncode == 2 and "feedface" in out.stderr
+    doc = {
+        "format": FORMAT, "id": "feedface", "signature_version": 1, "signature": "('x',)",
+        "identity": "t/i/gloo", "kind": "mismatch", "target": "t", "impl": "i", "backend": "gloo",
+        "case": "Case()", "found_by": "w", "found_at": "now", "shrink_seconds": 0.0, "versions": {},
+        "failure_file": {"format": "shardfuzz-failure", "version": 1, "case": "__import__('os')"},
+    }  # fmt: skip
+    client.set("shardfuzz:untrusted:finding:feedface", json.dumps(doc))
+    with pytest.raises(InvalidArgument, match=r"'feedface'.*field 'failure_file'.*field '\w+' is missing"):
+        store.findings()
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("redis://:hunter2@127.0.0.1:notaport/0", "not a valid Redis URL"),
+        ("ftp://127.0.0.1/0", "unknown scheme 'ftp'"),
+        ("redis://127.0.0.1:6379/zero", "database 'zero' is not a number"),
+        ("redis://:hunter2@127.0.0.1:1/0", "cannot connect to Redis"),
+    ],
+)
+def test_bad_database_url_exits_2_naming_it_without_the_password(url, message):
+    if message == "cannot connect to Redis":  # the others are refused before the client is needed
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            _needs("the redis client")
+    out = run_cli("fuzz", TOY, "--impl", "two_bugs", "--max-examples", "1", "--database", url)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr and "hunter2" not in out.stdout + out.stderr
+
+
+def test_wrong_password_exits_2(tmp_path):
+    server = RedisServer(tmp_path, "--requirepass", "s3cret")
+    try:
+        url = f"redis://:hunter3@127.0.0.1:{server.port}/0"
+        out = run_cli("status", url)
+        anonymous = run_cli("findings", f"redis://127.0.0.1:{server.port}/0")
+    finally:
+        server.stop()
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"URL='redis://:***@127.0.0.1:{server.port}/0': Redis refused the password" in out.stderr
+    assert "hunter3" not in out.stdout + out.stderr
+    assert anonymous.returncode == 2 and "Redis asks for a password" in anonymous.stderr, anonymous.stderr
+
+
+def test_missing_redis_client_names_the_extra(monkeypatch):
+    from shardfuzz import shared_db
+
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(InvalidArgument, match=r"pip install 'shardfuzz\[redis\]' \(redis>=3.0.0\)"):
+        shared_db.redis_module()
+
+
+def test_database_from_every_front_end(monkeypatch):
+    from shardfuzz import RunConfig
+
+    assert RunConfig(database="redis://h:1/0", fleet="nightly").fleet == "nightly"
+    monkeypatch.setenv("SHARDFUZZ_DATABASE", "redis://h:1/0")
+    monkeypatch.setenv("SHARDFUZZ_FLEET", "ci")
+    assert (RunConfig().database, RunConfig().fleet) == ("redis://h:1/0", "ci")
+    monkeypatch.setenv("SHARDFUZZ_DATABASE", "redis://:pw@h:x/0")
+    with pytest.raises(InvalidArgument, match=r"SHARDFUZZ_DATABASE='redis://:\*\*\*@h:x/0'"):
+        RunConfig()
+    with pytest.raises(InvalidArgument, match="fleet='a b'"):
+        RunConfig(database="d", fleet="a b")
+
+
+def test_pytest_option_and_ini_key(pytester):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    bad = pytester.runpytest_inprocess("--shardfuzz-database=ftp://u:hunter2@h/0", "-q")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--shardfuzz-database='ftp://u:***@h/0': unknown scheme 'ftp'" in bad.stderr.str()
+    pytester.makeini("[pytest]\nshardfuzz_database = redis://127.0.0.1:6379/zero\n")
+    assert "database 'zero' is not a number" in pytester.runpytest_inprocess("-q").stderr.str()
+    pytester.makeini("[pytest]\nshardfuzz_fleet = no spaces\n")
+    assert "--shardfuzz-fleet='no spaces'" in pytester.runpytest_inprocess("-q").stderr.str()
