@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,6 +30,14 @@ from shardfuzz.limits import max_world_size as max_world_size
 from shardfuzz.tolerance import OutputTolerance, Tolerance
 
 PROFILES = ("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
+
+
+def run_origin() -> dict[str, str]:
+    """The pytest test and the pytest-xdist worker (``gw0``, ``gw1``...) this process runs, from
+    ``$PYTEST_CURRENT_TEST`` and ``$PYTEST_XDIST_WORKER``: failure files name them (empty outside)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return {k: v for k, v in (("pytest_test", test), ("xdist_worker", worker)) if v}
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ from shardfuzz.case import Case
 from shardfuzz.errors import ExternalFault, Finding, Unsupported
 from shardfuzz.exclude import Excluded
 from shardfuzz.hooks import StickyInterrupt
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.triggers import triggers_of
 
 #: cases drawn to learn which pairs of conditions occur together

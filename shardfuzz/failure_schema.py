@@ -167,6 +167,8 @@ SCHEMA: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "tolerance": (False, _optional(_tolerance_problem)),
     "numerics": (False, _optional(lambda v: None if isinstance(v, dict) else "must be an object")),
     "versions": (False, _optional(_dict_of_str)),
+    "planted": (False, _optional(lambda v: None if isinstance(v, bool) else "must be true or false")),
+    "origin": (False, _optional(_dict_of_str)),  # the pytest test and xdist worker that wrote it
     "created": (False, _optional(_plain_text)),
     "updated": (False, _optional(_plain_text)),
     "updates": (

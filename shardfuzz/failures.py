@@ -30,6 +30,7 @@ import tempfile
 from collections.abc import Iterable
 
 import shardfuzz
+from shardfuzz.config import run_origin
 from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.failure_load import load, prepare, record_impl, record_target
 from shardfuzz.failure_schema import FORMAT, VERSION
@@ -192,6 +193,7 @@ class FailureRecorder(RunHooks):
             "target_ref": spec,
             "target_worker_ref": context.worker_ref,
             "impl": context.impl,
+            "planted": context.planted,  # regressions() leaves these out unless asked
             "impl_ref": ref,
             "impl_kwargs": dict(context.impl_ref.kwargs),
             "files": file_entries([spec, context.worker_ref, ref]),
@@ -215,6 +217,7 @@ class FailureRecorder(RunHooks):
             "created": created,
             "updated": now,
             "updates": updates,
+            "origin": run_origin(),  # the pytest test and xdist worker that wrote it
         }
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:

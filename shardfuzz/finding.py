@@ -38,6 +38,7 @@ class FindingContext:
     numerics: Mapping[str, Any] | None  # rank 0's numerics flags (of the run's first example)
     traces: Mapping[int, tuple]  # global rank -> the collectives it entered
     leaks: tuple[str, ...]  # global state the example left behind (restored or the pool restarted)
+    planted: bool = False  # the implementation is one of the target's planted bugs
 
 
 def inputs_hash(inputs: Mapping[str, Any]) -> str:

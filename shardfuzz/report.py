@@ -27,6 +27,7 @@ from shardfuzz.errors import (
 from shardfuzz.judge import Verdict
 from shardfuzz.protocol import Hung, RankDied, RankFailed
 from shardfuzz.tolerance import Tolerance
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 
 @dataclasses.dataclass(frozen=True)

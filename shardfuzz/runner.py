@@ -35,6 +35,7 @@ from shardfuzz.selforacle import SELF, self_expected
 from shardfuzz.spawn import hard_cap, start_forkserver
 from shardfuzz.stats import Stats
 from shardfuzz.target import Target
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 #: the example timeout (the no-progress window) is one of these; a busy example may run on up to
 #: :func:`~shardfuzz.spawn.hard_cap` of it
@@ -178,8 +179,7 @@ class Runner:
         except (Unsupported, ExternalFault):
             self.stats.examples -= 1
             raise
-        self.stats.passed += 1
-        self.stats.worst_pass_ratio = max(self.stats.worst_pass_ratio, ratio)
+        self.stats.note_pass(ratio, case)
         if elapsed is not None:
             TIMEOUTS.record(self._timeout_key(case), elapsed)
         return ratio
@@ -324,4 +324,5 @@ class Runner:
             numerics=self.numerics,
             traces=dict(finding.traces),
             leaks=tuple(finding.leaks),
+            planted=self.impl_name in self.target.planted,
         )

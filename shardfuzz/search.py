@@ -25,6 +25,7 @@ from shardfuzz.failures import FailureRecorder
 from shardfuzz.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_order
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.settings import build_settings
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 if TYPE_CHECKING:
     import hypothesis
@@ -41,8 +42,8 @@ else:  # pragma: no cover; Hypothesis brings the backport on 3.10
         _EXCEPTION_GROUP = None
 
 
-def check(runner: Runner, case: Case) -> float:
-    """Run one case inside a Hypothesis test: statistics, events and ``target()`` included."""
+def check(runner: Runner, case: Case, label: str = "error/tolerance") -> float:
+    """Run one case inside a Hypothesis test: statistics, events and ``target(label=label)`` included."""
     from hypothesis import event, reject, target
 
     StickyInterrupt.check()  # a Ctrl-C that Python swallowed (in a gc callback) still stops the run
@@ -56,7 +57,7 @@ def check(runner: Runner, case: Case) -> float:
         reject()
     for t in reached:
         event(t)
-    target(min(ratio, 1.0), label="error/tolerance")
+    target(min(ratio, 1.0), label=label)
     return ratio
 
 
@@ -115,7 +116,7 @@ def build_test(
             raise covering.not_reproduced(failing)
 
     test.__name__ = test.__qualname__ = test_case.__name__
-    test.shardfuzz_smallest = smallest  # type: ignore[attr-defined]  # read by run_test
+    test.shardfuzz_smallest, test.shardfuzz_given = smallest, test_case  # type: ignore[attr-defined]  # run_test, test_for
     return test
 
 
@@ -130,7 +131,7 @@ def _given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list
     # test_case would change, orphaning every saved example; shardfuzz pins the key it had in 0.1
     # (the database is keyed per target/implementation/backend by the prefix, not by this key)
     test._hypothesis_internal_database_key = DATABASE_KEY  # type: ignore[attr-defined]
-    if derandomized:
+    if derandomized and getattr(fn, "_hypothesis_internal_use_seed", None) is None:  # a user's @seed wins
         test = seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
     return s(test)
 
