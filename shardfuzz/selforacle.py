@@ -26,7 +26,7 @@ from typing import Any
 
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetError, Unsupported
-from shardfuzz.inputs import float64
+from shardfuzz.inputs import float64, seed_global
 from shardfuzz.noise import estimate
 from shardfuzz.oracle import Expected, call_target_code, case_inputs, case_scale_of
 from shardfuzz.placements import local_input
@@ -188,7 +188,7 @@ def run_self(
             k: local_input(spec.input_layout(k), v, ctx.mesh, 0, 1) if isinstance(v, torch.Tensor) else v
             for k, v in full.items()
         }
-        torch.manual_seed(orig.seed)  # every run draws what the sharded ranks drew
+        seed_global(orig.seed, ctx.device.type)  # every run draws what the sharded ranks drew
         random.seed(orig.seed)
         np.random.seed(orig.seed % (2**32))
         got = fn(dataclasses.replace(ctx, case=one, inputs=full, local=local), **dict(impl_kwargs))
