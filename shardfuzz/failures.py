@@ -9,9 +9,8 @@ File targets and implementations are kept as absolute paths, plus each file's pa
 project root (field ``files``), so a file replays from any folder and after its checkout moved
 (:mod:`shardfuzz.refs`: ``--search-path``, ``$SHARDFUZZ_PATH``).
 
-One file per (target, implementation, backend, failure kind); Hypothesis shrinks each distinct
-failure separately and only ever accepts smaller failing cases, so the last case written
-for a key is the smallest found so far, and after the final replay it is the shrunk one.
+One file per (target, implementation, backend, failure kind): the smallest case found so far, after
+the final replay the shrunk one; with its versioned signature (:mod:`shardfuzz.signature`).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from shardfuzz.rank import numerics_flags
 from shardfuzz.refs import file_entries, load_ref, ref_of_callable, relocate_ref, split_file_ref
 from shardfuzz.registry import get_target, target_spec
 from shardfuzz.runner import Runner
+from shardfuzz.signature import signature_fields
 from shardfuzz.target import Target
 
 FORMAT = "shardfuzz-failure"
@@ -183,12 +183,13 @@ class FailureRecorder(RunHooks):
         if order is not None:
             self._order[path] = order
         try:
-            self._write(path, runner, case, finding)
+            self.write(path, runner, case, finding)
         except OSError as e:  # never lose the finding over its file
             self.errors[path] = str(e)
             print(f"shardfuzz: warning: could not write the failure file {path!r}: {e}", file=sys.stderr)
 
-    def _write(self, path: str, runner: Runner, case: Case, finding: Finding) -> None:
+    def write(self, path: str, runner: Runner, case: Case, finding: Finding) -> None:
+        """Write ``finding`` at ``case`` (the runner's last) to ``path`` (also :mod:`shardfuzz.finish`)."""
         os.makedirs(self.directory, exist_ok=True)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         created, updates = now, 0
@@ -223,6 +224,7 @@ class FailureRecorder(RunHooks):
             "kind": finding.kind,
             "ratio": finding.ratio,
             "report": finding.report,
+            **signature_fields(finding),
             "trace": {str(r): [c.to_json() for c in t] for r, t in sorted(finding.traces.items())},
             "inputs_sha256": inputs_hash(runner.last_inputs),
             "impl_source_sha256": self._source[runner.impl_ref],
