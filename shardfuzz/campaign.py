@@ -5,11 +5,13 @@ deadline, runs with fresh seeds follow each other until the time is spent; the l
 stopped at the deadline (a :class:`~shardfuzz.hooks.Deadline` hook), and an example still running
 the grace period after it is abandoned, so ``--duration D`` ends by D plus the grace whatever the
 example timeouts are. A campaign keeps going after a finding: each run's shrunk findings are
-compared by signature (kind and raise site, then the wrong outputs and ranks at the minimal case,
-:attr:`~shardfuzz.errors.Finding.signature`), so what Hypothesis shrinks is never changed, and
+compared by signature (kind and cause: an exception's cause frame past torch's and shardfuzz's
+framework frames and its normalised message, the wrong outputs and ranks at the minimal case;
+:mod:`shardfuzz.signature`), so what Hypothesis shrinks is never changed, and
 every *distinct* finding is reported and kept in a failure file of its own; one seen again is
 counted as a rediscovery. Known failures are set aside with ``--exclude`` / ``known_failures``. A
-deadline or Ctrl-C while a finding is being shrunk reports the smallest case found so far.
+deadline or Ctrl-C while a finding is being shrunk reports the smallest case found so far; after a
+deadline, such a finding is shrunk further within an extra budget (:mod:`shardfuzz.finish`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from typing import Any, TextIO
 from shardfuzz.config import RunConfig
 from shardfuzz.errors import Finding
 from shardfuzz.failures import FailureRecorder
+from shardfuzz.finish import Finished, finish_budget, finish_shrink
 from shardfuzz.hooks import Deadline, TimeUp
 from shardfuzz.pools import shutdown as stop_pools
+from shardfuzz.report import ONE_RANK_NOTE
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.search import Result, search, settings_for
 from shardfuzz.triggers import PROGRESS
@@ -71,6 +75,8 @@ class Outcome:
     findings: list[tuple[Finding, str | None]] = dataclasses.field(default_factory=list)
     #: findings of later runs whose signature was seen before
     rediscovered: int = 0
+    #: the findings whose shrink the deadline cut, shrunk further after it
+    finished: list[Finished] = dataclasses.field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         s = self.runner.stats
@@ -87,13 +93,21 @@ class Outcome:
             "failure_files": self.failure_files,
             "interrupted": self.interrupted,
             "cut_short": bool(self.result and self.result.shrink_cut_short),
+            "finished": [f.describe() for f in self.finished],
             "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
             "excluded": sum(s.excluded.values()),
             "closest_pass": s.worst_pass_ratio,
             "rediscovered": self.rediscovered,
             "findings": [
-                {"kind": f.kind, "margin": f.ratio, "case": repr(f.case), "file": path, "site": _site(f)}
+                {
+                    "kind": f.kind,
+                    "margin": f.ratio,
+                    "case": repr(f.case),
+                    "file": path,
+                    "site": _site(f),
+                    "one_rank": f.kind != "communication" and getattr(f.case, "world_size", 0) == 1,
+                }
                 for f, path in self.findings
             ],
         }
@@ -103,6 +117,8 @@ def _site(f: Finding) -> str:
     """A finding's site in words, for the summary (the wrong outputs and ranks, the exception...)."""
     if f.kind == "mismatch":
         return ", ".join(f"{name} on ranks {list(ranks)}" for name, ranks in f.site)
+    if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
+        return f"{f.site[0]} in {f.site[1]}: {f.site[2]}"
     return " ".join(str(x) for x in f.site if x != ())
 
 
@@ -150,7 +166,7 @@ def fuzz_one(
     _progress_thread(
         lambda: progress_line(label, runner.stats, time.perf_counter() - t0, shown), stream, interval, stop
     )
-    seen: set[tuple] = set()
+    seen: set[str] = set()
     already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
     try:
         with deadline.enforced() if deadline is not None else contextlib.nullcontext():
@@ -181,6 +197,8 @@ def fuzz_one(
     if deadline is not None and deadline.overran:
         out.overran = True
         stop_pools()  # the abandoned example's ranks are still busy: start afresh
+    if not out.interrupted:
+        _finish_cut_shrinks(out, runner, config, recorder, stream)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     print(
@@ -197,7 +215,7 @@ def fuzz_one(
     return out
 
 
-def _settle(out: Outcome, result: Result, seen: set[tuple], runner: Runner, recorder: Any) -> None:
+def _settle(out: Outcome, result: Result, seen: set[str], runner: Runner, recorder: Any) -> None:
     """Keep a run's findings that are new (by signature) and their files; count the others."""
     for f in result.failures:
         distinct = f.signature not in seen
@@ -209,6 +227,33 @@ def _settle(out: Outcome, result: Result, seen: set[tuple], runner: Runner, reco
             out.rediscovered += 1
 
 
+def _finish_cut_shrinks(
+    out: Outcome, runner: Runner, config: RunConfig, recorder: Any, stream: TextIO
+) -> None:
+    """Shrink the findings whose shrink the deadline cut further, within :func:`finish_budget` in all."""
+    cut = [i for i, (f, _) in enumerate(out.findings) if getattr(f, "cut_short", None) == "deadline"]
+    budget = finish_budget(config)
+    if not cut or budget <= 0:
+        return
+    print(
+        f"{out.label}: shrinking {len(cut)} cut finding(s) further, up to {budget:g} s",
+        file=stream,
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    for i in cut:
+        finding, path = out.findings[i]
+        left = budget - (time.perf_counter() - t0)
+        done = finish_shrink(runner, finding, left, recorder=recorder, path=path)
+        out.findings[i] = (done.finding, path)
+        out.finished.append(done)
+        if out.result is not None and out.result.failures and out.result.failures[0] is finding:
+            out.result.case, out.result.report = done.finding.case, done.finding.report
+    out.elapsed += time.perf_counter() - t0
+    if out.result is not None and all(d.complete for d in out.finished):
+        out.result.shrink_cut_short = False
+
+
 def summary_table(rows: list[dict[str, Any]]) -> str:
     head = f"{'target':<16} {'implementation':<24} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
     lines = [head, "-" * len(head)]
@@ -216,6 +261,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
         res = f"FOUND {r['kind']}" if r["found"] else ("interrupted" if r["interrupted"] else "nothing found")
         if r.get("cut_short"):
             res += " (shrinking cut short: the smallest case found so far)"
+        elif r.get("finished"):
+            res += " (shrinking cut by the deadline, then finished)"
         if r.get("overran"):
             res += " (an example still running after the deadline was abandoned)"
         if r.get("unsupported"):
@@ -235,8 +282,11 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
             site = f" ({f['site']})" if f.get("site") else ""
             lines.append(f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}")
+            if f.get("one_rank"):
+                lines.append(f"{'':<16}   {ONE_RANK_NOTE}")
             if f.get("file"):
                 lines.append(f"{'':<16}   failure file: {f['file']}")
+        lines += [f"{'':<16} {line}" for line in r.get("finished", [])]
         listed = {f.get("file") for f in r.get("findings", [])}
         for path in r.get("failure_files", []):
             if path not in listed:

@@ -57,6 +57,17 @@ def example_order() -> tuple | None:
         return None
 
 
+def example_choices() -> tuple | None:
+    """The Hypothesis choice sequence of the example being run (what its database stores, to replay
+    and shrink it again: :mod:`shardfuzz.finish`); None outside a Hypothesis test."""
+    try:
+        from hypothesis.control import current_build_context
+
+        return tuple(current_build_context().data.choices)
+    except Exception:  # outside a Hypothesis test (no build context), or its internals moved
+        return None
+
+
 class TimeUp(BaseException):
     """Raised by :class:`Deadline` inside a Hypothesis run: the time is spent (not a test failure)."""
 

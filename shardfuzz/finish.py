@@ -1,0 +1,169 @@
+"""Finishing a shrink that a campaign's deadline cut.
+
+A campaign's deadline may fall while Hypothesis shrinks a finding: the finding is kept as the
+smallest failing case seen so far (:func:`shardfuzz.search.run_test`), which may still carry a
+bfloat16 dtype, a x1e4 value profile or a large seed that do not matter. At the end of the
+campaign each such finding is shrunk further, within an extra budget (:func:`finish_budget`),
+by Hypothesis' own shrinker: a run whose only example is the finding's choice sequence, handed
+to Hypothesis through its example database (:func:`shardfuzz.covering.seeded_database`), with the
+reuse and shrink phases only. There is no search or shrink loop here.
+
+Whether or not Hypothesis finishes within the budget, the finding says which of its features
+(dtype, value profile, seed, sizes, world size, options) are not at the simplest value the
+target's strategy draws: after a finished shrink the failure needs them; after a cut one they
+may just not have been dropped yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.errors import Finding
+from shardfuzz.hooks import Deadline, RunHooks, TimeUp, example_order
+from shardfuzz.runner import Runner
+from shardfuzz.search import (
+    SmallestFindings,
+    check,
+    findings_of,
+    given_test,
+    run_test,
+    settings_for,
+    stable_identity,
+)
+
+#: the extra budget, when the configuration does not give one: this share of the campaign's
+#: duration, at most MAX_S seconds (so ``--duration D`` ends by 1.25 D plus the grace)
+SHARE, MAX_S = 0.25, 120.0
+
+
+def finish_budget(config: Any) -> float:
+    """Seconds to finish cut shrinks after a campaign: ``config.finish_shrink`` when set (0: none),
+    else :data:`SHARE` of its deadline, at most :data:`MAX_S` (0 without a deadline)."""
+    if config.finish_shrink is not None:
+        return float(config.finish_shrink)
+    if config.deadline is None:
+        return 0.0
+    return min(MAX_S, SHARE * config.deadline)
+
+
+@dataclasses.dataclass
+class Finished:
+    """What finishing one cut shrink did."""
+
+    finding: Finding  # the further shrunk finding (the original one when nothing smaller was found)
+    complete: bool  # Hypothesis finished shrinking within the budget
+    seconds: float
+    budget: float
+    examples: int
+    kept: list[str]  # the features not at the strategy's simplest value
+    reproduced: bool = True  # False: the finding's case passed when Hypothesis replayed it
+    cut_case: Case | None = None  # the case the deadline left it at
+
+    def describe(self) -> str:
+        spent = f"{self.seconds:.1f} s of an extra {self.budget:g} s, {self.examples} examples"
+        if not self.reproduced:
+            return f"it did not fail again when replayed to shrink it further ({spent}): flaky?"
+        if self.complete:
+            head = f"shrinking finished at the end of the campaign ({spent})"
+            tail = (
+                f"; the failure needs {', '.join(self.kept)}"
+                if self.kept
+                else "; every feature is at its simplest"
+            )
+        else:
+            head = f"shrinking still cut short after the extra budget ({spent}): not necessarily minimal"
+            tail = f"; not dropped: {', '.join(self.kept)}" if self.kept else ""
+        return head + tail
+
+
+def simplest_case(runner: Runner) -> Case:
+    """The simplest case the runner's strategy draws (Hypothesis' own minimal example)."""
+    from hypothesis import find, settings
+
+    return find(runner.strategy(), lambda c: True, settings=settings(database=None, max_examples=10))
+
+
+def kept_features(case: Case, simplest: Case) -> list[str]:
+    """The features of ``case`` that are not at the strategy's simplest value, in words."""
+    kept = []
+    if case.dtype != simplest.dtype:
+        kept.append(f"dtype {case.dtype}")
+    if case.profile != simplest.profile:
+        kept.append(f"profile {case.profile}")
+    if case.seed != simplest.seed:
+        kept.append(f"seed {case.seed}")
+    if (case.world_size, case.mesh) != (simplest.world_size, simplest.mesh):
+        kept.append(f"world size {case.world_size} (mesh {case.mesh})")
+    kept += [f"{k} {v}" for k, v in sorted(case.sizes.items()) if v != simplest.sizes.get(k)]
+    kept += [f"{k}={v!r}" for k, v in sorted(case.options.items()) if v != simplest.options.get(k)]
+    return kept
+
+
+class _Rewrite(RunHooks):
+    """Writes each smaller failing case over the finding's failure file (as the recorder does)."""
+
+    def __init__(self, recorder: Any, path: str) -> None:
+        self.recorder, self.path = recorder, path
+        self.order: tuple | None = None
+
+    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
+        order = example_order()
+        if order is not None and self.order is not None and order > self.order:
+            return
+        self.order = order
+        self.recorder.write(self.path, runner, case, finding)
+
+
+def finish_shrink(
+    runner: Runner, finding: Finding, budget: float, *, recorder: Any = None, path: str | None = None
+) -> Finished:
+    """Shrink ``finding`` further (its shrink was cut) within ``budget`` seconds, on fresh hooks:
+    a :class:`Deadline` of its own, and a rewrite of its failure file at ``path``."""
+    simplest = simplest_case(runner)
+    choices = getattr(finding, "choices", None)
+    t0 = time.perf_counter()
+    if budget <= 0 or not choices:
+        return Finished(
+            finding, False, 0.0, budget, 0, kept_features(finding.case, simplest), True, finding.case
+        )
+    deadline = Deadline(t0 + budget)
+    hooks: list[RunHooks] = [deadline]
+    if recorder is not None and path is not None:
+        hooks.append(_Rewrite(recorder, path))
+    fresh = Runner(runner.target, runner.impl_ref, runner.config, hooks=hooks)
+    smallest = SmallestFindings()
+
+    def test_case(case: Case) -> None:
+        try:
+            check(fresh, case)
+        except Finding as f:
+            smallest.on_finding(fresh, case, f)
+            raise
+
+    from hypothesis import Phase
+
+    s = settings_for(fresh.config, quiet=True, database=None, phases=(Phase.reuse, Phase.shrink))
+    test: Any = given_test(fresh, test_case, s, stable_identity(fresh), [choices])
+    test.shardfuzz_smallest = smallest
+    found: Finding = finding
+    complete, reproduced = False, True
+    try:
+        with deadline.enforced():
+            run_test(test)
+        reproduced = False
+    except TimeUp:  # the budget was spent before the finding failed again: keep it as it is
+        pass
+    except BaseException as exc:
+        same = [f for f in findings_of(exc) if f.kind == finding.kind]
+        if not same:
+            raise
+        found, complete = same[0], getattr(same[0], "cut_short", None) is None
+    spent, kept = time.perf_counter() - t0, kept_features(found.case, simplest)
+    result = Finished(found, complete, spent, budget, fresh.stats.examples, kept, reproduced, finding.case)
+    note = f"shardfuzz: the deadline cut this failure's shrink; {result.describe()}.\n"
+    found.report = note + found.report
+    found.args = (found.report,)
+    return result
