@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from shardfuzz.config import RunConfig
 from shardfuzz.errors import Finding
 from shardfuzz.failures import FailureRecorder
-from shardfuzz.finish import Finished, finish_budget, finish_shrink
+from shardfuzz.finish import ONE_RANK_S, Finished, finish_budget, finish_shrink, try_one_rank
 from shardfuzz.hooks import Deadline, TimeUp
 from shardfuzz.pools import shutdown as stop_pools
 from shardfuzz.report import ONE_RANK_NOTE
@@ -197,8 +197,9 @@ def fuzz_one(
     if deadline is not None and deadline.overran:
         out.overran = True
         stop_pools()  # the abandoned example's ranks are still busy: start afresh
-    if not out.interrupted:
-        _finish_cut_shrinks(out, runner, config, recorder, stream)
+    if not out.interrupted:  # after a deadline both share its extra budget; else 1-rank tries get ONE_RANK_S
+        spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
+        _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     print(
@@ -229,12 +230,13 @@ def _settle(out: Outcome, result: Result, seen: set[str], runner: Runner, record
 
 def _finish_cut_shrinks(
     out: Outcome, runner: Runner, config: RunConfig, recorder: Any, stream: TextIO
-) -> None:
-    """Shrink the findings whose shrink the deadline cut further, within :func:`finish_budget` in all."""
+) -> float:
+    """Shrink the findings whose shrink the deadline cut further, within :func:`finish_budget` in
+    all; the seconds spent."""
     cut = [i for i, (f, _) in enumerate(out.findings) if getattr(f, "cut_short", None) == "deadline"]
     budget = finish_budget(config)
     if not cut or budget <= 0:
-        return
+        return 0.0
     print(
         f"{out.label}: shrinking {len(cut)} cut finding(s) further, up to {budget:g} s",
         file=stream,
@@ -249,9 +251,37 @@ def _finish_cut_shrinks(
         out.finished.append(done)
         if out.result is not None and out.result.failures and out.result.failures[0] is finding:
             out.result.case, out.result.report = done.finding.case, done.finding.report
-    out.elapsed += time.perf_counter() - t0
+    spent = time.perf_counter() - t0
+    out.elapsed += spent
     if out.result is not None and all(d.complete for d in out.finished):
         out.result.shrink_cut_short = False
+    return spent
+
+
+def _try_one_rank(out: Outcome, runner: Runner, budget: float) -> None:
+    """Each shrunk finding on 2+ ranks tried on 1 rank with the same global sizes (within
+    ``budget`` seconds in all): one that fails there too is replaced by its 1-rank case, so its
+    report says it is not a distribution bug. (Not a finding still cut short, nor a communication
+    budget exceeded: that is about communication whatever the world.)"""
+    t0 = time.perf_counter()
+    for i, (finding, path) in enumerate(out.findings):
+        if finding.kind == "communication" or getattr(finding.case, "world_size", 1) == 1:
+            continue
+        if getattr(finding, "cut_short", None) is not None:
+            continue
+        left = budget - (time.perf_counter() - t0)
+        recorder = runner_recorder(runner)
+        one = try_one_rank(runner, finding, left, recorder=recorder, path=path)
+        if one is not None:
+            out.findings[i] = (one, path)
+            if out.result is not None and out.result.failures and out.result.failures[0] is finding:
+                out.result.case, out.result.report = one.case, one.report
+    out.elapsed += time.perf_counter() - t0
+
+
+def runner_recorder(runner: Runner) -> FailureRecorder | None:
+    """The failure-file recorder among a runner's hooks (None: no files)."""
+    return next((h for h in runner.hooks if isinstance(h, FailureRecorder)), None)
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:

@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TIME",
         help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
     )
-    budget.add_argument(
+    f.add_argument(
         "--finish-shrink",
         type=_finish_time,
         default=None,

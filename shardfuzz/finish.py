@@ -20,7 +20,7 @@ import dataclasses
 import time
 from typing import Any
 
-from shardfuzz.case import Case
+from shardfuzz.case import Case, one_rank_path
 from shardfuzz.errors import Finding
 from shardfuzz.hooks import Deadline, RunHooks, TimeUp, example_order
 from shardfuzz.runner import Runner
@@ -117,19 +117,17 @@ class _Rewrite(RunHooks):
         self.recorder.write(self.path, runner, case, finding)
 
 
-def finish_shrink(
-    runner: Runner, finding: Finding, budget: float, *, recorder: Any = None, path: str | None = None
-) -> Finished:
-    """Shrink ``finding`` further (its shrink was cut) within ``budget`` seconds, on fresh hooks:
-    a :class:`Deadline` of its own, and a rewrite of its failure file at ``path``."""
-    simplest = simplest_case(runner)
-    choices = getattr(finding, "choices", None)
-    t0 = time.perf_counter()
-    if budget <= 0 or not choices:
-        return Finished(
-            finding, False, 0.0, budget, 0, kept_features(finding.case, simplest), True, finding.case
-        )
-    deadline = Deadline(t0 + budget)
+def _replay_and_shrink(
+    runner: Runner, finding: Finding, budget: float, seed: tuple, recorder: Any, path: str | None
+) -> tuple[Finding | None, bool, int]:
+    """One Hypothesis run whose only example is the choice sequence ``seed`` (through the example
+    database; reuse and shrink phases), within ``budget`` seconds, on fresh hooks: a
+    :class:`Deadline` of its own and a rewrite of the failure file at ``path``. Returns the smallest
+    failure of ``finding``'s kind (None: it did not fail so within the budget), whether Hypothesis
+    finished shrinking it, and the examples run."""
+    from hypothesis import Phase
+
+    deadline = Deadline(time.perf_counter() + budget)
     hooks: list[RunHooks] = [deadline]
     if recorder is not None and path is not None:
         hooks.append(_Rewrite(recorder, path))
@@ -143,27 +141,65 @@ def finish_shrink(
             smallest.on_finding(fresh, case, f)
             raise
 
-    from hypothesis import Phase
-
     s = settings_for(fresh.config, quiet=True, database=None, phases=(Phase.reuse, Phase.shrink))
-    test: Any = given_test(fresh, test_case, s, stable_identity(fresh), [choices])
+    test: Any = given_test(fresh, test_case, s, stable_identity(fresh), [seed])
     test.shardfuzz_smallest = smallest
-    found: Finding = finding
-    complete, reproduced = False, True
     try:
         with deadline.enforced():
             run_test(test)
-        reproduced = False
-    except TimeUp:  # the budget was spent before the finding failed again: keep it as it is
+    except TimeUp:  # the budget was spent before it failed: nothing to show
         pass
     except BaseException as exc:
         same = [f for f in findings_of(exc) if f.kind == finding.kind]
-        if not same:
-            raise
-        found, complete = same[0], getattr(same[0], "cut_short", None) is None
+        if not same and not findings_of(exc):
+            raise  # not a finding (Ctrl-C, a failure of shardfuzz): never swallowed
+        if same:
+            return same[0], getattr(same[0], "cut_short", None) is None, fresh.stats.examples
+    return None, False, fresh.stats.examples
+
+
+def finish_shrink(
+    runner: Runner, finding: Finding, budget: float, *, recorder: Any = None, path: str | None = None
+) -> Finished:
+    """Shrink ``finding`` further (its shrink was cut) within ``budget`` seconds; its failure file
+    at ``path`` is rewritten with each smaller case."""
+    simplest = simplest_case(runner)
+    choices = getattr(finding, "choices", None)
+    t0 = time.perf_counter()
+    if budget <= 0 or not choices:
+        kept = kept_features(finding.case, simplest)
+        return Finished(finding, False, 0.0, budget, 0, kept, True, finding.case)
+    shrunk, complete, examples = _replay_and_shrink(runner, finding, budget, choices, recorder, path)
+    found = shrunk if shrunk is not None else finding
     spent, kept = time.perf_counter() - t0, kept_features(found.case, simplest)
-    result = Finished(found, complete, spent, budget, fresh.stats.examples, kept, reproduced, finding.case)
+    result = Finished(found, complete, spent, budget, examples, kept, shrunk is not None, finding.case)
     note = f"shardfuzz: the deadline cut this failure's shrink; {result.describe()}.\n"
     found.report = note + found.report
     found.args = (found.report,)
     return result
+
+
+#: seconds per target, at most, for Hypothesis to try its findings on 2+ ranks on 1 rank
+ONE_RANK_S = 30.0
+
+
+def try_one_rank(
+    runner: Runner, finding: Finding, budget: float, *, recorder: Any = None, path: str | None = None
+) -> Finding | None:
+    """``finding`` (on 2+ ranks) run on 1 rank with the same global sizes, and shrunk from there by
+    Hypothesis (:func:`shardfuzz.case.one_rank_path`), within ``budget`` seconds: the 1-rank
+    finding of the same kind, or None when it needs 2+ ranks (or the target's world sizes leave 1
+    out, or the budget ran out). Its failure file at ``path`` is rewritten when it fails on 1 rank."""
+    choices = getattr(finding, "choices", None)
+    if budget <= 0 or not choices or finding.case is None or finding.case.world_size == 1:
+        return None
+    with one_rank_path():  # the choice after the finding's own: 0, run it on 1 rank
+        found, _, _ = _replay_and_shrink(runner, finding, budget, (*choices, 0), recorder, path)
+    if found is None or found.case.world_size != 1:
+        return None
+    found.report = (
+        f"shardfuzz: found on {finding.case.world_size} ranks; it fails on 1 rank with the same "
+        "global sizes too (Hypothesis replayed it there and shrank it)\n" + found.report
+    )
+    found.args = (found.report,)
+    return found
