@@ -51,6 +51,7 @@ __all__ = [
     "get_target",
     "regressions",
     "run",
+    "run_case",
     "test_for",
 ]
 
@@ -84,6 +85,7 @@ _LAZY = {
     "RunConfig": "shardfuzz.config",
     "RunHooks": "shardfuzz.hooks",
     "run": "shardfuzz.search",
+    "run_case": "shardfuzz.given",
     "Target": "shardfuzz.target",
     "Bound": "shardfuzz.records",
     "Expect": "shardfuzz.records",
@@ -116,6 +118,7 @@ if TYPE_CHECKING:  # pragma: no cover
         TargetError,
         Unsupported,
     )
+    from shardfuzz.given import run_case
     from shardfuzz.hooks import RunHooks
     from shardfuzz.layouts import Owned, PaddedFlat, Partial, Replicate, Shard, Zigzag
     from shardfuzz.pytest_plugin import regressions, test_for

@@ -75,6 +75,22 @@ class Case:
             raise InvalidArgument(f"target={self.target!r}; must be the target's name (a non-empty string)")
         if not _is_int(self.world_size) or self.world_size < 1:
             raise InvalidArgument(f"world_size={self.world_size!r}; must be an int >= 1")
+        self._check_mesh()
+        if self.dtype not in DTYPES:
+            raise InvalidArgument(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}")
+        self._check_sizes_and_split()
+        if self.profile not in VALUE_PROFILES:
+            raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(VALUE_PROFILES)}")
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
+            raise InvalidArgument(f"seed={self.seed!r}; must be an int in [0, 2**64)")
+        if not isinstance(self.options, Mapping) or not all(isinstance(k, str) for k in self.options):
+            raise InvalidArgument(
+                f"options={self.options!r}; must be a dict of option name -> value, e.g. {{'causal': True}}"
+            )
+        object.__setattr__(self, "options", dict(self.options))
+
+    def _check_mesh(self) -> None:
+        """The mesh: a non-empty tuple of ints >= 1 whose product is the world size."""
         if not isinstance(self.mesh, (tuple, list)):
             raise InvalidArgument(
                 f"mesh={self.mesh!r}; must be a non-empty tuple of ints >= 1, e.g. ({self.world_size},)"
@@ -87,8 +103,9 @@ class Case:
             raise InvalidArgument(
                 f"mesh={mesh!r} has {math.prod(mesh)} ranks but world_size={self.world_size!r}"
             )
-        if self.dtype not in DTYPES:
-            raise InvalidArgument(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}")
+
+    def _check_sizes_and_split(self) -> None:
+        """Sizes: size name -> int >= 0; split: a tuple of names among the sizes."""
         if not isinstance(self.sizes, Mapping):
             raise InvalidArgument(
                 f"sizes={self.sizes!r}; must be a dict of size name -> int >= 0, e.g. {{'hidden': 5}}"
@@ -107,15 +124,6 @@ class Case:
                 raise InvalidArgument(
                     f"split={self.split!r} names {name!r}, which is not in sizes={self.sizes!r}"
                 )
-        if self.profile not in VALUE_PROFILES:
-            raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(VALUE_PROFILES)}")
-        if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
-            raise InvalidArgument(f"seed={self.seed!r}; must be an int in [0, 2**64)")
-        if not isinstance(self.options, Mapping) or not all(isinstance(k, str) for k in self.options):
-            raise InvalidArgument(
-                f"options={self.options!r}; must be a dict of option name -> value, e.g. {{'causal': True}}"
-            )
-        object.__setattr__(self, "options", dict(self.options))
 
     # -- derived ---------------------------------------------------------------------------
     @property

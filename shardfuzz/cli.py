@@ -31,6 +31,7 @@ from shardfuzz.errors import (
 from shardfuzz.failures import FailureRecorder
 from shardfuzz.gpu import placement_summary
 from shardfuzz.hooks import grace_seconds
+from shardfuzz.input_bounds import check_input_size
 from shardfuzz.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.oracle import check_case
 from shardfuzz.refs import add_search_path, split_file_ref
@@ -175,6 +176,7 @@ def _cmd_case(args: Any) -> int:
         target = f"{parts[0]}::{case.target}"
     runner = Runner(target, args.impl, _config(args))
     check_tolerance_outputs([runner.target], runner.config.tolerance, "--tolerance")
+    check_input_size(runner.target, case)  # before inputs(case) allocates them
     check_case(runner.target, case)
     try:
         ratio = runner.run_case(case)
@@ -212,7 +214,7 @@ def _cmd_replay(args: Any) -> int:
     if not paths:
         print(f"shardfuzz: error: no failure files (*.json) in {args.paths}", file=sys.stderr)
         return EXIT_USAGE
-    records = [failures.load(p) for p in paths]  # validate them all before running any
+    records = [failures.load(p, trust_refs=args.trust_refs) for p in paths]  # all checked before any runs
     tolerance = _tolerance(args)
     check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
     still = 0
@@ -235,7 +237,7 @@ def _cmd_replay(args: Any) -> int:
 
 
 def _cmd_repro(args: Any) -> int:
-    record = failures.load(args.file)
+    record = failures.load(args.file, trust_refs=args.trust_refs)
     if args.standalone:
         path = write_standalone(record, args.output or "repro")
     else:

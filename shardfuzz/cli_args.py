@@ -10,12 +10,13 @@ import sys
 from typing import Any, NoReturn
 
 from shardfuzz import campaign
-from shardfuzz.comm import _RATE_UNITS, _TIME_UNITS, ALGORITHMS, parse_quantity
+from shardfuzz.comm import ALGORITHMS, RATE_UNITS, TIME_UNITS, parse_quantity
 from shardfuzz.config import BACKENDS, DEVICES, PROFILES, parse_dtypes, parse_tolerance, parse_world_sizes
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.exclude import CaseExpression
 from shardfuzz.refs import add_search_path_option
 from shardfuzz.tolerance import OutputTolerance
+from shardfuzz.trust import add_trust_option
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -91,14 +92,14 @@ def _positive_float(text: str) -> float:
 
 def _alpha(text: str) -> float:
     try:
-        return parse_quantity(text, _TIME_UNITS, "--alpha")
+        return parse_quantity(text, TIME_UNITS, "--alpha")
     except InvalidArgument as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _beta(text: str) -> float:
     try:
-        value = parse_quantity(text, _RATE_UNITS, "--beta")
+        value = parse_quantity(text, RATE_UNITS, "--beta")
     except InvalidArgument as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if value <= 0:
@@ -276,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rerun with torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
     )
+    add_trust_option(r)
 
     rp = sub.add_parser("repro", help="write a torchrun script for one failure file")
     rp.add_argument("file", metavar="FILE")
@@ -292,4 +294,5 @@ def build_parser() -> argparse.ArgumentParser:
         "implementation's source and the oracle's values inlined",
     )
     add_search_path_option(rp)
+    add_trust_option(rp)
     return p

@@ -55,8 +55,9 @@ class CostModel:
             raise InvalidArgument(f"algorithm={self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
 
 
-_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-_RATE_UNITS = {"B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12}
+#: the units `--alpha` (a latency) and `--beta` (a bandwidth) accept
+TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+RATE_UNITS = {"B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12}
 
 
 def parse_quantity(text: str, units: Mapping[str, float], what: str) -> float:

@@ -17,75 +17,27 @@ from typing import Any
 from shardfuzz.case import DTYPES
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.exclude import CaseExpression
+
+# the limits moved to the core module shardfuzz.limits; re-exported for RunConfig's callers
+from shardfuzz.limits import BACKENDS as BACKENDS
+from shardfuzz.limits import DEVICES as DEVICES
+from shardfuzz.limits import ENV_INTS as ENV_INTS
+from shardfuzz.limits import check_environment as check_environment
+from shardfuzz.limits import check_world_size as check_world_size
+from shardfuzz.limits import default_device as default_device
+from shardfuzz.limits import env_int as env_int
+from shardfuzz.limits import max_world_size as max_world_size
 from shardfuzz.tolerance import OutputTolerance, Tolerance
 
-BACKENDS = ("gloo", "nccl")
-DEVICES = ("cpu", "cuda")
 PROFILES = ("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
 
 
-#: the largest world size shardfuzz starts without being told (``SHARDFUZZ_MAX_WORLD``), and the
-#: share of the cores it may use: each rank is a process, and more than 4 per core only thrashes
-MAX_WORLD_SIZE = 16
-RANKS_PER_CORE = 4
-
-#: integer environment variables: name -> (default, minimum)
-ENV_INTS = {
-    "SHARDFUZZ_MAX_POOL_RANKS": (12, 1),
-    "SHARDFUZZ_WORKER_THREADS": (1, 1),
-    "SHARDFUZZ_DRIVER_THREADS": (1, 1),
-    "SHARDFUZZ_MAX_WORLD": (0, 1),  # 0: not set (see max_world_size)
-    "SHARDFUZZ_SPARE_POOLS": (1, 0),  # 0: no warm spare after a failure (benchmarks' "before")
-}
-
-
-def env_int(name: str, default: int, minimum: int = 0) -> int:
-    """The integer environment variable ``name`` (``default`` when unset or empty); InvalidArgument,
-    naming the variable, its value and what is allowed, for anything but an int >= ``minimum``."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise InvalidArgument(f"environment variable {name}={text!r}; must be an integer >= {minimum}")
-    return value
-
-
-def check_environment() -> None:
-    """Validate every shardfuzz environment variable that holds a number (RunConfig does, so each
-    front end refuses a bad one before fuzzing)."""
-    for name, (default, minimum) in ENV_INTS.items():
-        env_int(name, default, minimum)
-
-
-def max_world_size() -> int:
-    """The largest world size allowed: ``$SHARDFUZZ_MAX_WORLD`` when set, else
-    ``min(MAX_WORLD_SIZE, RANKS_PER_CORE * cores)``."""
-    explicit = env_int("SHARDFUZZ_MAX_WORLD", 0, 1)
-    return explicit or min(MAX_WORLD_SIZE, RANKS_PER_CORE * (os.cpu_count() or 1))
-
-
-def check_world_size(world_size: int, what: str = "world_size") -> None:
-    """InvalidArgument for a world size above :func:`max_world_size` (every rank is a process)."""
-    limit = max_world_size()
-    if world_size > limit:
-        why = (
-            "set by SHARDFUZZ_MAX_WORLD"
-            if os.environ.get("SHARDFUZZ_MAX_WORLD", "").strip()
-            else f"min({MAX_WORLD_SIZE}, {RANKS_PER_CORE} x {os.cpu_count() or 1} cores)"
-        )
-        raise InvalidArgument(
-            f"{what}={world_size!r} is above the largest world size allowed here, {limit} ({why}); every "
-            "rank is a process: set SHARDFUZZ_MAX_WORLD=N to allow more"
-        )
-
-
-def default_device(backend: str) -> str:
-    """The one device default rule: nccl runs on CUDA, gloo on the CPU."""
-    return "cuda" if backend == "nccl" else "cpu"
+def run_origin() -> dict[str, str]:
+    """The pytest test and the pytest-xdist worker (``gw0``, ``gw1``...) this process runs, from
+    ``$PYTEST_CURRENT_TEST`` and ``$PYTEST_XDIST_WORKER``: failure files name them (empty outside)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return {k: v for k, v in (("pytest_test", test), ("xdist_worker", worker)) if v}
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:
@@ -250,6 +202,22 @@ class RunConfig:
         if self.backend == "nccl" and device != "cuda":
             raise InvalidArgument(f"device={device!r} with backend='nccl'; nccl needs device='cuda'")
         object.__setattr__(self, "device", device)
+        self._check_world_sizes_and_dtypes()
+        _positive("timeout", self.timeout)
+        _positive("deadline", self.deadline)
+        if isinstance(self.finish_shrink, bool) or self.finish_shrink != 0:  # 0 turns finishing off
+            _positive("finish_shrink", self.finish_shrink)
+        _positive("max_examples", self.max_examples, integer=True)
+        if self.profile is not None and self.profile not in PROFILES:
+            raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
+        object.__setattr__(self, "tolerance", as_tolerance(self.tolerance))
+        self._check_exclude_and_options()
+        for flag in ("deterministic", "debug_collectives"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")
+
+    def _check_world_sizes_and_dtypes(self) -> None:
+        """world_sizes: ints >= 1 within the limits; dtypes: among DTYPES (a str for one)."""
         if self.world_sizes is not None:
             sizes = tuple(self.world_sizes) if isinstance(self.world_sizes, Iterable) else ()
             if not sizes or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in sizes):
@@ -264,14 +232,9 @@ class RunConfig:
             if not dts or any(d not in DTYPES for d in dts):
                 raise InvalidArgument(f"dtypes={self.dtypes!r}; choose from {', '.join(DTYPES)}")
             object.__setattr__(self, "dtypes", dts)
-        _positive("timeout", self.timeout)
-        _positive("deadline", self.deadline)
-        if isinstance(self.finish_shrink, bool) or self.finish_shrink != 0:  # 0 turns finishing off
-            _positive("finish_shrink", self.finish_shrink)
-        _positive("max_examples", self.max_examples, integer=True)
-        if self.profile is not None and self.profile not in PROFILES:
-            raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
-        object.__setattr__(self, "tolerance", as_tolerance(self.tolerance))
+
+    def _check_exclude_and_options(self) -> None:
+        """exclude: case expressions (checked now); options: sorted (name, JSON scalar) pairs."""
         exprs = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude or ())
         for text in exprs:
             if not isinstance(text, str):
@@ -283,9 +246,6 @@ class RunConfig:
             if not isinstance(name, str) or not isinstance(value, (str, int, float, bool, type(None))):
                 raise InvalidArgument(f"options={self.options!r}; names must be str, values JSON scalars")
         object.__setattr__(self, "options", pairs)
-        for flag in ("deterministic", "debug_collectives"):
-            if not isinstance(getattr(self, flag), bool):
-                raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with ``changes`` (validated again); unknown names are an error."""

@@ -31,6 +31,7 @@ from shardfuzz.case import Case
 from shardfuzz.errors import ExternalFault, Finding, Unsupported
 from shardfuzz.exclude import Excluded
 from shardfuzz.hooks import StickyInterrupt
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.triggers import triggers_of
 
 #: cases drawn to learn which pairs of conditions occur together
@@ -67,7 +68,7 @@ def draw_pool(strategy: Any, seed: int, size: int = POOL_SIZE) -> list[tuple[Cas
     class NoConstants(HypothesisProvider):
         # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
         # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
-        def _maybe_draw_constant(self, choice_type, constraints, *, p=0.05):
+        def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
             return None
 
     rng = random.Random(seed)
@@ -131,7 +132,11 @@ def covering_rows(target: Any, strategy: Any, seed: int, pool_size: int = POOL_S
     """Rows that together reach every single condition and every pair of conditions seen together
     in a pool of ``pool_size`` cases of ``strategy`` (greedy: most uncovered pairs, then cheapest).
     Cases the target does not support (its ``supports`` hook) are left out of the pool."""
-    pool = draw_pool(strategy, seed, pool_size)
+    return rows_from_pool(target, draw_pool(strategy, seed, pool_size))
+
+
+def rows_from_pool(target: Any, pool: Sequence[tuple[Case, tuple]]) -> list[Row]:
+    """:func:`covering_rows` from a pool already drawn."""
     if target.supports is not None:
         pool = [(c, ch) for c, ch in pool if not target.supports(c)]
     categorical = categorical_options(c for c, _ in pool)
@@ -230,10 +235,24 @@ def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:
         raise
 
 
+def pool_for(
+    target: Any, world_sizes: Any = None, dtypes: Any = None, options: Any = ()
+) -> tuple[tuple[Case, tuple], ...]:
+    """The pool that the covering rows of ``target`` (under a run's world sizes, dtypes and
+    options) are picked from: drawn once per process (a draw is deterministic, and 250 draws take
+    0.5-2 s), shared by the rows of every run of the target and by the tests of its triggers."""
+    return _pool_for(target, world_sizes, dtypes, options)  # one cache key however it is called
+
+
+@functools.lru_cache(maxsize=64)
+def _pool_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[tuple[Case, tuple], ...]:
+    strategy = target.strategy(world_sizes, dtypes, options)
+    return tuple(draw_pool(strategy, stable_seed(f"{target.name}/covering")))
+
+
 @functools.lru_cache(maxsize=64)
 def _rows_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[Row, ...]:
-    strategy = target.strategy(world_sizes, dtypes, options)
-    return tuple(covering_rows(target, strategy, stable_seed(f"{target.name}/covering")))
+    return tuple(rows_from_pool(target, pool_for(target, world_sizes, dtypes, options)))
 
 
 def rows_for(runner: Any) -> tuple[Row, ...]:
@@ -275,7 +294,7 @@ class CoveringRun:
             self.examples += 1
         return None
 
-    def not_reproduced(self, row: Row) -> BaseException:
+    def not_reproduced(self, row: Row) -> BaseException:  # noqa: ARG002 (the row that was replayed; its finding is kept on self)
         """The row's finding, marked: Hypothesis did not see it fail again when it replayed it."""
         f = self.finding
         note = (

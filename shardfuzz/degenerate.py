@@ -36,7 +36,7 @@ class SoftmaxWatch(TorchDispatchMode):
         super().__init__()
         self.saturated = False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if func in _SOFTMAX or func in _LOG_SOFTMAX:
             dim = args[1]

@@ -74,7 +74,7 @@ class Unsupported(Exception):
         super().__init__(message)
         self.reason = reason or message
 
-    def __reduce__(self):  # keep the reason through pickling
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the reason through pickling
         return (_rebuild_unsupported, (str(self), self.reason))
 
 
@@ -104,6 +104,10 @@ class Finding(AssertionError):
         self.site = tuple(site)
         #: global rank -> the collectives it entered (:class:`~shardfuzz.collectives.Collective`)
         self.traces: dict[int, Any] = {}
+        #: global state the example left behind (its report says so too)
+        self.leaks: tuple[str, ...] = ()
+        #: the :class:`~shardfuzz.finding.FindingContext` the runner builds when it raises this
+        self.context: Any = None
 
     @property
     def signature(self) -> str:
@@ -111,11 +115,18 @@ class Finding(AssertionError):
         findings with one signature are one bug (campaigns)."""
         return finding_signature(self)
 
-    def __reduce__(self):  # keep the keyword arguments and the attributes through pickling
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the keyword arguments and the attributes through pickling
         return (_rebuild, (type(self), self.report, self.case, self.ratio, self.site, dict(self.__dict__)))
 
 
-def _rebuild(cls, report, case, ratio, site=(), attributes=None):
+def _rebuild(
+    cls: type[Finding],
+    report: str,
+    case: Any,
+    ratio: float | None,
+    site: tuple = (),
+    attributes: dict[str, Any] | None = None,
+) -> Finding:
     err = cls(report, case=case, ratio=ratio, site=site)
     err.__dict__.update(attributes or {})
     return err
@@ -133,7 +144,9 @@ class Mismatch(Finding):
     outputs: dict[str, list[int]] = {}
     diffs: list[Any] = []
 
-    def __reduce__(self):  # diffs hold tensors and layouts' index maps: kept in this process
+    def __reduce__(
+        self,
+    ) -> tuple[Any, ...]:  # diffs hold tensors and layouts' index maps: kept in this process
         rebuild, args = super().__reduce__()
         return (rebuild, (*args[:-1], {k: v for k, v in args[-1].items() if k != "diffs"}))
 

@@ -9,8 +9,9 @@ File targets and implementations are kept as absolute paths, plus each file's pa
 project root (field ``files``), so a file replays from any folder and after its checkout moved
 (:mod:`shardfuzz.refs`: ``--search-path``, ``$SHARDFUZZ_PATH``).
 
-One file per (target, implementation, backend, failure kind): the smallest case found so far, after
-the final replay the shrunk one; with its versioned signature (:mod:`shardfuzz.signature`).
+One file per (target, implementation, backend, failure kind); Hypothesis shrinks each distinct
+failure separately and only ever accepts smaller failing cases, so the last case written
+for a key is the smallest found so far, and after the final replay it is the shrunk one.
 """
 
 from __future__ import annotations
@@ -27,25 +28,29 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterable
-from typing import Any
 
 import shardfuzz
-from shardfuzz.case import Case
-from shardfuzz.config import BACKENDS, DEVICES
+from shardfuzz.config import run_origin
 from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.failure_load import load, prepare, record_impl, record_target
+from shardfuzz.failure_schema import FORMAT, VERSION
+from shardfuzz.finding import FindingContext
 from shardfuzz.hooks import RunHooks, example_order
-from shardfuzz.oracle import check_case
 from shardfuzz.protocol import ImplRef
 from shardfuzz.rank import numerics_flags
-from shardfuzz.refs import file_entries, load_ref, ref_of_callable, relocate_ref, split_file_ref
-from shardfuzz.registry import get_target, target_spec
-from shardfuzz.runner import Runner
+from shardfuzz.refs import file_entries, load_ref
 from shardfuzz.signature import signature_fields
-from shardfuzz.target import Target
 
-FORMAT = "shardfuzz-failure"
-VERSION = 1
-REQUIRED = ("target", "impl", "impl_ref", "case", "backend", "device", "kind", "report", "inputs_sha256")
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "FailureRecorder",
+    "find_files",
+    "load",
+    "prepare",
+    "record_impl",
+    "record_target",
+]
 
 
 def default_dir() -> str:
@@ -75,25 +80,6 @@ def check_failures_dir(path: str, what: str = "--failures-dir") -> str:
             f"{what}={path!r}: cannot write there ({e.strerror}); give a writable directory"
         ) from None
     return path
-
-
-def inputs_hash(inputs: dict[str, Any]) -> str:
-    """sha256 over every input's name, dtype, shape and bytes (bf16 as its bits)."""
-    import torch
-
-    h = hashlib.sha256()
-    for name in sorted(inputs):
-        v = inputs[name]
-        h.update(name.encode())
-        if isinstance(v, torch.Tensor):
-            t = v.detach().cpu().contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            if t.dtype == torch.bfloat16:
-                t = t.view(torch.int16)
-            h.update(t.numpy().tobytes())
-        else:
-            h.update(repr(v).encode())
-    return h.hexdigest()
 
 
 def source_hash(impl: ImplRef) -> str | None:
@@ -136,25 +122,24 @@ class FailureRecorder(RunHooks):
         #: failure files that could not be written (path -> why); the finding is reported anyway
         self.errors: dict[str, str] = {}
         self._source: dict[ImplRef, str | None] = {}
-        self._spec: dict[Target, str] = {}  # target -> its full reference (rerun lines, replay)
         self._order: dict[str, tuple] = {}  # path -> Hypothesis' order of the case written there
         #: a campaign's run (1 first): runs after the first write their findings to files of their
         #: own until :meth:`settle` knows whether each is a new finding or one found before
         self.run = 1
 
-    def path_for(self, runner: Runner, kind: str) -> str:
-        stem = f"{_slug(runner.target.name)}-{_slug(runner.impl_name)}-{runner.backend}-{kind}"
+    def path_for(self, context: FindingContext, kind: str) -> str:
+        stem = f"{_slug(context.target)}-{_slug(context.impl)}-{context.backend}-{kind}"
         suffix = f".run{self.run}.json" if self.run > 1 else ".json"
         return os.path.join(self.directory, stem + suffix)
 
     def begin_run(self, run: int) -> None:
         self.run = run
 
-    def settle(self, runner: Runner, finding: Finding, distinct: bool) -> str | None:
+    def settle(self, finding: Finding, distinct: bool) -> str | None:
         """After a campaign run: keep ``finding``'s file (it is a distinct finding: the first of its
         kind keeps the plain name, later ones get ``-2``, ``-3``...) or remove it (a finding seen
         before). Returns the path kept."""
-        path = self.path_for(runner, finding.kind)
+        path = self.path_for(finding.context, finding.kind)
         if self.run == 1 or path not in self.written:
             return path if distinct and path in self.written else None
         kind = self.written.pop(path)
@@ -175,21 +160,24 @@ class FailureRecorder(RunHooks):
         self.written[final] = kind
         return final
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
-        path = self.path_for(runner, finding.kind)
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:
+        path = self.path_for(context, finding.kind)
         order = example_order()
         if order is not None and path in self._order and order > self._order[path]:
             return  # Hypothesis went on generating after shrinking: keep the smaller case on file
         if order is not None:
             self._order[path] = order
         try:
-            self.write(path, runner, case, finding)
+            self._write(path, context, finding)
         except OSError as e:  # never lose the finding over its file
             self.errors[path] = str(e)
             print(f"shardfuzz: warning: could not write the failure file {path!r}: {e}", file=sys.stderr)
 
-    def write(self, path: str, runner: Runner, case: Case, finding: Finding) -> None:
-        """Write ``finding`` at ``case`` (the runner's last) to ``path`` (also :mod:`shardfuzz.finish`)."""
+    def write(self, path: str, context: FindingContext, finding: Finding) -> None:
+        """Write ``finding`` of ``context`` to ``path`` (also :mod:`shardfuzz.finish`: a finished shrink)."""
+        self._write(path, context, finding)
+
+    def _write(self, path: str, context: FindingContext, finding: Finding) -> None:
         os.makedirs(self.directory, exist_ok=True)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         created, updates = now, 0
@@ -200,43 +188,42 @@ class FailureRecorder(RunHooks):
                 created, updates = old.get("created", now), int(old.get("updates", 0)) + 1
             except (OSError, ValueError):
                 pass
-        ref = runner.impl_ref.ref
-        if runner.target not in self._spec:
-            self._spec[runner.target] = target_spec(runner.target)
-        spec = self._spec[runner.target]
-        if runner.impl_ref not in self._source:
-            self._source[runner.impl_ref] = source_hash(runner.impl_ref)
+        ref, spec, case = context.impl_ref.ref, context.target_ref, context.case
+        if context.impl_ref not in self._source:
+            self._source[context.impl_ref] = source_hash(context.impl_ref)
         record = {
             "format": FORMAT,
             "version": VERSION,
-            "target": runner.target.name,
+            "target": context.target,
             "target_ref": spec,
-            "target_worker_ref": runner.worker_target,
-            "impl": runner.impl_name,
+            "target_worker_ref": context.worker_ref,
+            "impl": context.impl,
+            "planted": context.planted,  # regressions() leaves these out unless asked
             "impl_ref": ref,
-            "impl_kwargs": dict(runner.impl_ref.kwargs),
-            "files": file_entries([spec, runner.worker_target, ref]),
+            "impl_kwargs": dict(context.impl_ref.kwargs),
+            "files": file_entries([spec, context.worker_ref, ref]),
             "case": case.to_dict(),
             "case_repr": repr(case),
-            "backend": runner.backend,
-            "device": runner.device,
-            "deterministic": runner.config.deterministic,
+            "backend": context.backend,
+            "device": context.device,
+            "deterministic": context.config.deterministic,
             "kind": finding.kind,
             "ratio": finding.ratio,
             "report": finding.report,
             **signature_fields(finding),
             "trace": {str(r): [c.to_json() for c in t] for r, t in sorted(finding.traces.items())},
-            "inputs_sha256": inputs_hash(runner.last_inputs),
-            "impl_source_sha256": self._source[runner.impl_ref],
+            "inputs_sha256": context.inputs_sha256,
+            "impl_source_sha256": self._source[context.impl_ref],
             "tolerance": {
-                **dataclasses.asdict(runner.config.tolerance),
-                "policy": runner.tolerance.describe(case.dtype),
+                **dataclasses.asdict(context.config.tolerance),
+                "policy": context.tolerance.describe(case.dtype),
             },
-            "numerics": {"driver": numerics_flags(), "rank0": runner.numerics},
+            "numerics": {"driver": numerics_flags(), "rank0": context.numerics},
             "versions": versions(),
             "created": created,
             "updated": now,
             "updates": updates,
+            "origin": run_origin(),  # the pytest test and xdist worker that wrote it
         }
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
@@ -244,97 +231,6 @@ class FailureRecorder(RunHooks):
             f.write("\n")
         os.replace(tmp, path)
         self.written[path] = finding.kind
-
-
-def load(path: str, *, check: bool = True) -> dict[str, Any]:
-    """Read and validate a failure file (see :func:`prepare`); errors name the file and the field."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise InvalidArgument(f"failure file {path!r}: cannot read it: {e.strerror}") from None
-    except ValueError as e:
-        raise InvalidArgument(f"failure file {path!r}: not valid JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise InvalidArgument(
-            f"failure file {path!r}: field 'format' is {got!r}, expected {FORMAT!r} (a foreign file?)"
-        )
-    version = data.get("version")
-    if not isinstance(version, int):
-        raise InvalidArgument(f"failure file {path!r}: field 'version' is {version!r}, expected an integer")
-    if version > VERSION:
-        raise InvalidArgument(
-            f"failure file {path!r}: format version {version} is newer than this shardfuzz reads ({VERSION}); "
-            "upgrade shardfuzz to replay it"
-        )
-    for field in REQUIRED:
-        if field not in data:
-            raise InvalidArgument(f"failure file {path!r}: field {field!r} is missing")
-    return prepare(data, path, check=check)
-
-
-def prepare(data: dict[str, Any], path: str, *, check: bool = True) -> dict[str, Any]:
-    """Validate a record's fields, find its files again (they may have moved: see
-    :mod:`shardfuzz.refs`) and, with ``check``, resolve its target and implementation and check its
-    case against the target. Every error names the file and the field."""
-    where = f"failure file {path!r}"
-    if not isinstance(data["case"], (dict, Case)):
-        raise InvalidArgument(f"{where}: field 'case' must be an object, got {data['case']!r}")
-    try:
-        if not isinstance(data["case"], Case):
-            data["case"] = Case.from_dict(data["case"])
-    except (InvalidArgument, TypeError) as e:
-        raise InvalidArgument(f"{where}: field 'case' is invalid: {e}") from None
-    for field, kind in (("impl_kwargs", dict), ("files", dict), ("impl_ref", str), ("target", str)):
-        if data.get(field) is not None and not isinstance(data[field], kind):
-            raise InvalidArgument(f"{where}: field {field!r} is {data[field]!r}, expected a {kind.__name__}")
-    for field in ("target_ref", "target_worker_ref", "impl_ref"):
-        if isinstance(data.get(field), str):
-            data[field] = _field(where, field, relocate_ref, data[field], data.get("files") or {}, field)
-    data["path"] = path
-    data["impl_spec"] = ImplRef.from_parts(data["impl_ref"], data.get("impl_kwargs") or {})
-    if check:
-        target, _ = _field(where, "target_ref", record_target, data)
-        _field(where, "impl_ref", ref_of_callable, data["impl_ref"], "impl")
-        for field, allowed in (("backend", BACKENDS), ("device", DEVICES)):
-            if data[field] not in allowed:
-                raise InvalidArgument(
-                    f"{where}: field {field!r} is {data[field]!r}; allowed: {', '.join(allowed)}"
-                )
-        case = data["case"]
-        try:
-            check_case(target, case)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"{where}: field 'case' is invalid: {e}") from None
-    return data
-
-
-def _field(where: str, field: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except InvalidArgument as e:
-        raise InvalidArgument(f"{where}: field {field!r}: {e}") from None
-
-
-def record_target(record: dict[str, Any]) -> tuple[Target, str]:
-    """The target of a failure record and how it was named (its full reference when it has one; a
-    file that cannot be found is an error, never replaced by a target of the same name)."""
-    spec = record.get("target_ref") or record["target"]
-    try:
-        return get_target(spec), spec
-    except InvalidArgument:
-        if spec == record["target"] or split_file_ref(spec) is not None:
-            raise
-    return get_target(record["target"]), record["target"]
-
-
-def record_impl(target: Target, record: dict[str, Any]) -> Any:
-    """The record's implementation: by name when the target still has it under that name."""
-    name = record["impl"]
-    if name in target.implementations and target.impl_ref(name) == record["impl_spec"]:
-        return name
-    return record["impl_spec"]
 
 
 def find_files(paths: Iterable[str]) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from shardfuzz.case import Case, one_rank_path
 from shardfuzz.errors import Finding
+from shardfuzz.finding import FindingContext
 from shardfuzz.hooks import Deadline, RunHooks, TimeUp, example_order
 from shardfuzz.runner import Runner
 from shardfuzz.search import (
@@ -83,7 +84,7 @@ def simplest_case(runner: Runner) -> Case:
     """The simplest case the runner's strategy draws (Hypothesis' own minimal example)."""
     from hypothesis import find, settings
 
-    return find(runner.strategy(), lambda c: True, settings=settings(database=None, max_examples=10))
+    return find(runner.strategy(), lambda _case: True, settings=settings(database=None, max_examples=10))
 
 
 def kept_features(case: Case, simplest: Case) -> list[str]:
@@ -109,12 +110,12 @@ class _Rewrite(RunHooks):
         self.recorder, self.path = recorder, path
         self.order: tuple | None = None
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:
         order = example_order()
         if order is not None and self.order is not None and order > self.order:
             return
         self.order = order
-        self.recorder.write(self.path, runner, case, finding)
+        self.recorder.write(self.path, context, finding)
 
 
 def _replay_and_shrink(
@@ -138,7 +139,7 @@ def _replay_and_shrink(
         try:
             check(fresh, case)
         except Finding as f:
-            smallest.on_finding(fresh, case, f)
+            smallest.on_finding(f.context, f)
             raise
 
     s = settings_for(fresh.config, quiet=True, database=None, phases=(Phase.reuse, Phase.shrink))

@@ -5,7 +5,8 @@ A hook overrides what it needs:
 
 * :meth:`RunHooks.before_example` runs before each example (a campaign's deadline raises there);
 * :meth:`RunHooks.on_finding` runs for every finding, shrinking included (failure files are
-  written there, so an interrupted run keeps what it found).
+  written there, so an interrupted run keeps what it found); it gets the finding's frozen
+  :class:`~shardfuzz.finding.FindingContext`, never the runner.
 
 :class:`Deadline` stops new examples at its time; inside :meth:`Deadline.enforced` it also
 abandons an example still running :data:`GRACE_S` seconds after it, whatever its timeout.
@@ -27,6 +28,7 @@ from shardfuzz.errors import InvalidArgument
 if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.case import Case
     from shardfuzz.errors import Finding
+    from shardfuzz.finding import FindingContext
     from shardfuzz.runner import Runner
 
 #: an example still running this long after a campaign's deadline is abandoned
@@ -40,8 +42,9 @@ class RunHooks:
     def before_example(self, runner: Runner, case: Case) -> None:
         """Called before each example; raising stops the search with that exception."""
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
-        """Called for every finding (Hypothesis' shrinking included)."""
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:
+        """Called for every finding (Hypothesis' shrinking included), with what the example was
+        (``context.case``, the implementation, the inputs' digest, its traces and leaks)."""
 
 
 def example_order() -> tuple | None:
@@ -53,7 +56,7 @@ def example_order() -> tuple | None:
         from hypothesis.internal.conjecture.shrinker import sort_key
 
         return tuple(sort_key(current_build_context().data.nodes))
-    except Exception:
+    except Exception:  # noqa: BLE001 (outside a Hypothesis test, or its internals moved: no order, never a crash)
         return None
 
 
@@ -64,7 +67,7 @@ def example_choices() -> tuple | None:
         from hypothesis.control import current_build_context
 
         return tuple(current_build_context().data.choices)
-    except Exception:  # outside a Hypothesis test (no build context), or its internals moved
+    except Exception:  # noqa: BLE001 (outside a Hypothesis test, or its internals moved: no choices, never a crash)
         return None
 
 
@@ -102,7 +105,7 @@ class Deadline(RunHooks):
     def after(cls, seconds: float) -> Deadline:
         return cls(time.perf_counter() + seconds)
 
-    def before_example(self, runner: Runner, case: Case) -> None:
+    def before_example(self, runner: Runner, case: Case) -> None:  # noqa: ARG002 (the hook signature)
         if time.perf_counter() >= self.at:
             raise TimeUp()
 
@@ -124,7 +127,7 @@ class Deadline(RunHooks):
             yield False
             return
 
-        def _alarm(signum: int, frame: object) -> None:
+        def _alarm(_signum: int, _frame: object) -> None:
             self.overran = True
             raise Overrun()
 
@@ -155,7 +158,7 @@ class StickyInterrupt:
             yield  # someone else handles SIGINT: leave it to them
             return
 
-        def _interrupt(signum: int, frame: object) -> None:
+        def _interrupt(_signum: int, _frame: object) -> None:
             cls.pending = True
             raise KeyboardInterrupt()
 

@@ -20,6 +20,19 @@ def generator(case: Any, stream: int = 0) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed((case.seed * 1_000_003 + stream) % (2**63))
 
 
+def seed_global(seed: int, device_type: str = "cpu") -> None:
+    """Seed torch's global RNG for an example run on ``device_type``. On the CPU only the CPU's
+    generator: ``torch.manual_seed`` also queues a seed for every accelerator not yet initialised
+    (CUDA, XPU, MTIA), each with a formatted stack (``traceback.format_stack``, 2-7 ms per example
+    on 2 cores), for RNGs that a CPU example never draws from."""
+    import torch
+
+    if device_type == "cpu":
+        torch.default_generator.manual_seed(int(seed))
+    else:
+        torch.manual_seed(seed)
+
+
 #: what a tensor is to the value profile (``role=`` of :func:`randn`):
 #: ``activation``: inputs, activations, loss scales and cotangents: ``large``/``small`` scale them;
 #: ``weight``: weights, biases, embedding tables: they keep their init scale (a large weight makes

@@ -121,25 +121,27 @@ class Shard(Layout):
     def __repr__(self) -> str:
         return f"Shard({self.dim})" if self.rule == "dtensor" else f"Shard({self.dim}, rule={self.rule!r})"
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         d = _norm_dim(self.dim, len(global_shape), self)
         shape = list(global_shape)
         shape[d] = split_sizes(global_shape[d], parts, self.rule)[rank]
         return tuple(shape)
 
-    def piece(self, value, rank, parts):
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
         d = _norm_dim(self.dim, value.ndim, self)
         n = value.shape[d]
         off = split_offsets(n, parts, self.rule)[rank]
         return value.narrow(d, off, split_sizes(n, parts, self.rule)[rank])
 
-    def assemble(self, locals_):
+    def assemble(self, locals_: list[Any]) -> Any:
         import torch
 
         d = _norm_dim(self.dim, locals_[0].ndim, self)
         return torch.cat(list(locals_), dim=d)
 
-    def global_index(self, local_index, rank, parts, global_shape):
+    def global_index(
+        self, local_index: tuple[int, ...], rank: int, parts: int, global_shape: tuple[int, ...]
+    ) -> tuple[int, ...]:
         d = _norm_dim(self.dim, len(global_shape), self)
         idx = list(local_index)
         idx[d] += split_offsets(global_shape[d], parts, self.rule)[rank]
@@ -153,13 +155,13 @@ class Replicate(Layout):
     def __repr__(self) -> str:
         return "Replicate()"
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         return tuple(global_shape)
 
-    def piece(self, value, rank, parts):
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
         return value
 
-    def assemble(self, locals_):
+    def assemble(self, locals_: list[Any]) -> Any:
         return locals_[0]
 
 
@@ -172,13 +174,13 @@ class Partial(Layout):
     def __repr__(self) -> str:
         return "Partial()"
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         return tuple(global_shape)
 
-    def piece(self, value, rank, parts):
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
         raise InvalidArgument("Partial() has no per-rank piece; compare the assembled sum")
 
-    def assemble(self, locals_):
+    def assemble(self, locals_: list[Any]) -> Any:
         import torch
 
         return torch.stack([t.double() if t.is_floating_point() else t for t in locals_]).sum(0)
@@ -195,33 +197,35 @@ class PaddedFlat(Layout):
     def __repr__(self) -> str:
         return "PaddedFlat()"
 
-    def _chunk(self, n, parts):
+    def _chunk(self, n: int, parts: int) -> int:
         return -(-n // parts)
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         if len(global_shape) != 1:
             raise InvalidArgument(f"PaddedFlat() needs a 1-d value, got shape {tuple(global_shape)}")
         return (self._chunk(global_shape[0], parts),)
 
-    def _valid(self, n, rank, parts):
+    def _valid(self, n: int, rank: int, parts: int) -> tuple[int, int]:
         c = self._chunk(n, parts)
         start = min(rank * c, n)
         return start, max(0, min(c, n - start))
 
-    def piece(self, value, rank, parts):
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
         start, k = self._valid(value.shape[0], rank, parts)
         return value[start : start + k]
 
-    def comparable(self, local, rank, parts, global_shape):
+    def comparable(self, local: Any, rank: int, parts: int, global_shape: tuple[int, ...]) -> Any:
         _, k = self._valid(global_shape[0], rank, parts)
         return local[:k]
 
-    def assemble(self, locals_):
+    def assemble(self, locals_: list[Any]) -> Any:
         import torch
 
         return torch.cat(list(locals_))
 
-    def global_index(self, local_index, rank, parts, global_shape):
+    def global_index(
+        self, local_index: tuple[int, ...], rank: int, parts: int, global_shape: tuple[int, ...]
+    ) -> tuple[int, ...]:
         start, _ = self._valid(global_shape[0], rank, parts)
         return (local_index[0] + start,)
 
@@ -245,19 +249,19 @@ class Zigzag(Layout):
         offs = [sum(sizes[:i]) for i in range(2 * parts)]
         return [(offs[c], sizes[c]) for c in (rank, 2 * parts - 1 - rank)]
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         d = _norm_dim(self.dim, len(global_shape), self)
         shape = list(global_shape)
         shape[d] = sum(k for _, k in self._chunks(global_shape[d], rank, parts))
         return tuple(shape)
 
-    def piece(self, value, rank, parts):
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
         import torch
 
         d = _norm_dim(self.dim, value.ndim, self)
         return torch.cat([value.narrow(d, o, k) for o, k in self._chunks(value.shape[d], rank, parts)], dim=d)
 
-    def assemble(self, locals_):
+    def assemble(self, locals_: list[Any]) -> Any:
         import torch
 
         parts = len(locals_)
@@ -270,7 +274,9 @@ class Zigzag(Layout):
             chunks[o2] = t.narrow(d, k1, k2)
         return torch.cat([chunks[o] for o in sorted(chunks)], dim=d)
 
-    def global_index(self, local_index, rank, parts, global_shape):
+    def global_index(
+        self, local_index: tuple[int, ...], rank: int, parts: int, global_shape: tuple[int, ...]
+    ) -> tuple[int, ...]:
         d = _norm_dim(self.dim, len(global_shape), self)
         (o1, k1), (o2, _) = self._chunks(global_shape[d], rank, parts)
         idx = list(local_index)
@@ -289,16 +295,18 @@ class Owned(Layout):
     def __repr__(self) -> str:
         return "Owned()"
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         return tuple(global_shape)  # the owner's; every other rank holds (0,)
 
-    def expected_shape(self, held, global_shape, rank, parts):
+    def expected_shape(
+        self, held: tuple[int, ...], global_shape: tuple[int, ...], rank: int, parts: int
+    ) -> tuple[int, ...]:
         return (0,) if tuple(held) == (0,) else tuple(global_shape)
 
-    def holds_piece(self, held, global_shape):
+    def holds_piece(self, held: tuple[int, ...], global_shape: tuple[int, ...]) -> bool:
         return tuple(held) != (0,) or tuple(global_shape) == (0,)
 
-    def check_group(self, shapes, global_shape):
+    def check_group(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, ...]) -> str | None:
         if self.owner_of(shapes, global_shape) is None:
             return (
                 f"exactly one rank must hold {list(global_shape)} and the others [0]; "
@@ -312,10 +320,10 @@ class Owned(Layout):
         others_empty = all(tuple(s) == (0,) for r, s in enumerate(shapes) if r not in owners)
         return owners[0] if len(owners) == 1 and others_empty else None
 
-    def piece(self, value, rank, parts):
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
         return value
 
-    def assemble(self, locals_):
+    def assemble(self, locals_: list[Any]) -> Any:
         return next(t for t in locals_ if tuple(t.shape) != (0,))
 
 

@@ -14,6 +14,8 @@ the operands.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -22,7 +24,19 @@ def matmul_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.abs() @ b.abs()
 
 
-def attention_magnitude(q, k, v, aq, ak, av, adout, mask, *, adlse=None, merge=False):
+def attention_magnitude(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,  # noqa: ARG001 (the signature mirrors attention; only v's bound av enters)
+    aq: torch.Tensor,
+    ak: torch.Tensor,
+    av: torch.Tensor,
+    adout: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    *,
+    adlse: torch.Tensor | None = None,
+    merge: bool = False,
+) -> Any:
     """Elementwise bounds on the sum of |terms| behind attention's outputs and gradients.
 
     ``q``/``k``/``v`` ``[b, s, h, d]`` (float64, same heads) give the true probabilities ``P``;
@@ -58,7 +72,7 @@ def attention_magnitude(q, k, v, aq, ak, av, adout, mask, *, adlse=None, merge=F
     }
 
 
-def rope_abs(a):
+def rope_abs(a: torch.Tensor) -> torch.Tensor:
     """A bound on ``|rope(x)|`` (and on ``|rope^T(g)|``) from ``a >= |x|``: each rotated pair gets
     ``|x1| + |x2|``."""
     half = a.shape[-1] // 2

@@ -99,64 +99,86 @@ def _kind(func: Any) -> OpKind:
     return kind
 
 
+class NoiseDraws:
+    """The draws of :func:`rounding_noise`'s mode: its units, its seeded generator, the |terms| it
+    keeps for the rules, and the noise it adds (a class of its own: the mode's class is built on
+    first use, and needs torch)."""
+
+    def __init__(self, u: float, seed: int, group_size: int, case_u: float | None = None) -> None:
+        import torch
+
+        super().__init__()
+        self.u = u
+        self.reduction_u = u * math.sqrt(group_size + 1)
+        #: the case dtype's unit roundoff (``u`` is the perturbation unit, scaled back later)
+        self.case_u = case_u or u
+        #: softmax statistics (max, logsumexp) are kept in float32 at least, as every fused
+        #: attention and cross-entropy kernel does: their rounding over a rounding in the case dtype
+        self.stat_ratio = min(1.0, UNIT_ROUNDOFF["float32"] / self.case_u)
+        self.gen = torch.Generator().manual_seed(seed)
+        #: id -> (weak reference, |terms|) of matmul-like results and their views, for rules
+        #: that need the terms behind an operand (:meth:`terms_of`); nothing keeps a result alive
+        self._terms: dict[int, tuple[Any, torch.Tensor]] = {}
+
+    def terms_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The |terms| behind ``t`` if a sum-like op (or a view of one) made it, else None."""
+        entry = self._terms.get(id(t))
+        if entry is None or entry[0]() is not t or entry[1].shape != t.shape:
+            return None
+        return entry[1]
+
+    def remember(self, t: Any, terms: Any) -> None:
+        """Keep ``terms`` as the |terms| behind ``t`` while ``t`` lives (see :meth:`terms_of`)."""
+        import torch
+
+        if isinstance(t, torch.Tensor) and isinstance(terms, torch.Tensor) and terms.shape == t.shape:
+            key = id(t)
+
+            def forget(_: Any, k: int = key) -> None:
+                self._terms.pop(k, None)
+
+            self._terms[key] = (weakref.ref(t, forget), terms)
+
+    def xi(self, like: torch.Tensor, u: float) -> torch.Tensor:
+        """Uniform in [-u, u], shaped like ``like`` (drawn on the CPU generator)."""
+        import torch
+
+        r = torch.empty(like.shape, dtype=torch.float64).uniform_(-u, u, generator=self.gen)
+        return r if like.device.type == "cpu" else r.to(like.device)
+
+    def noise(self, scale: torch.Tensor, u: float | None = None) -> torch.Tensor:
+        """``u * |scale| * xi``, xi uniform in [-1, 1] (symmetric: the sign of ``scale`` does
+        not matter); no noise where the scale is not finite (an infinite term: the result is
+        infinite too, and inf - inf would make a NaN)."""
+        import torch
+
+        scale = torch.nan_to_num(scale.double(), 0.0, 0.0, 0.0)
+        return scale * self.xi(scale, self.u if u is None else u)
+
+    def perturb(self, t: torch.Tensor, scale: torch.Tensor | None, u: float) -> torch.Tensor:
+        """``t`` plus noise of ``scale`` (``None``: one rounding of ``t`` itself, ``t * (1 + xi)``,
+        which keeps an infinity infinite)."""
+        import torch
+
+        if scale is None:
+            r = torch.empty(t.shape, dtype=torch.float64).uniform_(1 - u, 1 + u, generator=self.gen)
+            return t * (r if t.device.type == "cpu" else r.to(t.device))
+        return torch.addcmul(t, torch.nan_to_num(scale, 0.0, 0.0, 0.0), self.xi(t, u))
+
+
 @functools.cache
 def rounding_noise() -> type:
     """The ``TorchDispatchMode`` class, built on first use (importing shardfuzz imports no torch)."""
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class RoundingNoise(TorchDispatchMode):
+    class RoundingNoise(NoiseDraws, TorchDispatchMode):
         """Adds a case-dtype-sized random rounding error to every float64 op result (see the module)."""
 
-        def __init__(self, u: float, seed: int, group_size: int, case_u: float | None = None) -> None:
-            super().__init__()
-            self.u = u
-            self.reduction_u = u * math.sqrt(group_size + 1)
-            #: the case dtype's unit roundoff (``u`` is the perturbation unit, scaled back later)
-            self.case_u = case_u or u
-            #: softmax statistics (max, logsumexp) are kept in float32 at least, as every fused
-            #: attention and cross-entropy kernel does: their rounding over a rounding in the case dtype
-            self.stat_ratio = min(1.0, UNIT_ROUNDOFF["float32"] / self.case_u)
-            self.gen = torch.Generator().manual_seed(seed)
-            #: id -> (weak reference, |terms|) of matmul-like results and their views, for rules
-            #: that need the terms behind an operand (:meth:`terms_of`); nothing keeps a result alive
-            self._terms: dict[int, tuple[Any, torch.Tensor]] = {}
-
-        def terms_of(self, t: torch.Tensor) -> torch.Tensor | None:
-            """The |terms| behind ``t`` if a sum-like op (or a view of one) made it, else None."""
-            entry = self._terms.get(id(t))
-            if entry is None or entry[0]() is not t or entry[1].shape != t.shape:
-                return None
-            return entry[1]
-
-        def _remember(self, t: Any, terms: Any) -> None:
-            if isinstance(t, torch.Tensor) and isinstance(terms, torch.Tensor) and terms.shape == t.shape:
-                key = id(t)
-
-                def forget(_: Any, k: int = key) -> None:
-                    self._terms.pop(k, None)
-
-                self._terms[key] = (weakref.ref(t, forget), terms)
-
-        def xi(self, like: torch.Tensor, u: float) -> torch.Tensor:
-            """Uniform in [-u, u], shaped like ``like`` (drawn on the CPU generator)."""
-            r = torch.empty(like.shape, dtype=torch.float64).uniform_(-u, u, generator=self.gen)
-            return r if like.device.type == "cpu" else r.to(like.device)
-
-        def noise(self, scale: torch.Tensor, u: float | None = None) -> torch.Tensor:
-            """``u * |scale| * xi``, xi uniform in [-1, 1] (symmetric: the sign of ``scale`` does
-            not matter); no noise where the scale is not finite (an infinite term: the result is
-            infinite too, and inf - inf would make a NaN)."""
-            scale = torch.nan_to_num(scale.double(), 0.0, 0.0, 0.0)
-            return scale * self.xi(scale, self.u if u is None else u)
-
-        def perturb(self, t: torch.Tensor, scale: torch.Tensor | None, u: float) -> torch.Tensor:
-            """``t`` plus noise of ``scale`` (``None``: one rounding of ``t`` itself, ``t * (1 + xi)``,
-            which keeps an infinity infinite)."""
-            if scale is None:
-                r = torch.empty(t.shape, dtype=torch.float64).uniform_(1 - u, 1 + u, generator=self.gen)
-                return t * (r if t.device.type == "cpu" else r.to(t.device))
-            return torch.addcmul(t, torch.nan_to_num(scale, 0.0, 0.0, 0.0), self.xi(t, u))
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # no torch.compile runs under this mode: without this, torch wraps __torch_dispatch__
+            # in its dynamo ``disable`` wrapper, paid on every op of every noise sample
+            return False
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -164,55 +186,98 @@ def rounding_noise() -> type:
             kwargs = kwargs or {}
             kind = _kind(func)
             if kind.skip or not _has_float64(args, kwargs):
-                out = func(*args, **kwargs)
-                if kind.base in _SHAPE_OPS and args and self.terms_of(args[0]) is not None:
-                    self._remember(out, func(self.terms_of(args[0]), *args[1:], **kwargs))
-                return out
-            abs_args = abs_kwargs = None
-            if kind.sum_like:  # the op on |operands| (copies: an in-place op writes to them)
-                abs_args, abs_kwargs = _absolute(kind.base, args, kwargs)
+                return _exact_op(self, kind, func, args, kwargs)
+            absolute = _absolute(kind.base, args, kwargs) if kind.sum_like else None  # copies: before the op
             out = func(*args, **kwargs)
             written = _written(kind, args, kwargs)
             u = self.reduction_u if kind.reduction else self.u
             if kind.rule is not None:
-                try:
-                    result = kind.rule(self, func, args, kwargs, out)
-                except Exception:  # a case the rule does not know: fall back to the elementwise rule
-                    result = None
+                result = _by_rule(self, kind.rule, func, args, kwargs, out, written)
                 if result is not None:
-                    for t, r in zip(written, _flat(result)):  # in place: write the noise back
-                        t.copy_(r)
-                    return out if written else result
-            scales: list[Any] | None = None
-            if abs_args is not None and abs_kwargs is not None:
-                try:
-                    abs_out = _op_for_abs(func, kind.base)(*abs_args, **abs_kwargs)
-                    scales = _written(kind, abs_args, abs_kwargs) if written else _flat(abs_out)
-                except Exception:  # the |terms| run is not defined here: one rounding of the result
-                    scales = None
+                    return result
+            scales = _terms_scales(kind, func, absolute, written)
             if written:  # in place: perturb what was written (the result aliases it)
-                for i, t in enumerate(written):
-                    if _perturbable(t):
-                        t.copy_(self.perturb(t, scales[i] if scales is not None else None, u))
+                _perturb_written(self, written, scales, u)
                 return out
-            if isinstance(out, torch.Tensor):
-                if not _perturbable(out):
-                    return out
-                result = self.perturb(out, scales[0] if scales else None, u)
-                if scales:
-                    self._remember(result, scales[0])
-                return result
-            if not isinstance(out, (tuple, list)):
-                return out
-            flat = list(out)
-            for i, t in enumerate(flat):
-                if _perturbable(t):
-                    flat[i] = self.perturb(
-                        t, scales[i] if scales is not None and i < len(scales) else None, u
-                    )
-            return type(out)(flat) if isinstance(out, list) else tuple(flat)
+            return _perturb_result(self, out, scales, u)
 
     return RoundingNoise
+
+
+#: what a rule of :data:`~shardfuzz.noise_rules.SPECIAL` raises on a call it was not written for:
+#: an argument the overload does not have (KeyError), an operand of another rank or shape than the
+#: rule expects (IndexError, RuntimeError: torch's shape errors), None where it expects a tensor
+#: (TypeError), a dim it cannot take (ValueError). Anything else (NameError, AttributeError, ...)
+#: is a bug in the rule and propagates: a blind ``except`` here hid the ``lerp`` rule's NameError.
+RULE_DOES_NOT_APPLY = (KeyError, IndexError, TypeError, ValueError, RuntimeError)
+#: what the |terms| run of a sum-like op raises where it is not defined (torch refuses the
+#: absolute operands, e.g. an in-place op whose result type cannot hold them): one rounding instead
+TERMS_UNDEFINED = (RuntimeError, TypeError)
+
+
+def _exact_op(mode: Any, kind: OpKind, func: Any, args: tuple, kwargs: dict) -> Any:
+    """An op left alone; a view or copy of a result with |terms| keeps them (``terms_of``)."""
+    out = func(*args, **kwargs)
+    if kind.base in _SHAPE_OPS and args and mode.terms_of(args[0]) is not None:
+        mode.remember(out, func(mode.terms_of(args[0]), *args[1:], **kwargs))
+    return out
+
+
+def _by_rule(
+    mode: Any, rule: Callable[..., Any], func: Any, args: tuple, kwargs: dict, out: Any, written: list
+) -> Any:
+    """The result with the rule's noise (written back for an in-place op), or None where the rule
+    does not apply (the elementwise rule follows)."""
+    try:
+        result = rule(mode, func, args, kwargs, out)
+    except RULE_DOES_NOT_APPLY:  # a call the rule does not know: fall back to the elementwise rule
+        return None
+    if result is None:
+        return None
+    for t, r in zip(written, _flat(result)):  # in place: write the noise back
+        t.copy_(r)
+    return out if written else result
+
+
+def _terms_scales(
+    kind: OpKind, func: Any, absolute: tuple[tuple, dict] | None, written: list
+) -> list[Any] | None:
+    """The |terms| of each result of a sum-like op (the op on absolute operands), or None."""
+    if absolute is None:
+        return None
+    abs_args, abs_kwargs = absolute
+    try:
+        abs_out = _op_for_abs(func, kind.base)(*abs_args, **abs_kwargs)
+    except TERMS_UNDEFINED:  # the |terms| run is not defined here: one rounding of the result
+        return None
+    return _written(kind, abs_args, abs_kwargs) if written else _flat(abs_out)
+
+
+def _perturb_written(mode: Any, written: list[Any], scales: list[Any] | None, u: float) -> None:
+    """Perturb in place what an in-place or ``out=`` op wrote."""
+    for i, t in enumerate(written):
+        if _perturbable(t):
+            t.copy_(mode.perturb(t, scales[i] if scales is not None else None, u))
+
+
+def _perturb_result(mode: Any, out: Any, scales: list[Any] | None, u: float) -> Any:
+    """``out`` (a tensor, or a tuple or list of them) with a rounding of each floating result."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        if not _perturbable(out):
+            return out
+        result = mode.perturb(out, scales[0] if scales else None, u)
+        if scales:
+            mode.remember(result, scales[0])
+        return result
+    if not isinstance(out, (tuple, list)):
+        return out
+    flat = list(out)
+    for i, t in enumerate(flat):
+        if _perturbable(t):
+            flat[i] = mode.perturb(t, scales[i] if scales is not None and i < len(scales) else None, u)
+    return type(out)(flat) if isinstance(out, list) else tuple(flat)
 
 
 #: views and copies that keep each element's |terms| where they are (followed by ``terms_of``)

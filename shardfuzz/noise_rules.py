@@ -260,6 +260,8 @@ def _gelu_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
 def _lerp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
     """``a + w (end - a)``: terms ``|1 - w| |a| + |w| |end|``, at most ``|out| + 2 |w| |end|`` (the
     in-place form has overwritten ``a``)."""
+    import torch
+
     end, w = b["end"], b["weight"]
     w = w.abs() if isinstance(w, torch.Tensor) else abs(w)
     return out + mode.noise(out.abs() + 2 * w * end.abs())

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from shardfuzz.case import Case
-from shardfuzz.config import check_world_size
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
-from shardfuzz.inputs import float64
+from shardfuzz.inputs import float64, seed_global
+from shardfuzz.limits import check_world_size
 from shardfuzz.noise import estimate
 from shardfuzz.target import SELF
 
@@ -43,7 +43,7 @@ class Expected:
     source: Any = None  # a self-oracle (shardfuzz.selforacle): fills ref/low, draws noise on a rank
 
 
-def _call(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
+def call_target_code(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
     """Call a piece of the target's code; what it raises becomes the target's error."""
     try:
         return fn(*args)
@@ -66,10 +66,8 @@ def _check_names(target: Any, field: str, keys: Any, allowed: Any, what: str) ->
 
 def case_inputs(target: Any, case: Case) -> dict[str, Any]:
     """The case's full inputs, checked: built from its seed, a dict, names the layouts know."""
-    import torch
-
-    torch.manual_seed(case.seed)
-    inputs = _call(target, "inputs(case)", case, target.inputs, case)
+    seed_global(case.seed)  # the oracle runs on the driver's CPU
+    inputs = call_target_code(target, "inputs(case)", case, target.inputs, case)
     if not isinstance(inputs, dict):
         raise TargetError(
             f"Target {target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict"
@@ -94,8 +92,8 @@ def evaluate_oracle(
     inputs64 = {k: float64(v) for k, v in inputs.items()}
     rng = torch.get_rng_state()  # every float64 run of the oracle draws what the reference drew
     with torch.enable_grad():
-        ref = _call(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
-        low = _call(
+        ref = call_target_code(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
+        low = call_target_code(
             target,
             "oracle(inputs, case)",
             case,
@@ -104,7 +102,7 @@ def evaluate_oracle(
             case,
         )
         mag = (
-            _call(target, "magnitude(inputs, case)", case, target.magnitude, inputs64, case)
+            call_target_code(target, "magnitude(inputs, case)", case, target.magnitude, inputs64, case)
             if target.magnitude
             else {}
         )
@@ -132,7 +130,7 @@ def evaluate_oracle(
         return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
 
     ref = detach(ref)
-    scale = functools.partial(_case_scale, inputs64, ref)  # needed only for an output that is 0 everywhere
+    scale = functools.partial(case_scale_of, inputs64, ref)  # needed only for an output that is 0 everywhere
     expected = Expected(ref, detach(low), detach(mag), inputs, {}, functools.cache(scale), rng)
     if noise_samples:
         estimate_noise(target, case, expected, noise_samples, wanted)
@@ -202,7 +200,9 @@ def _noise_runs(
         if expected.rng is not None:
             torch.set_rng_state(expected.rng)
         with torch.enable_grad():
-            return _call(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
+            return call_target_code(
+                target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case
+            )
 
     wanted = outputs if outputs is not None else target.outputs_for(case)
     return rerun, {k: expected.ref[k] for k in wanted}
@@ -215,7 +215,7 @@ def _fresh(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
-def _case_scale(*dicts: dict[str, Any]) -> float:
+def case_scale_of(*dicts: dict[str, Any]) -> float:
     """The largest root mean square over the case's floating inputs and outputs."""
     import torch
 
@@ -324,7 +324,7 @@ def check_case(target: Any, case: Any) -> None:
                 f"case options={case.options!r} {' and '.join(wrong)}; target {target.name!r} draws the "
                 f"options {sorted(drawn.options)}, e.g. {drawn.example.options!r}"
             )
-    _call(target, "inputs(case)", case, target.inputs, case)
+    call_target_code(target, "inputs(case)", case, target.inputs, case)
 
 
 def case_hint(target: Any, case: Case) -> str:

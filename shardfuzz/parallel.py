@@ -50,13 +50,13 @@ class ReduceFromGroup(torch.autograd.Function):
     """``g``: all-reduce forward, identity backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # noqa: ARG004 (autograd passes ctx)
         out = x.clone()
         dist.all_reduce(out, group=group)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # noqa: ARG004 (autograd passes ctx)
         return grad, None
 
 

@@ -7,10 +7,18 @@ coordinate). On the driver, :func:`resolve` turns the pieces of one output into 
 layout, which the judge uses like any declared layout. The piece each rank must hold is computed
 here from the oracle's shape with DTensor's rule (``Shard(d)`` on each mesh axis in turn, nested:
 ``ceil(n / parts)`` rows until they run out), never read back from torch, so a DTensor built with
-a wrong local shape (``DTensor.from_local`` without ``run_check``) is a layout finding. A
-``Partial`` axis is summed (``avg``: averaged) over the ranks of that axis; replicated copies
-are each compared, except under ``Partial``, where the copy at coordinate 0 of every
-``Replicate`` axis is summed.
+a wrong local shape (``DTensor.from_local`` without ``run_check``) is a layout finding.
+
+Every pending reduction DTensor's own ops return is read by its exact semantics
+(:data:`PARTIAL_OPS`): ``Partial("sum")`` and ``_MaskPartial`` (embedding: rows a rank does not
+own are zero) are summed over the ranks of that axis, ``"avg"`` averaged, ``"max"``/``"min"``
+reduced by max/min, and ``_NormPartial(p)`` (a vector norm of each rank's piece) combined as
+``(sum |x|^p)^(1/p)`` (``p = inf``: max, ``-inf``: min, ``0``: a count, summed). Replicated copies
+are each compared, except under a ``Partial``, where the copy at coordinate 0 of every
+``Replicate`` axis is reduced. A placement that cannot be laid out here (``_StridedShard``, a
+subclass torch adds later, ``Partial`` axes with different reductions) is compared through
+``full_tensor()``, run on the ranks after the implementation returned and outside its trace, and
+the layout says so: never a finding against the implementation.
 
 A DTensor output uses its placements whatever layout the target declares for that output: a
 built-in target's DTensor-returning implementation (torch TP, FSDP2) needs no wrapper. Declare
@@ -29,16 +37,19 @@ from shardfuzz.errors import InvalidArgument
 from shardfuzz.layouts import Layout, split_offsets, split_sizes
 from shardfuzz.protocol import decode, encode
 
-#: the reduce ops of a Partial placement that can be rebuilt: op -> divide by the axis size
-PARTIAL_OPS = {"sum": False, "avg": True}
+#: the reductions of a pending (Partial) placement that can be rebuilt from the ranks' pieces
+PARTIAL_OPS = ("sum", "avg", "max", "min", "norm")
 
 
 @dataclasses.dataclass(frozen=True)
 class DTensorPiece:
     """What a rank sends for a DTensor output (``local`` is encoded, as every output is).
 
-    ``placements`` are ``("shard", dim)``, ``("replicate",)`` or ``("partial", op)``, one per
-    mesh axis; ``mesh_ranks`` the mesh's global ranks, row-major; ``coordinate`` this rank's.
+    ``placements`` are ``("shard", dim)``, ``("replicate",)``, ``("partial", op)``,
+    ``("partial", "norm", p)`` or ``("partial", "sum", "mask")``, one per mesh axis;
+    ``mesh_ranks`` the mesh's global ranks, row-major; ``coordinate`` this rank's. ``via`` is set
+    when ``local`` is the whole value from ``full_tensor()`` (the DTensor's own placements, as
+    text): the placements are then Replicate on every axis.
     """
 
     local: Any
@@ -47,6 +58,7 @@ class DTensorPiece:
     mesh_shape: tuple[int, ...]
     mesh_ranks: tuple[int, ...]
     coordinate: tuple[int, ...]
+    via: str = ""
 
 
 def _placement(p: Any) -> tuple[Any, ...]:
@@ -57,8 +69,30 @@ def _placement(p: Any) -> tuple[Any, ...]:
     if isinstance(p, Replicate):
         return ("replicate",)
     if isinstance(p, Partial):
-        return ("partial", str(p.reduce_op))
+        # by what the subclass does, not its name: _NormPartial keeps reduce_op "sum" for its
+        # p-th powers, _MaskPartial sums the masked lookups (torch 2.13)
+        if hasattr(p, "norm_type"):
+            return ("partial", "norm", float(p.norm_type))
+        if type(p) is not Partial and type(p).__name__ == "_MaskPartial" and p.reduce_op == "sum":
+            return ("partial", "sum", "mask")
+        if type(p) is Partial and p.reduce_op in PARTIAL_OPS:
+            return ("partial", str(p.reduce_op))
     return ("unknown", repr(p))
+
+
+def _laid_out(placements: tuple[tuple[Any, ...], ...]) -> bool:
+    """Whether the driver can rebuild the value from the pieces: every placement known, and the
+    Partial axes all of one reduction (sums and averages mix: a sum, then a division). Two axes of
+    different reductions (max on one, sum on the other) reduce in an order the pieces do not tell."""
+    if any(p[0] == "unknown" for p in placements):
+        return False
+    kinds = {(_reduction(p), p[2] if p[1] == "norm" else None) for p in placements if p[0] == "partial"}
+    return {k for k, _ in kinds} <= {"sum", "avg"} or len(kinds) == 1
+
+
+def _reduction(p: tuple[Any, ...]) -> str:
+    """The reduction of a partial placement: ``sum``, ``avg``, ``max``, ``min`` or ``norm``."""
+    return "norm" if p[1] == "norm" else str(p[1])
 
 
 def describe(value: Any) -> Any:
@@ -70,13 +104,23 @@ def describe(value: Any) -> Any:
     if not isinstance(value, DTensor):
         return value
     mesh = value.device_mesh
+    placements = tuple(_placement(p) for p in value.placements)
+    via = ""
+    local = value.to_local()
+    if not _laid_out(placements):
+        # a collective on every rank of the mesh: every rank holds this output with the same
+        # placements (DTensor's own invariant), and the trace is already stopped
+        via = ", ".join(map(str, value.placements))
+        local = value.full_tensor()
+        placements = tuple(("replicate",) for _ in placements)
     return DTensorPiece(
-        local=encode(value.to_local()),
+        local=encode(local),
         global_shape=tuple(value.shape),
-        placements=tuple(_placement(p) for p in value.placements),
+        placements=placements,
         mesh_shape=tuple(mesh.shape),
         mesh_ranks=tuple(int(r) for r in mesh.mesh.flatten().tolist()),
         coordinate=tuple(int(c) for c in (mesh.get_coordinate() or ())),
+        via=via,
     )
 
 
@@ -86,6 +130,10 @@ def placement_text(p: tuple[Any, ...]) -> str:
         return f"Shard({p[1]})"
     if kind == "replicate":
         return "Replicate()"
+    if kind == "partial" and p[1] == "norm":
+        return f"_NormPartial({p[2]:g})"
+    if kind == "partial" and p[2:] == ("mask",):
+        return "_MaskPartial(sum)"
     if kind == "partial":
         return f"Partial({p[1]})"
     return str(p[1])
@@ -117,7 +165,7 @@ class FromDTensor(Layout):
     def __repr__(self) -> str:
         return "FromDTensor()"
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         raise InvalidArgument("FromDTensor(): the output must be a DTensor; its placements give the layout")
 
 
@@ -172,8 +220,13 @@ class Placed(Layout):
     global_shape: tuple[int, ...]
     per_rank: bool = True
     divide: int = 1
+    reduce: str = "sum"  # how the pieces of a Partial combine: sum, max, min or norm
+    norm_p: float = 2.0
+    via: str = ""  # the DTensor's own placements when compared through full_tensor()
 
     def __repr__(self) -> str:
+        if self.via:
+            return f"DTensor({self.via}) on mesh {self.mesh_shape}, compared through full_tensor()"
         return f"DTensor({', '.join(placement_text(p) for p in self.placements)}) on mesh {self.mesh_shape}"
 
     def index_of(self, rank: int, group_size: int) -> int:
@@ -182,25 +235,44 @@ class Placed(Layout):
     def replicas(self, case: Case) -> list[list[int]]:
         return [list(m) for m in self.meshes]
 
-    def local_shape(self, global_shape, rank, parts):
+    def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         return self.boxes[rank][1]
 
-    def piece(self, value, rank, parts):
+    def piece(self, value: Any, rank: int, parts: int) -> Any:
         offset, size = self.boxes[rank]
         return value[tuple(slice(o, o + s) for o, s in zip(offset, size))]
 
-    def global_index(self, local_index, rank, parts, global_shape):
+    def global_index(
+        self, local_index: tuple[int, ...], rank: int, parts: int, global_shape: tuple[int, ...]
+    ) -> tuple[int, ...]:
         return tuple(o + i for o, i in zip(self.boxes[rank][0], local_index))
 
     def assemble_at(self, ranks: list[int], locals_: list[Any]) -> Any:
         import torch
 
         floating = locals_[0].is_floating_point()
-        total = torch.zeros(self.global_shape, dtype=torch.float64 if floating else locals_[0].dtype)
+        dtype = torch.float64 if floating else locals_[0].dtype
+        p, reduce = self.norm_p, self.reduce
+        if reduce == "norm" and math.isinf(p):  # the inf-norm of pieces is the max of their norms
+            reduce = "max" if p > 0 else "min"
+        start = {"max": -math.inf, "min": math.inf}.get(reduce, 0.0) if floating else 0
+        total = torch.full(self.global_shape, start, dtype=dtype)
         for r, local in zip(ranks, locals_):
-            if r in self.summed:
-                offset, size = self.boxes[r]
-                total[tuple(slice(o, o + s) for o, s in zip(offset, size))] += local.to(total.dtype)
+            if r not in self.summed:
+                continue
+            offset, size = self.boxes[r]
+            at = tuple(slice(o, o + s) for o, s in zip(offset, size))
+            x = local.to(dtype)
+            if reduce == "max":
+                total[at] = torch.maximum(total[at], x)
+            elif reduce == "min":
+                total[at] = torch.minimum(total[at], x)
+            elif reduce == "norm" and p != 0:
+                total[at] += x.abs() ** p
+            else:  # sum, avg (divided below), and the 0-"norm", a count of nonzeros
+                total[at] += x
+        if reduce == "norm" and p != 0 and not math.isinf(p):
+            total = total ** (1.0 / p)
         return total / self.divide if self.divide > 1 else total
 
 
@@ -255,21 +327,18 @@ def _placed(case: Case, name: str, values: list[Any], shape: tuple[int, ...]) ->
                 None,
                 f"output {name!r}: {label(r)} is at {v.coordinate} of a mesh {v.mesh_ranks} that puts another rank there",
             )
-    bad = [
-        placement_text(p)
-        for p in first.placements
-        if p[0] == "unknown" or (p[0] == "partial" and p[1] not in PARTIAL_OPS)
-    ]
-    if bad:
-        return (
-            None,
-            f"output {name!r}: placements {bad} cannot be compared (supported: Shard, Replicate, Partial sum/avg)",
+    if not _laid_out(first.placements):  # describe() sends these through full_tensor()
+        return None, (
+            f"output {name!r}: placements {[placement_text(p) for p in first.placements]} were sent "
+            "without full_tensor(); this is shardfuzz's bug, not the implementation's"
         )
     meshes = sorted({v.mesh_ranks for v in values})
     partial_axes = [a for a, p in enumerate(first.placements) if p[0] == "partial"]
     replicate_axes = [a for a, p in enumerate(first.placements) if p[0] == "replicate"]
     summed = tuple(r for r, v in enumerate(values) if all(v.coordinate[a] == 0 for a in replicate_axes))
-    divide = math.prod(first.mesh_shape[a] for a in partial_axes if PARTIAL_OPS[first.placements[a][1]])
+    divide = math.prod(first.mesh_shape[a] for a in partial_axes if first.placements[a][1] == "avg")
+    reductions = {_reduction(first.placements[a]) for a in partial_axes} - {"avg"}
+    norms = [first.placements[a][2] for a in partial_axes if first.placements[a][1] == "norm"]
     return Placed(
         placements=first.placements,
         mesh_shape=first.mesh_shape,
@@ -279,6 +348,9 @@ def _placed(case: Case, name: str, values: list[Any], shape: tuple[int, ...]) ->
         global_shape=shape,
         per_rank=not partial_axes,
         divide=max(divide, 1),
+        reduce=reductions.pop() if reductions else "sum",
+        norm_p=norms[0] if norms else 2.0,
+        via=first.via,
     ), ""
 
 

@@ -1,7 +1,9 @@
 """A warm pool of rank processes: start, submit a task, collect one outcome, kill.
 
-* Ranks are started by :mod:`shardfuzz.spawn`; the driver never joins a process group. Nothing
-  outlives the driver: workers arm ``PR_SET_PDEATHSIG`` and watch a pipe to it; pools die at exit.
+* Ranks are started by :mod:`shardfuzz.spawn` (forkserver with torch preloaded, driver-owned
+  store); the driver never joins a process group.
+* Nothing outlives the driver: workers arm ``PR_SET_PDEATHSIG`` and watch a pipe to the driver
+  (:mod:`shardfuzz.worker`); pools are daemonic and killed at exit.
 * :meth:`Pool.collect` waits on every rank's pipe and process sentinel at once. At the first
   exception or EOF it returns at once. It calls an example hung only with evidence (no rank used
   CPU over the window, or the hard cap passed) and then dumps every rank's stack (faulthandler on
@@ -167,10 +169,11 @@ class Pool:
         for c in self.conns:
             c.send(task)
 
-    def busy(self) -> bool:  # some rank has not answered yet
+    def busy(self) -> bool:
+        """Some rank has not answered yet (the driver's time until then is free)."""
         return not all(c.poll(0) for c in self.conns)
 
-    def collect(self, window_s: float, cap_s: float | None = None, grace_s: float = 0.3) -> Outcome:
+    def collect(self, window_s: float, cap_s: float | None = None, grace_s: float = 0.3) -> Outcome:  # noqa: C901 (not split yet: issue 24 (faults) changes this loop at the same time)
         """Wait for every rank. Returns soon after the first error or dead rank, or with a hang.
 
         A hang needs evidence (:class:`~shardfuzz.spawn.ProgressWatch`): no rank used CPU over

@@ -18,7 +18,7 @@ import collections
 import contextlib
 import threading
 
-from shardfuzz.config import env_int
+from shardfuzz.limits import env_int
 from shardfuzz.pool import Pool
 from shardfuzz.protocol import Task, Warm
 from shardfuzz.recover import settle
@@ -98,7 +98,7 @@ def start_spare(key: tuple, timeout_s: float, warm: Warm | None = None) -> None:
             pool.start()
             if warm is not None:
                 pool.send_all(warm)
-        except Exception:  # the next get_pool starts one itself, and reports what goes wrong
+        except Exception:  # noqa: BLE001 (a background thread: what it raised would be lost; the next get_pool starts one itself and reports it)
             with contextlib.suppress(Exception):
                 pool.kill()  # type: ignore[union-attr]
             pool = None

@@ -4,10 +4,13 @@
   after ``--hypothesis-profile`` is loaded, picks ``shardfuzz-<current profile>`` for shardfuzz tests
   only (other Hypothesis tests in the project keep their own settings);
 * adds the namespaced options ``--shardfuzz-backend``, ``--shardfuzz-world-sizes``,
-  ``--shardfuzz-timeout`` (``--timeout`` belongs to pytest-timeout), ``--shardfuzz-dtypes`` and
-  ``--shardfuzz-tolerance`` (repeatable);
+  ``--shardfuzz-timeout`` (``--timeout`` belongs to pytest-timeout), ``--shardfuzz-dtypes``,
+  ``--shardfuzz-tolerance`` (repeatable), ``--shardfuzz-max-examples``, ``--shardfuzz-profile``,
+  ``--shardfuzz-device``;
 * prints a header line that says how to reproduce the run;
-* :func:`test_for` turns a target into a test in one line.
+* :func:`test_for` turns a target into a test in one line, a Hypothesis test that composes with the
+  user's profile and ``@settings`` (:mod:`shardfuzz.pytest_compose`);
+* adds shardfuzz's statistics to Hypothesis' for ``--hypothesis-show-statistics``.
 
 Importing this module does not import torch; it loads inside tests.
 """
@@ -23,25 +26,23 @@ from typing import Any
 import pytest
 
 from shardfuzz import failures
+from shardfuzz import pytest_compose as compose
+from shardfuzz import pytest_options as opts
 from shardfuzz.config import (
     BACKENDS,
+    DEVICES,
+    PROFILES,
     RunConfig,
     check_tolerance_outputs,
-    check_world_size,
     format_tolerance,
-    parse_dtypes,
-    parse_tolerance,
-    parse_world_sizes,
 )
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.exclude import CaseExpression
-from shardfuzz.failures import FailureRecorder, check_failures_dir, default_dir
+from shardfuzz.failures import check_failures_dir, default_dir
 from shardfuzz.refs import anchored_ref, caller_dir
 from shardfuzz.replay import replay_one
-from shardfuzz.runner import Runner
-from shardfuzz.search import build_test, findings_of, run_test, settings_for
 from shardfuzz.settings import current_profile_name, profile_for, register_profiles
 from shardfuzz.tolerance import OutputTolerance, Tolerance
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 HELP_BACKEND = (
     "torch.distributed backend for shardfuzz tests: gloo (CPU, default) or nccl (one GPU per rank)."
@@ -78,6 +79,8 @@ class Options:
     tolerance: tuple[tuple[str, OutputTolerance], ...] = ()
     #: ``--shardfuzz-exclude``: case expressions of known failures to set aside
     exclude: tuple[str, ...] = ()
+    max_examples: int | None = None
+    device: str | None = None
 
     def config(self, **overrides: Any) -> RunConfig:
         """The run configuration of these options; ``overrides`` that are not None win."""
@@ -90,48 +93,10 @@ class Options:
             dtypes=self.dtypes,
             tolerance=Tolerance().with_overrides(self.tolerance),
             exclude=self.exclude,
+            max_examples=self.max_examples,
+            device=self.device,
         )
         return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
-
-
-def _parse_world_sizes(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        sizes = parse_world_sizes(text)
-    except ValueError as e:
-        raise pytest.UsageError(f"--shardfuzz-world-sizes={e}") from None
-    try:
-        for w in sizes:
-            check_world_size(w, "--shardfuzz-world-sizes")
-    except InvalidArgument as e:
-        raise pytest.UsageError(str(e)) from None
-    return sizes
-
-
-def _parse_dtypes(text: str | None) -> tuple[str, ...] | None:
-    try:
-        return parse_dtypes(text) if text else None
-    except ValueError as e:
-        raise pytest.UsageError(f"--shardfuzz-dtypes {e}") from None
-
-
-def _parse_tolerances(texts: list[str] | None) -> tuple[tuple[str, OutputTolerance], ...]:
-    out: dict[str, OutputTolerance] = {}
-    for text in texts or []:
-        try:
-            name, tol = parse_tolerance(text)
-        except ValueError as e:
-            raise pytest.UsageError(f"--shardfuzz-tolerance {e}") from None
-        out[name] = tol
-    return tuple(sorted(out.items()))
-
-
-def _parse_excludes(texts: list[str] | None) -> tuple[str, ...]:
-    try:
-        return tuple(CaseExpression(t, "--shardfuzz-exclude").text for t in texts or [])
-    except InvalidArgument as e:
-        raise pytest.UsageError(str(e)) from None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -155,6 +120,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="EXPR",
         help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" (repeatable; counted, never passed)",
     )
+    group.addoption(
+        "--shardfuzz-max-examples", default=None, type=int, metavar="N", help=opts.HELP_MAX_EXAMPLES
+    )
+    group.addoption("--shardfuzz-profile", default=None, choices=PROFILES, help=opts.HELP_PROFILE)
+    group.addoption("--shardfuzz-device", default=None, choices=DEVICES, help=opts.HELP_DEVICE)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -169,24 +139,31 @@ def pytest_configure(config: pytest.Config) -> None:
         except InvalidArgument as e:
             raise pytest.UsageError(str(e)) from None
     current = current_profile_name()
-    config._shardfuzz_options = Options(  # type: ignore[attr-defined]
+    options = Options(
         backend=config.getoption("--shardfuzz-backend", "gloo"),
-        world_sizes=_parse_world_sizes(config.getoption("--shardfuzz-world-sizes", None)),
+        world_sizes=opts.parse_world_sizes(config.getoption("--shardfuzz-world-sizes", None)),
         timeout=timeout,
-        profile=profile_for(current),
+        profile=config.getoption("--shardfuzz-profile", None) or profile_for(current),
         hypothesis_profile=current,
         failures_dir=failures_dir,
-        dtypes=_parse_dtypes(config.getoption("--shardfuzz-dtypes", None)),
-        tolerance=_parse_tolerances(config.getoption("--shardfuzz-tolerance", None)),
-        exclude=_parse_excludes(config.getoption("--shardfuzz-exclude", None)),
+        dtypes=opts.parse_dtypes(config.getoption("--shardfuzz-dtypes", None)),
+        tolerance=opts.parse_tolerances(config.getoption("--shardfuzz-tolerance", None)),
+        exclude=opts.parse_excludes(config.getoption("--shardfuzz-exclude", None)),
+        max_examples=opts.parse_max_examples(config.getoption("--shardfuzz-max-examples", None)),
+        device=config.getoption("--shardfuzz-device", None),
     )
+    try:  # a combination RunConfig refuses (--shardfuzz-backend=nccl --shardfuzz-device=cpu)
+        options.config()
+    except InvalidArgument as e:
+        raise pytest.UsageError(str(e)) from None
+    config._shardfuzz_options = options  # type: ignore[attr-defined]
     config._shardfuzz_targets = {}  # type: ignore[attr-defined]  # the targets tested: name -> Target
     config.addinivalue_line(
         "markers", "shardfuzz_regression: replays a failure file (runs before new searches)"
     )
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+def pytest_collection_modifyitems(items: list) -> None:
     """Failure-file regressions run before any new search."""
     items.sort(key=lambda item: 0 if item.get_closest_marker("shardfuzz_regression") else 1)
 
@@ -198,7 +175,11 @@ def pytest_report_header(config: pytest.Config) -> str:
         if o.hypothesis_profile not in (None, "default")
         else []
     )
+    if o.profile != profile_for(o.hypothesis_profile):
+        args.append(f"--shardfuzz-profile={o.profile}")
     args.append(f"--shardfuzz-backend={o.backend}")
+    args += [f"--shardfuzz-device={o.device}"] if o.device else []
+    args += [f"--shardfuzz-max-examples={o.max_examples}"] if o.max_examples else []
     if o.world_sizes:
         args.append(f"--shardfuzz-world-sizes={','.join(map(str, o.world_sizes))}")
     if o.timeout:
@@ -207,10 +188,12 @@ def pytest_report_header(config: pytest.Config) -> str:
         args.append(f"--shardfuzz-dtypes={','.join(o.dtypes)}")
     args += [shlex.quote(f"--shardfuzz-tolerance={format_tolerance(n, t)}") for n, t in o.tolerance]
     args += [shlex.quote(f"--shardfuzz-exclude={e}") for e in o.exclude]
-    return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}"
+    changes = compose.profile_changes(o.profile)
+    changed = f"; from profile {o.hypothesis_profile!r}: {changes}" if changes else ""
+    return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}{changed}"
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """A ``--shardfuzz-tolerance`` output that none of the targets tested has is a usage error
     (each test's target alone cannot tell: the option applies to every shardfuzz test)."""
     o: Options | None = getattr(session.config, "_shardfuzz_options", None)
@@ -224,6 +207,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if reporter is not None:
             reporter.write_line(f"shardfuzz: error: {e}", red=True)
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Each test's shardfuzz runners (``test_for``, :func:`shardfuzz.run_case`) get the session's
+    options, and their statistics join Hypothesis' statistics of the test."""
+    options: Options | None = getattr(item.config, "_shardfuzz_options", None)
+    with compose.test_scope(item, options.config() if options is not None else None):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
@@ -242,10 +234,13 @@ def test_for(
 ) -> Any:
     """A pytest test that fuzzes ``impl`` of ``target``: ``test_mine = shardfuzz.test_for("my_target.py")``.
 
-    The test uses the shardfuzz profile picked from ``--hypothesis-profile``, the
-    ``--shardfuzz-*`` options (explicit arguments here win), and a Hypothesis database keyed by
-    target, implementation and backend. An implementation listed in the target's
-    ``expected_failures`` becomes a strict xfail with the recorded reason.
+    The test is a Hypothesis test: its settings are the shardfuzz profile picked from
+    ``--hypothesis-profile`` (or ``--shardfuzz-profile``), then what the active profile changes
+    from Hypothesis' defaults, the ``--shardfuzz-*`` options, the user's ``@settings`` on it and
+    the arguments here, each winning over the ones before (:mod:`shardfuzz.pytest_compose`);
+    ``@seed``, ``@example(case=...)`` and ``@reproduce_failure`` work on it. Its Hypothesis
+    database is keyed by target, implementation and backend. An implementation listed in the
+    target's ``expected_failures`` becomes a strict xfail with the recorded reason.
 
     A relative ``file.py`` target or ``file.py::NAME`` implementation is found next to the test
     file that calls ``test_for`` first, then from the current folder.
@@ -255,28 +250,13 @@ def test_for(
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
 
     def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
-        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, max_examples=max_examples)
-        runner = Runner(target, impl, config, hooks=[FailureRecorder(config.failures_dir)])
-        _tested(pytestconfig, runner.target)
-        expected = runner.target.expected_failures.get(runner.impl_name)
-        test = build_test(runner, settings_for(config))
-        try:
-            run_test(test)  # a deadline or Ctrl-C after a finding raises that finding
-        except BaseException as e:
-            found = findings_of(e)
-            if found and getattr(found[0], "cut_short", None) == "interrupted":
-                pytest.exit(f"{found[0].report}\nshardfuzz: interrupted", returncode=1)
-            if expected is None or not found:
-                raise
-            pytest.xfail(f"expected failure: {expected.description}")
-        if expected is not None:
-            pytest.fail(
-                f"{runner.key} is listed as an expected failure ({expected.description}) but passed",
-                pytrace=False,
-            )
+        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout)
+        compose.run_target_test(
+            test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
+        )
 
     test.__name__ = f"test_shardfuzz_{name}"
-    return test
+    return compose.mark_hypothesis_test(test)
 
 
 def _tested(config: pytest.Config, target: Any) -> None:
@@ -289,13 +269,26 @@ def _tested(config: pytest.Config, target: Any) -> None:
 test_for.__test__ = False  # type: ignore[attr-defined]  # not itself a test when imported into one
 
 
-def regressions(directory: str | None = None) -> Any:
+def regressions(
+    directory: str | None = None,
+    *,
+    target: Any = None,
+    impl: Any = None,
+    kind: Any = None,
+    planted: bool = False,
+    trust_refs: bool = False,
+) -> Any:
     """Parametrized regression tests, one test id per failure file in ``directory``:
     ``test_regressions = shardfuzz.regressions()``. Each replays its case exactly (no search) and
     fails with the report while the bug is still there. They run before any new search.
 
     ``directory`` defaults to ``--shardfuzz-failures-dir``, ``$SHARDFUZZ_FAILURES_DIR`` or
-    ``.shardfuzz/failures``; it is read at collection time.
+    ``.shardfuzz/failures``; it is read at collection time. Files in the project (or on the search
+    path) replay as they are; ``trust_refs=True`` also imports code a file names outside them
+    (``docs/trust.md``). ``target``, ``impl`` and ``kind`` (each a name or a list of names;
+    ``kind`` one of ``mismatch``, ``layout``, ``rank-error``, ``hang``, ``ignored-collective``,
+    ``communication``) keep only the files that match; the files of planted bugs (deliberate runs
+    of a target's ``planted`` implementations) are left out unless ``planted=True``.
     """
     where = directory or default_dir()
     files = (
@@ -303,12 +296,18 @@ def regressions(directory: str | None = None) -> Any:
         if os.path.isdir(where)
         else []
     )
+    files = compose.select_failure_files(files, target=target, impl=impl, kind=kind, planted=planted)
 
     @pytest.mark.shardfuzz_regression
     @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
     def test(failure_file: str, shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
-        record = failures.load(failure_file)
-        _tested(pytestconfig, failures.record_target(record)[0])
+        record = failures.load(failure_file, trust_refs=trust_refs)
+        record_target = failures.record_target(record)[0]
+        _tested(pytestconfig, record_target)
+        if not planted and record.get("planted") is None and record["impl"] in record_target.planted:
+            pytest.skip(
+                f"{record['impl']!r} is a planted bug of {record_target.name!r}: regressions(planted=True) replays it"
+            )
         res = replay_one(
             record,
             backend=shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.collectives import TRACER
+from shardfuzz.inputs import seed_global
 from shardfuzz.placements import describe as describe_dtensor
 from shardfuzz.placements import local_input
 from shardfuzz.protocol import Reply, Task, encode, numerics_flags
@@ -50,7 +51,7 @@ class Mesh:
     device_type: str = "cpu"
     _device_mesh: Any = None
 
-    def device_mesh(self):
+    def device_mesh(self) -> Any:
         """This rank's :class:`torch.distributed.device_mesh.DeviceMesh` over the whole mesh, with
         axes named ``axis0, ...`` and ``impl`` (the last one, under test)."""
         if self._device_mesh is None:
@@ -100,7 +101,7 @@ class RankContext:
         return layout.piece(value, self.group_rank, self.group_size)
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         import torch
 
         return getattr(torch, self.case.dtype)
@@ -246,7 +247,7 @@ class RankState:
                 leaks.append(f"rank {self.rank} left {name} = {new!r}")
                 try:
                     set_(old)
-                except Exception:  # e.g. interop threads once parallel work started
+                except Exception:  # noqa: BLE001 (a global setter raises what it raises, e.g. interop threads once parallel work started: the pool restarts)
                     restart = True
         counts = [count() for *_, count in RESOURCES]
         first = warm_key not in self.warm  # lazy initialisation may add threads or fds once
@@ -289,7 +290,7 @@ def run_task(state: RankState, task: Task) -> Reply:
     # reset state so a failure replays identically
     if torch.are_deterministic_algorithms_enabled() != task.deterministic:
         torch.use_deterministic_algorithms(task.deterministic)  # preloaded by the forkserver
-    torch.manual_seed(case.seed)
+    seed_global(case.seed, state.device.type)
     random.seed(case.seed)
     np.random.seed(case.seed % (2**32))
     torch.set_grad_enabled(True)

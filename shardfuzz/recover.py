@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from multiprocessing.connection import wait
 
-from shardfuzz.config import env_int
+from shardfuzz.limits import env_int
 from shardfuzz.pool import Pool, receive
 from shardfuzz.protocol import ErrorReply, Outcome, RankFailed, Regroup, Regrouped, Reply, UnsupportedReply
 

@@ -93,6 +93,13 @@ def _marked_root(path: str) -> str | None:
         d = parent
 
 
+def current_project_root() -> str | None:
+    """The project root of the current folder (the marked folder above it, else the folder itself);
+    None when the current folder was deleted."""
+    cwd = _cwd()
+    return (_marked_root(cwd) or cwd) if cwd else None
+
+
 def project_root(path: str) -> str:
     """The project root of a file (see the module docstring)."""
     path = _abspath(path)
@@ -270,6 +277,11 @@ def _find_spec_fresh(modname: str) -> ModuleSpec | None:
             return None
         path = spec.submodule_search_locations
     return spec
+
+
+def find_module_spec(modname: str) -> ModuleSpec | None:
+    """The spec a fresh process would find for ``modname``, found without importing anything."""
+    return _find_spec_fresh(modname)
 
 
 def _importable(modname: str, file: str | None) -> bool:

@@ -52,25 +52,7 @@ def get_target(spec: Any) -> Target:
         )
     parts = split_file_ref(spec)
     if parts is not None:
-        path, name = parts
-        module = import_file(path, f"target={spec!r}")
-        targets = {v.name: v for v in vars(module).values() if isinstance(v, Target)}
-        if not targets:
-            raise TargetError(f"target={spec!r}: {path!r} defines no shardfuzz.Target")
-        if name:
-            if name in targets:
-                return targets[name]
-            obj = getattr(module, name, None)
-            if isinstance(obj, Target):
-                return obj
-            raise TargetError(
-                f"target={spec!r}: {path!r} has no target {name!r}; it defines {sorted(targets)}"
-            )
-        if len(targets) > 1:
-            raise TargetError(
-                f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME"
-            )
-        return next(iter(targets.values()))
+        return _target_in_file(spec, *parts)
     known = available_targets()
     if ":" in spec:
         modname, _, attr = spec.partition(":")
@@ -90,6 +72,24 @@ def get_target(spec: Any) -> Target:
     if not isinstance(obj, Target):
         raise TargetError(f"target={spec!r} resolves to {obj!r}, not a shardfuzz.Target")
     return obj
+
+
+def _target_in_file(spec: str, path: str, name: str) -> Target:
+    """The target ``name`` (or the only one) that the file ``path`` defines."""
+    module = import_file(path, f"target={spec!r}")
+    targets = {v.name: v for v in vars(module).values() if isinstance(v, Target)}
+    if not targets:
+        raise TargetError(f"target={spec!r}: {path!r} defines no shardfuzz.Target")
+    if name:
+        if name in targets:
+            return targets[name]
+        obj = getattr(module, name, None)
+        if isinstance(obj, Target):
+            return obj
+        raise TargetError(f"target={spec!r}: {path!r} has no target {name!r}; it defines {sorted(targets)}")
+    if len(targets) > 1:
+        raise TargetError(f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME")
+    return next(iter(targets.values()))
 
 
 def target_spec(target: Target) -> str:

@@ -9,7 +9,9 @@ from typing import Any
 
 from shardfuzz.config import RunConfig, default_device
 from shardfuzz.errors import Finding
-from shardfuzz.failures import inputs_hash, record_impl, record_target, source_hash
+from shardfuzz.failure_schema import printable
+from shardfuzz.failures import record_impl, record_target, source_hash
+from shardfuzz.finding import inputs_hash
 from shardfuzz.runner import Runner
 from shardfuzz.signature import stored_signature
 from shardfuzz.tolerance import Tolerance
@@ -17,7 +19,7 @@ from shardfuzz.tolerance import Tolerance
 
 @dataclasses.dataclass
 class Replayed:
-    path: str
+    path: str | None  # None: a record from a store of findings
     record: dict[str, Any]
     status: str  # "still fails" | "now passes" | "different inputs"
     failed: bool
@@ -28,7 +30,8 @@ class Replayed:
 
     def line(self) -> str:
         case = self.record["case"]
-        head = f"{os.path.basename(self.path)}: {self.record['target']}/{self.record['impl']}"
+        origin = printable(os.path.basename(self.path)) if self.path else "failure record"  # a store's
+        head = f"{origin}: {self.record['target']}/{printable(self.record['impl'])}"
         if self.status == "different inputs":
             what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
         elif self.failed:

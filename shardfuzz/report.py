@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Sequence
 
 from shardfuzz.case import Case
 from shardfuzz.comm import CommBudget, format_comm
@@ -25,6 +26,7 @@ from shardfuzz.judge import Verdict
 from shardfuzz.protocol import Hung, RankDied, RankFailed
 from shardfuzz.signature import cause_of
 from shardfuzz.tolerance import Tolerance
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 #: the note of a finding on 1 rank: the strategy lets the shrinker run a failure found on 2+ ranks
 #: on 1 rank with the same global sizes (``shardfuzz.strategies``), so this is its minimal world
@@ -55,22 +57,30 @@ class Reporter:
             f"{case!r}" + (f"\n{ONE_RANK_NOTE}" if note_one_rank and case.world_size == 1 else "")
         )
 
-    def _footer(self, case: Case) -> str:
-        return f"Rerun this case: {self.rerun_command(case)}"
+    def _footer(self, case: Case, leaks: Sequence[str] = ()) -> str:
+        """The rerun line, after the global state the example left behind (if any)."""
+        rerun = f"Rerun this case: {self.rerun_command(case)}"
+        if not leaks:
+            return rerun
+        note = "The example also left global state behind (restored or the pool restarted):"
+        return note + "".join(f"\n  {leak}" for leak in leaks) + "\n" + rerun
 
-    def raise_verdict(self, case: Case, verdict: Verdict, traces: Traces | None = None) -> None:
+    def raise_verdict(
+        self, case: Case, verdict: Verdict, traces: Traces | None = None, leaks: Sequence[str] = ()
+    ) -> None:
         """Raise the finding a failing verdict stands for (nothing when it passed). ``traces``: the
-        collectives each rank entered (a mismatch's report says whether they agreed)."""
+        collectives each rank entered (a mismatch's report says whether they agreed); ``leaks``:
+        global state the example left behind (named above the rerun line)."""
         traces = dict(traces or {})
         if verdict.ignored:
-            self.raise_ignored_collective(case, verdict, traces)
+            self.raise_ignored_collective(case, verdict, traces, leaks)
         if verdict.layout_problems:
-            self.raise_layout(case, verdict, traces)
+            self.raise_layout(case, verdict, traces, leaks)
         if verdict.mismatched:
-            self.raise_mismatch(case, verdict, traces)
+            self.raise_mismatch(case, verdict, traces, leaks)
 
     # -- raise sites, one per failure kind ----------------------------------------------------
-    def raise_mismatch(self, case: Case, verdict: Verdict, traces: Traces) -> None:
+    def raise_mismatch(self, case: Case, verdict: Verdict, traces: Traces, leaks: Sequence[str] = ()) -> None:
         bad = verdict.mismatched
         parts = [self._header(f"{len(bad)} of {len(verdict.diffs)} outputs mismatch the oracle", case)]
         parts.append(f"tolerance: {self.tolerance.describe(case.dtype)}")
@@ -92,19 +102,19 @@ class Reporter:
         ]
         if ok:
             parts.append("outputs within tolerance: " + ", ".join(ok))
-        parts.append(self._footer(case))
+        parts.append(self._footer(case, leaks))
         wrong = {d.name: sorted(r.rank for r in d.ranks if r.bad and r.rank is not None) for d in bad}
         site = tuple((name, tuple(ranks)) for name, ranks in sorted(wrong.items()))
         err = Mismatch("\n".join(parts), case=case, ratio=verdict.worst, site=site)
-        err.outputs, err.diffs, err.traces = wrong, bad, dict(traces)
+        err.outputs, err.diffs, err.traces, err.leaks = wrong, bad, dict(traces), tuple(leaks)
         raise err
 
-    def raise_layout(self, case: Case, verdict: Verdict, traces: Traces) -> None:
+    def raise_layout(self, case: Case, verdict: Verdict, traces: Traces, leaks: Sequence[str] = ()) -> None:
         parts = [self._header("local shapes/dtypes do not match the output layouts", case)]
         parts += [f"  {p}" for p in verdict.layout_problems]
-        parts.append(self._footer(case))
+        parts.append(self._footer(case, leaks))
         err = LayoutMismatch("\n".join(parts), case=case)
-        err.traces = dict(traces)
+        err.traces, err.leaks = dict(traces), tuple(leaks)
         raise err
 
     def raise_rank_error(self, case: Case, outcome: RankFailed) -> None:
@@ -159,7 +169,9 @@ class Reporter:
         err.traces = dict(o.traces)
         raise err
 
-    def raise_communication(self, case: Case, problem: str, budget: CommBudget, traces: Traces) -> None:
+    def raise_communication(
+        self, case: Case, problem: str, budget: CommBudget, traces: Traces, leaks: Sequence[str] = ()
+    ) -> None:
         what = "the implementation communicated more than its declared budget"
         parts = [self._header(what, case, note_one_rank=False)]
         parts.append(f"  {problem}")
@@ -168,13 +180,15 @@ class Reporter:
             "  the values were right (within tolerance); the trace, by the formulas of shardfuzz.comm:"
         )
         parts.append(format_comm(traces))
-        parts.append(self._footer(case))
+        parts.append(self._footer(case, leaks))
         over = tuple(int(w.split()[1]) for w in problem.split("; ") if w.startswith("rank "))
         err = CommunicationExceeded("\n".join(parts), case=case, site=("over budget", over))
-        err.traces = dict(traces)
+        err.traces, err.leaks = dict(traces), tuple(leaks)
         raise err
 
-    def raise_ignored_collective(self, case: Case, verdict: Verdict, traces: Traces) -> None:
+    def raise_ignored_collective(
+        self, case: Case, verdict: Verdict, traces: Traces, leaks: Sequence[str] = ()
+    ) -> None:
         parts = [
             self._header(
                 "autograd went through a collective with no autograd kernel (treated as identity)", case
@@ -186,9 +200,9 @@ class Reporter:
             "  Wrap the collective in an autograd Function (Megatron's f/g pair) or use "
             "torch.distributed.nn.functional; see pytorch/pytorch#152127."
         )
-        parts.append(self._footer(case))
+        parts.append(self._footer(case, leaks))
         err = IgnoredCollective("\n".join(parts), case=case)
-        err.traces = dict(traces)
+        err.traces, err.leaks = dict(traces), tuple(leaks)
         raise err
 
 

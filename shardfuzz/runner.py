@@ -1,14 +1,15 @@
 """The runner: one case of one (target, implementation, backend) on a warm pool, judged against the
-oracle; statistics and the adaptive example timeout. Leaks (global state an example left behind,
-see :mod:`shardfuzz.rank`) are not findings: the ranks restore what they can, the pool restarts when
-they cannot, and every leak is counted, summarised, and appended to a finding's report.
+oracle. Statistics and the adaptive example timeout live here too.
+
+Leaks (global state an example left behind, see :mod:`shardfuzz.rank`) are not findings: the ranks
+restore what they can, the pool restarts when they cannot, and every leak is counted in
+``Stats.leaks``, printed in the summary, and appended to the report of a finding in the same example.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 import signal
 from collections.abc import Sequence
@@ -18,20 +19,23 @@ from shardfuzz import registry
 from shardfuzz.case import Case
 from shardfuzz.comm import over_budget
 from shardfuzz.config import RunConfig, check_world_size, env_int, format_tolerance
-from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, TargetError, Unsupported
+from shardfuzz.decide import DecideConfig, decide
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.exclude import Excluded, exclusion
+from shardfuzz.finding import FindingContext, inputs_hash
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
-from shardfuzz.judge import Verdict, judge, none_where_oracle_has_value
-from shardfuzz.oracle import Expected, confirm_noise, estimate_noise, evaluate_oracle
+from shardfuzz.judge import Verdict
+from shardfuzz.oracle import Expected, evaluate_oracle
 from shardfuzz.pools import discard_pool, get_pool
-from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply, decode
+from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply
 from shardfuzz.recover import regroup
 from shardfuzz.report import Reporter
 from shardfuzz.selforacle import SELF, self_expected
 from shardfuzz.spawn import hard_cap, start_forkserver
 from shardfuzz.stats import Stats
 from shardfuzz.target import Target
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 #: the example timeout (the no-progress window) is one of these; a busy example may run on up to
 #: :func:`~shardfuzz.spawn.hard_cap` of it
@@ -83,9 +87,6 @@ class TimeoutPolicy:
 TIMEOUTS = TimeoutPolicy()
 #: exit codes of a rank killed by a signal that usually comes from outside (SIGKILL, SIGTERM)
 EXTERNAL_SIGNALS = (-signal.SIGKILL, -signal.SIGTERM)
-#: a pass this far within the bound without the noise term needs no noise samples (see verdict)
-#: (the noise only widens the bound, so a pass without it is a pass: its ratio is an upper bound)
-SURE_PASS = 1.0
 
 
 class Runner:
@@ -152,7 +153,7 @@ class Runner:
     def key(self) -> str:
         return f"{self.target.name}/{self.impl_name}/{self.backend}"
 
-    def strategy(self):
+    def strategy(self) -> Any:
         return self.target.strategy(self.config.world_sizes, self.config.dtypes, self.config.options)
 
     def rerun_command(self, case: Case) -> str:
@@ -162,13 +163,38 @@ class Runner:
     def run_case(self, case: Case) -> float:
         """Run one case on the ranks and compare. Returns the worst error/tolerance; raises a Finding."""
         _prepare_driver()
+        self._check_case(case)
+        for hook in self.hooks:
+            hook.before_example(self, case)
+        self._admit(case)
+        self.stats.examples += 1
+        try:
+            ratio, elapsed = self._run_on_pool(case)
+        except Finding as f:
+            self.stats.count_finding(f)
+            f.context = self.finding_context(case, f)  # once, for every hook and the caller
+            for hook in self.hooks:
+                hook.on_finding(f.context, f)
+            raise
+        except (Unsupported, ExternalFault):
+            self.stats.examples -= 1
+            raise
+        self.stats.note_pass(ratio, case)
+        if elapsed is not None:
+            TIMEOUTS.record(self._timeout_key(case), elapsed)
+        return ratio
+
+    def _check_case(self, case: Case) -> None:
+        """``case`` is a Case of this runner's target at a world size shardfuzz runs."""
         if not isinstance(case, Case):
             raise InvalidArgument(f"case={case!r}; expected a shardfuzz.Case")
         if case.target != self.target.name:
             raise InvalidArgument(f"case.target={case.target!r} but this runner fuzzes {self.target.name!r}")
         check_world_size(case.world_size, "case world_size")
-        for hook in self.hooks:
-            hook.before_example(self, case)
+
+    def _admit(self, case: Case) -> None:
+        """Raise if ``case`` is not to be run here: a placement the devices cannot take, a case the
+        target does not support (Unsupported), or a known failure (Excluded, counted)."""
         check_placement(self.target, self.backend, self.device, case.world_size)
         if self.target.supports is not None:
             reason = self.target.supports(case)
@@ -180,26 +206,6 @@ class Runner:
         if reason is not None:  # a known failure: counted and shown, never run
             self.stats.excluded[reason] += 1
             raise Excluded(f"excluded as a known failure: {reason}", reason=reason)
-        self.stats.examples += 1
-        try:
-            ratio, elapsed = self._run_on_pool(case)
-        except Finding as f:
-            self.stats.failures += 1
-            if self.stats.first_failure_at is None:
-                self.stats.first_failure_at = self.stats.examples
-            if f.ratio is not None and f.kind == "mismatch":
-                self.stats.margin = f.ratio if self.stats.margin is None else min(self.stats.margin, f.ratio)
-            for hook in self.hooks:
-                hook.on_finding(self, case, f)
-            raise
-        except (Unsupported, ExternalFault):
-            self.stats.examples -= 1
-            raise
-        self.stats.passed += 1
-        self.stats.worst_pass_ratio = max(self.stats.worst_pass_ratio, ratio)
-        if elapsed is not None:
-            TIMEOUTS.record(self._timeout_key(case), elapsed)
-        return ratio
 
     def _timeout_key(self, case: Case) -> tuple:
         return (self.target.name, case.world_size, self.backend, self.device)
@@ -227,7 +233,7 @@ class Runner:
         leaks = self._note_leaks(outcome)
         if not kept and (not isinstance(outcome, Completed) or any(r.restart for r in outcome.replies)):
             discard_pool(pool, spare_for=task)  # fresh ranks next time, from a spare started now
-        if isinstance(outcome, RankFailed):
+        if isinstance(outcome, RankFailed):  # (leaks: only a completed example reports them)
             self.reporter.raise_rank_error(case, outcome)
         if isinstance(outcome, RankDied):
             self._confirm_death(case, outcome)
@@ -243,15 +249,7 @@ class Runner:
         replies = [rep for rep in outcome.replies if isinstance(rep, Reply)]
         if self.numerics is None:
             self.numerics = replies[0].numerics
-        try:
-            ratio = self.judge_replies(case, replies, expected)
-        except Finding as f:
-            if leaks:  # the finding is this example's own; say what else it left behind
-                head, sep, tail = f.report.rpartition("\nRerun this case: ")
-                note = "\nThe example also left global state behind (restored or the pool restarted):"
-                f.report = head + note + "".join(f"\n  {leak}" for leak in leaks) + sep + tail
-                f.args = (f.report,)
-            raise
+        ratio = self.judge_replies(case, replies, expected, leaks)
         return ratio, None if first else outcome.elapsed
 
     def _confirm_death(self, case: Case, outcome: RankDied) -> None:
@@ -291,58 +289,40 @@ class Runner:
         self.last_inputs = expected.inputs
         return expected
 
-    def judge_replies(self, case: Case, replies: list[Reply], expected: Expected) -> float:
-        """Judge every rank's :class:`Reply`; returns the worst error/tolerance or raises a Finding."""
+    def judge_replies(
+        self, case: Case, replies: list[Reply], expected: Expected, leaks: Sequence[str] = ()
+    ) -> float:
+        """Judge every rank's :class:`Reply`; returns the worst error/tolerance or raises a Finding
+        (whose report names the ``leaks``: global state the example left behind)."""
         verdict = self.verdict(case, replies, expected)
         self.last_traces = traces = {r: rep.trace for r, rep in enumerate(replies)}
-        self.reporter.raise_verdict(case, verdict, traces)
+        self.reporter.raise_verdict(case, verdict, traces, leaks)
         over = over_budget(self.target, self.impl_name, case, traces)  # right values; now the bytes
         if over is not None:
-            self.reporter.raise_communication(case, over[1], over[0], traces)
+            self.reporter.raise_communication(case, over[1], over[0], traces, leaks)
         return verdict.worst
 
     def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:
-        if expected.source is not None:  # a self-oracle: its values now, the ranks being done
-            expected.source.values(expected)
-        ignored = {
-            r: list(rep.ignored_collectives) for r, rep in enumerate(replies) if rep.ignored_collectives
-        }
-        locals_ = [decode(rep.outputs) for rep in replies]
-        misuse = none_where_oracle_has_value(case, locals_, expected)
-        if misuse:  # None where the oracle has a value breaks the contract
-            raise TargetError(f"implementation {self.impl_name!r} {misuse}")
-        outputs, tol = self.target.outputs_for(case), self.tolerance
-        verdict = judge(case, outputs, locals_, expected, tol, ignored)
-        # noise only widens the bound: a pass within SURE_PASS or the closest pass needs no samples
-        sure = verdict.passed and verdict.worst <= max(SURE_PASS, self.stats.worst_pass_ratio)
-        if sure or tol.noise_model != "mca" or not verdict.diffs:
-            return verdict
-        if not expected.noise:
-            estimate_noise(self.target, case, expected, tol.samples, outputs)
-            verdict = judge(case, outputs, locals_, expected, tol, ignored)
-        if not verdict.passed and not gross(verdict, expected):  # rechecked before it is reported
-            confirm_noise(self.target, case, expected, tol, outputs)
-            verdict = judge(case, outputs, locals_, expected, tol, ignored)
-        return verdict
+        """:func:`shardfuzz.decide.decide` with this run's target, tolerance and closest pass."""
+        config = DecideConfig(self.target, self.tolerance, self.impl_name, self.stats.worst_pass_ratio)
+        return decide(case, replies, expected, config)
 
-
-#: a mismatch this far past the bound, and by this share of the output's largest value, is no
-#: rounding: more samples cannot pass it (the recheck costs 12 oracle runs per failing example)
-GROSS_RATIO, GROSS_SHARE = 100.0, 0.25
-
-
-def gross(verdict: Verdict, expected: Expected) -> bool:
-    """Whether some output is wrong by more than ``GROSS_RATIO`` times its bound and by more than
-    ``GROSS_SHARE`` of its largest reference value (or non-finite where the reference is not)."""
-    import torch
-
-    for od in verdict.mismatched:
-        ref = expected.ref.get(od.name)
-        if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or od.max_ratio < GROSS_RATIO:
-            continue
-        finite = ref[torch.isfinite(ref)].abs()
-        scale = float(finite.max()) if finite.numel() else 0.0
-        err = max((r.max_abs for r in od.ranks), default=0.0)
-        if not math.isfinite(err) or (scale > 0 and err > GROSS_SHARE * scale):
-            return True
-    return False
+    def finding_context(self, case: Case, finding: Finding) -> FindingContext:
+        """The frozen context of ``finding``, raised by ``case`` (the example this runner just ran)."""
+        return FindingContext(
+            case=case,
+            target=self.target.name,
+            target_ref=self.target_spec,
+            worker_ref=self.worker_target,
+            impl=self.impl_name,
+            impl_ref=self.impl_ref,
+            backend=self.backend,
+            device=self.device,
+            config=self.config,
+            tolerance=self.tolerance,
+            inputs_sha256=inputs_hash(self.last_inputs),
+            numerics=self.numerics,
+            traces=dict(finding.traces),
+            leaks=tuple(finding.leaks),
+            planted=self.impl_name in self.target.planted,
+        )

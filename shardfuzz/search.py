@@ -25,9 +25,12 @@ from shardfuzz.failures import FailureRecorder
 from shardfuzz.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_choices, example_order
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.settings import build_settings
+from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 
 if TYPE_CHECKING:
     import hypothesis
+
+    from shardfuzz.finding import FindingContext
 
 _EXCEPTION_GROUP: type[Any] | None  # has ``.exceptions``
 if sys.version_info >= (3, 11):
@@ -39,8 +42,8 @@ else:  # pragma: no cover; Hypothesis brings the backport on 3.10
         _EXCEPTION_GROUP = None
 
 
-def check(runner: Runner, case: Case) -> float:
-    """Run one case inside a Hypothesis test: statistics, events and ``target()`` included."""
+def check(runner: Runner, case: Case, label: str = "error/tolerance") -> float:
+    """Run one case inside a Hypothesis test: statistics, events and ``target(label=label)`` included."""
     from hypothesis import event, reject, target
 
     StickyInterrupt.check()  # a Ctrl-C that Python swallowed (in a gc callback) still stops the run
@@ -54,8 +57,14 @@ def check(runner: Runner, case: Case) -> float:
         reject()
     for t in reached:
         event(t)
-    target(min(ratio, 1.0), label="error/tolerance")
+    target(min(ratio, 1.0), label=label)
     return ratio
+
+
+#: the database key of every shardfuzz test: Hypothesis' digest of 0.1's ``test_case`` (5a6d863)
+DATABASE_KEY = bytes.fromhex(
+    "c808f5934700e9e68b738079c7c1a258fa3b3b48e52bdd4f988191a646ed4d507b2217b992c2d3281c4ed944983eb0af"
+)
 
 
 def stable_identity(runner: Runner) -> str:
@@ -90,7 +99,7 @@ def build_test(
         try:
             check(runner, case)
         except Finding as f:
-            smallest.on_finding(runner, case, f)
+            smallest.on_finding(f.context, f)
             raise
 
     ident = "".join(c if c.isalnum() else "_" for c in runner.key)
@@ -99,7 +108,7 @@ def build_test(
     def test() -> None:
         failing = covering.run()
         if failing is not None:  # kept, so a deadline before Hypothesis replays it cannot lose it
-            smallest.on_finding(runner, failing.case, covering.finding)
+            smallest.on_finding(covering.finding.context, covering.finding)
         # the rows count toward the budget: Hypothesis gets what they left of max_examples
         budget = type(s)(s, max_examples=max(1, s.max_examples - covering.examples))
         given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
@@ -107,7 +116,7 @@ def build_test(
             raise covering.not_reproduced(failing)
 
     test.__name__ = test.__qualname__ = test_case.__name__
-    test.shardfuzz_smallest = smallest  # type: ignore[attr-defined]  # read by run_test
+    test.shardfuzz_smallest, test.shardfuzz_given = smallest, test_case  # type: ignore[attr-defined]  # run_test, test_for
     return test
 
 
@@ -118,7 +127,11 @@ def given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list)
     if seeds:  # Hypothesis replays database entries first, and shrinks those that fail
         s = type(s)(s, derandomize=False, database=seeded_database(s.database, seeds))
     test = given(case=runner.strategy())(fn)
-    if derandomized:
+    # Hypothesis keys its database by a digest of the test function's source, which any edit of
+    # test_case would change, orphaning every saved example; shardfuzz pins the key it had in 0.1
+    # (the database is keyed per target/implementation/backend by the prefix, not by this key)
+    test._hypothesis_internal_database_key = DATABASE_KEY  # type: ignore[attr-defined]
+    if derandomized and getattr(fn, "_hypothesis_internal_use_seed", None) is None:  # a user's @seed wins
         test = seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
     return s(test)
 
@@ -173,7 +186,7 @@ class SmallestFindings(RunHooks):
     def __bool__(self) -> bool:
         return bool(self.best)
 
-    def on_finding(self, runner: Runner, case: Case, finding: Finding) -> None:
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:  # noqa: ARG002 (the hook signature)
         self._seen += 1
         finding.choices = example_choices() or getattr(finding, "choices", None)  # type: ignore[attr-defined]
         order = example_order()

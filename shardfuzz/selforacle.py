@@ -28,7 +28,7 @@ from shardfuzz.case import Case
 from shardfuzz.errors import TargetError, Unsupported
 from shardfuzz.inputs import float64
 from shardfuzz.noise import estimate
-from shardfuzz.oracle import Expected, _call, _case_scale, case_inputs
+from shardfuzz.oracle import Expected, call_target_code, case_inputs, case_scale_of
 from shardfuzz.placements import local_input
 from shardfuzz.pools import discard_pool, get_pool
 from shardfuzz.protocol import Completed, Hung, ImplRef, RankDied, RankFailed, Task, UnsupportedReply, decode
@@ -60,7 +60,7 @@ def self_expected(target: Any, case: Case, impl: ImplRef, config: Any, window: f
     mag = {}
     if target.magnitude:
         inputs64 = {k: float64(v) for k, v in inputs.items()}
-        mag = _call(target, "magnitude(inputs, case)", case, target.magnitude, inputs64, case)
+        mag = call_target_code(target, "magnitude(inputs, case)", case, target.magnitude, inputs64, case)
     source = SelfSource(
         target, case, impl, config.backend, config.device or "cpu", config.deterministic, window
     )
@@ -92,7 +92,7 @@ class SelfSource:
             )
         expected.ref, expected.low = got["ref"], got["low"]
         inputs64 = {k: float64(v) for k, v in expected.inputs.items()}
-        expected.case_scale = functools.cache(functools.partial(_case_scale, inputs64, expected.ref))
+        expected.case_scale = functools.cache(functools.partial(case_scale_of, inputs64, expected.ref))
 
     def noise(self, samples: int, first: int = 0, full_scale: bool = False) -> dict[str, Any]:
         """The noise of each floating output (:func:`shardfuzz.noise.estimate`), drawn on the rank."""
@@ -201,7 +201,7 @@ def run_self(
     if mode == "values":
         ref = run("float64")
         return {"self": {"ref": ref, "low": ref if orig.dtype == "float64" else run(orig.dtype)}}
-    ref = _plain(run, orig)
+    ref = _plain(run)
     with torch.enable_grad():
         noise = estimate(
             lambda: run("float64"), ref, orig.dtype, orig.seed, orig.group_size, samples, first, full_scale
@@ -209,7 +209,7 @@ def run_self(
     return {"self": {"noise": noise}}
 
 
-def _plain(run: Any, case: Case) -> dict[str, Any]:
+def _plain(run: Any) -> dict[str, Any]:
     """The float64 run, refused when it computes on tensor subclasses (DTensor): the noise mode
     sees their ops, not the local ones inside, and cannot perturb them."""
     import torch

@@ -9,6 +9,7 @@ when a test is *built* (at collection time, after ``--hypothesis-profile`` was l
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.config import PROFILES as PROFILE_NAMES
@@ -52,7 +53,7 @@ def current_profile_name() -> str | None:
     if getter is not None:
         try:
             return getter()
-        except Exception:
+        except AssertionError:  # Hypothesis asserts a profile was loaded: none yet
             return None
     return getattr(settings, "_current_profile", None)
 
@@ -60,6 +61,8 @@ def current_profile_name() -> str | None:
 def profile_for(current: str | None = None) -> str:
     """``shardfuzz-<current>`` when such a profile exists, else :data:`DEFAULT_PROFILE`."""
     current = current_profile_name() if current is None else current
+    # --hypothesis-verbosity / --hypothesis-explain load "ci-with-verbose-verbosity" and the like
+    current = re.sub(r"(-with-\w+-verbosity|-with-explain-phase)+$", "", current or "")
     if current in PROFILE_NAMES:
         return current
     name = f"shardfuzz-{current}"
@@ -78,3 +81,74 @@ def build_settings(profile: str | None = None, **overrides: Any) -> hypothesis.s
     overrides = {k: v for k, v in overrides.items() if v is not None}
     overrides["deadline"] = None
     return settings(base, **overrides)
+
+
+#: the Hypothesis settings a profile or ``@settings`` can change (``hypothesis.settings``' fields)
+SETTING_NAMES = (
+    "max_examples",
+    "derandomize",
+    "database",
+    "verbosity",
+    "phases",
+    "stateful_step_count",
+    "report_multiple_bugs",
+    "suppress_health_check",
+    "deadline",
+    "print_blob",
+    "backend",
+)
+
+
+def _changed(s: hypothesis.settings | None, against: hypothesis.settings) -> dict[str, Any]:
+    """The settings of ``s`` whose values differ from ``against``'s."""
+    if s is None:
+        return {}
+    return {n: getattr(s, n) for n in SETTING_NAMES if getattr(s, n) != getattr(against, n)}
+
+
+def compose_settings(
+    base: hypothesis.settings,
+    profile: str,
+    *,
+    active: hypothesis.settings,
+    applied: hypothesis.settings | None = None,
+    **explicit: Any,
+) -> hypothesis.settings:
+    """The settings of a shardfuzz test that composes with the user's Hypothesis set-up, in layers
+    (each wins over the ones before it):
+
+    1. ``profile``, the shardfuzz profile (``shardfuzz-ci``, ``-dev``, ``-fuzz``);
+    2. what the ``active`` profile sets away from Hypothesis' ``default`` profile (a user's
+       ``nightly`` with ``max_examples=300``; Hypothesis' ``ci`` with ``print_blob=True``);
+    3. what ``base`` (the shardfuzz profile built with the run's options, e.g.
+       ``--shardfuzz-max-examples``) sets away from ``profile``;
+    4. what the user's ``@settings`` on the test (``applied``) sets away from the active profile;
+    5. ``explicit`` arguments that are not None (``test_for(max_examples=...)``).
+
+    Health checks that any layer suppresses stay suppressed (shardfuzz's examples are slow by
+    nature). The deadline stays None: shardfuzz times each example itself (``--shardfuzz-timeout``),
+    and a deadline written for unit tests would fail every slow first example; an ``@settings``
+    deadline on a shardfuzz test is refused rather than ignored.
+    """
+    from hypothesis import settings
+
+    shardfuzz = settings.get_profile(profile)
+    user = _changed(applied, active)
+    if user.get("deadline") is not None:
+        raise InvalidArgument(
+            f"@settings(deadline={user['deadline']!r}) on a shardfuzz test: shardfuzz times each example "
+            "itself; give test_for(timeout=SECONDS) or --shardfuzz-timeout instead"
+        )
+    layers = [_changed(active, settings.get_profile("default")), _changed(base, shardfuzz), user, explicit]
+    kw: dict[str, Any] = {}
+    suppressed = list(shardfuzz.suppress_health_check)
+    for layer in layers:
+        kw.update({k: v for k, v in layer.items() if v is not None or k == "database"})
+        suppressed += layer.get("suppress_health_check") or ()
+    kw["suppress_health_check"] = list(dict.fromkeys(suppressed))
+    kw["deadline"] = None
+    database = kw.pop("database", "unchanged")
+    composed = settings(shardfuzz, **kw)
+    # set apart: derandomize=True and a database in one call is refused, even when they come
+    # from different layers (a derandomized run then simply does not use the database)
+    return composed if database == "unchanged" else settings(composed, database=database)

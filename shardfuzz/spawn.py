@@ -4,7 +4,8 @@ re-import of the driver's ``__main__``) and watching them (:class:`ProgressWatch
 * Workers are forkserver children of a server that has torch preloaded, so a (re)start costs
   tens of milliseconds, not the ~2 s of ``import torch`` (plain fork is unsafe after the driver used
   OpenMP, and a child of a process holding a process group cannot init its own).
-* The driver owns the rendezvous: one ``TCPStore`` on port 0 per driver process, a fresh key
+* The driver owns the rendezvous: one ``TCPStore`` per driver process on a port the kernel picks,
+  listening on 127.0.0.1 only (the ranks are local; the store has no authentication), a fresh key
   prefix per pool start. No fixed or probed port, so ``pytest -n 2`` cannot race.
 * A hang needs evidence: :class:`ProgressWatch` reads the ranks' CPU time, and an example is
   stuck only when no rank used CPU over the last window (a rank waiting in a gloo collective or a
@@ -17,6 +18,7 @@ import collections
 import contextlib
 import importlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -93,8 +95,19 @@ def driver_store() -> Any:
 
             import torch.distributed as dist
 
+            # TCPStore("127.0.0.1", 0, is_master=True) listens on every interface (IPv4 and IPv6)
+            # without authentication: hand it a socket bound to the loopback address instead
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(128)
+            port = listener.getsockname()[1]
             _store = dist.TCPStore(
-                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+                "127.0.0.1",
+                port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=60),
+                master_listen_fd=listener.detach(),  # the store owns the descriptor from here
             )
     return _store
 
@@ -113,7 +126,7 @@ def no_main_import() -> Iterator[None]:
     with _main_lock:  # pools may start from several threads (spares): one patch at a time
         original = spawn.get_preparation_data
 
-        def prepare(name):
+        def prepare(name: str) -> dict[str, Any]:
             data = original(name)
             data.pop("init_main_from_path", None)
             data.pop("init_main_from_name", None)
@@ -173,11 +186,13 @@ def cpu_seconds(pid: int) -> float | None:
             _psutil = importlib.import_module("psutil")  # optional: not a dependency
         except ImportError:
             _psutil = False
-    try:
-        t = _psutil.Process(pid).cpu_times() if _psutil else None
-        return None if t is None else float(t.user + t.system)
-    except Exception:  # the process is gone
+    if not _psutil:
         return None
+    try:
+        t = _psutil.Process(pid).cpu_times()
+    except (_psutil.Error, OSError):  # gone (NoSuchProcess) or not ours to read (AccessDenied)
+        return None
+    return float(t.user + t.system)
 
 
 _psutil: Any = None

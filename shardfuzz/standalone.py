@@ -18,11 +18,13 @@ import importlib
 import inspect
 import os
 import pprint
+import re
 import sys
 import textwrap
 from typing import Any
 
 import shardfuzz
+from shardfuzz.codegen import check_script, docstring
 from shardfuzz.errors import InvalidArgument, Unsupported
 from shardfuzz.failures import record_impl, record_target
 from shardfuzz.layouts import Layout, Partial, Replicate, Shard
@@ -30,7 +32,7 @@ from shardfuzz.oracle import confirm_noise, estimate_noise
 from shardfuzz.replay import record_config
 from shardfuzz.runner import Runner
 from shardfuzz.selforacle import refuse
-from shardfuzz.standalone_script import CTX_EXTRAS, DATA_LOAD, MESH_CLASS, SHIM_UNSUPPORTED, TEMPLATE
+from shardfuzz.standalone_script import CTX_EXTRAS, DATA_LOAD, DOC, MESH_CLASS, SHIM_UNSUPPORTED, TEMPLATE
 
 #: larger tensors go to ``inputs.pt`` beside the script
 INLINE_NUMEL = 512
@@ -224,11 +226,11 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     inputs_src = _tensors(expected.inputs, "inputs", saved)
     expected_src = _tensors({n: expected.ref[n] for n in outputs}, "expected", saved)
     allowed_src = _tensors(allowed, "allowed", saved)
-    name = f"repro_{target.name}_{record['impl']}".replace("-", "_")
+    name = f"repro_{target.name}_{re.sub(r'[^A-Za-z0-9_]+', '_', record['impl'])}"  # never a path
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name + ".py")
     sizes = ", ".join(f"{k}={v}" for k, v in case.sizes.items())
-    text = TEMPLATE.format(
+    doc = DOC.format(
         title=f"{target.name} / {record['impl']} ({record['kind']})",
         world=case.world_size,
         mesh=case.mesh,
@@ -239,6 +241,16 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         date=datetime.date.today().isoformat(),
         script=os.path.basename(path),
         torch=torch.__version__,
+    )
+    case_data = {
+        "world_size": case.world_size,
+        "mesh": case.mesh,
+        "sizes": case.sizes,
+        "dtype": case.dtype,
+        "options": case.options,
+    }
+    text = TEMPLATE.format(
+        doc=docstring(doc),
         imports="\n".join(
             sorted(
                 set(
@@ -256,17 +268,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         impl=code,
         fname=fname,
         kwargs=dict(ref.kwargs),
-        case=pprint.pformat(
-            {
-                "world_size": case.world_size,
-                "mesh": case.mesh,
-                "sizes": case.sizes,
-                "dtype": case.dtype,
-                "options": case.options,
-            },
-            width=100,
-            sort_dicts=False,
-        ),
+        case=pprint.pformat(case_data, width=100, sort_dicts=False),
         data_load=DATA_LOAD if saved else "DATA = {}",
         inputs=inputs_src,
         expected=expected_src,
@@ -278,6 +280,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         mesh_class=MESH_CLASS if "ctx.mesh" in code else "",
         ctx_extras="\n".join(v for k, v in CTX_EXTRAS.items() if k in code),
     )
+    check_script(text, doc, {"CASE": case_data})
     if saved:
         torch.save(saved, os.path.join(directory, "inputs.pt"))
     with open(path, "w") as f:

@@ -40,7 +40,8 @@ CTX_EXTRAS = {
 
 DATA_LOAD = 'DATA = torch.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "inputs.pt"))'
 
-TEMPLATE = '''"""Reproducer: {title}.
+#: the script's docstring (written as a literal by :func:`shardfuzz.codegen.docstring`)
+DOC = """Reproducer: {title}.
 
 {world} rank(s), mesh {mesh}; sizes {sizes}; {dtype}; options {options}.
 Run: torchrun --nproc-per-node={world} {script}    (add --backend nccl for GPUs)
@@ -48,6 +49,10 @@ Needs only torch (written with torch {torch} by shardfuzz {version} on {date}). 
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
 within the tolerance shardfuzz allowed; a wrong element or an error fails the run.
 """
+
+#: the script: ``doc`` and every data value are literals (``repr``/``pprint``); ``impl`` is the
+#: implementation's own source
+TEMPLATE = '''{doc}
 
 {imports}
 {shims}

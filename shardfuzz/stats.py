@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -21,6 +22,8 @@ class Stats:
     margin: float | None = None
     #: largest error/tolerance among passing examples (how close a correct run came)
     worst_pass_ratio: float = 0.0
+    #: the case of that closest pass (None: no example passed)
+    closest_pass: Any = None
     triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: cases rejected as unsupported, by reason
     unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -30,6 +33,20 @@ class Stats:
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason
     excluded: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def note_pass(self, ratio: float, case: Any) -> None:
+        """Count a passing example whose worst error/tolerance was ``ratio``."""
+        self.passed += 1
+        if self.closest_pass is None or ratio > self.worst_pass_ratio:
+            self.worst_pass_ratio, self.closest_pass = max(self.worst_pass_ratio, ratio), case
+
+    def count_finding(self, finding: Any) -> None:
+        """One more failing example: the first failure's position, and a mismatch's margin."""
+        self.failures += 1
+        if self.first_failure_at is None:
+            self.first_failure_at = self.examples
+        if finding.ratio is not None and finding.kind == "mismatch":
+            self.margin = finding.ratio if self.margin is None else min(self.margin, finding.ratio)
 
     @property
     def per_second(self) -> float:

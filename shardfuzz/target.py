@@ -104,19 +104,7 @@ class Target:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise TargetError(f"Target(name={self.name!r}); must be an identifier-like string")
-        for piece in ("inputs", "oracle"):
-            if not callable(getattr(self, piece)) and (piece, getattr(self, piece)) != ("oracle", SELF):
-                also = f" or {SELF!r} (a self-oracle)" if piece == "oracle" else ""
-                raise TargetError(
-                    f"Target {self.name!r}: {piece}={getattr(self, piece)!r} must be a callable{also}; "
-                    "a target needs cases, inputs, oracle, outputs and implementations"
-                )
-        if self.cases is None:
-            raise TargetError(f"Target {self.name!r}: cases=None; pass a strategy of Case or a callable")
-        if not self.outputs:
-            raise TargetError(f"Target {self.name!r}: outputs={self.outputs!r}; name at least one output")
-        if not callable(self.outputs):
-            object.__setattr__(self, "outputs", _check_outputs(self.outputs, self.name))
+        self._check_pieces()
         ins = {k: check_layout(v, f"input_layouts[{k!r}]") for k, v in dict(self.input_layouts).items()}
         object.__setattr__(self, "input_layouts", ins)
         if not self.implementations:
@@ -130,13 +118,7 @@ class Target:
             raise TargetError(
                 f"Target {self.name!r}: reference={self.reference!r} is not among implementations {sorted(impls)}"
             )
-        planted = _records(self.planted, PlantedBug, self.name, "planted")
-        expected = _records(self.expected_failures, ExpectedFailure, self.name, "expected_failures")
-        for rec in [*planted.values(), *expected.values()]:
-            if rec.impl is not None:
-                impls[rec.name] = rec.impl
-            elif rec.name not in impls:
-                impls[rec.name] = bind(impls[self.reference], bug=rec.name)
+        planted, expected = self._records_into(impls)
         object.__setattr__(self, "implementations", impls)
         object.__setattr__(self, "planted", planted)
         object.__setattr__(self, "expected_failures", expected)
@@ -147,6 +129,38 @@ class Target:
         object.__setattr__(self, "gradients", tuple(self.gradients))
         object.__setattr__(self, "known_failures", known_failures(self.known_failures, self.name))
         object.__setattr__(self, "comm", check_budgets(self.comm, self.name, self.implementations))
+        self._check_tolerance_and_gradients()
+
+    def _check_pieces(self) -> None:
+        """inputs and oracle are callables (or the self-oracle), cases and outputs are given."""
+        for piece in ("inputs", "oracle"):
+            if not callable(getattr(self, piece)) and (piece, getattr(self, piece)) != ("oracle", SELF):
+                also = f" or {SELF!r} (a self-oracle)" if piece == "oracle" else ""
+                raise TargetError(
+                    f"Target {self.name!r}: {piece}={getattr(self, piece)!r} must be a callable{also}; "
+                    "a target needs cases, inputs, oracle, outputs and implementations"
+                )
+        if self.cases is None:
+            raise TargetError(f"Target {self.name!r}: cases=None; pass a strategy of Case or a callable")
+        if not self.outputs:
+            raise TargetError(f"Target {self.name!r}: outputs={self.outputs!r}; name at least one output")
+        if not callable(self.outputs):
+            object.__setattr__(self, "outputs", _check_outputs(self.outputs, self.name))
+
+    def _records_into(self, impls: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The planted bugs and expected failures by name; each one's implementation is added to
+        ``impls`` (its own, or the reference bound with ``bug=NAME``)."""
+        planted = _records(self.planted, PlantedBug, self.name, "planted")
+        expected = _records(self.expected_failures, ExpectedFailure, self.name, "expected_failures")
+        for rec in [*planted.values(), *expected.values()]:
+            if rec.impl is not None:
+                impls[rec.name] = rec.impl
+            elif rec.name not in impls:
+                impls[rec.name] = bind(impls[self.reference], bug=rec.name)
+        return planted, expected
+
+    def _check_tolerance_and_gradients(self) -> None:
+        """Per-output tolerances and declared gradients name outputs of the target."""
         tol = per_output_tolerances(self.tolerance, f"Target {self.name!r}: tolerance")
         object.__setattr__(self, "tolerance", tol)
         if not callable(self.outputs):

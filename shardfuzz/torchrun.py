@@ -22,14 +22,17 @@ from typing import Any
 import shardfuzz
 from shardfuzz import failures
 from shardfuzz.case import Case
+from shardfuzz.codegen import check_script, docstring
 from shardfuzz.collectives import install
 from shardfuzz.config import BACKENDS, DEVICES, RunConfig, default_device
 from shardfuzz.errors import Finding, InvalidArgument
-from shardfuzz.failures import inputs_hash, record_impl, record_target
+from shardfuzz.failures import record_impl, record_target
+from shardfuzz.finding import inputs_hash
 from shardfuzz.protocol import ErrorReply, Task, UnsupportedReply
 from shardfuzz.rank import RankState, select_device
 from shardfuzz.runner import Runner
 from shardfuzz.selforacle import refuse
+from shardfuzz.trust import add_trust_option
 from shardfuzz.worker import answer
 
 
@@ -42,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=DEVICES, default=None)
     p.add_argument("--timeout", type=float, default=120.0, help="collective timeout in seconds")
     p.add_argument("--deterministic", action="store_true")
+    add_trust_option(p)
     return p
 
 
@@ -57,9 +61,11 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
         if record is None:
             if not args.file:
                 raise InvalidArgument("give a failure file (FILE)")
-            record = failures.load(args.file)
-        else:
-            record = failures.prepare(dict(record), os.path.abspath(sys.argv[0] or "repro.py"))
+            record = failures.load(args.file, trust_refs=args.trust_refs)
+        else:  # the script itself is the code the user chose to run: what it names is trusted
+            embedded = {"format": failures.FORMAT, "report": "", **record}  # scripts written before 0.2
+            script = os.path.abspath(sys.argv[0] or "repro.py")
+            record = failures.prepare(embedded, script, trust_refs=True)
         target, spec = record_target(record)
     except InvalidArgument as e:
         if rank == 0:
@@ -141,8 +147,7 @@ def _judge_on_rank0(
     return 0
 
 
-REPRO_TEMPLATE = '''#!/usr/bin/env python
-"""Standalone reproducer written by shardfuzz {version} on {date}.
+REPRO_DOC = """Standalone reproducer written by shardfuzz {version} on {date}.
 
 {target}/{impl}: {kind} found on {backend}/{device}
 {case_repr}
@@ -155,6 +160,10 @@ It needs shardfuzz installed and the implementation importable as {impl_ref!r} o
 (a moved checkout: set SHARDFUZZ_PATH to its new folder); it does not use Hypothesis. Rank 0 prints the comparison; every rank exits 0 (passes) or 1 (fails).
 """
 
+#: the script; every value in it is a literal (codegen.docstring, repr): no field becomes code
+REPRO_TEMPLATE = """#!/usr/bin/env python
+{doc}
+
 import sys
 
 from shardfuzz.torchrun import main
@@ -163,30 +172,34 @@ RECORD = {record}
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:], record=RECORD))
-'''
+"""
+
+#: the fields a torchrun script carries (validated again when it runs: failure_schema)
+EMBEDDED = (
+    "format",
+    "version",
+    "target",
+    "target_ref",
+    "target_worker_ref",
+    "impl",
+    "impl_ref",
+    "impl_kwargs",
+    "files",
+    "backend",
+    "device",
+    "kind",
+    "inputs_sha256",
+    "deterministic",
+)
 
 
 def write_repro(record: dict[str, Any], path: str) -> str:
-    """Write a standalone torchrun script for one failure record."""
+    """Write a standalone torchrun script for one (validated) failure record."""
     refuse(record_target(record)[0], "shardfuzz repro")  # rank 0 judges with the oracle function
-    keep = (
-        "target",
-        "target_ref",
-        "target_worker_ref",
-        "impl",
-        "impl_ref",
-        "impl_kwargs",
-        "files",
-        "backend",
-        "device",
-        "kind",
-        "inputs_sha256",
-        "deterministic",
-    )
-    embedded = {k: record[k] for k in keep if k in record}
+    embedded = {k: record[k] for k in EMBEDDED if k in record}
     case = record["case"]
     embedded["case"] = case.to_dict()
-    text = REPRO_TEMPLATE.format(
+    doc = REPRO_DOC.format(
         version=shardfuzz.__version__,
         date=datetime.date.today().isoformat(),
         target=record["target"],
@@ -198,8 +211,11 @@ def write_repro(record: dict[str, Any], path: str) -> str:
         world=case.world_size,
         name=os.path.basename(path),
         impl_ref=record["impl_ref"],
-        record=pprint.pformat(embedded, width=100, sort_dicts=False),
     )
+    text = REPRO_TEMPLATE.format(
+        doc=docstring(doc), record=pprint.pformat(embedded, width=100, sort_dicts=False)
+    )
+    check_script(text, doc, {"RECORD": embedded})
     with open(path, "w") as f:
         f.write(text)
     os.chmod(path, 0o755)

@@ -69,7 +69,7 @@ def answer(state: RankState, task: Task) -> RankAnswer:
         return run_task(state, task)
     except Unsupported as e:
         return UnsupportedReply(e.reason, state.leaks, state.restart)
-    except BaseException as e:  # report everything, including SystemExit from user code
+    except BaseException as e:  # noqa: BLE001 (a rank reports everything, SystemExit and KeyboardInterrupt from user code included: the driver decides)
         reply = error_reply(e)
         sys.stderr.flush()
         return reply
@@ -81,7 +81,7 @@ def warm(state: RankState, msg: Warm) -> None:
     try:
         state.target(msg.target_ref)
         state.impl(msg.impl_ref)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (only a warm-up: the task that needs the import reports its error)
         pass
 
 
@@ -135,7 +135,7 @@ def regroup(state: RankState, msg: Regroup, join: Callable[[str], None]) -> Regr
         state.old_groups = []
         join(f"regroup{msg.generation}/")
         return Regrouped(msg.generation)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 (the driver waits for an answer: a failed regroup is one, and the pool restarts)
         return error_reply(e)
 
 
@@ -186,7 +186,7 @@ def _serve(state: RankState, conn: Any, join: Callable[[str], None], backend: st
         reply = answer(state, msg)
         try:
             conn.send(reply)
-        except Exception as e:  # an output that does not pickle
+        except Exception as e:  # noqa: BLE001 (an output that does not pickle raises whatever its __reduce__ raises)
             conn.send(ErrorReply(f"could not send outputs back: {e!r}", type(e).__name__))
         if isinstance(reply, ErrorReply) and backend == "gloo":  # NCCL: see recover.regroup
             # after the reply, so the driver hears this rank's own error before its peers'
@@ -197,7 +197,7 @@ def _serve(state: RankState, conn: Any, join: Callable[[str], None], backend: st
 
     try:
         dist.destroy_process_group()
-    except Exception:
+    except Exception:  # noqa: BLE001 (the rank exits next; a group a dead peer broke raises what its backend raises)
         pass
 
 
@@ -233,7 +233,7 @@ def worker_main(
         join = _join(rank, world_size, backend, store_info, timeout_s, debug)
         install(os.path.join(outdir, f"rank{rank}.trace"))  # before any target is imported
         state = RankState(rank, world_size, device_obj, timeout_s)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (a rank that cannot start says why to the driver, whatever it was, then exits)
         conn.send(StartFailed(traceback.format_exc()))
         os._exit(1)
     conn.send(Ready(os.getpid()))

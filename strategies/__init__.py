@@ -85,7 +85,7 @@ def mesh_shapes_for(world_size: int, *, max_dims: int = 2) -> list[tuple[int, ..
 
 @st.composite
 def meshes(
-    draw, *, min_world: int = 1, max_world: int = 4, max_dims: int = 2, world_size: int | None = None
+    draw: Any, *, min_world: int = 1, max_world: int = 4, max_dims: int = 2, world_size: int | None = None
 ) -> tuple[int, ...]:
     """Mesh shapes: a world size is drawn (or given), then a 1-D or 2-D shape for it.
 
@@ -140,7 +140,7 @@ class Free:
 
 
 @st.composite
-def sharded_sizes(draw, parts: int, spec: Split = Split()) -> int:
+def sharded_sizes(draw: Any, parts: int, spec: Split = Split()) -> int:
     """A global size for a dim split over ``parts`` ranks, built as ``per_rank * parts + remainder``.
 
     Shrinks toward ``spec.min_per_rank * parts`` (even). A non-zero remainder makes it uneven; the
@@ -284,7 +284,16 @@ def cases(
 
 @st.composite
 def _cases(
-    draw, target, sizes, options_s, late, worlds, one_rank_allowed, max_dims, dtype_s, profile_s
+    draw: Any,
+    target: Any,
+    sizes: Any,
+    options_s: Any,
+    late: Any,
+    worlds: Any,
+    one_rank_allowed: Any,
+    max_dims: Any,
+    dtype_s: Any,
+    profile_s: Any,
 ) -> Case:
     opts = {k: draw(v) for k, v in options_s.items()}
     world = draw(worlds)

@@ -261,7 +261,7 @@ def _adamw_(param, grad, exp_avg, exp_avg_sq, step: int, bug: str | None = None)
     param.addcdiv_(exp_avg, denom, value=-LR / bias_correction1)
 
 
-def reference(ctx, *, bug: str | None = None):
+def reference(ctx, *, bug: str | None = None):  # noqa: C901 (the AdamW reference step by step, not split yet (issue 22))
     """Flat ZeRO AdamW, stages 1-3; ``bug`` plants one of the ``PLANTED`` bugs."""
     opts = ctx.case.options
     stage, steps, accum = opts["stage"], opts["steps"], opts["grad_accum"]

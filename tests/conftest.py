@@ -11,6 +11,17 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+#: the one slack factor on every wall-time upper bound of a ``timing`` test: 1 here (the bounds as
+#: written); ``SHARDFUZZ_TIMING_SLACK=3`` widens them all at once on a loaded machine. A lower
+#: bound (a wait that must happen) is never scaled.
+TIMING_SLACK = float(os.environ.get("SHARDFUZZ_TIMING_SLACK", "1"))
+
+
+@pytest.fixture
+def slack():
+    """:data:`TIMING_SLACK`, for the tests marked ``timing`` (and only those: see below)."""
+    return TIMING_SLACK
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _state_in_tmp(tmp_path_factory):
@@ -68,7 +79,15 @@ def _wait_gone(pids, seconds: float = 15.0) -> list[int]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests need CUDA: skipped cleanly (and said so) on machines without it."""
+    """``gpu`` tests need CUDA: skipped cleanly (and said so) on machines without it. A test that
+    asserts on wall time is marked ``timing`` and takes ``slack``, both or neither."""
+    unmatched = [
+        item.nodeid
+        for item in items
+        if (item.get_closest_marker("timing") is None) != ("slack" not in getattr(item, "fixturenames", ()))
+    ]
+    if unmatched:
+        raise pytest.UsageError(f"timing marker and slack fixture go together: {unmatched}")
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

@@ -357,7 +357,7 @@ def test_a_record_whose_implementation_cannot_be_imported_is_refused(tmp_path, c
     "changes, named",
     [
         ({"backend": "mpi"}, "field 'backend' is 'mpi'; allowed: gloo, nccl"),
-        ({"impl_kwargs": [1]}, "field 'impl_kwargs' is [1], expected a dict"),
+        ({"impl_kwargs": [1]}, "field 'impl_kwargs' is [1]; must be an object"),
         ({"target_ref": "/no/such/dir/t.py::t"}, "field 'target_ref'"),
         ({"case": {"world_size": 2000, "mesh": [2000]}}, "world_size=2000"),
     ],

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 
 import shardfuzz
 from shardfuzz import Case, InvalidArgument, Mismatch, RunConfig, RunHooks, Runner
+from shardfuzz.finding import inputs_hash
 from shardfuzz.registry import get_target
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -63,12 +65,13 @@ def test_dtypes_restrict_what_is_drawn():
 
 class Count(RunHooks):
     def __init__(self):
-        self.before, self.found = 0, []
+        self.before, self.found, self.contexts = 0, [], []
 
     def before_example(self, runner, case):
         self.before += 1
 
-    def on_finding(self, runner, case, finding):
+    def on_finding(self, context, finding):
+        self.contexts.append(context)
         self.found.append(finding.kind)
 
 
@@ -76,9 +79,15 @@ def test_hooks_are_declared_objects():
     hook = Count()
     r = Runner(TOY, "wrong_rank1", hooks=[hook])
     case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
-    with pytest.raises(Mismatch):
+    with pytest.raises(Mismatch) as excinfo:
         r.run_case(case)
     assert hook.before == 1 and hook.found == ["mismatch"]
+    # the hook gets the finding's frozen context, not the runner
+    (context,) = hook.contexts
+    assert context is excinfo.value.context and context.case == case and context.impl == "wrong_rank1"
+    assert context.inputs_sha256 == inputs_hash(r.last_inputs) and context.traces == excinfo.value.traces
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        context.impl = "other"  # type: ignore[misc]
     with pytest.raises(InvalidArgument, match="hooks must be"):
         Runner(TOY, hooks=[print])
 
@@ -192,3 +201,27 @@ def test_a_mismatch_under_a_per_output_tolerance_says_so():
         "(fixed per-output tolerance)" in tight.report
         and "--tolerance mean=rtol:0.0,atol:0.0" in tight.report
     )
+
+
+def test_every_environment_variable_the_engine_reads_is_in_the_one_table():
+    import pathlib
+    import re
+
+    from shardfuzz.limits import ENV_INTS, ENVIRONMENT
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    read = {
+        name
+        for path in [
+            *root.glob("shardfuzz/**/*.py"),
+            *root.glob("strategies/*.py"),
+            *root.glob("targets/*.py"),
+        ]
+        for name in re.findall(r"\bSHARDFUZZ_[A-Z_]*[A-Z]\b", path.read_text())
+    }
+    table = {v.name for v in ENVIRONMENT}
+    assert read - table == set(), (
+        f"read by the engine but not in shardfuzz.limits.ENVIRONMENT: {read - table}"
+    )
+    assert table - read == set(), f"in ENVIRONMENT but read nowhere: {table - read}"
+    assert set(ENV_INTS) <= table

@@ -33,12 +33,13 @@ def test_reference_passes_on_meshes_and_uneven_sizes():
         assert r.run_case(c) < 1
 
 
-def test_rank_exception_is_reported_at_once_with_traceback_and_output():
+@pytest.mark.timing
+def test_rank_exception_is_reported_at_once_with_traceback_and_output(slack):
     r = runner("crash_rank1", timeout=60)
     t0 = time.perf_counter()
     with pytest.raises(RankError) as e:
         r.run_case(case())
-    assert time.perf_counter() - t0 < 10  # not the 60 s timeout
+    assert time.perf_counter() - t0 < 10 * slack  # not the 60 s timeout
     report = e.value.report
     assert "Rank 1 terminated with the following error" in report
     assert "ValueError: boom on rank 1" in report

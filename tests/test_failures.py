@@ -168,7 +168,8 @@ def test_failure_files_become_regression_tests_that_run_first(pytester, found):
     (d / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
     pytester.makepyfile(
         test_a="def test_plain():\n    pass\n",
-        test_b=f"import shardfuzz\ntest_regressions = shardfuzz.regressions({str(d)!r})\n",
+        # a planted bug's files replay only when asked (planted=True): tp_mlp/missing_allreduce is one
+        test_b=f"import shardfuzz\ntest_regressions = shardfuzz.regressions({str(d)!r}, planted=True)\n",
     )
     result = pytester.runpytest_subprocess(
         "-v", "-p", "no:cacheprovider", "--import-mode=importlib", timeout=300
@@ -302,7 +303,9 @@ def test_failure_file_of_a_file_target_works_from_another_folder(tmp_path, monke
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 
-    out = cli("replay", path, cwd=elsewhere)
+    refused = cli("replay", path, cwd=elsewhere)  # the file and its code lie outside elsewhere's project
+    assert refused.returncode == 2 and "--trust-refs" in refused.stderr, refused.stdout + refused.stderr
+    out = cli("replay", path, "--trust-refs", cwd=elsewhere)
     assert out.returncode == 1 and "STILL FAILS (mismatch; was mismatch)" in out.stdout, (
         out.stdout + out.stderr
     )
@@ -313,7 +316,7 @@ def test_failure_file_of_a_file_target_works_from_another_folder(tmp_path, monke
     assert out.returncode == 1 and "FAIL (mismatch)" in out.stdout, out.stdout + out.stderr
 
     script = elsewhere / "repro.py"
-    assert cli("repro", path, "-o", str(script), cwd=elsewhere).returncode == 0
+    assert cli("repro", path, "-o", str(script), "--trust-refs", cwd=elsewhere).returncode == 0
     monkeypatch.chdir(elsewhere)
     run = torchrun("--nproc-per-node=2", str(script))
     assert run.returncode != 0 and "FAIL (mismatch)" in run.stdout, run.stdout + run.stderr
@@ -326,13 +329,14 @@ def test_failure_file_works_after_the_checkout_moved(tmp_path, monkeypatch):
     shutil.rmtree(tmp_path / "old")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the test's own folder was the deleted checkout
 
     lost = cli("replay", path, cwd=elsewhere)
     assert lost.returncode == 2 and "Traceback" not in lost.stderr
     assert str(tmp_path / "old" / "targets" / "toy.py") in lost.stderr and "--search-path" in lost.stderr
 
     by_env = subprocess.run(
-        [sys.executable, "-m", "shardfuzz.cli", "replay", path],
+        [sys.executable, "-m", "shardfuzz.cli", "replay", path, "--trust-refs"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -340,14 +344,14 @@ def test_failure_file_works_after_the_checkout_moved(tmp_path, monkeypatch):
         env=dict(os.environ, SHARDFUZZ_PATH=str(tmp_path / "new")),
     )
     assert by_env.returncode == 1 and "STILL FAILS" in by_env.stdout, by_env.stdout + by_env.stderr
-    by_flag = cli("replay", path, "--search-path", str(tmp_path / "new"), cwd=elsewhere)
+    # the new checkout finds the files; a trusted folder holding the failure file and the code
+    by_flag = cli("replay", path, "--search-path", tmp_path / "new", "--search-path", tmp_path, cwd=elsewhere)
     assert by_flag.returncode == 1 and "STILL FAILS" in by_flag.stdout, by_flag.stdout + by_flag.stderr
-    inside = cli("replay", path, cwd=tmp_path / "new" / "impls")  # the current project root
+    inside = cli("replay", path, "--trust-refs", cwd=tmp_path / "new" / "impls")  # the current project root
     assert inside.returncode == 1 and "STILL FAILS" in inside.stdout, inside.stdout + inside.stderr
 
     script = elsewhere / "repro.py"
-    monkeypatch.chdir(elsewhere)  # the test's own folder was the deleted checkout
-    repro = cli("repro", path, "-o", str(script), "--search-path", str(tmp_path / "new"))
+    repro = cli("repro", path, "-o", str(script), "--search-path", str(tmp_path / "new"), "--trust-refs")
     assert repro.returncode == 0, repro.stdout + repro.stderr
     monkeypatch.setenv("SHARDFUZZ_PATH", str(tmp_path / "new"))
     run = torchrun("--nproc-per-node=2", str(script))

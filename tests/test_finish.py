@@ -23,7 +23,7 @@ class DeadlineAtFirstFinding(Deadline):
     """The campaign's deadline, falling at the first failing example: Hypothesis' shrink is cut
     before its first step on any machine, however long the pools take to start."""
 
-    def on_finding(self, runner, case, finding):
+    def on_finding(self, context, finding):
         self.at = min(self.at, time.perf_counter())
 
 

@@ -33,7 +33,8 @@ def cli(*args, env=None, timeout=120):
     )
 
 
-def test_python_api_keeps_the_finding_when_the_deadline_cuts_shrinking_short():
+@pytest.mark.timing
+def test_python_api_keeps_the_finding_when_the_deadline_cuts_shrinking_short(slack):
     # every case of hang_rank0 hangs (about 2 s each at a 1 s timeout), and after a first bug
     # Hypothesis runs at least 10 examples: the 3 s deadline always falls before it is done
     t0 = time.monotonic()
@@ -41,10 +42,11 @@ def test_python_api_keeps_the_finding_when_the_deadline_cuts_shrinking_short():
     assert res.found and res.kind == "hang" and res.shrink_cut_short and res.out_of_time, res
     assert not res.interrupted and res.case is not None and res.stats.failures >= 1
     assert "shrinking was cut short" in res.report and "Rerun this case" in res.report
-    assert time.monotonic() - t0 < 3 + 15
+    assert time.monotonic() - t0 < (3 + 15) * slack
 
 
-def test_duration_deadline_during_shrinking_exits_1_with_the_finding(tmp_path):
+@pytest.mark.timing
+def test_duration_deadline_during_shrinking_exits_1_with_the_finding(tmp_path, slack):
     t0 = time.monotonic()
     out = cli(
         "fuzz", TOY, "--impl", "hang_rank0", "--timeout", "1", "--duration", "3s",
@@ -54,11 +56,12 @@ def test_duration_deadline_during_shrinking_exits_1_with_the_finding(tmp_path):
     assert "FOUND hang (shrinking cut short" in out.stdout
     assert "shrinking was cut short" in out.stdout and "Rerun this case: shardfuzz case" in out.stdout
     assert list(tmp_path.glob("toy-hang_rank0-gloo-hang.json"))
-    assert time.monotonic() - t0 < 3 + 30
+    assert time.monotonic() - t0 < (3 + 30) * slack
 
 
 @linux_only
-def test_duration_ends_by_the_deadline_plus_the_grace_whatever_the_timeout(procs, start_cli, tmp_path):
+@pytest.mark.timing
+def test_duration_ends_by_the_deadline_plus_the_grace_whatever_the_timeout(procs, start_cli, tmp_path, slack):
     # a 300 s example timeout, a 2 s duration and a 2 s grace: the hanging example is abandoned
     env = dict(os.environ, SHARDFUZZ_GRACE="2")
     run = start_cli(
@@ -73,7 +76,7 @@ def test_duration_ends_by_the_deadline_plus_the_grace_whatever_the_timeout(procs
     took = time.monotonic() - t0
     assert code == 0, out + err  # nothing was found: the hang was never confirmed
     assert "an example still running after the deadline was abandoned" in out
-    assert took < 2 + 2 + 15, took  # the duration, the grace, and stopping the ranks
+    assert took < (2 + 2 + 15) * slack, took  # the duration, the grace, and stopping the ranks
     assert procs.wait_gone(everything) == []
 
 
@@ -160,8 +163,8 @@ def test_stopped_in_the_middle_of_shrinking_keeps_the_smallest_case_so_far(stop)
         def __init__(self):
             self.failing = []
 
-        def on_finding(self, runner, case, finding):
-            self.failing.append(case)
+        def on_finding(self, context, finding):
+            self.failing.append(context.case)
 
         def before_example(self, runner, case):
             if len(self.failing) >= 3:

@@ -131,13 +131,14 @@ def test_a_partial_output_blames_no_rank():
     assert grid_of(text) == [".#.."] * 4
 
 
-def test_a_big_tensor_gets_a_small_grid_aligned_to_its_shards():
+@pytest.mark.timing
+def test_a_big_tensor_gets_a_small_grid_aligned_to_its_shards(slack):
     ref = torch.zeros(1000, 3000)
     bad = ref.clone()
     bad[100:200, 2300:2400] = 1  # inside rank 3's columns (2250-2999)
     start = time.perf_counter()
     text = format_output_diff(diff(Shard(1), ref, bad, 4), LABEL)
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 5 * slack
     assert "    rank 3: wrong at dim 0: 100-199 of 1000; dim 1: 50-149 of 750 [global 2300-2399]" in text
     assert "    clean: ranks 0, 1, 2" in text
     grid = grid_of(text)

@@ -158,17 +158,17 @@ def test_a_failing_verdict_is_rechecked_before_it_is_reported():
         split=("numel",),
         dtype="bfloat16",
         profile="ties",
-        seed=6,
+        seed=8,
         options={"stage": 1, "clip_factor": None, "grid": 0.25, "steps": 3, "grad_accum": 2},
-    )  # fmt: skip  (found by a search over seeds, after the value profiles by role)
+    )  # fmt: skip  (found by a search over seeds 0-39, after the lerp rule ran: seed 6 needed no recheck then)
     expected = evaluate_oracle(target, case)
     estimate_noise(target, case, expected, 3)
-    before = expected.noise["param"][2, 4].item()
+    before = expected.noise["param"][0, 3].item()
     confirm_noise(target, case, expected, Tolerance())
-    after = expected.noise["param"][2, 4].item()
+    after = expected.noise["param"][0, 3].item()
     # the oracle's own bf16 run (a correct implementation) lands this far from oracle64 there:
     # k = 4 must cover it after the recheck, not before
-    off = (expected.low["param"][2, 4].double() - expected.ref["param"][2, 4].double()).abs().item()
+    off = (expected.low["param"][0, 3].double() - expected.ref["param"][0, 3].double()).abs().item()
     assert 4 * before < off < 4 * after, (before, off, after)
 
 

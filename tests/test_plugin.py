@@ -122,7 +122,8 @@ TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
-def test_ctrl_c_after_a_finding_reports_it_and_fails_the_run(pytester, procs):
+@pytest.mark.timing
+def test_ctrl_c_after_a_finding_reports_it_and_fails_the_run(pytester, procs, slack):
     failures = pytester.path / "failures"
     pytester.makepyfile(
         test_hang=f"import shardfuzz\ntest_hang = shardfuzz.test_for({TOY!r}, 'hang_rank0', timeout=1)\n"
@@ -133,7 +134,7 @@ def test_ctrl_c_after_a_finding_reports_it_and_fails_the_run(pytester, procs):
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        end = time.monotonic() + 90
+        end = time.monotonic() + 90 * slack
         while not list(failures.glob("*.json")):  # the first hang is found; Hypothesis goes on
             assert proc.poll() is None, proc.communicate(timeout=30)
             assert time.monotonic() < end, "no finding within 90 s"

@@ -1,6 +1,8 @@
 """The engine's structure stays as docs/design.md describes it: no import cycle between shardfuzz
-modules, imports between them in module headers, no module over 350 lines, every module listed
-in the README, and ``import shardfuzz`` imports neither torch nor Hypothesis."""
+modules, imports between them in module headers, no module importing another's private (``_name``)
+names, every module listed in the README, and ``import shardfuzz`` imports neither torch nor
+Hypothesis. A module over :data:`NOTICE_LINES` lines gets a printed notice, not a failure: size is
+a hint to look at cohesion, and a hard cap trimmed explanations to fit (issue 22)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "shardfuzz"
 MODULES = sorted(p.stem for p in ENGINE.glob("*.py"))
-MAX_LINES = 350
+#: a module longer than this is named in a notice (printed, never a failure)
+NOTICE_LINES = 500
 
 
 def _shardfuzz_imports(tree: ast.AST) -> list[tuple[str, ast.stmt]]:
@@ -100,12 +103,65 @@ def test_imports_between_shardfuzz_modules_sit_in_the_module_header(module):
     assert not lazy, f"shardfuzz/{module}.py imports shardfuzz modules inside functions: {sorted(set(lazy))}"
 
 
+def long_modules(limit: int = NOTICE_LINES) -> list[tuple[str, int]]:
+    """(module, lines) of every engine module over ``limit`` lines."""
+    sizes = ((m, len((ENGINE / f"{m}.py").read_text().splitlines())) for m in MODULES)
+    return [(m, n) for m, n in sizes if n > limit]
+
+
+def test_long_modules_get_a_notice_not_a_failure(capsys):
+    long = long_modules()
+    with capsys.disabled():
+        for module, lines in long:
+            print(
+                f"\nnotice: shardfuzz/{module}.py has {lines} lines (> {NOTICE_LINES}): does it hold one stage?"
+            )
+    assert ("runner", len((ENGINE / "runner.py").read_text().splitlines())) in long_modules(limit=10)
+
+
+def private_imports(source: str, module: str) -> list[str]:
+    """``_name``s that ``source`` (shardfuzz module ``module``) imports from another shardfuzz
+    module, or reads as an attribute of one it imported whole."""
+    tree = ast.parse(source)
+    found, aliases = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "shardfuzz":
+            for a in node.names:
+                if (
+                    node.module != f"shardfuzz.{module}"
+                    and a.name.startswith("_")
+                    and not a.name.startswith("__")
+                ):
+                    found.append(f"line {node.lineno}: {node.module}.{a.name}")
+                elif _engine_module(f"{node.module}.{a.name}"):
+                    aliases.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(
+                (a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("shardfuzz")
+            )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in aliases:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
 @pytest.mark.parametrize("module", MODULES)
-def test_no_engine_module_is_over_the_line_limit(module):
-    lines = len((ENGINE / f"{module}.py").read_text().splitlines())
-    assert lines <= MAX_LINES, (
-        f"shardfuzz/{module}.py has {lines} lines (limit {MAX_LINES}): split it by stage"
-    )
+def test_no_module_imports_a_private_name_of_another(module):
+    found = private_imports((ENGINE / f"{module}.py").read_text(), module)
+    assert not found, f"shardfuzz/{module}.py uses private names of other modules: {found}; make them public"
+
+
+def test_private_import_check_sees_a_planted_violation():
+    planted = "from shardfuzz.oracle import Expected, _fresh\nimport shardfuzz.spawn\nshardfuzz.spawn._x\n"
+    assert private_imports(planted, "runner") == [
+        "line 1: shardfuzz.oracle._fresh",
+        "line 3: shardfuzz.spawn._x",
+    ]
+    assert private_imports("from shardfuzz.runner import _own\n", "runner") == []
 
 
 def test_readme_layout_lists_every_module():

@@ -1,0 +1,30 @@
+"""The finding context and the report's leak note: a finding's report names the global state its
+example left behind above the rerun line, written there when the report is made (issue 22: the
+runner used to cut the finished text apart at "Rerun this case:" and paste the note in)."""
+
+import pytest
+
+from shardfuzz.case import Case
+from shardfuzz.errors import LayoutMismatch
+from shardfuzz.judge import Verdict
+from shardfuzz.report import Reporter
+from shardfuzz.tolerance import Tolerance
+
+CASE = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+REPORTER = Reporter("toy", "impl", "mod:impl", "gloo", "shardfuzz case toy --impl impl", Tolerance())
+
+
+def _report(leaks):
+    with pytest.raises(LayoutMismatch) as excinfo:
+        REPORTER.raise_verdict(CASE, Verdict(layout_problems=["rank 0 holds [2]"]), {}, leaks)
+    return excinfo.value
+
+
+def test_the_leak_note_sits_above_the_rerun_line_as_before():
+    plain, leaky = _report(()), _report(["rank 0 left x = 1", "rank 1 left y = 2"])
+    # what the runner made of the plain report before issue 22, by cutting it at the rerun line
+    head, sep, tail = plain.report.rpartition("\nRerun this case: ")
+    note = "\nThe example also left global state behind (restored or the pool restarted):"
+    assert leaky.report == head + note + "\n  rank 0 left x = 1\n  rank 1 left y = 2" + sep + tail
+    assert leaky.args == (leaky.report,) and leaky.leaks == ("rank 0 left x = 1", "rank 1 left y = 2")
+    assert "global state" not in plain.report and plain.leaks == ()

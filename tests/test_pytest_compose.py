@@ -1,0 +1,220 @@
+"""shardfuzz tests compose with the user's own pytest and Hypothesis set-up (issue 30): a user
+profile and ``@settings`` on ``test_for``, Hypothesis' statistics with shardfuzz's own, readable
+failures, ``run_case`` from the user's own ``@given``, filtered ``regressions()``, pytest-xdist.
+
+One pytester run under ``-n 2`` covers the end-to-end path (tiny toy target, a few examples); the
+rest are in-process checks that start no ranks."""
+
+import json
+import os
+import re
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from shardfuzz.errors import InvalidArgument, Mismatch
+from shardfuzz.pytest_compose import select_failure_files
+from shardfuzz.settings import SETTING_NAMES, build_settings, compose_settings, profile_for, register_profiles
+from shardfuzz.tracebacks import hide_for_findings
+
+pytest_plugins = ["pytester"]
+
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    register_profiles()
+    settings.register_profile("i30-nightly", max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+    return settings.get_profile
+
+
+def test_ci_profile_keeps_shardfuzz_ci_so_the_ci_suite_runs_what_it_ran(profiles):
+    """``--hypothesis-profile=ci``: derandomized, no database, shardfuzz-ci's 30 examples; every
+    setting that decides what runs (and so the ci suite's time) is shardfuzz-ci's, as before."""
+    ours = profiles("shardfuzz-ci")
+    composed = compose_settings(build_settings("shardfuzz-ci"), "shardfuzz-ci", active=profiles("ci"))
+    assert composed.derandomize and composed.database is None and composed.max_examples == 30
+    for name in set(SETTING_NAMES) - {"print_blob", "suppress_health_check"}:
+        assert getattr(composed, name) == getattr(ours, name), name
+    assert set(composed.suppress_health_check) == set(ours.suppress_health_check)
+    assert composed.print_blob  # Hypothesis' ci profile asks for it: @reproduce_failure works on test_for
+
+
+def test_profile_names_that_hypothesis_derives_keep_their_shardfuzz_profile():
+    assert profile_for("ci-with-verbose-verbosity") == "shardfuzz-ci"
+    assert profile_for("fuzz-with-debug-verbosity-with-explain-phase") == "shardfuzz-fuzz"
+    assert profile_for("nightly") == "shardfuzz-dev"
+
+
+def test_layers_user_profile_then_options_then_settings_then_arguments(profiles):
+    nightly = profiles("i30-nightly")
+    dev = build_settings("shardfuzz-dev")
+    s = compose_settings(dev, "shardfuzz-dev", active=nightly)
+    assert s.max_examples == 300 and s.deadline is None  # the user's profile beats shardfuzz-dev's 100
+    assert set(s.suppress_health_check) >= {HealthCheck.data_too_large, HealthCheck.too_slow}  # union
+    s = compose_settings(build_settings("shardfuzz-dev", max_examples=9), "shardfuzz-dev", active=nightly)
+    assert s.max_examples == 9  # --shardfuzz-max-examples beats the profile
+    applied = settings(nightly, max_examples=20)
+    s = compose_settings(
+        build_settings("shardfuzz-dev", max_examples=9), "shardfuzz-dev", active=nightly, applied=applied
+    )
+    assert s.max_examples == 20  # the test's own @settings beats the options
+    s = compose_settings(dev, "shardfuzz-dev", active=nightly, applied=applied, max_examples=4)
+    assert s.max_examples == 4  # test_for(max_examples=) beats everything
+    s = compose_settings(dev, "shardfuzz-dev", active=nightly, applied=settings(nightly, derandomize=True))
+    assert s.derandomize and s.database is None and s.max_examples == 300
+    with pytest.raises(InvalidArgument, match=r"@settings\(deadline=.*--shardfuzz-timeout"):
+        compose_settings(dev, "shardfuzz-dev", active=nightly, applied=settings(nightly, deadline=500))
+
+
+def test_engine_frames_are_hidden_for_findings_only():
+    class Info:
+        def __init__(self, value):
+            self.value = value
+
+    finding = Mismatch("report")
+    assert hide_for_findings(Info(finding))
+    group = ExceptionGroup  # noqa: F821 (a builtin since 3.11; ruff targets 3.10)
+    assert hide_for_findings(Info(group("two", [finding, Mismatch("other")])))
+    assert not hide_for_findings(Info(group("mixed", [finding, ValueError("x")])))
+    assert not hide_for_findings(Info(AttributeError("a bug of ours keeps its frames")))
+    assert not hide_for_findings(None)
+
+
+def _record(tmp_path, name, **fields):
+    rec = {"format": "shardfuzz-failure", "target": "toy", "impl": "wrong_rank1", "kind": "mismatch"}
+    (tmp_path / f"{name}.json").write_text(json.dumps(dict(rec, **fields)))
+    return str(tmp_path / f"{name}.json")
+
+
+def test_regression_filters_and_planted_bug_files(tmp_path):
+    files = [
+        _record(tmp_path, "a"),
+        _record(tmp_path, "b", kind="hang", impl="hang_rank0"),
+        _record(tmp_path, "c", target="other", planted=False),
+        _record(tmp_path, "d", planted=True),
+    ]
+    (tmp_path / "broken.json").write_text("{not json")
+    files.append(str(tmp_path / "broken.json"))
+    stem = lambda paths: sorted(os.path.basename(p)[:-5] for p in paths)
+    assert stem(select_failure_files(files)) == ["a", "b", "broken", "c"]  # planted left out, broken kept
+    assert stem(select_failure_files(files, planted=True)) == ["a", "b", "broken", "c", "d"]
+    assert stem(select_failure_files(files, kind="hang")) == ["b", "broken"]
+    assert stem(select_failure_files(files, target=["other"], impl="wrong_rank1")) == ["broken", "c"]
+    with pytest.raises(
+        InvalidArgument, match=r"regressions\(kind='hung'\): 'hung' is not one; allowed: mismatch"
+    ):
+        select_failure_files(files, kind="hung")
+    with pytest.raises(InvalidArgument, match=r"regressions\(target=3\); must be a name or a list of names"):
+        select_failure_files(files, target=3)
+    with pytest.raises(InvalidArgument, match=r"regressions\(planted='yes'\); must be True or False"):
+        select_failure_files(files, planted="yes")
+
+
+def test_regressions_collects_only_the_files_its_filters_keep(pytester, tmp_path):
+    _record(tmp_path, "mine")
+    _record(tmp_path, "hung", kind="hang", impl="hang_rank0")
+    _record(tmp_path, "planted", planted=True)
+    pytester.makepyfile(
+        test_reg=f"import shardfuzz\n"
+        f"test_all = shardfuzz.regressions({str(tmp_path)!r})\n"
+        f"test_hangs = shardfuzz.regressions({str(tmp_path)!r}, kind='hang')\n"
+        f"test_planted = shardfuzz.regressions({str(tmp_path)!r}, impl='wrong_rank1', planted=True)\n"
+    )
+    result = pytester.runpytest_inprocess("--collect-only", "-q")
+    ids = sorted(line.split("::")[1] for line in result.outlines if "::" in line)
+    assert ids == [
+        "test_all[hung]", "test_all[mine]", "test_hangs[hung]", "test_planted[mine]", "test_planted[planted]",
+    ]  # fmt: skip
+
+
+def test_new_options_are_checked_and_echoed(pytester):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_inprocess("--shardfuzz-max-examples=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = pytester.runpytest_inprocess("--shardfuzz-backend=nccl", "--shardfuzz-device=cpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = pytester.runpytest_inprocess("--shardfuzz-profile=shardfuzz-fuzz", "--shardfuzz-max-examples=5")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "shardfuzz: profile shardfuzz-fuzz; reproduce with: pytest *--shardfuzz-profile=shardfuzz-fuzz*--shardfuzz-max-examples=5*"
+        ]
+    )
+
+
+CONFTEST = """
+from hypothesis import settings
+settings.register_profile("nightly", max_examples=6, derandomize=True)
+"""
+
+TESTS = f"""
+import shardfuzz
+from hypothesis import given, settings
+
+# the user's profile (6 examples) for this one; @settings (3) for the next; failing, explicit 4
+test_profile = shardfuzz.test_for({TOY!r}, world_sizes=(1,))
+test_settings = settings(max_examples=3)(shardfuzz.test_for({TOY!r}, world_sizes=(1,)))
+test_bug = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(2,), max_examples=4)
+"""
+
+OWN_GIVEN = """
+import os
+import shardfuzz
+from hypothesis import given, settings
+
+TOY = shardfuzz.get_target(os.path.join(os.path.dirname(__file__), "toy_target.py"))
+
+@settings(max_examples=2, database=None, deadline=None)  # the first example starts a pool
+@given(case=TOY.strategy(world_sizes=(1,)))
+def test_own(case):  # "toy_target.py" is next to this file, not in the current folder
+    assert shardfuzz.run_case("toy_target.py", case) <= 1.0
+"""
+
+
+def _sections(text: str) -> dict[str, str]:
+    """The statistics section of each test, by test name."""
+    stats = text.split("Hypothesis Statistics", 1)[1]
+    parts = re.split(r"^\S*::(test_\w+):$", stats, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_under_xdist_with_a_user_profile_settings_statistics_and_readable_failures(pytester, tmp_path):
+    pytest.importorskip("xdist", reason="pytest-xdist, a dev dependency (pip install -e '.[dev]'), runs it")
+    failures = tmp_path / "failures"
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_user=TESTS)
+    sub = pytester.mkdir("sub")
+    shutil.copy(TOY, sub / "toy_target.py")
+    (sub / "test_own.py").write_text(OWN_GIVEN)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--import-mode=importlib", "-n", "2", "--hypothesis-profile=nightly",
+        "--hypothesis-show-statistics", f"--shardfuzz-failures-dir={failures}", timeout=300,
+    )  # fmt: skip
+    text = "\n".join(result.outlines)
+    result.assert_outcomes(passed=3, failed=1)
+    assert "2 workers [4 items]" in text
+    result.stdout.fnmatch_lines(
+        ["shardfuzz: profile shardfuzz-dev; *; from profile 'nightly': *max_examples=6*"]
+    )
+    # a failing test shows the finding first: within the first 10 lines of its section
+    failing = text.split("_ test_bug _", 1)[1].splitlines()
+    assert any("1 of 4 outputs mismatch the oracle" in line for line in failing[:10]), failing[:12]
+    # statistics: Hypothesis' own, then shardfuzz's, per test; the example counts show the layers
+    sections = _sections(text)
+    assert re.search(r"shardfuzz toy/reference/gloo: 6 examples \(6 passed", sections["test_profile"])
+    assert re.search(r"shardfuzz toy/reference/gloo: 3 examples \(3 passed", sections["test_settings"])
+    assert "Stopped because" in sections["test_settings"]  # Hypothesis' part of the section
+    assert re.search(r"closest pass: error/tolerance \S+ at Case\(target='toy'", sections["test_settings"])
+    assert "trigger conditions reached: group<world" in sections["test_bug"]
+    assert re.search(
+        r"shardfuzz toy/wrong_rank1/gloo: \d+ examples \(\d+ passed, [1-9]", sections["test_bug"]
+    )
+    assert re.search(r"shardfuzz toy/reference/gloo: 2 examples", sections["test_own"])  # run_case
+    # the failure file names the test and the xdist worker that wrote it
+    (path,) = failures.glob("toy-wrong_rank1-gloo-mismatch.json")
+    record = json.loads(path.read_text())
+    assert record["origin"]["pytest_test"] == "test_user.py::test_bug"
+    assert record["origin"]["xdist_worker"] in ("gw0", "gw1") and record["planted"] is False

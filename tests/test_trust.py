@@ -1,0 +1,364 @@
+"""Failure files are untrusted input (issue 26): no code injection into reproducers, the trust rule
+for references, the whole-file schema, escaped output, bounded sizes, a loopback-only store."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from shardfuzz import Case
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.testing import run_cli
+
+REPO = Path(__file__).resolve().parent.parent
+COMMITTED = REPO / "tests" / "data" / "failures"
+OK = Case(
+    target="tp_mlp",
+    world_size=2,
+    mesh=(2,),
+    sizes={"batch": 1, "seq": 1, "d_model": 1, "hidden": 2, "d_out": 1},
+    split=("hidden",),
+)
+
+
+def record(**changes):
+    """A tp_mlp/missing_allreduce record as a run writes it."""
+    rec = {
+        "format": "shardfuzz-failure",
+        "version": 1,
+        "target": "tp_mlp",
+        "target_ref": "tp_mlp",
+        "impl": "missing_allreduce",
+        "impl_ref": "shardfuzz.targets.tp_mlp:reference",
+        "impl_kwargs": {"bug": "missing_allreduce"},
+        "case": OK.to_dict(),
+        "backend": "gloo",
+        "device": "cpu",
+        "kind": "mismatch",
+        "report": "",
+        "inputs_sha256": "0" * 64,
+    }
+    rec.update(changes)
+    return rec
+
+
+def write(path, rec):
+    path.write_text(json.dumps(rec))
+    return str(path)
+
+
+def cli(*args, cwd=None):
+    out = run_cli(*args, cwd=cwd)
+    assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
+    return out
+
+
+# -- 1. generated code never carries a field's text ----------------------------------------------
+def payload(marker: Path) -> str:
+    return f'x"""; __import__("pathlib").Path({str(marker)!r}).touch(); """'
+
+
+INJECTED = {  # field -> the record with the payload there (one line: newlines are refused anyway)
+    "target": lambda p: {"target": p},
+    "impl": lambda p: {"impl": p},
+    "kind": lambda p: {"kind": p},
+    "impl_ref": lambda p: {"impl_ref": f"{p}:f"},
+    "target_ref": lambda p: {"target_ref": p},
+    "impl_kwargs": lambda p: {"impl_kwargs": {"bug": p}},
+    "files": lambda p: {"files": {p: p}},
+    "case": lambda p: {"case": dict(OK.to_dict(), options={"sequence_parallel": p})},
+}
+
+
+@pytest.mark.parametrize("standalone", [False, True], ids=["repro", "standalone"])
+@pytest.mark.parametrize("field", sorted(INJECTED))
+def test_an_injection_through_any_field_never_runs(tmp_path, field, standalone):
+    marker = tmp_path / "INJECTED"
+    path = write(tmp_path / "f.json", record(**INJECTED[field](payload(marker))))
+    out_path = tmp_path / ("out" if standalone else "repro.py")
+    out = cli("repro", path, "-o", out_path, *(["--standalone"] if standalone else []))
+    scripts = sorted(out_path.glob("*.py")) if standalone else [out_path] if out_path.exists() else []
+    assert out.returncode == 2 or scripts, out.stdout + out.stderr
+    for script in scripts:  # written: its top level holds the field as data, never as a statement
+        runpy.run_path(str(script), run_name="not_main")
+    assert not marker.exists(), f"the {field} field ran code: {out.stdout + out.stderr}"
+    if out.returncode == 2:
+        assert f"field {field!r}" in out.stderr or field in ("target", "case"), out.stderr
+
+
+def test_an_impl_name_with_quotes_is_written_as_data(tmp_path):
+    """A field that passes the schema yet holds triple quotes: the script is written and its
+    docstring is the text, not code (the check that failed before issue 26)."""
+    marker = tmp_path / "INJECTED"
+    path = write(tmp_path / "f.json", record(impl=payload(marker)))
+    assert cli("repro", path, "-o", tmp_path / "repro.py").returncode == 0
+    module = runpy.run_path(str(tmp_path / "repro.py"), run_name="not_main")
+    assert not marker.exists()
+    assert payload(marker) in module["__doc__"] and module["RECORD"]["impl"] == payload(marker)
+
+
+# -- 2. the trust rule: what a file may import -----------------------------------------------------
+def evil_module(folder: Path, marker: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "evil.py"
+    path.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\ndef f(ctx):\n    return {{}}\n")
+    return path
+
+
+def test_a_reference_outside_the_project_is_refused_before_it_is_imported(tmp_path):
+    marker = tmp_path / "IMPORTED"
+    evil = evil_module(tmp_path / "elsewhere", marker)
+    path = write(tmp_path / "f.json", record(impl="f", impl_ref=f"{evil}::f", impl_kwargs={}))
+    out = cli("replay", path, cwd=REPO)
+    assert out.returncode == 2 and not marker.exists(), out.stdout + out.stderr
+    for piece in ("field 'impl_ref'", f"would import and run the file {str(evil)!r}", "--trust-refs"):
+        assert piece in out.stderr, out.stderr
+    # the explicit choice: it is imported (repro: no ranks to start)
+    assert cli("repro", path, "-o", tmp_path / "r.py", "--trust-refs", cwd=REPO).returncode == 0
+    assert marker.exists()
+
+
+def test_an_installed_module_is_refused_before_it_is_imported(tmp_path, monkeypatch):
+    """``target_ref: "this:s"`` imported ``this`` (its side effects ran) before anything was refused."""
+    marker = tmp_path / "IMPORTED"
+    evil_module(tmp_path / "site", marker)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    path = write(tmp_path / "f.json", record(target_ref="evil:TARGET"))
+    out = cli("replay", path, cwd=REPO)
+    assert out.returncode == 2 and "evil" not in sys.modules and not marker.exists(), out.stderr
+    assert (
+        "field 'target_ref'" in out.stderr
+        and "the module 'evil'" in out.stderr
+        and "--trust-refs" in out.stderr
+    )
+
+
+def test_a_store_record_may_name_only_shardfuzz_code(tmp_path):
+    from shardfuzz.failures import prepare
+
+    assert prepare(record(), None, check=False)["impl_spec"].ref == "shardfuzz.targets.tp_mlp:reference"
+    evil = evil_module(tmp_path, tmp_path / "IMPORTED")
+    with pytest.raises(InvalidArgument, match="a record from a store of findings"):
+        prepare(record(impl_ref=f"{evil}::f"), None, check=False)
+
+
+@pytest.mark.slow  # a pytest subprocess replaying a toy target (~15 s under load); the CLI tests above
+def test_regressions_of_committed_files_need_no_flag_and_a_moved_file_is_refused(tmp_path):
+    """The committed file's absolute paths came from another machine (/home/dev/shardfuzz): they
+    resolve relative to this project root. The same file outside the project is refused."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for f in COMMITTED.glob("*.json"):
+        shutil.copy(f, outside / f.name)
+    test = tmp_path / "test_regs.py"
+    test.write_text(
+        textwrap.dedent(f"""
+        import shardfuzz
+        test_inside = shardfuzz.regressions({str(COMMITTED)!r})
+        test_outside = shardfuzz.regressions({str(outside)!r})
+        """)
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(test)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    text = out.stdout + out.stderr
+    assert "STILL FAILS (mismatch; was mismatch)" in text, text[-4000:]  # replayed: the bug is there
+    inside = [ln for ln in text.splitlines() if "test_inside" in ln and "would import" in ln]
+    assert not inside, text[-4000:]
+    assert "would import and run the file" in text and "--trust-refs" in text, text[-4000:]
+    assert "the failure file is outside the current project" in text, text[-4000:]
+
+
+def test_the_committed_file_replays_in_the_project_and_is_refused_outside(tmp_path):
+    (committed,) = COMMITTED.glob("*.json")
+    rec = json.loads(committed.read_text())
+    assert rec["target_ref"].startswith("/home/dev/shardfuzz/")  # an absolute path of another machine
+    from shardfuzz.failures import load
+
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        assert load(str(committed))["target_ref"] == str(REPO / "tests" / "data" / "toy_target.py") + "::toy"
+        moved = shutil.copy(committed, tmp_path / committed.name)
+        with pytest.raises(InvalidArgument, match=r"outside the current project.*--trust-refs"):
+            load(str(moved))
+    finally:
+        os.chdir(cwd)
+
+
+# -- 3. one schema for the whole file --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"tolerance": "abc"}, "field 'tolerance' is 'abc'"),
+        ({"tolerance": {"noise_factor": "x"}}, "field 'tolerance'"),
+        ({"deterministic": "yes"}, "field 'deterministic' is 'yes'; must be true or false"),
+        (
+            {"impl_kwargs": {"bug": "no_such_bug"}},
+            "planted bug 'no_such_bug', which target 'tp_mlp' does not have",
+        ),
+        ({"impl_kwargs": {"bug": "missing_allreduce", "speed": 3}}, "field 'impl_kwargs'"),
+        ({"version": 99}, "format version 99 is newer"),
+        ({"version": "1"}, "field 'version' is '1'"),
+        ({"inputs_sha256": "abc"}, "field 'inputs_sha256'"),
+        ({"kind": "flaky"}, "field 'kind' is 'flaky'; allowed: mismatch"),
+        ({"case": dict(OK.to_dict(), target="moe")}, "field 'case' is for target 'moe'"),
+    ],
+)
+def test_hand_edited_fields_are_named_before_anything_runs(tmp_path, changes, named):
+    path = write(tmp_path / "f.json", record(**changes))
+    out = cli("replay", path)
+    assert out.returncode == 2 and named in out.stderr and repr(path) in out.stderr, out.stderr
+
+
+def test_a_file_of_todays_format_without_version_loads_as_version_1(tmp_path):
+    from shardfuzz.failure_schema import load_failure_file, validate_failure_record
+
+    old = record()
+    del old["version"]
+    rec = load_failure_file(write(tmp_path / "f.json", old))
+    assert rec["version"] == 1 and rec["case"] == OK
+    assert validate_failure_record(dict(record(), version=1))["version"] == 1
+
+
+def test_an_oversized_file_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    import shardfuzz.failure_schema as schema
+
+    monkeypatch.setattr(schema, "MAX_FILE_BYTES", 100)
+    with pytest.raises(InvalidArgument, match="larger than 100 bytes"):
+        schema.load_failure_file(write(tmp_path / "f.json", record()))
+
+
+# -- 4. untrusted strings are printed escaped ------------------------------------------------------
+def test_terminal_escapes_in_fields_are_never_printed_raw(tmp_path):
+    for field in ("kind", "impl"):
+        path = write(tmp_path / "f\x1b[2J.json", record(**{field: "\x1b]0;owned\x07\x1b[2Jmismatch"}))
+        out = cli("replay", path)
+        assert "\x1b" not in out.stdout + out.stderr, (field, out.stdout + out.stderr)
+        assert "\\x1b" in out.stdout + out.stderr, (field, out.stdout + out.stderr)
+
+
+# -- 5. sizes are bounded before inputs are built --------------------------------------------------
+def test_huge_sizes_are_refused_before_allocation(tmp_path):
+    big = dict(OK.to_dict(), sizes={"batch": 10**6, "seq": 10**6, "d_model": 10**3, "hidden": 2, "d_out": 1})
+    out = cli("replay", write(tmp_path / "f.json", record(case=big)))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "refused before building them" in out.stderr and "batch=1000000" in out.stderr, out.stderr
+    out = cli("case", "tp_mlp", repr(Case.from_dict(big)))  # a hand-made case on the command line
+    assert out.returncode == 2 and "refused before building them" in out.stderr, out.stderr
+
+
+def test_sizes_within_the_limit_are_measured_exactly():
+    from shardfuzz.input_bounds import measure_inputs
+    from shardfuzz.registry import get_target
+
+    elements, nbytes = measure_inputs(get_target("tp_mlp"), OK)
+    built = get_target("tp_mlp").inputs(OK)
+    assert elements == sum(v.numel() for v in built.values())
+    assert nbytes == sum(v.numel() * v.element_size() for v in built.values())
+
+
+# -- 6. the rendezvous store listens on loopback only ----------------------------------------------
+def listening_sockets(pid: int) -> list[str]:
+    """The local addresses of the TCP sockets process ``pid`` listens on (/proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                found.append(cols[1])
+    return found
+
+
+def test_the_driver_store_listens_on_loopback_only():
+    from shardfuzz.spawn import driver_store
+
+    store = driver_store()
+    addresses = listening_sockets(os.getpid())
+    port = f"{store.port:04X}"
+    mine = [a for a in addresses if a.endswith(":" + port)]
+    assert mine, (addresses, port)
+    assert all(a == f"0100007F:{port}" for a in mine), mine  # 127.0.0.1, never 0.0.0.0 or ::
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+LOOPBACK = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1 and ::1 in /proc/net
+
+
+@pytest.mark.slow  # a real campaign process and its ranks (~15 s under load); the test above is the ci one
+def test_a_running_campaign_listens_on_loopback_only(tmp_path):
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shardfuzz.cli",
+            "fuzz",
+            "tp_mlp",
+            "--duration",
+            "120",
+            "--failures-dir",
+            tmp_path,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        start_new_session=True,  # its ranks and forkserver share its process group: one kill ends all
+    )
+    try:
+        seen: dict[int, list[str]] = {}
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (seen.get(proc.pid) and len(seen) >= 3):
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                try:
+                    if found := listening_sockets(pid):
+                        seen[pid] = found
+                except OSError:  # a rank that just exited
+                    continue
+            time.sleep(0.5)
+        assert seen.get(proc.pid), f"the driver never listened: {seen}"
+        assert len(seen) >= 3, f"the ranks never listened: {seen}"  # the driver and 2+ gloo ranks
+        wide = {pid: a for pid, addrs in seen.items() for a in addrs if not a.startswith(LOOPBACK)}
+        assert not wide, f"listening beyond loopback: {wide}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
