@@ -31,7 +31,7 @@ def test_a_shrink_cut_by_the_deadline_is_finished_within_the_extra_budget(tmp_pa
     monkeypatch.setattr(campaign, "Deadline", DeadlineAtFirstFinding)
     config = RunConfig(deadline=120, finish_shrink=60, world_sizes=(2,), failures_dir=str(tmp_path))
     recorder = FailureRecorder(str(tmp_path))
-    out = campaign.fuzz_one(TOY, f"{CAUSES}::slow_crash", config, recorder=recorder, stream=io.StringIO())
+    out = campaign.fuzz_one(TOY, f"{CAUSES}::slow_wrong", config, recorder=recorder, stream=io.StringIO())
     assert out.elapsed < 100  # the deadline fell in the shrink, not at 120 s
     [done] = out.finished
     assert done.cut_case is not None and done.cut_case != done.finding.case

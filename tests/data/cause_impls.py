@@ -50,12 +50,13 @@ def flatten_too_far(ctx):
     raise AssertionError("unreachable: the planted bug raised above")
 
 
-def slow_crash(ctx):
-    """Fails on every case, after a short sleep on every rank: a shrink that takes a while."""
+def slow_wrong(ctx):
+    """Every rank's ``x2`` is off on every case, after a short sleep: a shrink that takes a while
+    (a mismatch: the pool is kept, where a rank error would restart it at every step)."""
     import time
 
     time.sleep(0.1)
-    raise ValueError(f"rank {ctx.group_rank} fails on every case")
+    return _toy_outputs(ctx, 1)
 
 
 def _toy_outputs(ctx, x2_offset):
