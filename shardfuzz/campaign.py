@@ -98,6 +98,9 @@ class Outcome:
             "unsupported": sum(s.unsupported.values()),
             "excluded": sum(s.excluded.values()),
             "closest_pass": s.worst_pass_ratio,
+            "external_faults": s.external_faults,
+            "leaks": dict(s.leaks.most_common(LEAKS_SHOWN)),
+            "leaks_total": sum(s.leaks.values()),
             "rediscovered": self.rediscovered,
             "findings": [
                 {
@@ -284,7 +287,11 @@ def runner_recorder(runner: Runner) -> FailureRecorder | None:
     return next((h for h in runner.hooks if isinstance(h, FailureRecorder)), None)
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (not split yet: issue 24 adds leaks and external faults to this summary at the same time)
+#: the most frequent leaks the summary table names (the rest are counted)
+LEAKS_SHOWN = 5
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (one row's result words; the faults' lines are _fault_lines)
     head = f"{'target':<16} {'implementation':<24} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -317,8 +324,27 @@ def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (not split y
             if f.get("file"):
                 lines.append(f"{'':<16}   failure file: {f['file']}")
         lines += [f"{'':<16} {line}" for line in r.get("finished", [])]
+        lines += _fault_lines(r)
         listed = {f.get("file") for f in r.get("findings", [])}
         for path in r.get("failure_files", []):
             if path not in listed:
                 lines.append(f"{'':<16} failure file: {path}")
     return "\n".join(lines)
+
+
+def _fault_lines(r: dict[str, Any]) -> list[str]:
+    """The summary's lines for what a row counted but is no finding: external faults and leaks."""
+    lines = []
+    if r.get("external_faults"):
+        lines.append(
+            f"{'':<16} external faults set aside (a rank died, and the case passed on fresh ranks): "
+            f"{r['external_faults']}"
+        )
+    if r.get("leaks"):
+        shown = ", ".join(f"{k} x{v}" for k, v in r["leaks"].items())
+        more = r.get("leaks_total", 0) - sum(r["leaks"].values())
+        lines.append(
+            f"{'':<16} leaks (not findings; restored, or the pool restarted): {shown}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+    return lines

@@ -18,22 +18,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import hashlib
 import inspect
-import json
 import os
 import platform
 import re
 import sys
 import tempfile
 from collections.abc import Iterable
+from typing import Any
 
 import shardfuzz
 from shardfuzz.config import run_origin
 from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.failure_load import load, prepare, record_impl, record_target
 from shardfuzz.failure_schema import FORMAT, VERSION
+from shardfuzz.filewriter import FileWriter, WriteFailed
 from shardfuzz.finding import FindingContext
 from shardfuzz.hooks import RunHooks, example_order
 from shardfuzz.protocol import ImplRef
@@ -117,20 +117,31 @@ class FailureRecorder(RunHooks):
         what = "--failures-dir" if directory else "$SHARDFUZZ_FAILURES_DIR (or the default)"
         if not directory and not os.environ.get("SHARDFUZZ_FAILURES_DIR"):
             what = "the default failures directory"
-        self.directory = check_failures_dir(directory or default_dir(), what)
+        #: writes safely beside other writers of the folder (see :mod:`shardfuzz.filewriter`)
+        self.writer = FileWriter(check_failures_dir(directory or default_dir(), what))
         self.written: dict[str, str] = {}  # path -> kind, in order
         #: failure files that could not be written (path -> why); the finding is reported anyway
         self.errors: dict[str, str] = {}
         self._source: dict[ImplRef, str | None] = {}
-        self._order: dict[str, tuple] = {}  # path -> Hypothesis' order of the case written there
+        self._order: dict[tuple, tuple] = {}  # file key -> Hypothesis' order of the case written there
         #: a campaign's run (1 first): runs after the first write their findings to files of their
         #: own until :meth:`settle` knows whether each is a new finding or one found before
         self.run = 1
 
-    def path_for(self, context: FindingContext, kind: str) -> str:
+    @property
+    def directory(self) -> str:
+        return self.writer.directory
+
+    @directory.setter
+    def directory(self, path: str) -> None:
+        self.writer.directory = path
+
+    def key(self, context: FindingContext, kind: str) -> tuple[str, str]:
         stem = f"{_slug(context.target)}-{_slug(context.impl)}-{context.backend}-{kind}"
-        suffix = f".run{self.run}.json" if self.run > 1 else ".json"
-        return os.path.join(self.directory, stem + suffix)
+        return stem, f".run{self.run}.json" if self.run > 1 else ".json"
+
+    def path_for(self, context: FindingContext, kind: str) -> str:
+        return self.writer.path(*self.key(context, kind))
 
     def begin_run(self, run: int) -> None:
         self.run = run
@@ -143,55 +154,56 @@ class FailureRecorder(RunHooks):
         if self.run == 1 or path not in self.written:
             return path if distinct and path in self.written else None
         kind = self.written.pop(path)
+        stem, suffix = self.key(finding.context, finding.kind)
+        self.writer.forget(stem, suffix)
         if not distinct:
             with contextlib.suppress(OSError):
                 os.remove(path)
             return None
-        stem = path[: -len(f".run{self.run}.json")]
-        final, n = f"{stem}.json", 1
-        while final in self.written:
-            n += 1
-            final = f"{stem}-{n}.json"
         try:
-            os.replace(path, final)
+            final = self.writer.move(path, stem, ".json")
         except OSError as e:
-            self.errors[final] = str(e)
+            self.errors[path] = str(e)
             return None
         self.written[final] = kind
         return final
 
     def on_finding(self, context: FindingContext, finding: Finding) -> None:
-        path = self.path_for(context, finding.kind)
+        key = self.key(context, finding.kind)
         order = example_order()
-        if order is not None and path in self._order and order > self._order[path]:
+        if order is not None and key in self._order and order > self._order[key]:
             return  # Hypothesis went on generating after shrinking: keep the smaller case on file
         if order is not None:
-            self._order[path] = order
+            self._order[key] = order
         try:
-            self._write(path, context, finding)
-        except OSError as e:  # never lose the finding over its file
+            self._write(key, context, finding)
+        except OSError as e:  # never lose the finding over its file; say so once, not per update
+            path = getattr(e, "path", self.path_for(context, finding.kind))
+            size = f"; {e.size} bytes did not fit" if isinstance(e, WriteFailed) else ""
+            if not self.errors:
+                print(
+                    f"shardfuzz: warning: could not write the failure file {path!r}: {e}{size}",
+                    file=sys.stderr,
+                )
             self.errors[path] = str(e)
-            print(f"shardfuzz: warning: could not write the failure file {path!r}: {e}", file=sys.stderr)
 
     def write(self, path: str, context: FindingContext, finding: Finding) -> None:
-        """Write ``finding`` of ``context`` to ``path`` (also :mod:`shardfuzz.finish`: a finished shrink)."""
-        self._write(path, context, finding)
+        """Write ``finding`` of ``context`` over ``path``, a failure file this recorder wrote (a
+        finished shrink: :mod:`shardfuzz.finish`)."""
+        self._write((os.path.basename(path).removesuffix(".json"), ".json"), context, finding)
 
-    def _write(self, path: str, context: FindingContext, finding: Finding) -> None:
+    def _write(self, key: tuple[str, str], context: FindingContext, finding: Finding) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        created, updates = now, 0
-        if os.path.exists(path):
-            try:
-                with open(path) as f:
-                    old = json.load(f)
-                created, updates = old.get("created", now), int(old.get("updates", 0)) + 1
-            except (OSError, ValueError):
-                pass
+        before = self.writer.owned.get(key, "")
+        path = self.writer.write(*key, self._record(context, finding))
+        self.written.pop(before if before != path else "", None)  # taken over by another writer
+        self.written[path] = finding.kind
+
+    def _record(self, context: FindingContext, finding: Finding) -> dict[str, Any]:
         ref, spec, case = context.impl_ref.ref, context.target_ref, context.case
         if context.impl_ref not in self._source:
             self._source[context.impl_ref] = source_hash(context.impl_ref)
-        record = {
+        return {
             "format": FORMAT,
             "version": VERSION,
             "target": context.target,
@@ -220,17 +232,8 @@ class FailureRecorder(RunHooks):
             },
             "numerics": {"driver": numerics_flags(), "rank0": context.numerics},
             "versions": versions(),
-            "created": created,
-            "updated": now,
-            "updates": updates,
             "origin": run_origin(),  # the pytest test and xdist worker that wrote it
         }
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-        self.written[path] = finding.kind
 
 
 def find_files(paths: Iterable[str]) -> list[str]:

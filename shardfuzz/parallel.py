@@ -14,6 +14,10 @@
   :func:`all_gather_by_all_to_all`: the three collectives written with ``all_to_all_single``
   alone, for backends or devices that lack a native one (gloo on CUDA tensors), on equal chunks.
 
+Every helper is right for inputs of any strides (transposed, sliced, expanded, offset), and for
+ranks whose inputs are laid out differently: collectives reduce raw memory, so each helper sends a
+row-major copy.
+
 Collectives in autograd must sit inside an ``autograd.Function``: ``dist.all_reduce`` called
 directly is treated as the identity by autograd (pytorch/pytorch#152127), which shardfuzz reports as
 an ``ignored-collective`` finding.
@@ -40,7 +44,7 @@ class CopyToGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        grad = grad.clone()
+        grad = dense_copy(grad)
         if ctx.reduce_backward:
             dist.all_reduce(grad, group=ctx.group)
         return grad, None, None
@@ -51,13 +55,19 @@ class ReduceFromGroup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # noqa: ARG004 (autograd passes ctx)
-        out = x.clone()
+        out = dense_copy(x)
         dist.all_reduce(out, group=group)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # noqa: ARG004 (autograd passes ctx)
         return grad, None
+
+
+def dense_copy(t: torch.Tensor) -> torch.Tensor:
+    """A row-major copy of ``t``: collectives work on raw memory, so a buffer must be laid out the
+    same on every rank (``clone()`` keeps a transposed, sliced or expanded input's own strides)."""
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def gather_seq(t: torch.Tensor, group: Any, seq_len: int) -> torch.Tensor:
@@ -73,7 +83,7 @@ def gather_seq(t: torch.Tensor, group: Any, seq_len: int) -> torch.Tensor:
 
 def reduce_scatter_seq(t: torch.Tensor, group: Any, reduce: bool = True) -> torch.Tensor:
     """This rank's dim 1 shard of the sum over the group (``reduce=False``: of its own ``t``)."""
-    full = t.contiguous().clone()
+    full = dense_copy(t)
     if reduce:
         dist.all_reduce(full, group=group)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
@@ -151,6 +161,7 @@ def all_reduce_by_all_to_all(t: torch.Tensor, group: Any, size: int) -> torch.Te
 
 def reduce_scatter_by_all_to_all(buf: torch.Tensor, group: Any, size: int) -> torch.Tensor:
     """Rank ``i`` gets the sum over ranks of chunk ``i`` of ``buf`` (``size`` equal chunks)."""
+    buf = buf.reshape(-1).contiguous()  # chunks of the values, whatever buf's strides
     out = torch.empty_like(buf)
     dist.all_to_all_single(out, buf, group=group)
     return out.view(size, -1).sum(0)

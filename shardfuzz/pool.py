@@ -45,6 +45,8 @@ from shardfuzz.worker import worker_main
 START_TIMEOUT_S = 120.0
 #: after a rank's own exception (not a peer's closed connection), how long to wait for the others
 OWN_ERROR_GRACE_S = 0.05
+#: how long to wait for a dead rank's exit code (its pipe closed; the forkserver reports the code)
+EXIT_CODE_WAIT_S = 10.0
 OUTPUT_TAIL = 4000
 #: and of its first lines: an abort's 'terminate called after throwing' comes before the noise
 OUTPUT_HEAD = 2000
@@ -201,10 +203,10 @@ class Pool:
                 if r not in pending:
                     continue
                 msg = receive(self.conns[r])
-                if msg is None:
-                    if self.procs[r].is_alive() and obj is not self.procs[r].sentinel:
-                        continue
-                    self.procs[r].join(timeout=1)
+                if msg is None:  # its pipe closed (a live rank never closes it) or it exited
+                    # the exit code comes from the forkserver, which may report it late under load
+                    # (a peer's "connection closed" first): a death is a death, never a hang
+                    self.procs[r].join(timeout=EXIT_CODE_WAIT_S)
                     dead.append(r)
                 elif isinstance(msg, (Reply, UnsupportedReply)):
                     replies[r] = msg

@@ -6,9 +6,9 @@ imported); :func:`run_task` runs one :class:`~shardfuzz.protocol.Task` and retur
 (:mod:`shardfuzz.torchrun`) both call it.
 
 A clean rank for every example: after each one, torch's global settings (:func:`torch_settings`)
-that changed are named in the reply's ``leaks`` and restored; process groups, threads and file
-descriptors that the example left behind (:data:`RESOURCES`) are named too and cannot be undone,
-so the reply asks for a pool restart.
+and the environment and working directory (:class:`~shardfuzz.faults.ProcessState`) that changed
+are named in the reply's ``leaks`` and restored; process groups, threads and file descriptors left
+behind (:data:`RESOURCES`) are named too and cannot be undone, so the reply asks for a restart.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.collectives import TRACER
+from shardfuzz.faults import ProcessState
 from shardfuzz.inputs import seed_global
 from shardfuzz.placements import describe as describe_dtensor
 from shardfuzz.placements import local_input
@@ -196,6 +197,7 @@ class RankState:
         self.targets: dict[str, Any] = {}
         self.impls: dict[str, Any] = {}
         self.settings: list[Setting] = torch_settings()
+        self.process = ProcessState(f"rank {rank}")  # os.environ and the working directory
         #: (implementation, mesh) pairs that ran here: their first example may initialise lazily
         self.warm: set[tuple[str, tuple[int, ...]]] = set()
         #: what the last example left behind, and whether that needs a fresh rank
@@ -235,12 +237,13 @@ class RankState:
         return m
 
     def snapshot(self) -> tuple[list[Any], list[int]]:
+        self.process.snapshot()
         return [get() for _, get, _ in self.settings], [count() for *_, count in RESOURCES]
 
     def clean_up(self, before: tuple[list[Any], list[int]], warm_key: tuple[str, tuple[int, ...]]) -> None:
         """Restore the settings an example changed and name every leak (``self.leaks``); a
         resource leak, or a setting that cannot be restored, sets ``self.restart``."""
-        leaks, restart = [], False
+        leaks, restart = self.process.restore(), False
         for (name, get, set_), old in zip(self.settings, before[0]):
             new = get()
             if new != old:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from shardfuzz.config import RunConfig, check_world_size, env_int, format_tolera
 from shardfuzz.decide import DecideConfig, decide
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.exclude import Excluded, exclusion
+from shardfuzz.faults import ProcessState, confirm_death
 from shardfuzz.finding import FindingContext, inputs_hash
 from shardfuzz.gpu import check_placement
 from shardfuzz.hooks import RunHooks
@@ -85,8 +85,6 @@ class TimeoutPolicy:
 
 
 TIMEOUTS = TimeoutPolicy()
-#: exit codes of a rank killed by a signal that usually comes from outside (SIGKILL, SIGTERM)
-EXTERNAL_SIGNALS = (-signal.SIGKILL, -signal.SIGTERM)
 
 
 class Runner:
@@ -114,7 +112,9 @@ class Runner:
         self.impl_name = self.target.impl_name(impl)
         self.worker_target = self.target.worker_ref()
         self.stats = Stats()
-        self._confirming = False  # rerunning a case whose rank was killed by a signal
+        self._confirming = False  # rerunning a case whose rank died (shardfuzz.faults)
+        self.deaths_set_aside: set[str] = set()  # cases whose rank death did not recur (reprs)
+        self._driver_state = ProcessState("the driver")  # the target's inputs and oracle run here
         #: numerics flags reported by rank 0 of the first example
         self.numerics: dict[str, Any] | None = None
         #: the full inputs of the last case the oracle ran (failure files hash them)
@@ -169,7 +169,7 @@ class Runner:
         self._admit(case)
         self.stats.examples += 1
         try:
-            ratio, elapsed = self._run_on_pool(case)
+            ratio, elapsed = self._run_in_clean_driver(case)
         except Finding as f:
             self.stats.count_finding(f)
             f.context = self.finding_context(case, f)  # once, for every hook and the caller
@@ -210,6 +210,14 @@ class Runner:
     def _timeout_key(self, case: Case) -> tuple:
         return (self.target.name, case.world_size, self.backend, self.device)
 
+    def _run_in_clean_driver(self, case: Case) -> tuple[float, float | None]:
+        """:meth:`_run_on_pool`, the driver's environment and working directory restored after it."""
+        self._driver_state.snapshot()
+        try:
+            return self._run_on_pool(case)
+        finally:
+            self.stats.leaks.update(self._driver_state.restore())
+
     def _run_on_pool(self, case: Case) -> tuple[float, float | None]:
         """Worst error/tolerance and the time taken (None: the first example of this target on a
         fresh pool, which pays imports and is not learnt from)."""
@@ -235,9 +243,15 @@ class Runner:
             discard_pool(pool, spare_for=task)  # fresh ranks next time, from a spare started now
         if isinstance(outcome, RankFailed):  # (leaks: only a completed example reports them)
             self.reporter.raise_rank_error(case, outcome)
-        if isinstance(outcome, RankDied):
-            self._confirm_death(case, outcome)
-            self.reporter.raise_rank_died(case, outcome)
+        if isinstance(outcome, RankDied):  # confirmed on fresh ranks first: it may come from outside
+            note = confirm_death(self, case, outcome)
+            try:
+                self.reporter.raise_rank_died(case, outcome)
+            except Finding as f:
+                if note:  # it recurs only sometimes
+                    f.report += note
+                    f.args = (f.report,)
+                raise
         if isinstance(outcome, Hung):
             self.reporter.raise_hang(case, outcome)
         assert isinstance(outcome, Completed)
@@ -251,24 +265,6 @@ class Runner:
             self.numerics = replies[0].numerics
         ratio = self.judge_replies(case, replies, expected, leaks)
         return ratio, None if first else outcome.elapsed
-
-    def _confirm_death(self, case: Case, outcome: RankDied) -> None:
-        """A rank killed by SIGKILL/SIGTERM may have been killed from outside: rerun the case once
-        on fresh ranks. If it passes, that was an external fault, not the implementation's."""
-        if outcome.exitcode not in EXTERNAL_SIGNALS or self._confirming:
-            return
-        self._confirming = True
-        try:
-            self._run_on_pool(case)
-        except Finding:
-            return  # it dies (or fails) again: the implementation's own doing
-        finally:
-            self._confirming = False
-        self.stats.external_faults += 1
-        raise ExternalFault(
-            f"rank {outcome.rank} was killed by signal {-(outcome.exitcode or 0)} from outside the example "
-            f"and {case!r} passed when rerun on fresh ranks: an external fault, not a finding"
-        )
 
     def _note_leaks(self, outcome: Any) -> list[str]:
         if not isinstance(outcome, Completed):

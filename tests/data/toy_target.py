@@ -156,6 +156,99 @@ def killed_from_outside_once(ctx):
     return reference(ctx)
 
 
+def kill_forkserver_once(ctx):
+    """Rank 0 kills the forkserver that started the ranks (its parent), the first time only (the
+    marker file ``options['marker']``), as a ``kill -9`` from a user or the OOM killer may: every
+    rank dies with it (exit code 255, as multiprocessing sees it). A rerun is the reference."""
+    if ctx.group_rank == 0:
+        try:
+            os.close(os.open(ctx.case.options["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return reference(ctx)
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(30)  # PR_SET_PDEATHSIG ends this rank at once
+    return reference(ctx)
+
+
+def dies_on_odd_runs(ctx):
+    """Rank 1 exits (code 3) on the 1st, 3rd, 5th... run of the case (it counts them in the file
+    ``options['counter']``): a death that recurs only sometimes."""
+    if ctx.group_rank == 1:
+        with open(ctx.case.options["counter"], "a") as f:
+            f.write("x")
+        if os.path.getsize(ctx.case.options["counter"]) % 2:
+            os._exit(3)
+    return reference(ctx)
+
+
+def dies_after_closing_rank1(ctx):
+    """Rank 1 closes its connections to its peers (they fail at once: connection closed) and dies
+    a second later: a death that its peers see before the driver can."""
+    if ctx.group_rank == 1:
+        _shut_tcp_sockets()
+        time.sleep(ctx.case.options.get("delay", 1.0))
+        os._exit(3)
+    return reference(ctx)
+
+
+def _shut_tcp_sockets():
+    """Shut down this process's TCP connections (gloo's, the store's); the driver's pipes are Unix
+    sockets and stay open, so the driver sees this rank alive until it exits."""
+    import socket
+
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            inodes |= {line.split()[9] for line in list(f)[1:]}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            sock = socket.socket(fileno=int(fd))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.detach()
+
+
+LEAKED = "SHARDFUZZ_TOY_LEAKED"
+
+
+def leak_environment(ctx):
+    """Right outputs, then sets an environment variable and changes the working directory."""
+    out = reference(ctx)
+    os.environ[LEAKED] = "1"
+    os.chdir(os.path.dirname(os.path.abspath(__file__)))
+    return out
+
+
+def reads_environment(ctx):
+    """The reference, but its outputs follow an environment variable and the working directory, as
+    code reading a configuration variable or a relative path does: right in a clean process."""
+    out = reference(ctx)
+    if os.environ.get(LEAKED) or os.getcwd() == os.path.dirname(os.path.abspath(__file__)):
+        out["x2"] = out["x2"] + 1
+    return out
+
+
+def killed_once_and_leaky(ctx):
+    """Rank 1 is SIGKILLed in the first example only (it creates the file
+    ``$SHARDFUZZ_FAILURES_DIR.killed-once``: the tests set the variable before any rank starts),
+    and every example leaks an environment variable and a working directory."""
+    if ctx.group_rank == 1:
+        marker = os.environ["SHARDFUZZ_FAILURES_DIR"] + ".killed-once"
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return leak_environment(ctx)
+
+
 def sigkill_rank1(ctx):
     """Rank 1 is SIGKILLed on every run: reproducible, so a finding, not an external fault."""
     if ctx.group_rank == 1:
@@ -195,6 +288,12 @@ TOY = Target(
         "via_device_mesh": bind("reference", use_device_mesh=True),
         "killed_from_outside_once": "killed_from_outside_once",
         "sigkill_rank1": "sigkill_rank1",
+        "kill_forkserver_once": "kill_forkserver_once",
+        "dies_on_odd_runs": "dies_on_odd_runs",
+        "dies_after_closing_rank1": "dies_after_closing_rank1",
+        "leak_environment": "leak_environment",
+        "reads_environment": "reads_environment",
+        "killed_once_and_leaky": "killed_once_and_leaky",
         "slow_rank0": "slow_rank0",
         "skip_collective_rank1": "skip_collective_rank1",
         "check_clean": "check_clean",
