@@ -5,11 +5,13 @@ deadline, runs with fresh seeds follow each other until the time is spent; the l
 stopped at the deadline (a :class:`~shardfuzz.hooks.Deadline` hook), and an example still running
 the grace period after it is abandoned, so ``--duration D`` ends by D plus the grace whatever the
 example timeouts are. A campaign keeps going after a finding: each run's shrunk findings are
-compared by signature (kind and raise site, then the wrong outputs and ranks at the minimal case,
-:attr:`~shardfuzz.errors.Finding.signature`), so what Hypothesis shrinks is never changed, and
+compared by signature (kind and cause: an exception's cause frame past torch's and shardfuzz's
+framework frames and its normalised message, the wrong outputs and ranks at the minimal case;
+:mod:`shardfuzz.signature`), so what Hypothesis shrinks is never changed, and
 every *distinct* finding is reported and kept in a failure file of its own; one seen again is
 counted as a rediscovery. Known failures are set aside with ``--exclude`` / ``known_failures``. A
-deadline or Ctrl-C while a finding is being shrunk reports the smallest case found so far.
+deadline or Ctrl-C while a finding is being shrunk reports the smallest case found so far; after a
+deadline, such a finding is shrunk further within an extra budget (:mod:`shardfuzz.finish`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from typing import Any, TextIO
 from shardfuzz.config import RunConfig
 from shardfuzz.errors import Finding
 from shardfuzz.failures import FailureRecorder
+from shardfuzz.finish import ONE_RANK_S, Finished, finish_budget, finish_shrink, try_one_rank
 from shardfuzz.fleet import signature_of
 from shardfuzz.fleet_worker import FleetWorker, NoFleet
 from shardfuzz.hooks import Deadline, TimeUp
 from shardfuzz.pools import shutdown as stop_pools
+from shardfuzz.report import ONE_RANK_NOTE
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.search import Result, search, settings_for, stable_identity
 from shardfuzz.shared_db import save_only
@@ -76,6 +80,8 @@ class Outcome:
     rediscovered: int = 0
     #: with a fleet (``--database redis://...``): what the fleet says of each finding, in order
     fleet: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: the findings whose shrink the deadline cut, shrunk further after it
+    finished: list[Finished] = dataclasses.field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         s = self.runner.stats
@@ -92,6 +98,7 @@ class Outcome:
             "failure_files": self.failure_files,
             "interrupted": self.interrupted,
             "cut_short": bool(self.result and self.result.shrink_cut_short),
+            "finished": [f.describe() for f in self.finished],
             "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
             "excluded": sum(s.excluded.values()),
@@ -101,7 +108,14 @@ class Outcome:
             "leaks_total": sum(s.leaks.values()),
             "rediscovered": self.rediscovered,
             "findings": [
-                {"kind": f.kind, "margin": f.ratio, "case": repr(f.case), "file": path, "site": _site(f)}
+                {
+                    "kind": f.kind,
+                    "margin": f.ratio,
+                    "case": repr(f.case),
+                    "file": path,
+                    "site": _site(f),
+                    "one_rank": f.kind != "communication" and getattr(f.case, "world_size", 0) == 1,
+                }
                 | (self.fleet[i] if i < len(self.fleet) else {})
                 for i, (f, path) in enumerate(self.findings)
             ],
@@ -112,6 +126,8 @@ def _site(f: Finding) -> str:
     """A finding's site in words, for the summary (the wrong outputs and ranks, the exception...)."""
     if f.kind == "mismatch":
         return ", ".join(f"{name} on ranks {list(ranks)}" for name, ranks in f.site)
+    if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
+        return f"{f.site[0]} in {f.site[1]}: {f.site[2]}"
     return " ".join(str(x) for x in f.site if x != ())
 
 
@@ -161,7 +177,7 @@ def fuzz_one(
     _progress_thread(
         lambda: progress_line(label, runner.stats, time.perf_counter() - t0, shown), stream, interval, stop
     )
-    seen: set[tuple] = set()
+    seen: set[str] = set()
     already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
     fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
     try:
@@ -191,6 +207,9 @@ def fuzz_one(
     if deadline is not None and deadline.overran:
         out.overran = True
         stop_pools()  # the abandoned example's ranks are still busy: start afresh
+    if not out.interrupted:  # after a deadline both share its extra budget; else 1-rank tries get ONE_RANK_S
+        spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
+        _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     print(
@@ -216,7 +235,7 @@ def _run_database(settings: Any, first: bool) -> Any:
 def _settle(
     out: Outcome,
     result: Result,
-    seen: set[tuple],
+    seen: set[str],
     runner: Runner,
     recorder: Any,
     fleet: FleetWorker | NoFleet,
@@ -251,6 +270,62 @@ def _heartbeat(runner: Runner, out: Outcome, elapsed: float, shown: tuple[str, .
     }
 
 
+def _finish_cut_shrinks(
+    out: Outcome, runner: Runner, config: RunConfig, recorder: Any, stream: TextIO
+) -> float:
+    """Shrink the findings whose shrink the deadline cut further, within :func:`finish_budget` in
+    all; the seconds spent."""
+    cut = [i for i, (f, _) in enumerate(out.findings) if getattr(f, "cut_short", None) == "deadline"]
+    budget = finish_budget(config)
+    if not cut or budget <= 0:
+        return 0.0
+    print(
+        f"{out.label}: shrinking {len(cut)} cut finding(s) further, up to {budget:g} s",
+        file=stream,
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    for i in cut:
+        finding, path = out.findings[i]
+        left = budget - (time.perf_counter() - t0)
+        done = finish_shrink(runner, finding, left, recorder=recorder, path=path)
+        out.findings[i] = (done.finding, path)
+        out.finished.append(done)
+        if out.result is not None and out.result.failures and out.result.failures[0] is finding:
+            out.result.case, out.result.report = done.finding.case, done.finding.report
+    spent = time.perf_counter() - t0
+    out.elapsed += spent
+    if out.result is not None and all(d.complete for d in out.finished):
+        out.result.shrink_cut_short = False
+    return spent
+
+
+def _try_one_rank(out: Outcome, runner: Runner, budget: float) -> None:
+    """Each shrunk finding on 2+ ranks tried on 1 rank with the same global sizes (within
+    ``budget`` seconds in all): one that fails there too is replaced by its 1-rank case, so its
+    report says it is not a distribution bug. (Not a finding still cut short, nor a communication
+    budget exceeded: that is about communication whatever the world.)"""
+    t0 = time.perf_counter()
+    for i, (finding, path) in enumerate(out.findings):
+        if finding.kind == "communication" or getattr(finding.case, "world_size", 1) == 1:
+            continue
+        if getattr(finding, "cut_short", None) is not None:
+            continue
+        left = budget - (time.perf_counter() - t0)
+        recorder = runner_recorder(runner)
+        one = try_one_rank(runner, finding, left, recorder=recorder, path=path)
+        if one is not None:
+            out.findings[i] = (one, path)
+            if out.result is not None and out.result.failures and out.result.failures[0] is finding:
+                out.result.case, out.result.report = one.case, one.report
+    out.elapsed += time.perf_counter() - t0
+
+
+def runner_recorder(runner: Runner) -> FailureRecorder | None:
+    """The failure-file recorder among a runner's hooks (None: no files)."""
+    return next((h for h in runner.hooks if isinstance(h, FailureRecorder)), None)
+
+
 #: the most frequent leaks the summary table names (the rest are counted)
 LEAKS_SHOWN = 5
 
@@ -262,6 +337,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (one row's r
         res = f"FOUND {r['kind']}" if r["found"] else ("interrupted" if r["interrupted"] else "nothing found")
         if r.get("cut_short"):
             res += " (shrinking cut short: the smallest case found so far)"
+        elif r.get("finished"):
+            res += " (shrinking cut by the deadline, then finished)"
         if r.get("overran"):
             res += " (an example still running after the deadline was abandoned)"
         if r.get("unsupported"):
@@ -281,10 +358,13 @@ def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (one row's r
             margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
             site = f" ({f['site']})" if f.get("site") else ""
             lines.append(f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}")
+            if f.get("one_rank"):
+                lines.append(f"{'':<16}   {ONE_RANK_NOTE}")
             if f.get("fleet"):
                 lines.append(f"{'':<16}   fleet finding {f['id']}: {fleet_note(f)}")
             if f.get("file"):
                 lines.append(f"{'':<16}   failure file: {f['file']}")
+        lines += [f"{'':<16} {line}" for line in r.get("finished", [])]
         lines += _fault_lines(r)
         listed = {f.get("file") for f in r.get("findings", [])}
         for path in r.get("failure_files", []):

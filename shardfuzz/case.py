@@ -7,9 +7,11 @@ so the "Falsifying example" line Hypothesis prints can be pasted into ``shardfuz
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shardfuzz.errors import InvalidArgument
@@ -18,6 +20,22 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 #: value profiles, simplest first (the one list: ``shardfuzz.strategies`` draws from it). "large"
 #: scales values by 10**k, "small" scales them down, "ties" quantises them to a coarse grid.
 VALUE_PROFILES = ("normal", "large", "small", "ties")
+
+
+#: on inside :func:`one_rank_path` (read by ``shardfuzz.strategies.cases``)
+ONE_RANK_PATH: contextvars.ContextVar[bool] = contextvars.ContextVar("shardfuzz_one_rank_path", default=False)
+
+
+@contextlib.contextmanager
+def one_rank_path() -> Iterator[None]:
+    """Within this block, ``shardfuzz.strategies.cases`` on 2+ ranks (where 1 rank is allowed)
+    draws one more choice, last: 0 runs the case on 1 rank with the sizes drawn for the group
+    (:func:`shardfuzz.finish.try_one_rank`; see the strategies' module docstring)."""
+    token = ONE_RANK_PATH.set(True)
+    try:
+        yield
+    finally:
+        ONE_RANK_PATH.reset(token)
 
 
 def _is_int(v: Any) -> bool:

@@ -92,6 +92,7 @@ def _cmd_fuzz(args: Any) -> int:
             profile=args.profile,
             max_examples=args.max_examples,
             deadline=args.duration,
+            finish_shrink=args.finish_shrink,
             failures_dir=args.failures_dir,
             database=args.database,
             fleet=args.fleet,

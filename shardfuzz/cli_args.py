@@ -138,6 +138,18 @@ def _fleet(text: str) -> str:
 FLEET_HELP = "the fleet's name on a shared Redis (default: $SHARDFUZZ_FLEET, else 'default')"
 
 
+def _finish_time(text: str) -> float:
+    """``--finish-shrink``: a time as ``--duration`` takes it, or 0 (no finishing)."""
+    if text.strip() in ("0", "0s"):
+        return 0.0
+    try:
+        return campaign.parse_duration(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--finish-shrink={text!r}; expected 0 or a finite time > 0 like 30s or 2m"
+        ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="shardfuzz",
@@ -199,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="TIME",
         help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
+    )
+    f.add_argument(
+        "--finish-shrink",
+        type=_finish_time,
+        default=None,
+        metavar="TIME",
+        help="after --duration, shrink findings whose shrink the deadline cut for up to TIME more "
+        "(0: not at all; default: a quarter of the duration, at most 2 min)",
     )
     f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
     f.add_argument(

@@ -164,6 +164,8 @@ class RunConfig:
         max_examples: Hypothesis' example budget (``None``: the profile's).
         derandomize: override the profile's ``derandomize`` (campaigns use fresh seeds).
         deadline: wall-clock seconds for the whole search (``None``: no limit).
+        finish_shrink: extra seconds after a campaign's deadline to finish shrinks it cut
+            (:mod:`shardfuzz.finish`; ``0``: none; ``None``: a quarter of the deadline, at most 120 s).
         failures_dir: write failure files there (``None``: none from Python; the CLI and pytest
             pass ``.shardfuzz/failures``).
         deterministic: ``torch.use_deterministic_algorithms(True)`` on every rank.
@@ -189,6 +191,7 @@ class RunConfig:
     max_examples: int | None = None
     derandomize: bool | None = None
     deadline: float | None = None
+    finish_shrink: float | None = None
     failures_dir: str | None = None
     deterministic: bool = False
     debug_collectives: bool = False
@@ -210,6 +213,8 @@ class RunConfig:
         self._check_world_sizes_and_dtypes()
         _positive("timeout", self.timeout)
         _positive("deadline", self.deadline)
+        if isinstance(self.finish_shrink, bool) or self.finish_shrink != 0:  # 0 turns finishing off
+            _positive("finish_shrink", self.finish_shrink)
         _positive("max_examples", self.max_examples, integer=True)
         if self.profile is not None and self.profile not in PROFILES:
             raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")

@@ -288,6 +288,7 @@ class CoveringRun:
                 continue
             except Finding as f:
                 self.examples += 1
+                f.choices = row.choices  # type: ignore[attr-defined]  # to shrink it again later
                 self.finding = f
                 return row
             self.examples += 1

@@ -16,6 +16,8 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from shardfuzz.signature import finding_signature
+
 
 class ShardfuzzError(Exception):
     """Base class for errors of the fuzzer itself (not findings)."""
@@ -97,8 +99,8 @@ class Finding(AssertionError):
         #: greatest error/tolerance over the compared elements (mismatches only)
         self.ratio = ratio
         #: what tells this finding from another of its kind at its minimal case: the wrong outputs
-        #: and their ranks (mismatch), the exception and where it was raised (rank-error), the
-        #: ranks that hung (hang)
+        #: and their ranks (mismatch), the exception, its cause frame and its normalised message
+        #: (rank-error: :func:`shardfuzz.signature.cause_of`), the ranks that hung (hang)
         self.site = tuple(site)
         #: global rank -> the collectives it entered (:class:`~shardfuzz.collectives.Collective`)
         self.traces: dict[int, Any] = {}
@@ -108,9 +110,10 @@ class Finding(AssertionError):
         self.context: Any = None
 
     @property
-    def signature(self) -> tuple:
-        """Kind and site: two shrunk findings with one signature are one bug (campaigns)."""
-        return (self.kind, *self.site)
+    def signature(self) -> str:
+        """Versioned kind and site (:func:`shardfuzz.signature.finding_signature`): two shrunk
+        findings with one signature are one bug (campaigns)."""
+        return finding_signature(self)
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep the keyword arguments and the attributes through pickling
         return (_rebuild, (type(self), self.report, self.case, self.ratio, self.site, dict(self.__dict__)))

@@ -169,6 +169,13 @@ SCHEMA: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "versions": (False, _optional(_dict_of_str)),
     "planted": (False, _optional(lambda v: None if isinstance(v, bool) else "must be true or false")),
     "origin": (False, _optional(_dict_of_str)),  # the pytest test and xdist worker that wrote it
+    # the finding's signature (shardfuzz.signature): re-keyed on read when of an older version
+    "signature": (False, _optional(lambda v: None if isinstance(v, str) else "must be a string")),
+    "signature_version": (
+        False,
+        _optional(lambda v: None if type(v) is int and v >= 1 else "must be an int >= 1"),
+    ),
+    "site": (False, _optional(lambda v: None if isinstance(v, list) else "must be a list")),
     "created": (False, _optional(_plain_text)),
     "updated": (False, _optional(_plain_text)),
     "updates": (

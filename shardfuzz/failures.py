@@ -39,6 +39,7 @@ from shardfuzz.hooks import RunHooks, example_order
 from shardfuzz.protocol import ImplRef
 from shardfuzz.rank import numerics_flags
 from shardfuzz.refs import file_entries, load_ref
+from shardfuzz.signature import signature_fields
 
 __all__ = [
     "FORMAT",
@@ -186,6 +187,11 @@ class FailureRecorder(RunHooks):
                 )
             self.errors[path] = str(e)
 
+    def write(self, path: str, context: FindingContext, finding: Finding) -> None:
+        """Write ``finding`` of ``context`` over ``path``, a failure file this recorder wrote (a
+        finished shrink: :mod:`shardfuzz.finish`)."""
+        self._write((os.path.basename(path).removesuffix(".json"), ".json"), context, finding)
+
     def _write(self, key: tuple[str, str], context: FindingContext, finding: Finding) -> None:
         os.makedirs(self.directory, exist_ok=True)
         before = self.writer.owned.get(key, "")
@@ -216,6 +222,7 @@ class FailureRecorder(RunHooks):
             "kind": finding.kind,
             "ratio": finding.ratio,
             "report": finding.report,
+            **signature_fields(finding),
             "trace": {str(r): [c.to_json() for c in t] for r, t in sorted(finding.traces.items())},
             "inputs_sha256": context.inputs_sha256,
             "impl_source_sha256": self._source[context.impl_ref],

@@ -33,10 +33,8 @@ from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.failure_schema import MAX_FILE_BYTES, validate_failure_record
 from shardfuzz.failures import versions
 from shardfuzz.shared_db import RedisLost, connect, fleet_prefix, redact, redis_errors
+from shardfuzz.signature import SIGNATURE_VERSION, finding_signature
 
-#: how findings are told apart (:func:`signature_of`); bump it when that changes, so old entries
-#: are keyed apart from new ones and can be told from them
-SIGNATURE_VERSION = 1
 FORMAT = "shardfuzz-fleet-finding"
 #: the largest stored finding read back: a failure file's bound and room for the fleet's fields
 MAX_FINDING_BYTES = MAX_FILE_BYTES + 64 * 1024
@@ -44,9 +42,11 @@ MAX_FINDING_BYTES = MAX_FILE_BYTES + 64 * 1024
 GONE_AFTER = 3
 
 
-def signature_of(finding: Finding) -> tuple:
-    """What tells two shrunk findings apart: today the campaign's signature (kind and site)."""
-    return finding.signature
+def signature_of(finding: Finding) -> str:
+    """What tells two shrunk findings apart: the versioned signature by cause
+    (:func:`shardfuzz.signature.finding_signature`; its version is :data:`SIGNATURE_VERSION`, so
+    entries of an older version are keyed apart from new ones and can be told from them)."""
+    return finding_signature(finding)
 
 
 def finding_id(identity: str, finding: Finding) -> str:

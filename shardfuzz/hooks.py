@@ -60,6 +60,17 @@ def example_order() -> tuple | None:
         return None
 
 
+def example_choices() -> tuple | None:
+    """The Hypothesis choice sequence of the example being run (what its database stores, to replay
+    and shrink it again: :mod:`shardfuzz.finish`); None outside a Hypothesis test."""
+    try:
+        from hypothesis.control import current_build_context
+
+        return tuple(current_build_context().data.choices)
+    except Exception:  # noqa: BLE001 (outside a Hypothesis test, or its internals moved: no choices, never a crash)
+        return None
+
+
 class TimeUp(BaseException):
     """Raised by :class:`Deadline` inside a Hypothesis run: the time is spent (not a test failure)."""
 

@@ -13,6 +13,7 @@ from shardfuzz.failure_schema import printable
 from shardfuzz.failures import record_impl, record_target, source_hash
 from shardfuzz.finding import inputs_hash
 from shardfuzz.runner import Runner
+from shardfuzz.signature import stored_signature
 from shardfuzz.tolerance import Tolerance
 
 
@@ -25,6 +26,7 @@ class Replayed:
     kind: str | None = None
     report: str = ""
     note: str = ""
+    signature: str | None = None  # the finding's now, when it still fails
 
     def line(self) -> str:
         case = self.record["case"]
@@ -33,10 +35,19 @@ class Replayed:
         if self.status == "different inputs":
             what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
         elif self.failed:
-            what = f"STILL FAILS ({self.kind}; was {self.record['kind']})"
+            what = f"STILL FAILS ({self.kind}; was {self.record['kind']}){_same_cause(self)}"
         else:
             what = "now passes"
         return f"{head} {what}{self.note}\n  {case!r}"
+
+
+def _same_cause(replayed: Replayed) -> str:
+    """Whether a failure that still fails has the signature on file (re-keyed if stored under an
+    older signature version)."""
+    stored = stored_signature(replayed.record)
+    if stored.stale or replayed.signature is None:
+        return f", causes not compared (the file's {stored.describe()})"
+    return ", same cause" if stored.signature == replayed.signature else ", A DIFFERENT CAUSE (by signature)"
 
 
 def record_config(
@@ -81,9 +92,9 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
         note = " (the implementation's source or bound arguments changed since)"
     try:
         runner.run_case(case)
-        failed, kind, report = False, None, ""
+        failed, kind, report, signature = False, None, "", None
     except Finding as f:
-        failed, kind, report = True, f.kind, f.report
+        failed, kind, report, signature = True, f.kind, f.report, f.signature
     same_inputs = inputs_hash(runner.last_inputs) == record["inputs_sha256"]
     status = "different inputs" if not same_inputs else ("still fails" if failed else "now passes")
-    return Replayed(record["path"], record, status, failed, kind, report, note)
+    return Replayed(record["path"], record, status, failed, kind, report, note, signature)

@@ -7,8 +7,6 @@ from its own method below; a shared raise site lets a shrink drift from one bug 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import shlex
 from collections.abc import Sequence
 
@@ -26,8 +24,13 @@ from shardfuzz.errors import (
 )
 from shardfuzz.judge import Verdict
 from shardfuzz.protocol import Hung, RankDied, RankFailed
+from shardfuzz.signature import cause_of
 from shardfuzz.tolerance import Tolerance
 from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
+
+#: the note of a finding on 1 rank: the strategy lets the shrinker run a failure found on 2+ ranks
+#: on 1 rank with the same global sizes (``shardfuzz.strategies``), so this is its minimal world
+ONE_RANK_NOTE = "fails on 1 rank: not a distribution bug (the case needs no communication between ranks)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +48,13 @@ class Reporter:
     def rerun_command(self, case: Case) -> str:
         return f"{self.rerun_prefix} {shell_quote(repr(case))}"
 
-    def _header(self, what: str, case: Case) -> str:
+    def _header(self, what: str, case: Case, *, note_one_rank: bool = True) -> str:
+        """The report's head; ``note_one_rank``: say when the case runs on 1 rank (not for a
+        communication budget exceeded, which is about communication whatever the world)."""
         return (
             f"shardfuzz: {what}\n"
             f"target {self.target!r}, implementation {self.impl_name!r} ({self.impl_ref}), backend {self.backend}\n"
-            f"{case!r}"
+            f"{case!r}" + (f"\n{ONE_RANK_NOTE}" if note_one_rank and case.world_size == 1 else "")
         )
 
     def _footer(self, case: Case, leaks: Sequence[str] = ()) -> str:
@@ -120,7 +125,7 @@ class Reporter:
         parts.append(describe_sequences(outcome.traces))
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
-        err = RankError("\n".join(parts), case=case, site=raise_site(outcome.error.traceback))
+        err = RankError("\n".join(parts), case=case, site=cause_of(outcome.error.traceback).site())
         err.traces = dict(outcome.traces)
         raise err
 
@@ -167,7 +172,8 @@ class Reporter:
     def raise_communication(
         self, case: Case, problem: str, budget: CommBudget, traces: Traces, leaks: Sequence[str] = ()
     ) -> None:
-        parts = [self._header("the implementation communicated more than its declared budget", case)]
+        what = "the implementation communicated more than its declared budget"
+        parts = [self._header(what, case, note_one_rank=False)]
         parts.append(f"  {problem}")
         parts.append(f"  budget per rank: {budget.why or budget}")
         parts.append(
@@ -198,18 +204,6 @@ class Reporter:
         err = IgnoredCollective("\n".join(parts), case=case)
         err.traces, err.leaks = dict(traces), tuple(leaks)
         raise err
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-
-
-def raise_site(traceback: str) -> tuple[str, ...]:
-    """The exception type and the innermost frame that raised it (``file.py:LINE in func``)."""
-    lines = traceback.strip().splitlines()
-    last = lines[-1] if lines else ""
-    frames = _FRAME.findall(traceback)
-    where = f"{os.path.basename(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
-    return (last.split(":", 1)[0].strip(), where)
 
 
 def shell_quote(s: str) -> str:

@@ -22,7 +22,7 @@ from shardfuzz.database import keyed_database
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.exclude import Excluded
 from shardfuzz.failures import FailureRecorder
-from shardfuzz.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_order
+from shardfuzz.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_choices, example_order
 from shardfuzz.runner import Runner, Stats
 from shardfuzz.settings import build_settings
 from shardfuzz.shared_db import hypothesis_database
@@ -112,7 +112,7 @@ def build_test(
             smallest.on_finding(covering.finding.context, covering.finding)
         # the rows count toward the budget: Hypothesis gets what they left of max_examples
         budget = type(s)(s, max_examples=max(1, s.max_examples - covering.examples))
-        _given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
+        given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
         if failing is not None:  # the row failed, but not when Hypothesis replayed it
             raise covering.not_reproduced(failing)
 
@@ -121,7 +121,7 @@ def build_test(
     return test
 
 
-def _given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list) -> Callable[[], None]:
+def given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list) -> Callable[[], None]:
     from hypothesis import given, seed
 
     derandomized = s.derandomize
@@ -189,6 +189,7 @@ class SmallestFindings(RunHooks):
 
     def on_finding(self, context: FindingContext, finding: Finding) -> None:  # noqa: ARG002 (the hook signature)
         self._seen += 1
+        finding.choices = example_choices() or getattr(finding, "choices", None)  # type: ignore[attr-defined]
         order = example_order()
         key = (0, order) if order is not None else (1, -self._seen)
         old = self.best.get(finding.kind)

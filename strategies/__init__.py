@@ -8,6 +8,14 @@ Draw order in :func:`cases` (it decides what shrinking can simplify first): targ
 size and mesh, per-rank sizes and remainders, dtype, value profile, late options (steps, ...), and
 the seed last. The world size is never derived from the divisors of a size: sizes are built from
 the drawn world by construction (``per_rank * group + remainder``).
+
+The path to 1 rank: lowering the world size shrinks a size drawn per rank with it (a dim of 3 drawn
+as ``1 * 2 + 1`` on 2 ranks is 1 on 1 rank), so Hypothesis' shrinker alone cannot show that a
+failure needs no communication. Inside :func:`one_rank_path` (used by ``shardfuzz.finish`` after a
+finding on 2+ ranks), :func:`cases` draws one more choice, last: 0 runs the case on 1 rank with the
+global sizes drawn for the group. Hypothesis replays the finding's choices with that 0 appended
+and shrinks from there when it fails. Outside it nothing more is drawn, so searches, covering rows
+and the derandomized examples are those of a strategy without it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from shardfuzz.case import DTYPES, VALUE_PROFILES, Case
+from shardfuzz.case import DTYPES, ONE_RANK_PATH, VALUE_PROFILES, Case, one_rank_path
 from shardfuzz.errors import InvalidArgument
 
 __all__ = [
@@ -30,6 +38,7 @@ __all__ = [
     "dtypes",
     "meshes",
     "mostly",
+    "one_rank_path",
     "seeds",
     "sharded_sizes",
     "split_dims",
@@ -253,17 +262,20 @@ def cases(
         for w in ws:
             _check_int("world_sizes[i]", w, 1)
         worlds = st.sampled_from(ws)
+        one_rank_allowed = 1 in ws
     else:
         _check_int("min_world", min_world, 1)
         _check_int("max_world", max_world, 1)
         _check_range("min_world", min_world, "max_world", max_world)
         worlds = st.integers(min_world, max_world)
+        one_rank_allowed = min_world == 1
     return _cases(
         target,
         sizes,
         dict(options or {}),
         dict(late_options or {}),
         worlds,
+        one_rank_allowed,
         max_dims,
         _dtypes(allowed=dtypes),
         value_profiles(allowed=profiles),
@@ -278,6 +290,7 @@ def _cases(
     options_s: Any,
     late: Any,
     worlds: Any,
+    one_rank_allowed: Any,
     max_dims: Any,
     dtype_s: Any,
     profile_s: Any,
@@ -299,6 +312,8 @@ def _cases(
     opts.update(params)
     opts.update({k: draw(v) for k, v in late.items()})
     seed = draw(seeds())
+    if ONE_RANK_PATH.get() and one_rank_allowed and world > 1 and draw(st.integers(0, 1)) == 0:
+        world, mesh = 1, (1,)  # the sizes stay as drawn for the group
     return Case(
         target=target,
         world_size=world,

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.signature import SIGNATURE_VERSION
 from shardfuzz.testing import run_cli
 
 pytest_plugins = ["pytester"]
@@ -146,7 +147,7 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
         seen = {k.decode(): int(v) for k, v in store.hgetall(f"shardfuzz:{fleet}:seen:{fid}").items()}
         assert sum(seen.values()) >= notes.count((fid, "known")), (seen, notes)
         assert {k.decode() for k in store.hgetall(f"shardfuzz:{fleet}:shrink:{fid}")} == set(seen)
-        assert doc["failure_file"]["kind"] == doc["kind"] and doc["signature_version"] == 1
+        assert doc["failure_file"]["kind"] == doc["kind"] and doc["signature_version"] == SIGNATURE_VERSION
         assert doc["versions"]["torch"] and doc["versions"]["shardfuzz"]
     # the killed worker lost nothing: its failure files are there, whole
     kept = list(dirs[2].glob("*parity_bugs-gloo-*.json"))

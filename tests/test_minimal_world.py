@@ -1,0 +1,72 @@
+"""Honest minimal world sizes: a finding on 2+ ranks is tried on 1 rank with the same global sizes
+(through Hypothesis: shardfuzz.strategies.one_rank_path, shardfuzz.finish.try_one_rank); one that
+fails there is reported on 1 rank and says so, one that needs 2 ranks is not."""
+
+import io
+import os
+
+from hypothesis.control import BuildContext
+from hypothesis.internal.conjecture.data import ConjectureData
+
+import shardfuzz.strategies as sst
+from shardfuzz import RunConfig, campaign
+from shardfuzz.covering import draw_pool
+from shardfuzz.report import ONE_RANK_NOTE
+
+HERE = os.path.dirname(__file__)
+TOY = os.path.join(HERE, "data", "toy_target.py")
+CAUSES = os.path.join(HERE, "data", "cause_impls.py")
+
+
+def _draw(strategy, choices):
+    data = ConjectureData.for_choices(choices)
+    with BuildContext(data, is_final=True, wrapped_test=_draw):
+        return data.draw(strategy)
+
+
+def test_the_1_rank_path_keeps_the_global_sizes_and_is_drawn_only_inside_it():
+    s = sst.cases("t", sizes={"n": sst.Split(), "b": sst.Free(1, 3)})
+    case, choices = next((c, ch) for c, ch in draw_pool(s, 1, 100) if c.world_size >= 2 and c.sizes["n"] > 3)
+    assert _draw(s, choices) == case == _draw(s, (*choices, 0))  # outside the path: nothing more drawn
+    with sst.one_rank_path():
+        one = _draw(s, (*choices, 0))
+        assert _draw(s, (*choices, 1)) == case
+    assert (one.world_size, one.mesh) == (
+        1,
+        (1,),
+    ) and one.sizes == case.sizes  # > 3 rows: never drawn for 1 rank
+    assert (one.dtype, one.profile, one.seed, one.options) == (
+        case.dtype,
+        case.profile,
+        case.seed,
+        case.options,
+    )
+
+
+def test_no_1_rank_path_where_the_world_sizes_leave_1_out():
+    s = sst.cases("t", sizes={"n": sst.Split()}, world_sizes=[2, 3])
+    case, choices = draw_pool(s, 1, 1)[0]
+    with sst.one_rank_path():
+        assert _draw(s, (*choices, 0)) == case
+
+
+def _fuzz(impl):
+    config = RunConfig(profile="shardfuzz-ci", max_examples=40, world_sizes=(1, 2))
+    out = campaign.fuzz_one(TOY, f"{CAUSES}::{impl}", config, stream=io.StringIO())
+    [(finding, _)] = out.findings
+    return out, finding
+
+
+def test_a_bug_without_communication_is_reported_on_1_rank_with_the_note():
+    # on 1 rank the toy draws at most 2 rows: only a case drawn for 2 ranks has 3
+    out, finding = _fuzz("wrong_from_three_rows")
+    assert finding.kind == "mismatch" and (finding.case.world_size, finding.case.sizes["n"]) == (1, 3)
+    assert ONE_RANK_NOTE in finding.report and "found on 2 ranks" in finding.report
+    assert out.result.case == finding.case
+    assert ONE_RANK_NOTE in campaign.summary_table([out.row()])
+
+
+def test_a_bug_that_needs_2_ranks_is_reported_on_2_without_the_note():
+    out, finding = _fuzz("wrong_on_rank1")
+    assert finding.kind == "mismatch" and finding.case.world_size == 2
+    assert ONE_RANK_NOTE not in finding.report and ONE_RANK_NOTE not in campaign.summary_table([out.row()])

@@ -1,0 +1,156 @@
+"""Finding signatures by cause (shardfuzz.signature): planted pairs in both directions, versions."""
+
+import os
+import pickle
+import traceback
+
+import pytest
+
+from shardfuzz import Case, RankError, RunConfig, Runner
+from shardfuzz.replay import Replayed
+from shardfuzz.signature import (
+    SIGNATURE_VERSION,
+    cause_of,
+    finding_signature,
+    normalise_message,
+    signature_fields,
+    stored_signature,
+)
+
+HERE = os.path.dirname(__file__)
+TOY = os.path.join(HERE, "data", "toy_target.py")
+CAUSES = os.path.join(HERE, "data", "cause_impls.py")
+
+
+def _innermost(tb: str) -> str:
+    """Version 1's site: the innermost frame with its line (what merged different backward bugs)."""
+    return [ln.strip() for ln in tb.splitlines() if ln.strip().startswith('File "')][-1]
+
+
+def _rank_error(impl: str, case: Case) -> RankError:
+    with pytest.raises(RankError) as e:
+        Runner(TOY, f"{CAUSES}::{impl}", RunConfig(timeout=60)).run_case(case)
+    return e.value
+
+
+def _case(world: int, n: int, dtype: str = "float32") -> Case:
+    return Case(target="toy", world_size=world, mesh=(world,), sizes={"n": n}, split=("n",), dtype=dtype)
+
+
+def _traceback(tb: str) -> str:
+    return tb.split("terminated with the following error:\n", 1)[1]
+
+
+def test_two_backward_bugs_raising_from_one_autograd_frame_stay_two_findings():
+    scale = _rank_error("backward_scale", _case(1, 3))
+    shift = _rank_error("backward_shift", _case(1, 3))
+    tb_scale, tb_shift = _traceback(scale.report), _traceback(shift.report)
+    # the planted pair: both raise from torch's one autograd engine frame, called from one user line
+    assert "torch/autograd/graph.py" in _innermost(tb_scale) and _innermost(tb_scale) == _innermost(tb_shift)
+    assert scale.signature != shift.signature
+    assert cause_of(tb_scale).frame == "cause_impls.py in _backward_through"  # past torch's frames
+    assert "_ScaleBackward" in scale.signature and "_ShiftBackward" in shift.signature
+    assert pickle.loads(pickle.dumps(scale)).signature == scale.signature
+
+
+def test_one_bug_whose_message_varies_with_sizes_ops_and_ranks_is_one_finding():
+    found = [_rank_error("flatten_too_far", c) for c in (_case(1, 3), _case(1, 2), _case(2, 8, "bfloat16"))]
+    messages = {f.report.split("RuntimeError: ")[1].splitlines()[0] for f in found}
+    assert len(messages) == 3  # the raw messages differ (sizes; view or reshape)
+    assert len({f.signature for f in found}) == 1, [f.signature for f in found]
+    assert found[0].signature.startswith(f"v{SIGNATURE_VERSION}:")
+
+
+def _format(fn) -> str:
+    try:
+        fn()
+    except (ValueError, RuntimeError):  # what the planted functions raise
+        return traceback.format_exc()
+    raise AssertionError("expected an exception")
+
+
+def _op_rule_a():
+    raise ValueError("aten.view.default: Shard(dim=0) on a size-1 dim of torch.Size([1, 4])")
+
+
+def _op_rule_b():
+    raise ValueError("aten.view.default: Shard(dim=0) on a size-1 dim of torch.Size([1, 4])")
+
+
+def _dispatch(rule):
+    """A framework frame (under torch/distributed/tensor/_dispatch.py in a real traceback) that
+    wraps what the op's rule raised, as DTensor's sharding propagation does."""
+    try:
+        rule()
+    except ValueError as e:
+        raise RuntimeError(f"Sharding propagation failed for {e}") from e
+
+
+def test_a_wrapped_exception_is_keyed_by_the_frame_of_its_root_cause():
+    a, b = _format(lambda: _dispatch(_op_rule_a)), _format(lambda: _dispatch(_op_rule_b))
+    assert cause_of(a).frame == "test_signature.py in _op_rule_a"
+    assert cause_of(b).frame == "test_signature.py in _op_rule_b"
+    assert cause_of(a).exc_type == "RuntimeError" and cause_of(a).message == cause_of(b).message
+
+
+def test_framework_frames_are_skipped_shardfuzz_torch_and_stdlib():
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/site-packages/shardfuzz/worker.py", line 50, in run_example\n'
+        '  File "/home/u/impl.py", line 12, in tp_forward\n'
+        '  File "/x/site-packages/torch/distributed/tensor/_ops/_view_ops.py", line 400, in view_groups\n'
+        '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 2800, in all_reduce\n'
+        '  File "/x/site-packages/torch/distributed/c10d_logger.py", line 81, in wrapper\n'
+        "RuntimeError: aten.view.default: bad\n"
+    )
+    # the op's own rule (torch/distributed/tensor/_ops) is not framework: the deepest op frame wins
+    assert cause_of(tb).frame == "torch/distributed/tensor/_ops/_view_ops.py in view_groups"
+
+
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        (
+            "Sharding propagation failed for Op(op=aten.view.default, args_schema=Spec(f32[1, 4](S(0))), [4])",
+            "Sharding propagation failed for Op(op=aten.reshape.default, args_schema=Spec(bf16[1, 6, 2](S(0)R)), [12])",
+        ),
+        (
+            "expected dtype torch.float32 but got torch.bfloat16 for a tensor of shape (3, 4) on 2 ranks",
+            "expected dtype torch.float64 but got torch.float16 for a tensor of shape (5, 1, 2) on 4 ranks",
+        ),
+        ("placements (Shard(dim=0), Replicate()) at 0x7f3a", "placements (Partial(sum),) at 0x55aa"),
+    ],
+)
+def test_messages_normalise_alike(a, b):
+    assert normalise_message(a) == normalise_message(b), (normalise_message(a), normalise_message(b))
+
+
+def test_different_bug_names_in_messages_stay_apart():
+    assert normalise_message("Function MmBackward0 returned an invalid gradient") != normalise_message(
+        "Function AddmmBackward0 returned an invalid gradient"
+    )
+
+
+def test_a_stored_finding_under_version_1_is_rekeyed_on_read_or_shown_stale():
+    err = _rank_error("backward_scale", _case(1, 3))
+    current = {"kind": err.kind, "report": err.report, **signature_fields(err)}
+    assert (
+        stored_signature(current).signature == finding_signature(err)
+        and not stored_signature(current).rekeyed
+    )
+    old = {"kind": err.kind, "report": err.report, "format": "shardfuzz-failure", "version": 1}
+    rekeyed = stored_signature(old)  # no signature fields: written before version 2
+    assert rekeyed.signature == finding_signature(err) and rekeyed.rekeyed and rekeyed.stored_version == 1
+    assert "re-keyed from signature version 1" in rekeyed.describe()
+    record = {**old, "case": err.case, "target": "toy", "impl": "backward_scale"}
+    assert (
+        ", same cause"
+        in Replayed("f.json", record, "still fails", True, err.kind, "", "", err.signature).line()
+    )
+    other = Replayed("f.json", record, "still fails", True, err.kind, "", "", "v2:[]").line()
+    assert "A DIFFERENT CAUSE" in other
+    mismatch = {"kind": "mismatch", "report": "shardfuzz: 1 of 4 outputs mismatch the oracle"}
+    stale = stored_signature(mismatch)  # its site is not in the report: shown as such, not compared
+    assert stale.stale and "not re-keyed" in stale.describe()
+    mismatch_v2 = {**mismatch, "site": [["x2", [1]]], "signature_version": 1}
+    assert stored_signature(mismatch_v2).signature == 'v2:["mismatch",["x2",[1]]]'
