@@ -23,10 +23,10 @@ def rank_loop(rank: int, world: int, store_info: tuple, target_ref: str, impl_re
     import torch
     import torch.distributed as dist
 
-    from shardfuzz.placements import local_input
-    from shardfuzz.rank import RankContext, RankState
-    from shardfuzz.refs import load_ref
-    from shardfuzz.registry import resolve_worker_target
+    from shardfuzz.ranks.task import RankContext, RankState
+    from shardfuzz.spec.placements import local_input
+    from shardfuzz.spec.refs import load_ref
+    from shardfuzz.spec.registry import resolve_worker_target
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     host, port, prefix = store_info
@@ -57,7 +57,7 @@ class BareFloor:
     def __init__(self, target: Any, target_ref: str, impl_ref: str, worlds: list[int]) -> None:
         import uuid
 
-        from shardfuzz.spawn import context, driver_store, no_main_import
+        from shardfuzz.ranks.spawn import context, driver_store, no_main_import
 
         self.target = target
         store = driver_store()

@@ -43,15 +43,16 @@ def main(argv=None) -> int:
 
     import multiprocessing as mp
 
-    import shardfuzz.spawn
-    from shardfuzz import RunHooks, covering
+    import shardfuzz.ranks.spawn
+    from shardfuzz import RunHooks
     from shardfuzz.case import Case
-    from shardfuzz.config import RunConfig
-    from shardfuzz.pool import Pool
-    from shardfuzz.pools import discard_pool, get_pool
+    from shardfuzz.engine import covering
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.engine.search import search, settings_for
     from shardfuzz.protocol import Completed, Task
-    from shardfuzz.runner import Runner
-    from shardfuzz.search import search, settings_for
+    from shardfuzz.ranks.pool import Pool
+    from shardfuzz.ranks.pool_cache import discard_pool, get_pool
 
     class Record(RunHooks):
         """Remembers every case Hypothesis runs (the floor reruns the very same cases)."""
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
 
     # a fresh process launch per example: spawned ranks that import torch each time
     fresh_cases = [next(c for c in seen if c.world_size == w) for w in worlds][: args.fresh]
-    forkserver, shardfuzz.spawn._ctx = shardfuzz.spawn._ctx, mp.get_context("spawn")
+    forkserver, shardfuzz.ranks.spawn._ctx = shardfuzz.ranks.spawn._ctx, mp.get_context("spawn")
     try:
         t0 = time.perf_counter()
         for case in fresh_cases:
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
             pool.stop()
         fresh = len(fresh_cases) / (time.perf_counter() - t0)
     finally:
-        shardfuzz.spawn._ctx = forkserver
+        shardfuzz.ranks.spawn._ctx = forkserver
 
     restarts = []
     for _ in range(5):
@@ -192,13 +193,13 @@ def main(argv=None) -> int:
 def cpu(pids: list[int]) -> float:
     """CPU seconds used so far by the driver (all its threads) and the processes ``pids``: a
     figure that a loaded machine changes far less than the wall time."""
-    from shardfuzz.spawn import cpu_seconds
+    from shardfuzz.ranks.spawn import cpu_seconds
 
     return time.process_time() + sum(cpu_seconds(p) or 0.0 for p in pids)
 
 
 def pool_pids() -> list[int]:
-    from shardfuzz.pools import _pools
+    from shardfuzz.ranks.pool_cache import _pools
 
     return [p.pid for pool in _pools.values() for p in pool.procs]
 
@@ -211,12 +212,12 @@ def breakdown(runner, cases, hypothesis_s: float) -> dict[str, float]:
     import glob
     import json
 
-    import shardfuzz.decide as decide_mod
-    import shardfuzz.runner as runner_mod
-    from shardfuzz.pool import Pool
-    from shardfuzz.pools import _pools
+    import shardfuzz.engine.runner as runner_mod
+    import shardfuzz.verdict.decide as decide_mod
     from shardfuzz.protocol import Warm
-    from shardfuzz.report import Reporter
+    from shardfuzz.ranks.pool import Pool
+    from shardfuzz.ranks.pool_cache import _pools
+    from shardfuzz.report.findings import Reporter
 
     totals: collections.Counter = collections.Counter()
     pools = list(_pools.values())

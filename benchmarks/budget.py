@@ -28,10 +28,10 @@ def examples_to_failure(
     import hypothesis
     from hypothesis import Phase, Verbosity
 
-    from shardfuzz.config import RunConfig
-    from shardfuzz.runner import Runner
-    from shardfuzz.search import build_test, findings_of
-    from shardfuzz.settings import build_settings
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.engine.search import build_test, findings_of
+    from shardfuzz.engine.settings import build_settings
 
     runner = Runner(target, impl, RunConfig(timeout=timeout, exclude=exclude))
     s = build_settings(
@@ -52,7 +52,7 @@ def examples_to_failure(
 
 
 def main(argv=None) -> int:
-    from shardfuzz.registry import BUILTIN_TARGETS, get_target
+    from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("targets", nargs="*", default=sorted(BUILTIN_TARGETS))
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         "--impls", default=None, help="only these planted bugs / expected failures (comma-separated)"
     )
     args = p.parse_args(argv)
-    from shardfuzz.settings import build_settings
+    from shardfuzz.engine.settings import build_settings
 
     ci = build_settings("shardfuzz-ci").max_examples
     only = set(args.impls.split(",")) if args.impls else None

@@ -7,7 +7,7 @@ example, against the floor of ``import torch`` alone. Figures are measured in th
 
 Every other example crashes: :func:`crash_every_other` is the target's reference, except that rank
 0 raises on cases with an odd seed. Both campaigns run the same cases through a
-:class:`~shardfuzz.runner.Runner` on warm pools (untimed warm-up first); ``regroup off`` sets
+:class:`~shardfuzz.engine.runner.Runner` on warm pools (untimed warm-up first); ``regroup off`` sets
 ``SHARDFUZZ_REGROUP=0``, so each crash discards its pool (as before regroups existed), and
 ``spares off`` also sets ``SHARDFUZZ_SPARE_POOLS=0``, so a discarded pool is started afresh on the
 next example (as before spares existed). The goal of issue 10: the crashing campaign runs at >= 50%
@@ -29,8 +29,8 @@ HERE = os.path.abspath(__file__)
 
 def crash_every_other(ctx):
     """The target's reference; rank 0 raises on an odd seed (a rank error on every other case)."""
-    from shardfuzz.refs import load_ref
-    from shardfuzz.registry import get_target
+    from shardfuzz.spec.refs import load_ref
+    from shardfuzz.spec.registry import get_target
 
     if ctx.group_rank == 0 and ctx.case.seed % 2:
         raise RuntimeError("planted crash on an odd seed")
@@ -39,10 +39,10 @@ def crash_every_other(ctx):
 
 
 def throughput(target: str, impl: str | None, cases: list, spares: bool, regroup: bool) -> tuple[float, int]:
-    from shardfuzz import pools
-    from shardfuzz.config import RunConfig
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.engine.runner import Runner
     from shardfuzz.errors import Finding
-    from shardfuzz.runner import Runner
+    from shardfuzz.ranks import pool_cache as pools
 
     os.environ["SHARDFUZZ_SPARE_POOLS"] = "1" if spares else "0"
     os.environ["SHARDFUZZ_REGROUP"] = "1" if regroup else "0"
@@ -66,7 +66,7 @@ def first_example_seconds(target: str) -> float:
     """Seconds from starting ``shardfuzz fuzz TARGET`` to the progress line that counts 1 example."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shardfuzz.cli", "fuzz", target, "--max-examples", "3", "--progress-every",
+        [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz", target, "--max-examples", "3", "--progress-every",
          "0.02", "--failures-dir", os.path.join("/tmp", f"shardfuzz-bench-{os.getpid()}")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import dataclasses
 
-    from shardfuzz.covering import draw_pool
-    from shardfuzz.registry import get_target
+    from shardfuzz.engine.covering import draw_pool
+    from shardfuzz.spec.registry import get_target
 
     print(f"# failing_speed: loadavg {', '.join(f'{v:.2f}' for v in os.getloadavg())}, {os.cpu_count()} cpus, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)  # fmt: skip

@@ -7,7 +7,7 @@ ones (a finding missing from disk or from the CLI's summary, a file left half wr
 * a rank death whose exit code the forkserver reports late (stopped for 2 s): a death, not a hang;
 * an implementation that leaks an environment variable and a working directory, then one that
   reads them;
-* each of shardfuzz.parallel's helpers fed transposed, sliced, offset and expanded inputs;
+* each of shardfuzz.spec.parallel's helpers fed transposed, sliced, offset and expanded inputs;
 * two and three processes writing the same failure file at once, and a disk that fills up;
 * the CLI's summary of a run with an external fault and leaks.
 
@@ -143,7 +143,7 @@ def writers(tmp: str, i: int) -> tuple[int, int, str]:
 
 def cli_summary(tmp: str, i: int) -> tuple[int, int, str]:
     env = dict(os.environ, SHARDFUZZ_FAILURES_DIR=os.path.join(tmp, f"cli{i}"))
-    cmd = [sys.executable, "-m", "shardfuzz.cli", "fuzz", TOY, "--impl", "killed_once_and_leaky"]
+    cmd = [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz", TOY, "--impl", "killed_once_and_leaky"]
     out = subprocess.run(
         [*cmd, "--max-examples", "6", "--world-sizes", "2"], capture_output=True, text=True, env=env
     )

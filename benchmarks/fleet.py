@@ -58,7 +58,7 @@ def run_workers(n: int, target: str, duration: str, database: str, work: str) ->
         d = os.path.join(work, f"{os.path.basename(database.rstrip('/'))}-{n}-{i}")
         os.makedirs(d, exist_ok=True)
         summaries.append(os.path.join(d, "summary.json"))
-        cmd = [sys.executable, "-m", "shardfuzz.cli", "fuzz", target, "--duration", duration]
+        cmd = [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz", target, "--duration", duration]
         cmd += ["--database", database, "--failures-dir", d, "--summary-json", summaries[-1]]
         cmd += ["--progress-every", "600"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, cwd=ROOT))

@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def main(argv=None) -> int:
     import shardfuzz
-    from shardfuzz.registry import BUILTIN_TARGETS, get_target
+    from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("targets", nargs="*", default=sorted(BUILTIN_TARGETS))

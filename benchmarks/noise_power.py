@@ -101,7 +101,7 @@ class CaseStream:
 
 # -- the runners ------------------------------------------------------------------------------------
 def capture_runner_class():
-    from shardfuzz.runner import Runner
+    from shardfuzz.engine.runner import Runner
 
     class CaptureRunner(Runner):
         """A runner that keeps the last verdict and oracle values it judged."""
@@ -117,8 +117,8 @@ def capture_runner_class():
 
 
 def make_config(model: str, timeout: float | None = None, dtypes: tuple[str, ...] | None = None):
-    from shardfuzz.config import RunConfig
-    from shardfuzz.tolerance import Tolerance
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.spec.tolerance import Tolerance
 
     return RunConfig(tolerance=Tolerance(noise_model=model), timeout=timeout, dtypes=dtypes)
 
@@ -212,10 +212,10 @@ def measure_power(stream: CaseStream, args: Any, runners: tuple) -> PowerRow:
 
 
 def cmd_power(args: Any) -> int:
-    from shardfuzz.registry import BUILTIN_TARGETS, get_target
+    from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
     CaptureRunner = capture_runner_class()
-    from shardfuzz.runner import Runner
+    from shardfuzz.engine.runner import Runner
 
     names = args.targets or sorted(BUILTIN_TARGETS)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -260,9 +260,9 @@ def cmd_power(args: Any) -> int:
 
 # -- false positives -----------------------------------------------------------------------------
 def cmd_false_positives(args: Any) -> int:
+    from shardfuzz.engine.runner import Runner
     from shardfuzz.errors import ExternalFault, Finding, Unsupported
-    from shardfuzz.registry import BUILTIN_TARGETS, get_target
-    from shardfuzz.runner import Runner
+    from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
     specs = args.targets or sorted(BUILTIN_TARGETS)
     header("false-positives", args)
@@ -311,9 +311,9 @@ def cmd_false_positives(args: Any) -> int:
 
 # -- cost -------------------------------------------------------------------------------------------
 def cmd_cost(args: Any) -> int:  # noqa: C901 (a benchmark command, not split yet (issue 22))
+    from shardfuzz.engine.runner import Runner
     from shardfuzz.errors import ExternalFault, Finding, Unsupported
-    from shardfuzz.registry import get_target
-    from shardfuzz.runner import Runner
+    from shardfuzz.spec.registry import get_target
 
     models = ("mca", "dtype-rerun")
     header("cost", args)
@@ -369,7 +369,7 @@ def cmd_cost(args: Any) -> int:  # noqa: C901 (a benchmark command, not split ye
 
 
 def main(argv=None) -> int:
-    from shardfuzz.tolerance import NOISE_MODELS
+    from shardfuzz.spec.tolerance import NOISE_MODELS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)

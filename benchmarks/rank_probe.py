@@ -1,7 +1,7 @@
 """Rank-side timers for ``bench_tp.py --breakdown``: imported into each rank of a warm pool by a
 :class:`~shardfuzz.protocol.Warm` message (the rank imports a target's module ahead of a task; this
 module is not a target, so the import is all that happens), it wraps the stages of
-:func:`shardfuzz.rank.run_task` with ``perf_counter`` and keeps the totals in a JSON file per rank
+:func:`shardfuzz.ranks.task.run_task` with ``perf_counter`` and keeps the totals in a JSON file per rank
 (``probe-<pid>.json`` in the pool's output folder, next to the rank's trace file), rewritten
 after every example.
 """
@@ -14,9 +14,9 @@ import json
 import os
 import time
 
-import shardfuzz.collectives as collectives
 import shardfuzz.protocol as protocol
-import shardfuzz.rank as rank
+import shardfuzz.ranks.task as rank
+import shardfuzz.ranks.trace as collectives
 
 TOTALS: collections.Counter = collections.Counter()
 #: the pool's output folder: where this rank's trace file is (the worker opened it at its start)
@@ -67,6 +67,6 @@ if not getattr(rank, "_probed", False):
                 json.dump(dict(TOTALS), f)
 
     rank.run_task = run_task
-    import shardfuzz.worker as worker
+    import shardfuzz.ranks.worker as worker
 
     worker.run_task = run_task

@@ -4,7 +4,7 @@ While N busy-loop processes load the machine, this runs
 
 * every planted bug and expected failure of the built-in targets whose finding is a hang or a
   crash (``expect.kind`` ``"hang"`` or ``"rank-error"``), exactly as ``tests/test_targets.py`` does
-  (``shardfuzz.testing.assert_planted_bug_found``: ``shardfuzz-ci`` settings, database off,
+  (``shardfuzz.frontends.testing.assert_planted_bug_found``: ``shardfuzz-ci`` settings, database off,
   ``2 * p95 + 10`` examples, the check's declared ``exclude``), but reporting instead of asserting;
 * N examples (200 by default) of the ``tp_mlp`` and ``ring_attention`` references with fresh seeds,
 
@@ -89,7 +89,7 @@ def tagged_processes(tag: str) -> list[str]:
 def structure_problem(result, expect) -> str | None:
     """What differs from the declared minimal finding (the checks of assert_planted_bug_found)."""
     from shardfuzz.errors import Mismatch
-    from shardfuzz.testing import uneven_sizes
+    from shardfuzz.frontends.testing import uneven_sizes
 
     if not result.found:
         return "not found"
@@ -114,7 +114,7 @@ def structure_problem(result, expect) -> str | None:
 
 
 def planted_checks(only: set[str]) -> list[tuple[str, str, object]]:
-    from shardfuzz.registry import BUILTIN_TARGETS, get_target
+    from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
     out = []
     for name in sorted(BUILTIN_TARGETS):
@@ -128,7 +128,7 @@ def planted_checks(only: set[str]) -> list[tuple[str, str, object]]:
 def run_checks(args: argparse.Namespace) -> dict:
     """The checks themselves (in the driver process): false findings, missed findings, errors."""
     import shardfuzz
-    from shardfuzz.testing import budget
+    from shardfuzz.frontends.testing import budget
 
     false_findings: list[tuple[str, str]] = []
     missed: list[tuple[str, str, str]] = []

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     p.add_argument("--cases", type=int, default=60)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    from shardfuzz.runner import Runner
+    from shardfuzz.engine.runner import Runner
 
     print(f"load: {os.getloadavg()}")
     print(f"{'target':<16} {'cases':>5} {'off ex/s':>9} {'on ex/s':>9} {'on/off':>7}")

@@ -13,7 +13,7 @@ gradient is therefore 0 in exact arithmetic, and what the oracle and the ranks c
 rounding noise around 0 (about 1e-17 in float64, far more in bfloat16).
 
 Dispatch: the local tokens are sorted by expert (so by owner rank) and sent with an uneven
-all-to-all (``shardfuzz.parallel.AllToAll``: its backward is the reverse all-to-all); the experts
+all-to-all (``shardfuzz.spec.parallel.AllToAll``: its backward is the reverse all-to-all); the experts
 run on what they received; the combine is the reverse all-to-all, the gate and the un-sorting.
 
 Planted bugs: ``expert_id_no_offset`` (a rank matches its local expert ``j`` against global id
@@ -27,9 +27,9 @@ import torch.nn.functional as F
 
 import shardfuzz
 import shardfuzz.strategies as sst
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.parallel import AllToAll, CopyToGroup
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
+from shardfuzz.spec.parallel import AllToAll, CopyToGroup
 
 
 def inputs(case):

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 import shardfuzz
 import shardfuzz.strategies as sst
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
 
 
 def inputs(case):

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import shardfuzz
 import shardfuzz.strategies as sst
-from shardfuzz.inputs import generator, randn
+from shardfuzz.spec.inputs import generator, randn
 
 
 class _AllReduce(torch.autograd.Function):  # all-reduce forward, identity backward

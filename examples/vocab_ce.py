@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 import shardfuzz
 import shardfuzz.strategies as sst
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets
 
 VOCAB = shardfuzz.Shard(1)  # [tokens, vocab], DTensor's rule
 

@@ -57,7 +57,7 @@ __all__ = [
 
 _LAZY = {
     "Case": "shardfuzz.case",
-    "CommBudget": "shardfuzz.comm",
+    "CommBudget": "shardfuzz.spec.budget",
     "CommunicationExceeded": "shardfuzz.errors",
     "Finding": "shardfuzz.errors",
     "ExternalFault": "shardfuzz.errors",
@@ -70,39 +70,41 @@ _LAZY = {
     "RankHang": "shardfuzz.errors",
     "ShardfuzzError": "shardfuzz.errors",
     "TargetError": "shardfuzz.errors",
-    "FromDTensor": "shardfuzz.placements",
-    "AsDTensor": "shardfuzz.placements",
-    "Owned": "shardfuzz.layouts",
-    "PaddedFlat": "shardfuzz.layouts",
-    "Zigzag": "shardfuzz.layouts",
+    "FromDTensor": "shardfuzz.spec.placements",
+    "AsDTensor": "shardfuzz.spec.placements",
+    "Owned": "shardfuzz.spec.layouts",
+    "PaddedFlat": "shardfuzz.spec.layouts",
+    "Zigzag": "shardfuzz.spec.layouts",
     "Unsupported": "shardfuzz.errors",
-    "Partial": "shardfuzz.layouts",
-    "Replicate": "shardfuzz.layouts",
-    "Shard": "shardfuzz.layouts",
-    "RankContext": "shardfuzz.rank",
-    "Result": "shardfuzz.search",
-    "Runner": "shardfuzz.runner",
-    "RunConfig": "shardfuzz.config",
-    "RunHooks": "shardfuzz.hooks",
-    "run": "shardfuzz.search",
-    "run_case": "shardfuzz.given",
-    "Target": "shardfuzz.target",
-    "Bound": "shardfuzz.records",
-    "Expect": "shardfuzz.records",
-    "ExpectedFailure": "shardfuzz.records",
-    "PlantedBug": "shardfuzz.records",
-    "bind": "shardfuzz.records",
-    "Tolerance": "shardfuzz.tolerance",
-    "OutputTolerance": "shardfuzz.tolerance",
-    "get_target": "shardfuzz.registry",
-    "test_for": "shardfuzz.pytest_plugin",
-    "regressions": "shardfuzz.pytest_plugin",
+    "Partial": "shardfuzz.spec.layouts",
+    "Replicate": "shardfuzz.spec.layouts",
+    "Shard": "shardfuzz.spec.layouts",
+    "RankContext": "shardfuzz.ranks.task",
+    "Result": "shardfuzz.engine.search",
+    "Runner": "shardfuzz.engine.runner",
+    "RunConfig": "shardfuzz.engine.config",
+    "RunHooks": "shardfuzz.engine.hooks",
+    "run": "shardfuzz.engine.search",
+    "run_case": "shardfuzz.frontends.given",
+    "Target": "shardfuzz.spec.target",
+    "Bound": "shardfuzz.spec.records",
+    "Expect": "shardfuzz.spec.records",
+    "ExpectedFailure": "shardfuzz.spec.records",
+    "PlantedBug": "shardfuzz.spec.records",
+    "bind": "shardfuzz.spec.records",
+    "Tolerance": "shardfuzz.spec.tolerance",
+    "OutputTolerance": "shardfuzz.spec.tolerance",
+    "get_target": "shardfuzz.spec.registry",
+    "test_for": "shardfuzz.frontends.pytest_plugin",
+    "regressions": "shardfuzz.frontends.pytest_plugin",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.case import Case
-    from shardfuzz.comm import CommBudget
-    from shardfuzz.config import RunConfig
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.engine.hooks import RunHooks
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.engine.search import Result, run
     from shardfuzz.errors import (
         CommunicationExceeded,
         ExternalFault,
@@ -118,17 +120,15 @@ if TYPE_CHECKING:  # pragma: no cover
         TargetError,
         Unsupported,
     )
-    from shardfuzz.given import run_case
-    from shardfuzz.hooks import RunHooks
-    from shardfuzz.layouts import Owned, PaddedFlat, Partial, Replicate, Shard, Zigzag
-    from shardfuzz.pytest_plugin import regressions, test_for
-    from shardfuzz.rank import RankContext
-    from shardfuzz.records import Bound, Expect, ExpectedFailure, PlantedBug, bind
-    from shardfuzz.registry import get_target
-    from shardfuzz.runner import Runner
-    from shardfuzz.search import Result, run
-    from shardfuzz.target import Target
-    from shardfuzz.tolerance import OutputTolerance, Tolerance
+    from shardfuzz.frontends.given import run_case
+    from shardfuzz.frontends.pytest_plugin import regressions, test_for
+    from shardfuzz.ranks.task import RankContext
+    from shardfuzz.spec.budget import CommBudget
+    from shardfuzz.spec.layouts import Owned, PaddedFlat, Partial, Replicate, Shard, Zigzag
+    from shardfuzz.spec.records import Bound, Expect, ExpectedFailure, PlantedBug, bind
+    from shardfuzz.spec.registry import get_target
+    from shardfuzz.spec.target import Target
+    from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
 
 
 def __getattr__(name: str) -> Any:

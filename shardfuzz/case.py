@@ -30,7 +30,7 @@ ONE_RANK_PATH: contextvars.ContextVar[bool] = contextvars.ContextVar("shardfuzz_
 def one_rank_path() -> Iterator[None]:
     """Within this block, ``shardfuzz.strategies.cases`` on 2+ ranks (where 1 rank is allowed)
     draws one more choice, last: 0 runs the case on 1 rank with the sizes drawn for the group
-    (:func:`shardfuzz.finish.try_one_rank`; see the strategies' module docstring)."""
+    (:func:`shardfuzz.engine.finish.try_one_rank`; see the strategies' module docstring)."""
     token = ONE_RANK_PATH.set(True)
     try:
         yield

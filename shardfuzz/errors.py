@@ -102,11 +102,11 @@ class Finding(AssertionError):
         #: and their ranks (mismatch), the exception, its cause frame and its normalised message
         #: (rank-error: :func:`shardfuzz.signature.cause_of`), the ranks that hung (hang)
         self.site = tuple(site)
-        #: global rank -> the collectives it entered (:class:`~shardfuzz.collectives.Collective`)
+        #: global rank -> the collectives it entered (:class:`~shardfuzz.ranks.trace.Collective`)
         self.traces: dict[int, Any] = {}
         #: global state the example left behind (its report says so too)
         self.leaks: tuple[str, ...] = ()
-        #: the :class:`~shardfuzz.finding.FindingContext` the runner builds when it raises this
+        #: the :class:`~shardfuzz.engine.finding.FindingContext` the runner builds when it raises this
         self.context: Any = None
 
     @property
@@ -171,7 +171,7 @@ class RankHang(Finding):
 
 class CommunicationExceeded(Finding):
     """A rank sent more than the implementation's declared communication budget for the case
-    (:class:`~shardfuzz.comm.CommBudget`): a redundant or oversized collective, right values or not."""
+    (:class:`~shardfuzz.verdict.comm.CommBudget`): a redundant or oversized collective, right values or not."""
 
     kind = "communication"
 

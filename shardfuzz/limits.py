@@ -29,7 +29,7 @@ ENV_INTS = {
     "SHARDFUZZ_MAX_WORLD": (0, 1),  # 0: not set (see max_world_size)
     "SHARDFUZZ_SPARE_POOLS": (1, 0),  # 0: no warm spare after a failure (benchmarks' "before")
     "SHARDFUZZ_REGROUP": (1, 0),  # 0: a pool whose rank raised is discarded (benchmarks' "regroup off")
-    "SHARDFUZZ_MAX_INPUT_BYTES": (2**30, 1),  # a hand-made case's inputs (shardfuzz.input_bounds)
+    "SHARDFUZZ_MAX_INPUT_BYTES": (2**30, 1),  # a hand-made case's inputs (shardfuzz.engine.input_bounds)
     "SHARDFUZZ_HEARTBEAT": (10, 1),  # seconds between a fleet worker's heartbeats
 }
 

@@ -3,10 +3,10 @@
 The driver sends a :class:`Task` per example; each rank answers with exactly one of
 :class:`Reply` (its outputs), :class:`UnsupportedReply` (the implementation refused the case) or
 :class:`ErrorReply` (an exception). At start-up a rank says :class:`Ready` or :class:`StartFailed`;
-after a rank error the driver may send :class:`Regroup` to keep the processes (:mod:`shardfuzz.recover`).
+after a rank error the driver may send :class:`Regroup` to keep the processes (:mod:`shardfuzz.ranks.regroup`).
 The pool turns the answers of all ranks into one :class:`Outcome`: :class:`Completed`,
 :class:`RankFailed`, :class:`RankDied` or :class:`Hung`. The same messages travel under torchrun
-(:mod:`shardfuzz.torchrun`), gathered through a separate CPU group.
+(:mod:`shardfuzz.repro.torchrun`), gathered through a separate CPU group.
 
 Every message pickles (multiprocessing pipes, ``gather_object``); tensors travel encoded as
 numpy arrays with their torch dtype tag, bf16 as its int16 bits.
@@ -15,10 +15,58 @@ numpy arrays with their torch dtype tag, bf16 as its int16 bits.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from shardfuzz.case import Case
-from shardfuzz.collectives import Collective
+
+POINT_TO_POINT = ("send", "recv")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective a rank entered.
+
+    ``seq``: its place in this rank's trace of the example (from 0); ``op``: the canonical name
+    (:data:`CANONICAL`; ``api`` says which API was called, ``call`` the function); ``group``: the
+    group's global ranks (``()`` if unknown); ``shapes``/``dtype``: this rank's contribution;
+    ``out_shapes``: the outputs, where the op takes them (an all-gather's list); ``splits``: for
+    an all-to-all, the numel sent to and received from each group rank; ``peer``: the global rank
+    of a send's destination, a recv's source, or a rooted op's root.
+    """
+
+    seq: int
+    op: str
+    group: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...] = ()
+    dtype: str = ""
+    out_shapes: tuple[tuple[int, ...], ...] = ()
+    splits: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    peer: int | None = None
+    api: str = "c10d"
+    call: str = ""
+
+    def signature(self) -> str:
+        """``all_reduce(float32[4, 2])``: the op and what this rank contributed."""
+        shapes = ", ".join(
+            f"{self.dtype}[{', '.join(map(str, s))}]" for s in (self.shapes or self.out_shapes)
+        )
+        return f"{self.op}({shapes})"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            [self.seq, self.op, self.group, self.shapes, self.dtype, self.out_shapes, self.splits, self.peer,
+             self.api, self.call],
+            separators=(",", ":"),
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, line: str) -> Collective:
+        seq, op, group, shapes, dtype, outs, splits, peer, api, call = json.loads(line)
+        return cls(
+            seq, op, tuple(group), tuple(map(tuple, shapes)), dtype, tuple(map(tuple, outs)),
+            None if splits is None else (tuple(splits[0]), tuple(splits[1])), peer, api, call,
+        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +100,7 @@ class Task:
     timeout: float  # the gloo timeout of the case's groups: the hard cap, so the driver decides hangs
     deterministic: bool = False
     want_flags: bool = False  # report the numerics flags (first example only)
-    trace: bool = True  # record the collectives the implementation enters (shardfuzz.collectives)
+    trace: bool = True  # record the collectives the implementation enters (shardfuzz.ranks.trace)
 
 
 @dataclasses.dataclass(frozen=True)

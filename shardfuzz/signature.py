@@ -179,7 +179,7 @@ def signature_of(kind: str, site: Sequence[Any]) -> str:
     return f"v{SIGNATURE_VERSION}:" + json.dumps([kind, *site], separators=(",", ":"), sort_keys=True)
 
 
-#: a rank error's traceback in its report: up to the collectives' summary (:mod:`shardfuzz.divergence`)
+#: a rank error's traceback in its report: up to the collectives' summary (:mod:`shardfuzz.report.divergence`)
 _RANK_TRACEBACK = re.compile(
     r"terminated with the following error:\n(.*?)(?=\n(?:collectives: |first divergent collective: )|\Z)",
     re.S,

@@ -11,7 +11,7 @@ the drawn world by construction (``per_rank * group + remainder``).
 
 The path to 1 rank: lowering the world size shrinks a size drawn per rank with it (a dim of 3 drawn
 as ``1 * 2 + 1`` on 2 ranks is 1 on 1 rank), so Hypothesis' shrinker alone cannot show that a
-failure needs no communication. Inside :func:`one_rank_path` (used by ``shardfuzz.finish`` after a
+failure needs no communication. Inside :func:`one_rank_path` (used by ``shardfuzz.engine.finish`` after a
 finding on 2+ ranks), :func:`cases` draws one more choice, last: 0 runs the case on 1 rank with the
 global sizes drawn for the group. Hypothesis replays the finding's choices with that 0 appended
 and shrinks from there when it fails. Outside it nothing more is drawn, so searches, covering rows

@@ -57,10 +57,10 @@ import torch.distributed as dist
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
-from shardfuzz.comm import ITEMSIZE, all_reduce_bytes
 from shardfuzz.errors import Unsupported
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
+from shardfuzz.spec.budget import ITEMSIZE, all_reduce_bytes
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
 
 LR = 0.1
 #: registration order (fc1, head, fc2); the buckets take them in reverse

@@ -61,10 +61,10 @@ import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, Partial, PlantedBug, Shard, Target
-from shardfuzz.comm import ITEMSIZE
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.parallel import AllToAll, all_reduce_by_all_to_all
+from shardfuzz.spec.budget import ITEMSIZE
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
+from shardfuzz.spec.parallel import AllToAll, all_reduce_by_all_to_all
 
 LR, WEIGHT_DECAY = 0.5, 0.5
 

@@ -40,9 +40,9 @@ import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, Owned, PlantedBug, Replicate, Shard, Target
-from shardfuzz.comm import ITEMSIZE, all_gather_bytes
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_sizes
+from shardfuzz.spec.budget import ITEMSIZE, all_gather_bytes
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_sizes
 
 KINDS = ("gpipe", "1f1b")
 SIZES = {

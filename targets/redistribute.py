@@ -31,10 +31,10 @@ import torch.distributed as dist
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, PlantedBug, Target, Unsupported, bind
-from shardfuzz.comm import all_reduce_bytes
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.placements import FromDTensor
+from shardfuzz.spec.budget import all_reduce_bytes
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
+from shardfuzz.spec.placements import FromDTensor
 
 PLACEMENTS = ("R", "S0", "S1", "P")  # simplest first: shrinking prefers Replicate
 SIZES = {  # per rank of the last mesh axis; 0 per rank: fewer rows than ranks (empty shards)

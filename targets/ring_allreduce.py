@@ -35,9 +35,9 @@ import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, PlantedBug, Replicate, Target
-from shardfuzz.comm import ITEMSIZE, all_reduce_bytes
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_sizes
+from shardfuzz.spec.budget import ITEMSIZE, all_reduce_bytes
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_sizes
 
 #: per rank 0 to 3 elements plus a remainder; 0 per rank: fewer elements than ranks (empty chunks)
 SIZES = {"numel": sst.Split(min_per_rank=0, max_per_rank=3, allow_empty=True)}

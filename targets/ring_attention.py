@@ -46,10 +46,10 @@ import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Shard, Target, bind
-from shardfuzz.comm import ITEMSIZE
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import Zigzag, split_sizes
-from shardfuzz.testing import uneven_sizes
+from shardfuzz.frontends.testing import uneven_sizes
+from shardfuzz.spec.budget import ITEMSIZE
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import Zigzag, split_sizes
 
 VARIANTS = ("full", "causal", "zigzag")
 #: (sequence dim of [b, s, h, d] tensors, of the [b, h, s] LSE) per layout

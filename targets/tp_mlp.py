@@ -5,9 +5,9 @@
 cotangent ``dy`` (``y.sum()`` cannot see rows scrambled in backward). Collectives sit inside the
 Megatron conjugate pair of autograd Functions:
 
-* ``f`` (:class:`shardfuzz.parallel.CopyToGroup`): identity forward, all-reduce of the input
+* ``f`` (:class:`shardfuzz.spec.parallel.CopyToGroup`): identity forward, all-reduce of the input
   gradient backward;
-* ``g`` (:class:`shardfuzz.parallel.ReduceFromGroup`): all-reduce forward, identity backward.
+* ``g`` (:class:`shardfuzz.spec.parallel.ReduceFromGroup`): all-reduce forward, identity backward.
 
 Outputs compared: ``y`` and ``grad_x`` (replicated: every rank is checked), ``grad_w1``/``grad_b1``
 (``Shard(0)``), ``grad_w2`` (``Shard(1)``) and ``grad_b2`` (replicated).
@@ -36,10 +36,10 @@ from einops import rearrange
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
-from shardfuzz.comm import all_reduce_bytes
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.parallel import CopyToGroup, GatherSequence, ReduceFromGroup, ReduceScatterSequence
+from shardfuzz.spec.budget import all_reduce_bytes
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
+from shardfuzz.spec.parallel import CopyToGroup, GatherSequence, ReduceFromGroup, ReduceScatterSequence
 
 SIZES = {
     "batch": sst.Free(1, 3),

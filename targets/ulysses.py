@@ -11,7 +11,7 @@ ranks get one extra token, as in Megatron-style hand-written code) with *all* he
 4. a second all-to-all swaps back to sequence shards with all heads.
 
 Backward is driven by a random cotangent; both all-to-alls go through one autograd Function
-(:class:`shardfuzz.parallel.AllToAll`, on flat buffers) whose backward is the reverse all-to-all.
+(:class:`shardfuzz.spec.parallel.AllToAll`, on flat buffers) whose backward is the reverse all-to-all.
 Outputs compared: ``out``, ``grad_q``, ``grad_k``, ``grad_v`` (sequence-sharded like the inputs). At ``sp == 1`` the
 all-to-alls are skipped (the identity), as most Ulysses implementations do.
 
@@ -37,10 +37,10 @@ import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, PlantedBug, Shard, Target
-from shardfuzz.comm import ITEMSIZE
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.parallel import AllToAll
+from shardfuzz.spec.budget import ITEMSIZE
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
+from shardfuzz.spec.parallel import AllToAll
 
 SEQ = Shard(1, rule="tensor_split")
 ROPE_BASE = 10000.0

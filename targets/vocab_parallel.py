@@ -25,8 +25,8 @@ replicated), ``ignore_index`` (about 30% of the labels are ``-100``, and the las
 are two or more; the first token is always kept, so a mean is never 0 / 0), ``reduction``. Outputs: ``loss`` (replicated: ``[batch, seq]`` for
 ``none``, a scalar otherwise), ``grad_emb`` and ``grad_w_out`` (``Shard(0)`` under ``rule``).
 Backward is driven by a random cotangent of the loss's shape. The collectives of the embedding and
-the projection are Megatron's ``g`` and ``f`` (:class:`shardfuzz.parallel.ReduceFromGroup`,
-:class:`shardfuzz.parallel.CopyToGroup`).
+the projection are Megatron's ``g`` and ``f`` (:class:`shardfuzz.spec.parallel.ReduceFromGroup`,
+:class:`shardfuzz.spec.parallel.CopyToGroup`).
 
 PyTorch's own ``loss_parallel`` is built in as implementations (``targets/vocab_parallel_torch.py``);
 planted bugs: the ``PLANTED`` records, expected failures: the ``EXPECTED`` records at the end.
@@ -41,10 +41,10 @@ import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
 from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
-from shardfuzz.comm import all_reduce_bytes
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.parallel import CopyToGroup, ReduceFromGroup
+from shardfuzz.spec.budget import all_reduce_bytes
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
+from shardfuzz.spec.parallel import CopyToGroup, ReduceFromGroup
 
 IGNORE = -100  # F.cross_entropy's default ignore_index
 RULES = ("tensor_split", "dtensor")

@@ -31,7 +31,7 @@ Outputs after every step (``[steps, n]``, one row per step): ``param``, ``exp_av
 compared), and the step counter ``step`` (``[steps]`` int64, replicated, compared exactly). The
 oracle is ``torch.optim.AdamW`` (with ``torch.nn.utils.clip_grad_norm_``) on the unsharded
 parameters, in the case dtype (bf16 keeps bf16 state, as torch does, and so does the reference).
-The collectives are built on ``all_to_all_single`` (:mod:`shardfuzz.parallel`: on gloo with 2
+The collectives are built on ``all_to_all_single`` (:mod:`shardfuzz.spec.parallel`: on gloo with 2
 cores it is several times faster than the dedicated ones).
 
 Planted bugs: the ``PLANTED`` records at the end of this file (each a small change to the
@@ -78,11 +78,11 @@ from shardfuzz import (
     Target,
     bind,
 )
-from shardfuzz.comm import ITEMSIZE
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_sizes
-from shardfuzz.parallel import (
+from shardfuzz.spec.budget import ITEMSIZE
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_sizes
+from shardfuzz.spec.parallel import (
     all_gather_by_all_to_all,
     all_reduce_by_all_to_all,
     reduce_scatter_by_all_to_all,

@@ -203,5 +203,5 @@ def start_process():
 def start_cli(start_process):
     """Start ``shardfuzz ARGS...`` in the background (see :func:`start_process`)."""
     return lambda *args, env=None, cwd=None: start_process(
-        [sys.executable, "-m", "shardfuzz.cli", *args], env=env, cwd=cwd
+        [sys.executable, "-m", "shardfuzz.frontends.cli", *args], env=env, cwd=cwd
     )

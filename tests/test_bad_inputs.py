@@ -10,10 +10,10 @@ import pytest
 
 import shardfuzz
 from shardfuzz import Case, InvalidArgument, Runner, TargetError
-from shardfuzz.config import check_world_size, env_int, max_world_size
+from shardfuzz.engine.config import check_world_size, env_int, max_world_size
+from shardfuzz.engine.failures import FailureRecorder, check_failures_dir
 from shardfuzz.errors import TargetCodeError
-from shardfuzz.failures import FailureRecorder, check_failures_dir
-from shardfuzz.testing import run_cli
+from shardfuzz.frontends.testing import run_cli
 
 pytest_plugins = ["pytester"]
 
@@ -127,7 +127,7 @@ def test_judge_does_not_crash_on_none():
     runner = Runner(MISTAKES + "::none_output")
     case = Case(target="none_output", world_size=2, mesh=(2,), sizes={"rows": 3, "cols": 1}, split=("rows",))
     expected = runner.expected(case)
-    from shardfuzz.judge import check_layouts
+    from shardfuzz.verdict.judge import check_layouts
 
     locals_ = [{"total": None, "unused": None}, {"total": expected.ref["total"].float(), "unused": 1}]
     problems = check_layouts(case, runner.target.outputs_for(case), locals_, expected)
@@ -180,7 +180,7 @@ def test_env_int_defaults():
 
 
 def test_search_path_entries_must_be_folders(tmp_path, monkeypatch):
-    from shardfuzz.refs import add_search_path, search_path
+    from shardfuzz.spec.refs import add_search_path, search_path
 
     monkeypatch.setenv("SHARDFUZZ_PATH", str(tmp_path / "nope"))
     with pytest.raises(
@@ -240,7 +240,7 @@ def test_a_size_the_target_cannot_take_is_the_targets_error():
 
 
 def test_check_case_names_sizes_against_what_the_target_draws():
-    from shardfuzz.oracle import check_case
+    from shardfuzz.verdict.oracle import check_case
 
     t = shardfuzz.get_target("tp_mlp")
     case = Case.parse(OK.replace("'d_out': 1", "'d_uot': 1"))
@@ -281,7 +281,7 @@ def test_a_misspelt_input_layout_key_is_a_usage_error():
 
 
 def test_case_on_a_file_of_several_targets_runs_the_target_the_case_names(capsys):
-    from shardfuzz.cli import main
+    from shardfuzz.frontends.cli import main
 
     case = (
         "Case(target='none_output', world_size=2, mesh=(2,), sizes={'rows': 3, 'cols': 1}, "

@@ -6,11 +6,11 @@ import types
 
 import pytest
 
-from shardfuzz import settings as sf_settings
-from shardfuzz import spawn, worker
-from shardfuzz.collectives import Tracer
-from shardfuzz.hooks import example_order
+from shardfuzz.engine import settings as sf_settings
+from shardfuzz.engine.hooks import example_order
 from shardfuzz.protocol import ErrorReply
+from shardfuzz.ranks import spawn, worker
+from shardfuzz.ranks.trace import Tracer
 
 
 def test_a_trace_that_cannot_describe_a_collective_drops_the_event_not_the_collective():
@@ -75,7 +75,7 @@ def test_a_failed_warm_up_is_left_for_the_task_to_report():
 def test_a_setting_that_cannot_be_restored_restarts_the_pool():
     import torch
 
-    from shardfuzz.rank import RankState
+    from shardfuzz.ranks.task import RankState
 
     state = RankState(0, 1, torch.device("cpu"), 10.0)
     value = {"x": 1}

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from shardfuzz.testing import run_cli
+from shardfuzz.frontends.testing import run_cli
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "mean_target.py")
 
@@ -117,8 +117,8 @@ def test_infrastructure_failure_exits_3():
 
 def test_tolerance_flags_repeat_and_the_last_for_an_output_wins():
     from shardfuzz import OutputTolerance, Tolerance
-    from shardfuzz.cli import _config
-    from shardfuzz.cli_args import build_parser
+    from shardfuzz.frontends.cli import _config
+    from shardfuzz.frontends.cli_args import build_parser
 
     argv = [
         "--tolerance",

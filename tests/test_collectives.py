@@ -8,12 +8,20 @@ import re
 import pytest
 
 from shardfuzz import Case, RankError, RankHang, RunConfig, Runner
-from shardfuzz.collectives import Collective
-from shardfuzz.comm import CommBudget, CostModel, estimate, format_comm, parse_quantity, usage
-from shardfuzz.divergence import describe_sequences, first_divergence
 from shardfuzz.errors import CommunicationExceeded, InvalidArgument
-from shardfuzz.registry import BUILTIN_TARGETS, get_target
-from shardfuzz.testing import run_cli
+from shardfuzz.frontends.testing import run_cli
+from shardfuzz.ranks.trace import Collective
+from shardfuzz.report.divergence import describe_sequences, first_divergence
+from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
+from shardfuzz.verdict.comm import (
+    CommBudget,
+    CostModel,
+    budget_violation,
+    estimate,
+    format_comm,
+    parse_quantity,
+    usage,
+)
 
 
 def _c(seq, op, group, shape, dtype="float32", peer=None, out=()):
@@ -247,8 +255,8 @@ def test_bad_cost_model_and_units_name_the_argument():
 
 def test_a_budget_names_the_rank_and_how_far_over():
     traces = {0: [_c(0, "all_reduce", (0, 1), [8])], 1: [_c(0, "all_reduce", (0, 1), [8])]}
-    assert CommBudget(sent=32).violation(traces) is None
-    text = CommBudget(sent=16, collectives=0).violation(traces)
+    assert budget_violation(CommBudget(sent=32), traces) is None
+    text = budget_violation(CommBudget(sent=16, collectives=0), traces)
     assert "rank 0 sent 32 B, over the budget of 16 B (2x)" in text and "entered 1 collectives" in text
 
 
@@ -256,10 +264,10 @@ def test_a_budget_bounds_the_largest_single_collective():
     # two buckets of 2 float32 each, or one of 4: the same bytes, one collective twice as large
     two = [_c(0, "all_reduce", (0, 1), [2]), _c(1, "all_reduce", (0, 1), [2])]
     traces = {0: two, 1: two}
-    assert CommBudget(sent=16, largest=8).violation(traces) is None
+    assert budget_violation(CommBudget(sent=16, largest=8), traces) is None
     one = {r: [_c(0, "all_reduce", (0, 1), [4])] for r in (0, 1)}
-    assert CommBudget(sent=16).violation(one) is None
-    text = CommBudget(sent=16, largest=8).violation(one)
+    assert budget_violation(CommBudget(sent=16), one) is None
+    text = budget_violation(CommBudget(sent=16, largest=8), one)
     assert "rank 0 entered all_reduce(float32[4]) of S = 16 B" in text and "allowed, 8 B" in text
 
 

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from shardfuzz.compare import compare_tensor
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.tolerance import OutputTolerance, Tolerance
+from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
+from shardfuzz.verdict.compare import compare_tensor
 
 
 def _cmp(actual, expected, bound=1e-6):

@@ -9,8 +9,8 @@ import pytest
 
 import shardfuzz
 from shardfuzz import Case, InvalidArgument, Mismatch, RunConfig, RunHooks, Runner
-from shardfuzz.finding import inputs_hash
-from shardfuzz.registry import get_target
+from shardfuzz.engine.finding import inputs_hash
+from shardfuzz.spec.registry import get_target
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 TOY = os.path.join(DATA, "toy_target.py")
@@ -173,8 +173,8 @@ def test_tolerance_must_name_an_output_of_the_target():
     # outputs that depend on the case: any name may be one of them, so none is refused
     from types import SimpleNamespace
 
-    from shardfuzz.config import check_tolerance_outputs
-    from shardfuzz.tolerance import Tolerance
+    from shardfuzz.engine.config import check_tolerance_outputs
+    from shardfuzz.spec.tolerance import Tolerance
 
     varying = SimpleNamespace(name="v", outputs=lambda case: {})
     check_tolerance_outputs([varying], Tolerance(per_output={"anything": (0, 1)}), "tolerance")

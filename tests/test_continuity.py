@@ -28,8 +28,8 @@ def saved_case() -> Case:
 
 
 def test_a_failure_file_written_before_the_move_replays_the_same_finding():
-    from shardfuzz.failures import load
-    from shardfuzz.replay import replay_one
+    from shardfuzz.engine.failures import load
+    from shardfuzz.repro.replay import replay_one
 
     replayed = replay_one(load(str(FAILURE)))
     assert (replayed.status, replayed.kind) == ("still fails", "mismatch"), replayed.line()
@@ -37,9 +37,9 @@ def test_a_failure_file_written_before_the_move_replays_the_same_finding():
 
 
 def test_a_database_written_before_the_move_is_found_under_the_same_key_and_replays(tmp_path):
-    from shardfuzz.database import keyed_database
-    from shardfuzz.runner import Runner
-    from shardfuzz.search import DATABASE_KEY, build_test, run_test, stable_identity
+    from shardfuzz.engine.database import keyed_database
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.engine.search import DATABASE_KEY, build_test, run_test, stable_identity
 
     shutil.copytree(DATA / "examples", tmp_path / "examples")
     db = DirectoryBasedExampleDatabase(str(tmp_path / "examples"))

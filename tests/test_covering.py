@@ -6,15 +6,15 @@ import os
 import pytest
 
 import shardfuzz
-from shardfuzz import covering
-from shardfuzz.config import RunConfig
+from shardfuzz.engine import covering
+from shardfuzz.engine.config import RunConfig
+from shardfuzz.engine.hooks import RunHooks, example_order
+from shardfuzz.engine.runner import Runner
+from shardfuzz.engine.search import search, settings_for, stable_identity
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.exclude import CaseExpression
-from shardfuzz.hooks import RunHooks, example_order
-from shardfuzz.registry import BUILTIN_TARGETS, get_target
-from shardfuzz.runner import Runner
-from shardfuzz.search import search, settings_for, stable_identity
-from shardfuzz.testing import run_cli
+from shardfuzz.frontends.testing import run_cli
+from shardfuzz.spec.exclude import CaseExpression
+from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "data", "toy_target.py")
@@ -41,7 +41,7 @@ def test_covering_rows_reach_every_pair_of_conditions_their_pool_reaches(name):
     # every declared trigger the pool reaches is reached by a row, paired with every other condition
     declared = set(target.triggers) | ({"backward"} if target.gradients else set())
     reached = {t for r in rows for t in r.conditions}
-    assert {t for c in pool for t in shardfuzz.triggers.triggers_of(target, c)} & declared <= reached
+    assert {t for c in pool for t in shardfuzz.spec.triggers.triggers_of(target, c)} & declared <= reached
     assert len(rows) <= 30, f"{len(rows)} rows would take the whole ci budget"
 
 
@@ -196,9 +196,9 @@ def test_exclude_expressions_read_the_case():
 
 # -- fast while failing ------------------------------------------------------------------------------
 def test_a_pool_discarded_after_a_failure_is_replaced_by_a_warm_spare(monkeypatch):
-    from shardfuzz import pools
     from shardfuzz.case import Case
     from shardfuzz.errors import Finding
+    from shardfuzz.ranks import pool_cache as pools
 
     monkeypatch.setenv("SHARDFUZZ_REGROUP", "0")  # a rank error discards the pool, as a death does
     crash = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 2}, split=("n",), dtype="float32",

@@ -4,8 +4,8 @@ import torch
 
 import shardfuzz.strategies as sst
 from shardfuzz import Case, Replicate, Target
-from shardfuzz.degenerate import SoftmaxWatch, degenerate_share, is_degenerate
-from shardfuzz.inputs import generator, randn
+from shardfuzz.engine.degenerate import SoftmaxWatch, degenerate_share, is_degenerate
+from shardfuzz.spec.inputs import generator, randn
 
 
 def test_zero_and_constant_outputs_are_degenerate_counters_are_not():

@@ -3,7 +3,7 @@
 import pytest
 
 import shardfuzz
-from shardfuzz.placements import box
+from shardfuzz.spec.placements import box
 
 TARGET = "tests/data/dtensor_target.py"
 

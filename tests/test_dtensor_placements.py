@@ -30,7 +30,7 @@ def test_each_placement_is_read_as_torch_means_it_on_1d_and_2d_meshes(op):
 
 
 def test_a_strided_shard_is_compared_through_full_tensor_and_says_so():
-    from shardfuzz.placements import DTensorPiece, Placed, resolve
+    from shardfuzz.spec.placements import DTensorPiece, Placed, resolve
 
     runner = Runner(TARGET, "reference", RunConfig(failures_dir=None))
     assert runner.run_case(_case("flatten", 4, (2, 2), 4, 2)) < 1
@@ -54,7 +54,7 @@ def test_placement_reductions_rebuild_the_value():
 
     import torch
 
-    from shardfuzz.placements import Placed
+    from shardfuzz.spec.placements import Placed
 
     a, b = torch.tensor([1.0, -4.0]), torch.tensor([3.0, 2.0])
     boxes = (((0,), (2,)), ((0,), (2,)))

@@ -9,8 +9,8 @@ from hypothesis.database import InMemoryExampleDatabase
 
 import shardfuzz
 from shardfuzz import Case, LayoutMismatch, Mismatch, RankError, RankHang, RunConfig, Runner, TargetError
-from shardfuzz.database import keyed_database
-from shardfuzz.runner import TimeoutPolicy
+from shardfuzz.engine.database import keyed_database
+from shardfuzz.engine.runner import TimeoutPolicy
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 
@@ -143,7 +143,7 @@ def test_unknown_target_and_file_without_target(tmp_path):
 
 
 def test_targets_from_the_entry_point_group(monkeypatch):
-    import shardfuzz.registry as registry
+    import shardfuzz.spec.registry as registry
 
     monkeypatch.setattr(registry, "_entry_points", lambda: {"toy_plugin": f"{TOY}::TOY"})
     assert "toy_plugin" in registry.available_targets()

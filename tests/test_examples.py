@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import shardfuzz
-from shardfuzz.registry import get_target
+from shardfuzz.spec.registry import get_target
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FILES = sorted(p.name for p in EXAMPLES.glob("*.py"))

@@ -12,10 +12,11 @@ import time
 import pytest
 
 import shardfuzz
-from shardfuzz import Case, Mismatch, Runner, failures
-from shardfuzz.collectives import Collective
-from shardfuzz.failures import FailureRecorder
-from shardfuzz.testing import run_cli
+from shardfuzz import Case, Mismatch, Runner
+from shardfuzz.engine import failures
+from shardfuzz.engine.failures import FailureRecorder
+from shardfuzz.frontends.testing import run_cli
+from shardfuzz.ranks.trace import Collective
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 pytest_plugins = ["pytester"]
@@ -156,7 +157,7 @@ def test_repro_script_runs_under_torchrun(found, tmp_path):
 def test_torchrun_module_replays_a_passing_case(found, tmp_path):
     rec = json.loads(open(found[1]).read())
     (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
-    run = torchrun("--nproc-per-node=2", "-m", "shardfuzz.torchrun", str(tmp_path / "fixed.json"))
+    run = torchrun("--nproc-per-node=2", "-m", "shardfuzz.repro.torchrun", str(tmp_path / "fixed.json"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS: worst error/tolerance" in run.stdout
 
@@ -337,7 +338,7 @@ def test_failure_file_works_after_the_checkout_moved(tmp_path, monkeypatch):
     assert str(tmp_path / "old" / "targets" / "toy.py") in lost.stderr and "--search-path" in lost.stderr
 
     by_env = subprocess.run(
-        [sys.executable, "-m", "shardfuzz.cli", "replay", path, "--trust-refs"],
+        [sys.executable, "-m", "shardfuzz.frontends.cli", "replay", path, "--trust-refs"],
         capture_output=True,
         text=True,
         timeout=300,

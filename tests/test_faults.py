@@ -2,7 +2,7 @@
 
 A forkserver killed mid-example, a death that recurs only sometimes, a death whose exit code the
 forkserver reports late, an implementation that leaks an environment variable and a working
-directory, and shardfuzz.parallel's helpers fed transposed, sliced, offset and expanded inputs.
+directory, and shardfuzz.spec.parallel's helpers fed transposed, sliced, offset and expanded inputs.
 """
 
 import json
@@ -87,7 +87,7 @@ def test_a_leaked_environment_variable_and_directory_are_restored_and_named():
 
 def test_the_driver_environment_is_restored_too(monkeypatch):
     """The target's inputs and oracle run in the driver: what they leave is restored and named."""
-    import shardfuzz.runner as runner_module
+    import shardfuzz.engine.runner as runner_module
 
     evaluate = runner_module.evaluate_oracle
 
@@ -105,7 +105,7 @@ def test_the_driver_environment_is_restored_too(monkeypatch):
     )
 
 
-# -- item 5: shardfuzz.parallel's helpers are right for any strides ---------------------------------
+# -- item 5: shardfuzz.spec.parallel's helpers are right for any strides ---------------------------------
 def parallel_case(world, layouts, broadcast=False, s=3):
     return Case(
         target="parallel_helpers",
@@ -193,7 +193,7 @@ def test_a_full_disk_leaves_no_partial_file_and_warns_once(writers):
 
 # -- item 8: the CLI's summary shows the external faults and leaks it counted -----------------------
 def test_the_cli_summary_shows_external_faults_and_leaks(tmp_path):
-    from shardfuzz.testing import run_cli
+    from shardfuzz.frontends.testing import run_cli
 
     marker = os.environ["SHARDFUZZ_FAILURES_DIR"] + ".killed-once"  # rank 1 is killed until it exists
     if os.path.exists(marker):
@@ -224,7 +224,7 @@ def test_stress_passes_each_planted_checks_exclude_like_the_suite(monkeypatch):
 
     def fake_run(target, impl, **kw):
         seen[f"{target}/{impl}"] = kw.get("exclude")
-        return shardfuzz.search.Result(target, impl, "gloo", found=False)
+        return shardfuzz.engine.search.Result(target, impl, "gloo", found=False)
 
     monkeypatch.setattr(shardfuzz, "run", fake_run)
     only = [f"{t}/{i}" for t, i, _ in checks]

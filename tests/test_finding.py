@@ -6,9 +6,9 @@ import pytest
 
 from shardfuzz.case import Case
 from shardfuzz.errors import LayoutMismatch
-from shardfuzz.judge import Verdict
-from shardfuzz.report import Reporter
-from shardfuzz.tolerance import Tolerance
+from shardfuzz.report.findings import Reporter
+from shardfuzz.spec.tolerance import Tolerance
+from shardfuzz.verdict.judge import Verdict
 
 CASE = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
 REPORTER = Reporter("toy", "impl", "mod:impl", "gloo", "shardfuzz case toy --impl impl", Tolerance())

@@ -1,4 +1,4 @@
-"""A shrink cut by a campaign's deadline is finished at the end of the campaign (shardfuzz.finish)."""
+"""A shrink cut by a campaign's deadline is finished at the end of the campaign (shardfuzz.engine.finish)."""
 
 import argparse
 import io
@@ -8,11 +8,12 @@ import time
 
 import pytest
 
-from shardfuzz import InvalidArgument, RunConfig, campaign
-from shardfuzz.cli_args import _finish_time
-from shardfuzz.failures import FailureRecorder
-from shardfuzz.finish import finish_budget, kept_features, simplest_case
-from shardfuzz.hooks import Deadline
+from shardfuzz import InvalidArgument, RunConfig
+from shardfuzz.engine.failures import FailureRecorder
+from shardfuzz.engine.finish import finish_budget, kept_features, simplest_case
+from shardfuzz.engine.hooks import Deadline
+from shardfuzz.frontends import campaign
+from shardfuzz.frontends.cli_args import _finish_time
 
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "data", "toy_target.py")

@@ -20,8 +20,8 @@ import time
 import pytest
 
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.frontends.testing import run_cli
 from shardfuzz.signature import SIGNATURE_VERSION
-from shardfuzz.testing import run_cli
 
 pytest_plugins = ["pytester"]
 HERE = os.path.dirname(__file__)
@@ -224,7 +224,7 @@ def test_redis_lost_mid_campaign_keeps_findings_locally(tmp_path):
 
 
 def test_two_fleets_never_mix_and_a_finding_is_stored_exactly_once(redis_server):
-    from shardfuzz.fleet import FORMAT, FleetStore
+    from shardfuzz.engine.fleet import FORMAT, FleetStore
 
     a, b = FleetStore(redis_server.url, "race-a"), FleetStore(redis_server.url, "race-b")
     doc = {
@@ -245,7 +245,7 @@ def test_two_fleets_never_mix_and_a_finding_is_stored_exactly_once(redis_server)
 
 
 def test_a_stored_finding_is_untrusted_input(redis_server):
-    from shardfuzz.fleet import FORMAT, FleetStore
+    from shardfuzz.engine.fleet import FORMAT, FleetStore
 
     store = FleetStore(redis_server.url, "untrusted")
     client = _client(redis_server.url)
@@ -303,7 +303,7 @@ def test_wrong_password_exits_2(tmp_path):
 
 
 def test_missing_redis_client_names_the_extra(monkeypatch):
-    from shardfuzz import shared_db
+    from shardfuzz.engine import shared_db
 
     monkeypatch.setitem(sys.modules, "redis", None)
     with pytest.raises(InvalidArgument, match=r"pip install 'shardfuzz\[redis\]' \(redis>=3.0.0\)"):

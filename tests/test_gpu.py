@@ -9,8 +9,8 @@ import torch
 
 import shardfuzz
 from shardfuzz import InfrastructureError, InvalidArgument, RunConfig
-from shardfuzz.gpu import check_placement, placement_summary
-from shardfuzz.registry import get_target
+from shardfuzz.ranks.gpu import check_placement, placement_summary
+from shardfuzz.spec.registry import get_target
 
 N_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 cuda = pytest.mark.gpu  # skipped without CUDA by tests/conftest.py
@@ -34,7 +34,7 @@ def test_nccl_with_too_few_gpus_is_refused_clearly():
 
 
 def test_gloo_on_cuda_needs_a_target_limited_to_all_reduce_and_broadcast(monkeypatch):
-    import shardfuzz.gpu as gpu
+    import shardfuzz.ranks.gpu as gpu
 
     monkeypatch.setattr(gpu, "cuda_device_count", lambda: 1)
     check_placement(get_target("tp_mlp"), "gloo", "cuda", 4)  # all_reduce only: fine on one GPU
@@ -94,8 +94,8 @@ def test_numerics_flags_and_deterministic_mode_are_recorded(tmp_path):
 
 @cuda
 def test_cpu_failure_replays_on_gpu(tmp_path):
-    from shardfuzz import failures
-    from shardfuzz.replay import replay_one
+    from shardfuzz.engine import failures
+    from shardfuzz.repro.replay import replay_one
 
     res = shardfuzz.run(
         "tp_mlp",

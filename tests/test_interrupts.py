@@ -11,7 +11,7 @@ import time
 import pytest
 
 import shardfuzz
-from shardfuzz.hooks import TimeUp
+from shardfuzz.engine.hooks import TimeUp
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 
@@ -25,7 +25,7 @@ def failing(line: str) -> bool:
 
 def cli(*args, env=None, timeout=120):
     return subprocess.run(
-        [sys.executable, "-m", "shardfuzz.cli", *args],
+        [sys.executable, "-m", "shardfuzz.frontends.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -154,7 +154,7 @@ def test_sigkill_of_a_jobs_parent_leaves_no_process(procs, start_cli, tmp_path):
 def test_stopped_in_the_middle_of_shrinking_keeps_the_smallest_case_so_far(stop):
     from hypothesis import Verbosity
 
-    from shardfuzz.settings import build_settings
+    from shardfuzz.engine.settings import build_settings
 
     class StopWhileShrinking(shardfuzz.RunHooks):
         """Stops the run at the third finding: with one bug reported, Hypothesis shrinks right

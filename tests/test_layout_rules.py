@@ -1,4 +1,4 @@
-"""Every layout of :mod:`shardfuzz.layouts` round-trips over sizes 0-20 and 1-5 parts: the pieces a
+"""Every layout of :mod:`shardfuzz.spec.layouts` round-trips over sizes 0-20 and 1-5 parts: the pieces a
 rank must hold have the local shape the layout declares, every element of a piece maps back to its
 global index, and the pieces assemble into the value again."""
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardfuzz import Owned, PaddedFlat, Partial, Replicate, Shard
-from shardfuzz.layouts import SPLIT_RULES, Zigzag, split_offsets, split_sizes
+from shardfuzz.spec.layouts import SPLIT_RULES, Zigzag, split_offsets, split_sizes
 
 SIZES, PARTS = st.integers(0, 20), st.integers(1, 5)
 PER_RANK = [Shard(0), Shard(1), Shard(-1), Shard(0, rule="tensor_split"), Shard(1, rule="tensor_split")]

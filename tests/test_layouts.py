@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from shardfuzz import InvalidArgument, PaddedFlat, Partial, Replicate, Shard
-from shardfuzz.layouts import split_sizes
+from shardfuzz.spec.layouts import split_sizes
 
 
 def test_split_rules_disagree_on_uneven_sizes():

@@ -19,7 +19,7 @@ def start_driver(start_process, body: str):
         """
         import os, sys, time
         import shardfuzz
-        from shardfuzz.pools import get_pool
+        from shardfuzz.ranks.pool_cache import get_pool
         pool = get_pool("gloo", 3, 30.0)
         print(" ".join(str(p.pid) for p in pool.procs), flush=True)
         """

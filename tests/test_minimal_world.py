@@ -1,5 +1,5 @@
 """Honest minimal world sizes: a finding on 2+ ranks is tried on 1 rank with the same global sizes
-(through Hypothesis: shardfuzz.strategies.one_rank_path, shardfuzz.finish.try_one_rank); one that
+(through Hypothesis: shardfuzz.strategies.one_rank_path, shardfuzz.engine.finish.try_one_rank); one that
 fails there is reported on 1 rank and says so, one that needs 2 ranks is not."""
 
 import io
@@ -9,9 +9,10 @@ from hypothesis.control import BuildContext
 from hypothesis.internal.conjecture.data import ConjectureData
 
 import shardfuzz.strategies as sst
-from shardfuzz import RunConfig, campaign
-from shardfuzz.covering import draw_pool
-from shardfuzz.report import ONE_RANK_NOTE
+from shardfuzz import RunConfig
+from shardfuzz.engine.covering import draw_pool
+from shardfuzz.frontends import campaign
+from shardfuzz.report.findings import ONE_RANK_NOTE
 
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "data", "toy_target.py")

@@ -1,4 +1,4 @@
-"""The map of where a mismatch's wrong elements sit (shardfuzz.mismatch_map) and ``case --plot``."""
+"""The map of where a mismatch's wrong elements sit (shardfuzz.report.mismatch_map) and ``case --plot``."""
 
 import pickle
 import re
@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from shardfuzz.case import Case
-from shardfuzz.compare import OutputDiff, compare_tensor, format_output_diff
+from shardfuzz.engine.runner import Runner
 from shardfuzz.errors import Mismatch
-from shardfuzz.layouts import PaddedFlat, Partial, Replicate, Shard, Zigzag
-from shardfuzz.mismatch_map import MAX_COLS, MAX_ROWS, cells, format_runs, runs, segments
-from shardfuzz.runner import Runner
-from shardfuzz.testing import run_cli
+from shardfuzz.frontends.testing import run_cli
+from shardfuzz.report.findings import format_output_diff
+from shardfuzz.report.mismatch_map import MAX_COLS, MAX_ROWS, cells, format_runs, runs, segments
+from shardfuzz.spec.layouts import PaddedFlat, Partial, Replicate, Shard, Zigzag
+from shardfuzz.verdict.compare import OutputDiff, compare_tensor
 
 LABEL = lambda r: f"rank {r}"
 
@@ -273,7 +274,7 @@ def test_plot_draws_the_chosen_output_only(tmp_path):
     from PIL import Image
 
     from shardfuzz.errors import InvalidArgument
-    from shardfuzz.plot import plot_mismatch
+    from shardfuzz.report.plot import plot_mismatch
 
     ref = torch.randn(6)
     a, b = diff(Shard(0), ref, ref + 1, 2), diff(Zigzag(0), ref, ref, 2)

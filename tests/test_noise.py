@@ -4,8 +4,8 @@ stay tight enough to see a 10% error in bfloat16, and give the same verdict on e
 import torch
 import torch.nn.functional as F
 
-from shardfuzz.noise import estimate, rounding_noise
-from shardfuzz.tolerance import UNIT_ROUNDOFF, Tolerance
+from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
+from shardfuzz.verdict.noise import estimate, rounding_noise
 
 
 def _noise(fn, inputs, dtype, group_size=2, seed=0, samples=4):
@@ -146,8 +146,8 @@ def test_a_failing_verdict_is_rechecked_before_it_is_reported():
     # float32), and a bf16 AdamW step whose gradient cancels flipped sign (ZeRO, bfloat16). Both
     # references are correct; the recheck with more samples and full-scale samples passes them.
     from shardfuzz.case import Case
-    from shardfuzz.oracle import confirm_noise, estimate_noise, evaluate_oracle
-    from shardfuzz.registry import get_target
+    from shardfuzz.spec.registry import get_target
+    from shardfuzz.verdict.oracle import confirm_noise, estimate_noise, evaluate_oracle
 
     target = get_target("zero_adamw")
     case = Case(
@@ -243,7 +243,7 @@ def test_float32_flash_backward_with_delta_from_the_stored_output_is_covered():
 
 def test_ring_attention_reference_passes_the_case_that_fuzz_flagged():
     from shardfuzz.case import Case
-    from shardfuzz.runner import Runner
+    from shardfuzz.engine.runner import Runner
 
     found = Case(
         target="ring_attention", world_size=2, mesh=(2,), sizes={"batch": 2, "seq": 4, "heads": 2, "head_dim": 4},

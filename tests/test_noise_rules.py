@@ -1,4 +1,4 @@
-"""Every fused-op rule of :mod:`shardfuzz.noise_rules` runs: called once on the very aten call
+"""Every fused-op rule of :mod:`shardfuzz.verdict.noise_rules` runs: called once on the very aten call
 torch makes for it, it returns its result with noise added, not an exception (the mode falls back
 to the elementwise rule when a rule raises, so a rule that always raises was silent: issue 22's
 ``lerp``)."""
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from shardfuzz.noise import rounding_noise
-from shardfuzz.noise_rules import SPECIAL
+from shardfuzz.verdict.noise import rounding_noise
+from shardfuzz.verdict.noise_rules import SPECIAL
 
 
 class _Record(TorchDispatchMode):
@@ -74,7 +74,7 @@ def test_lerp_gets_its_own_rule_not_the_elementwise_one():
 def test_a_rule_that_does_not_apply_falls_back_and_a_broken_rule_raises():
     import pytest
 
-    from shardfuzz.noise import _by_rule, _kind, _terms_scales
+    from shardfuzz.verdict.noise import _by_rule, _kind, _terms_scales
 
     mode = rounding_noise()(2.0**-8, 0, 2)
     x = torch.randn(3, dtype=torch.float64)

@@ -22,7 +22,7 @@ def test_subpackages_install_under_shardfuzz():
     assert shardfuzz.targets.tp_mlp.TARGET.name == "tp_mlp"
 
 
-@pytest.mark.parametrize("module", ["shardfuzz", "shardfuzz.pytest_plugin", "shardfuzz.strategies"])
+@pytest.mark.parametrize("module", ["shardfuzz", "shardfuzz.frontends.pytest_plugin", "shardfuzz.strategies"])
 def test_import_does_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -31,8 +31,10 @@ def test_import_does_not_import_torch(module):
 
 def test_entry_points():
     eps = importlib.metadata.entry_points()
-    assert "shardfuzz.pytest_plugin" in {ep.value for ep in eps.select(group="pytest11")}
-    assert "shardfuzz.cli:main" in {ep.value for ep in eps.select(group="console_scripts", name="shardfuzz")}
+    assert "shardfuzz.frontends.pytest_plugin" in {ep.value for ep in eps.select(group="pytest11")}
+    assert "shardfuzz.frontends.cli:main" in {
+        ep.value for ep in eps.select(group="console_scripts", name="shardfuzz")
+    }
 
 
 def test_public_api_is_complete():

@@ -13,10 +13,16 @@ import shutil
 import pytest
 from hypothesis import HealthCheck, settings
 
+from shardfuzz.engine.settings import (
+    SETTING_NAMES,
+    build_settings,
+    compose_settings,
+    profile_for,
+    register_profiles,
+)
 from shardfuzz.errors import InvalidArgument, Mismatch
-from shardfuzz.pytest_compose import select_failure_files
-from shardfuzz.settings import SETTING_NAMES, build_settings, compose_settings, profile_for, register_profiles
-from shardfuzz.tracebacks import hide_for_findings
+from shardfuzz.frontends.pytest_compose import select_failure_files
+from shardfuzz.report.tracebacks import hide_for_findings
 
 pytest_plugins = ["pytester"]
 

@@ -21,12 +21,12 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_target_tables_are_generated_from_the_records():
-    from shardfuzz.doc_tables import marked, render
-    from shardfuzz.registry import BUILTIN_TARGETS, get_target
+    from shardfuzz.frontends.doc_tables import marked, render
+    from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
     with_records = [n for n in BUILTIN_TARGETS if get_target(n).planted or get_target(n).expected_failures]
     assert sorted(marked(README)) == sorted(with_records), "every target with records has a marked table"
-    assert render(README) == README, "regenerate: python -m shardfuzz.doc_tables --write README.md"
+    assert render(README) == README, "regenerate: python -m shardfuzz.frontends.doc_tables --write README.md"
 
 
 def test_readme_derive_example_is_the_tested_file():

@@ -10,10 +10,10 @@ import time
 import pytest
 
 from shardfuzz import Case, RankHang, RunConfig, Runner
-from shardfuzz.pools import discard_pool, get_pool
+from shardfuzz.engine.runner import TIMEOUTS, TimeoutPolicy
 from shardfuzz.protocol import Hung, ImplRef, Task
-from shardfuzz.runner import TIMEOUTS, TimeoutPolicy
-from shardfuzz.spawn import HARD_CAP_MIN_S, ProgressWatch, hard_cap, open_fds, os_threads
+from shardfuzz.ranks.pool_cache import discard_pool, get_pool
+from shardfuzz.ranks.spawn import HARD_CAP_MIN_S, ProgressWatch, hard_cap, open_fds, os_threads
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 linux = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -56,7 +56,7 @@ def test_progress_watch_tells_idle_from_busy():
 
 @pytest.mark.timing
 def test_without_cpu_times_the_window_is_a_plain_timeout(monkeypatch, slack):
-    import shardfuzz.spawn as spawn
+    import shardfuzz.ranks.spawn as spawn
 
     monkeypatch.setattr(spawn, "cpu_seconds", lambda pid: None)  # no /proc and no psutil
     watch = ProgressWatch([os.getpid()], window_s=0.5, cap_s=5.0)
@@ -165,7 +165,8 @@ def test_leaked_process_groups_restart_the_pool():
 # -- a rank error keeps the processes: only their process group is rebuilt ------------------------
 @linux
 def test_a_rank_error_regroups_the_pool_in_place_and_later_examples_are_judged_afresh():
-    from shardfuzz import Mismatch, RankError, pools
+    from shardfuzz import Mismatch, RankError
+    from shardfuzz.ranks import pool_cache as pools
 
     # fresh pools: ranks that ran DTensor code keep their old group referenced from torch's C++
     # side, so they would (correctly, but not under test here) be replaced instead of regrouped

@@ -11,9 +11,9 @@ import torch
 
 import shardfuzz
 from shardfuzz import Case, Runner, TargetError
-from shardfuzz.degenerate import degenerate
-from shardfuzz.oracle import estimate_noise, evaluate_oracle
-from shardfuzz.testing import Expect, assert_planted_bug_found
+from shardfuzz.engine.degenerate import degenerate
+from shardfuzz.frontends.testing import Expect, assert_planted_bug_found
+from shardfuzz.verdict.oracle import estimate_noise, evaluate_oracle
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "self_oracle.py")
 SELF, WRITTEN, TP_SELF = (
@@ -95,7 +95,7 @@ def test_what_needs_an_oracle_function_refuses_a_self_oracle():
         evaluate_oracle(t, case)
     with pytest.raises(TargetError, match=r"has oracle='self'"):
         degenerate(t, case)
-    from shardfuzz.selforacle import refuse
+    from shardfuzz.engine.selforacle import refuse
 
     with pytest.raises(
         TargetError, match=r"shardfuzz repro: target 'row_parallel_self_bugs' has oracle='self'"
@@ -113,7 +113,7 @@ def test_an_implementation_that_fails_at_world_size_1_is_a_usage_error_with_its_
 
 
 def test_the_noise_model_leaves_collectives_alone():
-    from shardfuzz.noise import _kind
+    from shardfuzz.verdict.noise import _kind
 
     # at one rank a collective moves nothing, and an async one writes its result after it returns
     assert _kind(torch.ops.c10d.allreduce_.default).skip

@@ -7,7 +7,7 @@ import traceback
 import pytest
 
 from shardfuzz import Case, RankError, RunConfig, Runner
-from shardfuzz.replay import Replayed
+from shardfuzz.repro.replay import Replayed
 from shardfuzz.signature import (
     SIGNATURE_VERSION,
     cause_of,
@@ -96,7 +96,7 @@ def test_a_wrapped_exception_is_keyed_by_the_frame_of_its_root_cause():
 def test_framework_frames_are_skipped_shardfuzz_torch_and_stdlib():
     tb = (
         "Traceback (most recent call last):\n"
-        '  File "/x/site-packages/shardfuzz/worker.py", line 50, in run_example\n'
+        '  File "/x/site-packages/shardfuzz/ranks/worker.py", line 50, in run_example\n'
         '  File "/home/u/impl.py", line 12, in tp_forward\n'
         '  File "/x/site-packages/torch/distributed/tensor/_ops/_view_ops.py", line 400, in view_groups\n'
         '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 2800, in all_reduce\n'

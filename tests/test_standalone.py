@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shardfuzz import cli
+from shardfuzz.frontends import cli
 from shardfuzz.targets.vocab_parallel import TARGET
 
 UPSTREAM = Path(__file__).resolve().parent.parent / "examples" / "upstream"

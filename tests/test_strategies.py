@@ -107,7 +107,7 @@ def test_bounds_that_cannot_be_met_raise_clear_errors(make, match):
 
 
 def test_generic_trigger_labels():
-    from shardfuzz.triggers import generic_triggers
+    from shardfuzz.spec.triggers import generic_triggers
 
     c = Case(
         target="t", world_size=4, mesh=(2, 2), sizes={"n": 3, "batch": 2}, split=("n",), dtype="bfloat16"
@@ -117,7 +117,7 @@ def test_generic_trigger_labels():
 
 # -- value profiles by role: large magnitudes where they find bugs ------------------------------
 def _profiled(profile, options, role, scale=1.0):
-    from shardfuzz.inputs import randn
+    from shardfuzz.spec.inputs import randn
 
     case = Case(target="t", world_size=1, mesh=(1,), profile=profile, options=options)
     return randn(case, 2000, scale=scale, role=role)

@@ -1,8 +1,8 @@
-"""The engine's structure stays as docs/design.md describes it: no import cycle between shardfuzz
-modules, imports between them in module headers, no module importing another's private (``_name``)
-names, every module listed in the README, and ``import shardfuzz`` imports neither torch nor
-Hypothesis. A module over :data:`NOTICE_LINES` lines gets a printed notice, not a failure: size is
-a hint to look at cohesion, and a hard cap trimmed explanations to fit (issue 22)."""
+"""The engine's house, as docs/design.md describes it: one package per stage of the data flow,
+layers that only import downward, no import cycle, no private name borrowed from another module,
+each package's docstring its map, and ``import shardfuzz`` free of torch and Hypothesis.
+
+The checks read the source (``ast``), never import it, so a violation is named by file and line."""
 
 from __future__ import annotations
 
@@ -10,48 +10,107 @@ import ast
 import pathlib
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "shardfuzz"
-MODULES = sorted(p.stem for p in ENGINE.glob("*.py"))
-#: a module longer than this is named in a notice (printed, never a failure)
+# The stages, lowest first: a module may import its own package and any package listed before it.
+# core: shardfuzz/*.py (errors, case, limits, protocol); the package __init__ and the 0.1 aliases
+# are not in the graph (the one loads the public API lazily, the others only redirect).
+LAYERS = ("core", "spec", "ranks", "verdict", "report", "engine", "repro", "frontends")
 NOTICE_LINES = 500
 
 
-def _shardfuzz_imports(tree: ast.AST) -> list[tuple[str, ast.stmt]]:
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted
+    target: str  # the shardfuzz module imported, dotted
+    names: tuple[str, ...]  # the names taken from it (``from m import a, b``), else ()
+    line: int
+    type_only: bool  # under ``if TYPE_CHECKING:``
+    in_header: bool  # at module level, not inside a function or class
+
+
+def _dotted(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_alias(path: pathlib.Path) -> bool:
+    """A 0.1 module path kept as an alias of its new home (``shardfuzz/_moved.py``)."""
+    return path.parent == ENGINE and "from shardfuzz._moved import alias" in path.read_text()
+
+
+def engine_files() -> dict[str, pathlib.Path]:
+    """Every module of the engine (not the aliases, not the top-level lazy ``__init__``)."""
+    return {
+        _dotted(p): p
+        for p in sorted(ENGINE.rglob("*.py"))
+        if not is_alias(p) and p != ENGINE / "__init__.py" and p != ENGINE / "_moved.py"
+    }
+
+
+MODULES = engine_files()
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "core"
+
+
+def _resolve(name: str, known: set[str]) -> str | None:
+    parts = name.split(".")
+    for i in range(len(parts), 1, -1):
+        if ".".join(parts[:i]) in known:
+            return ".".join(parts[:i])
+    return None
+
+
+def imports_of(module: str, path: pathlib.Path, known: set[str] | None = None) -> list[Import]:
+    known = known if known is not None else set(MODULES) | {_dotted(p) for p in ENGINE.glob("*.py")}
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    header = {
+        id(n)
+        for stmt in tree.body
+        if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for n in ast.walk(stmt)
+    }
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "shardfuzz":
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            out += [(n, node) for n in names]
+        found: list[tuple[str, tuple[str, ...]]] = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, *([base] if base else [])])
+            if base.split(".")[0] != "shardfuzz":
+                continue
+            for a in node.names:  # ``from shardfuzz.pkg import module`` imports the module
+                if f"{base}.{a.name}" in known:
+                    found.append((f"{base}.{a.name}", ()))
+                elif (target := _resolve(base, known)) is not None:
+                    found.append((target, (a.name,)))
         elif isinstance(node, ast.Import):
-            out += [(a.name, node) for a in node.names if a.name.split(".")[0] == "shardfuzz"]
+            found = [(t, ()) for a in node.names if (t := _resolve(a.name, known))]
+        for target, names in found:
+            if target != module:
+                out.append(
+                    Import(module, target, names, node.lineno, id(node) in type_only, id(node) in header)
+                )
     return out
 
 
-def _engine_module(name: str) -> str | None:
-    parts = name.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in MODULES else None
-
-
-def import_graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {}
-    for mod in MODULES:
-        tree = ast.parse((ENGINE / f"{mod}.py").read_text())
-        type_only = {
-            id(n)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)
-        }
-        graph[mod] = {
-            dep
-            for name, node in _shardfuzz_imports(tree)
-            if id(node) not in type_only and (dep := _engine_module(name)) and dep != mod
-        }
-    return graph
+def all_imports() -> list[Import]:
+    return [imp for module, path in MODULES.items() for imp in imports_of(module, path)]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -77,8 +136,32 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def layer_violations(imports: list[Import]) -> list[str]:
+    """Imports that reach a package above the importer's layer (type-only imports included: a
+    type from above is a dependency on above)."""
+    return [
+        f"{i.module} ({layer_of(i.module)}) imports {i.target} ({layer_of(i.target)}), line {i.line}"
+        for i in imports
+        if LAYERS.index(layer_of(i.target)) > LAYERS.index(layer_of(i.module))
+    ]
+
+
+def private_imports(imports: list[Import]) -> list[str]:
+    return [
+        f"{i.module} imports {n} from {i.target}, line {i.line}"
+        for i in imports
+        for n in i.names
+        if n.startswith("_") and not n.startswith("__")
+    ]
+
+
 def test_no_import_cycle_between_shardfuzz_modules():
-    assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()) or [])
+    graph: dict[str, set[str]] = {}
+    for i in all_imports():
+        if i.in_header and not i.type_only:
+            graph.setdefault(i.module, set()).add(i.target)
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
 
 
 def test_cycle_finder_finds_a_cycle():
@@ -86,94 +169,81 @@ def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("module", MODULES)
+def test_every_module_sits_in_a_known_layer():
+    strays = [m for m in MODULES if layer_of(m) not in LAYERS]
+    assert not strays, f"modules outside the layers {LAYERS}: {strays}"
+    packages = sorted(p.name for p in ENGINE.iterdir() if (p / "__init__.py").exists())
+    assert packages == sorted(LAYERS[1:]), f"packages {packages}, layers {LAYERS[1:]}: write the new one down"
+
+
+def test_no_package_imports_a_package_above_its_layer():
+    bad = layer_violations(all_imports())
+    assert not bad, "imports that run up the layers " + " > ".join(LAYERS) + ":\n" + "\n".join(bad)
+
+
+def test_layer_rule_sees_an_upward_import():
+    up = Import("shardfuzz.spec.target", "shardfuzz.engine.runner", ("Runner",), 1, True, True)
+    down = Import("shardfuzz.engine.runner", "shardfuzz.spec.target", ("Target",), 1, False, True)
+    assert layer_violations([up, down]) == [
+        "shardfuzz.spec.target (spec) imports shardfuzz.engine.runner (engine), line 1"
+    ]
+
+
+def test_no_module_imports_a_private_name_from_another_module():
+    bad = private_imports(all_imports())
+    assert not bad, "make these public or move them where they are used:\n" + "\n".join(bad)
+
+
+def test_private_name_rule_sees_a_private_import():
+    assert private_imports([Import("a", "b", ("_x", "y", "__all__"), 3, False, True)]) == [
+        "a imports _x from b, line 3"
+    ]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_between_shardfuzz_modules_sit_in_the_module_header(module):
-    tree = ast.parse((ENGINE / f"{module}.py").read_text())
-    header = {
-        id(n)
-        for stmt in tree.body
-        for n in ast.walk(stmt)
-        if not isinstance(stmt, ast.FunctionDef | ast.ClassDef)
-    }
-    lazy = [
-        f"line {node.lineno}: {ast.unparse(node)}"
-        for _, node in _shardfuzz_imports(tree)
-        if id(node) not in header
-    ]
-    assert not lazy, f"shardfuzz/{module}.py imports shardfuzz modules inside functions: {sorted(set(lazy))}"
+    # lazy imports only at the seams that must start fast: the CLI and the pytest plugin
+    if module in {"shardfuzz.frontends.cli", "shardfuzz.frontends.pytest_plugin"}:
+        return
+    lazy = sorted(
+        {f"line {i.line}: {i.target}" for i in imports_of(module, MODULES[module]) if not i.in_header}
+    )
+    assert not lazy, f"{module} imports shardfuzz modules inside functions: {lazy}"
 
 
-def long_modules(limit: int = NOTICE_LINES) -> list[tuple[str, int]]:
-    """(module, lines) of every engine module over ``limit`` lines."""
-    sizes = ((m, len((ENGINE / f"{m}.py").read_text().splitlines())) for m in MODULES)
-    return [(m, n) for m, n in sizes if n > limit]
+def test_nothing_in_the_engine_imports_a_0_1_alias():
+    aliases = {_dotted(p) for p in ENGINE.glob("*.py") if is_alias(p)}
+    assert aliases, "the 0.1 aliases are gone: drop this test with them"
+    bad = [f"{i.module} line {i.line}: {i.target}" for i in all_imports() if i.target in aliases]
+    assert not bad, bad
 
 
-def test_long_modules_get_a_notice_not_a_failure(capsys):
-    long = long_modules()
+def test_each_package_docstring_is_its_map():
+    for package in LAYERS[1:]:
+        init = ENGINE / package / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        missing = [
+            p.name for p in sorted(init.parent.glob("*.py")) if p.name != "__init__.py" and p.name not in doc
+        ]
+        assert not missing, f"shardfuzz/{package}/__init__.py's docstring does not name {missing}"
+
+
+def test_long_modules_are_noticed_not_failed(capsys):
+    # No line cap: a cap trims explanations. A module past NOTICE_LINES is printed for a look.
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > NOTICE_LINES}
     with capsys.disabled():
-        for module, lines in long:
-            print(
-                f"\nnotice: shardfuzz/{module}.py has {lines} lines (> {NOTICE_LINES}): does it hold one stage?"
-            )
-    assert ("runner", len((ENGINE / "runner.py").read_text().splitlines())) in long_modules(limit=10)
+        for m, n in sorted(long.items()):
+            print(f"\nnotice: {m} has {n} lines (over {NOTICE_LINES}): does it still do one thing?")
 
 
-def private_imports(source: str, module: str) -> list[str]:
-    """``_name``s that ``source`` (shardfuzz module ``module``) imports from another shardfuzz
-    module, or reads as an attribute of one it imported whole."""
-    tree = ast.parse(source)
-    found, aliases = [], set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "shardfuzz":
-            for a in node.names:
-                if (
-                    node.module != f"shardfuzz.{module}"
-                    and a.name.startswith("_")
-                    and not a.name.startswith("__")
-                ):
-                    found.append(f"line {node.lineno}: {node.module}.{a.name}")
-                elif _engine_module(f"{node.module}.{a.name}"):
-                    aliases.add(a.asname or a.name)
-        elif isinstance(node, ast.Import):
-            aliases.update(
-                (a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("shardfuzz")
-            )
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-            root = node.value
-            while isinstance(root, ast.Attribute):
-                root = root.value
-            if isinstance(root, ast.Name) and root.id in aliases:
-                found.append(f"line {node.lineno}: {ast.unparse(node)}")
-    return found
-
-
-@pytest.mark.parametrize("module", MODULES)
-def test_no_module_imports_a_private_name_of_another(module):
-    found = private_imports((ENGINE / f"{module}.py").read_text(), module)
-    assert not found, f"shardfuzz/{module}.py uses private names of other modules: {found}; make them public"
-
-
-def test_private_import_check_sees_a_planted_violation():
-    planted = "from shardfuzz.oracle import Expected, _fresh\nimport shardfuzz.spawn\nshardfuzz.spawn._x\n"
-    assert private_imports(planted, "runner") == [
-        "line 1: shardfuzz.oracle._fresh",
-        "line 3: shardfuzz.spawn._x",
-    ]
-    assert private_imports("from shardfuzz.runner import _own\n", "runner") == []
-
-
-def test_readme_layout_lists_every_module():
-    readme = (ROOT / "README.md").read_text()
-    layout = readme.split("## Layout of the repository", 1)[1].split("\n## ", 1)[0]
-    missing = [m for m in MODULES if f"`{m}.py`" not in layout]
-    assert not missing, f"the README's layout section does not list {missing}"
+def test_readme_and_design_list_every_module():
     design = (ROOT / "docs" / "design.md").read_text()
-    assert not [m for m in MODULES if f"{m}.py" not in design], "docs/design.md's module map is incomplete"
+    rel = [str(p.relative_to(ENGINE)) for p in MODULES.values() if p.name != "__init__.py"]
+    missing = [r for r in rel if f"`{r}`" not in design]
+    assert not missing, f"docs/design.md's module map does not list {missing}"
 
 
-@pytest.mark.parametrize("module", ["shardfuzz", "shardfuzz.cli"])
+@pytest.mark.parametrize("module", ["shardfuzz", "shardfuzz.frontends.cli"])
 def test_import_does_not_import_torch_or_hypothesis(module):
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'hypothesis') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -189,3 +259,23 @@ def test_no_file_refers_to_documents_outside_the_repository():
         if "BUG-PATTERNS.md" in text or "DESIGN.md" in text:
             offenders.append(str(path.relative_to(ROOT)))
     assert not offenders, offenders
+
+
+def test_every_0_1_module_path_is_the_new_module_itself():
+    import importlib
+    import re
+    import warnings
+
+    for path in sorted(ENGINE.glob("*.py")):
+        if not is_alias(path):
+            continue
+        new = re.search(r'alias\(__name__, "([\w.]+)"', path.read_text())
+        assert new, f"{path.name}: an alias names its new module"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            old = importlib.import_module(f"shardfuzz.{path.stem}")
+        assert old is importlib.import_module(new.group(1)), path.name
+        assert (
+            any(issubclass(w.category, DeprecationWarning) for w in seen)
+            or f"shardfuzz.{path.stem}" in sys.modules
+        )

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import find, settings
 
 import shardfuzz
-from shardfuzz import covering
-from shardfuzz.covering import draw_pool, stable_seed
-from shardfuzz.degenerate import degenerate_share
-from shardfuzz.registry import BUILTIN_TARGETS, get_target
-from shardfuzz.testing import assert_planted_bug_found, assert_reference_passes
-from shardfuzz.triggers import triggers_of
+from shardfuzz.engine import covering
+from shardfuzz.engine.covering import draw_pool, stable_seed
+from shardfuzz.engine.degenerate import degenerate_share
+from shardfuzz.frontends.testing import assert_planted_bug_found, assert_reference_passes
+from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
+from shardfuzz.spec.triggers import triggers_of
 
 TARGETS = {name: get_target(name) for name in sorted(BUILTIN_TARGETS)}
 PLANTED = [(t, bug) for t in TARGETS for bug in TARGETS[t].planted]

@@ -10,9 +10,9 @@ returned DTensors (the same pieces as plain tensors are a layout finding).
 import pytest
 
 import shardfuzz
-from shardfuzz.registry import get_target
+from shardfuzz.spec.registry import get_target
+from shardfuzz.spec.triggers import triggers_of
 from shardfuzz.targets.zero_adamw import param_sizes
-from shardfuzz.triggers import triggers_of
 
 
 class Cases(shardfuzz.RunHooks):

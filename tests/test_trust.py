@@ -18,7 +18,7 @@ import pytest
 
 from shardfuzz import Case
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.testing import run_cli
+from shardfuzz.frontends.testing import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = REPO / "tests" / "data" / "failures"
@@ -144,7 +144,7 @@ def test_an_installed_module_is_refused_before_it_is_imported(tmp_path, monkeypa
 
 
 def test_a_store_record_may_name_only_shardfuzz_code(tmp_path):
-    from shardfuzz.failures import prepare
+    from shardfuzz.engine.failures import prepare
 
     assert prepare(record(), None, check=False)["impl_spec"].ref == "shardfuzz.targets.tp_mlp:reference"
     evil = evil_module(tmp_path, tmp_path / "IMPORTED")
@@ -188,7 +188,7 @@ def test_the_committed_file_replays_in_the_project_and_is_refused_outside(tmp_pa
     (committed,) = COMMITTED.glob("*.json")
     rec = json.loads(committed.read_text())
     assert rec["target_ref"].startswith("/home/dev/shardfuzz/")  # an absolute path of another machine
-    from shardfuzz.failures import load
+    from shardfuzz.engine.failures import load
 
     cwd = os.getcwd()
     os.chdir(REPO)
@@ -227,7 +227,7 @@ def test_hand_edited_fields_are_named_before_anything_runs(tmp_path, changes, na
 
 
 def test_a_file_of_todays_format_without_version_loads_as_version_1(tmp_path):
-    from shardfuzz.failure_schema import load_failure_file, validate_failure_record
+    from shardfuzz.engine.failure_schema import load_failure_file, validate_failure_record
 
     old = record()
     del old["version"]
@@ -237,7 +237,7 @@ def test_a_file_of_todays_format_without_version_loads_as_version_1(tmp_path):
 
 
 def test_an_oversized_file_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
-    import shardfuzz.failure_schema as schema
+    import shardfuzz.engine.failure_schema as schema
 
     monkeypatch.setattr(schema, "MAX_FILE_BYTES", 100)
     with pytest.raises(InvalidArgument, match="larger than 100 bytes"):
@@ -264,8 +264,8 @@ def test_huge_sizes_are_refused_before_allocation(tmp_path):
 
 
 def test_sizes_within_the_limit_are_measured_exactly():
-    from shardfuzz.input_bounds import measure_inputs
-    from shardfuzz.registry import get_target
+    from shardfuzz.engine.input_bounds import measure_inputs
+    from shardfuzz.spec.registry import get_target
 
     elements, nbytes = measure_inputs(get_target("tp_mlp"), OK)
     built = get_target("tp_mlp").inputs(OK)
@@ -294,7 +294,7 @@ def listening_sockets(pid: int) -> list[str]:
 
 
 def test_the_driver_store_listens_on_loopback_only():
-    from shardfuzz.spawn import driver_store
+    from shardfuzz.ranks.spawn import driver_store
 
     store = driver_store()
     addresses = listening_sockets(os.getpid())
@@ -331,7 +331,7 @@ def test_a_running_campaign_listens_on_loopback_only(tmp_path):
         [
             sys.executable,
             "-m",
-            "shardfuzz.cli",
+            "shardfuzz.frontends.cli",
             "fuzz",
             "tp_mlp",
             "--duration",

@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 import shardfuzz
 import shardfuzz.strategies as sst
-from shardfuzz.inputs import generator, randn
+from shardfuzz.spec.inputs import generator, randn
 
 OPS = ("sum", "amax", "amin", "norm1", "norm2", "norminf", "embedding", "flatten")
 

@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 import shardfuzz
 import shardfuzz.strategies as sst
-from shardfuzz.inputs import generator, randn
+from shardfuzz.spec.inputs import generator, randn
 
 
 def inputs(case):

@@ -15,11 +15,11 @@ import signal
 import sys
 import traceback
 
-import shardfuzz.runner
+import shardfuzz.engine.runner
 from shardfuzz import Case, Mismatch, Runner
-from shardfuzz.failures import FailureRecorder
+from shardfuzz.engine.failures import FailureRecorder
 
-shardfuzz.runner.start_forkserver = lambda: None  # records only: no rank runs here
+shardfuzz.engine.runner.start_forkserver = lambda: None  # records only: no rank runs here
 
 
 def write(directory, name, runner):

@@ -1,4 +1,4 @@
-"""Every collective helper of :mod:`shardfuzz.parallel`, fed inputs of any strides.
+"""Every collective helper of :mod:`shardfuzz.spec.parallel`, fed inputs of any strides.
 
 Rank ``r`` holds ``(r + 1) * x`` (and ``(r + 1) * y`` for the sequence helpers), laid out as
 ``options["layouts"][r]`` says: row-major, transposed, a strided slice of a bigger buffer, at a
@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import shardfuzz.strategies as sst
 from shardfuzz import Replicate, Shard, Target
-from shardfuzz.inputs import generator, randn
-from shardfuzz.layouts import split_offsets, split_sizes
-from shardfuzz.parallel import (
+from shardfuzz.spec.inputs import generator, randn
+from shardfuzz.spec.layouts import split_offsets, split_sizes
+from shardfuzz.spec.parallel import (
     AllToAll,
     CopyToGroup,
     GatherSequence,
@@ -140,7 +140,7 @@ def magnitude(inp, case):
 
 def cloning(ctx):
     """The helpers as they were before issue 24: a copy that keeps the input's strides."""
-    import shardfuzz.parallel as parallel
+    import shardfuzz.spec.parallel as parallel
 
     original = parallel.dense_copy
     parallel.dense_copy = lambda t: t.clone()
@@ -153,7 +153,7 @@ def cloning(ctx):
 REPLICATED = ("sum", "sum_copy_backward", "sum_by_all_to_all", "gathered_by_all_to_all", "gather_seq")
 PARALLEL = Target(
     name="parallel_helpers",
-    description="shardfuzz.parallel's collective helpers over inputs of any strides",
+    description="shardfuzz.spec.parallel's collective helpers over inputs of any strides",
     cases=cases,
     inputs=inputs,
     oracle=oracle,

@@ -12,8 +12,8 @@ import dataclasses
 from pathlib import Path
 
 from shardfuzz import Expect, PlantedBug
-from shardfuzz.refs import import_file
-from shardfuzz.registry import get_target
+from shardfuzz.spec.refs import import_file
+from shardfuzz.spec.registry import get_target
 from shardfuzz.targets import tp_mlp
 
 _EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "row_parallel_self.py")

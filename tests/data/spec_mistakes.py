@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 import shardfuzz
 import shardfuzz.strategies as sst
-from shardfuzz.inputs import generator, randn
+from shardfuzz.spec.inputs import generator, randn
 
 
 def cases(world_sizes=None):

@@ -5,7 +5,7 @@ import os
 
 import shardfuzz.strategies as sst
 from shardfuzz import Shard, Target
-from shardfuzz.refs import load_ref
+from shardfuzz.spec.refs import load_ref
 
 TOY_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_target.py")
 TOY = load_ref(f"{TOY_FILE}::TOY")

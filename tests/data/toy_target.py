@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import shardfuzz.strategies as sst
 from shardfuzz import Partial, Replicate, Shard, Target, bind
-from shardfuzz.inputs import generator, randn
+from shardfuzz.spec.inputs import generator, randn
 
 
 def inputs(case):

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shardfuzz.case import Case
-from shardfuzz.comm import CommBudget, format_comm
-from shardfuzz.compare import format_output_diff
-from shardfuzz.divergence import Traces, describe_sequences
 from shardfuzz.errors import (
     CommunicationExceeded,
     IgnoredCollective,
@@ -22,11 +19,15 @@ from shardfuzz.errors import (
     RankError,
     RankHang,
 )
-from shardfuzz.judge import Verdict
 from shardfuzz.protocol import Hung, RankDied, RankFailed
+from shardfuzz.report import mismatch_map
+from shardfuzz.report.divergence import Traces, describe_sequences
+from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.signature import cause_of
-from shardfuzz.tolerance import Tolerance
-from shardfuzz.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
+from shardfuzz.spec.tolerance import Tolerance
+from shardfuzz.verdict.comm import CommBudget, format_comm
+from shardfuzz.verdict.compare import OutputDiff
+from shardfuzz.verdict.judge import Verdict
 
 #: the note of a finding on 1 rank: the strategy lets the shrinker run a failure found on 2+ ranks
 #: on 1 rank with the same global sizes (``shardfuzz.strategies``), so this is its minimal world
@@ -177,7 +178,7 @@ class Reporter:
         parts.append(f"  {problem}")
         parts.append(f"  budget per rank: {budget.why or budget}")
         parts.append(
-            "  the values were right (within tolerance); the trace, by the formulas of shardfuzz.comm:"
+            "  the values were right (within tolerance); the trace, by the formulas of shardfuzz.verdict.comm:"
         )
         parts.append(format_comm(traces))
         parts.append(self._footer(case, leaks))
@@ -211,3 +212,37 @@ def shell_quote(s: str) -> str:
     if not any(c in s for c in '"$`\\!'):
         return f'"{s}"'
     return shlex.quote(s)
+
+
+def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
+    """One output's mismatch in words: per rank, the elements wrong, the worst differences and
+    the mismatch map."""
+    lines = []
+    total = sum(r.n for r in od.ranks)
+    bad_ranks = [r for r in od.ranks if r.bad]
+    pct = 100.0 * od.bad / total if total else 0.0
+    lines.append(
+        f"output {od.name!r} ({od.layout}, {od.dtype}, global shape {list(od.shape)}): "
+        f"mismatched elements: {od.bad} / {total} ({pct:.1f}%), on "
+        + (
+            f"{len(bad_ranks)} of {len(od.ranks)} ranks"
+            if od.ranks[0].rank is not None
+            else "the sum over ranks"
+        )
+    )
+    for r in od.ranks:
+        who = rank_label(r.rank) if r.rank is not None else "sum over ranks"
+        if not r.bad:
+            lines.append(f"  {who}: ok (worst error/tolerance {r.max_ratio:.3g})")
+            continue
+        lines.append(f"  {who}: {r.bad} / {r.n} elements wrong{r.note}")
+        lines.append(
+            f"    greatest absolute difference: {r.max_abs:.6g} at index {r.max_abs_at} "
+            f"(up to {r.max_abs_allowed:.3g} allowed, {r.max_ratio:.3g}x the tolerance at worst)"
+        )
+        lines.append(f"    greatest relative difference: {r.max_rel:.6g} at index {r.max_rel_at}")
+        if r.worst:
+            lines.append("    worst elements (actual vs expected, allowed = the tolerance there):")
+            lines.extend(f"      {w.describe()}" for w in r.worst)
+    lines += mismatch_map.describe(od, rank_label)
+    return "\n".join(lines)

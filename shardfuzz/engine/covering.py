@@ -1,0 +1,306 @@
+"""Covering rows: before random generation, a run executes a few cases that together reach every
+pair of trigger conditions that can occur together (a pairwise covering array over the target's
+own strategy), so a bug that needs two conditions at once (an uneven sequence *and* non-causal
+attention; ZeRO stage >= 2 *and* gradient accumulation) is met in the first examples, not after
+Hypothesis has left its simplest values.
+
+* The conditions of a case are its trigger conditions (:func:`shardfuzz.spec.triggers.triggers_of`:
+  generic, ``backward`` and the target's declared ones) plus ``option=value`` for every option that
+  takes a few discrete values (each option value that matters).
+* Which pairs *can* occur together is read from a pool of cases drawn from the strategy itself
+  (seeded from the target and the resolved implementation, so the rows are the same on every run
+  and every machine); rows are picked from that pool greedily (most uncovered pairs first, then the
+  cheaper case). Every case keeps the Hypothesis choice sequence that drew it.
+* Rows run as plain cases. A failing row is handed to Hypothesis through the example database
+  (:func:`seeded_database`): Hypothesis replays it first and shrinks it like any failure it found
+  itself, so a finding on a row is still shrunk and saved. Hypothesis' shrinker does the work; there
+  is no search loop here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import itertools
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.engine.hooks import StickyInterrupt
+from shardfuzz.errors import ExternalFault, Finding, Unsupported
+from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
+from shardfuzz.spec.exclude import Excluded
+from shardfuzz.spec.triggers import triggers_of
+
+#: cases drawn to learn which pairs of conditions occur together
+POOL_SIZE = 250
+#: an option with at most this many distinct values in the pool is categorical: each value is a condition
+MAX_CATEGORIES = 6
+
+
+def stable_seed(key: str) -> int:
+    """A seed from a string, the same on every run and machine."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One covering case, the Hypothesis choices that draw it, and the conditions it reaches."""
+
+    case: Case
+    choices: tuple
+    conditions: frozenset[str]
+
+
+def draw_pool(strategy: Any, seed: int, size: int = POOL_SIZE) -> list[tuple[Case, tuple]]:
+    """Up to ``size`` distinct cases drawn from ``strategy`` at random (uniformly over Hypothesis'
+    choices, not simplest-first as a search starts) with a ``random.Random(seed)``, each with the
+    choice sequence that drew it (what Hypothesis' database stores). Draws a filter rejects are
+    skipped. The draws run inside a Hypothesis build context, so maps and composites work as in a
+    search."""
+    from hypothesis.control import BuildContext
+    from hypothesis.errors import StopTest
+    from hypothesis.internal.conjecture.data import ConjectureData, Status
+    from hypothesis.internal.conjecture.providers import HypothesisProvider
+
+    class NoConstants(HypothesisProvider):
+        # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
+        # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
+        def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
+            return None
+
+    rng = random.Random(seed)
+    out: dict[Case, tuple] = {}
+    for _ in range(size * 2):
+        if len(out) >= size:
+            break
+        data = ConjectureData(random=rng, provider=NoConstants)
+        try:
+            with BuildContext(data, is_final=False, wrapped_test=draw_pool):
+                case = data.draw(strategy)
+        except StopTest:  # a filter rejected the draw
+            continue
+        data.freeze()
+        if data.status >= Status.VALID and isinstance(case, Case) and case not in out:
+            out[case] = tuple(data.choices)
+    return list(out.items())
+
+
+def categorical_options(cases: Iterable[Case]) -> tuple[str, ...]:
+    """Options present in every case whose values are few and hashable (``variant``, ``stage``,
+    ``causal``...): each of their values is a condition."""
+    cases = list(cases)
+    if not cases:
+        return ()
+    common = set.intersection(*(set(c.options) for c in cases))
+    out = []
+    for key in sorted(common):
+        try:
+            values = {_hashable(c.options[key]) for c in cases}
+        except TypeError:
+            continue
+        if 1 < len(values) <= MAX_CATEGORIES:
+            out.append(key)
+    return tuple(out)
+
+
+def _hashable(value: Any) -> Any:
+    hash(value)
+    return value
+
+
+def conditions_of(target: Any, case: Case, categorical: Sequence[str]) -> frozenset[str]:
+    """Every condition ``case`` reaches: trigger conditions and ``option=value`` of the categorical options."""
+    conds = set(triggers_of(target, case))
+    conds.update(f"{k}={case.options[k]!r}" for k in categorical if k in case.options)
+    return frozenset(conds)
+
+
+def pairs_of(conditions: frozenset[str]) -> set[tuple[str, ...]]:
+    """The single conditions and the pairs of conditions of one case (sorted tuples)."""
+    ordered = sorted(conditions)
+    return {(c,) for c in ordered} | set(itertools.combinations(ordered, 2))
+
+
+def _cost(case: Case) -> tuple:
+    return (case.world_size, sum(case.sizes.values()), len(case.mesh))
+
+
+def covering_rows(target: Any, strategy: Any, seed: int, pool_size: int = POOL_SIZE) -> list[Row]:
+    """Rows that together reach every single condition and every pair of conditions seen together
+    in a pool of ``pool_size`` cases of ``strategy`` (greedy: most uncovered pairs, then cheapest).
+    Cases the target does not support (its ``supports`` hook) are left out of the pool."""
+    return rows_from_pool(target, draw_pool(strategy, seed, pool_size))
+
+
+def rows_from_pool(target: Any, pool: Sequence[tuple[Case, tuple]]) -> list[Row]:
+    """:func:`covering_rows` from a pool already drawn."""
+    if target.supports is not None:
+        pool = [(c, ch) for c, ch in pool if not target.supports(c)]
+    categorical = categorical_options(c for c, _ in pool)
+    candidates = [Row(c, ch, conditions_of(target, c, categorical)) for c, ch in pool]
+    wanted: set[tuple[str, ...]] = set()
+    cover = {}
+    for i, row in enumerate(candidates):
+        cover[i] = pairs_of(row.conditions)
+        wanted |= cover[i]
+    rows: list[Row] = []
+    while wanted:
+        best = max(cover, key=lambda i: (len(cover[i] & wanted), _neg(_cost(candidates[i].case))))
+        gain = cover[best] & wanted
+        if not gain:
+            break
+        rows.append(candidates[best])
+        wanted -= gain
+        del cover[best]
+    return rows
+
+
+def _neg(cost: tuple) -> tuple:
+    return tuple(-x for x in cost)
+
+
+def uncovered(rows: Sequence[Row], cases: Iterable[Case], target: Any) -> set[tuple[str, ...]]:
+    """Pairs (and single conditions) reached by ``cases`` that no row reaches: what a test checks."""
+    cases = list(cases)
+    categorical = categorical_options([r.case for r in rows] + cases)
+    have: set[tuple[str, ...]] = set()
+    for r in rows:
+        have |= pairs_of(conditions_of(target, r.case, categorical))
+    seen: set[tuple[str, ...]] = set()
+    for c in cases:
+        if target.supports is None or not target.supports(c):
+            seen |= pairs_of(conditions_of(target, c, categorical))
+    return seen - have
+
+
+@functools.cache
+def _seeded_database_class() -> type[Any]:
+    from hypothesis.database import ExampleDatabase, choices_to_bytes
+
+    class SeededDatabase(ExampleDatabase):
+        """A database whose *secondary* corpus, for one run, is the given choice sequences: Hypothesis
+        replays them after its primary corpus (the failures it saved itself) and shrinks those that
+        fail. (Given as primary entries, a failure would count as already shrunk and be reported as
+        it is.) Everything else goes to ``inner``."""
+
+        def __init__(self, inner: ExampleDatabase, seeds: Sequence[tuple]) -> None:
+            super().__init__()
+            self.inner = inner
+            self.pending = [choices_to_bytes(s) for s in seeds]
+
+        def fetch(self, key: bytes) -> Iterable[bytes]:
+            if self.pending and key.endswith(b".secondary"):
+                pending, self.pending = self.pending, []
+                return pending
+            return self.inner.fetch(key)
+
+        def save(self, key: bytes, value: bytes) -> None:
+            self.inner.save(key, value)
+
+        def delete(self, key: bytes, value: bytes) -> None:
+            self.inner.delete(key, value)
+
+        def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+            self.inner.move(src, dest, value)
+
+    return SeededDatabase
+
+
+def seeded_database(inner: Any, seeds: Sequence[tuple]) -> Any:
+    """``inner`` (an in-memory database when None) that first yields the choice sequences ``seeds``."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    return _seeded_database_class()(inner if inner is not None else InMemoryExampleDatabase(), seeds)
+
+
+def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:
+    """Run one case (inside Hypothesis or not) and count the trigger conditions it reached; a case
+    rejected as unsupported or set aside as an external fault is counted as such, not as reached."""
+    reached = triggers_of(runner.target, case)
+    runner.stats.triggers.update(reached)
+    try:
+        return runner.run_case(case), reached
+    except Excluded:  # counted by the runner
+        runner.stats.triggers.subtract(reached)
+        raise
+    except Unsupported as e:
+        runner.stats.triggers.subtract(reached)
+        runner.stats.unsupported[e.reason] += 1
+        raise
+    except ExternalFault:  # counted in the statistics; the case passed when rerun
+        runner.stats.triggers.subtract(reached)
+        raise
+
+
+def pool_for(
+    target: Any, world_sizes: Any = None, dtypes: Any = None, options: Any = ()
+) -> tuple[tuple[Case, tuple], ...]:
+    """The pool that the covering rows of ``target`` (under a run's world sizes, dtypes and
+    options) are picked from: drawn once per process (a draw is deterministic, and 250 draws take
+    0.5-2 s), shared by the rows of every run of the target and by the tests of its triggers."""
+    return _pool_for(target, world_sizes, dtypes, options)  # one cache key however it is called
+
+
+@functools.lru_cache(maxsize=64)
+def _pool_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[tuple[Case, tuple], ...]:
+    strategy = target.strategy(world_sizes, dtypes, options)
+    return tuple(draw_pool(strategy, stable_seed(f"{target.name}/covering")))
+
+
+@functools.lru_cache(maxsize=64)
+def _rows_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[Row, ...]:
+    return tuple(rows_from_pool(target, pool_for(target, world_sizes, dtypes, options)))
+
+
+def rows_for(runner: Any) -> tuple[Row, ...]:
+    """The covering rows of a runner's target under its run's world sizes and dtypes (the same for
+    every implementation of the target: seeded from its name; cached)."""
+    c = runner.config
+    return _rows_for(runner.target, c.world_sizes, c.dtypes, c.options)
+
+
+class CoveringRun:
+    """Runs a runner's covering rows once, before its first Hypothesis run (``enabled=False``: none)."""
+
+    def __init__(self, runner: Any, enabled: bool = True) -> None:
+        self.runner, self.enabled = runner, enabled
+        self.done = False
+        #: the rows run, in order, and the finding of the failing one
+        self.ran: list[Row] = []
+        #: how many rows ran as examples (not rejected as unsupported, excluded or set aside)
+        self.examples = 0
+        self.finding: Any = None
+
+    def run(self) -> Row | None:
+        """Run the rows (the first call only); the first failing row, or None."""
+        if self.done or not self.enabled:
+            return None
+        self.done = True
+        for row in rows_for(self.runner):
+            StickyInterrupt.check()
+            self.ran.append(row)
+            try:
+                counted_run(self.runner, row.case)
+            except (Unsupported, ExternalFault):
+                continue
+            except Finding as f:
+                self.examples += 1
+                f.choices = row.choices  # type: ignore[attr-defined]  # to shrink it again later
+                self.finding = f
+                return row
+            self.examples += 1
+        return None
+
+    def not_reproduced(self, row: Row) -> BaseException:  # noqa: ARG002 (the row that was replayed; its finding is kept on self)
+        """The row's finding, marked: Hypothesis did not see it fail again when it replayed it."""
+        f = self.finding
+        note = (
+            "shardfuzz: this failure was found on a covering row and did not fail again when "
+            "Hypothesis replayed it (flaky), so it was not shrunk.\n"
+        )
+        f.report = note + f.report
+        f.args = (f.report,)
+        return f

@@ -1,0 +1,108 @@
+"""Inputs that hide bugs: does a case give a degenerate output, or saturate a softmax?
+
+An output that is all zero or constant, or computed through a softmax saturated to one-hot,
+compares equal whatever the implementation does to it: a wrong reduction of zeros is zeros, and a
+zero-padded key under a one-hot softmax gets weight 0 with or without its mask. A target whose
+strategy draws many such cases finds fewer bugs than its example count says.
+:func:`degenerate_share` measures it on the oracle (float64, on this process), over cases drawn
+at random from the target's strategy; ``tests/test_targets.py`` keeps it under 5% per built-in
+target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from shardfuzz.case import Case
+from shardfuzz.verdict.oracle import evaluate_oracle
+
+#: a softmax row whose largest probability is within this of 1 is one-hot
+ONE_HOT = 1e-6
+
+_SOFTMAX = {torch.ops.aten._softmax.default, torch.ops.aten._safe_softmax.default}
+_LOG_SOFTMAX = {torch.ops.aten._log_softmax.default}
+
+
+class SoftmaxWatch(TorchDispatchMode):
+    """Records whether any softmax over 2+ elements came out one-hot in every row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saturated = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _SOFTMAX or func in _LOG_SOFTMAX:
+            dim = args[1]
+            if out.numel() and out.shape[dim] > 1:
+                p = out.exp() if func in _LOG_SOFTMAX else out
+                if bool((p.amax(dim) > 1 - ONE_HOT).all()):
+                    self.saturated = True
+        return out
+
+
+def is_degenerate(value: Any) -> bool:
+    """All zero, or (2+ elements) all equal. A constant whole-number output is a counter (a step
+    count, token ids), exact by design, and not counted; an all-zero one always is."""
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:
+        return False
+    v = value.detach()
+    if bool((v == 0).all()):
+        return True
+    constant = v.numel() > 1 and bool((v == v.flatten()[0]).all())
+    return constant and not bool((v == v.round()).all())
+
+
+@dataclasses.dataclass(frozen=True)
+class Degenerate:
+    """What made one case degenerate: its degenerate outputs and whether a softmax saturated."""
+
+    outputs: tuple[str, ...]
+    saturated_softmax: bool
+
+    def __bool__(self) -> bool:
+        return bool(self.outputs) or self.saturated_softmax
+
+
+def degenerate(target: Any, case: Case) -> Degenerate:
+    """The degenerate outputs of ``target``'s oracle on ``case`` (in float64)."""
+    watch = SoftmaxWatch()
+    with watch:
+        expected = evaluate_oracle(target, case)
+    outs = tuple(name for name in target.outputs_for(case) if is_degenerate(expected.ref.get(name)))
+    return Degenerate(outs, watch.saturated)
+
+
+@dataclasses.dataclass(frozen=True)
+class DegenerateShare:
+    """Over ``cases`` supported cases, how many were degenerate, and by what."""
+
+    cases: int
+    degenerate: int
+    by_cause: dict[str, int]
+
+    @property
+    def share(self) -> float:
+        return self.degenerate / self.cases if self.cases else 0.0
+
+
+def degenerate_share(target: Any, cases: Iterable[Case]) -> DegenerateShare:
+    """:func:`degenerate` over ``cases`` (those ``target.supports`` rejects are skipped)."""
+    n = bad = 0
+    causes: Counter[str] = Counter()
+    for case in cases:
+        if target.supports is not None and target.supports(case):
+            continue
+        n += 1
+        found = degenerate(target, case)
+        if found:
+            bad += 1
+            causes.update(found.outputs)
+            causes.update(["softmax one-hot"] if found.saturated_softmax else [])
+    return DegenerateShare(n, bad, dict(causes))

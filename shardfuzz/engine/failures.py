@@ -1,0 +1,249 @@
+"""Failure files: versioned JSON records of counterexamples, written as soon as a failure is seen
+and updated while Hypothesis shrinks it (an interrupted run keeps what it found).
+
+Default directory: ``$SHARDFUZZ_FAILURES_DIR``, else ``.shardfuzz/failures`` under the current
+directory. It is created and checked for writing when a :class:`FailureRecorder` is made, before
+any fuzzing, so an unwritable one is a usage error up front and never loses a finding.
+
+File targets and implementations are kept as absolute paths, plus each file's path relative to its
+project root (field ``files``), so a file replays from any folder and after its checkout moved
+(:mod:`shardfuzz.spec.refs`: ``--search-path``, ``$SHARDFUZZ_PATH``).
+
+One file per (target, implementation, backend, failure kind); Hypothesis shrinks each distinct
+failure separately and only ever accepts smaller failing cases, so the last case written
+for a key is the smallest found so far, and after the final replay it is the shrunk one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import inspect
+import os
+import platform
+import re
+import sys
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+import shardfuzz
+from shardfuzz.engine.config import run_origin
+from shardfuzz.engine.failure_load import load, prepare, record_impl, record_target
+from shardfuzz.engine.failure_schema import FORMAT, VERSION
+from shardfuzz.engine.filewriter import FileWriter, WriteFailed
+from shardfuzz.engine.finding import FindingContext
+from shardfuzz.engine.hooks import RunHooks, example_order
+from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.protocol import ImplRef
+from shardfuzz.ranks.task import numerics_flags
+from shardfuzz.signature import signature_fields
+from shardfuzz.spec.refs import file_entries, load_ref
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "FailureRecorder",
+    "find_files",
+    "load",
+    "prepare",
+    "record_impl",
+    "record_target",
+]
+
+
+def default_dir() -> str:
+    return os.environ.get("SHARDFUZZ_FAILURES_DIR") or os.path.join(".shardfuzz", "failures")
+
+
+def check_failures_dir(path: str, what: str = "--failures-dir") -> str:
+    """Create the failures directory if needed and make sure a file can be written there; an
+    InvalidArgument naming ``what`` and the path otherwise. Returns the path."""
+    if not isinstance(path, str) or not path:
+        raise InvalidArgument(f"{what}={path!r}; must be a directory path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        why = "a file is in the way" if isinstance(e, FileExistsError) else e.strerror
+        raise InvalidArgument(
+            f"{what}={path!r}: cannot create the directory ({why}); give a writable directory"
+        ) from None
+    if not os.path.isdir(path):
+        raise InvalidArgument(f"{what}={path!r} is not a directory; give a writable directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".shardfuzz-write-check-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise InvalidArgument(
+            f"{what}={path!r}: cannot write there ({e.strerror}); give a writable directory"
+        ) from None
+    return path
+
+
+def source_hash(impl: ImplRef) -> str | None:
+    """sha256 of the implementation's source and the arguments it is bound with (None: no source)."""
+    try:
+        src = inspect.getsource(load_ref(impl.ref, "impl"))
+    except (OSError, TypeError, InvalidArgument):
+        return None
+    return hashlib.sha256((src + repr(impl.kwargs)).encode()).hexdigest()
+
+
+def versions() -> dict[str, str]:
+    import hypothesis
+    import torch
+
+    return {
+        "shardfuzz": shardfuzz.__version__,
+        "torch": torch.__version__,
+        "hypothesis": hypothesis.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _slug(text: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+    if len(slug) > 60:
+        slug = slug[:40] + "_" + hashlib.sha1(text.encode()).hexdigest()[:10]
+    return slug
+
+
+class FailureRecorder(RunHooks):
+    """A hook that writes a failure file for every finding (shrinking included)."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        what = "--failures-dir" if directory else "$SHARDFUZZ_FAILURES_DIR (or the default)"
+        if not directory and not os.environ.get("SHARDFUZZ_FAILURES_DIR"):
+            what = "the default failures directory"
+        #: writes safely beside other writers of the folder (see :mod:`shardfuzz.engine.filewriter`)
+        self.writer = FileWriter(check_failures_dir(directory or default_dir(), what))
+        self.written: dict[str, str] = {}  # path -> kind, in order
+        #: failure files that could not be written (path -> why); the finding is reported anyway
+        self.errors: dict[str, str] = {}
+        self._source: dict[ImplRef, str | None] = {}
+        self._order: dict[tuple, tuple] = {}  # file key -> Hypothesis' order of the case written there
+        #: a campaign's run (1 first): runs after the first write their findings to files of their
+        #: own until :meth:`settle` knows whether each is a new finding or one found before
+        self.run = 1
+
+    @property
+    def directory(self) -> str:
+        return self.writer.directory
+
+    @directory.setter
+    def directory(self, path: str) -> None:
+        self.writer.directory = path
+
+    def key(self, context: FindingContext, kind: str) -> tuple[str, str]:
+        stem = f"{_slug(context.target)}-{_slug(context.impl)}-{context.backend}-{kind}"
+        return stem, f".run{self.run}.json" if self.run > 1 else ".json"
+
+    def path_for(self, context: FindingContext, kind: str) -> str:
+        return self.writer.path(*self.key(context, kind))
+
+    def begin_run(self, run: int) -> None:
+        self.run = run
+
+    def settle(self, finding: Finding, distinct: bool) -> str | None:
+        """After a campaign run: keep ``finding``'s file (it is a distinct finding: the first of its
+        kind keeps the plain name, later ones get ``-2``, ``-3``...) or remove it (a finding seen
+        before). Returns the path kept."""
+        path = self.path_for(finding.context, finding.kind)
+        if self.run == 1 or path not in self.written:
+            return path if distinct and path in self.written else None
+        kind = self.written.pop(path)
+        stem, suffix = self.key(finding.context, finding.kind)
+        self.writer.forget(stem, suffix)
+        if not distinct:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            return None
+        try:
+            final = self.writer.move(path, stem, ".json")
+        except OSError as e:
+            self.errors[path] = str(e)
+            return None
+        self.written[final] = kind
+        return final
+
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:
+        key = self.key(context, finding.kind)
+        order = example_order()
+        if order is not None and key in self._order and order > self._order[key]:
+            return  # Hypothesis went on generating after shrinking: keep the smaller case on file
+        if order is not None:
+            self._order[key] = order
+        try:
+            self._write(key, context, finding)
+        except OSError as e:  # never lose the finding over its file; say so once, not per update
+            path = getattr(e, "path", self.path_for(context, finding.kind))
+            size = f"; {e.size} bytes did not fit" if isinstance(e, WriteFailed) else ""
+            if not self.errors:
+                print(
+                    f"shardfuzz: warning: could not write the failure file {path!r}: {e}{size}",
+                    file=sys.stderr,
+                )
+            self.errors[path] = str(e)
+
+    def write(self, path: str, context: FindingContext, finding: Finding) -> None:
+        """Write ``finding`` of ``context`` over ``path``, a failure file this recorder wrote (a
+        finished shrink: :mod:`shardfuzz.engine.finish`)."""
+        self._write((os.path.basename(path).removesuffix(".json"), ".json"), context, finding)
+
+    def _write(self, key: tuple[str, str], context: FindingContext, finding: Finding) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        before = self.writer.owned.get(key, "")
+        path = self.writer.write(*key, self._record(context, finding))
+        self.written.pop(before if before != path else "", None)  # taken over by another writer
+        self.written[path] = finding.kind
+
+    def _record(self, context: FindingContext, finding: Finding) -> dict[str, Any]:
+        ref, spec, case = context.impl_ref.ref, context.target_ref, context.case
+        if context.impl_ref not in self._source:
+            self._source[context.impl_ref] = source_hash(context.impl_ref)
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "target": context.target,
+            "target_ref": spec,
+            "target_worker_ref": context.worker_ref,
+            "impl": context.impl,
+            "planted": context.planted,  # regressions() leaves these out unless asked
+            "impl_ref": ref,
+            "impl_kwargs": dict(context.impl_ref.kwargs),
+            "files": file_entries([spec, context.worker_ref, ref]),
+            "case": case.to_dict(),
+            "case_repr": repr(case),
+            "backend": context.backend,
+            "device": context.device,
+            "deterministic": context.config.deterministic,
+            "kind": finding.kind,
+            "ratio": finding.ratio,
+            "report": finding.report,
+            **signature_fields(finding),
+            "trace": {str(r): [c.to_json() for c in t] for r, t in sorted(finding.traces.items())},
+            "inputs_sha256": context.inputs_sha256,
+            "impl_source_sha256": self._source[context.impl_ref],
+            "tolerance": {
+                **dataclasses.asdict(context.config.tolerance),
+                "policy": context.tolerance.describe(case.dtype),
+            },
+            "numerics": {"driver": numerics_flags(), "rank0": context.numerics},
+            "versions": versions(),
+            "origin": run_origin(),  # the pytest test and xdist worker that wrote it
+        }
+
+
+def find_files(paths: Iterable[str]) -> list[str]:
+    """Failure files in the given files and directories (sorted, so replays run in a stable order)."""
+    out: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            out += sorted(os.path.join(p, n) for n in os.listdir(p) if n.endswith(".json"))
+        elif os.path.exists(p):
+            out.append(p)
+        else:
+            raise InvalidArgument(f"FILE|DIR={p!r} does not exist")
+    return out

@@ -1,0 +1,192 @@
+"""Writing failure files safely when other writers share the folder (two campaigns of the same
+target, ``--jobs``, a CI matrix on one disk), and when the disk is full.
+
+* Every write goes to a temporary file with a unique name (a random one, created exclusively),
+  never ``{path}.tmp{pid}``.
+* A final name is claimed by exclusive creation (``os.link`` of the complete temporary file: it
+  fails when the name exists, and the file appears whole): the first writer of a key gets
+  ``{stem}.json``, the next ``{stem}-2.json``, and so on.
+* A file that exists is taken over (updated in place, as one campaign does while Hypothesis shrinks)
+  only when its recorded writer (``"writer"``: host, pid, recorder) is this process or a process
+  of this host that is gone: a file of a live writer is never replaced. Before each update the
+  writer compares the file's ``writer`` with its own, so a file taken over is left alone.
+* Each record is stamped with ``created`` (kept across updates), ``updated`` and ``updates``.
+* A write that fails (a full disk) removes its partial temporary file and raises; the caller warns
+  once, with the path and the size that did not fit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import json
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+#: errors of ``os.link`` on file systems without hard links: claim with O_EXCL instead
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV}
+
+
+class FileWriter:
+    """Writes JSON records to files of one directory, one claimed file per key."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.token = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
+        self.owned: dict[tuple[str, str], str] = {}  # (stem, suffix) -> the path claimed for it
+
+    def path(self, stem: str, suffix: str) -> str:
+        """The file claimed for the key, or the name it would try first."""
+        return self.owned.get((stem, suffix)) or os.path.join(self.directory, stem + suffix)
+
+    def write(self, stem: str, suffix: str, record: dict[str, Any]) -> str:
+        """Write ``record`` under the key's file, stamped with ``created`` (kept from the file it
+        updates), ``updated`` and ``updates``; returns its path. Raises OSError when it cannot be
+        written (nothing partial is left behind)."""
+        mine = self.owned.get((stem, suffix))
+        if mine is not None:
+            old = read_record(mine)
+            if old is not None and old.get("writer") == self.token:  # compare before replacing
+                os.replace(self._temporary(mine, _stamped(record, old)), mine)
+                return mine
+        path = self._claim_free(stem, suffix, lambda old: _stamped(record, old))
+        self.owned[(stem, suffix)] = path
+        return path
+
+    def move(self, src: str, stem: str, suffix: str) -> str:
+        """Give the file ``src`` of this writer the key's first free name (never one this writer
+        holds); returns it."""
+        record = read_record(src)
+        if record is None:
+            raise OSError(errno.ENOENT, f"cannot read {src}")
+        path = self._claim_free(stem, suffix, lambda _old: record)
+        os.remove(src)
+        return path
+
+    def forget(self, stem: str, suffix: str) -> None:
+        self.owned.pop((stem, suffix), None)
+
+    # -- claiming -------------------------------------------------------------------------
+    def _claim_free(self, stem: str, suffix: str, make: Callable[[dict | None], dict]) -> str:
+        held = set(self.owned.values())
+        for n in range(1, 10_000):
+            path = os.path.join(self.directory, f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+            if path not in held and self._claim(path, make):
+                return path
+        raise OSError(errno.EEXIST, f"no free file name for {stem}{suffix} in {self.directory}")
+
+    def _claim(self, path: str, make: Callable[[dict | None], dict]) -> bool:
+        old = read_record(path) if os.path.lexists(path) else None
+        if os.path.lexists(path) and (old is None or not self._may_take_over(old)):
+            return False  # another live writer's file, or not a record of ours: never replaced
+        tmp = self._temporary(path, make(old))
+        stale = None
+        try:
+            if old is not None:  # move the stale file out of the way: one taker only
+                stale = tmp + ".old"
+                try:
+                    os.rename(path, stale)
+                except FileNotFoundError:
+                    stale = None
+            return _create_exclusive(tmp, path)
+        finally:
+            for leftover in (tmp, stale):
+                if leftover is not None and os.path.lexists(leftover):
+                    os.remove(leftover)
+
+    def _may_take_over(self, record: dict[str, Any]) -> bool:
+        writer = record.get("writer")
+        if writer == self.token:
+            return False  # this writer's own file of another key
+        if writer is None:
+            return True  # written before writers were recorded: an earlier run's file
+        if not isinstance(writer, str) or writer.count(":") < 2:
+            return False
+        host, pid, _ = writer.rsplit(":", 2)
+        if host != self.host or not pid.isdigit():
+            return False  # another machine's writer may be alive: leave its file
+        return int(pid) == self.pid or not _alive(int(pid))
+
+    def _temporary(self, path: str, record: dict[str, Any]) -> str:
+        """A complete temporary file next to ``path`` (removed again when the write fails)."""
+        record["writer"] = self.token
+        data = (json.dumps(record, indent=2) + "\n").encode()
+        tmp = os.path.join(self.directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:16]}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies (mkstemp: 0600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as e:
+            os.close(fd)
+            os.remove(tmp)
+            raise WriteFailed(path, len(data), e) from e
+        os.close(fd)
+        return tmp
+
+
+def _stamped(record: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    created, updates = now, 0
+    if old is not None:  # an update: of this run's file, or of an earlier run's
+        created = old.get("created", now)
+        with contextlib.suppress(TypeError, ValueError):
+            updates = int(old.get("updates", 0)) + 1
+    return {**record, "created": created, "updated": now, "updates": updates}
+
+
+class WriteFailed(OSError):
+    """A failure file that could not be written: its path and how many bytes did not fit."""
+
+    def __init__(self, path: str, size: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.path, self.size = path, size
+
+
+def _create_exclusive(tmp: str, path: str) -> bool:
+    """Give the complete file ``tmp`` the name ``path`` unless it exists (True: it was free)."""
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as e:
+        if e.errno not in _NO_LINKS:
+            raise
+    # no hard links here (some network and FUSE file systems): exclusive creation, then the bytes
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
+            out.write(src.read())
+    except OSError:
+        os.remove(path)  # never a truncated record under the final name
+        raise
+    return True
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when it cannot be read or is no object."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True

@@ -1,0 +1,221 @@
+"""A fleet's findings and workers in one shared Redis (``--database redis://...``, ``--fleet NAME``).
+
+Keys (all under ``shardfuzz:FLEET:``, so fleets never mix; none of them expire, unlike the corpus):
+
+* ``finding:ID``: one JSON document per distinct finding, written with ``SET NX`` (one command, so
+  two workers that find the same bug at once leave exactly one, and a worker killed while writing
+  leaves the whole finding or none): signature and its version, who found it and when, the
+  versions it was found with, the shrink time its finder spent, and its failure file's content.
+* ``seen:ID`` / ``shrink:ID``: per worker, how often it found that finding again, and the shrink
+  seconds it spent on those rediscoveries (a signature is known only after the shrink, so a
+  rediscovery is told apart after it: the time spent on it is counted, not saved).
+* ``worker:WORKER``: each worker's heartbeat (examples, rate, trigger shares, versions, state);
+  one whose heartbeat is older than :data:`GONE_AFTER` heartbeats is shown as gone.
+
+The ID is a hash of the signature version, the target/implementation/backend and the signature
+(:func:`signature_of`, the one place that says how findings are told apart). Everything read back
+is untrusted: sizes are bounded, fields are type-checked, and the failure file is checked by the
+same checks as a file on disk (:func:`shardfuzz.engine.failure_schema.validate_failure_record` when read,
+:func:`shardfuzz.engine.failure_load.prepare` as a record of a store, with its trust rule, when replayed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from shardfuzz.engine.failure_schema import MAX_FILE_BYTES, validate_failure_record
+from shardfuzz.engine.failures import versions
+from shardfuzz.engine.shared_db import RedisLost, connect, fleet_prefix, redact, redis_errors
+from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.signature import SIGNATURE_VERSION, finding_signature
+
+FORMAT = "shardfuzz-fleet-finding"
+#: the largest stored finding read back: a failure file's bound and room for the fleet's fields
+MAX_FINDING_BYTES = MAX_FILE_BYTES + 64 * 1024
+#: a worker whose last heartbeat is older than this many heartbeat intervals is shown as gone
+GONE_AFTER = 3
+
+
+def signature_of(finding: Finding) -> str:
+    """What tells two shrunk findings apart: the versioned signature by cause
+    (:func:`shardfuzz.signature.finding_signature`; its version is :data:`SIGNATURE_VERSION`, so
+    entries of an older version are keyed apart from new ones and can be told from them)."""
+    return finding_signature(finding)
+
+
+def finding_id(identity: str, finding: Finding) -> str:
+    """The fleet-wide id of ``finding`` of the target/implementation/backend ``identity``."""
+    text = json.dumps([SIGNATURE_VERSION, identity, repr(signature_of(finding))])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class FleetStore:
+    """The findings and workers of fleet ``fleet`` in the Redis at ``url``."""
+
+    def __init__(self, url: str, fleet: str, what: str = "--database") -> None:
+        self.url, self.shown_url, self.fleet = url, redact(url), fleet
+        self.redis = connect(url, what)
+        self.prefix = fleet_prefix(fleet)
+        self.errors = redis_errors()
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}{kind}:{name}"
+
+    # -- writing (a worker): every Redis error is said once, and the worker goes on locally ---------
+    def _safely(self, fn: Any, default: Any = None) -> Any:
+        if RedisLost.lost is not None:
+            return default
+        try:
+            return fn()
+        except self.errors as e:
+            RedisLost.note(self.shown_url, e)
+            return default
+
+    def publish(self, doc: dict[str, Any]) -> dict[str, Any] | None:
+        """Store ``doc`` as finding ``doc['id']`` unless the fleet has it; returns None when it was
+        stored now (a new finding), else the stored one (a rediscovery; checked, may be {})."""
+        key = self._key("finding", doc["id"])
+
+        def put() -> dict[str, Any] | None:
+            if self.redis.set(key, json.dumps(doc), nx=True):
+                return None
+            return self._read(doc["id"], self.redis.get(key)) or {}
+
+        return self._safely(put, default=None)
+
+    def rediscovered(self, fid: str, worker: str, shrink_seconds: float) -> None:
+        def count() -> None:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hincrby(self._key("seen", fid), worker, 1)
+            pipe.hincrbyfloat(self._key("shrink", fid), worker, round(shrink_seconds, 3))
+            pipe.execute()
+
+        self._safely(count)
+
+    def heartbeat(self, worker: str, fields: dict[str, Any], interval: float) -> None:
+        doc = {**fields, "heartbeat": time.time(), "interval": interval}
+        key = self._key("worker", worker)
+        self._safely(lambda: self.redis.set(key, json.dumps(doc), ex=7 * 24 * 3600))
+
+    # -- reading (the fleet view): untrusted input ----------------------------------------------------
+    def _scan(self, kind: str) -> list[str]:
+        pattern = self._key(kind, "*")
+        names = [k.decode() if isinstance(k, bytes) else k for k in self.redis.scan_iter(match=pattern)]
+        return sorted(n[len(pattern) - 1 :] for n in names)
+
+    def _read(self, fid: str, raw: Any) -> dict[str, Any] | None:
+        where = f"fleet finding {fid!r} in {self.shown_url} (fleet {self.fleet!r})"
+        if raw is None:
+            return None
+        if len(raw) > MAX_FINDING_BYTES:
+            raise InvalidArgument(f"{where}: {len(raw)} bytes, more than the {MAX_FINDING_BYTES} allowed")
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise InvalidArgument(f"{where}: not valid JSON ({e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise InvalidArgument(f"{where}: field 'format' is not {FORMAT!r} (written by something else?)")
+        for field, kind in FIELDS.items():
+            if not isinstance(doc.get(field), kind):
+                raise InvalidArgument(f"{where}: field {field!r} is {doc.get(field)!r}, expected {kind}")
+        if doc["id"] != fid:
+            raise InvalidArgument(f"{where}: field 'id' is {doc['id']!r}, not the key's id")
+        if doc["failure_file"] is not None:  # the schema of a failure file; imports nothing
+            validate_failure_record(doc["failure_file"], f"{where}: field 'failure_file'")
+        return doc
+
+    def findings(self) -> list[dict[str, Any]]:
+        """Every finding of the fleet, checked, with its rediscovery counts (oldest first)."""
+        out = []
+        for fid in self._scan("finding"):
+            doc = self._read(fid, self.redis.get(self._key("finding", fid)))
+            if doc is None:
+                continue  # removed since the scan
+            doc["seen"] = _numbers(self.redis.hgetall(self._key("seen", fid)))
+            doc["shrink_again"] = _numbers(self.redis.hgetall(self._key("shrink", fid)))
+            out.append(doc)
+        return sorted(out, key=lambda d: (d["found_at"], d["id"]))
+
+    def workers(self) -> list[dict[str, Any]]:
+        out = []
+        for name in self._scan("worker"):
+            raw = self.redis.get(self._key("worker", name))
+            try:
+                doc = json.loads(raw) if raw is not None and len(raw) < MAX_FINDING_BYTES else None
+            except ValueError:
+                doc = None
+            if not isinstance(doc, dict):
+                out.append({"worker": name, "state": "unreadable"})
+                continue
+            doc["worker"] = name
+            age = time.time() - float(doc.get("heartbeat") or 0)
+            doc["age"] = age
+            if doc.get("state") == "running" and age > GONE_AFTER * float(doc.get("interval") or 10):
+                doc["state"] = "gone"
+            out.append(doc)
+        return out
+
+
+FIELDS: dict[str, type | tuple[type, ...]] = {
+    "id": str,
+    "signature_version": int,
+    "signature": str,
+    "identity": str,
+    "kind": str,
+    "target": str,
+    "impl": str,
+    "backend": str,
+    "case": str,
+    "found_by": str,
+    "found_at": str,
+    "shrink_seconds": (int, float),
+    "versions": dict,
+    "failure_file": (dict, type(None)),
+}
+
+
+def _numbers(raw: dict) -> dict[str, float]:
+    out = {}
+    for k, v in raw.items():
+        try:
+            out[k.decode() if isinstance(k, bytes) else str(k)] = float(v)
+        except (TypeError, ValueError):
+            continue  # a count that is not a number is not counted
+    return out
+
+
+def finding_doc(
+    identity: str, finding: Finding, record: dict[str, Any] | None, worker: str, shrink_seconds: float
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "id": finding_id(identity, finding),
+        "signature_version": SIGNATURE_VERSION,
+        "signature": repr(signature_of(finding)),
+        "identity": identity,
+        "kind": finding.kind,
+        "target": identity.split("/", 1)[0],
+        "impl": (record or {}).get("impl") or identity,
+        "backend": identity.rsplit("/", 1)[-1],
+        "margin": finding.ratio,
+        "case": repr(finding.case),
+        "found_by": worker,
+        "found_at": _now(),
+        "shrink_seconds": round(shrink_seconds, 3),
+        "versions": versions(),
+        "failure_file": record,
+    }

@@ -1,0 +1,326 @@
+"""The runner: one case of one (target, implementation, backend) on a warm pool, judged against the
+oracle. Statistics and the adaptive example timeout live here too.
+
+Leaks (global state an example left behind, see :mod:`shardfuzz.ranks.task`) are not findings: the ranks
+restore what they can, the pool restarts when they cannot, and every leak is counted in
+``Stats.leaks``, printed in the summary, and appended to the report of a finding in the same example.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.engine.config import RunConfig, check_world_size, env_int, format_tolerance
+from shardfuzz.engine.finding import FindingContext, inputs_hash
+from shardfuzz.engine.hooks import RunHooks
+from shardfuzz.engine.selforacle import SELF, self_expected
+from shardfuzz.engine.stats import Stats
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
+from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply
+from shardfuzz.ranks.faults import ProcessState, confirm_death
+from shardfuzz.ranks.gpu import check_placement
+from shardfuzz.ranks.pool_cache import discard_pool, get_pool
+from shardfuzz.ranks.regroup import regroup
+from shardfuzz.ranks.spawn import hard_cap, start_forkserver
+from shardfuzz.report.findings import Reporter
+from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
+from shardfuzz.spec import registry
+from shardfuzz.spec.exclude import Excluded, exclusion
+from shardfuzz.spec.target import Target
+from shardfuzz.verdict.comm import over_budget
+from shardfuzz.verdict.decide import DecideConfig, decide
+from shardfuzz.verdict.judge import Verdict
+from shardfuzz.verdict.oracle import Expected, evaluate_oracle
+
+#: the example timeout (the no-progress window) is one of these; a busy example may run on up to
+#: :func:`~shardfuzz.ranks.spawn.hard_cap` of it
+TIMEOUT_BUCKETS = (2, 3, 5, 10, 20, 30, 60)
+
+_driver_ready = False
+
+
+def _prepare_driver() -> None:
+    """One OpenMP thread in the driver too: 2 cores, 4 ranks and a spinning driver is 6x slower."""
+    global _driver_ready
+    if not _driver_ready:
+        import torch
+
+        if "OMP_NUM_THREADS" not in os.environ or os.environ.get("SHARDFUZZ_DRIVER_THREADS"):
+            torch.set_num_threads(env_int("SHARDFUZZ_DRIVER_THREADS", 1, 1))
+        _driver_ready = True
+
+
+class TimeoutPolicy:
+    """Example timeout per (target, world size): adaptive from recent passing examples, or fixed.
+
+    The timeout is the *window*: an example hangs when no rank used CPU for that long (see
+    :class:`~shardfuzz.ranks.spawn.ProgressWatch`); while ranks compute, it may run on up to the hard cap
+    (:func:`~shardfuzz.ranks.spawn.hard_cap`: max(120 s, 10 x the window)), which is also the gloo
+    timeout of the ranks' groups. Adaptive: ``max(floor, factor * slowest of the last 50 passing
+    examples)``, ``initial`` before five examples have passed, rounded up to a bucket (2, 3, 5,
+    10, 20, 30, 60 s; at most 60 s). The runner does not record the first pass of a target on a
+    freshly started pool, which pays the ranks' imports.
+    """
+
+    def __init__(self, floor: float = 3.0, initial: float = 10.0, factor: float = 20.0) -> None:
+        self.floor, self.initial, self.factor = floor, initial, factor
+        self.recent: dict[tuple, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=50)
+        )
+
+    def timeout(self, key: tuple, fixed: float | None = None) -> float:
+        if fixed is not None:
+            return float(fixed)
+        seen = self.recent[key]
+        value = self.initial if len(seen) < 5 else max(self.floor, self.factor * max(seen))
+        return float(next((b for b in TIMEOUT_BUCKETS if b >= value), TIMEOUT_BUCKETS[-1]))
+
+    def record(self, key: tuple, seconds: float) -> None:
+        self.recent[key].append(seconds)
+
+
+TIMEOUTS = TimeoutPolicy()
+
+
+class Runner:
+    """Runs cases of one (target, implementation, backend) and checks them against the oracle."""
+
+    def __init__(
+        self,
+        target: Any,
+        impl: Any = None,
+        config: RunConfig | None = None,
+        *,
+        hooks: Sequence[RunHooks] = (),
+    ) -> None:
+        if config is not None and not isinstance(config, RunConfig):
+            raise InvalidArgument(f"config={config!r}; must be a shardfuzz.RunConfig")
+        start_forkserver()  # its preloading overlaps with the imports of the target and the search
+        self.config = config or RunConfig()
+        self.hooks = tuple(hooks)
+        for h in self.hooks:
+            if not isinstance(h, RunHooks):
+                raise InvalidArgument(
+                    f"hooks contains {h!r}; hooks must be shardfuzz.engine.hooks.RunHooks objects"
+                )
+        self.target: Target = registry.get_target(target)
+        self.target_spec = registry.target_spec(self.target)  # rerun lines work from any folder
+        self.impl_ref = self.target.impl_ref(impl)
+        self.impl_name = self.target.impl_name(impl)
+        self.worker_target = self.target.worker_ref()
+        self.stats = Stats()
+        self._confirming = False  # rerunning a case whose rank died (shardfuzz.ranks.faults)
+        self.deaths_set_aside: set[str] = set()  # cases whose rank death did not recur (reprs)
+        self._driver_state = ProcessState("the driver")  # the target's inputs and oracle run here
+        #: numerics flags reported by rank 0 of the first example
+        self.numerics: dict[str, Any] | None = None
+        #: the full inputs of the last case the oracle ran (failure files hash them)
+        self.last_inputs: dict[str, Any] = {}
+        self.last_traces: dict[int, tuple] = {}  # the collectives of the last judged example
+        self.trace = True  # record the collectives (off: benchmarks/trace_cost.py's baseline)
+        #: the run's tolerance: the target's per-output overrides, then the run's own on top
+        self.tolerance = dataclasses.replace(
+            self.config.tolerance,
+            per_output=dict(self.target.tolerance) | dict(self.config.tolerance.per_output),
+        )
+        impl_arg = self.impl_name if self.impl_name in self.target.implementations else str(self.impl_ref)
+        backend = "" if self.config.backend == "gloo" else f" --backend {self.config.backend}"
+        overrides = "".join(
+            f" --tolerance {format_tolerance(n, t)}" for n, t in self.config.tolerance.per_output
+        )
+        self.reporter = Reporter(
+            self.target.name,
+            self.impl_name,
+            str(self.impl_ref),
+            self.config.backend,
+            f"shardfuzz case {self.target_spec} --impl {impl_arg}{backend}{overrides}",
+            self.tolerance,
+            self_oracle=self.target.oracle == SELF,
+        )
+
+    @property
+    def backend(self) -> str:
+        return self.config.backend
+
+    @property
+    def device(self) -> str:
+        return self.config.device or "cpu"
+
+    @property
+    def key(self) -> str:
+        return f"{self.target.name}/{self.impl_name}/{self.backend}"
+
+    def strategy(self) -> Any:
+        return self.target.strategy(self.config.world_sizes, self.config.dtypes, self.config.options)
+
+    def rerun_command(self, case: Case) -> str:
+        return self.reporter.rerun_command(case)
+
+    # -- one example ----------------------------------------------------------------------
+    def run_case(self, case: Case) -> float:
+        """Run one case on the ranks and compare. Returns the worst error/tolerance; raises a Finding."""
+        _prepare_driver()
+        self._check_case(case)
+        for hook in self.hooks:
+            hook.before_example(self, case)
+        self._admit(case)
+        self.stats.examples += 1
+        try:
+            ratio, elapsed = self._run_in_clean_driver(case)
+        except Finding as f:
+            self.stats.count_finding(f)
+            f.context = self.finding_context(case, f)  # once, for every hook and the caller
+            for hook in self.hooks:
+                hook.on_finding(f.context, f)
+            raise
+        except (Unsupported, ExternalFault):
+            self.stats.examples -= 1
+            raise
+        self.stats.note_pass(ratio, case)
+        if elapsed is not None:
+            TIMEOUTS.record(self._timeout_key(case), elapsed)
+        return ratio
+
+    def _check_case(self, case: Case) -> None:
+        """``case`` is a Case of this runner's target at a world size shardfuzz runs."""
+        if not isinstance(case, Case):
+            raise InvalidArgument(f"case={case!r}; expected a shardfuzz.Case")
+        if case.target != self.target.name:
+            raise InvalidArgument(f"case.target={case.target!r} but this runner fuzzes {self.target.name!r}")
+        check_world_size(case.world_size, "case world_size")
+
+    def _admit(self, case: Case) -> None:
+        """Raise if ``case`` is not to be run here: a placement the devices cannot take, a case the
+        target does not support (Unsupported), or a known failure (Excluded, counted)."""
+        check_placement(self.target, self.backend, self.device, case.world_size)
+        if self.target.supports is not None:
+            reason = self.target.supports(case)
+            if reason:
+                raise Unsupported(
+                    f"target {self.target.name!r} does not support this case: {reason}", reason=reason
+                )
+        reason = exclusion(case, self.target, self.config.exclude)
+        if reason is not None:  # a known failure: counted and shown, never run
+            self.stats.excluded[reason] += 1
+            raise Excluded(f"excluded as a known failure: {reason}", reason=reason)
+
+    def _timeout_key(self, case: Case) -> tuple:
+        return (self.target.name, case.world_size, self.backend, self.device)
+
+    def _run_in_clean_driver(self, case: Case) -> tuple[float, float | None]:
+        """:meth:`_run_on_pool`, the driver's environment and working directory restored after it."""
+        self._driver_state.snapshot()
+        try:
+            return self._run_on_pool(case)
+        finally:
+            self.stats.leaks.update(self._driver_state.restore())
+
+    def _run_on_pool(self, case: Case) -> tuple[float, float | None]:
+        """Worst error/tolerance and the time taken (None: the first example of this target on a
+        fresh pool, which pays imports and is not learnt from)."""
+        window = TIMEOUTS.timeout(self._timeout_key(case), self.config.timeout)
+        cap = hard_cap(window)
+        pool = get_pool(
+            self.backend, case.world_size, cap, device=self.device, debug=self.config.debug_collectives
+        )
+        want_flags = self.numerics is None
+        task = Task(
+            case, self.worker_target, self.impl_ref, cap, self.config.deterministic, want_flags, self.trace
+        )
+        pool.submit(task)
+        try:
+            expected = self.expected(case)  # overlaps with the ranks' work
+            outcome = pool.collect(window, cap)
+            kept = regroup(pool, outcome)  # a rank's own error: the processes stay, with a new group
+        except BaseException:  # the oracle raised, Ctrl-C, a deadline: the ranks may still be busy
+            discard_pool(pool)
+            raise
+        leaks = self._note_leaks(outcome)
+        if not kept and (not isinstance(outcome, Completed) or any(r.restart for r in outcome.replies)):
+            discard_pool(pool, spare_for=task)  # fresh ranks next time, from a spare started now
+        if isinstance(outcome, RankFailed):  # (leaks: only a completed example reports them)
+            self.reporter.raise_rank_error(case, outcome)
+        if isinstance(outcome, RankDied):  # confirmed on fresh ranks first: it may come from outside
+            note = confirm_death(self, case, outcome)
+            try:
+                self.reporter.raise_rank_died(case, outcome)
+            except Finding as f:
+                if note:  # it recurs only sometimes
+                    f.report += note
+                    f.args = (f.report,)
+                raise
+        if isinstance(outcome, Hung):
+            self.reporter.raise_hang(case, outcome)
+        assert isinstance(outcome, Completed)
+        first = self.worker_target not in pool.ran
+        pool.ran.add(self.worker_target)
+        refused = sorted({rep.reason for rep in outcome.replies if isinstance(rep, UnsupportedReply)})
+        if refused:
+            raise Unsupported("; ".join(refused), reason="; ".join(refused))
+        replies = [rep for rep in outcome.replies if isinstance(rep, Reply)]
+        if self.numerics is None:
+            self.numerics = replies[0].numerics
+        ratio = self.judge_replies(case, replies, expected, leaks)
+        return ratio, None if first else outcome.elapsed
+
+    def _note_leaks(self, outcome: Any) -> list[str]:
+        if not isinstance(outcome, Completed):
+            return []
+        leaks = [leak for rep in outcome.replies for leak in rep.leaks]
+        self.stats.leaks.update(leaks)
+        return leaks
+
+    # -- the oracle and the judge (public: the torchrun path uses them) ------------------------
+    def expected(self, case: Case) -> Expected:
+        """The oracle's values for ``case`` (remembers the inputs for failure files); noise samples
+        come later, where the verdict needs them (:meth:`verdict`)."""
+        if self.target.oracle == SELF:  # the implementation at world size 1, once the ranks answered
+            window = TIMEOUTS.timeout(self._timeout_key(case), self.config.timeout)
+            expected = self_expected(self.target, case, self.impl_ref, self.config, window)
+        else:
+            expected = evaluate_oracle(self.target, case)
+        self.last_inputs = expected.inputs
+        return expected
+
+    def judge_replies(
+        self, case: Case, replies: list[Reply], expected: Expected, leaks: Sequence[str] = ()
+    ) -> float:
+        """Judge every rank's :class:`Reply`; returns the worst error/tolerance or raises a Finding
+        (whose report names the ``leaks``: global state the example left behind)."""
+        verdict = self.verdict(case, replies, expected)
+        self.last_traces = traces = {r: rep.trace for r, rep in enumerate(replies)}
+        self.reporter.raise_verdict(case, verdict, traces, leaks)
+        over = over_budget(self.target, self.impl_name, case, traces)  # right values; now the bytes
+        if over is not None:
+            self.reporter.raise_communication(case, over[1], over[0], traces, leaks)
+        return verdict.worst
+
+    def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:
+        """:func:`shardfuzz.verdict.decide.decide` with this run's target, tolerance and closest pass."""
+        config = DecideConfig(self.target, self.tolerance, self.impl_name, self.stats.worst_pass_ratio)
+        return decide(case, replies, expected, config)
+
+    def finding_context(self, case: Case, finding: Finding) -> FindingContext:
+        """The frozen context of ``finding``, raised by ``case`` (the example this runner just ran)."""
+        return FindingContext(
+            case=case,
+            target=self.target.name,
+            target_ref=self.target_spec,
+            worker_ref=self.worker_target,
+            impl=self.impl_name,
+            impl_ref=self.impl_ref,
+            backend=self.backend,
+            device=self.device,
+            config=self.config,
+            tolerance=self.tolerance,
+            inputs_sha256=inputs_hash(self.last_inputs),
+            numerics=self.numerics,
+            traces=dict(finding.traces),
+            leaks=tuple(finding.leaks),
+            planted=self.impl_name in self.target.planted,
+        )

@@ -1,0 +1,363 @@
+"""The Hypothesis glue: the ``@given`` test around a runner, :func:`run` and its :class:`Result`.
+
+Hypothesis runs only in the driver, with a single ``case`` argument; ranks never call ``@given``.
+Hypothesis does the search and the shrinking; there is no search loop of ours.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardfuzz.case import Case
+from shardfuzz.engine.config import RunConfig, check_tolerance_outputs
+from shardfuzz.engine.covering import CoveringRun, counted_run, seeded_database, stable_seed
+from shardfuzz.engine.database import keyed_database
+from shardfuzz.engine.failures import FailureRecorder
+from shardfuzz.engine.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_choices, example_order
+from shardfuzz.engine.runner import Runner, Stats
+from shardfuzz.engine.settings import build_settings
+from shardfuzz.engine.shared_db import hypothesis_database
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
+from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
+from shardfuzz.spec.exclude import Excluded
+
+if TYPE_CHECKING:
+    import hypothesis
+
+    from shardfuzz.engine.finding import FindingContext
+
+_EXCEPTION_GROUP: type[Any] | None  # has ``.exceptions``
+if sys.version_info >= (3, 11):
+    _EXCEPTION_GROUP = BaseExceptionGroup  # noqa: F821 (a builtin since 3.11; ruff targets 3.10)
+else:  # pragma: no cover; Hypothesis brings the backport on 3.10
+    try:
+        _EXCEPTION_GROUP = importlib.import_module("exceptiongroup").BaseExceptionGroup
+    except ImportError:
+        _EXCEPTION_GROUP = None
+
+
+def check(runner: Runner, case: Case, label: str = "error/tolerance") -> float:
+    """Run one case inside a Hypothesis test: statistics, events and ``target(label=label)`` included."""
+    from hypothesis import event, reject, target
+
+    StickyInterrupt.check()  # a Ctrl-C that Python swallowed (in a gc callback) still stops the run
+    try:
+        ratio, reached = counted_run(runner, case)
+    except (Unsupported, ExternalFault) as e:
+        if isinstance(e, Unsupported):
+            event(f"{'excluded' if isinstance(e, Excluded) else 'unsupported'}: {e.reason}")
+        else:
+            event(f"external fault: {str(e).split(' from outside')[0]}")
+        reject()
+    for t in reached:
+        event(t)
+    target(min(ratio, 1.0), label=label)
+    return ratio
+
+
+#: the database key of every shardfuzz test: Hypothesis' digest of 0.1's ``test_case`` (5a6d863)
+DATABASE_KEY = bytes.fromhex(
+    "c808f5934700e9e68b738079c7c1a258fa3b3b48e52bdd4f988191a646ed4d507b2217b992c2d3281c4ed944983eb0af"
+)
+
+
+def stable_identity(runner: Runner) -> str:
+    """The target, the resolved implementation (module and qualified name, its bound arguments) and
+    the backend: what derandomized seeds and database keys come from, never the path as typed."""
+    ref = runner.impl_ref
+    where, sep, name = ref.ref.partition("::")
+    resolved = f"{os.path.splitext(os.path.basename(where))[0]}:{name}" if sep else ref.ref
+    bound = "".join(f",{k}={v!r}" for k, v in ref.kwargs)
+    return f"{runner.target.name}/{resolved}{bound}/{runner.backend}"
+
+
+def build_test(
+    runner: Runner, settings: Any = None, *, database: Any = "default", rows: bool = True
+) -> Callable[[], None]:
+    """The test for a runner: first the covering rows (:mod:`shardfuzz.engine.covering`) as plain cases,
+    then the ``@given`` test (one ``case`` argument, settings built now from the runner's
+    configuration unless given, a database keyed by target/implementation/backend). A failing row
+    is handed to Hypothesis through the database, so it is replayed first and shrunk; derandomized
+    runs are seeded from :func:`stable_identity`."""
+    cfg = runner.config
+    s = settings if settings is not None else settings_for(cfg)
+    if database != "default":
+        s = type(s)(s, database=database)
+    identity = stable_identity(runner)
+    if s.database is not None:
+        s = type(s)(s, database=keyed_database(s.database, identity))
+    smallest = SmallestFindings()
+    covering = CoveringRun(runner, rows)
+
+    def test_case(case: Case) -> None:
+        try:
+            check(runner, case)
+        except Finding as f:
+            smallest.on_finding(f.context, f)
+            raise
+
+    ident = "".join(c if c.isalnum() else "_" for c in runner.key)
+    test_case.__name__ = test_case.__qualname__ = f"shardfuzz_{ident}"
+
+    def test() -> None:
+        failing = covering.run()
+        if failing is not None:  # kept, so a deadline before Hypothesis replays it cannot lose it
+            smallest.on_finding(covering.finding.context, covering.finding)
+        # the rows count toward the budget: Hypothesis gets what they left of max_examples
+        budget = type(s)(s, max_examples=max(1, s.max_examples - covering.examples))
+        given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
+        if failing is not None:  # the row failed, but not when Hypothesis replayed it
+            raise covering.not_reproduced(failing)
+
+    test.__name__ = test.__qualname__ = test_case.__name__
+    test.shardfuzz_smallest, test.shardfuzz_given = smallest, test_case  # type: ignore[attr-defined]  # run_test, test_for
+    return test
+
+
+def given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list) -> Callable[[], None]:
+    from hypothesis import given, seed
+
+    derandomized = s.derandomize
+    if seeds:  # Hypothesis replays database entries first, and shrinks those that fail
+        s = type(s)(s, derandomize=False, database=seeded_database(s.database, seeds))
+    test = given(case=runner.strategy())(fn)
+    # Hypothesis keys its database by a digest of the test function's source, which any edit of
+    # test_case would change, orphaning every saved example; shardfuzz pins the key it had in 0.1
+    # (the database is keyed per target/implementation/backend by the prefix, not by this key)
+    test._hypothesis_internal_database_key = DATABASE_KEY  # type: ignore[attr-defined]
+    if derandomized and getattr(fn, "_hypothesis_internal_use_seed", None) is None:  # a user's @seed wins
+        test = seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
+    return s(test)
+
+
+def run_test(test: Callable[[], None]) -> None:
+    """Call a test made by :func:`build_test`. A deadline (:class:`TimeUp`) or Ctrl-C that stops
+    Hypothesis after a finding raises the smallest finding of each kind seen so far instead (an
+    exception group for several), each marked ``cut_short = "deadline"`` or ``"interrupted"`` with
+    a note at the top of its report: a finding is never lost because shrinking was cut short."""
+    smallest: SmallestFindings | None = getattr(test, "shardfuzz_smallest", None)
+    if smallest is not None:
+        smallest.clear()
+    try:
+        with StickyInterrupt.armed():
+            test()
+    except BaseException as exc:
+        why = _stopped_by(exc)
+        cut = smallest.cut_short(why) if smallest is not None and why is not None else None
+        if cut is None:
+            raise
+        raise cut from None
+
+
+def _stopped_by(exc: BaseException) -> str | None:
+    """``"interrupted"`` or ``"deadline"`` when ``exc`` is (or holds: Hypothesis groups what its
+    final replays raised) a KeyboardInterrupt or :class:`TimeUp`; else None."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, TimeUp):
+        return "deadline"
+    if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
+        reasons = {_stopped_by(e) for e in exc.exceptions} - {None}
+        return "interrupted" if "interrupted" in reasons else next(iter(reasons), None)
+    return None
+
+
+_CUT_SHORT = {"deadline": "the deadline fell", "interrupted": "the run was interrupted"}
+
+
+class SmallestFindings(RunHooks):
+    """The smallest finding of each kind seen so far in one Hypothesis run, in Hypothesis' own
+    order (shorter, simpler choice sequences first; where that cannot be read, the latest wins:
+    while shrinking, Hypothesis only accepts smaller failing cases)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.best: dict[str, tuple[tuple, Finding]] = {}
+        self._seen = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.best)
+
+    def on_finding(self, context: FindingContext, finding: Finding) -> None:  # noqa: ARG002 (the hook signature)
+        self._seen += 1
+        finding.choices = example_choices() or getattr(finding, "choices", None)  # type: ignore[attr-defined]
+        order = example_order()
+        key = (0, order) if order is not None else (1, -self._seen)
+        old = self.best.get(finding.kind)
+        if old is None or key < old[0]:
+            self.best[finding.kind] = (key, finding)
+
+    def findings(self) -> list[Finding]:
+        """The smallest finding of each kind, smallest first."""
+        return [f for _, f in sorted(self.best.values(), key=lambda kf: kf[0])]
+
+    def cut_short(self, why: str) -> BaseException | None:
+        """The findings, marked as cut short by ``why`` (None: nothing was found)."""
+        marked = [_mark_cut_short(f, why) for f in self.findings()]
+        if not marked:
+            return None
+        if len(marked) == 1 or _EXCEPTION_GROUP is None:
+            return marked[0]
+        return _EXCEPTION_GROUP(f"{len(marked)} distinct failures (shrinking cut short)", marked)
+
+
+def _mark_cut_short(finding: Finding, why: str) -> Finding:
+    note = (
+        f"shardfuzz: {_CUT_SHORT.get(why, why)} before Hypothesis finished shrinking this failure: "
+        "shrinking was cut short, and this is the smallest failing case found so far (not "
+        "necessarily minimal).\n"
+    )
+    marked = copy.copy(finding)
+    marked.__dict__.update(vars(finding))
+    marked.report = note + finding.report
+    marked.args = (marked.report,)
+    marked.cut_short = why  # type: ignore[attr-defined]
+    return marked
+
+
+def settings_for(config: RunConfig, *, quiet: bool = False, **overrides: Any) -> hypothesis.settings:
+    """Hypothesis settings from a configuration's profile, budget and derandomize flag (``quiet``:
+    no Hypothesis output, for runs that report through a :class:`Result`)."""
+    from hypothesis import Verbosity
+
+    kw: dict[str, Any] = dict(max_examples=config.max_examples, derandomize=config.derandomize)
+    kw["verbosity"] = Verbosity.quiet if quiet else None
+    kw["database"] = hypothesis_database(config.database, config.fleet) if config.database else None
+    kw.update(overrides)
+    return build_settings(config.profile, **kw)
+
+
+@dataclasses.dataclass
+class Result:
+    """What :func:`run` found."""
+
+    target: str
+    impl: str
+    backend: str
+    found: bool
+    kind: str | None = None
+    case: Case | None = None
+    report: str = ""
+    failures: list[Finding] = dataclasses.field(default_factory=list)
+    stats: Stats = dataclasses.field(default_factory=Stats)
+    flaky: bool = False
+    #: the run's deadline fell before Hypothesis finished
+    out_of_time: bool = False
+    #: a deadline or Ctrl-C stopped Hypothesis after a finding: ``case`` is the smallest failing
+    #: case seen so far, not necessarily the minimal one
+    shrink_cut_short: bool = False
+    #: Ctrl-C stopped the run (a finding was kept: ``found`` and ``shrink_cut_short`` are set)
+    interrupted: bool = False
+
+    def __bool__(self) -> bool:  # truthy when something was found
+        return self.found
+
+
+def findings_of(exc: BaseException) -> list[Finding]:
+    """The findings in an exception raised by a Hypothesis test (one, or a group of several)."""
+    if isinstance(exc, Finding):
+        return [exc]
+    if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
+        return [f for e in exc.exceptions for f in findings_of(e)]
+    return []
+
+
+def search(runner: Runner, settings: Any = None, *, database: Any = "default", rows: bool = True) -> Result:
+    """One Hypothesis run over ``runner``'s cases, after the covering rows unless ``rows`` is False;
+    a :class:`Result` (it does not raise on findings).
+
+    A deadline or Ctrl-C after a finding returns that finding (``shrink_cut_short``); Ctrl-C before
+    any finding raises KeyboardInterrupt."""
+    from hypothesis.errors import Flaky
+
+    test = build_test(runner, settings, database=database, rows=rows)
+    result = Result(runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats)
+    t0 = time.perf_counter()
+    try:
+        run_test(test)
+    except TimeUp:
+        result.out_of_time = True
+    except BaseException as exc:
+        findings = findings_of(exc)
+        if not findings:
+            raise
+        result.found = True
+        result.flaky = isinstance(exc, Flaky)
+        result.failures = findings
+        first = findings[0]
+        result.kind, result.case, result.report = first.kind, first.case, first.report
+        why = getattr(first, "cut_short", None)
+        if why is not None:
+            result.shrink_cut_short = True
+            result.out_of_time = why == "deadline"
+            result.interrupted = why == "interrupted"
+        if result.flaky:
+            result.report = (
+                "Hypothesis reports this failure as flaky (it did not reproduce):\n" + result.report
+            )
+    finally:
+        runner.stats.elapsed += time.perf_counter() - t0
+    return result
+
+
+def run(
+    target: Any,
+    impl: Any = None,
+    config: RunConfig | None = None,
+    *,
+    hooks: Sequence[RunHooks] = (),
+    database: Any = "default",
+    settings: Any = None,
+    **fields: Any,
+) -> Result:
+    """Fuzz one implementation of a target; return a :class:`Result` (it does not raise on findings).
+
+    Args:
+        target: a :class:`Target`, a target name, ``pkg.mod:ATTR`` or a ``file.py`` path.
+        impl: an implementation name, ``pkg.mod:func``, ``file.py::NAME``, a module-level function
+            or :func:`shardfuzz.bind` of one (default: the target's reference).
+        config: a :class:`~shardfuzz.RunConfig`; or give its fields as keywords instead
+            (``backend=``, ``max_examples=``, ``profile=``, ``world_sizes=``, ``dtypes=``,
+            ``timeout=``, ``tolerance=``, ``deadline=``, ``failures_dir=``, ``derandomize=``,
+            ``device=``, ``deterministic=``, ``database=``, ``fleet=``), not both. ``tolerance=``
+            takes a :class:`Tolerance` or a mapping output name -> ``OutputTolerance`` / ``{"rtol":
+            X, "atol": Y}`` / ``(rtol, atol)`` (per-output overrides on the default); a name must be
+            an output of the target (not checked for outputs that depend on the case).
+        hooks: :class:`~shardfuzz.engine.hooks.RunHooks` (a failure-file recorder for ``failures_dir``, a
+            deadline for ``deadline``). database: a Hypothesis database, None, or "default" (the config's).
+        settings: Hypothesis settings instead of the configuration's profile and budget.
+    """
+    if config is not None and fields:
+        raise InvalidArgument(
+            f"run(config=..., {', '.join(f'{k}=' for k in sorted(fields))}): give a RunConfig or its fields, "
+            "not both (use config.replace(...))"
+        )
+    if config is not None and not isinstance(config, RunConfig):
+        raise InvalidArgument(f"config={config!r}; must be a shardfuzz.RunConfig")
+    cfg = config or RunConfig().replace(**fields)
+    if settings is not None:
+        clash = [k for k in ("profile", "max_examples", "derandomize") if getattr(cfg, k) is not None]
+        if clash:
+            raise InvalidArgument(
+                f"run(settings=..., {', '.join(f'{k}=' for k in clash)}): Hypothesis settings replace the "
+                "profile, budget and derandomize flag; give one or the other"
+            )
+    all_hooks = list(hooks)
+    if cfg.failures_dir is not None:
+        all_hooks.append(FailureRecorder(cfg.failures_dir))
+    if cfg.deadline is not None:
+        all_hooks.append(Deadline.after(cfg.deadline))
+    runner = Runner(target, impl, cfg, hooks=all_hooks)
+    check_tolerance_outputs([runner.target], cfg.tolerance, "tolerance")
+    return search(
+        runner, settings if settings is not None else settings_for(cfg, quiet=True), database=database
+    )

@@ -1,0 +1,312 @@
+"""Where examples are kept: a local directory, or one Redis shared by a fleet of workers.
+
+``--database`` / ``RunConfig(database=...)`` / ``$SHARDFUZZ_DATABASE`` take a directory path or a
+``redis://[:PASSWORD@]HOST:PORT/N`` URL (``rediss://`` for TLS, ``unix:///path/redis.sock?db=N``).
+A Redis URL gives Hypothesis' own :class:`~hypothesis.extra.redis.RedisExampleDatabase`, always
+multiplexed (:class:`~hypothesis.database.MultiplexedDatabase`) with the local directory
+database, so a worker that loses Redis goes on with its local copy; the loss is said once.
+
+Fleets: ``--fleet NAME`` (``$SHARDFUZZ_FLEET``, default ``default``) picks the key prefix and
+the listener channel, so two fleets on one Redis never mix.
+
+Expiry: Hypothesis gives each Redis key a time to live that every fetch or save of that key
+resets (``expire_after``, 8 days by default); a key that no worker touched for that long is
+dropped. For a fleet that means the corpus of a target nobody fuzzed for that long is lost (its
+findings are not: :mod:`shardfuzz.engine.fleet` stores those without expiry). We set 30 days, so a
+target paused for a few weeks keeps its corpus.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import re
+import sys
+import threading
+import urllib.parse
+from collections.abc import Iterable
+from typing import Any
+
+from shardfuzz.errors import InvalidArgument
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: the time to live of a corpus key in Redis (see the module docstring)
+EXPIRE_AFTER = datetime.timedelta(days=30)
+#: the client version ``hypothesis.extra.redis`` needs (its ``redis`` extra)
+REDIS_REQUIREMENT = "redis>=3.0.0"
+DEFAULT_FLEET = "default"
+_FLEET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: how long a Redis command may take before a worker treats Redis as gone
+SOCKET_TIMEOUT = 5.0
+
+
+def is_redis_url(text: str | None) -> bool:
+    return isinstance(text, str) and text.split(":", 1)[0].lower() in REDIS_SCHEMES and "://" in text
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***`` (messages never show a password)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return re.sub(r"//[^@/]*@", "//***@", url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def check_database(value: Any, what: str = "database") -> str | None:
+    """``value`` if it is None, a directory path or a well-formed Redis URL; else InvalidArgument
+    naming ``what`` and the URL (without its password)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidArgument(f"{what}={value!r}; must be a directory path or a redis://HOST:PORT/N URL")
+    if "://" not in value:
+        return value  # a directory: Hypothesis creates it on first save
+    scheme = value.split(":", 1)[0].lower()
+    shown = redact(value)
+    if scheme not in REDIS_SCHEMES:
+        raise InvalidArgument(
+            f"{what}={shown!r}: unknown scheme {scheme!r}; allowed: a directory path, redis://HOST:PORT/N, "
+            "rediss://HOST:PORT/N or unix:///PATH?db=N"
+        )
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port  # ValueError for a port that is not a number in range
+    except ValueError as e:
+        raise InvalidArgument(f"{what}={shown!r} is not a valid Redis URL ({e})") from None
+    if scheme == "unix":
+        if not parts.path:
+            raise InvalidArgument(f"{what}={shown!r}: no socket path; expected unix:///PATH?db=N")
+    elif not parts.hostname:
+        raise InvalidArgument(f"{what}={shown!r}: no host; expected {scheme}://HOST:PORT/N")
+    db = (
+        parts.path.strip("/")
+        if scheme != "unix"
+        else dict(urllib.parse.parse_qsl(parts.query)).get("db", "0")
+    )
+    if db and not db.isdigit():
+        raise InvalidArgument(f"{what}={shown!r}: database {db!r} is not a number; expected /N, e.g. /0")
+    del port
+    return value
+
+
+def check_fleet(value: Any, what: str = "fleet") -> str:
+    if not isinstance(value, str) or not _FLEET_NAME.fullmatch(value):
+        raise InvalidArgument(f"{what}={value!r}; must be 1-64 letters, digits, '_', '.' or '-'")
+    return value
+
+
+def database_options(get: Any, flag: str) -> tuple[str | None, str | None]:
+    """(database, fleet) of a front end, checked: ``get("database")``, ``get("fleet")`` (None or
+    empty: not given); errors name ``flag`` + the option."""
+    database, fleet = get("database") or None, get("fleet") or None
+    return check_database(database, f"{flag}database"), check_fleet(fleet, f"{flag}fleet") if fleet else None
+
+
+def env_database() -> str | None:
+    """``$SHARDFUZZ_DATABASE`` checked (None when unset or empty)."""
+    return check_database(os.environ.get("SHARDFUZZ_DATABASE", "").strip() or None, "SHARDFUZZ_DATABASE")
+
+
+def env_fleet() -> str:
+    return check_fleet(os.environ.get("SHARDFUZZ_FLEET", "").strip() or DEFAULT_FLEET, "SHARDFUZZ_FLEET")
+
+
+def redis_module() -> Any:
+    """The ``redis`` client, or InvalidArgument naming the extra that installs it."""
+    try:
+        import redis
+    except ImportError:
+        raise InvalidArgument(
+            f"a redis:// database needs the Redis client: pip install 'shardfuzz[redis]' ({REDIS_REQUIREMENT})"
+        ) from None
+    return redis
+
+
+def connect(url: str, what: str = "--database") -> Any:
+    """A connected client for ``url``; InvalidArgument naming the URL (never its password) when
+    Redis cannot be reached or refuses the credentials."""
+    redis = redis_module()
+    check_database(url, what)
+    shown = redact(url)
+    try:
+        client = redis.Redis.from_url(
+            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT, **_no_retries()
+        )
+        client.ping()
+    except redis.AuthenticationError:
+        if urllib.parse.urlsplit(url).password is None:
+            raise InvalidArgument(
+                f"{what}={shown!r}: Redis asks for a password; give it in the URL: redis://:PASSWORD@HOST:PORT/N"
+            ) from None
+        raise InvalidArgument(f"{what}={shown!r}: Redis refused the password (or user)") from None
+    except redis.ResponseError as e:  # NOAUTH and friends
+        raise InvalidArgument(f"{what}={shown!r}: Redis refused the connection: {e}") from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        raise InvalidArgument(
+            f"{what}={shown!r}: cannot connect to Redis ({e}); is redis-server running there?"
+        ) from None
+    RedisLost.lost = None  # reachable again (a new campaign in this process)
+    return client
+
+
+def _no_retries() -> dict[str, Any]:
+    """redis-py >= 4 retries a refused connection with a backoff (about 5 s): a worker that lost
+    Redis goes on locally at once, and a wrong URL is said at once (3.x has no retries to turn off)."""
+    try:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        return {}
+    return {"retry": Retry(NoBackoff(), 0)}
+
+
+def fleet_prefix(fleet: str) -> str:
+    return f"shardfuzz:{fleet}:"
+
+
+def open_database(url: str, fleet: str, local: Any) -> Any:
+    """Hypothesis' Redis database for ``url`` and ``fleet``, multiplexed with ``local`` (a
+    Hypothesis database kept on this machine; None: Redis only), every Redis error turned into
+    one warning and a local-only run from then on."""
+    from hypothesis.database import MultiplexedDatabase
+    from hypothesis.extra.redis import RedisExampleDatabase
+
+    shared = RedisExampleDatabase(
+        connect(url),
+        expire_after=EXPIRE_AFTER,
+        key_prefix=f"{fleet_prefix(fleet)}example:".encode(),
+        listener_channel=f"{fleet_prefix(fleet)}changes",
+    )
+    fallible = _fallible_class()(shared, redact(url))
+    return MultiplexedDatabase(local, fallible) if local is not None else fallible
+
+
+class RedisLost:
+    """Said once per process when Redis goes away (every fleet part shares it)."""
+
+    _lock = threading.Lock()
+    lost: str | None = None  # why, once lost
+
+    @classmethod
+    def note(cls, shown_url: str, error: BaseException) -> None:
+        with cls._lock:
+            if cls.lost is not None:
+                return
+            cls.lost = f"{type(error).__name__}: {error}"
+        print(
+            f"shardfuzz: warning: lost the shared database {shown_url} ({cls.lost}); going on with the "
+            "local database and failure files only",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def redis_errors() -> tuple[type[BaseException], ...]:
+    redis = redis_module()
+    return (redis.RedisError, OSError)
+
+
+def _fallible_class() -> type[Any]:
+    from hypothesis.database import ExampleDatabase
+
+    class FallibleDatabase(ExampleDatabase):
+        """Delegates to ``inner`` until it raises a Redis error; from then on does nothing."""
+
+        def __init__(self, inner: Any, shown_url: str) -> None:
+            super().__init__()
+            self.inner = inner
+            self.shown_url = shown_url
+            self.errors = redis_errors()
+
+        def __repr__(self) -> str:
+            return f"FallibleDatabase({self.shown_url})"
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, FallibleDatabase) and self.inner == other.inner
+
+        def __hash__(self) -> int:
+            return hash(self.shown_url)
+
+        def _call(self, name: str, *args: bytes) -> Any:
+            if RedisLost.lost is not None:
+                return []
+            try:
+                out = getattr(self.inner, name)(*args)
+                return list(out) if name == "fetch" else out
+            except self.errors as e:
+                RedisLost.note(self.shown_url, e)
+                return []
+
+        def fetch(self, key: bytes) -> Iterable[bytes]:
+            return self._call("fetch", key)
+
+        def save(self, key: bytes, value: bytes) -> None:
+            self._call("save", key, value)
+
+        def delete(self, key: bytes, value: bytes) -> None:
+            self._call("delete", key, value)
+
+        def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+            self._call("move", src, dest, value)
+
+    return FallibleDatabase
+
+
+def save_only(db: Any) -> Any:
+    """``db`` for saving only: a later run of a campaign keeps what it finds but does not replay
+    the known failures again at its start."""
+    return _save_only_class()(db)
+
+
+def _save_only_class() -> type[Any]:
+    from hypothesis.database import ExampleDatabase
+
+    class SaveOnlyDatabase(ExampleDatabase):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def __repr__(self) -> str:
+            return f"SaveOnlyDatabase({self.inner!r})"
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, SaveOnlyDatabase) and self.inner == other.inner
+
+        def __hash__(self) -> int:
+            return hash((type(self), id(self.inner)))
+
+        def fetch(self, key: bytes) -> Iterable[bytes]:  # noqa: ARG002 (nothing replayed, whatever the key)
+            return []
+
+        def save(self, key: bytes, value: bytes) -> None:
+            self.inner.save(key, value)
+
+        def delete(self, key: bytes, value: bytes) -> None:
+            self.inner.delete(key, value)
+
+        def move(self, src: bytes, dest: bytes, value: bytes) -> None:  # noqa: ARG002 (src was never fetched here)
+            self.inner.save(dest, value)
+
+    return SaveOnlyDatabase
+
+
+@functools.cache
+def hypothesis_database(database: str, fleet: str | None) -> Any:
+    """The Hypothesis database for a configuration's ``database`` (one per URL and fleet in a
+    process: they share a connection pool)."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    if not is_redis_url(database):
+        return DirectoryBasedExampleDatabase(database)
+    from hypothesis.configuration import storage_directory
+
+    # the local copy: Hypothesis' own default directory ($HYPOTHESIS_STORAGE_DIRECTORY/examples)
+    where: Any = storage_directory("examples")
+    local = DirectoryBasedExampleDatabase(getattr(where, "path", where))  # newer Hypothesis: a lazy object
+    return open_database(database, fleet or DEFAULT_FLEET, local)

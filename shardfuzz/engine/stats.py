@@ -1,0 +1,77 @@
+"""Statistics of one fuzzing run: examples, failures, margins and closest passes, trigger shares,
+and what was set aside (unsupported, excluded, external faults, leaks)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class Stats:
+    """Counters for one fuzzing run."""
+
+    examples: int = 0
+    passed: int = 0
+    failures: int = 0
+    elapsed: float = 0.0
+    #: how many examples ran until the first failure (None: no failure)
+    first_failure_at: int | None = None
+    #: smallest error/tolerance among mismatching examples (how clearly a bug is seen)
+    margin: float | None = None
+    #: largest error/tolerance among passing examples (how close a correct run came)
+    worst_pass_ratio: float = 0.0
+    #: the case of that closest pass (None: no example passed)
+    closest_pass: Any = None
+    triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: cases rejected as unsupported, by reason
+    unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: global state examples left behind (restored, or the pool restarted), by description
+    leaks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: ranks killed from outside whose case then passed (set aside, not findings)
+    external_faults: int = 0
+    #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason
+    excluded: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def note_pass(self, ratio: float, case: Any) -> None:
+        """Count a passing example whose worst error/tolerance was ``ratio``."""
+        self.passed += 1
+        if self.closest_pass is None or ratio > self.worst_pass_ratio:
+            self.worst_pass_ratio, self.closest_pass = max(self.worst_pass_ratio, ratio), case
+
+    def count_finding(self, finding: Any) -> None:
+        """One more failing example: the first failure's position, and a mismatch's margin."""
+        self.failures += 1
+        if self.first_failure_at is None:
+            self.first_failure_at = self.examples
+        if finding.ratio is not None and finding.kind == "mismatch":
+            self.margin = finding.ratio if self.margin is None else min(self.margin, finding.ratio)
+
+    @property
+    def per_second(self) -> float:
+        return self.examples / self.elapsed if self.elapsed else 0.0
+
+    def summary(self) -> str:
+        n = self.examples
+        trig = ", ".join(f"{k} {100.0 * v / n:.0f}%" for k, v in sorted(self.triggers.items()) if v > 0 and n)
+        margin = f", margin {self.margin:.3g}x" if self.margin is not None else ""
+        if self.unsupported:
+            margin += "; rejected as unsupported: " + ", ".join(
+                f"{k} x{v}" for k, v in self.unsupported.items()
+            )
+        if self.excluded:
+            margin += "; excluded as known failures: " + ", ".join(
+                f"{k} x{v}" for k, v in self.excluded.items()
+            )
+        if self.external_faults:
+            margin += f"; external faults set aside (rank killed from outside): {self.external_faults}"
+        if self.leaks:
+            margin += "; leaks (not findings): " + ", ".join(
+                f"{k} x{v}" for k, v in self.leaks.most_common(5)
+            )
+        return (
+            f"{n} examples in {self.elapsed:.1f} s ({self.per_second:.1f}/s), "
+            f"{self.failures} failing{margin}; worst passing error/tolerance {self.worst_pass_ratio:.3g}"
+            + (f"; reached: {trig}" if trig else "")
+        )

@@ -1,0 +1,400 @@
+"""Fuzzing campaigns from the command line: live progress, time budgets, Ctrl-C, parallel jobs.
+
+A campaign is a sequence of ordinary Hypothesis runs (never a search loop of ours): with a
+deadline, runs with fresh seeds follow each other until the time is spent; the last one is
+stopped at the deadline (a :class:`~shardfuzz.engine.hooks.Deadline` hook), and an example still running
+the grace period after it is abandoned, so ``--duration D`` ends by D plus the grace whatever the
+example timeouts are. A campaign keeps going after a finding: each run's shrunk findings are
+compared by signature (kind and cause: an exception's cause frame past torch's and shardfuzz's
+framework frames and its normalised message, the wrong outputs and ranks at the minimal case;
+:mod:`shardfuzz.signature`), so what Hypothesis shrinks is never changed, and
+every *distinct* finding is reported and kept in a failure file of its own; one seen again is
+counted as a rediscovery. Known failures are set aside with ``--exclude`` / ``known_failures``. A
+deadline or Ctrl-C while a finding is being shrunk reports the smallest case found so far; after a
+deadline, such a finding is shrunk further within an extra budget (:mod:`shardfuzz.engine.finish`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from shardfuzz.engine.config import RunConfig
+from shardfuzz.engine.failures import FailureRecorder
+from shardfuzz.engine.finish import ONE_RANK_S, Finished, finish_budget, finish_shrink, try_one_rank
+from shardfuzz.engine.fleet import signature_of
+from shardfuzz.engine.fleet_worker import FleetWorker, NoFleet
+from shardfuzz.engine.hooks import Deadline, TimeUp
+from shardfuzz.engine.runner import Runner, Stats
+from shardfuzz.engine.search import Result, search, settings_for, stable_identity
+from shardfuzz.engine.shared_db import save_only
+from shardfuzz.errors import Finding
+from shardfuzz.ranks.pool_cache import shutdown as stop_pools
+from shardfuzz.report.findings import ONE_RANK_NOTE
+from shardfuzz.spec.triggers import PROGRESS
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds; ValueError unless finite and > 0 (``nan``,
+    ``inf``, ``0`` and negative times are refused)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"--duration={text!r}; expected a finite time > 0 like 90s, 10m or 1.5h")
+    return value
+
+
+def progress_line(label: str, stats: Stats, elapsed: float, shown: tuple[str, ...] = PROGRESS) -> str:
+    n = stats.examples
+    share = ", ".join(f"{t} {100.0 * stats.triggers.get(t, 0) / n:.0f}%" for t in shown) if n else ""
+    rate = n / elapsed if elapsed > 0 else 0.0
+    return f"[{elapsed:6.1f}s] {label}: {n} examples ({rate:.1f}/s), {stats.failures} failing" + (
+        f"; {share}" if share else ""
+    )
+
+
+@dataclasses.dataclass
+class Outcome:
+    label: str
+    runner: Runner
+    result: Result | None = None
+    runs: int = 0
+    elapsed: float = 0.0
+    interrupted: bool = False
+    #: an example still running the grace period after the deadline was abandoned
+    overran: bool = False
+    failure_files: list[str] = dataclasses.field(default_factory=list)
+    #: every distinct finding, in the order found, with its failure file (None: not written)
+    findings: list[tuple[Finding, str | None]] = dataclasses.field(default_factory=list)
+    #: findings of later runs whose signature was seen before
+    rediscovered: int = 0
+    #: with a fleet (``--database redis://...``): what the fleet says of each finding, in order
+    fleet: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: the findings whose shrink the deadline cut, shrunk further after it
+    finished: list[Finished] = dataclasses.field(default_factory=list)
+
+    def row(self) -> dict[str, Any]:
+        s = self.runner.stats
+        return {
+            "target": self.runner.target.name,
+            "impl": self.runner.impl_name,
+            "examples": s.examples,
+            "per_second": s.examples / self.elapsed if self.elapsed else 0.0,
+            "found": bool(self.result and self.result.found),
+            "kind": self.result.kind if self.result and self.result.found else None,
+            "case": repr(self.result.case) if self.result and self.result.found else None,
+            "runs": self.runs,
+            "seconds": self.elapsed,
+            "failure_files": self.failure_files,
+            "interrupted": self.interrupted,
+            "cut_short": bool(self.result and self.result.shrink_cut_short),
+            "finished": [f.describe() for f in self.finished],
+            "overran": self.overran,
+            "unsupported": sum(s.unsupported.values()),
+            "excluded": sum(s.excluded.values()),
+            "closest_pass": s.worst_pass_ratio,
+            "external_faults": s.external_faults,
+            "leaks": dict(s.leaks.most_common(LEAKS_SHOWN)),
+            "leaks_total": sum(s.leaks.values()),
+            "rediscovered": self.rediscovered,
+            "findings": [
+                {
+                    "kind": f.kind,
+                    "margin": f.ratio,
+                    "case": repr(f.case),
+                    "file": path,
+                    "site": _site(f),
+                    "one_rank": f.kind != "communication" and getattr(f.case, "world_size", 0) == 1,
+                }
+                | (self.fleet[i] if i < len(self.fleet) else {})
+                for i, (f, path) in enumerate(self.findings)
+            ],
+        }
+
+
+def _site(f: Finding) -> str:
+    """A finding's site in words, for the summary (the wrong outputs and ranks, the exception...)."""
+    if f.kind == "mismatch":
+        return ", ".join(f"{name} on ranks {list(ranks)}" for name, ranks in f.site)
+    if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
+        return f"{f.site[0]} in {f.site[1]}: {f.site[2]}"
+    return " ".join(str(x) for x in f.site if x != ())
+
+
+def _progress_thread(
+    get_line: Callable[[], str], stream: TextIO, interval: float, stop: threading.Event
+) -> threading.Thread:
+    def loop() -> None:
+        while not stop.wait(interval):
+            print(get_line(), file=stream, flush=True)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
+
+
+def progress_triggers(runner: Runner) -> tuple[str, ...]:
+    """The progress line's conditions: the usual generic ones (``backward`` only for a target that
+    declares gradients), then the target's own declared triggers."""
+    generic = tuple(t for t in PROGRESS if t != "backward" or runner.target.gradients)
+    return generic + tuple(runner.target.triggers)
+
+
+def fuzz_one(
+    target: Any,
+    impl: Any,
+    config: RunConfig,
+    *,
+    recorder: FailureRecorder | None = None,
+    stream: TextIO = sys.stderr,
+    interval: float = 2.0,
+) -> Outcome:
+    """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``config.deadline``."""
+    t0 = time.perf_counter()
+    hooks: list[Any] = [recorder] if recorder is not None else []
+    fleet = FleetWorker.for_config(config)  # NoFleet without a Redis database
+    hooks.append(fleet)
+    deadline = None
+    if config.deadline is not None:
+        deadline = Deadline(t0 + config.deadline)
+        hooks.append(deadline)
+        config = config.replace(derandomize=False)
+    runner = Runner(target, impl, config, hooks=hooks)
+    label = f"{runner.target.name}/{runner.impl_name}"
+    shown = progress_triggers(runner)
+    out = Outcome(label, runner)
+    stop = threading.Event()
+    _progress_thread(
+        lambda: progress_line(label, runner.stats, time.perf_counter() - t0, shown), stream, interval, stop
+    )
+    seen: set[str] = set()
+    already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
+    fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
+    try:
+        with deadline.enforced() if deadline is not None else contextlib.nullcontext():
+            while True:
+                out.runs += 1
+                if recorder is not None:
+                    recorder.begin_run(out.runs)
+                fleet.begin_run()
+                first = out.runs == 1  # later runs: no covering rows, no replay of saved failures
+                settings = settings_for(config, quiet=True)
+                result = search(runner, settings, database=_run_database(settings, first), rows=first)
+                _settle(out, result, seen, runner, recorder, fleet)
+                if out.result is None or not out.result.found:
+                    out.result = result
+                if result.out_of_time or config.deadline is None or result.interrupted:
+                    break
+    except KeyboardInterrupt:
+        out.interrupted = True
+    except TimeUp:  # the grace timer fired just as the last run ended
+        pass
+    finally:
+        stop.set()
+        out.elapsed = time.perf_counter() - t0
+        fleet.stop("interrupted" if out.interrupted else "finished")
+    out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
+    if deadline is not None and deadline.overran:
+        out.overran = True
+        stop_pools()  # the abandoned example's ranks are still busy: start afresh
+    if not out.interrupted:  # after a deadline both share its extra budget; else 1-rank tries get ONE_RANK_S
+        spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
+        _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
+    if recorder is not None:
+        out.failure_files = list(recorder.written)[already:]  # this target's files only
+    print(
+        progress_line(label, runner.stats, out.elapsed, shown)
+        + (" (interrupted)" if out.interrupted else "")
+        + (" (an example still running after the deadline was abandoned)" if out.overran else ""),
+        file=stream,
+        flush=True,
+    )
+    if out.result is None and runner.stats.examples:
+        out.result = Result(
+            runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats
+        )
+    return out
+
+
+def _run_database(settings: Any, first: bool) -> Any:
+    """A campaign's first run replays the database (the fleet's findings too); later runs save to
+    it only, so they search elsewhere instead of replaying the known failures again."""
+    return "default" if first or settings.database is None else save_only(settings.database)
+
+
+def _settle(
+    out: Outcome,
+    result: Result,
+    seen: set[str],
+    runner: Runner,
+    recorder: Any,
+    fleet: FleetWorker | NoFleet,
+) -> None:
+    """Keep a run's findings that are new (by signature) and their files; count the others; offer
+    each to the fleet, if any."""
+    shrink = fleet.run_shrink_seconds(len(result.failures))
+    for f in result.failures:
+        distinct = signature_of(f) not in seen
+        seen.add(signature_of(f))
+        path = recorder.settle(f, distinct) if recorder is not None else None
+        note = fleet.settle(stable_identity(runner), f, path, distinct, shrink)
+        if distinct:
+            out.findings.append((f, path))
+            if note is not None:
+                out.fleet.append(note)
+        else:
+            out.rediscovered += 1
+
+
+def _heartbeat(runner: Runner, out: Outcome, elapsed: float, shown: tuple[str, ...]) -> dict[str, Any]:
+    """What a fleet worker says of itself every heartbeat (``shardfuzz status``)."""
+    s = runner.stats
+    return {
+        "target": runner.target.name,
+        "impl": runner.impl_name,
+        "examples": s.examples,
+        "per_second": s.examples / elapsed if elapsed > 0 else 0.0,
+        "triggers": {t: s.triggers.get(t, 0) / s.examples for t in shown} if s.examples else {},
+        "findings": len(out.findings),
+        "runs": out.runs,
+    }
+
+
+def _finish_cut_shrinks(
+    out: Outcome, runner: Runner, config: RunConfig, recorder: Any, stream: TextIO
+) -> float:
+    """Shrink the findings whose shrink the deadline cut further, within :func:`finish_budget` in
+    all; the seconds spent."""
+    cut = [i for i, (f, _) in enumerate(out.findings) if getattr(f, "cut_short", None) == "deadline"]
+    budget = finish_budget(config)
+    if not cut or budget <= 0:
+        return 0.0
+    print(
+        f"{out.label}: shrinking {len(cut)} cut finding(s) further, up to {budget:g} s",
+        file=stream,
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    for i in cut:
+        finding, path = out.findings[i]
+        left = budget - (time.perf_counter() - t0)
+        done = finish_shrink(runner, finding, left, recorder=recorder, path=path)
+        out.findings[i] = (done.finding, path)
+        out.finished.append(done)
+        if out.result is not None and out.result.failures and out.result.failures[0] is finding:
+            out.result.case, out.result.report = done.finding.case, done.finding.report
+    spent = time.perf_counter() - t0
+    out.elapsed += spent
+    if out.result is not None and all(d.complete for d in out.finished):
+        out.result.shrink_cut_short = False
+    return spent
+
+
+def _try_one_rank(out: Outcome, runner: Runner, budget: float) -> None:
+    """Each shrunk finding on 2+ ranks tried on 1 rank with the same global sizes (within
+    ``budget`` seconds in all): one that fails there too is replaced by its 1-rank case, so its
+    report says it is not a distribution bug. (Not a finding still cut short, nor a communication
+    budget exceeded: that is about communication whatever the world.)"""
+    t0 = time.perf_counter()
+    for i, (finding, path) in enumerate(out.findings):
+        if finding.kind == "communication" or getattr(finding.case, "world_size", 1) == 1:
+            continue
+        if getattr(finding, "cut_short", None) is not None:
+            continue
+        left = budget - (time.perf_counter() - t0)
+        recorder = runner_recorder(runner)
+        one = try_one_rank(runner, finding, left, recorder=recorder, path=path)
+        if one is not None:
+            out.findings[i] = (one, path)
+            if out.result is not None and out.result.failures and out.result.failures[0] is finding:
+                out.result.case, out.result.report = one.case, one.report
+    out.elapsed += time.perf_counter() - t0
+
+
+def runner_recorder(runner: Runner) -> FailureRecorder | None:
+    """The failure-file recorder among a runner's hooks (None: no files)."""
+    return next((h for h in runner.hooks if isinstance(h, FailureRecorder)), None)
+
+
+#: the most frequent leaks the summary table names (the rest are counted)
+LEAKS_SHOWN = 5
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (one row's result words; the faults' lines are _fault_lines)
+    head = f"{'target':<16} {'implementation':<24} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        res = f"FOUND {r['kind']}" if r["found"] else ("interrupted" if r["interrupted"] else "nothing found")
+        if r.get("cut_short"):
+            res += " (shrinking cut short: the smallest case found so far)"
+        elif r.get("finished"):
+            res += " (shrinking cut by the deadline, then finished)"
+        if r.get("overran"):
+            res += " (an example still running after the deadline was abandoned)"
+        if r.get("unsupported"):
+            res += f" ({r['unsupported']} unsupported cases rejected)"
+        if r.get("excluded"):
+            res += f" ({r['excluded']} cases excluded as known failures)"
+        if not r["found"] and r["examples"]:
+            res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
+        if len(r.get("findings", [])) > 1:
+            res += f": {len(r['findings'])} distinct findings"
+        if r.get("rediscovered"):
+            res += f" ({r['rediscovered']} found again)"
+        lines.append(
+            f"{r['target']:<16} {r['impl']:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
+        )
+        for f in r.get("findings", []):
+            margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
+            site = f" ({f['site']})" if f.get("site") else ""
+            lines.append(f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}")
+            if f.get("one_rank"):
+                lines.append(f"{'':<16}   {ONE_RANK_NOTE}")
+            if f.get("fleet"):
+                lines.append(f"{'':<16}   fleet finding {f['id']}: {fleet_note(f)}")
+            if f.get("file"):
+                lines.append(f"{'':<16}   failure file: {f['file']}")
+        lines += [f"{'':<16} {line}" for line in r.get("finished", [])]
+        lines += _fault_lines(r)
+        listed = {f.get("file") for f in r.get("findings", [])}
+        for path in r.get("failure_files", []):
+            if path not in listed:
+                lines.append(f"{'':<16} failure file: {path}")
+    return "\n".join(lines)
+
+
+def _fault_lines(r: dict[str, Any]) -> list[str]:
+    """The summary's lines for what a row counted but is no finding: external faults and leaks."""
+    lines = []
+    if r.get("external_faults"):
+        lines.append(
+            f"{'':<16} external faults set aside (a rank died, and the case passed on fresh ranks): "
+            f"{r['external_faults']}"
+        )
+    if r.get("leaks"):
+        shown = ", ".join(f"{k} x{v}" for k, v in r["leaks"].items())
+        more = r.get("leaks_total", 0) - sum(r["leaks"].values())
+        lines.append(
+            f"{'':<16} leaks (not findings; restored, or the pool restarted): {shown}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+    return lines
+
+
+def fleet_note(note: dict[str, Any]) -> str:
+    """What the fleet says of a finding, in words (summary and report lines)."""
+    if note["fleet"] == "new":
+        return "new, stored in the fleet"
+    if note["fleet"] == "lost":
+        return "not stored (the shared database was lost; it is in the local failure file)"
+    return f"a rediscovery (first found by {note.get('found_by')} at {note.get('found_at')})"

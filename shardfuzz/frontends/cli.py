@@ -1,0 +1,321 @@
+"""The ``shardfuzz`` command.
+
+Exit codes: 0 nothing found (replay: everything passes), 1 a counterexample was found (replay: a
+case still fails), 2 a usage error, 3 the fuzzer itself failed (a pool would not start, too few
+GPUs, ...). An interrupted campaign (Ctrl-C or SIGTERM) prints what it found and exits 1 if it
+found something, else 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.engine import failures
+from shardfuzz.engine.config import RunConfig, check_tolerance_outputs, format_tolerance
+from shardfuzz.engine.failures import FailureRecorder
+from shardfuzz.engine.hooks import grace_seconds
+from shardfuzz.engine.input_bounds import check_input_size
+from shardfuzz.engine.runner import Runner
+from shardfuzz.engine.shared_db import RedisLost, is_redis_url
+from shardfuzz.errors import (
+    Finding,
+    InfrastructureError,
+    InvalidArgument,
+    Mismatch,
+    ShardfuzzError,
+    Unsupported,
+)
+from shardfuzz.frontends import campaign, fleet_view
+from shardfuzz.frontends.cli_args import (
+    EXIT_FOUND,
+    EXIT_INFRA,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    build_parser,
+)
+from shardfuzz.frontends.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
+from shardfuzz.ranks.gpu import placement_summary
+from shardfuzz.report import plot
+from shardfuzz.report.divergence import format_trace
+from shardfuzz.repro.replay import replay_one
+from shardfuzz.repro.standalone import write_standalone
+from shardfuzz.repro.torchrun import write_repro
+from shardfuzz.spec.refs import add_search_path, split_file_ref
+from shardfuzz.spec.registry import BUILTIN_TARGETS, available_targets, get_target
+from shardfuzz.spec.tolerance import Tolerance
+from shardfuzz.verdict.comm import CostModel, format_comm
+from shardfuzz.verdict.oracle import check_case
+
+
+def _cmd_list() -> int:
+    for name in sorted(available_targets()):
+        t = get_target(name)
+        print(f"{t.name}: {t.description}")
+        for impl in t.implementations:
+            print(f"  {impl:<24} {t.role(impl)}")
+    return EXIT_OK
+
+
+def _tolerance(args: Any) -> Tolerance:
+    """``--tolerance OUTPUT=...`` flags as per-output overrides on the default Tolerance (the last
+    one for an output wins)."""
+    return Tolerance().with_overrides(dict(args.tolerance))
+
+
+def _config(args: Any, **extra: Any) -> RunConfig:
+    """The run configuration of a command line (the only place flags become a RunConfig)."""
+    return RunConfig(
+        backend=args.backend or "gloo",
+        device=args.device,
+        timeout=args.timeout,
+        deterministic=args.deterministic,
+        tolerance=_tolerance(args),
+        **extra,
+    )
+
+
+def _drawn(config: RunConfig) -> str:
+    """What the run restricts, for the 'fuzzing ...' line."""
+    parts = [f"dtypes {','.join(config.dtypes)}"] if config.dtypes else []
+    parts += [f"tolerance {format_tolerance(n, t)}" for n, t in config.tolerance.per_output]
+    parts += [f"excluding {e}" for e in config.exclude]
+    parts += [f"option {n}={v!r}" for n, v in config.options]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _cmd_fuzz(args: Any) -> int:
+    targets = args.targets or sorted(BUILTIN_TARGETS)
+    if args.config_json:
+        config = RunConfig.from_json(args.config_json)
+    else:
+        config = _config(
+            args,
+            world_sizes=args.world_sizes,
+            dtypes=args.dtypes,
+            profile=args.profile,
+            max_examples=args.max_examples,
+            deadline=args.duration,
+            finish_shrink=args.finish_shrink,
+            failures_dir=args.failures_dir,
+            database=args.database,
+            fleet=args.fleet,
+            exclude=tuple(args.exclude),
+            options=dict(args.option),
+        )
+    if config.deadline is not None:
+        grace_seconds()  # a bad $SHARDFUZZ_GRACE is a usage error before any fuzzing
+    # resolve every target and implementation first: a typo is a usage error before any fuzzing
+    runners = [Runner(spec, args.impl, config) for spec in targets]
+    if not args.config_json:  # a child job's parent checked every target
+        check_tolerance_outputs([r.target for r in runners], config.tolerance, "--tolerance")
+    recorder = FailureRecorder(config.failures_dir)  # checks the directory before any fuzzing
+    if args.jobs > 1 and len(targets) > 1:
+        return _fuzz_jobs(args, targets, config)
+    outcomes = []
+    interrupted = False
+    for spec in targets:
+        print(
+            f"fuzzing {spec} ({get_target(spec).impl_name(args.impl)}) on {config.backend}/{config.device}"
+            f"{_drawn(config)} ...",
+            flush=True,
+        )
+        out = campaign.fuzz_one(
+            spec,
+            args.impl,
+            config,
+            recorder=recorder,
+            stream=sys.stdout,
+            interval=args.progress_every,
+        )
+        outcomes.append(out)
+        for i, (finding, _) in enumerate(out.findings):  # every distinct finding, in the order found
+            note = out.fleet[i] if i < len(out.fleet) else None
+            if note is not None and note["fleet"] == "known":  # the fleet has its report already
+                print(
+                    f"\n{finding.kind}: fleet finding {note['id']}, {campaign.fleet_note(note)}\n", flush=True
+                )
+            else:
+                print(f"\n{finding.report}\n", flush=True)
+        if out.interrupted:
+            interrupted = True
+            break
+    rows = [o.row() for o in outcomes]
+    print("\n" + campaign.summary_table(rows), flush=True)
+    if args.summary_json:
+        with open(args.summary_json, "w") as fh:
+            json.dump(rows, fh)
+    found = any(r["found"] for r in rows)
+    if RedisLost.lost is not None:
+        print(
+            f"shardfuzz: the shared database was lost during the campaign ({RedisLost.lost}); its findings "
+            f"are in the failure files under {recorder.directory}",
+            file=sys.stderr,
+        )
+    if interrupted:
+        print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
+        return EXIT_FOUND if found else EXIT_INTERRUPTED
+    return EXIT_FOUND if found else EXIT_OK
+
+
+def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
+    base = [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz"]
+    opts = ["--config-json", config.to_json(), "--progress-every", str(args.progress_every)]
+    if args.impl is not None:
+        opts += ["--impl", args.impl]
+    jobs = [[*base, spec, *opts] for spec in targets]
+    cost = job_cost(config.world_sizes)
+    budget = args.rank_budget or os.cpu_count() or 1
+    print(
+        f"running {len(jobs)} jobs, up to {args.jobs} at once within {budget} ranks (each job uses up to {cost})",
+        flush=True,
+    )
+    rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, args.jobs)
+    print("\n" + campaign.summary_table(rows), flush=True)
+    found = any(r["found"] for r in rows)
+    if interrupted:
+        print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
+        return EXIT_FOUND if found else EXIT_INTERRUPTED
+    failed = [f"job {i + 1} exited with code {c}" for i, c in enumerate(codes) if c not in (0, 1)]
+    if failed and not found:
+        print(f"shardfuzz: the fuzzer itself failed: {', '.join(failed)} (output above)", file=sys.stderr)
+        return EXIT_INFRA
+    return EXIT_FOUND if found else EXIT_OK
+
+
+def _cmd_case(args: Any) -> int:
+    if args.plot_output is not None and args.plot is None:
+        raise InvalidArgument(f"--plot-output {args.plot_output!r} needs --plot FILE.png")
+    if args.plot is not None:  # before the case runs: a missing extra or folder is a usage error
+        plot.require_matplotlib()
+        plot.check_path(args.plot)
+    case = Case.parse(args.case)
+    target, parts = args.target, split_file_ref(args.target)
+    if parts is not None and not parts[1]:  # a file of several targets: the one the case names
+        target = f"{parts[0]}::{case.target}"
+    runner = Runner(target, args.impl, _config(args))
+    check_tolerance_outputs([runner.target], runner.config.tolerance, "--tolerance")
+    check_input_size(runner.target, case)  # before inputs(case) allocates them
+    check_case(runner.target, case)
+    try:
+        ratio = runner.run_case(case)
+    except Unsupported as e:
+        print(f"UNSUPPORTED: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Finding as f:
+        print(f"FAIL ({f.kind})\n{f.report}")
+        _print_collectives(args, f.traces)
+        if args.plot is not None:
+            sys.stdout.flush()
+            if isinstance(f, Mismatch) and f.diffs:
+                drawn = plot.plot_mismatch(f.diffs, args.plot, args.plot_output)
+                print(f"plot of {', '.join(drawn)}: {args.plot}")
+            else:
+                print(f"--plot: nothing drawn, the finding is a {f.kind}, not a mismatch", file=sys.stderr)
+        return EXIT_FOUND
+    print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.tolerance.describe(case.dtype)})")
+    _print_collectives(args, runner.last_traces)
+    if args.plot is not None:
+        print("--plot: nothing drawn, the case passes", file=sys.stderr)
+    return EXIT_OK
+
+
+def _print_collectives(args: Any, traces: dict[int, Any]) -> None:
+    if args.trace:
+        print(f"collective trace:\n{format_trace(traces)}")
+    if args.comm:
+        model = CostModel(args.alpha, args.beta, args.algorithm)
+        print(f"communication (model of shardfuzz.verdict.comm):\n{format_comm(traces, model)}")
+
+
+def _cmd_replay(args: Any) -> int:
+    if args.finding is not None and not any(map(is_redis_url, args.paths)):
+        raise InvalidArgument(f"--finding={args.finding!r} names a fleet finding: give a redis://... URL")
+    files = [p for p in args.paths if not is_redis_url(p)]
+    paths = failures.find_files(files) if files else []
+    records = [failures.load(p, trust_refs=args.trust_refs) for p in paths]  # all checked before any runs
+    for url in filter(is_redis_url, args.paths):  # a fleet's findings: untrusted records of a store
+        records += fleet_view.fleet_records(url, args.fleet, args.finding, trust_refs=args.trust_refs)
+    if not records:
+        print(f"shardfuzz: error: no failure files (*.json) or findings in {args.paths}", file=sys.stderr)
+        return EXIT_USAGE
+    tolerance = _tolerance(args)
+    check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
+    still = 0
+    for rec in records:
+        res = replay_one(
+            rec,
+            backend=args.backend,
+            device=args.device,
+            debug_collectives=args.debug_collectives,
+            deterministic=args.deterministic or None,
+            timeout=args.timeout,
+            tolerance=tolerance,
+        )
+        print(res.line(), flush=True)
+        if res.failed:
+            still += 1
+            print(res.report + "\n", flush=True)
+    print(f"{len(records)} replayed: {still} fail, {len(records) - still} pass")
+    return EXIT_FOUND if still else EXIT_OK
+
+
+def _cmd_repro(args: Any) -> int:
+    record = failures.load(args.file, trust_refs=args.trust_refs)
+    if args.standalone:
+        path = write_standalone(record, args.output or "repro")
+    else:
+        path = write_repro(record, args.output or "repro.py")
+    n = record["case"].world_size
+    print(f"wrote {path}; run it with: torchrun --nproc-per-node={n} {path} [--backend nccl]")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = build_parser().parse_args(argv)
+    if getattr(args, "parent_pid", None):
+        die_with_parent(args.parent_pid)
+    with sigterm_interrupts(args.command == "fuzz"):  # SIGTERM stops a campaign like Ctrl-C
+        return _main(args)
+
+
+def _main(args: Any) -> int:
+    try:
+        add_search_path(getattr(args, "search_path", None) or [])
+        if args.command == "list":
+            return _cmd_list()
+        if args.command == "gpus":
+            print(placement_summary())
+            return EXIT_OK
+        if args.command == "fuzz":
+            return _cmd_fuzz(args)
+        if args.command == "case":
+            return _cmd_case(args)
+        if args.command == "replay":
+            return _cmd_replay(args)
+        if args.command == "repro":
+            return _cmd_repro(args)
+        if args.command == "findings":
+            return fleet_view.cmd_findings(args.url, args.fleet)
+        if args.command == "status":
+            return fleet_view.cmd_status(args.url, args.fleet)
+    except InvalidArgument as e:
+        print(f"shardfuzz: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (InfrastructureError, ShardfuzzError) as e:
+        print(f"shardfuzz: the fuzzer itself failed: {e}", file=sys.stderr)
+        return EXIT_INFRA
+    except KeyboardInterrupt:
+        print("shardfuzz: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""The ``shardfuzz`` command line: its parser, argument types and exit codes (``cli.py`` runs the
+commands)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+import sys
+from typing import Any, NoReturn
+
+from shardfuzz.engine.config import (
+    BACKENDS,
+    DEVICES,
+    PROFILES,
+    parse_dtypes,
+    parse_tolerance,
+    parse_world_sizes,
+)
+from shardfuzz.engine.shared_db import check_database, check_fleet, is_redis_url, redact
+from shardfuzz.engine.trust import add_trust_option
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.frontends import campaign
+from shardfuzz.spec.exclude import CaseExpression
+from shardfuzz.spec.refs import add_search_path_option
+from shardfuzz.spec.tolerance import OutputTolerance
+from shardfuzz.verdict.comm import ALGORITHMS, RATE_UNITS, TIME_UNITS, parse_quantity
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _world_sizes(text: str) -> tuple[int, ...]:
+    try:
+        return parse_world_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--world-sizes={e}") from None
+
+
+def _tolerance(text: str) -> tuple[str, OutputTolerance]:
+    try:
+        return parse_tolerance(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--tolerance {e}") from None
+
+
+def _option(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"--option {text!r}: expected NAME=VALUE, e.g. lse_grad=False")
+    try:
+        parsed = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        parsed = value.strip()  # a bare word is a string
+    if not isinstance(parsed, (str, int, float, bool, type(None))):
+        raise argparse.ArgumentTypeError(
+            f"--option {text!r}: the value must be a number, string, bool or None"
+        )
+    return name.strip(), parsed
+
+
+def _exclude(text: str) -> str:
+    try:
+        return CaseExpression(text).text
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _dtypes(text: str) -> tuple[str, ...]:
+    try:
+        return parse_dtypes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--dtypes {e}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return v
+
+
+def _alpha(text: str) -> float:
+    try:
+        return parse_quantity(text, TIME_UNITS, "--alpha")
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _beta(text: str) -> float:
+    try:
+        value = parse_quantity(text, RATE_UNITS, "--beta")
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--beta={text!r}; must be > 0, e.g. 200GB/s")
+    return value
+
+
+def _duration(text: str) -> float:
+    try:
+        return campaign.parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _database(text: str) -> str:
+    try:
+        return str(check_database(text, "--database"))
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _redis_url(text: str) -> str:
+    if not is_redis_url(text):
+        raise argparse.ArgumentTypeError(f"{redact(text)!r} is not a redis://HOST:PORT/N URL")
+    return _database(text)
+
+
+def _fleet(text: str) -> str:
+    try:
+        return check_fleet(text, "--fleet")
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+FLEET_HELP = "the fleet's name on a shared Redis (default: $SHARDFUZZ_FLEET, else 'default')"
+
+
+def _finish_time(text: str) -> float:
+    """``--finish-shrink``: a time as ``--duration`` takes it, or 0 (no finishing)."""
+    if text.strip() in ("0", "0s"):
+        return 0.0
+    try:
+        return campaign.parse_duration(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--finish-shrink={text!r}; expected 0 or a finite time > 0 like 30s or 2m"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="shardfuzz",
+        description="Differential fuzzing of sharded PyTorch code against a single-process oracle.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("list", help="list targets and their implementations")
+    sub.add_parser("gpus", help="say which targets and world sizes can run on this machine's GPUs")
+
+    where = _Parser(add_help=False)
+    where.add_argument("--backend", default=None, choices=BACKENDS, help="default: gloo (replay: the file's)")
+    where.add_argument("--device", default=None, choices=DEVICES, help="default: cuda for nccl, else cpu")
+    where.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        help="fixed per-example timeout in seconds (default: adaptive)",
+    )
+    where.add_argument(
+        "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True) on every rank"
+    )
+
+    where.add_argument(
+        "--tolerance",
+        type=_tolerance,
+        action="append",
+        default=[],
+        metavar="OUTPUT=rtol:X,atol:Y",
+        help="a fixed tolerance for one output in place of the noise model (repeatable; the last for "
+        "an output wins); OUTPUT must be an output of the target (of one of the targets)",
+    )
+
+    add_search_path_option(where)
+
+    impl = _Parser(add_help=False)
+    impl.add_argument(
+        "--impl",
+        default=None,
+        help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference)",
+    )
+
+    f = sub.add_parser(
+        "fuzz", parents=[impl, where], help="fuzz targets (default: every built-in target's reference)"
+    )
+    f.add_argument(
+        "targets", nargs="*", metavar="TARGET", help="target names, 'pkg.mod:ATTR' or file.py paths"
+    )
+    budget = f.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--max-examples",
+        type=_positive_int,
+        default=None,
+        help="examples per target (default: the profile's)",
+    )
+    budget.add_argument(
+        "--duration",
+        type=_duration,
+        default=None,
+        metavar="TIME",
+        help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
+    )
+    f.add_argument(
+        "--finish-shrink",
+        type=_finish_time,
+        default=None,
+        metavar="TIME",
+        help="after --duration, shrink findings whose shrink the deadline cut for up to TIME more "
+        "(0: not at all; default: a quarter of the duration, at most 2 min)",
+    )
+    f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
+    f.add_argument(
+        "--dtypes",
+        type=_dtypes,
+        default=None,
+        metavar="DTYPE,...",
+        help="restrict the dtypes drawn, e.g. float32,bfloat16 (default: each target's own)",
+    )
+    f.add_argument(
+        "--exclude",
+        type=_exclude,
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" (repeatable; "
+        "excluded cases are counted and shown)",
+    )
+    f.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="pin a target option, e.g. lse_grad=False (a Python literal; repeatable): the contract "
+        "choice of an implementation that supports only that value",
+    )
+    f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
+    f.add_argument(
+        "--failures-dir",
+        default=None,
+        metavar="DIR",
+        help="where failure files go (default: .shardfuzz/failures)",
+    )
+    f.add_argument(
+        "--database",
+        type=_database,
+        default=None,
+        metavar="DIR|redis://HOST:PORT/N",
+        help="where examples are kept; a Redis URL shares them and the findings with a fleet of workers "
+        "(default: $SHARDFUZZ_DATABASE, else the profile's local database)",
+    )
+    f.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
+    f.add_argument(
+        "--jobs", type=_positive_int, default=1, help="targets fuzzed side by side in child processes"
+    )
+    f.add_argument(
+        "--rank-budget",
+        type=_positive_int,
+        default=None,
+        help="ranks in use at once across jobs (default: the number of cores)",
+    )
+    f.add_argument("--progress-every", type=_positive_float, default=2.0, metavar="SECONDS")
+    f.add_argument("--summary-json", default=None, help=argparse.SUPPRESS)
+    # child jobs: the parent's RunConfig, and the parent to die with
+    f.add_argument("--config-json", default=None, help=argparse.SUPPRESS)
+    f.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+
+    c = sub.add_parser(
+        "case", parents=[impl, where], help="rerun exactly one case (the last line of a report)"
+    )
+    c.add_argument("target", metavar="TARGET")
+    c.add_argument("case", metavar="CASE", help="Case(...) as printed in a report")
+    c.add_argument("--trace", action="store_true", help="print the collectives each rank entered, in order")
+    c.add_argument(
+        "--comm",
+        action="store_true",
+        help="print collectives and bytes sent/received per rank and op, and each collective's "
+        "alpha-beta estimate (ring and tree)",
+    )
+    c.add_argument(
+        "--alpha", type=_alpha, default=5e-6, metavar="TIME", help="latency per step (default 5us)"
+    )
+    c.add_argument("--beta", type=_beta, default=200e9, metavar="RATE", help="bandwidth (default 200GB/s)")
+    c.add_argument("--algorithm", choices=ALGORITHMS, default="both", help="estimate ring, tree or both")
+    c.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="on a mismatch, draw the oracle, the result, the error/tolerance and the shard boundaries "
+        'of each mismatching output into FILE.png (needs matplotlib: pip install "shardfuzz[plot]")',
+    )
+    c.add_argument("--plot-output", default=None, metavar="OUTPUT", help="with --plot: draw only this output")
+
+    r = sub.add_parser("replay", parents=[where], help="rerun the cases in failure files or of a fleet")
+    r.add_argument("paths", nargs="+", metavar="FILE|DIR|redis://...")
+    r.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
+    r.add_argument("--finding", default=None, metavar="ID", help="with redis://...: replay only this finding")
+    r.add_argument(
+        "--debug-collectives",
+        action="store_true",
+        help="rerun with torch's collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+    )
+    add_trust_option(r)
+
+    rp = sub.add_parser("repro", help="write a torchrun script for one failure file")
+    rp.add_argument("file", metavar="FILE")
+    rp.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="the script (default repro.py); with --standalone, a folder (default repro)",
+    )
+    rp.add_argument(
+        "--standalone",
+        action="store_true",
+        help="a script that needs nothing but torch, to attach to an upstream issue: inputs, the "
+        "implementation's source and the oracle's values inlined",
+    )
+    add_search_path_option(rp)
+    add_trust_option(rp)
+
+    for name, what in (("findings", "list a fleet's findings"), ("status", "show a fleet's workers")):
+        fl = sub.add_parser(name, help=what)
+        fl.add_argument("url", type=_redis_url, metavar="redis://HOST:PORT/N")
+        fl.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
+    return p

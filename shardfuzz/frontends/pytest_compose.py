@@ -1,0 +1,205 @@
+"""How a ``test_for`` test composes with the user's own pytest and Hypothesis set-up.
+
+* It is a Hypothesis test (``is_hypothesis_test``): Hypothesis' pytest plugin accepts ``@settings``,
+  ``@seed``, ``@example(case=...)`` and ``@reproduce_failure`` on it, collects its statistics and
+  prints them with ``--hypothesis-show-statistics``. The decorators' attributes are handed to the
+  ``@given`` test inside (:data:`FORWARDED`).
+* Its settings are composed in layers (:func:`~shardfuzz.engine.settings.compose_settings`): the shardfuzz
+  profile, what the active profile changes, the ``--shardfuzz-*`` options, the user's
+  ``@settings``, ``test_for``'s arguments.
+* shardfuzz's own statistics (examples, trigger shares, cases set aside, the closest pass and its
+  case) are added to Hypothesis' statistics of the test (:func:`statistics`), for ``test_for``
+  tests and for the user's tests that call :func:`shardfuzz.run_case`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from shardfuzz.engine.config import RunConfig
+from shardfuzz.engine.failures import FailureRecorder
+from shardfuzz.engine.runner import Runner
+from shardfuzz.engine.search import build_test, findings_of, run_test, settings_for
+from shardfuzz.engine.settings import SETTING_NAMES, build_settings, compose_settings
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.frontends.given import Scope
+from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
+from shardfuzz.spec.records import KINDS
+
+#: failure files up to this size are read at collection time for regressions()' filters
+MAX_SUMMARY_BYTES = 16 * 2**20
+#: what Hypothesis' decorators leave on a test and read from the ``@given`` test when it runs
+FORWARDED = (
+    "_hypothesis_internal_use_seed",
+    "_hypothesis_internal_use_reproduce_failure",
+    "hypothesis_explicit_examples",
+)
+
+
+def test_settings(test_fn: Any, config: RunConfig, **explicit: Any) -> Any:
+    """The Hypothesis settings of a ``test_for`` test (see :func:`compose_settings`)."""
+    from hypothesis import settings
+
+    base = settings_for(config)
+    applied = getattr(test_fn, "_hypothesis_internal_use_settings", None)
+    return compose_settings(
+        base, config.profile or "shardfuzz-dev", active=settings(), applied=applied, **explicit
+    )
+
+
+def run_target_test(
+    test_fn: Any, target: Any, impl: Any, config: RunConfig, tested: Callable[[Any], None], **explicit: Any
+) -> Runner:
+    """The body of a ``test_for`` test: the covering rows and the Hypothesis search over ``target``'s
+    cases with :func:`test_settings`; an expected failure becomes a strict xfail. ``tested`` is
+    told the target first. Returns the runner."""
+    runner = Runner(target, impl, config, hooks=[FailureRecorder(config.failures_dir)])
+    tested(runner.target)
+    if Scope.current is not None:
+        Scope.current.add(runner)
+    expected = runner.target.expected_failures.get(runner.impl_name)
+    test = build_test(runner, test_settings(test_fn, config, **explicit))
+    for attr in FORWARDED:
+        if hasattr(test_fn, attr):
+            setattr(test.shardfuzz_given, attr, getattr(test_fn, attr))  # type: ignore[attr-defined]
+    try:
+        run_test(test)  # a deadline or Ctrl-C after a finding raises that finding
+    except BaseException as e:
+        found = findings_of(e)
+        if found and getattr(found[0], "cut_short", None) == "interrupted":
+            pytest.exit(f"{found[0].report}\nshardfuzz: interrupted", returncode=1)
+        if found and expected is None and Scope.current is not None and not Scope.current.full_trace:
+            # every frame is the engine's (Hypothesis' stand-in for the @given test inside, too,
+            # which no __tracebackhide__ reaches): the report alone says it all
+            raise e.with_traceback(None) from e.__cause__
+        if expected is None or not found:
+            raise
+        pytest.xfail(f"expected failure: {expected.description}")
+    if expected is not None:
+        pytest.fail(
+            f"{runner.key} is listed as an expected failure ({expected.description}) but passed",
+            pytrace=False,
+        )
+    return runner
+
+
+def profile_changes(profile: str) -> str:
+    """What the active Hypothesis profile changes in a shardfuzz test's settings (the header)."""
+    from hypothesis import settings
+
+    composed = compose_settings(build_settings(profile), profile, active=settings())
+    shardfuzz = settings.get_profile(profile)
+    same = lambda n: _comparable(getattr(composed, n)) == _comparable(getattr(shardfuzz, n))
+    return ", ".join(f"{n}={getattr(composed, n)!r}" for n in SETTING_NAMES if not same(n))
+
+
+def _comparable(value: Any) -> Any:
+    return frozenset(value) if isinstance(value, (list, tuple)) else value
+
+
+def statistics(runner: Runner) -> str:
+    """shardfuzz's statistics of one runner in one test, in the layout of Hypothesis' own."""
+    s = runner.stats
+    lines = [f"  - shardfuzz {runner.key}: {s.examples} examples ({s.passed} passed, {s.failures} failing)"]
+    if s.examples and s.triggers:
+        shares = ", ".join(
+            f"{k} {100.0 * v / s.examples:.0f}%" for k, v in sorted(s.triggers.items()) if v > 0
+        )
+        lines.append(f"    - trigger conditions reached: {shares or 'none'}")
+    for what, counts in (
+        ("rejected as unsupported", s.unsupported),
+        ("excluded as known failures", s.excluded),
+    ):
+        if counts:
+            lines.append(f"    - {what}: " + ", ".join(f"{k} x{v}" for k, v in counts.most_common()))
+    if s.external_faults:
+        lines.append(f"    - external faults set aside (rank killed from outside): {s.external_faults}")
+    if s.closest_pass is not None:
+        lines.append(f"    - closest pass: error/tolerance {s.worst_pass_ratio:.3g} at {s.closest_pass!r}")
+    if s.margin is not None:
+        lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def test_scope(item: Any, config: RunConfig | None) -> Iterator[None]:
+    """While one pytest test runs: the runners it uses, and their statistics added to
+    Hypothesis' statistics of the test afterwards (pytest's own ``item.hypothesis_statistics``,
+    which Hypothesis' plugin copies into the report and prints with ``--hypothesis-show-statistics``)."""
+    scope = Scope(config, full_trace=bool(item.config.getoption("fulltrace", False)))
+    outer, Scope.current = Scope.current, scope
+    try:
+        yield
+    finally:
+        Scope.current = outer
+        ours = "\n".join(statistics(r) for r in scope.runners)
+        if ours:
+            head = getattr(item, "hypothesis_statistics", None) or f"{item.nodeid}:\n"
+            item.hypothesis_statistics = f"{head.rstrip()}\n{ours}"
+
+
+def mark_hypothesis_test(fn: Any) -> Any:
+    """Make ``fn`` a Hypothesis test for Hypothesis' pytest plugin (settings, statistics)."""
+    fn.is_hypothesis_test = True
+    return fn
+
+
+test_settings.__test__ = False  # type: ignore[attr-defined]  # helpers, not tests to collect
+test_scope.__test__ = False  # type: ignore[attr-defined]
+
+
+def names_filter(value: Any, what: str, allowed: tuple[str, ...] | None = None) -> frozenset[str] | None:
+    """A ``regressions()`` filter: None (no filter), a name, a :class:`~shardfuzz.Target` (its
+    name) or an iterable of them; InvalidArgument naming ``what``, the value and what is allowed."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) or hasattr(value, "name") else value
+    try:
+        names = frozenset(getattr(v, "name", v) for v in items)
+    except TypeError:
+        names = frozenset({None})  # not iterable: refused below
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise InvalidArgument(f"regressions({what}={value!r}); must be a name or a list of names")
+    if allowed is not None and not names <= set(allowed):
+        bad = sorted(names - set(allowed))
+        raise InvalidArgument(
+            f"regressions({what}={value!r}): {bad[0]!r} is not one; allowed: {', '.join(allowed)}"
+        )
+    return names
+
+
+def select_failure_files(
+    files: list[str], *, target: Any = None, impl: Any = None, kind: Any = None, planted: bool = False
+) -> list[str]:
+    """The failure files that ``regressions()``'s filters keep, read at collection time from each
+    file's ``target``, ``impl``, ``kind`` and ``planted`` fields (nothing is imported). A file that
+    cannot be read as a JSON object is kept: its test then fails with the reason, never hidden.
+    A file written before failure files said ``planted`` is decided when its test runs."""
+    if not isinstance(planted, bool):
+        raise InvalidArgument(f"regressions(planted={planted!r}); must be True or False")
+    filters = {
+        "target": names_filter(target, "target"),
+        "impl": names_filter(impl, "impl"),
+        "kind": names_filter(kind, "kind", KINDS),
+    }
+    kept = []
+    for path in files:
+        try:  # an oversized file is not parsed here: its test refuses it with the reason
+            record = json.loads(open(path).read()) if os.path.getsize(path) <= MAX_SUMMARY_BYTES else None
+        except (OSError, ValueError):
+            record = None
+        if not isinstance(record, dict):
+            kept.append(path)
+            continue
+        if any(names is not None and record.get(field) not in names for field, names in filters.items()):
+            continue
+        if record.get("planted") is True and not planted:
+            continue
+        kept.append(path)
+    return kept

@@ -1,0 +1,346 @@
+"""pytest plugin (entry point ``pytest11: shardfuzz``).
+
+* registers the ``shardfuzz-ci``, ``shardfuzz-dev`` and ``shardfuzz-fuzz`` Hypothesis profiles and,
+  after ``--hypothesis-profile`` is loaded, picks ``shardfuzz-<current profile>`` for shardfuzz tests
+  only (other Hypothesis tests in the project keep their own settings);
+* adds the namespaced options ``--shardfuzz-backend``, ``--shardfuzz-world-sizes``,
+  ``--shardfuzz-timeout`` (``--timeout`` belongs to pytest-timeout), ``--shardfuzz-dtypes``,
+  ``--shardfuzz-tolerance`` (repeatable), ``--shardfuzz-max-examples``, ``--shardfuzz-profile``,
+  ``--shardfuzz-device``;
+* prints a header line that says how to reproduce the run;
+* :func:`test_for` turns a target into a test in one line, a Hypothesis test that composes with the
+  user's profile and ``@settings`` (:mod:`shardfuzz.frontends.pytest_compose`);
+* adds shardfuzz's statistics to Hypothesis' for ``--hypothesis-show-statistics``.
+
+Importing this module does not import torch; it loads inside tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shlex
+from typing import Any
+
+import pytest
+
+from shardfuzz.engine import failures
+from shardfuzz.engine.config import (
+    BACKENDS,
+    DEVICES,
+    PROFILES,
+    RunConfig,
+    check_tolerance_outputs,
+    format_tolerance,
+)
+from shardfuzz.engine.failures import check_failures_dir, default_dir
+from shardfuzz.engine.settings import current_profile_name, profile_for, register_profiles
+from shardfuzz.engine.shared_db import database_options
+from shardfuzz.errors import InvalidArgument
+from shardfuzz.frontends import pytest_compose as compose
+from shardfuzz.frontends import pytest_options as opts
+from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
+from shardfuzz.repro.replay import replay_one
+from shardfuzz.spec.refs import anchored_ref, caller_dir
+from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
+
+HELP_BACKEND = (
+    "torch.distributed backend for shardfuzz tests: gloo (CPU, default) or nccl (one GPU per rank)."
+)
+HELP_WORLD_SIZES = (
+    "comma-separated world sizes that shardfuzz tests may draw, e.g. 1,2,3 (default: each target's own)."
+)
+HELP_TIMEOUT = (
+    "fixed per-example timeout in seconds for shardfuzz tests (default: adaptive per target and world size)."
+)
+HELP_DTYPES = "comma-separated dtypes that shardfuzz tests may draw, e.g. float32,bfloat16 (default: each target's own)."
+HELP_TOLERANCE = (
+    "a fixed tolerance for one output of the targets tested, in place of the noise model, e.g. "
+    "y=rtol:1e-3,atol:1e-5 (repeatable; the last for an output wins)."
+)
+HELP_DATABASE = (
+    "a directory or a fleet's redis://HOST:PORT/N to keep examples in (default: $SHARDFUZZ_DATABASE)"
+)
+HELP_FAILURES_DIR = (
+    "directory of failure files: shardfuzz tests write their findings there, and shardfuzz.regressions() "
+    "replays them (default: $SHARDFUZZ_FAILURES_DIR or .shardfuzz/failures)."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The shardfuzz options of this pytest run (the ``shardfuzz_options`` fixture)."""
+
+    backend: str = "gloo"
+    world_sizes: tuple[int, ...] | None = None
+    timeout: float | None = None
+    profile: str = "shardfuzz-dev"
+    hypothesis_profile: str | None = None
+    failures_dir: str | None = None
+    dtypes: tuple[str, ...] | None = None
+    #: ``--shardfuzz-tolerance``: output name -> OutputTolerance, as sorted pairs
+    tolerance: tuple[tuple[str, OutputTolerance], ...] = ()
+    #: ``--shardfuzz-exclude``: case expressions of known failures to set aside
+    exclude: tuple[str, ...] = ()
+    max_examples: int | None = None
+    device: str | None = None
+    #: ``--shardfuzz-database`` / ini ``shardfuzz_database``: a directory or a fleet's redis:// URL
+    database: str | None = None
+    fleet: str | None = None
+
+    def config(self, **overrides: Any) -> RunConfig:
+        """The run configuration of these options; ``overrides`` that are not None win."""
+        cfg = RunConfig(
+            backend=self.backend,
+            world_sizes=self.world_sizes,
+            timeout=self.timeout,
+            profile=self.profile,
+            failures_dir=self.failures_dir or default_dir(),
+            dtypes=self.dtypes,
+            tolerance=Tolerance().with_overrides(self.tolerance),
+            exclude=self.exclude,
+            max_examples=self.max_examples,
+            device=self.device,
+            database=self.database,
+            fleet=self.fleet,
+        )
+        return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("shardfuzz", "shardfuzz: differential fuzzing of sharded code")
+    group.addoption("--shardfuzz-backend", default="gloo", choices=BACKENDS, help=HELP_BACKEND)
+    group.addoption("--shardfuzz-world-sizes", default=None, metavar="N,N,...", help=HELP_WORLD_SIZES)
+    group.addoption("--shardfuzz-timeout", default=None, type=float, metavar="SECONDS", help=HELP_TIMEOUT)
+    group.addoption("--shardfuzz-failures-dir", default=None, metavar="DIR", help=HELP_FAILURES_DIR)
+    group.addoption("--shardfuzz-dtypes", default=None, metavar="DTYPE,...", help=HELP_DTYPES)
+    group.addoption(
+        "--shardfuzz-tolerance",
+        action="append",
+        default=[],
+        metavar="OUTPUT=rtol:X,atol:Y",
+        help=HELP_TOLERANCE,
+    )
+    group.addoption(
+        "--shardfuzz-exclude",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" (repeatable; counted, never passed)",
+    )
+    group.addoption(
+        "--shardfuzz-max-examples", default=None, type=int, metavar="N", help=opts.HELP_MAX_EXAMPLES
+    )
+    group.addoption("--shardfuzz-profile", default=None, choices=PROFILES, help=opts.HELP_PROFILE)
+    group.addoption("--shardfuzz-device", default=None, choices=DEVICES, help=opts.HELP_DEVICE)
+    for name, what in (("database", HELP_DATABASE), ("fleet", "the fleet's name on a shared Redis")):
+        group.addoption(f"--shardfuzz-{name}", default=None, help=what)  # or the ini key shardfuzz_NAME
+        parser.addini(f"shardfuzz_{name}", what, default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register_profiles()
+    timeout = config.getoption("--shardfuzz-timeout", None)
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise pytest.UsageError(f"--shardfuzz-timeout={timeout!r}; must be a finite number of seconds > 0")
+    failures_dir = config.getoption("--shardfuzz-failures-dir", None)
+    if failures_dir:  # checked now: an unwritable one must not lose findings later
+        try:
+            check_failures_dir(failures_dir, "--shardfuzz-failures-dir")
+        except InvalidArgument as e:
+            raise pytest.UsageError(str(e)) from None
+    current = current_profile_name()
+    get = lambda name: config.getoption(f"--shardfuzz-{name}") or config.getini(f"shardfuzz_{name}")
+    try:
+        database, fleet = database_options(get, "--shardfuzz-")
+    except InvalidArgument as e:
+        raise pytest.UsageError(str(e)) from None
+    options = Options(
+        backend=config.getoption("--shardfuzz-backend", "gloo"),
+        world_sizes=opts.parse_world_sizes(config.getoption("--shardfuzz-world-sizes", None)),
+        timeout=timeout,
+        profile=config.getoption("--shardfuzz-profile", None) or profile_for(current),
+        hypothesis_profile=current,
+        failures_dir=failures_dir,
+        dtypes=opts.parse_dtypes(config.getoption("--shardfuzz-dtypes", None)),
+        tolerance=opts.parse_tolerances(config.getoption("--shardfuzz-tolerance", None)),
+        exclude=opts.parse_excludes(config.getoption("--shardfuzz-exclude", None)),
+        max_examples=opts.parse_max_examples(config.getoption("--shardfuzz-max-examples", None)),
+        device=config.getoption("--shardfuzz-device", None),
+        database=database,
+        fleet=fleet,
+    )
+    try:  # a combination RunConfig refuses (--shardfuzz-backend=nccl --shardfuzz-device=cpu)
+        options.config()
+    except InvalidArgument as e:
+        raise pytest.UsageError(str(e)) from None
+    config._shardfuzz_options = options  # type: ignore[attr-defined]
+    config._shardfuzz_targets = {}  # type: ignore[attr-defined]  # the targets tested: name -> Target
+    config.addinivalue_line(
+        "markers", "shardfuzz_regression: replays a failure file (runs before new searches)"
+    )
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """Failure-file regressions run before any new search."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("shardfuzz_regression") else 1)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    o: Options = config._shardfuzz_options  # type: ignore[attr-defined]
+    args = (
+        [f"--hypothesis-profile={o.hypothesis_profile}"]
+        if o.hypothesis_profile not in (None, "default")
+        else []
+    )
+    if o.profile != profile_for(o.hypothesis_profile):
+        args.append(f"--shardfuzz-profile={o.profile}")
+    args.append(f"--shardfuzz-backend={o.backend}")
+    args += [f"--shardfuzz-device={o.device}"] if o.device else []
+    args += [f"--shardfuzz-max-examples={o.max_examples}"] if o.max_examples else []
+    if o.world_sizes:
+        args.append(f"--shardfuzz-world-sizes={','.join(map(str, o.world_sizes))}")
+    if o.timeout:
+        args.append(f"--shardfuzz-timeout={o.timeout:g}")
+    if o.dtypes:
+        args.append(f"--shardfuzz-dtypes={','.join(o.dtypes)}")
+    args += [shlex.quote(f"--shardfuzz-tolerance={format_tolerance(n, t)}") for n, t in o.tolerance]
+    args += [shlex.quote(f"--shardfuzz-exclude={e}") for e in o.exclude]
+    changes = compose.profile_changes(o.profile)
+    changed = f"; from profile {o.hypothesis_profile!r}: {changes}" if changes else ""
+    return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}{changed}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A ``--shardfuzz-tolerance`` output that none of the targets tested has is a usage error
+    (each test's target alone cannot tell: the option applies to every shardfuzz test)."""
+    o: Options | None = getattr(session.config, "_shardfuzz_options", None)
+    targets = getattr(session.config, "_shardfuzz_targets", {})
+    if o is None or not o.tolerance or not targets:
+        return
+    try:
+        check_tolerance_outputs(targets.values(), Tolerance(per_output=o.tolerance), "--shardfuzz-tolerance")
+    except InvalidArgument as e:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"shardfuzz: error: {e}", red=True)
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Each test's shardfuzz runners (``test_for``, :func:`shardfuzz.run_case`) get the session's
+    options, and their statistics join Hypothesis' statistics of the test."""
+    options: Options | None = getattr(item.config, "_shardfuzz_options", None)
+    with compose.test_scope(item, options.config() if options is not None else None):
+        return (yield)
+
+
+@pytest.fixture(scope="session")
+def shardfuzz_options(pytestconfig: pytest.Config) -> Options:
+    """The shardfuzz options of this run (backend, world sizes, timeout, profile)."""
+    return pytestconfig._shardfuzz_options  # type: ignore[attr-defined]
+
+
+def test_for(
+    target: Any,
+    impl: Any = None,
+    *,
+    world_sizes: tuple[int, ...] | None = None,
+    timeout: float | None = None,
+    max_examples: int | None = None,
+) -> Any:
+    """A pytest test that fuzzes ``impl`` of ``target``: ``test_mine = shardfuzz.test_for("my_target.py")``.
+
+    The test is a Hypothesis test: its settings are the shardfuzz profile picked from
+    ``--hypothesis-profile`` (or ``--shardfuzz-profile``), then what the active profile changes
+    from Hypothesis' defaults, the ``--shardfuzz-*`` options, the user's ``@settings`` on it and
+    the arguments here, each winning over the ones before (:mod:`shardfuzz.frontends.pytest_compose`);
+    ``@seed``, ``@example(case=...)`` and ``@reproduce_failure`` work on it. Its Hypothesis
+    database is keyed by target, implementation and backend. An implementation listed in the
+    target's ``expected_failures`` becomes a strict xfail with the recorded reason.
+
+    A relative ``file.py`` target or ``file.py::NAME`` implementation is found next to the test
+    file that calls ``test_for`` first, then from the current folder.
+    """
+    name = target if isinstance(target, str) else getattr(target, "name", "target")
+    here = caller_dir()
+    target, impl = anchored_ref(target, here), anchored_ref(impl, here)
+
+    def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
+        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout)
+        compose.run_target_test(
+            test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
+        )
+
+    test.__name__ = f"test_shardfuzz_{name}"
+    return compose.mark_hypothesis_test(test)
+
+
+def _tested(config: pytest.Config, target: Any) -> None:
+    """Note a target tested in this session (``--shardfuzz-tolerance`` is checked against them)."""
+    targets = getattr(config, "_shardfuzz_targets", None)
+    if targets is not None:
+        targets[target.name] = target
+
+
+test_for.__test__ = False  # type: ignore[attr-defined]  # not itself a test when imported into one
+
+
+def regressions(
+    directory: str | None = None,
+    *,
+    target: Any = None,
+    impl: Any = None,
+    kind: Any = None,
+    planted: bool = False,
+    trust_refs: bool = False,
+) -> Any:
+    """Parametrized regression tests, one test id per failure file in ``directory``:
+    ``test_regressions = shardfuzz.regressions()``. Each replays its case exactly (no search) and
+    fails with the report while the bug is still there. They run before any new search.
+
+    ``directory`` defaults to ``--shardfuzz-failures-dir``, ``$SHARDFUZZ_FAILURES_DIR`` or
+    ``.shardfuzz/failures``; it is read at collection time. Files in the project (or on the search
+    path) replay as they are; ``trust_refs=True`` also imports code a file names outside them
+    (``docs/trust.md``). ``target``, ``impl`` and ``kind`` (each a name or a list of names;
+    ``kind`` one of ``mismatch``, ``layout``, ``rank-error``, ``hang``, ``ignored-collective``,
+    ``communication``) keep only the files that match; the files of planted bugs (deliberate runs
+    of a target's ``planted`` implementations) are left out unless ``planted=True``.
+    """
+    where = directory or default_dir()
+    files = (
+        sorted(os.path.join(where, n) for n in os.listdir(where) if n.endswith(".json"))
+        if os.path.isdir(where)
+        else []
+    )
+    files = compose.select_failure_files(files, target=target, impl=impl, kind=kind, planted=planted)
+
+    @pytest.mark.shardfuzz_regression
+    @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
+    def test(failure_file: str, shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
+        record = failures.load(failure_file, trust_refs=trust_refs)
+        record_target = failures.record_target(record)[0]
+        _tested(pytestconfig, record_target)
+        if not planted and record.get("planted") is None and record["impl"] in record_target.planted:
+            pytest.skip(
+                f"{record['impl']!r} is a planted bug of {record_target.name!r}: regressions(planted=True) replays it"
+            )
+        res = replay_one(
+            record,
+            backend=shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None,
+            tolerance=Tolerance().with_overrides(shardfuzz_options.tolerance),
+        )
+        if res.failed:
+            pytest.fail(f"{res.line()}\n{res.report}", pytrace=False)
+        if res.status == "different inputs":
+            pytest.fail(
+                f"{res.line()}\nthe inputs changed, so this file no longer tests the same case", pytrace=False
+            )
+
+    test.__name__ = "test_shardfuzz_regression"
+    return test
+
+
+regressions.__test__ = False  # type: ignore[attr-defined]

@@ -1,0 +1,127 @@
+"""Helpers to prove that a fuzz target works: its planted bugs are found and shrink to a minimal
+structure, and its reference passes. The built-in targets' tests use them; so can yours.
+
+    from shardfuzz.frontends.testing import Expect, assert_planted_bug_found, assert_reference_passes
+
+    def test_mean_of_means_is_found():
+        assert_planted_bug_found("my_target.py", "mean_of_means", Expect("mismatch", 2, (2,), uneven=("rows",)), p95=20)
+
+:func:`run_cli` runs the ``shardfuzz`` command in the calling process, for tests of a CLI workflow.
+
+A built-in target declares the same facts once, as :class:`~shardfuzz.PlantedBug` records;
+``tests/test_targets.py`` proves every registered target from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.engine.search import Result, run
+from shardfuzz.errors import Mismatch
+from shardfuzz.frontends import cli
+from shardfuzz.spec.records import Expect
+from shardfuzz.spec.refs import anchored_ref, caller_dir
+from shardfuzz.spec.registry import get_target
+from shardfuzz.spec.triggers import triggers_of
+
+__all__ = ["Expect", "assert_planted_bug_found", "assert_reference_passes", "budget", "uneven_sizes"]
+
+
+def uneven_sizes(case: Case) -> tuple[str, ...]:
+    """The split sizes that the implementation's group size does not divide."""
+    return tuple(n for n in case.split if case.sizes[n] % case.group_size)
+
+
+def budget(p95: int) -> int:
+    """The example budget for a planted-bug test: twice the 95th percentile of examples-to-failure
+    over 20 seeds (``benchmarks/budget.py`` measures it), plus 10."""
+    return 2 * p95 + 10
+
+
+def assert_planted_bug_found(target: Any, impl: str, expect: Expect, *, p95: int) -> Result:
+    """Run the ``shardfuzz-ci`` settings (derandomized, database off) and check the finding. A
+    relative ``file.py`` target is found next to the calling test file first."""
+    target = anchored_ref(target, caller_dir())
+    result = run(
+        target,
+        impl,
+        profile="shardfuzz-ci",
+        database=None,
+        max_examples=budget(p95),
+        timeout=expect.timeout,
+        exclude=expect.exclude,
+    )
+    name = f"{get_target(target).name}/{impl}"
+    assert result.found, f"{name} not found in {budget(p95)} examples: {result.stats.summary()}"
+    assert result.kind == expect.kind, result.report
+    case = result.case
+    assert case is not None, result.report  # set whenever something was found
+    worlds = expect.world_size if isinstance(expect.world_size, tuple) else (expect.world_size,)
+    mesh = expect.mesh if expect.mesh is not None else (case.world_size,)
+    assert case.world_size in worlds and case.mesh == mesh, result.report
+    if expect.uneven is not None:
+        assert uneven_sizes(case) == tuple(expect.uneven), result.report
+    if expect.check is not None:
+        assert expect.check(case), result.report
+    if expect.needs:
+        t = get_target(target) if isinstance(target, str) else target
+        reached = triggers_of(t, case) | {f"{k}={v!r}" for k, v in case.options.items()}
+        missing = sorted(set(expect.needs) - reached)
+        assert not missing, f"the shrunk case does not reach {missing}:\n{result.report}"
+    if expect.outputs is not None:
+        first = result.failures[0]
+        assert isinstance(first, Mismatch), result.report  # only mismatches name wrong outputs
+        wrong = tuple(first.outputs)
+        ok = expect.outputs(wrong) if callable(expect.outputs) else wrong == tuple(expect.outputs)
+        assert ok, result.report
+    if result.stats.margin is not None:
+        print(f"{name}: {case!r}, margin {result.stats.margin:.3g}x")
+    return result
+
+
+def assert_reference_passes(target: Any, dtype: str, *, examples: int = 500, impl: Any = None) -> Result:
+    """``examples`` cases of the reference, all in ``dtype``, with no false positive. A relative
+    ``file.py`` target or implementation is found next to the calling test file first."""
+    here = caller_dir()
+    t = get_target(anchored_ref(target, here))
+    impl = anchored_ref(impl, here)
+    result = run(t, impl, profile="shardfuzz-ci", database=None, max_examples=examples, dtypes=(dtype,))
+    assert not result.found, result.report
+    assert result.stats.passed == result.stats.examples >= examples, result.stats.summary()
+    print(f"{t.name} {dtype}: worst passing error/tolerance {result.stats.worst_pass_ratio:.3g}")
+    return result
+
+
+def run_cli(
+    *args: Any, cwd: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``shardfuzz ARGS`` in this process (:func:`shardfuzz.frontends.cli.main`), as a ``CompletedProcess``
+    with its exit code and what it printed. A subprocess pays ``import torch`` twice (the command
+    and its forkserver), about 5 s on 2 cores; here imports and pools are shared. ``env`` and
+    ``cwd`` apply for the call only. Tests of signals, exit and import-time behaviour need a real
+    process instead."""
+    out, err = io.StringIO(), io.StringIO()
+    saved_env = {k: os.environ.get(k) for k in (env or {})}
+    saved_cwd = os.getcwd()
+    try:
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main([str(a) for a in args])
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else 2
+    finally:
+        os.chdir(saved_cwd)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["shardfuzz", *map(str, args)], code, out.getvalue(), err.getvalue())

@@ -1,0 +1,26 @@
+"""Stage ``ranks`` (layer 2 of 7: core < spec < ranks < verdict < report < engine < repro < frontends).
+
+The only package that forks: spawning rank processes, the warm pools and their cache, regrouping
+after a rank's exception, the worker loop, the task run on a rank, the collective trace and what
+the GPUs can run. Imports the core and spec.
+
+- ``faults.py``: `confirm_death()` (any rank death is rerun once on fresh ranks: a death that
+  does not
+- ``gpu.py``: what can run on the GPUs of this machine.
+- ``pool.py``: a warm forkserver pool of ranks, on the driver side: start, submit a task,
+  collect one outcome.
+- ``pool_cache.py``: the driver's pools per (backend, world size, device), least recently used
+  stopped, and a warm spare started in the background for a pool discarded after a failure.
+  (0.1: ``shardfuzz.pools``)
+- ``regroup.py``: after a rank's own exception, rebuilds the pool's process group in place
+  (`Regroup`) instead of discarding the pool. (0.1: ``shardfuzz.recover``)
+- ``spawn.py``: starting ranks (the forkserver with torch and its lazy imports preloaded, the
+  driver's TCPStore, no `__main__` re-import) and watching their CPU time (`ProgressWatch`).
+- ``task.py``: `RankContext`, `Mesh` and `run_task()`: one task inside a rank. (0.1:
+  ``shardfuzz.rank``)
+- ``trace.py``: the collective trace of a rank: wrappers on the c10d and functional collectives
+  that record each one entered (op, group, shapes, dtype, splits, peer), in memory and line by
+  line in the rank's trace file (D38). (0.1: ``shardfuzz.collectives``)
+- ``worker.py``: the life of a rank process: start, serve, watchdog, leave and rejoin the world
+  group on a regroup.
+"""

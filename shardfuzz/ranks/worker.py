@@ -1,0 +1,241 @@
+"""A rank process's life: start, join the pool's process group, serve tasks, leave.
+
+A worker is a forkserver child (torch preloaded). It joins the pool's process group once, then
+serves :class:`~shardfuzz.protocol.Task` messages until told to stop or until its driver goes
+away, answering each with one :class:`~shardfuzz.protocol.Reply`,
+:class:`~shardfuzz.protocol.UnsupportedReply` or :class:`~shardfuzz.protocol.ErrorReply`. After a
+rank error, a :class:`~shardfuzz.protocol.Regroup` makes it leave its groups and join a fresh world
+group, so that the process (and its imports) serve the next example.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import faulthandler
+import gc
+import os
+import signal
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from shardfuzz.errors import Unsupported
+from shardfuzz.protocol import (
+    ErrorReply,
+    RankAnswer,
+    Ready,
+    Regroup,
+    Regrouped,
+    StartFailed,
+    Stop,
+    Task,
+    UnsupportedReply,
+    Warm,
+)
+from shardfuzz.ranks.task import RankState, run_task, select_device
+from shardfuzz.ranks.trace import install
+
+STORE_TIMEOUT_S = 600.0
+TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout")
+#: a collective failed because a *peer* went away: a consequence, not the cause
+PEER_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "ECONNRESET",
+    "SIGABRT",
+)
+
+
+def error_reply(exc: BaseException) -> ErrorReply:
+    """The :class:`ErrorReply` for the exception being handled."""
+    tb = traceback.format_exc()
+    last = tb.strip().splitlines()[-1] if tb.strip() else ""
+    return ErrorReply(
+        tb,
+        type(exc).__name__,
+        timed_out=any(m in last for m in TIMEOUT_MARKERS),
+        peer_closed=any(m in last for m in PEER_MARKERS),
+    )
+
+
+def answer(state: RankState, task: Task) -> RankAnswer:
+    """Run a task and turn whatever happens into one answer (never raises)."""
+    try:
+        return run_task(state, task)
+    except Unsupported as e:
+        return UnsupportedReply(e.reason, state.leaks, state.restart)
+    except BaseException as e:  # noqa: BLE001 (a rank reports everything, SystemExit and KeyboardInterrupt from user code included: the driver decides)
+        reply = error_reply(e)
+        sys.stderr.flush()
+        return reply
+
+
+def warm(state: RankState, msg: Warm) -> None:
+    """Import what the next task will need (a spare pool, while the driver shrinks a failure). An
+    error is left for that task to report."""
+    try:
+        state.target(msg.target_ref)
+        state.impl(msg.impl_ref)
+    except BaseException:  # noqa: BLE001 (only a warm-up: the task that needs the import reports its error)
+        pass
+
+
+def _set_pdeathsig() -> None:
+    if sys.platform != "linux":
+        return  # macOS has no PDEATHSIG: the watchdog thread alone ends the worker
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _watchdog(alive_conn: Any) -> None:
+    """Exit as soon as the driver's end of ``alive_conn`` closes (driver died or killed us)."""
+    try:
+        alive_conn.recv()
+    except (EOFError, OSError):
+        pass
+    os._exit(3)
+
+
+def leave(state: RankState) -> None:
+    """Destroy every process group of this rank, and drop the meshes built on them."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    state.meshes.clear()
+    state.warm.clear()  # new groups may initialise lazily again
+    groups = getattr(getattr(c10d, "_world", None), "pg_map", None) or {}
+    state.old_groups += [weakref.ref(g) for g in groups]
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    # a gloo group closes its sockets (failing its peers' collectives) only once freed; a reference
+    # cycle (a traceback, a DeviceMesh) may still hold one: a full collection (~0.1 s) frees it
+    if any(g() is not None for g in state.old_groups):
+        gc.collect()
+
+
+def regroup(state: RankState, msg: Regroup, join: Callable[[str], None]) -> Regrouped | ErrorReply:
+    """Leave the old groups and join the world group of generation ``msg.generation``."""
+    try:
+        if state.restart:
+            raise RuntimeError("the failed example left state behind that only fresh ranks undo")
+        leave(state)
+        if any(g() is not None for g in state.old_groups):
+            # still open (cached by the implementation?): peers blocked on it would never return
+            raise RuntimeError("a process group of the failed example is still referenced")
+        state.old_groups = []
+        join(f"regroup{msg.generation}/")
+        return Regrouped(msg.generation)
+    except BaseException as e:  # noqa: BLE001 (the driver waits for an answer: a failed regroup is one, and the pool restarts)
+        return error_reply(e)
+
+
+def _join(
+    rank: int, world_size: int, backend: str, store_info: tuple, timeout_s: float, debug: bool
+) -> Callable[[str], None]:
+    """Join the pool's world group; returns how to join again under a store prefix (a regroup)."""
+    os.environ["OMP_NUM_THREADS"] = os.environ.get("SHARDFUZZ_WORKER_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    host, port, prefix = store_info
+    # the store waits as long as the groups (the hard cap), never less than STORE_TIMEOUT_S
+    wait_s = datetime.timedelta(seconds=max(timeout_s, STORE_TIMEOUT_S))
+    store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=wait_s))
+    if debug:  # collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL): slow, for replays only
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
+
+    def join(generation: str) -> None:
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(generation, store) if generation else store,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+
+    join("")
+    return join
+
+
+def _serve(state: RankState, conn: Any, join: Callable[[str], None], backend: str) -> None:
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        if isinstance(msg, Stop):
+            break
+        if isinstance(msg, Warm):
+            warm(state, msg)
+            continue
+        if isinstance(msg, Regroup):
+            conn.send(regroup(state, msg, join))
+            continue
+        reply = answer(state, msg)
+        try:
+            conn.send(reply)
+        except Exception as e:  # noqa: BLE001 (an output that does not pickle raises whatever its __reduce__ raises)
+            conn.send(ErrorReply(f"could not send outputs back: {e!r}", type(e).__name__))
+        if isinstance(reply, ErrorReply) and backend == "gloo":  # NCCL: see recover.regroup
+            # after the reply, so the driver hears this rank's own error before its peers'
+            # "connection closed": their collectives fail now, not at the gloo timeout
+            with contextlib.suppress(Exception):
+                leave(state)
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 (the rank exits next; a group a dead peer broke raises what its backend raises)
+        pass
+
+
+def worker_main(
+    rank: int,
+    world_size: int,
+    backend: str,
+    store_info: tuple,
+    conn: Any,
+    alive_conn: Any,
+    outdir: str,
+    timeout_s: float,
+    device: str = "cpu",
+    debug: bool = False,
+) -> None:
+    """Entry point of a worker process."""
+    _set_pdeathsig()
+    if os.getppid() == 1:  # the forkserver (our parent) died before PDEATHSIG was armed
+        os._exit(3)
+    threading.Thread(target=_watchdog, args=(alive_conn,), daemon=True).start()
+    # capture this rank's stdout/stderr in files the driver attaches to reports
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(os.path.join(outdir, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    stack_file = open(os.path.join(outdir, f"rank{rank}.stack"), "w")
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    try:
+        device_obj = select_device(backend, device, rank)  # before joining: nccl binds the device
+        join = _join(rank, world_size, backend, store_info, timeout_s, debug)
+        install(os.path.join(outdir, f"rank{rank}.trace"))  # before any target is imported
+        state = RankState(rank, world_size, device_obj, timeout_s)
+    except BaseException:  # noqa: BLE001 (a rank that cannot start says why to the driver, whatever it was, then exits)
+        conn.send(StartFailed(traceback.format_exc()))
+        os._exit(1)
+    conn.send(Ready(os.getpid()))
+    _serve(state, conn, join, backend)
+    os._exit(0)

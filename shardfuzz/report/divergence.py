@@ -1,0 +1,173 @@
+"""Where the ranks' collective sequences part: the first divergent collective.
+
+Each rank's trace (:mod:`shardfuzz.ranks.trace`) lists the collectives it entered. Per group, the
+members must enter the same collectives in the same order: the ``i``-th collective on a group
+(``#i``, counted from 1, like torch's sequence numbers) must be the same op, dtype and, where the
+op needs it, the same shapes on every member. Point-to-point operations pair up per (sender,
+receiver): the ``k``-th send from ``a`` to ``b`` meets the ``k``-th receive on ``b`` from ``a``,
+with as many elements of the same dtype.
+
+:func:`first_divergence` finds every place where that breaks and reports the one a rank reached
+first: a hang's or a rank error's report names it, and a mismatch's report says whether the
+sequences agreed at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from shardfuzz.ranks.trace import POINT_TO_POINT, Collective
+
+#: ops whose members must contribute the same shapes (an all-to-all's splits may differ, and a
+#: gather's or scatter's lists exist on the root only)
+SAME_SHAPES = frozenset(
+    """all_reduce all_reduce_coalesced broadcast reduce all_gather all_gather_into_tensor
+    reduce_scatter reduce_scatter_tensor all_gather_into_tensor_coalesced
+    reduce_scatter_tensor_coalesced""".split()
+)
+Traces = Mapping[int, Sequence[Collective]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """Where the sequences part: ``where`` is the rank-local position the first rank reached it at
+    (what orders two divergences), ``text`` the sentence for the report, ``op`` the collective the
+    ``entered`` ranks entered there, ``others`` the ranks that entered another one or none."""
+
+    where: int
+    text: str
+    op: str
+    entered: tuple[int, ...]
+    others: tuple[int, ...]
+
+
+def _agree_key(c: Collective) -> tuple:
+    shapes = c.shapes if c.op in SAME_SHAPES else ()
+    return (c.op, c.dtype, shapes, c.peer if c.op in ("broadcast", "reduce", "gather", "scatter") else None)
+
+
+def _ranks(rs: Sequence[int]) -> str:
+    rs = sorted(rs)
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
+
+
+def _group_divergences(traces: Traces) -> list[Divergence]:
+    on_group: dict[tuple[int, ...], dict[int, list[Collective]]] = defaultdict(lambda: defaultdict(list))
+    for r, events in traces.items():
+        for c in events:
+            if c.op not in POINT_TO_POINT and c.group:
+                on_group[c.group][r].append(c)
+    found = []
+    for group, per_rank in on_group.items():
+        members = [r for r in group if r in traces]  # ranks whose trace we have
+        longest = max(len(per_rank[r]) for r in members)
+        for i in range(longest):
+            at = {r: per_rank[r][i] for r in members if i < len(per_rank[r])}
+            keys = {_agree_key(c) for c in at.values()}
+            if len(keys) == 1 and len(at) == len(members):
+                continue
+            by_sig: dict[tuple, list[int]] = defaultdict(list)
+            for r, c in at.items():
+                by_sig[_agree_key(c)].append(r)
+            order = sorted(by_sig.values(), key=lambda rs: (-len(rs), rs))
+            first = at[order[0][0]]
+            parts = [f"{_ranks(order[0])} entered #{i + 1} {first.signature()} on group {list(group)}"]
+            parts += [f"{_ranks(rs)}'s #{i + 1} is {at[rs[0]].signature()}" for rs in order[1:]]
+            missing = [r for r in members if r not in at]
+            for r in missing:
+                last = per_rank[r][-1].signature() if per_rank[r] else None
+                parts.append(
+                    f"rank {r} never reached a #{i + 1}"
+                    + (
+                        f" (its last on this group: #{len(per_rank[r])} {last})"
+                        if last
+                        else " (none on this group)"
+                    )
+                )
+            for rs in order[1:]:
+                for r in rs:
+                    if len(per_rank[r]) == i + 1:
+                        parts.append(f"rank {r} never reached a #{i + 2}")
+            where = min([c.seq for c in at.values()] + [len(traces[r]) for r in missing])
+            others = tuple(sorted(r for r in members if r not in order[0]))
+            found.append(Divergence(int(where), "; ".join(parts), first.op, tuple(order[0]), others))
+            break
+    return found
+
+
+def _p2p_divergences(traces: Traces) -> list[Divergence]:
+    sends: dict[tuple[int, int], list[Collective]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[Collective]] = defaultdict(list)
+    for r, events in traces.items():
+        for c in events:
+            if c.op == "send" and c.peer is not None:
+                sends[(r, c.peer)].append(c)
+            elif c.op == "recv" and c.peer is not None:
+                recvs[(c.peer, r)].append(c)
+    found = []
+    for a, b in sorted(set(sends) | set(recvs)):
+        if a not in traces or b not in traces:
+            continue
+        s, v = sends[(a, b)], recvs[(a, b)]
+        for k in range(max(len(s), len(v))):
+            ck, rk = (s[k] if k < len(s) else None), (v[k] if k < len(v) else None)
+            if ck is not None and rk is not None:
+                if (ck.dtype, math.prod(ck.shapes[0]) if ck.shapes else 0) == (
+                    rk.dtype,
+                    math.prod(rk.out_shapes[0]) if rk.out_shapes else 0,
+                ):
+                    continue
+                text = (
+                    f"rank {a}'s send #{k + 1} to rank {b} is {ck.signature()}, but rank {b}'s receive "
+                    f"#{k + 1} from rank {a} is {rk.signature()}: the sizes differ"
+                )
+                found.append(Divergence(min(ck.seq, rk.seq), text, "send", (a,), (b,)))
+            elif ck is not None:
+                text = (
+                    f"rank {a}'s send #{k + 1} to rank {b} ({ck.signature()}) has no matching receive: "
+                    f"rank {b} posted {len(v)} receive(s) from rank {a}"
+                )
+                found.append(Divergence(ck.seq, text, "send", (a,), (b,)))
+            else:
+                assert rk is not None
+                text = (
+                    f"rank {b}'s receive #{k + 1} from rank {a} ({rk.signature()}) has no matching send: "
+                    f"rank {a} posted {len(s)} send(s) to rank {b}"
+                )
+                found.append(Divergence(rk.seq, text, "recv", (b,), (a,)))
+            break
+    return found
+
+
+def first_divergence(traces: Traces) -> Divergence | None:
+    """The divergence the ranks reached first, or None where every group's sequences agree."""
+    found = _group_divergences(traces) + _p2p_divergences(traces)
+    return min(found, key=lambda d: (d.where, d.text)) if found else None
+
+
+def describe_sequences(traces: Traces) -> str:
+    """One line for a report: the sequences agree (with counts), or where they first part."""
+    if not traces or not any(traces.values()):
+        return "collectives: none entered on any rank"
+    d = first_divergence(traces)
+    counts = ", ".join(f"rank {r}: {len(t)}" for r, t in sorted(traces.items()))
+    if d is None:
+        return f"collectives: every rank entered the same sequence (collectives entered: {counts})"
+    return f"first divergent collective: {d.text}\n  (the ranks' sequences differ; collectives entered: {counts})"
+
+
+def format_trace(traces: Traces, limit: int = 200) -> str:
+    """Each rank's trace, one collective per line (``shardfuzz case --trace``)."""
+    lines = []
+    for r, events in sorted(traces.items()):
+        lines.append(f"--- rank {r}: {len(events)} collective(s) ---")
+        for c in events[:limit]:
+            extra = f" peer {c.peer}" if c.peer is not None else ""
+            extra += f" splits out {list(c.splits[0])} in {list(c.splits[1])}" if c.splits else ""
+            lines.append(f"  {c.seq:4d} {c.signature()} on group {list(c.group)}{extra}  [{c.api}.{c.call}]")
+        if len(events) > limit:
+            lines.append(f"  ... {len(events) - limit} more")
+    return "\n".join(lines)

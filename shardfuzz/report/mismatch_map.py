@@ -1,0 +1,280 @@
+"""Where the wrong elements of a mismatching output sit: per rank, the runs of wrong local indices
+along each dim, and a small character grid of the global value with the shard boundaries drawn.
+
+Everything comes from the compared pieces alone: each rank's mask of wrong elements and its
+layout's local -> global index map (``RankDiff.to_global``), so it works for any layout. The map
+of one dim is read as runs of ``global = local + offset`` (a ``Shard`` piece is one run, a
+``Zigzag`` piece two), found by a galloping search: a handful of calls, whatever the size. A layout
+whose index map does not separate by dim (no built-in one) would be misdrawn, never mis-compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shardfuzz.spec.layouts import split_sizes
+
+if TYPE_CHECKING:
+    from shardfuzz.verdict.compare import OutputDiff, RankDiff
+
+MAX_ROWS, MAX_COLS, MAX_RUNS = 16, 32, 4
+
+Segment = tuple[int, int, int]  # (local start, length, global start)
+
+
+def segments(
+    to_global: Callable[[tuple[int, ...]], tuple[int, ...]], shape: tuple[int, ...], d: int
+) -> list[Segment]:
+    """Dim ``d``'s local -> global map as runs of consecutive global indices."""
+    n, out, i = shape[d], [], 0
+
+    def at(j: int) -> int:
+        idx = [0] * len(shape)
+        idx[d] = j
+        return int(to_global(tuple(idx))[d])
+
+    while i < n:
+        off = at(i) - i
+        same = lambda j, off=off: at(j) - j == off
+        lo, hi, step = i, n, 1  # same(lo); the run ends in (lo, hi]: gallop, then bisect
+        while lo + step < n:
+            if not same(lo + step):
+                hi = lo + step
+                break
+            lo, step = lo + step, step * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if same(mid) else (lo, mid)
+        out.append((i, hi - i, off + i))
+        i = hi
+    return out
+
+
+def runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted indices merged into inclusive runs: [3, 4, 5, 9] -> [(3, 5), (9, 9)]."""
+    out: list[tuple[int, int]] = []
+    for v in indices:
+        if out and v == out[-1][1] + 1:
+            out[-1] = (out[-1][0], v)
+        else:
+            out.append((v, v))
+    return out
+
+
+def format_runs(rs: list[tuple[int, int]], n: int | None = None) -> str:
+    if n is not None and rs == [(0, n - 1)]:
+        return f"all {n}"
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rs[:MAX_RUNS])
+    if len(rs) > MAX_RUNS:
+        text += f", ... ({len(rs) - MAX_RUNS} more runs)"
+    return text + (f" of {n}" if n is not None else "")
+
+
+def _to_global_runs(rs: list[tuple[int, int]], segs: list[Segment]) -> list[tuple[int, int]]:
+    hit: list[int] = []
+    for a, b in rs:
+        for lo, k, g in segs:
+            x, y = max(a, lo), min(b, lo + k - 1)
+            if x <= y:
+                hit += range(g + x - lo, g + y - lo + 1)
+    return runs(sorted(set(hit)))
+
+
+@dataclasses.dataclass
+class Piece:
+    """One compared piece: a rank's local, or (rank None) an assembled sum over ranks."""
+
+    rank: int | None
+    local: Any  # the compared tensor
+    wrong: Any  # bool mask over it (None: nothing wrong, or not compared elementwise)
+    segs: list[list[Segment]]  # per dim
+    bad: bool = False
+
+    @classmethod
+    def of(cls, rd: RankDiff) -> Piece:
+        shape = tuple(rd.local.shape)
+        to_global = rd.to_global or (lambda idx: idx)
+        segs = [segments(to_global, shape, d) for d in range(len(shape))]
+        return cls(rd.rank, rd.local, rd.wrong, segs, rd.bad > 0)
+
+
+@dataclasses.dataclass
+class GlobalView:
+    """One replica's pieces put back where they sit in the global value."""
+
+    wrong: Any  # bool, the global shape
+    actual: Any  # float64 (complex128), a wrong rank's values where pieces overlap
+    cuts: list[list[int]]  # per dim, the global indices where a piece starts or ends (0 < cut < n)
+    ranks: list[int]  # the world ranks of the replica ([] for a sum over ranks)
+
+
+def pieces_of(od: OutputDiff) -> list[Piece]:
+    return [Piece.of(rd) for rd in od.ranks if rd.local is not None and hasattr(rd.local, "shape")]
+
+
+def global_views(od: OutputDiff, pieces: list[Piece] | None = None) -> list[GlobalView]:
+    """The global view of each replica (each sum over ranks, for a Partial output)."""
+    pieces = pieces_of(od) if pieces is None else pieces
+    by_rank = {p.rank: p for p in pieces}
+    if any(p.rank is None for p in pieces):
+        groups = [[p] for p in pieces]
+    else:
+        groups = [
+            [by_rank[r] for r in g if r in by_rank]
+            for g in (od.groups or [[p.rank for p in pieces if p.rank is not None]])
+        ]
+    return [_view(od.shape, g) for g in groups if g]
+
+
+def _view(shape: tuple[int, ...], group: list[Piece]) -> GlobalView:
+    import torch
+
+    complex_ = any(p.local.is_complex() for p in group)
+    wrong = torch.zeros(shape, dtype=torch.bool)
+    actual = torch.full(shape, float("nan"), dtype=torch.complex128 if complex_ else torch.float64)
+    cuts: list[set[int]] = [set() for _ in shape]
+    # clean pieces first: where pieces overlap (Replicate), a wrong rank's values are the ones shown
+    for p in sorted(group, key=lambda p: p.wrong is not None):
+        for d, segs in enumerate(p.segs):
+            cuts[d].update(c for _, k, g in segs for c in (g, g + k) if 0 < c < shape[d])
+        for box in itertools.product(*p.segs):
+            src = tuple(slice(lo, lo + k) for lo, k, _ in box)
+            dst = tuple(slice(g, g + k) for _, k, g in box)
+            actual[dst] = p.local[src].to(actual.dtype)
+            if p.wrong is not None:
+                wrong[dst] |= p.wrong[src]
+    return GlobalView(wrong, actual, [sorted(c) for c in cuts], [p.rank for p in group if p.rank is not None])
+
+
+def sharded_dims(pieces: list[Piece], shape: tuple[int, ...]) -> list[int]:
+    return [d for d in range(len(shape)) if any(p.segs[d] != [(0, shape[d], 0)] for p in pieces)]
+
+
+def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
+    """The map's lines (indented for :func:`shardfuzz.report.findings.format_output_diff`)."""
+    pieces = pieces_of(od)
+    if not pieces or not od.shape:
+        return ["  map: " + ("a 0-d value" if pieces else "a non-tensor value") + ", nothing to map"]
+    shape = tuple(od.shape)
+    sharded = sharded_dims(pieces, shape)
+    if pieces[0].rank is None:
+        head = f"the sum over ranks is compared ({od.layout}): no one rank holds these elements"
+    elif sharded:
+        dims = ("dims " if len(sharded) > 1 else "dim ") + ", ".join(map(str, sharded))
+        head = f"{dims} split over the ranks ({od.layout}); local indices, global in brackets"
+    else:
+        who = "one rank holds" if len(pieces) <= len(od.groups or [()]) else "every rank holds"
+        head = f"{who} the whole value ({od.layout}); indices are global"
+    lines = [f"  map of the wrong elements: {head}"]
+    clean = []
+    for p in pieces:
+        who = rank_label(p.rank) if p.rank is not None else "sum"
+        if p.wrong is None or not bool(p.wrong.any()):
+            if p.bad:
+                lines.append(f"    {who}: wrong (not compared element by element)")
+            else:
+                clean.append(f"{p.rank}" + (" (empty)" if p.local.numel() == 0 else ""))
+            continue
+        where = []  # the sharded dims, and the others where not every index is hit
+        for d in range(p.wrong.ndim):
+            others = tuple(x for x in range(p.wrong.ndim) if x != d)
+            hit = p.wrong.any(dim=others) if others else p.wrong
+            rs = runs(hit.nonzero().flatten().tolist())
+            if d not in sharded and rs == [(0, p.wrong.shape[d] - 1)]:
+                continue
+            text = f"dim {d}: {format_runs(rs, p.wrong.shape[d])}"
+            if d in sharded:
+                text += f" [global {format_runs(_to_global_runs(rs, p.segs[d]))}]"
+            where.append(text)
+        if not where:
+            n, k = p.wrong.numel(), int(p.wrong.sum())
+            where = ["every element" if k == n else f"{k} of {n} elements, in every index of every dim"]
+        lines.append(f"    {who}: wrong at " + "; ".join(where))
+    if clean:
+        lines.append(f"    clean: rank{'s' if len(clean) > 1 else ''} {', '.join(clean)}")
+    return lines + _grid_lines(od, pieces, sharded)
+
+
+def _grid_lines(od: OutputDiff, pieces: list[Piece], sharded: list[int]) -> list[str]:
+    views = [v for v in global_views(od, pieces) if bool(v.wrong.any())]
+    if not views:
+        return []
+    v = views[0]
+    if bool(v.wrong.all()):
+        return ["    (every element of the global value is wrong: no grid)"]
+    shape = tuple(v.wrong.shape)
+    rows, cols = grid_dims(shape, sharded)
+    if rows is None:
+        w2 = v.wrong.reshape(1, shape[cols])
+    else:
+        w2 = v.wrong.movedim((rows, cols), (0, 1)).reshape(shape[rows], shape[cols], -1).any(-1)
+    r_cells = cells(w2.shape[0], v.cuts[rows] if rows is not None else [], MAX_ROWS)
+    c_cells = cells(w2.shape[1], v.cuts[cols], MAX_COLS)
+    axis = lambda d, cs: (
+        f"dim {d} ({shape[d]}" + (f" in {len(cs[0])} cells)" if len(cs[0]) < shape[d] else ")")
+    )
+    what = f"rows {axis(rows, r_cells)} x cols " if rows is not None else "cols "
+    where = f" of ranks {v.ranks}" if len(views) > 1 or len(od.groups) > 1 else ""
+    folded = ", other dims folded" if len(shape) > 2 else ""
+    lines = [
+        f"    grid{where}, {what}{axis(cols, c_cells)}{folded}; '#' wrong, '.' right, '-' '|' piece ends:"
+    ]
+    return lines + ["      " + line for line in render(w2, r_cells, c_cells)]
+
+
+def grid_dims(shape: tuple[int, ...], sharded: list[int]) -> tuple[int | None, int]:
+    """The dims drawn as rows and cols: a sharded dim and the largest other one, in dim order;
+    a 1-d value is one row."""
+    if len(shape) == 1:
+        return None, 0
+    first = sharded[0] if sharded else max(range(len(shape)), key=lambda d: (shape[d], d))
+    other = max((d for d in range(len(shape)) if d != first), key=lambda d: (shape[d], d))
+    a, b = sorted((first, other))
+    return a, b
+
+
+def cells(n: int, cuts: list[int], budget: int) -> tuple[list[tuple[int, int]], set[int]]:
+    """Cut ``n`` indices into at most ``budget`` cells (separators included) that never straddle
+    a cut; returns the cells and the cells after which a separator goes. With more pieces than
+    fit, the cells are even and the separators left out."""
+    bounds = [0, *cuts, n]
+    segs = [(a, b - a) for a, b in itertools.pairwise(bounds) if b > a]
+    room = budget - (len(segs) - 1)
+    if room < len(segs):  # too many pieces to draw apart
+        segs, room = [(0, n)], budget
+    if n <= room:
+        alloc = [k for _, k in segs]
+    else:
+        alloc = [max(1, min(k, round(room * k / n))) for _, k in segs]
+        while sum(alloc) > room:
+            alloc[alloc.index(max(alloc))] -= 1
+    out: list[tuple[int, int]] = []
+    seps = set()
+    for (start, k), c in zip(segs, alloc):
+        for size in split_sizes(k, c, "tensor_split"):
+            out.append((start, start + size))
+            start += size
+        seps.add(len(out) - 1)
+    seps.discard(len(out) - 1)
+    return out, seps
+
+
+def render(
+    w2: Any, r_cells: tuple[list[tuple[int, int]], set[int]], c_cells: tuple[list[tuple[int, int]], set[int]]
+) -> list[str]:
+    """The grid's lines: '#' where a cell holds a wrong element."""
+    (rc, rsep), (cc, csep) = r_cells, c_cells
+    lines = []
+    for i, (r0, r1) in enumerate(rc):
+        band = w2[r0:r1].any(0)
+        line = "".join(
+            ("#" if bool(band[c0:c1].any()) else ".") + ("|" if j in csep else "")
+            for j, (c0, c1) in enumerate(cc)
+        )
+        lines.append(line)
+        if i in rsep:
+            lines.append("".join("-" + ("+" if j in csep else "") for j in range(len(cc))))
+    return lines

@@ -1,0 +1,100 @@
+"""Replay of failure files: rerun each recorded case exactly (no search) and say whether it still
+fails, now passes, or ran on different inputs than were recorded."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from shardfuzz.engine.config import RunConfig, default_device
+from shardfuzz.engine.failure_schema import printable
+from shardfuzz.engine.failures import record_impl, record_target, source_hash
+from shardfuzz.engine.finding import inputs_hash
+from shardfuzz.engine.runner import Runner
+from shardfuzz.errors import Finding
+from shardfuzz.signature import stored_signature
+from shardfuzz.spec.tolerance import Tolerance
+
+
+@dataclasses.dataclass
+class Replayed:
+    path: str | None  # None: a record from a store of findings
+    record: dict[str, Any]
+    status: str  # "still fails" | "now passes" | "different inputs"
+    failed: bool
+    kind: str | None = None
+    report: str = ""
+    note: str = ""
+    signature: str | None = None  # the finding's now, when it still fails
+
+    def line(self) -> str:
+        case = self.record["case"]
+        origin = printable(os.path.basename(self.path)) if self.path else "failure record"  # a store's
+        head = f"{origin}: {self.record['target']}/{printable(self.record['impl'])}"
+        if self.status == "different inputs":
+            what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
+        elif self.failed:
+            what = f"STILL FAILS ({self.kind}; was {self.record['kind']}){_same_cause(self)}"
+        else:
+            what = "now passes"
+        return f"{head} {what}{self.note}\n  {case!r}"
+
+
+def _same_cause(replayed: Replayed) -> str:
+    """Whether a failure that still fails has the signature on file (re-keyed if stored under an
+    older signature version)."""
+    stored = stored_signature(replayed.record)
+    if stored.stale or replayed.signature is None:
+        return f", causes not compared (the file's {stored.describe()})"
+    return ", same cause" if stored.signature == replayed.signature else ", A DIFFERENT CAUSE (by signature)"
+
+
+def record_config(
+    record: dict[str, Any],
+    *,
+    backend: str | None = None,
+    device: str | None = None,
+    debug_collectives: bool = False,
+    deterministic: bool | None = None,
+    timeout: float | None = None,
+    tolerance: Tolerance | None = None,
+) -> RunConfig:
+    """The configuration to replay a record with: the given choices, else the record's."""
+    backend = backend or record["backend"]
+    if device is None:
+        device = record.get("device") if backend == record["backend"] else None
+    return RunConfig(
+        backend=backend,
+        device=device or default_device(backend),
+        debug_collectives=debug_collectives,
+        deterministic=bool(record.get("deterministic", False)) if deterministic is None else deterministic,
+        timeout=timeout,
+        tolerance=_replay_tolerance(record, tolerance),
+    )
+
+
+def _replay_tolerance(record: dict[str, Any], given: Tolerance | None) -> Tolerance:
+    """The record's per-output overrides (the run's ``--tolerance``), then the given ones on top."""
+    recorded = (record.get("tolerance") or {}).get("per_output") or ()
+    tol = Tolerance().with_overrides(recorded)
+    return tol.with_overrides(given.per_output) if given is not None else tol
+
+
+def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
+    """Rerun one failure record's case (``choices``: see :func:`record_config`)."""
+    target, _ = record_target(record)
+    runner = Runner(target, record_impl(target, record), record_config(record, **choices))
+    case = record["case"]
+    note = ""
+    src = source_hash(runner.impl_ref)
+    if record.get("impl_source_sha256") and src and src != record["impl_source_sha256"]:
+        note = " (the implementation's source or bound arguments changed since)"
+    try:
+        runner.run_case(case)
+        failed, kind, report, signature = False, None, "", None
+    except Finding as f:
+        failed, kind, report, signature = True, f.kind, f.report, f.signature
+    same_inputs = inputs_hash(runner.last_inputs) == record["inputs_sha256"]
+    status = "different inputs" if not same_inputs else ("still fails" if failed else "now passes")
+    return Replayed(record["path"], record, status, failed, kind, report, note, signature)

@@ -1,0 +1,295 @@
+"""Reproducers to file upstream: ``shardfuzz repro FILE --standalone -o DIR`` writes a script that
+needs nothing but torch.
+
+The script carries the case's inputs (inlined, or ``inputs.pt`` beside it when large), the
+implementation's source with what it uses from its own module (shardfuzz's ``Unsupported`` and
+constants are inlined, other shardfuzz code is copied from its module), the oracle's float64
+values with the tolerance the engine allowed, and a ``ctx`` cut down to this case. It runs under
+``torchrun --nproc-per-node=N``; each rank compares its outputs and fails with the worst element,
+or raises what the implementation raises.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import functools
+import importlib
+import inspect
+import os
+import pprint
+import re
+import sys
+import textwrap
+from typing import Any
+
+import shardfuzz
+from shardfuzz.engine.failures import record_impl, record_target
+from shardfuzz.engine.runner import Runner
+from shardfuzz.engine.selforacle import refuse
+from shardfuzz.errors import InvalidArgument, Unsupported
+from shardfuzz.repro.codegen import check_script, docstring
+from shardfuzz.repro.replay import record_config
+from shardfuzz.repro.standalone_script import (
+    CTX_EXTRAS,
+    DATA_LOAD,
+    DOC,
+    MESH_CLASS,
+    SHIM_UNSUPPORTED,
+    TEMPLATE,
+)
+from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard
+from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
+
+#: larger tensors go to ``inputs.pt`` beside the script
+INLINE_NUMEL = 512
+
+
+@functools.cache
+def _parsed(module_name: str) -> tuple[str, ast.Module]:
+    """A module's source and its parse, once per module (every copied name looks it up)."""
+    src = inspect.getsource(sys.modules[module_name])
+    return src, ast.parse(src)
+
+
+class _Closure:
+    """The source an implementation needs, in dependency order: imports, constants, definitions."""
+
+    def __init__(self) -> None:
+        self.imports: list[str] = []
+        self.defs: list[str] = []
+        self.seen: set[tuple[str, str]] = set()
+        self.shims: set[str] = set()
+
+    def add_object(self, obj: Any, name: str) -> None:
+        module = sys.modules[obj.__module__]
+        if (module.__name__, name) in self.seen:
+            return
+        self.seen.add((module.__name__, name))
+        tree = _parsed(module.__name__)[1]
+        node = next(n for n in tree.body if getattr(n, "name", None) == name)
+        self._add_node(module, tree, node)
+
+    def _add_node(self, module: Any, tree: ast.Module, node: ast.stmt) -> None:
+        src = _parsed(module.__name__)[0]
+        lines = ast.get_source_segment(src, node, padded=True) or ""
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.decorator_list:
+            first = node.decorator_list[0].lineno
+            lines = "\n".join(src.splitlines()[first - 1 : node.end_lineno])
+        drop: list[tuple[int, int]] = []
+        for inner in ast.walk(node):  # shardfuzz imports inside a function: resolved here instead
+            if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("shardfuzz"):
+                drop.append((inner.lineno, inner.end_lineno or inner.lineno))
+                for alias in inner.names:
+                    self._resolve(importlib.import_module(str(inner.module)), alias.name, alias.asname)
+        decorators = getattr(node, "decorator_list", None)
+        start = decorators[0].lineno if decorators else node.lineno
+        kept = [
+            line for i, line in enumerate(lines.splitlines(), start) if not any(a <= i <= b for a, b in drop)
+        ]
+        for name in _names_used(node):
+            self._use(module, tree, name)
+        self.defs.append(textwrap.dedent("\n".join(kept)))
+
+    def _use(self, module: Any, tree: ast.Module, name: str) -> None:
+        for n in tree.body:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                for alias in n.names:
+                    bound = alias.asname or alias.name.split(".")[0]
+                    if bound != name:
+                        continue
+                    if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("shardfuzz"):
+                        self._resolve(importlib.import_module(str(n.module)), alias.name, alias.asname)
+                    elif isinstance(n, ast.Import) and alias.name.startswith("shardfuzz"):
+                        raise InvalidArgument(f"the implementation uses the module {alias.name!r}")
+                    elif isinstance(n, ast.ImportFrom) and n.module == "__future__":
+                        pass
+                    else:
+                        line = ast.unparse(
+                            ast.ImportFrom(n.module, [alias], n.level)
+                            if isinstance(n, ast.ImportFrom)
+                            else ast.Import([alias])
+                        )
+                        if line not in self.imports:
+                            self.imports.append(line)
+                    return
+            names = [n.name] if isinstance(n, (ast.FunctionDef, ast.ClassDef)) else _assigned(n)
+            if name in names and (module.__name__, name) not in self.seen:
+                self.seen.add((module.__name__, name))
+                self._add_node(module, tree, n)
+                return
+
+    def _resolve(self, module: Any, name: str, asname: str | None) -> None:
+        """A name imported from shardfuzz: a shim, a constant, or its source copied."""
+        obj = getattr(module, name)
+        bound = asname or name
+        if isinstance(obj, type) and issubclass(obj, Unsupported):
+            self.shims.add("Unsupported")
+        elif obj is None or isinstance(obj, (bool, int, float, str, tuple)):
+            line = f"{bound} = {obj!r}"
+            if line not in self.defs:
+                self.defs.append(line)
+        elif inspect.isfunction(obj) or inspect.isclass(obj):
+            if bound != obj.__name__:
+                raise InvalidArgument(f"the implementation imports {name!r} as {asname!r}")
+            self.add_object(obj, obj.__name__)
+        else:
+            raise InvalidArgument(
+                f"the implementation uses {module.__name__}.{name} ({type(obj).__name__}), which a "
+                "standalone script cannot carry"
+            )
+
+
+def _assigned(node: ast.stmt) -> list[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return [t.id for t in targets if isinstance(t, ast.Name)]
+
+
+def _names_used(node: ast.AST) -> list[str]:
+    out: list[str] = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in out:
+            out.append(n.id)
+    return out
+
+
+def _layout_spec(layout: Layout, name: str) -> tuple:
+    if isinstance(layout, Replicate):
+        return ("replicate",)
+    if isinstance(layout, Partial):
+        return ("partial",)
+    if isinstance(layout, Shard):
+        return ("shard", layout.dim, layout.rule)
+    raise InvalidArgument(
+        f"output {name!r} has layout {layout!r}; a standalone script handles Replicate, Shard, Partial"
+    )
+
+
+def _tensor_literal(t: Any) -> str:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return repr(t)
+    values = t.tolist() if t.dtype != torch.bfloat16 else t.float().tolist()
+    return f"torch.tensor({values!r}, dtype=torch.{str(t.dtype).split('.')[-1]})"
+
+
+def _tensors(values: dict[str, Any], key: str, saved: dict[str, Any]) -> str:
+    import torch
+
+    items = []
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor) and v.numel() > INLINE_NUMEL:
+            saved[f"{key}.{name}"] = v
+            items.append(f"    {name!r}: DATA[{key + '.' + name!r}],")
+        else:
+            items.append(f"    {name!r}: {_tensor_literal(v)},")
+    return "{\n" + "\n".join(items) + "\n}"
+
+
+def write_standalone(record: dict[str, Any], directory: str) -> str:
+    """Write ``DIR/repro_<target>_<impl>.py`` (and ``DIR/inputs.pt`` when needed) for one failure
+    record; returns the script's path."""
+    import torch
+
+    target, _ = record_target(record)
+    refuse(target, "shardfuzz repro --standalone")  # the script carries an oracle's values
+    case = record["case"]
+    runner = Runner(target, record_impl(target, record), record_config(record))
+    ref = runner.impl_ref
+    module, _, fname = ref.ref.partition(":")
+    if not fname or "::" in ref.ref:
+        raise InvalidArgument(f"impl {ref.ref!r}: a standalone script needs an importable 'pkg.mod:func'")
+    fn = getattr(importlib.import_module(module), fname)
+    closure = _Closure()
+    closure.add_object(fn, fname)
+    code = "\n\n\n".join(closure.defs)
+    expected = runner.expected(case)
+    outputs = target.outputs_for(case)
+    tol = runner.tolerance
+    floating = {n for n, v in expected.ref.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if tol.noise_model == "mca" and floating:
+        estimate_noise(target, case, expected, tol.samples, outputs)
+        confirm_noise(target, case, expected, tol, outputs)  # the bound a reported mismatch had
+    allowed = {}
+    for n in [n for n in outputs if n in floating]:  # in output order: the script is stable
+        fixed = tol.for_output(n)
+        allowed[n] = (
+            fixed.bound(expected.ref[n].double())
+            if fixed is not None
+            else tol.bound(
+                expected.ref[n],
+                expected.low[n],
+                expected.noise.get(n),
+                expected.mag.get(n),
+                case.dtype,
+                case.group_size,
+                expected.case_scale,
+            )
+        ).float()
+    layouts = {n: _layout_spec(lay, n) for n, lay in outputs.items()}
+    in_layouts = {n: _layout_spec(target.input_layout(n), n) for n in expected.inputs}
+    saved: dict[str, Any] = {}
+    inputs_src = _tensors(expected.inputs, "inputs", saved)
+    expected_src = _tensors({n: expected.ref[n] for n in outputs}, "expected", saved)
+    allowed_src = _tensors(allowed, "allowed", saved)
+    name = f"repro_{target.name}_{re.sub(r'[^A-Za-z0-9_]+', '_', record['impl'])}"  # never a path
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name + ".py")
+    sizes = ", ".join(f"{k}={v}" for k, v in case.sizes.items())
+    doc = DOC.format(
+        title=f"{target.name} / {record['impl']} ({record['kind']})",
+        world=case.world_size,
+        mesh=case.mesh,
+        sizes=sizes,
+        dtype=case.dtype,
+        options=case.options,
+        version=shardfuzz.__version__,
+        date=datetime.date.today().isoformat(),
+        script=os.path.basename(path),
+        torch=torch.__version__,
+    )
+    case_data = {
+        "world_size": case.world_size,
+        "mesh": case.mesh,
+        "sizes": case.sizes,
+        "dtype": case.dtype,
+        "options": case.options,
+    }
+    text = TEMPLATE.format(
+        doc=docstring(doc),
+        imports="\n".join(
+            sorted(
+                set(
+                    [
+                        "import os",
+                        "import sys",
+                        "import torch",
+                        "import torch.distributed as dist",
+                        *closure.imports,
+                    ]
+                )
+            )
+        ),
+        shims=SHIM_UNSUPPORTED if closure.shims else "",
+        impl=code,
+        fname=fname,
+        kwargs=dict(ref.kwargs),
+        case=pprint.pformat(case_data, width=100, sort_dicts=False),
+        data_load=DATA_LOAD if saved else "DATA = {}",
+        inputs=inputs_src,
+        expected=expected_src,
+        allowed=allowed_src,
+        layouts=pprint.pformat(layouts, width=100),
+        input_layouts=f"INPUT_LAYOUTS = {pprint.pformat(in_layouts, width=100)}\n"
+        if "ctx.local" in code
+        else "",
+        mesh_class=MESH_CLASS if "ctx.mesh" in code else "",
+        ctx_extras="\n".join(v for k, v in CTX_EXTRAS.items() if k in code),
+    )
+    check_script(text, doc, {"CASE": case_data})
+    if saved:
+        torch.save(saved, os.path.join(directory, "inputs.pt"))
+    with open(path, "w") as f:
+        f.write(text)
+    return path

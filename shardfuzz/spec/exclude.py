@@ -1,0 +1,136 @@
+"""Known failures set aside: case predicates from ``--exclude EXPR`` (CLI), ``--shardfuzz-exclude
+EXPR`` (pytest) and ``Target(known_failures=...)``, so a campaign can search past a bug it already
+knows. An excluded case is counted by reason and shown in progress lines and summaries, never
+passed silently.
+
+An expression is a Python expression over the case's fields, e.g. ``options['smoothing'] > 0`` or
+``world_size >= 3 and dtype == 'bfloat16'``. It is parsed once and may use only names, constants,
+subscripts, attribute reads of those names, comparisons, boolean and arithmetic operators, and a few
+pure builtins (no calls of anything else, no imports, no assignments).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.errors import InvalidArgument, TargetCodeError, Unsupported
+
+#: the names an expression may use: the case's fields, the case itself, and pure builtins
+CASE_NAMES = (
+    "case",
+    "world_size",
+    "mesh",
+    "sizes",
+    "split",
+    "dtype",
+    "profile",
+    "seed",
+    "options",
+    "group_size",
+)
+BUILTINS: dict[str, Any] = {
+    "len": len, "min": min, "max": max, "abs": abs, "sum": sum, "any": any, "all": all,
+    "True": True, "False": False, "None": None,
+}  # fmt: skip
+_NODES = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+    ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow,
+    ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Is, ast.IsNot,
+    ast.Name, ast.Load, ast.Constant, ast.Subscript, ast.Attribute, ast.Tuple, ast.List, ast.Call,
+    ast.IfExp, ast.Slice,
+)  # fmt: skip
+
+
+class Excluded(Unsupported):
+    """A case set aside as a known failure (counted in ``stats.excluded``, not as unsupported)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseExpression:
+    """A validated ``--exclude`` expression; call it with a case."""
+
+    text: str
+    what: str = "--exclude"
+
+    def __post_init__(self) -> None:
+        try:
+            tree = ast.parse(self.text.strip(), mode="eval")
+        except SyntaxError as e:
+            raise InvalidArgument(f"{self.what}={self.text!r} is not a Python expression: {e.msg}") from None
+        allowed = set(CASE_NAMES) | set(BUILTINS)
+        for node in ast.walk(tree):
+            if not isinstance(node, _NODES):
+                raise InvalidArgument(
+                    f"{self.what}={self.text!r}: {type(node).__name__} is not allowed; use comparisons of "
+                    f"the case's fields ({', '.join(CASE_NAMES)}), e.g. \"options['smoothing'] > 0\""
+                )
+            if isinstance(node, ast.Name) and node.id not in allowed:
+                raise InvalidArgument(
+                    f"{self.what}={self.text!r}: unknown name {node.id!r}; allowed: {', '.join(CASE_NAMES)}"
+                )
+            if isinstance(node, ast.Call) and not (
+                isinstance(node.func, ast.Name) and node.func.id in BUILTINS
+            ):
+                raise InvalidArgument(
+                    f"{self.what}={self.text!r}: only {', '.join(sorted(k for k in BUILTINS if k.islower()))} "
+                    "may be called"
+                )
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+                raise InvalidArgument(f"{self.what}={self.text!r}: attribute {node.attr!r} is not allowed")
+        object.__setattr__(self, "_code", compile(tree, f"<{self.what}>", "eval"))
+
+    def __call__(self, case: Case) -> bool:
+        names = {n: getattr(case, n) for n in CASE_NAMES if n != "case"}
+        names["case"] = case
+        try:
+            return bool(eval(self._code, {"__builtins__": BUILTINS}, names))  # type: ignore[attr-defined]
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return False  # e.g. an option this case does not have: not excluded
+
+
+def known_failures(spec: Any, target: str) -> tuple[tuple[str, Callable[[Case], bool]], ...]:
+    """``Target(known_failures=...)`` as (reason, predicate) pairs: a mapping reason -> predicate or
+    expression string, or a sequence of predicates / expression strings."""
+    if not spec:
+        return ()
+    items = spec.items() if isinstance(spec, Mapping) else ((None, p) for p in spec)
+    out = []
+    for reason, pred in items:
+        if isinstance(pred, str):
+            pred = CaseExpression(pred, f"Target {target!r}: known_failures")
+        if not callable(pred):
+            raise InvalidArgument(
+                f"Target {target!r}: known_failures entry {pred!r} is neither a predicate of the case "
+                "nor an expression string"
+            )
+        label = reason or (
+            pred.text if isinstance(pred, CaseExpression) else getattr(pred, "__name__", repr(pred))
+        )
+        out.append((str(label), pred))
+    return tuple(out)
+
+
+def exclusion(case: Case, target: Any, expressions: tuple[str, ...]) -> str | None:
+    """The reason ``case`` is set aside (a known failure of the target or an expression of the run),
+    or None."""
+    for reason, pred in target.known_failures:
+        try:
+            hit = pred(case)
+        except Exception as e:
+            raise TargetCodeError.of(target.name, f"known_failures[{reason!r}](case)", case, e) from e
+        if hit:
+            return reason
+    for text in expressions:
+        if _expression(text)(case):
+            return text
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _expression(text: str) -> CaseExpression:
+    return CaseExpression(text)

@@ -1,0 +1,340 @@
+"""Import references for targets and implementations.
+
+Workers run in other processes (forkserver children), so everything they run is passed by
+reference and imported there:
+
+* ``"pkg.mod:attr"``: an importable module and an attribute of it;
+* ``"path/to/file.py::NAME"``: a file, imported under a stable private module name.
+
+Lambdas, closures and functions defined in ``__main__`` cannot be imported by a worker, so they are
+refused with an error that says what to do instead.
+
+File paths are made absolute when a reference is taken, so a reference works from any folder.
+Failure files also keep each file's path relative to its *project root* (the nearest folder above
+it holding ``pyproject.toml``, ``setup.cfg``, ``setup.py`` or ``.git``; else the current folder when
+the file is under it; else the file's own folder). A path that does not exist is looked up, in
+order, relative to the current folder, the current project root, and each folder of the search
+path: ``add_search_path`` (``shardfuzz --search-path DIR``) and ``$SHARDFUZZ_PATH``
+(``os.pathsep``-separated). That is how a failure file keeps working after its checkout moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from shardfuzz.errors import TargetError
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
+_FILE_MODULES: dict[str, Any] = {}
+PROJECT_MARKERS = ("pyproject.toml", "setup.cfg", "setup.py", ".git")
+SEARCH_PATH_ENV = "SHARDFUZZ_PATH"
+_search_path: list[str] = []  # added by add_search_path (--search-path)
+
+
+def add_search_path(dirs: Any) -> None:
+    """Add folders where moved files are looked up (``--search-path DIR``, repeatable)."""
+    for d in [dirs] if isinstance(dirs, str) else list(dirs):
+        if not isinstance(d, str) or not os.path.isdir(d):
+            raise TargetError(f"--search-path={d!r} is not a directory; give the folder of a checkout")
+        if _abspath(d) not in _search_path:
+            _search_path.append(_abspath(d))
+
+
+def add_search_path_option(parser: Any) -> None:
+    """Give an argparse parser the repeatable ``--search-path DIR`` option (``args.search_path``)."""
+    parser.add_argument(
+        "--search-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder where the files of a moved checkout are looked up (repeatable; also $SHARDFUZZ_PATH)",
+    )
+
+
+def search_path() -> list[str]:
+    """The folders where moved files are looked up: ``add_search_path``'s, then ``$SHARDFUZZ_PATH``'s."""
+    env = [d for d in os.environ.get(SEARCH_PATH_ENV, "").split(os.pathsep) if d.strip()]
+    for d in env:
+        if not os.path.isdir(d):
+            raise TargetError(
+                f"environment variable {SEARCH_PATH_ENV} holds {d!r}, which is not a directory; it "
+                f"takes folders separated by {os.pathsep!r}"
+            )
+    return [*_search_path, *(_abspath(d) for d in env)]
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:  # the current folder was deleted (a checkout that moved)
+        return None
+
+
+def _abspath(path: str) -> str:
+    cwd = _cwd()
+    return os.path.normpath(os.path.join(cwd, path)) if cwd and not os.path.isabs(path) else path
+
+
+def _marked_root(path: str) -> str | None:
+    d = path if os.path.isdir(path) else os.path.dirname(path)
+    while True:
+        if any(os.path.exists(os.path.join(d, m)) for m in PROJECT_MARKERS):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+def current_project_root() -> str | None:
+    """The project root of the current folder (the marked folder above it, else the folder itself);
+    None when the current folder was deleted."""
+    cwd = _cwd()
+    return (_marked_root(cwd) or cwd) if cwd else None
+
+
+def project_root(path: str) -> str:
+    """The project root of a file (see the module docstring)."""
+    path = _abspath(path)
+    root = _marked_root(path)
+    if root is not None:
+        return root
+    cwd = _cwd()
+    return cwd if cwd and path.startswith(cwd.rstrip(os.sep) + os.sep) else os.path.dirname(path)
+
+
+def project_relative(path: str) -> str:
+    """``path`` relative to its project root (what a failure file keeps beside the absolute path)."""
+    path = _abspath(path)
+    return os.path.relpath(path, project_root(path))
+
+
+def resolve_file(path: str, what: str, relative: str | None = None) -> str:
+    """The absolute path of an existing file: ``path`` as given (absolute, or relative to the current
+    folder), else ``relative`` (or a relative ``path``) under the current project root and each folder
+    of the search path. TargetError names what was tried."""
+    if not isinstance(path, str) or not path:
+        raise TargetError(f"{what}: file path {path!r}; expected a path to a .py file")
+    first = _abspath(path)
+    if os.path.isabs(first) and os.path.isfile(first):
+        return first
+    rels = [r for r in (relative, None if os.path.isabs(path) else path) if r]
+    cwd = _cwd()
+    here = _marked_root(cwd) if cwd else None
+    bases = ([here] if here else []) + search_path()
+    tried = [first]
+    for base in bases:
+        for rel in rels:
+            candidate = os.path.normpath(os.path.join(base, rel))
+            if os.path.isfile(candidate):
+                return candidate
+            tried.append(candidate)
+    hint = "; if its checkout moved, pass --search-path DIR or set SHARDFUZZ_PATH to the new folder"
+    tried_text = ", ".join(repr(t) for t in dict.fromkeys(tried))
+    raise TargetError(f"{what}: file {path!r} does not exist (looked for {tried_text}){hint}")
+
+
+def split_file_ref(ref: str) -> tuple[str, str] | None:
+    """``("path/file.py", "NAME")`` for a ``file.py::NAME`` reference (``NAME`` may be ""), ``("file.py",
+    "")`` for a bare ``.py`` path, None for anything else."""
+    if not isinstance(ref, str):
+        return None
+    if "::" in ref:
+        path, _, attr = ref.rpartition("::")
+        return path, attr
+    if ref.endswith(".py"):
+        return ref, ""
+    return None
+
+
+def _join_file_ref(path: str, attr: str) -> str:
+    return f"{path}::{attr}" if attr else path
+
+
+def absolute_ref(ref: str, what: str = "reference", relative: str | None = None) -> str:
+    """A ``file.py[::NAME]`` reference with its file resolved to an absolute path (others unchanged)."""
+    parts = split_file_ref(ref)
+    if parts is None:
+        return ref
+    return _join_file_ref(resolve_file(parts[0], what, relative), parts[1])
+
+
+def anchored_ref(ref: Any, base_dir: str) -> Any:
+    """A relative ``file.py[::NAME]`` reference made absolute against ``base_dir`` when the file is
+    there (``test_for`` anchors at the calling test file's folder); anything else unchanged."""
+    parts = split_file_ref(ref)
+    if parts is None or os.path.isabs(parts[0]):
+        return ref
+    candidate = os.path.join(base_dir, parts[0])
+    return _join_file_ref(os.path.normpath(candidate), parts[1]) if os.path.isfile(candidate) else ref
+
+
+def caller_dir(depth: int = 2) -> str:
+    """The folder of the file ``depth`` frames up (1: the caller's; 2, the default: its caller's),
+    where relative ``file.py`` references given to ``test_for`` and the testing helpers start."""
+    file = sys._getframe(depth).f_globals.get("__file__")
+    return os.path.dirname(os.path.abspath(file)) if file else os.getcwd()
+
+
+def file_entries(refs: Any) -> dict[str, str]:
+    """``{absolute path: path relative to its project root}`` for the files the references name
+    (failure files keep it, to find the files again after a checkout moved)."""
+    out: dict[str, str] = {}
+    for ref in refs:
+        parts = split_file_ref(ref)
+        if parts is not None and os.path.isabs(parts[0]):
+            out[parts[0]] = project_relative(parts[0])
+    return out
+
+
+def relocate_ref(ref: str, files: Any, what: str) -> str:
+    """A recorded reference, its file found again: at its absolute path, else by the path relative
+    to its project root that ``files`` (see :func:`file_entries`) kept."""
+    parts = split_file_ref(ref)
+    if parts is None:
+        return ref
+    relative = files.get(parts[0]) if isinstance(files, dict) else None
+    return absolute_ref(ref, what, relative if isinstance(relative, str) else None)
+
+
+def import_file(path: str, what: str) -> Any:
+    path = resolve_file(path, what)
+    if path in _FILE_MODULES:
+        return _FILE_MODULES[path]
+    name = "_shardfuzz_file_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    if name in sys.modules:  # being imported right now (a target file deriving a target at import)
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"{what}: cannot import {path!r} (not a Python file?)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise TargetError(f"{what}: importing {path!r} raised {type(e).__name__}: {e}") from e
+    _FILE_MODULES[path] = module
+    return module
+
+
+def load_ref(ref: str, what: str = "reference") -> Any:
+    """Import ``pkg.mod:attr`` or ``file.py::NAME`` and return the object."""
+    if not isinstance(ref, str):
+        raise TargetError(f"{what}={ref!r}; expected 'pkg.mod:attr' or 'path/file.py::NAME'")
+    if "::" in ref:
+        path, _, attr = ref.rpartition("::")
+        module = import_file(path, what)
+    elif ":" in ref:
+        modname, _, attr = ref.partition(":")
+        try:
+            module = importlib.import_module(modname)
+        except ImportError as e:
+            raise TargetError(f"{what}={ref!r}: cannot import module {modname!r}: {e}") from e
+        except Exception as e:
+            raise TargetError(f"{what}={ref!r}: importing {modname!r} raised {type(e).__name__}: {e}") from e
+    else:
+        raise TargetError(f"{what}={ref!r}; expected 'pkg.mod:attr' or 'path/file.py::NAME'")
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            where = getattr(module, "__file__", None) if "::" in ref else None
+            raise TargetError(
+                f"{what}={ref!r}: {where or module.__name__!r} has no attribute {attr!r}"
+            ) from None
+    return obj
+
+
+def _find_spec_fresh(modname: str) -> ModuleSpec | None:
+    """The spec a fresh process would find for ``modname``: ask the meta-path finders (path entries,
+    editable installs) level by level, ignoring ``sys.modules``."""
+    path = None
+    spec = None
+    parts = modname.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            try:
+                spec = find(name, path)
+            except (ImportError, ValueError, TypeError):
+                spec = None
+            if spec is not None:
+                break
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec
+
+
+def find_module_spec(modname: str) -> ModuleSpec | None:
+    """The spec a fresh process would find for ``modname``, found without importing anything."""
+    return _find_spec_fresh(modname)
+
+
+def _importable(modname: str, file: str | None) -> bool:
+    """Whether a fresh process would import ``modname`` from ``file``.
+
+    (``importlib.util.find_spec`` would answer from ``sys.modules``, where pytest's importlib mode
+    registers test modules under names no other process can import.)
+    """
+    if not file or not modname or modname == "__main__":
+        return False
+    spec = _find_spec_fresh(modname)
+    if spec is None or not spec.origin or not os.path.exists(spec.origin):
+        return False
+    return os.path.samefile(spec.origin, file)
+
+
+def ref_of_callable(fn: Any, what: str = "impl") -> str:
+    """The import reference of a module-level function, or a clear error for ones workers cannot import."""
+    if isinstance(fn, str):
+        obj = load_ref(fn, what)
+        if not callable(obj):
+            raise TargetError(
+                f"{what}={fn!r} is a {type(obj).__name__}, not a function; an implementation is a "
+                "module-level function called as impl(ctx) on every rank"
+            )
+        return absolute_ref(fn, what)
+    if not callable(fn):
+        raise TargetError(f"{what}={fn!r} is neither a callable nor a 'pkg.mod:func' reference")
+    qual = getattr(fn, "__qualname__", "")
+    modname = getattr(fn, "__module__", None)
+    if "<lambda>" in qual or "<locals>" in qual or modname in (None, "__main__"):
+        raise TargetError(
+            f"{what}={fn!r} cannot be imported by worker processes (a lambda, a closure or a function "
+            "defined in __main__); define it at module level and pass it, or pass 'pkg.mod:func' or "
+            "'path/file.py::NAME'"
+        )
+    module = sys.modules.get(modname)
+    file = getattr(module, "__file__", None)
+    if _importable(modname, file):
+        ref = f"{modname}:{qual}"
+    elif file:
+        ref = f"{os.path.abspath(file)}::{qual}"
+    else:
+        raise TargetError(f"{what}={fn!r}: its module {modname!r} has no file that workers could import")
+    return ref
+
+
+def module_ref(module_globals: dict[str, Any]) -> str | None:
+    """Where a module can be re-imported from in a worker: 'modname' or a file path."""
+    modname = module_globals.get("__name__")
+    file = module_globals.get("__file__")
+    if modname and not modname.startswith("_shardfuzz_file_") and _importable(modname, file):
+        return modname
+    if file:
+        return os.path.abspath(file)
+    return None

@@ -1,0 +1,121 @@
+"""Where targets come from: the built-in ones, those of installed packages (entry-point group
+``shardfuzz.targets``), ``pkg.mod:ATTR`` references and ``file.py[::NAME]`` paths."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+from shardfuzz.errors import TargetError
+from shardfuzz.spec.refs import import_file, load_ref, split_file_ref
+from shardfuzz.spec.target import Target
+
+ENTRY_POINT_GROUP = "shardfuzz.targets"
+
+BUILTIN_TARGETS: dict[str, str] = {
+    "tp_mlp": "shardfuzz.targets.tp_mlp:TARGET",
+    "vocab_parallel": "shardfuzz.targets.vocab_parallel:TARGET",
+    "ulysses": "shardfuzz.targets.ulysses:TARGET",
+    "ring_attention": "shardfuzz.targets.ring_attention:TARGET",
+    "zero_adamw": "shardfuzz.targets.zero_adamw:TARGET",
+    "zero_adamw_torch": "shardfuzz.targets.zero_adamw:TORCH_TARGET",
+    "moe": "shardfuzz.targets.moe:TARGET",
+    "redistribute": "shardfuzz.targets.redistribute:TARGET",
+    "ring_allreduce": "shardfuzz.targets.ring_allreduce:TARGET",
+    "ddp_buckets": "shardfuzz.targets.ddp_buckets:TARGET",
+    "pipeline_1f1b": "shardfuzz.targets.pipeline_1f1b:TARGET",
+}
+
+
+def _entry_points() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_targets() -> dict[str, str]:
+    """Name -> reference, for built-ins and targets registered by installed packages."""
+    found = dict(BUILTIN_TARGETS)
+    for name, value in _entry_points().items():
+        found.setdefault(name, value)
+    return found
+
+
+def get_target(spec: Any) -> Target:
+    """A :class:`~shardfuzz.Target` from a Target, a name, ``pkg.mod:ATTR`` or ``file.py[::NAME]``."""
+    if isinstance(spec, Target):
+        return spec
+    if not isinstance(spec, str):
+        raise TargetError(
+            f"target={spec!r}; expected a Target, a target name, 'pkg.mod:ATTR' or a file.py path"
+        )
+    parts = split_file_ref(spec)
+    if parts is not None:
+        return _target_in_file(spec, *parts)
+    known = available_targets()
+    if ":" in spec:
+        modname, _, attr = spec.partition(":")
+        try:
+            obj = load_ref(spec, "target")
+        except TargetError:  # pkg.mod:NAME naming the target rather than its attribute (Target.spec)
+            module = sys.modules.get(modname)
+            found = vars(module).values() if module is not None else ()
+            named = [v for v in found if isinstance(v, Target) and v.name == attr]
+            if not named:
+                raise
+            obj = named[0]
+    elif spec in known:
+        obj = load_ref(known[spec], f"target {spec!r}")
+    else:
+        raise TargetError(f"target={spec!r} is unknown; known targets: {', '.join(sorted(known))}")
+    if not isinstance(obj, Target):
+        raise TargetError(f"target={spec!r} resolves to {obj!r}, not a shardfuzz.Target")
+    return obj
+
+
+def _target_in_file(spec: str, path: str, name: str) -> Target:
+    """The target ``name`` (or the only one) that the file ``path`` defines."""
+    module = import_file(path, f"target={spec!r}")
+    targets = {v.name: v for v in vars(module).values() if isinstance(v, Target)}
+    if not targets:
+        raise TargetError(f"target={spec!r}: {path!r} defines no shardfuzz.Target")
+    if name:
+        if name in targets:
+            return targets[name]
+        obj = getattr(module, name, None)
+        if isinstance(obj, Target):
+            return obj
+        raise TargetError(f"target={spec!r}: {path!r} has no target {name!r}; it defines {sorted(targets)}")
+    if len(targets) > 1:
+        raise TargetError(f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME")
+    return next(iter(targets.values()))
+
+
+def target_spec(target: Target) -> str:
+    """The full reference that finds ``target`` again from any folder, for rerun lines and failure
+    files: its registered name for a built-in or entry-point target, else :meth:`Target.spec`
+    (``/abs/path/file.py::NAME`` or ``pkg.mod:ATTR``)."""
+    ref = available_targets().get(target.name)
+    if ref is not None:
+        try:
+            if load_ref(ref, "target") is target:
+                return target.name
+        except TargetError:
+            pass
+    return target.spec()
+
+
+def resolve_worker_target(ref: str) -> Target:
+    """Find a target from :meth:`Target.worker_ref` (used inside ranks)."""
+    if "::" in ref:
+        return get_target(ref)
+    modname, _, name = ref.rpartition(":")
+    module = importlib.import_module(modname)
+    for v in vars(module).values():
+        if isinstance(v, Target) and v.name == name:
+            return v
+    obj = load_ref(ref, "target")
+    if isinstance(obj, Target):
+        return obj
+    raise TargetError(f"target {ref!r} not found in workers")

@@ -1,0 +1,364 @@
+"""The Target: a sharded implementation paired with its single-process oracle. With the records of
+:mod:`shardfuzz.spec.records` (planted bugs, expected failures) and its triggers, a target file is the
+whole spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from shardfuzz.case import Case, pin_options
+from shardfuzz.errors import TargetCodeError, TargetError
+from shardfuzz.protocol import ImplRef
+from shardfuzz.spec.budget import check_budgets
+from shardfuzz.spec.exclude import known_failures
+from shardfuzz.spec.layouts import Layout, Replicate, check_layout
+from shardfuzz.spec.records import Bound, ExpectedFailure, PlantedBug, bind
+from shardfuzz.spec.refs import module_ref, ref_of_callable
+from shardfuzz.spec.tolerance import per_output_tolerances
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+__all__ = ["Target"]
+
+#: ``Target(oracle=SELF)``: the implementation at world size 1 in float64 is the oracle
+SELF = "self"
+
+Outputs = Mapping[str, Layout]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Target:
+    """A named differential test.
+
+    Args:
+        name: the target's name (also the ``Case.target`` its cases carry).
+        cases: a Hypothesis strategy of :class:`~shardfuzz.Case`, or a callable
+            ``cases(world_sizes=(1, 2, 3, 4))`` returning one (preferred: the fuzzer can then honour
+            ``--shardfuzz-world-sizes`` without filtering).
+        inputs: ``inputs(case) -> dict[str, Tensor]``: the *full* inputs, built on CPU from
+            ``case.seed`` with a ``torch.Generator``, in ``case.dtype`` for floating tensors. It is
+            called on every rank and in the driver, and must give identical tensors everywhere.
+        oracle: ``oracle(inputs, case) -> dict[str, Tensor | value]``: the single-process result,
+            run on the inputs upcast to float64 (the reference) and as they are (the case dtype);
+            or ``"self"``: the implementation under test itself, at world size 1 in float64
+            (:mod:`shardfuzz.engine.selforacle`).
+        outputs: name -> :class:`~shardfuzz.Layout` of every output the implementations return, or
+            a function ``outputs(case)`` returning that mapping when the outputs depend on the case.
+        implementations: name -> implementation, as ``"pkg.mod:func"``, ``"file.py::NAME"``, a
+            module-level function, the bare name of a function in the target's own module, or
+            :func:`bind` of one of those. An implementation is called once per rank as
+            ``impl(ctx)`` with a :class:`~shardfuzz.RankContext` and returns a dict of local outputs.
+        input_layouts: name -> layout used to fill ``ctx.local`` (default: ``Replicate()``).
+        magnitude: optional, rarely needed: ``magnitude(inputs64, case) -> dict[str, Tensor]``: per
+            output, an elementwise bound on the sum of |terms| (``|x| @ |w|``, :mod:`shardfuzz.spec.magnitudes`);
+            it replaces the output's scale in the tolerance's floor.
+        tolerance: optional output name -> :class:`~shardfuzz.OutputTolerance` (``rtol``, ``atol``): a
+            fixed tolerance for that output in place of the noise model. A run's own overrides
+            (``--tolerance``, ``run(tolerance=...)``) win over these.
+        reference: the name of the correct implementation.
+        planted: :class:`PlantedBug` records. Each becomes an implementation under its name (by
+            default the reference bound with ``bug=NAME``); the test suite proves each is found.
+        expected_failures: :class:`ExpectedFailure` records for implementations known to fail.
+        triggers: name -> ``predicate(case)``: the bug-hiding conditions this target's options and
+            sizes stand for (``"steps>=2"``, ``"causal"``, ...). Statistics, progress lines and the
+            test suite use them, beside the generic ones of :mod:`shardfuzz.spec.triggers`.
+        gradients: the outputs that come from a backward pass (the ``backward`` trigger).
+        description: one line for ``shardfuzz list``.
+        collectives: the collectives the implementations use (e.g. ``("all_reduce",)``); decides
+            whether the target can run several ranks on one GPU with gloo (see :mod:`shardfuzz.ranks.gpu`).
+        supports: optional ``supports(case) -> None | reason``: a case the target cannot handle is
+            rejected loudly (counted by reason), never passed silently.
+        known_failures: known failures to set aside while fuzzing: a mapping reason -> predicate of
+            the case (or an expression string, as ``--exclude`` takes), or a sequence of them. A
+            matching case is counted as excluded and shown, never run or passed.
+        comm: implementation name -> ``fn(case) -> CommBudget``, the most it may send per rank.
+    """
+
+    name: str
+    cases: Any
+    inputs: Callable[[Any], dict[str, Any]]
+    oracle: Callable[[dict[str, Any], Any], dict[str, Any]] | str
+    outputs: Outputs | Callable[[Case], Outputs]
+    implementations: Mapping[str, Any]
+    input_layouts: Mapping[str, Layout] = dataclasses.field(default_factory=dict)
+    magnitude: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    tolerance: Any = ()  # Mapping[str, OutputTolerance] in; sorted pairs after __post_init__
+    reference: str = "reference"
+    planted: Any = ()  # Iterable[PlantedBug] in, Mapping[str, PlantedBug] after __post_init__
+    expected_failures: Any = ()  # Iterable[ExpectedFailure] in, Mapping[str, ExpectedFailure] after
+    triggers: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
+    gradients: tuple[str, ...] = ()
+    description: str = ""
+    supports: Callable[[Any], str | None] | None = None
+    collectives: tuple[str, ...] | None = None
+    known_failures: Any = ()  # Mapping[str, predicate] or Sequence in; (reason, predicate) pairs after
+    comm: Any = ()  # Mapping[implementation name, fn(case) -> CommBudget] (shardfuzz.verdict.comm)
+    origin: str | None = None  # where workers re-import this target from: set automatically
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise TargetError(f"Target(name={self.name!r}); must be an identifier-like string")
+        self._check_pieces()
+        ins = {k: check_layout(v, f"input_layouts[{k!r}]") for k, v in dict(self.input_layouts).items()}
+        object.__setattr__(self, "input_layouts", ins)
+        if not self.implementations:
+            raise TargetError(
+                f"Target {self.name!r}: implementations={self.implementations!r}; name at least one"
+            )
+        if self.origin is None:
+            object.__setattr__(self, "origin", module_ref(_caller_globals()))
+        impls = dict(self.implementations)
+        if self.reference not in impls:
+            raise TargetError(
+                f"Target {self.name!r}: reference={self.reference!r} is not among implementations {sorted(impls)}"
+            )
+        planted, expected = self._records_into(impls)
+        object.__setattr__(self, "implementations", impls)
+        object.__setattr__(self, "planted", planted)
+        object.__setattr__(self, "expected_failures", expected)
+        object.__setattr__(self, "triggers", dict(self.triggers))
+        for tname, pred in self.triggers.items():
+            if not callable(pred):
+                raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
+        object.__setattr__(self, "gradients", tuple(self.gradients))
+        object.__setattr__(self, "known_failures", known_failures(self.known_failures, self.name))
+        object.__setattr__(self, "comm", check_budgets(self.comm, self.name, self.implementations))
+        self._check_tolerance_and_gradients()
+
+    def _check_pieces(self) -> None:
+        """inputs and oracle are callables (or the self-oracle), cases and outputs are given."""
+        for piece in ("inputs", "oracle"):
+            if not callable(getattr(self, piece)) and (piece, getattr(self, piece)) != ("oracle", SELF):
+                also = f" or {SELF!r} (a self-oracle)" if piece == "oracle" else ""
+                raise TargetError(
+                    f"Target {self.name!r}: {piece}={getattr(self, piece)!r} must be a callable{also}; "
+                    "a target needs cases, inputs, oracle, outputs and implementations"
+                )
+        if self.cases is None:
+            raise TargetError(f"Target {self.name!r}: cases=None; pass a strategy of Case or a callable")
+        if not self.outputs:
+            raise TargetError(f"Target {self.name!r}: outputs={self.outputs!r}; name at least one output")
+        if not callable(self.outputs):
+            object.__setattr__(self, "outputs", _check_outputs(self.outputs, self.name))
+
+    def _records_into(self, impls: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The planted bugs and expected failures by name; each one's implementation is added to
+        ``impls`` (its own, or the reference bound with ``bug=NAME``)."""
+        planted = _records(self.planted, PlantedBug, self.name, "planted")
+        expected = _records(self.expected_failures, ExpectedFailure, self.name, "expected_failures")
+        for rec in [*planted.values(), *expected.values()]:
+            if rec.impl is not None:
+                impls[rec.name] = rec.impl
+            elif rec.name not in impls:
+                impls[rec.name] = bind(impls[self.reference], bug=rec.name)
+        return planted, expected
+
+    def _check_tolerance_and_gradients(self) -> None:
+        """Per-output tolerances and declared gradients name outputs of the target."""
+        tol = per_output_tolerances(self.tolerance, f"Target {self.name!r}: tolerance")
+        object.__setattr__(self, "tolerance", tol)
+        if not callable(self.outputs):
+            bad = [o for o, _ in tol if o not in self.outputs]
+            if bad:
+                raise TargetError(
+                    f"Target {self.name!r}: tolerance names {bad[0]!r}, which is not an output; "
+                    f"outputs are {sorted(self.outputs)}"
+                )
+        if not callable(self.outputs):
+            unknown = [g for g in self.gradients if g not in self.outputs]
+            if unknown:
+                raise TargetError(
+                    f"Target {self.name!r}: gradients names {unknown}, which are not outputs; "
+                    f"outputs are {sorted(self.outputs)}"
+                )
+
+    # -- outputs --------------------------------------------------------------------------
+    def outputs_for(self, case: Case) -> dict[str, Layout]:
+        """The outputs (name -> layout) of this case."""
+        if callable(self.outputs):
+            try:
+                outputs = self.outputs(case)
+            except Exception as e:
+                raise TargetCodeError.of(self.name, "outputs(case)", case, e) from e
+            return _check_outputs(outputs, self.name)
+        return dict(self.outputs)
+
+    # -- implementations -------------------------------------------------------------------
+    def impl_ref(self, impl: Any = None) -> ImplRef:
+        """Resolve an implementation (name, ref, function or :func:`bind`) to what workers import."""
+        impl = self.reference if impl is None else impl
+        if isinstance(impl, ImplRef):
+            return impl
+        what = "impl"
+        if isinstance(impl, str) and impl in self.implementations:
+            what, impl = f"implementations[{impl!r}]", self.implementations[impl]
+        elif isinstance(impl, str) and ":" not in impl:
+            raise TargetError(
+                f"impl={impl!r} is not an implementation of target {self.name!r}; "
+                f"known: {', '.join(self.implementations)}; or pass 'pkg.mod:func' / 'file.py::NAME'"
+            )
+        kwargs: dict[str, Any] = {}
+        while isinstance(impl, Bound):
+            kwargs = {**impl.kwargs, **kwargs}
+            impl = impl.impl
+            if isinstance(impl, str) and impl in self.implementations:
+                impl = self.implementations[impl]  # bind("reference", ...): one name lookup
+        if isinstance(impl, str) and ":" not in impl and self.origin:
+            impl = f"{self.origin}::{impl}" if self.origin.endswith(".py") else f"{self.origin}:{impl}"
+        return ImplRef.from_parts(ref_of_callable(impl, what), kwargs)
+
+    def impl_name(self, impl: Any = None) -> str:
+        impl = self.reference if impl is None else impl
+        if isinstance(impl, str):
+            return impl
+        if isinstance(impl, ImplRef):
+            return str(impl)
+        if isinstance(impl, Bound):
+            return f"{self.impl_name(impl.impl)}({', '.join(f'{k}={v!r}' for k, v in impl.kwargs.items())})"
+        return getattr(impl, "__qualname__", repr(impl))
+
+    def role(self, impl_name: str) -> str:
+        """``reference``, ``planted bug: ...``, ``expected failure: ...`` or ``implementation``."""
+        if impl_name == self.reference:
+            return "reference"
+        if impl_name in self.planted:
+            return f"planted bug: {self.planted[impl_name].description}"
+        if impl_name in self.expected_failures:
+            return f"expected failure: {self.expected_failures[impl_name].description}"
+        return "implementation"
+
+    def strategy(
+        self,
+        world_sizes: tuple[int, ...] | None = None,
+        dtypes: tuple[str, ...] | None = None,
+        options: tuple[tuple[str, Any], ...] = (),
+    ) -> SearchStrategy[Case]:
+        """The Hypothesis strategy of cases, restricted to ``world_sizes`` and ``dtypes`` when
+        given, with ``options`` (name, value) pinned."""
+        from hypothesis.strategies import SearchStrategy
+
+        if isinstance(self.cases, SearchStrategy):
+            s = self.cases
+            if world_sizes:
+                allowed = set(world_sizes)
+                s = s.filter(lambda c: c.world_size in allowed)
+        elif callable(self.cases):
+            s = self.cases(world_sizes=world_sizes) if world_sizes else self.cases()
+        else:
+            raise TargetError(
+                f"Target {self.name!r}: cases={self.cases!r} is neither a strategy nor a callable"
+            )
+        if dtypes:
+            chosen = tuple(dtypes)
+            s = s.map(
+                lambda c: (
+                    c if c.dtype in chosen else dataclasses.replace(c, dtype=chosen[c.seed % len(chosen)])
+                )
+            )
+        if options:
+            s = s.map(functools.partial(pin_options, self.name, dict(options)))
+        return s
+
+    def input_layout(self, name: str) -> Layout:
+        return self.input_layouts.get(name, Replicate())
+
+    def spec(self) -> str:
+        """A reference that finds this target again from any folder: ``/abs/path/file.py::NAME`` for a
+        target defined in a file, ``pkg.mod:ATTR`` for one in an importable module
+        (:func:`shardfuzz.spec.registry.target_spec` gives built-in and entry-point targets' names)."""
+        if not self.origin:
+            return self.worker_ref()  # raises: workers could not import it either
+        if self.origin.endswith(".py"):
+            return f"{self.origin}::{self.name}"
+        module = sys.modules.get(self.origin)
+        attrs = [k for k, v in vars(module).items() if v is self] if module is not None else []
+        return f"{self.origin}:{attrs[0] if attrs else self.name}"
+
+    def worker_ref(self) -> str:
+        if not self.origin:
+            raise TargetError(
+                f"Target {self.name!r} was defined where workers cannot import it (no module file)"
+            )
+        return f"{self.origin}::{self.name}" if self.origin.endswith(".py") else f"{self.origin}:{self.name}"
+
+    # -- deriving --------------------------------------------------------------------------
+    def derive(
+        self, name: str, *, implementations: Mapping[str, Any] | None = None, **changes: Any
+    ) -> Target:
+        """A new target from this one: ``MINE = tp_mlp.TARGET.derive("my_tp", implementations={...})``.
+
+        Define it at module level (workers import it by name from your module). New
+        implementations given by bare name are looked up in *your* module; the reference and the
+        other non-planted implementations of this target are kept (already resolved), its planted
+        bugs and expected failures are left behind. ``changes`` replace other fields (``cases``,
+        ``description``, ``reference``, ...).
+        """
+        kept = {
+            n: self.impl_ref(n)
+            for n in self.implementations
+            if n not in self.planted and n not in self.expected_failures
+        }
+        impls: dict[str, Any] = {n: _bound_of(r) for n, r in kept.items()}
+        impls.update(implementations or {})
+        fields: dict[str, Any] = {
+            "planted": (),
+            "expected_failures": (),
+            "origin": module_ref(_caller_globals()),
+            "cases": _RenamedCases(self, name),
+        }
+        fields.update(changes)
+        return dataclasses.replace(self, name=name, implementations=impls, **fields)
+
+    def __repr__(self) -> str:
+        return f"Target({self.name!r})"
+
+
+class _RenamedCases:
+    """A derived target's cases: the base target's, carrying the new name."""
+
+    def __init__(self, base: Target, name: str) -> None:
+        self.base, self.name = base, name
+
+    def __call__(self, world_sizes: tuple[int, ...] | None = None) -> Any:
+        return self.base.strategy(world_sizes).map(lambda c: dataclasses.replace(c, target=self.name))
+
+
+def _bound_of(ref: ImplRef) -> Any:
+    return bind(ref.ref, **dict(ref.kwargs)) if ref.kwargs else ref.ref
+
+
+def _caller_globals() -> dict[str, Any]:
+    """The globals of the first frame outside this module and dataclasses (the target's module)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame.f_globals if frame is not None else {}
+
+
+def _check_outputs(outputs: Any, target: str) -> dict[str, Layout]:
+    if not isinstance(outputs, Mapping) or not outputs:
+        raise TargetError(f"Target {target!r}: outputs={outputs!r}; must map output names to layouts")
+    return {k: check_layout(v, f"outputs[{k!r}]") for k, v in outputs.items()}
+
+
+def _records(
+    records: Any, cls: type[PlantedBug | ExpectedFailure], target: str, field: str
+) -> dict[str, Any]:
+    if isinstance(records, Mapping):
+        records = list(records.values())
+    out: dict[str, Any] = {}
+    for rec in records if isinstance(records, Iterable) else [records]:
+        if not isinstance(rec, cls):
+            raise TargetError(
+                f"Target {target!r}: {field} holds {rec!r}; expected {cls.__name__}(...) records"
+            )
+        if rec.name in out:
+            raise TargetError(f"Target {target!r}: {field} names {rec.name!r} twice")
+        out[rec.name] = rec
+    return out

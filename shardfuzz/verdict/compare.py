@@ -1,0 +1,182 @@
+"""The elementwise comparison of the ranks' locals against the oracle, and its description.
+
+An element passes when ``|actual - ref| <= bound`` (the bound: :mod:`shardfuzz.spec.tolerance`).
+Integers, bools and non-tensor values are compared exactly. NaN must match NaN, an infinity must
+match the same infinity, and a finite reference must be matched by a finite value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclasses.dataclass
+class RankDiff:
+    """The comparison of one rank's local (or of an assembled value) with what it should be."""
+
+    rank: int | None  # None: an assembled (Partial) value
+    n: int
+    bad: int
+    max_abs: float = 0.0
+    max_abs_at: tuple = ()
+    max_abs_allowed: float = 0.0
+    max_rel: float = 0.0
+    max_rel_at: tuple = ()
+    max_ratio: float = 0.0
+    note: str = ""
+    worst: list[ElementDiff] = dataclasses.field(default_factory=list)  # the worst elements, worst first
+    # for the map and the plot of a mismatch (shardfuzz.report.mismatch_map, shardfuzz.report.plot): the compared
+    # tensor, its mask of wrong elements (None when none is) and its layout's local -> global map
+    local: Any = dataclasses.field(default=None, repr=False)
+    wrong: Any = dataclasses.field(default=None, repr=False)
+    to_global: Callable[[tuple[int, ...]], tuple[int, ...]] | None = dataclasses.field(
+        default=None, repr=False
+    )
+
+
+@dataclasses.dataclass
+class ElementDiff:
+    """One element of a failing output, for a reader telling a cancellation from a wrong result."""
+
+    index: tuple
+    actual: float
+    expected: float
+    allowed: float
+    ratio: float
+    noise: float | None = None  # the noise model's estimate (root mean square of the samples)
+    terms: float | None = None  # about the magnitude of the terms behind it: noise / u
+
+    def describe(self) -> str:
+        text = (
+            f"[{', '.join(map(str, self.index))}]: {self.actual:.6g} vs expected {self.expected:.6g}, "
+            f"|diff| {abs(self.actual - self.expected):.3g}, allowed {self.allowed:.3g} ({self.ratio:.3g}x)"
+        )
+        if self.noise is not None:
+            text += f"; noise estimate {self.noise:.3g}"
+        if self.terms and abs(self.expected) < 0.1 * self.terms:
+            text += (
+                f"; the expected value is small beside the terms it is made of (about {self.terms:.3g}, "
+                f"ratio {abs(self.expected) / self.terms:.2g}): a cancellation"
+            )
+        return text
+
+
+@dataclasses.dataclass
+class OutputDiff:
+    name: str
+    layout: str
+    dtype: str
+    shape: tuple
+    ranks: list[RankDiff]
+    groups: list[list[int]] = dataclasses.field(default_factory=list)  # world ranks per replica
+    ref: Any = dataclasses.field(default=None, repr=False)  # the oracle's global value (float64)
+    bound: Any = dataclasses.field(default=None, repr=False)  # the tolerance bound over it
+
+    @property
+    def bad(self) -> int:
+        return sum(r.bad for r in self.ranks)
+
+    @property
+    def max_ratio(self) -> float:
+        return max((r.max_ratio for r in self.ranks), default=0.0)
+
+
+def _is_tensor(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor)
+
+
+def exact_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    if _is_tensor(a) and _is_tensor(b):
+        return a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu().to(a.dtype)))
+    return a == b
+
+
+WORST_SHOWN = 3
+
+
+def compare_tensor(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    bound: torch.Tensor,
+    rank: int | None,
+    to_global: Callable[[tuple[int, ...]], tuple[int, ...]],
+    noise: torch.Tensor | None = None,
+    u: float | None = None,
+) -> RankDiff:
+    """Elementwise comparison with the NaN/Inf policy. ``to_global`` maps a local index to a global
+    one; ``noise`` (the noise model's estimate) and ``u`` (the case dtype's unit roundoff) only
+    enrich the description of the worst elements."""
+    import torch
+
+    a = actual.detach().double()
+    e = expected.double()
+    n = e.numel()
+    if n == 0:
+        return RankDiff(rank, 0, 0, local=actual, to_global=to_global)
+    diff = (a - e).abs()
+    if bool(torch.isfinite(diff).all()):  # the usual case: no NaN or infinity on either side
+        ratio = diff / bound.clamp_min(1e-300)  # a zero bound (atol=rtol=0) allows exactly 0
+        wrong = ratio > 1
+        rd = RankDiff(rank, n, int(wrong.sum()), local=actual, to_global=to_global)
+        rd.max_ratio = float(ratio.max())
+        d = diff
+        fin_e = ok_nonfinite = None
+    else:
+        fin_e = torch.isfinite(e)
+        ok_nonfinite = (torch.isnan(e) & torch.isnan(a)) | (torch.isinf(e) & (a == e))
+        ratio = torch.where(fin_e & (diff != 0), diff / bound, torch.zeros_like(diff))  # 0/0: a match
+        ratio = torch.where(fin_e & ~torch.isfinite(a), torch.full_like(diff, math.inf), ratio)
+        ratio = torch.where(~fin_e & ~ok_nonfinite, torch.full_like(diff, math.inf), ratio)
+        ratio = ratio.nan_to_num(nan=math.inf, posinf=math.inf)
+        wrong = ratio > 1
+        rd = RankDiff(rank, n, int(wrong.sum()), local=actual, to_global=to_global)
+        rd.max_ratio = float(ratio.max())
+        d = torch.where(
+            fin_e, diff.nan_to_num(nan=math.inf, posinf=math.inf), torch.where(ok_nonfinite, 0.0, math.inf)
+        )
+    i = int(d.argmax())
+    rd.max_abs = float(d.flatten()[i])
+    rd.max_abs_at = to_global(tuple(int(v) for v in _unravel(i, e.shape)))
+    rd.max_abs_allowed = float(bound.flatten()[i])
+    if not rd.bad:  # a passing piece is described by its worst ratio and its largest difference
+        return rd
+    rd.wrong = wrong
+    rel = d / e.abs().clamp_min(1e-300)
+    j = int(rel.argmax())
+    rd.max_rel = float(rel.flatten()[j])
+    rd.max_rel_at = to_global(tuple(int(v) for v in _unravel(j, e.shape)))
+    if rd.bad:
+        flat_ratio, flat_a, flat_e, flat_b = ratio.flatten(), a.flatten(), e.flatten(), bound.flatten()
+        order = torch.argsort(flat_ratio, descending=True)[: min(WORST_SHOWN, rd.bad)]
+        for k in (int(v) for v in order):
+            sigma = float(noise.flatten()[k]) if noise is not None else None
+            rd.worst.append(
+                ElementDiff(
+                    to_global(tuple(int(v) for v in _unravel(k, e.shape))),
+                    float(flat_a[k]),
+                    float(flat_e[k]),
+                    float(flat_b[k]),
+                    float(flat_ratio[k]),
+                    sigma,
+                    sigma / u if sigma is not None and u else None,
+                )
+            )
+    return rd
+
+
+def _unravel(i: int, shape: Iterable[int]) -> list[int]:
+    out = []
+    for s in reversed(tuple(shape)):
+        out.append(i % s if s else 0)
+        i = i // s if s else 0
+    return list(reversed(out))

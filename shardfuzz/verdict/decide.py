@@ -1,0 +1,83 @@
+"""The verdict procedure: the ranks' replies against the oracle, judge -> noise -> recheck.
+
+:func:`decide` is the one place a verdict is made (the runner, the torchrun path and the benchmarks
+call it). It judges without the noise term first: the noise only widens the bound, so a case that
+passes without it passes with it, at a ratio no higher. If that ratio is within :data:`SURE_PASS`,
+or below the closest pass seen so far (which it then cannot raise), the noise samples (the model's
+cost) are skipped and the ratio reported is that upper bound. Every other verdict is made with the
+noise, so the run's closest pass stays exact; and a failing one that is not :func:`gross` is
+rechecked with more and full-scale samples before it is reported.
+
+It describes and never raises a finding (:mod:`shardfuzz.report.findings` does); it raises
+:class:`~shardfuzz.errors.TargetError` when the implementation breaks the contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.errors import TargetError
+from shardfuzz.protocol import Reply, decode
+from shardfuzz.spec.tolerance import Tolerance
+from shardfuzz.verdict.judge import Verdict, judge, none_where_oracle_has_value
+from shardfuzz.verdict.oracle import Expected, confirm_noise, estimate_noise
+
+#: a pass this far within the bound without the noise term needs no noise samples (see the module)
+SURE_PASS = 1.0
+#: a mismatch this far past the bound, and by this share of the output's largest value, is no
+#: rounding: more samples cannot pass it (the recheck costs 12 oracle runs per failing example)
+GROSS_RATIO, GROSS_SHARE = 100.0, 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class DecideConfig:
+    """What a verdict depends on besides the case, the replies and the oracle's values."""
+
+    target: Any  # the shardfuzz.Target: its outputs' layouts, and its oracle for noise samples
+    tolerance: Tolerance  # the run's: the target's per-output overrides, then the run's own
+    impl_name: str  # named in a broken-contract error
+    closest_pass: float = 0.0  # the worst error/tolerance of the run's passing examples so far
+
+
+def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideConfig) -> Verdict:
+    """The verdict of every rank's :class:`Reply` on ``case`` against ``expected`` (noise samples
+    are drawn into ``expected`` where the verdict needs them)."""
+    if expected.source is not None:  # a self-oracle: its values now, the ranks being done
+        expected.source.values(expected)
+    ignored = {r: list(rep.ignored_collectives) for r, rep in enumerate(replies) if rep.ignored_collectives}
+    locals_ = [decode(rep.outputs) for rep in replies]
+    misuse = none_where_oracle_has_value(case, locals_, expected)
+    if misuse:  # None where the oracle has a value breaks the contract
+        raise TargetError(f"implementation {config.impl_name!r} {misuse}")
+    outputs, tol = config.target.outputs_for(case), config.tolerance
+    verdict = judge(case, outputs, locals_, expected, tol, ignored)
+    sure = verdict.passed and verdict.worst <= max(SURE_PASS, config.closest_pass)
+    if sure or tol.noise_model != "mca" or not verdict.diffs:
+        return verdict
+    if not expected.noise:
+        estimate_noise(config.target, case, expected, tol.samples, outputs)
+        verdict = judge(case, outputs, locals_, expected, tol, ignored)
+    if not verdict.passed and not gross(verdict, expected):  # rechecked before it is reported
+        confirm_noise(config.target, case, expected, tol, outputs)
+        verdict = judge(case, outputs, locals_, expected, tol, ignored)
+    return verdict
+
+
+def gross(verdict: Verdict, expected: Expected) -> bool:
+    """Whether some output is wrong by more than ``GROSS_RATIO`` times its bound and by more than
+    ``GROSS_SHARE`` of its largest reference value (or non-finite where the reference is not)."""
+    import torch
+
+    for od in verdict.mismatched:
+        ref = expected.ref.get(od.name)
+        if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or od.max_ratio < GROSS_RATIO:
+            continue
+        finite = ref[torch.isfinite(ref)].abs()
+        scale = float(finite.max()) if finite.numel() else 0.0
+        err = max((r.max_abs for r in od.ranks), default=0.0)
+        if not math.isfinite(err) or (scale > 0 and err > GROSS_SHARE * scale):
+            return True
+    return False

@@ -1,0 +1,251 @@
+"""The judge: the ranks' locals against the oracle, layouts first, then values.
+
+It decides and describes; it never raises. :mod:`shardfuzz.report.findings` turns a failing
+:class:`Verdict` into a finding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.spec.layouts import Layout
+from shardfuzz.spec.placements import resolve as resolve_dtensors
+from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
+from shardfuzz.verdict.compare import OutputDiff, RankDiff, compare_tensor, exact_equal
+from shardfuzz.verdict.oracle import Expected
+
+
+@dataclasses.dataclass
+class Verdict:
+    """The judgement of one example. It passes when nothing below is set or bad."""
+
+    ignored: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # rank -> warnings
+    layout_problems: list[str] = dataclasses.field(default_factory=list)
+    diffs: list[OutputDiff] = dataclasses.field(default_factory=list)
+    worst: float = 0.0  # the largest error/tolerance over every compared element
+
+    @property
+    def mismatched(self) -> list[OutputDiff]:
+        return [d for d in self.diffs if d.bad]
+
+    @property
+    def passed(self) -> bool:
+        return not (self.ignored or self.layout_problems or self.mismatched)
+
+
+def judge(
+    case: Case,
+    outputs: dict[str, Layout],
+    locals_: list[dict[str, Any]],
+    expected: Expected,
+    tolerance: Tolerance,
+    ignored: dict[int, list[str]] | None = None,
+) -> Verdict:
+    """Judge the decoded locals of every rank (``locals_[rank]``) against ``expected``."""
+    if ignored:
+        return Verdict(ignored=ignored)
+    outputs, locals_, problems = resolve_dtensors(case, outputs, locals_, expected.ref)
+    if problems:
+        return Verdict(layout_problems=problems)
+    problems = check_layouts(case, outputs, locals_, expected)
+    if problems:
+        return Verdict(layout_problems=problems)
+    diffs = compare_values(case, outputs, locals_, expected, tolerance)
+    return Verdict(diffs=diffs, worst=max((d.max_ratio for d in diffs), default=0.0))
+
+
+def none_where_oracle_has_value(case: Case, locals_: list[dict[str, Any]], expected: Expected) -> str:
+    """The first output a rank returned as None where the oracle has a value ("" if none): a
+    broken contract, not a finding."""
+    for r, out in enumerate(locals_):
+        for name, value in out.items():
+            if value is None and expected.ref.get(name) is not None:
+                return (
+                    f"returned None for output {name!r} on {case.rank_label(r)}; the target's oracle gives a "
+                    "value there: return a tensor (zeros for a gradient that is unused), or have the oracle "
+                    "return None too"
+                )
+    return ""
+
+
+def check_layouts(
+    case: Case, outputs: dict[str, Layout], locals_: list[dict[str, Any]], expected: Expected
+) -> list[str]:
+    """Every rank holds every output, with the shape and dtype its layout says."""
+    import torch
+
+    label = case.rank_label
+    declared = set(outputs)
+    problems = [
+        f"{label(r)} returned outputs {sorted(out)}; the target declares {sorted(declared)}"
+        for r, out in enumerate(locals_)
+        if set(out) != declared
+    ]
+    if problems:
+        return problems
+    g = case.group_size
+    for name, layout in outputs.items():
+        ref, low = expected.ref[name], expected.low[name]
+        before = len(problems)
+        for r, out in enumerate(locals_):
+            got = out[name]
+            if not isinstance(ref, torch.Tensor):
+                if isinstance(got, torch.Tensor) or (got is None) != (ref is None):
+                    problems.append(
+                        f"output {name!r}: {label(r)} returned {_what(got)}, the oracle gives {_what(ref)}"
+                    )
+                continue
+            if not isinstance(got, torch.Tensor):
+                problems.append(
+                    f"output {name!r}: {label(r)} returned {_what(got)}, expected a tensor "
+                    f"(the oracle gives {list(ref.shape)} {_dtype_name(low)})"
+                )
+                continue
+            want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), layout.index_of(r, g), g)
+            if tuple(got.shape) != want_shape or got.dtype != low.dtype:
+                problems.append(
+                    f"output {name!r} ({layout!r}): {label(r)} holds "
+                    f"{list(got.shape)} {_dtype_name(got)}, expected "
+                    f"{list(want_shape)} {_dtype_name(low)} (global {list(ref.shape)} over {g} ranks)"
+                )
+        if isinstance(ref, torch.Tensor) and len(problems) == before:
+            for replica in layout.replicas(case):
+                msg = layout.check_group([tuple(locals_[r][name].shape) for r in replica], tuple(ref.shape))
+                if msg:
+                    problems.append(f"output {name!r} ({layout!r}), ranks {replica}: {msg}")
+    return problems
+
+
+def compare_values(
+    case: Case,
+    outputs: dict[str, Layout],
+    locals_: list[dict[str, Any]],
+    expected: Expected,
+    tolerance: Tolerance,
+) -> list[OutputDiff]:
+    """One :class:`OutputDiff` per output: floating values within the tolerance, others exactly."""
+    import torch
+
+    diffs = []
+    for name, layout in outputs.items():
+        ref, low = expected.ref[name], expected.low[name]
+        floating = isinstance(ref, torch.Tensor) and (ref.is_floating_point() or ref.is_complex())
+        if ref is None:  # "no value" (an unused gradient): every rank returned None too (check_layouts)
+            diffs.append(OutputDiff(name, repr(layout), "None", (), []))
+            continue
+        if floating:
+            fixed = tolerance.for_output(name)
+            if fixed is not None:
+                bound = fixed.bound(ref.double())
+            else:
+                bound = tolerance.bound(
+                    ref,
+                    low,
+                    expected.noise.get(name),
+                    expected.mag.get(name),
+                    case.dtype,
+                    case.group_size,
+                    expected.case_scale,
+                )
+            noise = expected.noise.get(name) if fixed is None else None
+            rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound, noise)
+            dtype = _dtype_name(low)
+        else:
+            rds, bound = _compare_exact(case, layout, [out[name] for out in locals_], ref), None
+            dtype = _dtype_name(ref)
+        groups = layout.replicas(case) if layout.per_rank else []
+        shape = tuple(getattr(ref, "shape", ()))
+        diffs.append(OutputDiff(name, repr(layout), dtype, shape, rds, groups, ref, bound))
+    return diffs
+
+
+def _compare_floating(
+    case: Case, layout: Layout, got: list[Any], ref: Any, bound: Any, noise: Any
+) -> list[RankDiff]:
+    g, shape, u = case.group_size, tuple(ref.shape), UNIT_ROUNDOFF[case.dtype]
+    if not layout.per_rank:
+        return [
+            compare_tensor(
+                layout.assemble_at(replica, [got[r] for r in replica]),
+                ref,
+                bound,
+                None,
+                lambda idx: idx,
+                noise,
+                u,
+            )
+            for replica in layout.replicas(case)
+        ]
+    rds = []
+    for r, local in enumerate(got):
+        if not layout.holds_piece(tuple(local.shape), shape):
+            continue
+        i = layout.index_of(r, g)
+        to_global = lambda idx, i=i: layout.global_index(idx, i, g, shape)
+        rds.append(
+            compare_tensor(
+                layout.comparable(local, i, g, shape),
+                layout.piece(ref, i, g),
+                layout.piece(bound, i, g),
+                r,
+                to_global,
+                None if noise is None else layout.piece(noise, i, g),
+                u,
+            )
+        )
+    return rds
+
+
+def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list[RankDiff]:
+    import torch
+
+    g = case.group_size
+    rds = []
+    if layout.per_rank:
+        for r, local in enumerate(got):
+            if not layout.holds_piece(tuple(getattr(local, "shape", ())), tuple(getattr(ref, "shape", ()))):
+                continue
+            i = layout.index_of(r, g)
+            want = layout.piece(ref, i, g) if isinstance(ref, torch.Tensor) else ref
+            ok = exact_equal(local, want)
+            note = "" if ok else f": got {_short(local)}, expected {_short(want)}"
+            rd = RankDiff(r, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note)
+            if isinstance(ref, torch.Tensor):
+                to_global = lambda idx, i=i: layout.global_index(idx, i, g, tuple(ref.shape))
+                _exact_map(rd, layout.comparable(local, i, g, tuple(ref.shape)), want, to_global)
+            rds.append(rd)
+        return rds
+    for replica in layout.replicas(case):
+        total = layout.assemble_at(replica, [got[r] for r in replica])
+        ok = exact_equal(total.to(ref.dtype), ref)
+        note = "" if ok else f": sum {_short(total)}, expected {_short(ref)}"
+        rd = RankDiff(None, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note)
+        _exact_map(rd, total.to(ref.dtype), ref, lambda idx: idx)
+        rds.append(rd)
+    return rds
+
+
+def _exact_map(rd: RankDiff, local: Any, want: Any, to_global: Any) -> None:
+    """What the mismatch map needs of an exactly compared tensor: its elements that differ."""
+    rd.local, rd.to_global = local, to_global
+    if rd.bad and tuple(local.shape) == tuple(want.shape):
+        rd.wrong = local.cpu() != want.cpu().to(local.dtype)
+
+
+def _what(v: Any) -> str:
+    if v is None:
+        return "None"
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        return f"a tensor {list(v.shape)} {_dtype_name(v)}"
+    return f"a {type(v).__name__}"
+
+
+def _dtype_name(v: Any) -> str:
+    return str(getattr(v, "dtype", type(v).__name__)).removeprefix("torch.")
+
+
+def _short(v: Any) -> str:
+    text = repr(v.tolist()) if hasattr(v, "tolist") else repr(v)
+    return text if len(text) < 120 else text[:117] + "..."

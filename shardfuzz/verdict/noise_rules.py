@@ -1,0 +1,296 @@
+"""Which ops the rounding-noise model (:mod:`shardfuzz.verdict.noise`) perturbs, and how.
+
+Op names are aten overload packets without a trailing ``_`` (in-place variants share the rule).
+A rule of :data:`SPECIAL` gets the mode, the op's arguments bound by name and its result, and
+returns the result with noise added; it reads ``mode.u`` (one rounding) and ``mode.reduction_u``
+(a sum whose partial sums a sharded implementation may round in another order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+#: exact ops (data movement, selection, constants): never perturbed
+EXACT = frozenset(
+    """copy clone detach alias lift_fresh lift_fresh_copy _to_copy to contiguous cat stack index
+    index_select gather scatter masked_fill where zeros zeros_like ones ones_like full full_like empty
+    empty_like empty_strided new_zeros new_ones new_full new_empty new_empty_strided fill zero neg abs
+    relu threshold_backward maximum minimum clamp clamp_min clamp_max sign sgn floor ceil round trunc
+    max min amax amin sort topk kthvalue argmax argmin embedding constant_pad_nd repeat flip roll tril
+    triu masked_select nonzero slice_backward select_backward slice_scatter select_scatter
+    diagonal_scatter as_strided_scatter _unsafe_view arange linspace scalar_tensor eq ne lt le gt ge
+    isnan isinf isfinite logical_and logical_or logical_not _local_scalar_dense equal rand randn
+    rand_like randn_like normal uniform bernoulli randint randperm resize set nan_to_num
+    repeat_interleave index_fill masked_scatter take expand_copy view_copy permute_copy
+    split_with_sizes_copy unbind_copy""".split()
+)
+
+#: ops whose terms' magnitude is the op itself on the operands' absolute values
+SUM_LIKE = frozenset(
+    """add sub rsub sum mean nansum mm bmm addmm addmv addr mv dot vdot baddbmm addbmm cumsum index_add
+    scatter_add embedding_dense_backward convolution convolution_backward _convolution nll_loss_forward
+    nll_loss2d_forward addcmul addcdiv _foreach_add _foreach_sub _foreach_addcmul _foreach_addcdiv
+    trace index_put _index_put_impl _unsafe_index_put""".split()
+)
+
+#: sums over many terms: a sharded implementation rounds W partial sums and an all-reduce
+REDUCTIONS = frozenset(
+    """sum mean nansum mm bmm addmm addmv mv dot vdot baddbmm addbmm cumsum index_add scatter_add
+    embedding_dense_backward convolution convolution_backward _convolution nll_loss_forward
+    nll_loss2d_forward trace linalg_vector_norm norm prod index_put _index_put_impl _unsafe_index_put""".split()
+)
+
+
+def _fin(t: torch.Tensor) -> torch.Tensor:
+    return t.nan_to_num(0.0, 0.0, 0.0)
+
+
+def _bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound = {}
+    for i, a in enumerate(func._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            bound[a.name] = args[i]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+    return bound
+
+
+def _dims(x: torch.Tensor, dim: Any) -> list[int]:
+    if dim is None or (isinstance(dim, (list, tuple)) and not dim):
+        return list(range(x.dim()))
+    return [dim] if isinstance(dim, int) else list(dim)
+
+
+# -- softmax family -------------------------------------------------------------------------------
+def _softmax(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    x, dim = b["self"], b["dim"]
+    m = x.amax(dim, keepdim=True)
+    # exp(x - max) errs by |x - max| roundings; an implementation that takes exp(x - lse) from a
+    # stored logsumexp also errs by that statistic's rounding (_stat_error)
+    row = _stat_error(mode, m)  # one error for the whole row: correlated
+    return out + mode.noise(out * (1 + _fin((x - m).abs())), mode.reduction_u) + out * mode.noise(row)
+
+
+def _stat_error(mode: Any, m: torch.Tensor) -> torch.Tensor:
+    """The error, in roundings of the case dtype, of ``exp(x - lse)`` from a stored logsumexp:
+    ``lse`` (kept in float32 or wider) rounds on the scale of ``|max|``. Also where one term
+    dominates (``lse`` is then the max itself): a flash kernel's backward recomputes the scores by
+    other arithmetic (the scale folded into ``q``), so ``x - lse`` of the dominant term is a
+    rounding of ``|max|``, not 0 (torch's context-parallel ring, in float32 at logits of 30-100)."""
+    return _fin(m.abs()) * mode.stat_ratio
+
+
+def _log_softmax(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+
+    x, dim = b["self"], b["dim"]
+    m = x.amax(dim, keepdim=True)
+    # out = (x - max) - log(sum): those roundings, plus a stored logsumexp's (_stat_error)
+    shifted = _fin((x - m).abs()) + _fin((x - out - m).abs()) + _fin(out.abs())
+    row = _stat_error(mode, m)  # one lse error per row
+    return out + mode.noise(shifted, mode.reduction_u) + mode.noise(row)
+
+
+def _logsumexp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    x, dims, keep = b["self"], _dims(b["self"], b["dim"]), b.get("keepdim", False)
+    m = x.amax(dims, keepdim=True)
+    yk = torch.logsumexp(x, dims, keepdim=True)
+    p = _fin(torch.exp(x - yk))
+    terms = (p * (1 + _fin((x - m).abs()))).sum(dims, keepdim=True) + _fin((yk - m).abs()) + _fin(yk.abs())
+    if not keep:
+        terms = terms.squeeze(dims) if hasattr(terms, "squeeze") else terms
+        for d in sorted((d % x.dim() for d in dims), reverse=True):
+            terms = terms.squeeze(d) if terms.dim() > out.dim() else terms
+    return out + mode.noise(terms.reshape(out.shape), mode.reduction_u)
+
+
+def _softmax_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    g, y, dim = b["grad_output"], b["output"], b["dim"]
+    scale = y.abs() * (g.abs() + (g * y).abs().sum(dim, keepdim=True))
+    # out = y * (g - delta), delta = rowsum(g * y). A flash-style backward takes delta as
+    # rowsum(dO * O) from the stored forward output: its error is on the scale of the terms behind
+    # g (|dO| @ |V|, which can dwarf |g| where dO . v cancels), and one error serves the whole row
+    terms = mode.terms_of(g)
+    row = (y.abs() * (g.abs() if terms is None else terms)).sum(dim, keepdim=True)
+    return out + mode.noise(scale, mode.reduction_u) + y * mode.noise(row, mode.reduction_u)
+
+
+def _log_softmax_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    g, y, dim = b["grad_output"], b["output"], b["dim"]
+    scale = g.abs() + torch.exp(y) * g.abs().sum(dim, keepdim=True)
+    return out + mode.noise(_fin(scale), mode.reduction_u)
+
+
+# -- variance and layer norm ----------------------------------------------------------------------
+def _moments(mode: Any, b: dict, out: Any, name: str) -> Any:
+    x = b["self"]
+    dims, keep = _dims(x, b.get("dim")), b.get("keepdim", False)
+    ms = x.pow(2).mean(dims, keepdim=keep)  # E[x^2]: what a one-pass variance cancels against
+    outs = list(out) if isinstance(out, tuple) else [out]
+    spread = outs[0]
+    if name.startswith("std"):
+        scale = ms / (2 * spread).clamp_min(math.sqrt(mode.u) * ms.sqrt().clamp_min(1e-300))
+    else:
+        scale = ms
+    outs[0] = spread + mode.noise(_fin(scale), mode.reduction_u)
+    if len(outs) > 1:
+        outs[1] = outs[1] + mode.noise(x.abs().mean(dims, keepdim=keep), mode.reduction_u)
+    return tuple(outs) if isinstance(out, tuple) else outs[0]
+
+
+def _norm_parts(x: torch.Tensor, shape: Any, mean: torch.Tensor, rstd: torch.Tensor) -> tuple:
+    dims = list(range(x.dim() - len(shape), x.dim()))
+    rel = 1 + x.pow(2).mean(dims, keepdim=True) * rstd.pow(2)  # a one-pass variance's cancellation
+    return dims, (x - mean) * rstd, rel
+
+
+def _layer_norm(mode: Any, b: dict, out: tuple) -> tuple:
+    x, shape, w, bias = b["input"], b["normalized_shape"], b["weight"], b["bias"]
+    y, mean, rstd = out
+    dims, xhat, rel = _norm_parts(x, shape, mean, rstd)
+    mabs = x.abs().mean(dims, keepdim=True)
+    scale = xhat.abs() * rel + mabs * rstd
+    scale = scale * w.abs() if w is not None else scale
+    scale = scale + bias.abs() if bias is not None else scale
+    ru = mode.reduction_u
+    return (y + mode.noise(scale, ru), mean + mode.noise(mabs, ru), rstd + mode.noise(rstd * rel, ru))
+
+
+def _layer_norm_backward(mode: Any, b: dict, out: tuple) -> tuple:
+    g, x, shape, w = b["grad_out"], b["input"], b["normalized_shape"], b["weight"]
+    dims, xhat, rel = _norm_parts(x, shape, b["mean"], b["rstd"])
+    gw = g * w if w is not None else g
+    batch = list(range(x.dim() - len(shape)))
+    dx_scale = (
+        b["rstd"]
+        * (
+            gw.abs()
+            + gw.abs().mean(dims, keepdim=True)
+            + xhat.abs() * (gw * xhat).abs().mean(dims, keepdim=True)
+        )
+        * rel
+    )
+    scales = [dx_scale, ((g * xhat).abs() * rel).sum(batch), g.abs().sum(batch)]
+    ru = mode.reduction_u
+    return tuple(None if t is None else t + mode.noise(s.reshape(t.shape), ru) for t, s in zip(out, scales))
+
+
+# -- scaled-dot-product attention (the fused CPU kernels) ---------------------------------------
+def _attention_parts(b: dict, q: torch.Tensor, k: torch.Tensor) -> tuple:
+    """Probabilities ``P``, the |q|.|k| terms ``M`` of each score, ``|score - row max|``, ``scale``."""
+    import torch
+
+    scale = b.get("scale") or q.shape[-1] ** -0.5
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = q @ k.transpose(-1, -2) * scale
+    mterms = q.abs() @ k.abs().transpose(-1, -2) * abs(scale)
+    visible = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device)
+    if b.get("is_causal"):
+        visible = visible.tril()
+    mask = b.get("attn_mask")
+    if mask is not None and mask.dtype == torch.bool:
+        visible = visible & mask
+    elif mask is not None:
+        s = s + mask
+    s = s.masked_fill(~visible, -math.inf)
+    p = _fin(torch.softmax(s, -1))
+    z = _fin((s - s.amax(-1, keepdim=True)).abs())
+    return p, mterms.masked_fill(~visible, 0.0), z.masked_fill(~visible, 0.0), scale
+
+
+def _heads_back(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Sum grouped-query heads back onto the key/value heads they share."""
+    if t.shape[1] == heads:
+        return t
+    return t.unflatten(1, (heads, t.shape[1] // heads)).sum(2)
+
+
+def _sdpa(mode: Any, b: dict, out: tuple) -> tuple:
+    q, k, v = b["query"], b["key"], b["value"]
+    p, mterms, z, _ = _attention_parts(b, q, k)
+    if v.shape[1] != q.shape[1]:
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    ds = mode.noise(mterms, mode.reduction_u) + mode.noise(1 + z)  # score rounding, exp rounding
+    shift = (p * ds).sum(-1, keepdim=True)
+    dout = (p * (ds - shift)) @ v + mode.noise(p @ v.abs(), mode.reduction_u)
+    dlse = shift.squeeze(-1) + mode.noise(out[1])
+    return (out[0] + dout, out[1] + dlse.reshape(out[1].shape), *out[2:])
+
+
+def _sdpa_backward(mode: Any, b: dict, out: tuple) -> tuple:
+    dout, q, k, v, o = b["grad_out"], b["query"], b["key"], b["value"], b["out"]
+    p, mterms, z, scale = _attention_parts(b, q, k)
+    kk, vv = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    dp = dout @ vv.transpose(-1, -2)
+    d = (dout * o).sum(-1, keepdim=True)
+    terms = dout.abs() @ vv.abs().transpose(-1, -2) + (dout * o).abs().sum(-1, keepdim=True)
+    ds_scale = p * (terms + (dp - d).abs() * (1 + mterms + z))  # rounding, and P's own error
+    scales = [
+        ds_scale @ kk.abs() * abs(scale),
+        _heads_back(ds_scale.transpose(-1, -2) @ q.abs() * abs(scale), k.shape[1]),
+        _heads_back(p.transpose(-1, -2) @ dout.abs(), v.shape[1]),
+    ]
+    ru = mode.reduction_u
+    return tuple(t + mode.noise(s.reshape(t.shape), ru) for t, s in zip(out, scales))
+
+
+def _gelu(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    """``x * Phi(x)`` with ``Phi = (1 + erf(x / sqrt 2)) / 2``: in the negative tail ``1 + erf``
+    cancels, so the error is a rounding of ``|x|``, not of the (tiny) result."""
+    return out + mode.noise(b["self"].abs() + out.abs())
+
+
+def _gelu_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    """``g * (Phi(x) + x phi(x))``: ``Phi``'s cancellation again, on the scale of ``|g|``."""
+    g, x = b["grad_output"], b["self"]
+    return out + mode.noise(g.abs() * (1 + x.abs() * (-0.5 * x * x).exp() * (1 + x * x)))
+
+
+def _lerp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    """``a + w (end - a)``: terms ``|1 - w| |a| + |w| |end|``, at most ``|out| + 2 |w| |end|`` (the
+    in-place form has overwritten ``a``)."""
+    import torch
+
+    end, w = b["end"], b["weight"]
+    w = w.abs() if isinstance(w, torch.Tensor) else abs(w)
+    return out + mode.noise(out.abs() + 2 * w * end.abs())
+
+
+Rule = Callable[[Any, dict, Any], Any]
+
+
+def _named(rule: Rule) -> Callable[..., Any]:
+    def apply(mode: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+        return rule(mode, _bind(func, args, kwargs), out)
+
+    return apply
+
+
+#: op name -> rule(mode, func, args, kwargs, result) -> result with noise
+SPECIAL: dict[str, Callable[..., Any]] = {
+    "_softmax": _named(_softmax),
+    "_log_softmax": _named(_log_softmax),
+    "logsumexp": _named(_logsumexp),
+    "_softmax_backward_data": _named(_softmax_backward),
+    "_log_softmax_backward_data": _named(_log_softmax_backward),
+    "lerp": _named(_lerp),
+    "gelu": _named(_gelu),
+    "gelu_backward": _named(_gelu_backward),
+    "native_layer_norm": _named(_layer_norm),
+    "native_layer_norm_backward": _named(_layer_norm_backward),
+    "_scaled_dot_product_flash_attention_for_cpu": _named(_sdpa),
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _named(_sdpa_backward),
+}
+for _name in ("var", "std", "var_mean", "std_mean"):
+    SPECIAL[_name] = (lambda n: lambda mode, f, a, k, o: _moments(mode, _bind(f, a, k), o, n))(_name)

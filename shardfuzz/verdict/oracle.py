@@ -1,0 +1,350 @@
+"""The oracle of one case: the single-process result in float64 (the reference) and once more in
+the case dtype (to measure that dtype's rounding noise on this very case), plus the target's
+magnitude estimate when it gives one.
+
+The target's own code runs here, so this is also where a spec is held to its word: every key of
+``input_layouts`` must name an input, every declared output must come back from the oracle, and a
+key of ``magnitude`` that names no output is an error when a floating output is left without one
+(a misspelling; a shared magnitude may cover more outputs). Each is a usage error naming the key,
+the target and the allowed names. When the target's ``inputs``, ``oracle`` or ``magnitude``
+raises, that is the target's error (:class:`~shardfuzz.errors.TargetCodeError`, with its
+traceback), not a finding and not shardfuzz's. :func:`check_case` checks a hand-made case against
+what the target's strategy draws. The oracle may return more than the declared outputs: the others
+are not compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from shardfuzz.case import Case
+from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
+from shardfuzz.limits import check_world_size
+from shardfuzz.spec.inputs import float64, seed_global
+from shardfuzz.spec.target import SELF
+from shardfuzz.verdict.noise import estimate
+
+
+@dataclasses.dataclass
+class Expected:
+    """What the oracle says a case must give."""
+
+    ref: dict[str, Any]  # float64 on the rounded inputs
+    low: dict[str, Any]  # in the case dtype
+    mag: dict[str, Any]  # the target's magnitudes (empty without one)
+    inputs: dict[str, Any]  # the full inputs as built (failure files hash them)
+    noise: dict[str, Any] = dataclasses.field(default_factory=dict)  # Monte-Carlo spread per output
+    case_scale: Any = 0.0  # the largest rms of the case's floating inputs and outputs (callable: lazy)
+    rng: Any = None  # the CPU RNG state the reference run started from (noise samples start there too)
+    source: Any = None  # a self-oracle (shardfuzz.engine.selforacle): fills ref/low, draws noise on a rank
+
+
+def call_target_code(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a piece of the target's code; what it raises becomes the target's error."""
+    try:
+        return fn(*args)
+    except Unsupported:
+        raise
+    except Exception as e:
+        if type(e).__module__.startswith("hypothesis"):  # assume(), reject(): Hypothesis' business
+            raise
+        raise TargetCodeError.of(target.name, piece, case, e, case_hint(target, case)) from e
+
+
+def _check_names(target: Any, field: str, keys: Any, allowed: Any, what: str) -> None:
+    unknown = sorted(set(keys) - set(allowed))
+    if unknown:
+        raise TargetError(
+            f"Target {target.name!r}: {field} key {unknown[0]!r} is not {what}; "
+            f"{what.split()[-1]}s are {sorted(allowed)}"
+        )
+
+
+def case_inputs(target: Any, case: Case) -> dict[str, Any]:
+    """The case's full inputs, checked: built from its seed, a dict, names the layouts know."""
+    seed_global(case.seed)  # the oracle runs on the driver's CPU
+    inputs = call_target_code(target, "inputs(case)", case, target.inputs, case)
+    if not isinstance(inputs, dict):
+        raise TargetError(
+            f"Target {target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict"
+        )
+    _check_names(target, "input_layouts", target.input_layouts, inputs, "an input")
+    return inputs
+
+
+def evaluate_oracle(
+    target: Any, case: Case, outputs: dict[str, Any] | None = None, noise_samples: int = 0
+) -> Expected:
+    """Run ``target``'s oracle on ``case``; ``outputs`` (name -> layout) defaults to the case's.
+    ``noise_samples`` > 0: also estimate each output's rounding noise (:mod:`shardfuzz.verdict.noise`)."""
+    import torch
+
+    if target.oracle == SELF:
+        raise TargetError(
+            f"Target {target.name!r} has oracle={SELF!r}: there is no oracle function to run here; "
+            "a self-oracle runs the implementation at world size 1 on a pool (shardfuzz.run, Runner)"
+        )
+    inputs = case_inputs(target, case)
+    inputs64 = {k: float64(v) for k, v in inputs.items()}
+    rng = torch.get_rng_state()  # every float64 run of the oracle draws what the reference drew
+    with torch.enable_grad():
+        ref = call_target_code(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
+        low = call_target_code(
+            target,
+            "oracle(inputs, case)",
+            case,
+            target.oracle,
+            _fresh(inputs),
+            case,
+        )
+        mag = (
+            call_target_code(target, "magnitude(inputs, case)", case, target.magnitude, inputs64, case)
+            if target.magnitude
+            else {}
+        )
+    wanted = outputs if outputs is not None else target.outputs_for(case)
+    for name, got in (("oracle", ref), ("magnitude", mag)):
+        if not isinstance(got, dict):
+            raise TargetError(f"Target {target.name!r}: its {name} returned {type(got).__name__}, not a dict")
+    missing = sorted(set(wanted) - set(ref))
+    if missing:
+        raise TargetError(
+            f"Target {target.name!r}: declared output {missing[0]!r} is not returned by the oracle; "
+            f"it returns {sorted(ref)}"
+        )
+    unknown = sorted(set(mag) - set(wanted))
+    lacking = [
+        o for o in wanted if o not in mag and isinstance(ref[o], torch.Tensor) and ref[o].is_floating_point()
+    ]
+    if unknown and lacking:  # a shared magnitude may cover more outputs; a misspelt one leaves one bare
+        raise TargetError(
+            f"Target {target.name!r}: magnitude key {unknown[0]!r} is not an output, and output {lacking[0]!r} "
+            f"has no magnitude; outputs are {sorted(wanted)}"
+        )
+
+    def detach(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+
+    ref = detach(ref)
+    scale = functools.partial(case_scale_of, inputs64, ref)  # needed only for an output that is 0 everywhere
+    expected = Expected(ref, detach(low), detach(mag), inputs, {}, functools.cache(scale), rng)
+    if noise_samples:
+        estimate_noise(target, case, expected, noise_samples, wanted)
+    return expected
+
+
+def estimate_noise(
+    target: Any, case: Case, expected: Expected, samples: int, outputs: dict[str, Any] | None = None
+) -> None:
+    """Fill ``expected.noise``: each output's rounding noise (:mod:`shardfuzz.verdict.noise`), from
+    ``samples`` more float64 runs of the oracle that draw what the reference drew."""
+    expected.noise = _spread(target, case, expected, outputs, samples)
+
+
+def confirm_noise(
+    target: Any, case: Case, expected: Expected, tolerance: Any, outputs: dict[str, Any] | None = None
+) -> None:
+    """Widen ``expected.noise`` (from ``tolerance.samples`` runs) before a mismatch is reported:
+    the spread over ``confirm_samples`` more first-order runs pooled with the first (a few
+    samples can all fall small), or the spread of ``full_scale_samples`` runs perturbed at the
+    case dtype's own unit where that is larger (a rounding can flip a sign, which first order
+    misses: an AdamW update is ``lr * sign(g)`` where g cancels)."""
+    import torch
+
+    seen, more = tolerance.samples, tolerance.confirm_samples
+    first = dict(expected.noise)
+    pooled = _spread(target, case, expected, outputs, more, first=seen)
+    full = _spread(target, case, expected, outputs, tolerance.full_scale_samples, full_scale=True)
+    noise = {}
+    for name in set(first) | set(pooled) | set(full):
+        like = next(d[name] for d in (first, pooled, full) if name in d).double()
+        a, b, c = (d[name].double() if name in d else torch.zeros_like(like) for d in (first, pooled, full))
+        pooled_rms = ((seen * a.pow(2) + more * b.pow(2)) / max(seen + more, 1)).sqrt()
+        noise[name] = torch.maximum(pooled_rms, c)
+    expected.noise = noise
+
+
+def _spread(
+    target: Any,
+    case: Case,
+    expected: Expected,
+    outputs: dict[str, Any] | None,
+    samples: int,
+    first: int = 0,
+    full_scale: bool = False,
+) -> dict[str, Any]:
+    """The noise of each output from ``samples`` runs (:func:`shardfuzz.verdict.noise.estimate`); a
+    self-oracle draws them on its rank."""
+    if expected.source is not None:
+        return expected.source.noise(samples, first, full_scale)
+    rerun, ref = _noise_runs(target, case, expected, outputs)
+    return estimate(rerun, ref, case.dtype, case.seed, case.group_size, samples, first, full_scale)
+
+
+def _noise_runs(
+    target: Any, case: Case, expected: Expected, outputs: dict[str, Any] | None
+) -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:
+    """A float64 rerun of the oracle from the reference's inputs and RNG, and the outputs to judge."""
+    import torch
+
+    inputs64 = {
+        k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+        for k, v in expected.inputs.items()
+    }
+
+    def rerun() -> dict[str, Any]:
+        if expected.rng is not None:
+            torch.set_rng_state(expected.rng)
+        with torch.enable_grad():
+            return call_target_code(
+                target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case
+            )
+
+    wanted = outputs if outputs is not None else target.outputs_for(case)
+    return rerun, {k: expected.ref[k] for k in wanted}
+
+
+def _fresh(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Copies, so that one run of the oracle (gradients, in-place ops) cannot reach the next."""
+    import torch
+
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def case_scale_of(*dicts: dict[str, Any]) -> float:
+    """The largest root mean square over the case's floating inputs and outputs."""
+    import torch
+
+    best = 0.0
+    for d in dicts:
+        for v in d.values():
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+                finite = v.detach()[torch.isfinite(v.detach())]
+                if finite.numel():
+                    best = max(best, float(finite.double().pow(2).mean().sqrt()))
+    return best
+
+
+# -- hand-made cases ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DrawnSizes:
+    """The size names and smallest sizes a target's strategy draws, from a sample of its cases."""
+
+    required: frozenset[str]  # in every case drawn
+    allowed: frozenset[str]  # in some case drawn
+    smallest: dict[str, int]
+    example: Case  # the first (simplest) case drawn
+    options: frozenset[str] = frozenset()  # option names in some case drawn (value-profile ones too)
+    required_options: frozenset[str] = frozenset()  # option names in every case drawn
+
+
+#: options the value profiles add (``large``/``small``: scale, ``ties``: grid)
+PROFILE_PARAMS = frozenset({"scale", "grid"})
+
+_DRAWN: weakref.WeakKeyDictionary[Any, DrawnSizes | None] = weakref.WeakKeyDictionary()
+
+
+def drawn_sizes(target: Any, n: int = 30) -> DrawnSizes | None:
+    """What ``target``'s strategy draws: ``n`` cases, derandomized, sampled once per target. Never
+    call it inside a Hypothesis test."""
+    if target in _DRAWN:
+        return _DRAWN[target]
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    seen: list[Case] = []
+
+    def note(case: Any) -> bool:
+        if isinstance(case, Case):
+            seen.append(case)
+        return False
+
+    quiet = settings(
+        database=None,
+        max_examples=n,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        deadline=None,
+    )
+    try:
+        find(target.strategy(), note, settings=quiet)
+    except NoSuchExample:
+        pass
+    drawn = None
+    if seen:
+        names = [frozenset(c.sizes) for c in seen]
+        smallest: dict[str, int] = {}
+        for c in seen:
+            for k, v in c.sizes.items():
+                smallest[k] = min(v, smallest.get(k, v))
+        opts = [frozenset(c.options) - PROFILE_PARAMS for c in seen]
+        drawn = DrawnSizes(
+            frozenset.intersection(*names),
+            frozenset().union(*names),
+            smallest,
+            seen[0],
+            frozenset().union(*opts) | PROFILE_PARAMS,
+            frozenset.intersection(*opts),
+        )
+    _DRAWN[target] = drawn
+    return drawn
+
+
+def check_case(target: Any, case: Any) -> None:
+    """TargetError when a hand-made case (``shardfuzz case``, a failure file) cannot be one of
+    ``target``'s: another target's name, size names its strategy never draws or always draws, or
+    a case its inputs builder cannot build."""
+    if not isinstance(case, Case):
+        raise TargetError(f"case={case!r}; expected a shardfuzz.Case")
+    if case.target != target.name:
+        raise TargetError(f"case target={case.target!r}, but the target is {target.name!r}")
+    check_world_size(case.world_size, "case world_size")
+    drawn = drawn_sizes(target)
+    if drawn is not None:
+        missing = sorted(drawn.required - set(case.sizes))
+        unknown = sorted(set(case.sizes) - drawn.allowed)
+        if missing or unknown:
+            wrong = [f"lacks {missing}"] if missing else []
+            wrong += [f"has {unknown}, which the target does not draw"] if unknown else []
+            raise TargetError(
+                f"case sizes={case.sizes!r} {' and '.join(wrong)}; target {target.name!r} draws the sizes "
+                f"{sorted(drawn.allowed)}, e.g. {drawn.example.sizes!r}"
+            )
+        missing_opts = sorted(drawn.required_options - set(case.options))
+        unknown_opts = sorted(set(case.options) - drawn.options)
+        if missing_opts or unknown_opts:
+            wrong = [f"lacks {missing_opts}"] if missing_opts else []
+            wrong += [f"has {unknown_opts}, which the target does not draw"] if unknown_opts else []
+            raise TargetError(
+                f"case options={case.options!r} {' and '.join(wrong)}; target {target.name!r} draws the "
+                f"options {sorted(drawn.options)}, e.g. {drawn.example.options!r}"
+            )
+    call_target_code(target, "inputs(case)", case, target.inputs, case)
+
+
+def case_hint(target: Any, case: Case) -> str:
+    """For an error of the target's code on ``case``: the size names it lacks or has beyond what the
+    target's strategy draws, and the sizes below any it draws. Outside a Hypothesis test only (a
+    case the strategy drew needs no hint, and no strategy may be drawn from inside a test)."""
+    from hypothesis import currently_in_test_context
+
+    if target not in _DRAWN and currently_in_test_context():
+        return ""
+    drawn = drawn_sizes(target)
+    if drawn is None:
+        return ""
+    missing = sorted(drawn.required - set(case.sizes))
+    unknown = sorted(set(case.sizes) - drawn.allowed)
+    hints = [f"the case lacks the sizes {missing}"] if missing else []
+    hints += [f"the case has the sizes {unknown}, which the target does not draw"] if unknown else []
+    hints += [
+        f"sizes[{k!r}]={v!r} is below the smallest value target {target.name!r} draws ({drawn.smallest[k]})"
+        for k, v in case.sizes.items()
+        if k in drawn.smallest and v < drawn.smallest[k]
+    ]
+    return "; ".join(hints)
