@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from shardfuzz.engine.fleet import GONE_AFTER
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.frontends.testing import run_cli
 from shardfuzz.signature import SIGNATURE_VERSION
@@ -132,6 +133,7 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
     doomed_key = _worker_doc(url, fleet, doomed.pid)
     assert doomed_key is not None, doomed.output()
     doomed.kill()  # SIGKILL, with its ranks: mid-run, maybe mid-write
+    killed_at = time.monotonic()
 
     store = _client(url)
     stored = sorted(
@@ -176,6 +178,9 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
     one = run_cli("replay", url, "--fleet", fleet, "--finding", stored[0], "--trust-refs")
     assert "1 replayed: 1 fail, 0 pass" in one.stdout, one.stdout + one.stderr
 
+    # "gone" means no heartbeat for 3 intervals (1 s here): with warm pools everything above can
+    # take less than that, and the last beat before the kill would still read as running
+    time.sleep(max(0.0, killed_at + GONE_AFTER * 1 + 1.5 - time.monotonic()))
     status = run_cli("status", url, "--fleet", fleet)
     assert status.returncode == 0, status.stderr
     rows = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[3:-1] if line.strip()}
