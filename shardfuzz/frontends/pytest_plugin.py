@@ -139,6 +139,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         parser.addini(f"shardfuzz_{name}", what, default=None)
 
 
+# after Hypothesis' own pytest_configure: it loads --hypothesis-profile, which decides ours (the
+# order of plugins found by entry point differs between installs: CI ran ours first)
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     register_profiles()
     timeout = config.getoption("--shardfuzz-timeout", None)
