@@ -39,6 +39,29 @@ def _state_in_tmp(tmp_path_factory):
     mp.undo()
 
 
+@pytest.fixture(scope="session")
+def proof(tmp_path_factory):
+    """``proof(target, name)``: the search that proves a built-in target's planted bug or expected
+    failure (found and shrunk to its declared case: ``assert_planted_bug_found``), run once per
+    session; its failure file is kept, so a test that needs a real finding of that record (a
+    standalone reproducer) reuses it instead of searching again."""
+    from shardfuzz.frontends.testing import assert_planted_bug_found
+    from shardfuzz.spec.registry import get_target
+
+    done: dict = {}
+
+    def prove(target: str, name: str):
+        if (target, name) not in done:
+            t = get_target(target)
+            rec = t.planted.get(name) or t.expected_failures[name]
+            folder = tmp_path_factory.mktemp(f"proof-{target}-{name}")
+            result = assert_planted_bug_found(target, name, rec.expect, p95=rec.p95, failures_dir=str(folder))
+            done[target, name] = (result, folder)
+        return done[target, name]
+
+    return prove
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

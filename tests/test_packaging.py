@@ -1,6 +1,7 @@
 """Packaging: the installed names, no torch at import, entry points."""
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 
@@ -8,8 +9,11 @@ import pytest
 
 
 @pytest.mark.parametrize("name", ["strategies", "targets"])
-def test_no_bare_top_level_names(name):
-    # strategies/ and targets/ install only as shardfuzz.strategies / shardfuzz.targets
+def test_no_bare_top_level_names(name, monkeypatch):
+    # strategies/ and targets/ install only as shardfuzz.strategies / shardfuzz.targets; the
+    # checkout's own folder is on sys.path where the current directory is (pytest-xdist workers)
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != checkout])
     with pytest.raises(ModuleNotFoundError):
         __import__(name)
 

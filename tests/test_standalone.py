@@ -1,8 +1,9 @@
 """Reproducers to file upstream: ``shardfuzz repro FILE --standalone`` on failures the fuzzer finds
 in PyTorch's ``loss_parallel`` (expected failures of ``vocab_parallel``).
 
-Each test fuzzes the implementation until it fails, writes the standalone script from the
-failure file, runs it under torchrun and checks that it fails the same way while importing
+Each test takes the failure file of the search that proves the expected failure (the ``proof``
+fixture: the search of tests/test_targets.py, run once per session), writes the standalone script
+from it, runs it under torchrun and checks that it fails the same way while importing
 nothing but torch and the standard library. The scripts shipped in ``examples/upstream/`` must be
 what the tool writes today (the header's date and version aside).
 """
@@ -17,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from shardfuzz.frontends import cli
-from shardfuzz.targets.vocab_parallel import TARGET
 
 UPSTREAM = Path(__file__).resolve().parent.parent / "examples" / "upstream"
 
@@ -74,25 +74,12 @@ def _body(text: str) -> str:
         ("torch_loss_parallel_no_class", "index 0 is out of bounds for dimension 1 with size 0"),
     ],
 )
-def test_standalone_reproducer_of_a_found_crash_fails_the_same_way_with_torch_only(tmp_path, record, error):
-    failures = tmp_path / "failures"
-    exclude = [a for e in TARGET.expected_failures[record].expect.exclude for a in ("--exclude", e)]
-    code = cli.main(
-        [
-            "fuzz",
-            "vocab_parallel",
-            "--impl",
-            record,
-            "--profile",
-            "shardfuzz-ci",
-            "--max-examples",
-            "80",
-            "--failures-dir",
-            str(failures),
-            *exclude,
-        ]
-    )
-    assert code == cli.EXIT_FOUND
+def test_standalone_reproducer_of_a_found_crash_fails_the_same_way_with_torch_only(
+    tmp_path, record, error, proof
+):
+    # the failure file of test_targets' search for this record (found and shrunk to its declared
+    # case there): one search per session
+    _, failures = proof("vocab_parallel", record)
     (found,) = glob.glob(str(failures / "*.json"))
     assert cli.main(["repro", found, "--standalone", "-o", str(tmp_path / "out")]) == cli.EXIT_OK
     (script,) = (tmp_path / "out").glob("repro_*.py")

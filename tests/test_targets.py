@@ -23,7 +23,7 @@ import shardfuzz
 from shardfuzz.engine import covering
 from shardfuzz.engine.covering import draw_pool, stable_seed
 from shardfuzz.engine.degenerate import degenerate_share
-from shardfuzz.frontends.testing import assert_planted_bug_found, assert_reference_passes
+from shardfuzz.frontends.testing import assert_reference_passes
 from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 from shardfuzz.spec.triggers import triggers_of
 
@@ -61,9 +61,8 @@ def _planted_params():
 
 
 @pytest.mark.parametrize("target,bug", list(_planted_params()))
-def test_planted_bug_is_found_and_shrunk(target, bug):
-    rec = TARGETS[target].planted[bug]
-    assert_planted_bug_found(target, bug, rec.expect, p95=rec.p95)
+def test_planted_bug_is_found_and_shrunk(target, bug, proof):
+    proof(target, bug)  # assert_planted_bug_found, once per session
 
 
 def _expected_params():
@@ -79,9 +78,8 @@ def _expected_params():
 
 
 @pytest.mark.parametrize("target,name", list(_expected_params()))
-def test_expected_failure_is_found_and_shrunk(target, name):
-    rec = TARGETS[target].expected_failures[name]
-    assert_planted_bug_found(target, name, rec.expect, p95=rec.p95)
+def test_expected_failure_is_found_and_shrunk(target, name, proof):
+    proof(target, name)  # assert_planted_bug_found, once per session (test_standalone reuses it)
 
 
 # the ci budget: the 2,000- and 10,000-example runs are benchmarks/no_false_positives.py

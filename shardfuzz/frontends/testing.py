@@ -43,9 +43,12 @@ def budget(p95: int) -> int:
     return 2 * p95 + 10
 
 
-def assert_planted_bug_found(target: Any, impl: str, expect: Expect, *, p95: int) -> Result:
+def assert_planted_bug_found(
+    target: Any, impl: str, expect: Expect, *, p95: int, failures_dir: str | None = None
+) -> Result:
     """Run the ``shardfuzz-ci`` settings (derandomized, database off) and check the finding. A
-    relative ``file.py`` target is found next to the calling test file first."""
+    relative ``file.py`` target is found next to the calling test file first. ``failures_dir``:
+    where the finding's failure file goes (none by default), e.g. for a replay or a reproducer."""
     target = anchored_ref(target, caller_dir())
     result = run(
         target,
@@ -55,6 +58,7 @@ def assert_planted_bug_found(target: Any, impl: str, expect: Expect, *, p95: int
         max_examples=budget(p95),
         timeout=expect.timeout,
         exclude=expect.exclude,
+        failures_dir=failures_dir,
     )
     name = f"{get_target(target).name}/{impl}"
     assert result.found, f"{name} not found in {budget(p95)} examples: {result.stats.summary()}"
