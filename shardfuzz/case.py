@@ -150,7 +150,17 @@ class Case:
         return f"rank {rank} (replica {rank // g}, group rank {rank % g})"
 
     def __hash__(self) -> int:
-        return hash(self.to_json_str())
+        # sizes and options are dicts: hashed by their JSON text, as to_json_str() writes them but
+        # without dataclasses.asdict's deep copy (every drawn case is hashed: pools, dedup, stats)
+        import json
+
+        try:
+            parts = json.dumps([self.sizes, self.options], sort_keys=True)
+        except TypeError:  # an option value JSON cannot write as it is (a dataclass): asdict can
+            return hash(self.to_json_str())
+        return hash(
+            (self.target, self.world_size, self.mesh, self.split, self.dtype, self.profile, self.seed, parts)
+        )
 
     # -- serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

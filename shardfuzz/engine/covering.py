@@ -24,7 +24,7 @@ import functools
 import hashlib
 import itertools
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from shardfuzz.case import Case
@@ -60,31 +60,65 @@ def draw_pool(strategy: Any, seed: int, size: int = POOL_SIZE) -> list[tuple[Cas
     choice sequence that drew it (what Hypothesis' database stores). Draws a filter rejects are
     skipped. The draws run inside a Hypothesis build context, so maps and composites work as in a
     search."""
-    from hypothesis.control import BuildContext
-    from hypothesis.errors import StopTest
-    from hypothesis.internal.conjecture.data import ConjectureData, Status
-    from hypothesis.internal.conjecture.providers import HypothesisProvider
+    return distinct_cases(Draws(strategy, seed), size)
 
-    class NoConstants(HypothesisProvider):
-        # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
-        # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
-        def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
-            return None
 
-    rng = random.Random(seed)
-    out: dict[Case, tuple] = {}
-    for _ in range(size * 2):
-        if len(out) >= size:
-            break
-        data = ConjectureData(random=rng, provider=NoConstants)
+class Draws:
+    """The attempts of :func:`draw_pool` for one strategy and seed, drawn on demand and kept: a map
+    draws no choices, so the pool of ``strategy.map(f)`` is these same draws through ``f``
+    (:func:`distinct_cases`), and runs restricted to other dtypes or pinned options share them."""
+
+    def __init__(self, strategy: Any, seed: int) -> None:
+        self.strategy = strategy
+        self.rng = random.Random(seed)
+        #: (case, choices) per attempt; case None where a filter rejected the draw
+        self.attempts: list[tuple[Case | None, tuple]] = []
+
+    def __getitem__(self, i: int) -> tuple[Case | None, tuple]:
+        while len(self.attempts) <= i:
+            self.attempts.append(self._draw())
+        return self.attempts[i]
+
+    def _draw(self) -> tuple[Case | None, tuple]:
+        from hypothesis.control import BuildContext
+        from hypothesis.errors import StopTest
+        from hypothesis.internal.conjecture.data import ConjectureData, Status
+        from hypothesis.internal.conjecture.providers import HypothesisProvider
+
+        class NoConstants(HypothesisProvider):
+            # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
+            # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
+            def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
+                return None
+
+        data = ConjectureData(random=self.rng, provider=NoConstants)
         try:
             with BuildContext(data, is_final=False, wrapped_test=draw_pool):
-                case = data.draw(strategy)
+                case = data.draw(self.strategy)
         except StopTest:  # a filter rejected the draw
-            continue
+            return None, ()
         data.freeze()
-        if data.status >= Status.VALID and isinstance(case, Case) and case not in out:
-            out[case] = tuple(data.choices)
+        if data.status >= Status.VALID and isinstance(case, Case):
+            return case, tuple(data.choices)
+        return None, ()
+
+
+def distinct_cases(
+    draws: Draws, size: int = POOL_SIZE, through: Callable[[Case], Case] | None = None
+) -> list[tuple[Case, tuple]]:
+    """Up to ``size`` distinct cases of the first ``2 * size`` attempts, each passed ``through`` the
+    map a restricted strategy applies (:meth:`~shardfuzz.spec.target.Target.restrict`)."""
+    out: dict[Case, tuple] = {}
+    for i in range(size * 2):
+        if len(out) >= size:
+            break
+        case, choices = draws[i]
+        if case is None:
+            continue
+        if through is not None:
+            case = through(case)
+        if case not in out:
+            out[case] = choices
     return list(out.items())
 
 
@@ -246,8 +280,15 @@ def pool_for(
 
 @functools.lru_cache(maxsize=64)
 def _pool_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[tuple[Case, tuple], ...]:
-    strategy = target.strategy(world_sizes, dtypes, options)
-    return tuple(draw_pool(strategy, stable_seed(f"{target.name}/covering")))
+    # the same pool as draw_pool(target.strategy(world_sizes, dtypes, options), seed): the dtypes
+    # and options are a map over the draws of the unrestricted strategy, drawn once for all
+    through = target.restrict(dtypes, options)
+    return tuple(distinct_cases(_draws_for(target, world_sizes), POOL_SIZE, through))
+
+
+@functools.lru_cache(maxsize=64)
+def _draws_for(target: Any, world_sizes: Any) -> Draws:
+    return Draws(target.strategy(world_sizes), stable_seed(f"{target.name}/covering"))
 
 
 @functools.lru_cache(maxsize=64)

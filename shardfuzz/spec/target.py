@@ -254,16 +254,21 @@ class Target:
             raise TargetError(
                 f"Target {self.name!r}: cases={self.cases!r} is neither a strategy nor a callable"
             )
+        through = self.restrict(dtypes, options)
+        return s if through is None else s.map(through)
+
+    def restrict(
+        self, dtypes: tuple[str, ...] | None = None, options: tuple[tuple[str, Any], ...] = ()
+    ) -> Callable[[Case], Case] | None:
+        """The map :meth:`strategy` puts over every drawn case for ``dtypes`` and pinned
+        ``options`` (None: none). A map draws no choices: the covering pool of a restricted run is
+        the unrestricted draws through it."""
+        steps: list[Callable[[Case], Case]] = []
         if dtypes:
-            chosen = tuple(dtypes)
-            s = s.map(
-                lambda c: (
-                    c if c.dtype in chosen else dataclasses.replace(c, dtype=chosen[c.seed % len(chosen)])
-                )
-            )
+            steps.append(functools.partial(_in_dtypes, tuple(dtypes)))
         if options:
-            s = s.map(functools.partial(pin_options, self.name, dict(options)))
-        return s
+            steps.append(functools.partial(pin_options, self.name, dict(options)))
+        return functools.partial(_through, tuple(steps)) if steps else None
 
     def input_layout(self, name: str) -> Layout:
         return self.input_layouts.get(name, Replicate())
@@ -362,3 +367,16 @@ def _records(
             raise TargetError(f"Target {target!r}: {field} names {rec.name!r} twice")
         out[rec.name] = rec
     return out
+
+
+def _in_dtypes(chosen: tuple[str, ...], case: Case) -> Case:
+    """``case`` in one of the ``chosen`` dtypes: its own when allowed, else one picked by its seed."""
+    if case.dtype in chosen:
+        return case
+    return dataclasses.replace(case, dtype=chosen[case.seed % len(chosen)])
+
+
+def _through(steps: tuple[Callable[[Case], Case], ...], case: Case) -> Case:
+    for step in steps:
+        case = step(case)
+    return case
