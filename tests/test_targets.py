@@ -21,7 +21,6 @@ from hypothesis import find, settings
 
 import shardfuzz
 from shardfuzz.engine import covering
-from shardfuzz.engine.covering import draw_pool, stable_seed
 from shardfuzz.engine.degenerate import degenerate_share
 from shardfuzz.frontends.testing import assert_reference_passes
 from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
@@ -122,8 +121,7 @@ NO_PLANTED = {
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_few_random_cases_have_degenerate_outputs(target):
     t = TARGETS[target]
-    pool = [case for case, _ in draw_pool(t.strategy(), stable_seed(f"{target}/degenerate"), 250)]
-    found = degenerate_share(t, pool)
+    found = degenerate_share(t, _pool(target))  # 250 random draws: the covering pool, shared
     assert found.cases >= 200, f"only {found.cases} supported cases drawn"
     assert found.share < 0.05, (
         f"{target}: {found.degenerate} of {found.cases} cases degenerate: {found.by_cause}"
