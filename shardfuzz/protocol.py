@@ -170,9 +170,11 @@ class Regroup:
     """After a rank error: tear down this rank's process groups (which fails the collectives its
     peers are blocked in), drop every group cached from them, and join a fresh world group under
     store prefix ``generation``. A rank still running the task answers it first; then each rank
-    answers :class:`Regrouped`, or :class:`ErrorReply` (the pool is discarded)."""
+    answers :class:`Regrouped`, or :class:`ErrorReply` (the pool is discarded). ``answered``:
+    every rank had answered the task, so no rank is blocked in a collective of the old groups."""
 
     generation: int
+    answered: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -214,6 +214,30 @@ def test_a_group_the_implementation_keeps_open_replaces_the_pool(slack):
     assert runner("reference").run_case(c) < 1
 
 
+@linux
+def test_a_group_kept_after_every_rank_answered_regroups_in_place_up_to_a_bound():
+    """No rank is blocked on a group every rank has answered past: DTensor code, whose groups
+    torch's C++ side keeps referenced after an error, keeps its warm pool (a failing example costs
+    a regroup, not a pool start), until KEPT_GROUPS groups pile up on a rank."""
+    from shardfuzz import Mismatch, RankError
+    from shardfuzz.ranks.worker import KEPT_GROUPS
+
+    c = case(3, 5, seed=4)
+    assert runner("reference").run_case(c) < 1
+    first = pids(3)
+    seen = []
+    for _ in range(KEPT_GROUPS + 1):
+        with pytest.raises(RankError, match="boom on rank"):
+            runner("crash_all_keeps_group").run_case(c)
+        assert runner("reference").run_case(c) < 1  # the fresh group computes right
+        seen.append(pids(3))
+    assert seen[0] == first  # regrouped in place: no pool started
+    assert seen[KEPT_GROUPS - 1] == first
+    assert not set(seen[KEPT_GROUPS]) & set(first)  # one group too many: fresh ranks
+    with pytest.raises(Mismatch):
+        runner("wrong_rank1").run_case(c)
+
+
 # -- a rank killed from outside is an external fault, not a finding --------------------------------
 def test_rank_killed_from_outside_is_an_external_fault_not_a_finding(tmp_path):
     import threading

@@ -41,7 +41,7 @@ def regroup(pool: Pool, outcome: Outcome) -> bool:
     pool.generation += 1
     try:
         for c in pool.conns:
-            c.send(Regroup(pool.generation))
+            c.send(Regroup(pool.generation, answered=not pool.unanswered))
     except OSError:
         return False
     pool.regrouping = time.monotonic()

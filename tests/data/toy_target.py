@@ -61,6 +61,14 @@ def crash_rank1_keeps_group(ctx):
     return crash_rank1(ctx)
 
 
+def crash_all_keeps_group(ctx):
+    """Every rank keeps its group and raises (as DTensor code leaves its group referenced from
+    torch's C++ side after a symmetric error): no rank is blocked on the group, so the pool
+    regroups in place, until KEPT_GROUPS such groups pile up on a rank."""
+    _KEPT.append(ctx.group)
+    raise ValueError(f"boom on rank {ctx.group_rank}")
+
+
 def hang_rank0(ctx):
     if ctx.group_rank == 0:
         time.sleep(3600)
@@ -279,6 +287,7 @@ TOY = Target(
         "reference": "reference",
         "crash_rank1": "crash_rank1",
         "crash_rank1_keeps_group": "crash_rank1_keeps_group",
+        "crash_all_keeps_group": "crash_all_keeps_group",
         "hang_rank0": "hang_rank0",
         "segfault_rank1": "segfault_rank1",
         "wrong_rank1": "wrong_rank1",
