@@ -85,6 +85,28 @@ def test_a_leaked_environment_variable_and_directory_are_restored_and_named():
     assert not reader.stats.leaks
 
 
+def test_torchs_own_default_cache_dir_is_not_a_leak_but_another_value_is(monkeypatch):
+    """torch's inductor writes its default TORCHINDUCTOR_CACHE_DIR into the environment when it first
+    needs it (the README's `shardfuzz fuzz` summary named it as the driver's leak): kept, unnamed.
+    Any other value, or another variable, is still a leak, restored and named."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    from shardfuzz.ranks.faults import ProcessState
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    state = ProcessState("the driver")
+    state.snapshot()
+    torchs = cache_dir_utils.cache_dir()  # what torch does inside an oracle
+    assert state.restore() == [] and os.environ["TORCHINDUCTOR_CACHE_DIR"] == torchs
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    state.snapshot()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/elsewhere"
+    assert state.restore() == [
+        "the driver left os.environ['TORCHINDUCTOR_CACHE_DIR'] = '/tmp/elsewhere' (was unset)"
+    ]
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
 def test_the_driver_environment_is_restored_too(monkeypatch):
     """The target's inputs and oracle run in the driver: what they leave is restored and named."""
     import shardfuzz.engine.runner as runner_module

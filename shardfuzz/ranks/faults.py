@@ -16,6 +16,7 @@ environment, the working directory) that one example leaves to the next.
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.errors import ExternalFault, Finding
@@ -89,6 +90,8 @@ class ProcessState:
             old, new = before.get(name), now.get(name)
             if old == new:
                 continue
+            if old is None and _torch_default(name, new):
+                continue
             if old is None:
                 leaks.append(f"{self.who} left os.environ[{name!r}] = {new!r} (was unset)")
                 del os.environ[name]
@@ -97,6 +100,17 @@ class ProcessState:
                 leaks.append(f"{self.who} left os.environ[{name!r}] {was} (was {old!r})")
                 os.environ[name] = old
         return leaks
+
+
+def _torch_default(name: str, value: str | None) -> bool:
+    """``value`` is what torch itself sets ``name`` to when it first needs it, whoever ran first:
+    inductor's ``cache_dir()`` writes its default ``TORCHINDUCTOR_CACHE_DIR`` into the environment
+    (the ring-attention oracle reaches it). The next example would get the same value, so it is
+    kept, and not named as a leak."""
+    if name != "TORCHINDUCTOR_CACHE_DIR" or value is None:
+        return False
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")  # imported when it set it
+    return utils is not None and value == os.path.abspath(utils.default_cache_dir())
 
 
 def _raw_environ() -> dict[Any, Any]:
