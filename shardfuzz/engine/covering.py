@@ -83,15 +83,8 @@ class Draws:
         from hypothesis.control import BuildContext
         from hypothesis.errors import StopTest
         from hypothesis.internal.conjecture.data import ConjectureData, Status
-        from hypothesis.internal.conjecture.providers import HypothesisProvider
 
-        class NoConstants(HypothesisProvider):
-            # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
-            # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
-            def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
-                return None
-
-        data = ConjectureData(random=self.rng, provider=NoConstants)
+        data = ConjectureData(random=self.rng, provider=_no_constants())
         try:
             with BuildContext(data, is_final=False, wrapped_test=draw_pool):
                 case = data.draw(self.strategy)
@@ -101,6 +94,21 @@ class Draws:
         if data.status >= Status.VALID and isinstance(case, Case):
             return case, tuple(data.choices)
         return None, ()
+
+
+@functools.cache
+def _no_constants() -> type:
+    """A Hypothesis provider that never draws constants (defined once, on first use: Hypothesis is
+    imported lazily here)."""
+    from hypothesis.internal.conjecture.providers import HypothesisProvider
+
+    class NoConstants(HypothesisProvider):
+        # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
+        # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
+        def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
+            return None
+
+    return NoConstants
 
 
 def distinct_cases(
