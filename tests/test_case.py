@@ -35,6 +35,25 @@ def test_json_round_trip():
     assert hash(c) == hash(Case.from_dict(c.to_dict()))
 
 
+def test_equal_cases_hash_equal_and_a_dataclass_option_still_hashes():
+    """The hash reads sizes and options as JSON text; an option JSON cannot write as it is (a
+    dataclass) goes through to_json_str (dataclasses.asdict), as every hash did before."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Grid:
+        rows: int
+
+    a = Case(target="t", world_size=2, mesh=(2,), sizes={"n": 3, "m": 1}, options={"grid": Grid(2)})
+    b = Case(target="t", world_size=2, mesh=(2,), sizes={"m": 1, "n": 3}, options={"grid": Grid(2)})
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert hash(a) == hash(a.to_json_str())  # the asdict path
+    c = dataclasses.replace(a, options={"grid": Grid(3)})
+    assert len({a, c}) == 2
+    plain = Case(target="t", world_size=2, mesh=(2,), sizes={"n": 3}, options={"k": [1, 2]})
+    assert hash(plain) == hash(Case.from_dict(plain.to_dict())) and hash(plain) != hash(plain.to_json_str())
+
+
 def test_derived_sizes():
     c = make()
     assert (c.group_size, c.replicas) == (2, 2)
