@@ -43,23 +43,33 @@ def _state_in_tmp(tmp_path_factory):
 def proof(tmp_path_factory):
     """``proof(target, name)``: the search that proves a built-in target's planted bug or expected
     failure (found and shrunk to its declared case: ``assert_planted_bug_found``), run once per
-    session; its failure file is kept, so a test that needs a real finding of that record (a
-    standalone reproducer) reuses it instead of searching again."""
+    session. ``failure_file=True`` also keeps the finding's failure file (a folder, else None), so a
+    test that needs a real finding of that record (a standalone reproducer) reuses the search."""
     from shardfuzz.frontends.testing import assert_planted_bug_found
     from shardfuzz.spec.registry import get_target
 
     done: dict = {}
 
-    def prove(target: str, name: str):
-        if (target, name) not in done:
+    def prove(target: str, name: str, *, failure_file: bool = False):
+        if (target, name) not in done or (failure_file and done[target, name][1] is None):
             t = get_target(target)
             rec = t.planted.get(name) or t.expected_failures[name]
-            folder = tmp_path_factory.mktemp(f"proof-{target}-{name}")
-            result = assert_planted_bug_found(target, name, rec.expect, p95=rec.p95, failures_dir=str(folder))
+            folder = tmp_path_factory.mktemp(f"proof-{target}-{name}") if failure_file else None
+            result = assert_planted_bug_found(
+                target, name, rec.expect, p95=rec.p95, failures_dir=folder and str(folder)
+            )
             done[target, name] = (result, folder)
         return done[target, name]
 
     return prove
+
+
+@pytest.fixture
+def checkout_off_sys_path(monkeypatch):
+    """sys.path without the checkout's own folder, which is there where it is the current directory
+    (pytest-xdist workers): what a user's installed shardfuzz sees."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != checkout])
 
 
 def _alive(pid: int) -> bool:

@@ -1,7 +1,6 @@
 """The engine on a toy target: every failure kind, from its own site, with rank attribution."""
 
 import os
-import sys
 import time
 import traceback
 
@@ -129,11 +128,9 @@ def test_closure_is_refused():
         Runner(TOY, inner)
 
 
-def test_module_level_function_becomes_a_file_reference(monkeypatch):
+def test_module_level_function_becomes_a_file_reference(checkout_off_sys_path):
     # a test module is not importable by name in the workers, unless the checkout is on sys.path
-    # (the current directory of pytest-xdist workers): then "tests.test_engine:..." is right too
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != checkout])
+    # (pytest-xdist workers): then "tests.test_engine:..." is right too
     r = Runner(TOY, module_level_impl)
     assert r.impl_ref.ref.endswith("test_engine.py::module_level_impl")
 

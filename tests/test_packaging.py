@@ -1,7 +1,6 @@
 """Packaging: the installed names, no torch at import, entry points."""
 
 import importlib.metadata
-import os
 import subprocess
 import sys
 
@@ -9,11 +8,8 @@ import pytest
 
 
 @pytest.mark.parametrize("name", ["strategies", "targets"])
-def test_no_bare_top_level_names(name, monkeypatch):
-    # strategies/ and targets/ install only as shardfuzz.strategies / shardfuzz.targets; the
-    # checkout's own folder is on sys.path where the current directory is (pytest-xdist workers)
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != checkout])
+def test_no_bare_top_level_names(name, checkout_off_sys_path):
+    # strategies/ and targets/ install only as shardfuzz.strategies / shardfuzz.targets
     with pytest.raises(ModuleNotFoundError):
         __import__(name)
 

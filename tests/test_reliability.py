@@ -230,6 +230,7 @@ def test_a_group_kept_after_every_rank_answered_regroups_in_place_up_to_a_bound(
         with pytest.raises(RankError, match="boom on rank"):
             runner("crash_all_keeps_group").run_case(c)
         assert runner("reference").run_case(c) < 1  # the fresh group computes right
+        assert Runner(TOY, "via_device_mesh").run_case(c) < 1  # a DeviceMesh of it too
         seen.append(pids(3))
     assert seen[0] == first  # regrouped in place: no pool started
     assert seen[KEPT_GROUPS - 1] == first
