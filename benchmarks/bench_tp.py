@@ -18,7 +18,11 @@ report) and in the ranks (:mod:`rank_probe`: state reset and leak checks, trace,
 Hypothesis' own share (draw, shrink, statistics) from (1); so the next regression shows where it
 lands. Timers cost a little themselves: compare breakdowns with each other, not with (1)-(3).
 
-    python benchmarks/bench_tp.py [--examples 300] [--fresh 4] [--breakdown]
+``--plain``: the plain MLP's cases only (:mod:`tp_mlp_plain`), which is what this benchmark drew at
+37b22b1; the sequence-parallel cases added since cost the ranks about twice as much, so only this
+way compares engines across that change on the same kind of work.
+
+    python benchmarks/bench_tp.py [--examples 300] [--fresh 4] [--breakdown] [--plain]
 """
 
 from __future__ import annotations
@@ -39,6 +43,12 @@ def main(argv=None) -> int:
         "--fresh", type=int, default=4, help="examples for the fresh-launch way (one per world size)"
     )
     p.add_argument("--breakdown", action="store_true", help="the cost per stage, from one instrumented pass")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="only the plain MLP's cases (benchmarks/tp_mlp_plain.py): the case distribution of this "
+        "benchmark at 37b22b1, before tp_mlp's sequence-parallel branch",
+    )
     args = p.parse_args(argv)
 
     import multiprocessing as mp
@@ -68,12 +78,17 @@ def main(argv=None) -> int:
     load_before = f"{os.getloadavg()[0]:.2f}"
     record = Record()
     config = RunConfig(profile="shardfuzz-ci", max_examples=args.examples)
-    runner = Runner("tp_mlp", None, config, hooks=[record])
+    target = (
+        f"{os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tp_mlp_plain.py')}::tp_mlp_plain"
+        if args.plain
+        else "tp_mlp"
+    )
+    runner = Runner(target, None, config, hooks=[record])
     # warm every pool (world sizes 1-4) so that all three ways start from the same state
     for w in (1, 2, 3, 4):
         runner.run_case(
             Case(
-                target="tp_mlp",
+                target=runner.target.name,
                 world_size=w,
                 mesh=(w,),
                 sizes=dict(batch=1, seq=1, d_model=2, hidden=w, d_out=2),
@@ -156,7 +171,7 @@ def main(argv=None) -> int:
         restarts.append(time.perf_counter() - t0)
 
     print(
-        f"TP MLP forward+backward, world sizes {worlds}, {len(seen)} cases "
+        f"TP MLP forward+backward{' (plain MLP cases only)' if args.plain else ''}, world sizes {worlds}, {len(seen)} cases "
         f"(os.cpu_count()={os.cpu_count()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}); "
         f"load average {load_before} before the run, {os.getloadavg()[0]:.2f} after"
     )
