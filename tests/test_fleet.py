@@ -21,6 +21,7 @@ import pytest
 
 from shardfuzz.engine.fleet import GONE_AFTER
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.frontends import cli
 from shardfuzz.frontends.testing import run_cli
 from shardfuzz.signature import SIGNATURE_VERSION
 
@@ -124,11 +125,13 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
     dirs = [tmp_path / f"w{i}" for i in range(4)]
     for d in dirs:
         d.mkdir()
-    workers = [_worker(start_cli, url, fleet, d, "--max-examples", "10") for d in dirs[:2]]
+    # two of them from one `--workers 2` (its children are the workers), one on its own
+    pair = _worker(start_cli, url, fleet, dirs[0], "--max-examples", "10", "--workers", "2")
     doomed = _worker(start_cli, url, fleet, dirs[2], "--duration", "300s")
-    for w in workers:
-        code, out, err = w.finish(240)
-        assert code == 1, out + err
+    code, out, err = pair.finish(240)
+    assert code == 1, out + err
+    assert "running 2 jobs, up to 2 at once" in out, out
+    assert len(json.loads((dirs[0] / "summary.json").read_text())) == 2  # a row per worker
     doomed.wait_line(lambda line: re.search(r", [1-9][0-9]* failing", line), 120)
     doomed_key = _worker_doc(url, fleet, doomed.pid)
     assert doomed_key is not None, doomed.output()
@@ -140,7 +143,7 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
         k.decode().rsplit(":", 1)[1] for k in store.scan_iter(match=f"shardfuzz:{fleet}:finding:*")
     )
     assert len(stored) == 2, stored
-    notes = [n for d in dirs[:2] for n in _notes(d)]
+    notes = _notes(dirs[0])
     assert {fid for fid, _ in notes} <= set(stored), (notes, stored)
     for fid in stored:
         doc = json.loads(store.get(f"shardfuzz:{fleet}:finding:{fid}"))  # whole: it parses, all fields
@@ -338,3 +341,19 @@ def test_pytest_option_and_ini_key(pytester):
     assert "database 'zero' is not a number" in pytester.runpytest_inprocess("-q").stderr.str()
     pytester.makeini("[pytest]\nshardfuzz_fleet = no spaces\n")
     assert "--shardfuzz-fleet='no spaces'" in pytester.runpytest_inprocess("-q").stderr.str()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "--workers 2: fleet workers share their examples and findings through a Redis database"),
+        (
+            ["--database", "redis://127.0.0.1:1/0", "--profile", "shardfuzz-ci"],
+            "--workers 2 with the derandomized profile 'shardfuzz-ci' would run the same examples 2 times",
+        ),
+    ],
+)
+def test_workers_need_a_shared_database_and_fresh_seeds(argv, message, monkeypatch, capsys):
+    monkeypatch.delenv("SHARDFUZZ_DATABASE", raising=False)
+    assert cli.main(["fuzz", "tp_mlp", "--workers", "2", *argv]) == 2
+    assert message in capsys.readouterr().err

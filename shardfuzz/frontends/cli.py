@@ -21,6 +21,7 @@ from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.hooks import grace_seconds
 from shardfuzz.engine.input_bounds import check_input_size
 from shardfuzz.engine.runner import Runner
+from shardfuzz.engine.settings import build_settings
 from shardfuzz.engine.shared_db import RedisLost, is_redis_url
 from shardfuzz.errors import (
     Finding,
@@ -89,8 +90,8 @@ def _drawn(config: RunConfig) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _cmd_fuzz(args: Any) -> int:
-    targets = args.targets or sorted(BUILTIN_TARGETS)
+def _fuzz_config(args: Any) -> RunConfig:
+    """The run's configuration (a child job's: its parent's), checked before any fuzzing."""
     if args.config_json:
         config = RunConfig.from_json(args.config_json)
     else:
@@ -110,11 +111,21 @@ def _cmd_fuzz(args: Any) -> int:
         )
     if config.deadline is not None:
         grace_seconds()  # a bad $SHARDFUZZ_GRACE is a usage error before any fuzzing
+    if args.workers > 1:
+        _check_workers(args.workers, config)
+    return config
+
+
+def _cmd_fuzz(args: Any) -> int:
+    targets = args.targets or sorted(BUILTIN_TARGETS)
+    config = _fuzz_config(args)
     # resolve every target and implementation first: a typo is a usage error before any fuzzing
     runners = [Runner(spec, args.impl, config) for spec in targets]
     if not args.config_json:  # a child job's parent checked every target
         check_tolerance_outputs([r.target for r in runners], config.tolerance, "--tolerance")
     recorder = FailureRecorder(config.failures_dir)  # checks the directory before any fuzzing
+    if args.workers > 1:
+        return _fuzz_jobs(args, [spec for spec in targets for _ in range(args.workers)], config)
     if args.jobs > 1 and len(targets) > 1:
         return _fuzz_jobs(args, targets, config)
     outcomes = []
@@ -147,9 +158,7 @@ def _cmd_fuzz(args: Any) -> int:
             break
     rows = [o.row() for o in outcomes]
     print("\n" + campaign.summary_table(rows), flush=True)
-    if args.summary_json:
-        with open(args.summary_json, "w") as fh:
-            json.dump(rows, fh)
+    _write_summary(args.summary_json, rows)
     found = any(r["found"] for r in rows)
     if RedisLost.lost is not None:
         print(
@@ -163,6 +172,27 @@ def _cmd_fuzz(args: Any) -> int:
     return EXIT_FOUND if found else EXIT_OK
 
 
+def _write_summary(path: str | None, rows: list[dict[str, Any]]) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(rows, fh)
+
+
+def _check_workers(workers: int, config: RunConfig) -> None:
+    """Fleet workers share one Redis database (examples and findings); on a local directory each
+    would find and shrink the same bugs alone, and derandomized ones would run the same examples."""
+    if not is_redis_url(config.database):
+        raise InvalidArgument(
+            f"--workers {workers}: fleet workers share their examples and findings through a Redis "
+            f"database; give --database redis://HOST:PORT/N (or set $SHARDFUZZ_DATABASE)"
+        )
+    if config.deadline is None and build_settings(config.profile).derandomize:
+        raise InvalidArgument(
+            f"--workers {workers} with the derandomized profile {config.profile!r} would run the same "
+            f"examples {workers} times; give --duration (a campaign draws fresh seeds) or another --profile"
+        )
+
+
 def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
     base = [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz"]
     opts = ["--config-json", config.to_json(), "--progress-every", str(args.progress_every)]
@@ -170,13 +200,17 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
         opts += ["--impl", args.impl]
     jobs = [[*base, spec, *opts] for spec in targets]
     cost = job_cost(config.world_sizes)
-    budget = args.rank_budget or os.cpu_count() or 1
+    # the workers of one target run together (a worker that waits for another's end is no worker);
+    # --jobs still limits how many targets' worker groups run at once
+    parallel = args.jobs * args.workers
+    budget = args.rank_budget or max(os.cpu_count() or 1, cost * args.workers)
     print(
-        f"running {len(jobs)} jobs, up to {args.jobs} at once within {budget} ranks (each job uses up to {cost})",
+        f"running {len(jobs)} jobs, up to {parallel} at once within {budget} ranks (each job uses up to {cost})",
         flush=True,
     )
-    rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, args.jobs)
+    rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, parallel)
     print("\n" + campaign.summary_table(rows), flush=True)
+    _write_summary(args.summary_json, rows)
     found = any(r["found"] for r in rows)
     if interrupted:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)

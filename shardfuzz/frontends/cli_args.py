@@ -273,6 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs", type=_positive_int, default=1, help="targets fuzzed side by side in child processes"
     )
     f.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="fleet workers of each target on this machine, each its own process (as N machines would "
+        "be), sharing examples and findings through --database redis://...",
+    )
+    f.add_argument(
         "--rank-budget",
         type=_positive_int,
         default=None,
