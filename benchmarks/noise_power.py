@@ -310,9 +310,8 @@ def cmd_false_positives(args: Any) -> int:
 
 
 # -- cost -------------------------------------------------------------------------------------------
-def cmd_cost(args: Any) -> int:  # noqa: C901 (a benchmark command, not split yet (issue 22))
+def cmd_cost(args: Any) -> int:
     from shardfuzz.engine.runner import Runner
-    from shardfuzz.errors import ExternalFault, Finding, Unsupported
     from shardfuzz.spec.registry import get_target
 
     models = ("mca", "dtype-rerun")
@@ -330,34 +329,11 @@ def cmd_cost(args: Any) -> int:  # noqa: C901 (a benchmark command, not split ye
             by_world.setdefault(c.world_size, c)
         warm = list(by_world.values()) + cases[: args.warmup]
         timed = cases[args.warmup :]
-        broken = None
-        for case in warm:  # start every pool and import the target in the ranks (not timed)
-            for m, r in runners.items():
-                try:
-                    r.run_case(case)
-                except (Finding, Unsupported, ExternalFault):
-                    pass
-                except Exception as e:  # noqa: BLE001 (the model itself fails, however: say so and move on)
-                    broken = f"{m}: {type(e).__name__}: {e}"
+        broken = _warm_up(runners, warm)
         if broken:
             print(f"{target.name:<16} model unusable: {broken}", flush=True)
             continue
-        spent = dict.fromkeys(models, 0.0)
-        count = dict.fromkeys(models, 0)
-        fails = dict.fromkeys(models, 0)
-        for b, start in enumerate(range(0, len(timed), args.block)):
-            block = timed[start : start + args.block]
-            for m in models if b % 2 == 0 else models[::-1]:
-                for case in block:
-                    t0 = time.perf_counter()
-                    try:
-                        runners[m].run_case(case)
-                    except Finding:
-                        fails[m] += 1
-                    except (Unsupported, ExternalFault):
-                        continue
-                    spent[m] += time.perf_counter() - t0
-                    count[m] += 1
+        spent, count, fails = _timed_blocks(runners, timed, args.block)
         rate = {m: count[m] / spent[m] if spent[m] else 0.0 for m in models}
         ratio = rate["mca"] / rate["dtype-rerun"] if rate["dtype-rerun"] else math.nan
         print(
@@ -366,6 +342,52 @@ def cmd_cost(args: Any) -> int:  # noqa: C901 (a benchmark command, not split ye
             flush=True,
         )
     return 0
+
+
+def _warm_up(runners: dict[str, Any], warm: list) -> str | None:
+    """Run the ``warm`` cases (one per world size first) through every runner, untimed: every pool
+    is started and the target imported in its ranks before the clock runs. Returns why a model is
+    unusable (the last error other than a finding, a refused case or an external fault), else None."""
+    from shardfuzz.errors import ExternalFault, Finding, Unsupported
+
+    broken = None
+    for case in warm:
+        for m, r in runners.items():
+            try:
+                r.run_case(case)
+            except (Finding, Unsupported, ExternalFault):
+                pass
+            except Exception as e:  # noqa: BLE001 (the model itself fails, however: say so and move on)
+                broken = f"{m}: {type(e).__name__}: {e}"
+    return broken
+
+
+def _timed_blocks(
+    runners: dict[str, Any], timed: list, block_size: int
+) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """Each model's time, examples run and failures on the ``timed`` cases, run in blocks of
+    ``block_size`` cases whose model order flips every block (a drift of the machine's speed falls
+    on both models alike). A refused case (unsupported, external fault) is neither timed nor counted."""
+    from shardfuzz.errors import ExternalFault, Finding, Unsupported
+
+    models = tuple(runners)
+    spent = dict.fromkeys(models, 0.0)
+    count = dict.fromkeys(models, 0)
+    fails = dict.fromkeys(models, 0)
+    for b, start in enumerate(range(0, len(timed), block_size)):
+        block = timed[start : start + block_size]
+        for m in models if b % 2 == 0 else models[::-1]:
+            for case in block:
+                t0 = time.perf_counter()
+                try:
+                    runners[m].run_case(case)
+                except Finding:
+                    fails[m] += 1
+                except (Unsupported, ExternalFault):
+                    continue
+                spent[m] += time.perf_counter() - t0
+                count[m] += 1
+    return spent, count, fails
 
 
 def main(argv=None) -> int:

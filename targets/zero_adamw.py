@@ -261,8 +261,13 @@ def _adamw_(param, grad, exp_avg, exp_avg_sq, step: int, bug: str | None = None)
     param.addcdiv_(exp_avg, denom, value=-LR / bias_correction1)
 
 
-def reference(ctx, *, bug: str | None = None):  # noqa: C901 (the AdamW reference step by step, not split yet (issue 22))
-    """Flat ZeRO AdamW, stages 1-3; ``bug`` plants one of the ``PLANTED`` bugs."""
+def reference(ctx, *, bug: str | None = None):
+    """Flat ZeRO AdamW, stages 1-3; ``bug`` plants one of the ``PLANTED`` bugs.
+
+    Each step: stage 3 gathers the parameters; the micro-batches' gradients are reduced as the stage
+    does (:func:`_reduced_slice`, :func:`_gradient_shard`); the gradient is clipped by the global
+    norm (:func:`_clip_`); AdamW updates this rank's shard (:func:`_adamw_`); stages 1 and 2
+    gather the updated parameters for the next step."""
     opts = ctx.case.options
     stage, steps, accum = opts["stage"], opts["steps"], opts["grad_accum"]
     group, rank, g_size = ctx.group, ctx.group_rank, ctx.group_size
@@ -273,12 +278,6 @@ def reference(ctx, *, bug: str | None = None):  # noqa: C901 (the AdamW referenc
     chunk = -(-n // g_size)
     lo = rank * chunk
     real = (lo + torch.arange(chunk)) < n  # which elements of my shard are real (not padding)
-
-    def padded(flat):  # the padding is uninitialised memory: NaN, never to be read
-        buf = flat.new_full((chunk * g_size,), math.nan)
-        buf[:n] = flat
-        return buf
-
     k = _real_count(n, rank, g_size, chunk, bug)
     master = torch.cat([p0.narrow(0, min(lo, n), k), p0.new_full((chunk - k,), math.nan)])
     exp_avg, exp_avg_sq = torch.zeros_like(master), torch.zeros_like(master)
@@ -302,28 +301,13 @@ def reference(ctx, *, bug: str | None = None):  # noqa: C901 (the AdamW referenc
             (grad,) = torch.autograd.grad(loss, p)
             if stage == 1:
                 grad_full += grad
-            elif bug == "stage2_accum_unreduced" and mb > 0:  # reduce-scatter dispatched once
-                grad_shard += padded(grad).narrow(0, lo, chunk)  # my slice of my own gradient only
-            elif bug == "reduce_scatter_as_all_reduce":  # the whole reduced gradient, then my slice
-                grad_shard += all_reduce_by_all_to_all(padded(grad), group, g_size).narrow(0, lo, chunk)
-            else:  # reduce-scatter every micro-batch, accumulate the shard
-                grad_shard += reduce_scatter_by_all_to_all(padded(grad), group, g_size)
-        if stage == 1:
-            reduced = all_reduce_by_all_to_all(grad_full, group, g_size)
-            mine = reduced.narrow(0, min(lo, n), k)
-            g = torch.cat([mine, reduced.new_full((chunk - k,), math.nan)])
-        else:
-            g = grad_shard.clone()
+            else:  # stages 2 and 3: my slice of the reduced gradient, every micro-batch
+                grad_shard += _reduced_slice(grad, mb, lo, chunk, group, g_size, bug)
+        g = _gradient_shard(stage, grad_full, grad_shard, lo, n, k, chunk, group, g_size)
         if bug == "unscale_unscaled" and dtype == torch.bfloat16:  # the loss was never scaled
             g.div_(LOSS_SCALE)
         if max_norm is not None:
-            acc = torch.float64 if dtype == torch.float64 else torch.float32
-            sq = g.to(acc) ** 2
-            sumsq = sq.sum() if bug == "padding_in_norm" else sq[real].sum()
-            if bug != "local_grad_norm":
-                sumsq = all_reduce_by_all_to_all(sumsq, group, g_size)
-            coef = (max_norm / (sumsq.sqrt() + 1e-6)).clamp(max=1.0)
-            g.mul_(coef.to(dtype))
+            _clip_(g, max_norm, real, dtype, group, g_size, bug)
         step += 1
         _adamw_(master, g, exp_avg, exp_avg_sq, step, bug)
         if stage != 3 and t + 1 < steps:  # refresh the full parameters for the next step
@@ -335,6 +319,49 @@ def reference(ctx, *, bug: str | None = None):  # noqa: C901 (the AdamW referenc
     out = {k: torch.stack(v) for k, v in rows.items()}
     out["step"] = torch.tensor(counts, dtype=torch.int64)
     return out
+
+
+def _padded(flat, chunk: int, parts: int):
+    """``flat`` padded to ``chunk * parts`` elements. The padding is uninitialised memory: NaN, never
+    to be read."""
+    buf = flat.new_full((chunk * parts,), math.nan)
+    buf[: flat.numel()] = flat
+    return buf
+
+
+def _reduced_slice(grad, mb: int, lo: int, chunk: int, group, g_size: int, bug: str | None):
+    """Stages 2 and 3: this rank's slice (``chunk`` elements from ``lo``) of one micro-batch's
+    gradient summed over the ranks, by a reduce-scatter of the padded gradient."""
+    if bug == "stage2_accum_unreduced" and mb > 0:  # reduce-scatter dispatched once
+        return _padded(grad, chunk, g_size).narrow(0, lo, chunk)  # my slice of my own gradient only
+    if bug == "reduce_scatter_as_all_reduce":  # the whole reduced gradient, then my slice
+        return all_reduce_by_all_to_all(_padded(grad, chunk, g_size), group, g_size).narrow(0, lo, chunk)
+    return reduce_scatter_by_all_to_all(_padded(grad, chunk, g_size), group, g_size)  # the contract
+
+
+def _gradient_shard(
+    stage: int, grad_full, grad_shard, lo: int, n: int, k: int, chunk: int, group, g_size: int
+):
+    """The gradient this rank's shard is updated with: stage 1 all-reduces the accumulated full
+    gradient once and takes its ``k`` real elements from ``lo`` (padding NaN); stages 2 and 3 have
+    accumulated their reduced shard already."""
+    if stage == 1:
+        reduced = all_reduce_by_all_to_all(grad_full, group, g_size)
+        mine = reduced.narrow(0, min(lo, n), k)
+        return torch.cat([mine, reduced.new_full((chunk - k,), math.nan)])
+    return grad_shard.clone()
+
+
+def _clip_(g, max_norm: float, real, dtype, group, g_size: int, bug: str | None) -> None:
+    """Global-norm clipping, in place on a gradient shard: the squared norm of the real (not
+    padding) elements, summed over the ranks in float32 (float64 for float64)."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    sq = g.to(acc) ** 2
+    sumsq = sq.sum() if bug == "padding_in_norm" else sq[real].sum()
+    if bug != "local_grad_norm":
+        sumsq = all_reduce_by_all_to_all(sumsq, group, g_size)
+    coef = (max_norm / (sumsq.sqrt() + 1e-6)).clamp(max=1.0)
+    g.mul_(coef.to(dtype))
 
 
 # -- torch's ZeroRedundancyOptimizer ------------------------------------------------------------

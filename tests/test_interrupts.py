@@ -114,6 +114,16 @@ def test_interrupt_after_a_finding_prints_it_and_exits_1(procs, start_cli, tmp_p
     assert procs.wait_gone(everything) == []
 
 
+def test_jobs_start_while_they_fit_the_parallel_limit_and_the_rank_budget():
+    from shardfuzz.frontends.jobs import _jobs_to_start
+
+    assert _jobs_to_start([0, 1, 2], {}, [3, 2, 1], 4, 3) == [0, 2]  # a later, smaller job fits
+    assert _jobs_to_start([0, 1, 2], {}, [1, 1, 1], 4, 2) == [0, 1]  # at most 2 at once
+    assert _jobs_to_start([0, 1], {}, [8, 1], 4, 2) == [0]  # larger than the budget: alone
+    assert _jobs_to_start([1], {0: None}, [8, 1], 4, 2) == []  # ... and nothing beside it
+    assert _jobs_to_start([1, 2], {0: None}, [3, 2, 1], 4, 3) == [2]
+
+
 def _start_jobs(start_cli, tmp_path):
     run = start_cli(
         "fuzz", TOY, "tp_mlp", "--jobs", "2", "--rank-budget", "4", "--world-sizes", "1,2",

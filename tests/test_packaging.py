@@ -1,10 +1,16 @@
-"""Packaging: the installed names, no torch at import, entry points."""
+"""Packaging: the installed names, no torch at import, entry points, package data."""
 
 import importlib.metadata
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = Path("shardfuzz", "repro", "templates", "standalone_harness.py")
 
 
 @pytest.mark.parametrize("name", ["strategies", "targets"])
@@ -57,3 +63,30 @@ def test_public_api_is_complete():
     assert set(shardfuzz.__all__) - {"__version__"} <= set(namespace)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         shardfuzz.nope  # noqa: B018
+
+
+def test_the_standalone_harness_template_is_found_in_an_installed_package(tmp_path):
+    # what a wheel holds is what setuptools' build_py puts in the build folder (the packages and the
+    # package data pyproject.toml names): built from a copy of the sources, then read from there
+    # alone (no site-packages, so not this editable checkout), as shardfuzz reads it
+    pytest.importorskip("setuptools")
+    src, lib = tmp_path / "src", tmp_path / "lib"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("shardfuzz", "strategies", "targets"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    build = [sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py", "-d", str(lib)]
+    subprocess.run(build, cwd=src, check=True, capture_output=True)
+    read = "import shardfuzz.repro.standalone_script as s; print(s.__file__); print(s.harness_template(), end='')"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", read],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(lib)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    where, _, text = out.stdout.partition("\n")
+    assert Path(where).is_relative_to(lib), where
+    assert text == (ROOT / HARNESS).read_text()

@@ -8,6 +8,7 @@ nothing but torch and the standard library. The scripts shipped in ``examples/up
 what the tool writes today (the header's date and version aside).
 """
 
+import ast
 import glob
 import json
 import os
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from shardfuzz.errors import ShardfuzzError
 from shardfuzz.frontends import cli
+from shardfuzz.repro.codegen import fill_template
+from shardfuzz.repro.standalone_script import harness_template
 
 UPSTREAM = Path(__file__).resolve().parent.parent / "examples" / "upstream"
 
@@ -101,3 +105,50 @@ def test_standalone_reproducer_of_a_found_crash_fails_the_same_way_with_torch_on
     assert _body(shipped.read_text()) == _body(text), (
         f"examples/upstream/{script.name} is stale: regenerate it"
     )
+
+
+# -- the harness template ------------------------------------------------------------------------
+def test_the_harness_template_reads_as_python():
+    ast.parse(harness_template())  # its marks are comments, {{NAME}} values and a bare {{doc}}
+
+
+TEMPLATE = """{{doc}}
+#@ a note, never written
+#@ insert code
+X = {{x}}
+#@ if big
+    #@ if not small
+Y = 1
+    #@ else
+Y = 2
+    #@ end
+#@ end
+"""
+
+
+def test_fill_template_writes_values_code_and_the_parts_asked_for():
+    text = fill_template(
+        TEMPLATE,
+        values={"doc": repr("{{x}}"), "x": repr({"k": "#@ end {{doc}}"})},
+        code={"code": "import os"},
+        parts={"big": True, "small": False},
+    )
+    # what is put in is never read for marks again
+    assert text == "'{{x}}'\nimport os\nX = {'k': '#@ end {{doc}}'}\nY = 1\n"
+
+
+@pytest.mark.parametrize(
+    ("template", "values", "parts", "error"),
+    [
+        ("X = {{x}}\n", {"x": "1\nimport os"}, {}, "not one expression"),  # a value is never a statement
+        ("X = {{x}}\n", {"x": "1; import os"}, {}, "not one expression"),
+        ("X = {{y}}\n", {"x": "1"}, {}, "not both used and given"),
+        ("#@ if big\n#@ end\n", {}, {"big": True, "small": True}, "not both used and given"),
+        ("#@ if big:\n#@ end\n", {}, {"big": True}, "malformed mark"),  # a misspelt mark is no note
+        ("#@ end\n", {}, {}, "without '#@ if'"),
+        ("#@ if big\n", {}, {"big": True}, "without '#@ end'"),
+    ],
+)
+def test_fill_template_refuses_what_is_not_meant(template, values, parts, error):
+    with pytest.raises(ShardfuzzError, match=error):
+        fill_template(template, values=values, code={}, parts=parts)

@@ -330,47 +330,71 @@ def runner_recorder(runner: Runner) -> FailureRecorder | None:
 LEAKS_SHOWN = 5
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:  # noqa: C901 (one row's result words; the faults' lines are _fault_lines)
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """The campaign's summary: one line per target and implementation with its result in words,
+    then under it the findings, the lines of shrinking finished after the deadline, the faults and
+    leaks, and any failure file no finding names."""
     head = f"{'target':<16} {'implementation':<24} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        res = f"FOUND {r['kind']}" if r["found"] else ("interrupted" if r["interrupted"] else "nothing found")
-        if r.get("cut_short"):
-            res += " (shrinking cut short: the smallest case found so far)"
-        elif r.get("finished"):
-            res += " (shrinking cut by the deadline, then finished)"
-        if r.get("overran"):
-            res += " (an example still running after the deadline was abandoned)"
-        if r.get("unsupported"):
-            res += f" ({r['unsupported']} unsupported cases rejected)"
-        if r.get("excluded"):
-            res += f" ({r['excluded']} cases excluded as known failures)"
-        if not r["found"] and r["examples"]:
-            res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
-        if len(r.get("findings", [])) > 1:
-            res += f": {len(r['findings'])} distinct findings"
-        if r.get("rediscovered"):
-            res += f" ({r['rediscovered']} found again)"
+        res = _outcome_words(r) + _count_words(r)
         lines.append(
             f"{r['target']:<16} {r['impl']:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
         )
         for f in r.get("findings", []):
-            margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
-            site = f" ({f['site']})" if f.get("site") else ""
-            lines.append(f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}")
-            if f.get("one_rank"):
-                lines.append(f"{'':<16}   {ONE_RANK_NOTE}")
-            if f.get("fleet"):
-                lines.append(f"{'':<16}   fleet finding {f['id']}: {fleet_note(f)}")
-            if f.get("file"):
-                lines.append(f"{'':<16}   failure file: {f['file']}")
+            lines += _finding_lines(f)
         lines += [f"{'':<16} {line}" for line in r.get("finished", [])]
         lines += _fault_lines(r)
         listed = {f.get("file") for f in r.get("findings", [])}
-        for path in r.get("failure_files", []):
-            if path not in listed:
-                lines.append(f"{'':<16} failure file: {path}")
+        lines += [
+            f"{'':<16} failure file: {path}" for path in r.get("failure_files", []) if path not in listed
+        ]
     return "\n".join(lines)
+
+
+def _outcome_words(r: dict[str, Any]) -> str:
+    """What a row's search found and how it ended: whether its case is the smallest (shrinking cut
+    short, or finished after the deadline) and whether an example was abandoned at the deadline."""
+    res = f"FOUND {r['kind']}" if r["found"] else ("interrupted" if r["interrupted"] else "nothing found")
+    if r.get("cut_short"):
+        res += " (shrinking cut short: the smallest case found so far)"
+    elif r.get("finished"):
+        res += " (shrinking cut by the deadline, then finished)"
+    if r.get("overran"):
+        res += " (an example still running after the deadline was abandoned)"
+    return res
+
+
+def _count_words(r: dict[str, Any]) -> str:
+    """What a row counted beside its result: cases rejected or excluded, how close a clean run came
+    to failing, how many distinct findings and how many of them were found before."""
+    res = ""
+    if r.get("unsupported"):
+        res += f" ({r['unsupported']} unsupported cases rejected)"
+    if r.get("excluded"):
+        res += f" ({r['excluded']} cases excluded as known failures)"
+    if not r["found"] and r["examples"]:
+        res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
+    if len(r.get("findings", [])) > 1:
+        res += f": {len(r['findings'])} distinct findings"
+    if r.get("rediscovered"):
+        res += f" ({r['rediscovered']} found again)"
+    return res
+
+
+def _finding_lines(f: dict[str, Any]) -> list[str]:
+    """One finding's lines: its kind, site, margin and case, then the notes that apply to it (it
+    fails on one rank too, what the fleet says of it, its failure file)."""
+    margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
+    site = f" ({f['site']})" if f.get("site") else ""
+    lines = [f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}"]
+    if f.get("one_rank"):
+        lines.append(f"{'':<16}   {ONE_RANK_NOTE}")
+    if f.get("fleet"):
+        lines.append(f"{'':<16}   fleet finding {f['id']}: {fleet_note(f)}")
+    if f.get("file"):
+        lines.append(f"{'':<16}   failure file: {f['file']}")
+    return lines
 
 
 def _fault_lines(r: dict[str, Any]) -> list[str]:

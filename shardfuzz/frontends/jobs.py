@@ -57,7 +57,11 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(130)
 
 
-def run_jobs(  # noqa: C901 (not split yet: issue 24 (faults) changes it at the same time)
+#: a running job: its process, its summary file, the thread that copies its output to the stream
+Running = dict[int, tuple[subprocess.Popen, str, threading.Thread]]
+
+
+def run_jobs(
     jobs: list[list[str]], costs: list[int], budget: int, parallel: int, stream: TextIO = sys.stdout
 ) -> tuple[list[dict[str, Any]], list[int], bool]:
     """Run child ``shardfuzz fuzz`` commands side by side: at most ``parallel`` at once, and the sum of
@@ -71,47 +75,20 @@ def run_jobs(  # noqa: C901 (not split yet: issue 24 (faults) changes it at the 
     import tempfile
 
     pending = list(range(len(jobs)))
-    running: dict[int, tuple[subprocess.Popen, str, threading.Thread]] = {}
+    running: Running = {}
     rows: dict[int, list[dict[str, Any]]] = {}
     codes: dict[int, int] = {}
     tmp = tempfile.mkdtemp(prefix="shardfuzz-jobs-")
     interrupted = False
 
-    def pump(i: int, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            print(f"[job {i + 1}] {line}", end="", file=stream, flush=True)
-
     def finish(i: int) -> None:
-        proc, summary, t = running.pop(i)
-        t.join(timeout=5)
-        codes[i] = proc.returncode
-        try:
-            with open(summary) as f:
-                rows[i] = json.load(f)
-        except (OSError, ValueError):
-            rows[i] = []
-        with contextlib.suppress(OSError):
-            os.remove(summary)
+        codes[i], rows[i] = _finish_job(*running.pop(i))
 
     try:
         while pending or running:
-            in_use = sum(costs[i] for i in running)
-            for i in list(pending):
-                if len(running) >= parallel:
-                    break
-                if running and in_use + costs[i] > budget:
-                    continue
-                summary = os.path.join(tmp, f"job{i}.json")
-                cmd = [*jobs[i], "--summary-json", summary, "--parent-pid", str(os.getpid())]
-                print(f"[job {i + 1}] start: shardfuzz {shlex.join(jobs[i][3:])}", file=stream, flush=True)
-                proc = subprocess.Popen(
-                    cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-                )
-                t = threading.Thread(target=pump, args=(i, proc), daemon=True)
-                t.start()
-                running[i] = (proc, summary, t)
+            for i in _jobs_to_start(pending, running, costs, budget, parallel):
+                running[i] = _start_job(i, jobs[i], tmp, stream)
                 pending.remove(i)
-                in_use += costs[i]
             for i, (proc, _, _) in list(running.items()):
                 if proc.poll() is not None:
                     finish(i)
@@ -127,9 +104,62 @@ def run_jobs(  # noqa: C901 (not split yet: issue 24 (faults) changes it at the 
     return [row for i in sorted(rows) for row in rows[i]], [codes[i] for i in sorted(codes)], interrupted
 
 
-def _stop_children(
-    running: dict[int, tuple[subprocess.Popen, str, threading.Thread]], wait_s: float = 30.0
-) -> None:
+def _jobs_to_start(
+    pending: list[int], running: Running, costs: list[int], budget: int, parallel: int
+) -> list[int]:
+    """The pending jobs that start now, in order: while fewer than ``parallel`` run, each whose cost
+    still fits the ``budget`` ranks beside those running (a later, smaller job may fit where an
+    earlier one does not); a job larger than the whole budget starts only when nothing runs."""
+    started: list[int] = []
+    in_use = sum(costs[i] for i in running)
+    for i in pending:
+        if len(running) + len(started) >= parallel:
+            break
+        if (running or started) and in_use + costs[i] > budget:
+            continue
+        started.append(i)
+        in_use += costs[i]
+    return started
+
+
+def _start_job(
+    i: int, job: list[str], tmp: str, stream: TextIO
+) -> tuple[subprocess.Popen, str, threading.Thread]:
+    """Start job ``i`` in its own session (Ctrl-C is forwarded once, by us), telling it where to
+    write its summary and whom to die with; a thread copies its output, prefixed, to ``stream``."""
+    summary = os.path.join(tmp, f"job{i}.json")
+    cmd = [*job, "--summary-json", summary, "--parent-pid", str(os.getpid())]
+    print(f"[job {i + 1}] start: shardfuzz {shlex.join(job[3:])}", file=stream, flush=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    t = threading.Thread(target=_pump, args=(i, proc, stream), daemon=True)
+    t.start()
+    return proc, summary, t
+
+
+def _pump(i: int, proc: subprocess.Popen, stream: TextIO) -> None:
+    for line in proc.stdout:  # type: ignore[union-attr]
+        print(f"[job {i + 1}] {line}", end="", file=stream, flush=True)
+
+
+def _finish_job(
+    proc: subprocess.Popen, summary: str, t: threading.Thread
+) -> tuple[int, list[dict[str, Any]]]:
+    """An ended job's exit code and summary rows (none if it wrote no readable summary: killed,
+    or it failed before writing one); its summary file is removed."""
+    t.join(timeout=5)
+    try:
+        with open(summary) as f:
+            rows = json.load(f)
+    except (OSError, ValueError):
+        rows = []
+    with contextlib.suppress(OSError):
+        os.remove(summary)
+    return proc.returncode, rows
+
+
+def _stop_children(running: Running, wait_s: float = 30.0) -> None:
     """SIGINT to every child, then wait up to ``wait_s`` in all; kill what is left (a second
     Ctrl-C or SIGTERM kills at once)."""
     procs = [proc for proc, _, _ in running.values()]

@@ -175,7 +175,7 @@ class Pool:
         """Some rank has not answered yet (the driver's time until then is free)."""
         return not all(c.poll(0) for c in self.conns)
 
-    def collect(self, window_s: float, cap_s: float | None = None, grace_s: float = 0.3) -> Outcome:  # noqa: C901 (not split yet: issue 24 (faults) changes this loop at the same time)
+    def collect(self, window_s: float, cap_s: float | None = None, grace_s: float = 0.3) -> Outcome:
         """Wait for every rank. Returns soon after the first error or dead rank, or with a hang.
 
         A hang needs evidence (:class:`~shardfuzz.ranks.spawn.ProgressWatch`): no rank used CPU over
@@ -228,6 +228,27 @@ class Pool:
                     break
         elapsed = time.perf_counter() - self._t0
         self.unanswered = set(pending)
+        # which outcome the answers make is decided once, after the wait: the loop above runs at
+        # every poll of every example and stays as it is
+        return self._outcome(replies, pending, errors, dead, watch, verdict, window_s, cap, elapsed)
+
+    def _outcome(
+        self,
+        replies: list[Reply | UnsupportedReply | None],
+        pending: set[int],
+        errors: dict[int, ErrorReply],
+        dead: list[int],
+        watch: ProgressWatch,
+        verdict: str | None,
+        window_s: float,
+        cap: float,
+        elapsed: float,
+    ) -> Outcome:
+        """The one outcome of an example, by cause: a dead rank first (its peers' errors follow
+        from it); then a rank's own error (the lowest rank's, an error before a timeout, and no
+        timeout at the hard cap); then a hang (ranks that never answered, or timed out); then a
+        peer's "connection closed" alone; else every rank answered."""
+        n = self.world_size
         if dead:
             r = min(dead)
             return RankDied(

@@ -4,10 +4,11 @@ Reproducing a finding elsewhere: replay of failure files, torchrun and standalon
 and the literal-only code generation they share. Imports the engine and below.
 
 - ``codegen.py``: generated scripts carry record fields only as literals, checked by parsing the
-  script.
+  script; templates filled in by marks (values as literals, code copied, parts kept or left out).
 - ``replay.py``: replay of failure files.
 - ``standalone.py``: `shardfuzz repro --standalone`, a reproducer that imports nothing but
   torch.
-- ``standalone_script.py``: the standalone reproducer's text, the harness in plain torch.
+- ``standalone_script.py``: the standalone reproducer's text: its header, and the harness in plain
+  torch read from ``templates/standalone_harness.py`` (package data, the script with marks).
 - ``torchrun.py``: one case under torchrun, and the `shardfuzz repro` script.
 """

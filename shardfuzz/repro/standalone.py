@@ -16,6 +16,7 @@ import datetime
 import functools
 import importlib
 import inspect
+import keyword
 import os
 import pprint
 import re
@@ -28,16 +29,9 @@ from shardfuzz.engine.failures import record_impl, record_target
 from shardfuzz.engine.runner import Runner
 from shardfuzz.engine.selforacle import refuse
 from shardfuzz.errors import InvalidArgument, Unsupported
-from shardfuzz.repro.codegen import check_script, docstring
+from shardfuzz.repro.codegen import check_script, docstring, fill_template
 from shardfuzz.repro.replay import record_config
-from shardfuzz.repro.standalone_script import (
-    CTX_EXTRAS,
-    DATA_LOAD,
-    DOC,
-    MESH_CLASS,
-    SHIM_UNSUPPORTED,
-    TEMPLATE,
-)
+from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_template
 from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard
 from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
 
@@ -200,6 +194,8 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     module, _, fname = ref.ref.partition(":")
     if not fname or "::" in ref.ref:
         raise InvalidArgument(f"impl {ref.ref!r}: a standalone script needs an importable 'pkg.mod:func'")
+    if not fname.isidentifier() or keyword.iskeyword(fname):  # the script calls it by this name
+        raise InvalidArgument(f"impl {ref.ref!r}: {fname!r} is not a function's name")
     fn = getattr(importlib.import_module(module), fname)
     closure = _Closure()
     closure.add_object(fn, fname)
@@ -256,38 +252,29 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         "dtype": case.dtype,
         "options": case.options,
     }
-    text = TEMPLATE.format(
-        doc=docstring(doc),
-        imports="\n".join(
-            sorted(
-                set(
-                    [
-                        "import os",
-                        "import sys",
-                        "import torch",
-                        "import torch.distributed as dist",
-                        *closure.imports,
-                    ]
-                )
-            )
-        ),
-        shims=SHIM_UNSUPPORTED if closure.shims else "",
-        impl=code,
-        fname=fname,
-        kwargs=dict(ref.kwargs),
-        case=pprint.pformat(case_data, width=100, sort_dicts=False),
-        data_load=DATA_LOAD if saved else "DATA = {}",
-        inputs=inputs_src,
-        expected=expected_src,
-        allowed=allowed_src,
-        layouts=pprint.pformat(layouts, width=100),
-        input_layouts=f"INPUT_LAYOUTS = {pprint.pformat(in_layouts, width=100)}\n"
-        if "ctx.local" in code
-        else "",
-        mesh_class=MESH_CLASS if "ctx.mesh" in code else "",
-        ctx_extras="\n".join(v for k, v in CTX_EXTRAS.items() if k in code),
+    uses = {part: use in code for part, use in CTX_USES.items()}
+    text = fill_template(
+        harness_template(),
+        values={
+            "doc": docstring(doc),
+            "case": pprint.pformat(case_data, width=100, sort_dicts=False),
+            "inputs": inputs_src,
+            "expected": expected_src,
+            "allowed": allowed_src,
+            "layouts": pprint.pformat(layouts, width=100),
+            "input_layouts": pprint.pformat(in_layouts, width=100),
+            "impl_name": fname,
+            "kwargs": repr(dict(ref.kwargs)),
+        },
+        code={"imports": "\n".join(sorted({*HARNESS_IMPORTS, *closure.imports})), "impl": code},
+        parts={
+            "Unsupported": bool(closure.shims),
+            "inputs.pt": bool(saved),
+            **uses,
+            "ctx.extras": any(uses.values()),
+        },
     )
-    check_script(text, doc, {"CASE": case_data})
+    check_script(text, doc, {"CASE": case_data, "OUTPUT_LAYOUTS": layouts})
     if saved:
         torch.save(saved, os.path.join(directory, "inputs.pt"))
     with open(path, "w") as f:

@@ -1,0 +1,157 @@
+#@ The standalone reproducer (`shardfuzz repro --standalone`): the script it writes is this file with
+#@ its marks filled in by shardfuzz.repro.standalone (shardfuzz.repro.codegen.fill_template). Lines
+#@ that start with `#@` are never written. What goes in, and how:
+#@   {{NAME}}             a value, written as a Python literal (repr, pprint): no text of the failure
+#@                        file is ever pasted as code. {{impl_name}} is the implementation's function
+#@                        name, checked to be an identifier.
+#@   `#@ insert NAME`     code copied from the implementation's own module: its source, and the
+#@                        imports it needs beside the harness's (one sorted block)
+#@   `#@ if NAME`, `#@ if not NAME` ... `#@ else` ... `#@ end`
+#@                        a part of the harness written only when the case needs it: `ctx.mesh` and
+#@                        the like when the implementation's code uses them (`ctx.extras`: any of
+#@                        them), `Unsupported` when it raises shardfuzz's Unsupported, `inputs.pt`
+#@                        when the inputs are too large to inline (they go to inputs.pt beside it)
+#@ The scripts written from it are compared byte for byte with examples/upstream/, blank lines
+#@ included (tests/test_standalone.py). Package data (pyproject.toml), not a module: not linted.
+{{doc}}
+
+#@ insert imports
+#@ if Unsupported
+
+
+class Unsupported(Exception):
+    """The implementation refuses this case (shardfuzz counts it; here it is an error)."""
+
+    def __init__(self, message, reason=None):
+        super().__init__(message)
+#@ end
+
+
+# -- the implementation under test --------------------------------------------------------------
+#@ insert impl
+
+
+# -- the case, its inputs, the oracle's values and the allowed error ----------------------------
+CASE = {{case}}
+#@ if inputs.pt
+DATA = torch.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "inputs.pt"))
+#@ else
+DATA = {}
+#@ end
+INPUTS = {{inputs}}
+EXPECTED = {{expected}}
+ALLOWED = {{allowed}}
+OUTPUT_LAYOUTS = {{layouts}}
+#@ if ctx.local
+INPUT_LAYOUTS = {{input_layouts}}
+#@ end
+
+
+def split(size, parts, rule):
+    """Shard sizes: DTensor's rule (ceil(size / parts) until they run out) or torch.tensor_split's."""
+    if rule == "dtensor":
+        chunk = -(-size // parts)
+        return [max(0, min(chunk, size - chunk * r)) for r in range(parts)]
+    return [size // parts + (r < size % parts) for r in range(parts)]
+
+
+def piece(value, layout, rank, parts):
+    if layout[0] != "shard":
+        return value
+    dim, rule = layout[1], layout[2]
+    sizes = split(value.shape[dim], parts, rule)
+    return value.narrow(dim, sum(sizes[:rank]), sizes[rank])
+
+
+#@ if ctx.mesh
+class Mesh:
+    def __init__(self, shape, device):
+        self.shape, self.device = tuple(shape), device
+
+    def device_mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = (*(f"axis{i}" for i in range(len(self.shape) - 1)), "impl")
+        return init_device_mesh(self.device.type, self.shape, mesh_dim_names=names)
+
+
+#@ end
+class Ctx:
+    """What shardfuzz hands the implementation, cut down to this case."""
+
+    def __init__(self, device):
+        shape = CASE["mesh"]
+        self.case = type("Case", (), dict(CASE, group_size=shape[-1]))()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = device
+        # the group under test: this rank's row of the mesh's last axis
+        rows = [list(range(s, s + shape[-1])) for s in range(0, self.world_size, shape[-1])]
+        groups = [dist.new_group(r) for r in rows]
+        self.group = groups[self.rank // shape[-1]]
+        self.group_rank, self.group_size = self.rank % shape[-1], shape[-1]
+        self.inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in INPUTS.items()}
+        #@ if ctx.mesh
+        self.mesh = Mesh(shape, device)
+        #@ end
+        #@ if ctx.local
+        self.local = {k: piece(v, INPUT_LAYOUTS[k], self.group_rank, self.group_size) for k, v in self.inputs.items()}
+        #@ end
+    #@ if ctx.shard
+
+    def shard(self, value, layout):
+        return piece(value, ("shard", layout.dim, getattr(layout, "rule", "dtensor")), self.group_rank, self.group_size)
+    #@ end
+    #@ if ctx.dtype
+
+    @property
+    def dtype(self):
+        return getattr(torch, CASE["dtype"])
+    #@ end
+#@ if not ctx.extras
+#@ (a Ctx without the members above is followed by three blank lines, as in the scripts written
+#@ so far; with any of them, by two)
+
+#@ end
+
+
+def check(ctx, outputs):
+    for name, layout in OUTPUT_LAYOUTS.items():
+        got = outputs[name]
+        if hasattr(got, "full_tensor"):  # a DTensor: compare the whole value
+            got = got.full_tensor()
+        elif layout[0] == "partial":
+            got = got.clone()
+            dist.all_reduce(got, group=ctx.group)
+        want = piece(EXPECTED[name], ("replicate",) if hasattr(outputs[name], "full_tensor") else layout,
+                     ctx.group_rank, ctx.group_size)
+        if name not in ALLOWED:
+            assert torch.equal(got.cpu(), want), f"rank {ctx.rank}: {name} = {got}, expected {want}"
+            continue
+        allowed = piece(ALLOWED[name], ("replicate",) if hasattr(outputs[name], "full_tensor") else layout,
+                        ctx.group_rank, ctx.group_size).double()
+        err = (got.detach().cpu().double() - want).abs()
+        bad = ~(err <= allowed)
+        if bad.any():
+            ratio = (err / allowed).nan_to_num(float("inf")).max().item()
+            raise AssertionError(
+                f"rank {ctx.rank}: output {name!r}: {int(bad.sum())} of {err.numel()} elements wrong, "
+                f"worst {ratio:.3g}x the allowed error\n  got      {got}\n  expected {want}"
+            )
+    print(f"rank {ctx.rank}: all outputs within the allowed error", flush=True)
+
+
+def main():
+    backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "gloo"
+    dist.init_process_group(backend)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        ctx = Ctx(device)
+        check(ctx, {{impl_name}}(ctx, **{{kwargs}}))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
