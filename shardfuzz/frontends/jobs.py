@@ -62,7 +62,7 @@ Running = dict[int, tuple[subprocess.Popen, str, threading.Thread]]
 
 
 def run_jobs(
-    jobs: list[list[str]], costs: list[int], budget: int, parallel: int, stream: TextIO = sys.stdout
+    jobs: list[list[str]], costs: list[int], budget: int, parallel: int, stream: TextIO | None = None
 ) -> tuple[list[dict[str, Any]], list[int], bool]:
     """Run child ``shardfuzz fuzz`` commands side by side: at most ``parallel`` at once, and the sum of
     their costs within ``budget`` ranks (a job larger than the budget runs alone).
@@ -71,9 +71,11 @@ def run_jobs(
     it once) and die with this parent (``--parent-pid``: PR_SET_PDEATHSIG). Ctrl-C or SIGTERM here
     (KeyboardInterrupt) is forwarded to every running child as SIGINT; each stops cleanly, keeping
     its verdict and summary, within 30 s or is killed. Returns the children's summary rows, their
-    exit codes, and whether the run was interrupted."""
+    exit codes, and whether the run was interrupted (``stream``: ``sys.stdout`` at the call, so that
+    a caller's redirected stdout gets the children's lines)."""
     import tempfile
 
+    stream = stream if stream is not None else sys.stdout
     pending = list(range(len(jobs)))
     running: Running = {}
     rows: dict[int, list[dict[str, Any]]] = {}
