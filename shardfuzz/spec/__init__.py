@@ -4,6 +4,8 @@ What a target author imports: the target spec and its records, layouts, inputs, 
 building blocks, triggers, the registry, exclusions, references, tolerances, communication
 budgets and DTensor placements. Imports only the core.
 
+- ``bounds.py``: the sizes a target's strategy draws (`Split`, `Free`) and the mesh shapes of a
+  world size.
 - ``budget.py``: communication budgets as a target declares them (`CommBudget`,
   `Target(comm=...)`) and the byte formulas they are written with (`all_reduce_bytes`,
   `all_gather_bytes`, `ITEMSIZE`).
