@@ -16,6 +16,13 @@ finding on 2+ ranks), :func:`cases` draws one more choice, last: 0 runs the case
 global sizes drawn for the group. Hypothesis replays the finding's choices with that 0 appended
 and shrinks from there when it fails. Outside it nothing more is drawn, so searches, covering rows
 and the derandomized examples are those of a strategy without it.
+
+Bounds: the strategy :func:`cases` returns declares what it draws (a
+:class:`~shardfuzz.spec.bounds.CaseBounds`: world sizes, mesh rank, each size's ``Split``/``Free``,
+profiles, option names; :func:`bounds_of` reads it, from a ``one_of`` of such strategies too).
+A failure file's case is checked against it before it is replayed (``docs/trust.md``). A
+``.map``, ``.filter`` or ``@composite`` over it declares nothing, unless :func:`bounded_like` says
+it keeps within them.
 """
 
 from __future__ import annotations
@@ -28,12 +35,24 @@ from hypothesis import strategies as st
 
 from shardfuzz.case import DTYPES, ONE_RANK_PATH, VALUE_PROFILES, Case, one_rank_path
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.spec.bounds import Free, Split, check_int, check_range, mesh_shapes_for
+from shardfuzz.spec.bounds import (
+    CaseBounds,
+    Free,
+    Split,
+    bounds_of,
+    check_int,
+    check_range,
+    declare,
+    mesh_shapes_for,
+)
 
 __all__ = [
     "PROFILES",
+    "CaseBounds",
     "Free",
     "Split",
+    "bounded_like",
+    "bounds_of",
     "cases",
     "dtypes",
     "meshes",
@@ -199,24 +218,43 @@ def cases(
         for w in ws:
             check_int("world_sizes[i]", w, 1)
         worlds = st.sampled_from(ws)
-        one_rank_allowed = 1 in ws
+        drawn_worlds: tuple[int, ...] | range = ws
     else:
         check_int("min_world", min_world, 1)
         check_int("max_world", max_world, 1)
         check_range("min_world", min_world, "max_world", max_world)
         worlds = st.integers(min_world, max_world)
-        one_rank_allowed = min_world == 1
-    return _cases(
+        drawn_worlds = range(min_world, max_world + 1)
+    check_int("max_dims", max_dims, 1)
+    options, late_options = dict(options or {}), dict(late_options or {})
+    bounds = CaseBounds(
+        worlds=drawn_worlds,
+        max_dims=max_dims,
+        sizes=tuple(sizes.items()),
+        profiles=tuple(profiles),
+        options=frozenset(options) | frozenset(late_options),
+    )
+    strategy = _cases(
         target,
         sizes,
-        dict(options or {}),
-        dict(late_options or {}),
+        options,
+        late_options,
         worlds,
-        one_rank_allowed,
+        1 in drawn_worlds,  # the 1-rank path
         max_dims,
         _dtypes(allowed=dtypes),
         value_profiles(allowed=profiles),
     )
+    return declare(strategy, [bounds])
+
+
+def bounded_like(strategy: st.SearchStrategy[Case], like: st.SearchStrategy[Case]) -> st.SearchStrategy[Case]:
+    """``strategy``, declared to draw only cases within the bounds of ``like`` (a strategy of
+    :func:`cases`, or a ``one_of`` of them): for a wrapper that draws a case of ``like`` and
+    changes only option values (``targets/redistribute.py``). A failure file's case is checked
+    against these bounds before it is replayed (``docs/trust.md``); a ``.map``, ``.filter`` or
+    ``@composite`` strategy declares none unless wrapped so. Returns ``strategy``."""
+    return declare(strategy, bounds_of(like))
 
 
 @st.composite
