@@ -16,11 +16,17 @@ finding on 2+ ranks), :func:`cases` draws one more choice, last: 0 runs the case
 global sizes drawn for the group. Hypothesis replays the finding's choices with that 0 appended
 and shrinks from there when it fails. Outside it nothing more is drawn, so searches, covering rows
 and the derandomized examples are those of a strategy without it.
+
+Bounds: the strategy :func:`cases` returns declares what it draws (a
+:class:`~shardfuzz.spec.bounds.CaseBounds`: world sizes, mesh rank, each size's ``Split``/``Free``,
+profiles, option names; :func:`bounds_of` reads it, from a ``one_of`` of such strategies too).
+A failure file's case is checked against it before it is replayed (``docs/trust.md``). A
+``.map``, ``.filter`` or ``@composite`` over it declares nothing, unless :func:`bounded_like` says
+it keeps within them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,11 +35,24 @@ from hypothesis import strategies as st
 
 from shardfuzz.case import DTYPES, ONE_RANK_PATH, VALUE_PROFILES, Case, one_rank_path
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.spec.bounds import (
+    CaseBounds,
+    Free,
+    Split,
+    bounds_of,
+    check_int,
+    check_range,
+    declare,
+    mesh_shapes_for,
+)
 
 __all__ = [
     "PROFILES",
+    "CaseBounds",
     "Free",
     "Split",
+    "bounded_like",
+    "bounds_of",
     "cases",
     "dtypes",
     "meshes",
@@ -51,36 +70,15 @@ __all__ = [
 PROFILES = VALUE_PROFILES
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidArgument(f"{name}={value!r}; must be an int >= {minimum}")
-
-
-def _check_range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
-    if lo > hi:
-        raise InvalidArgument(f"{lo_name}={lo!r} > {hi_name}={hi!r}; no value can satisfy both bounds")
-
-
 def world_sizes(*, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[int]:
     """World sizes in ``[min_size, max_size]`` (3 and other non-powers of two included).
 
     Shrinks toward ``min_size``.
     """
-    _check_int("min_size", min_size, 1)
-    _check_int("max_size", max_size, 1)
-    _check_range("min_size", min_size, "max_size", max_size)
+    check_int("min_size", min_size, 1)
+    check_int("max_size", max_size, 1)
+    check_range("min_size", min_size, "max_size", max_size)
     return st.integers(min_size, max_size)
-
-
-def mesh_shapes_for(world_size: int, *, max_dims: int = 2) -> list[tuple[int, ...]]:
-    """Mesh shapes for a world size, simplest first: 1-D, then 2-D factorisations (size-1 axes included)."""
-    _check_int("world_size", world_size, 1)
-    _check_int("max_dims", max_dims, 1)
-    shapes: list[tuple[int, ...]] = [(world_size,)]
-    if max_dims >= 2 and world_size > 1:
-        two = [(a, world_size // a) for a in range(2, world_size) if world_size % a == 0]
-        shapes += [*sorted(two, key=lambda s: (abs(s[0] - s[1]), s)), (1, world_size), (world_size, 1)]
-    return shapes
 
 
 @st.composite
@@ -97,48 +95,6 @@ def meshes(
     return draw(st.sampled_from(mesh_shapes_for(world_size, max_dims=max_dims)))
 
 
-@dataclasses.dataclass(frozen=True)
-class Split:
-    """A size sharded over the implementation's group: ``per_rank * group + remainder``.
-
-    ``per_rank`` is drawn in ``[min_per_rank, max_per_rank]`` and the remainder in
-    ``[0, group - 1]`` when ``uneven`` (else 0). Empty shards need ``allow_empty``: it lets
-    ``per_rank`` be 0 (the global size still stays >= 1), so "uneven" never shrinks into "empty".
-    ``min_size`` is the smallest global size, for a dim that is degenerate below it (a router over
-    one expert has a softmax of one element: its gradient is exactly 0); a smaller draw is raised
-    to it.
-    """
-
-    min_per_rank: int = 1
-    max_per_rank: int = 3
-    uneven: bool = True
-    allow_empty: bool = False
-    min_size: int = 1
-
-    def __post_init__(self) -> None:
-        _check_int("min_per_rank", self.min_per_rank, 0)
-        _check_int("max_per_rank", self.max_per_rank, 0)
-        _check_range("min_per_rank", self.min_per_rank, "max_per_rank", self.max_per_rank)
-        if self.min_per_rank == 0 and not self.allow_empty:
-            raise InvalidArgument("min_per_rank=0 gives empty shards; pass allow_empty=True to allow them")
-        if self.max_per_rank == 0 and not self.uneven:
-            raise InvalidArgument("max_per_rank=0 with uneven=False gives a global size of 0")
-        _check_int("min_size", self.min_size, 1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Free:
-    """A size that is not sharded, in ``[min_size, max_size]``; shrinks toward ``min_size``."""
-
-    min_size: int = 1
-    max_size: int = 4
-
-    def __post_init__(self) -> None:
-        _check_int("min_size", self.min_size, 0)
-        _check_int("max_size", self.max_size, 0)
-        _check_range("min_size", self.min_size, "max_size", self.max_size)
-
-
 @st.composite
 def sharded_sizes(draw: Any, parts: int, spec: Split = Split()) -> int:
     """A global size for a dim split over ``parts`` ranks, built as ``per_rank * parts + remainder``.
@@ -146,7 +102,7 @@ def sharded_sizes(draw: Any, parts: int, spec: Split = Split()) -> int:
     Shrinks toward ``spec.min_per_rank * parts`` (even). A non-zero remainder makes it uneven; the
     smallest uneven size is ``min_per_rank * parts + 1``.
     """
-    _check_int("parts", parts, 1)
+    check_int("parts", parts, 1)
     lo = spec.min_per_rank if spec.min_per_rank > 0 or not spec.allow_empty else 0
     per_rank = draw(st.integers(lo, spec.max_per_rank))
     if per_rank == 0:  # only under allow_empty: fewer rows than ranks, but never a global size of 0
@@ -162,11 +118,11 @@ def split_dims(ndim: int, *, min_dim: int = 0, max_dim: int | None = None) -> st
     Shrinks toward ``min_dim`` (dim 0). For a "wrong dim is split" bug, draw the dim the
     implementation shards and the layout from the same value.
     """
-    _check_int("ndim", ndim, 1)
+    check_int("ndim", ndim, 1)
     hi = ndim - 1 if max_dim is None else max_dim
-    _check_int("min_dim", min_dim, 0)
-    _check_int("max_dim", hi, 0)
-    _check_range("min_dim", min_dim, "max_dim", hi)
+    check_int("min_dim", min_dim, 0)
+    check_int("max_dim", hi, 0)
+    check_range("min_dim", min_dim, "max_dim", hi)
     if hi >= ndim:
         raise InvalidArgument(f"max_dim={hi!r}; a {ndim}-d tensor has dims 0..{ndim - 1}")
     return st.integers(min_dim, hi)
@@ -193,7 +149,7 @@ def value_profiles(
     bad = [p for p in allowed if p not in PROFILES]
     if not allowed or bad:
         raise InvalidArgument(f"allowed={allowed!r}; choose from {', '.join(PROFILES)}")
-    _check_range("min_log_scale", min_log_scale, "max_log_scale", max_log_scale)
+    check_range("min_log_scale", min_log_scale, "max_log_scale", max_log_scale)
     return _value_profiles(allowed, min_log_scale, max_log_scale)
 
 
@@ -228,7 +184,7 @@ def _mostly_value(common: Any, rare: tuple[Any, ...], cut: int, i: int) -> Any:
 
 def seeds(*, max_seed: int = 2**31 - 1) -> st.SearchStrategy[int]:
     """Input seeds; shrinks toward 0. Drawn last, so a failure keeps its structure while shrinking."""
-    _check_int("max_seed", max_seed, 0)
+    check_int("max_seed", max_seed, 0)
     return st.integers(0, max_seed)
 
 
@@ -260,26 +216,45 @@ def cases(
     if world_sizes:
         ws = tuple(sorted(set(world_sizes)))
         for w in ws:
-            _check_int("world_sizes[i]", w, 1)
+            check_int("world_sizes[i]", w, 1)
         worlds = st.sampled_from(ws)
-        one_rank_allowed = 1 in ws
+        drawn_worlds: tuple[int, ...] | range = ws
     else:
-        _check_int("min_world", min_world, 1)
-        _check_int("max_world", max_world, 1)
-        _check_range("min_world", min_world, "max_world", max_world)
+        check_int("min_world", min_world, 1)
+        check_int("max_world", max_world, 1)
+        check_range("min_world", min_world, "max_world", max_world)
         worlds = st.integers(min_world, max_world)
-        one_rank_allowed = min_world == 1
-    return _cases(
+        drawn_worlds = range(min_world, max_world + 1)
+    check_int("max_dims", max_dims, 1)
+    options, late_options = dict(options or {}), dict(late_options or {})
+    bounds = CaseBounds(
+        worlds=drawn_worlds,
+        max_dims=max_dims,
+        sizes=tuple(sizes.items()),
+        profiles=tuple(profiles),
+        options=frozenset(options) | frozenset(late_options),
+    )
+    strategy = _cases(
         target,
         sizes,
-        dict(options or {}),
-        dict(late_options or {}),
+        options,
+        late_options,
         worlds,
-        one_rank_allowed,
+        1 in drawn_worlds,  # the 1-rank path
         max_dims,
         _dtypes(allowed=dtypes),
         value_profiles(allowed=profiles),
     )
+    return declare(strategy, [bounds])
+
+
+def bounded_like(strategy: st.SearchStrategy[Case], like: st.SearchStrategy[Case]) -> st.SearchStrategy[Case]:
+    """``strategy``, declared to draw only cases within the bounds of ``like`` (a strategy of
+    :func:`cases`, or a ``one_of`` of them): for a wrapper that draws a case of ``like`` and
+    changes only option values (``targets/redistribute.py``). A failure file's case is checked
+    against these bounds before it is replayed (``docs/trust.md``); a ``.map``, ``.filter`` or
+    ``@composite`` strategy declares none unless wrapped so. Returns ``strategy``."""
+    return declare(strategy, bounds_of(like))
 
 
 @st.composite

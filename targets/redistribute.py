@@ -62,7 +62,7 @@ def cases(world_sizes=None):
         options={"src": st.just("R"), "dst": st.just("R")},  # redrawn per mesh axis below
         world_sizes=world_sizes,
     )
-    return _with_placements(base)
+    return sst.bounded_like(_with_placements(base), base)  # it redraws option values only
 
 
 def placements(case, key: str) -> tuple[str, ...]:

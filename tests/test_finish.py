@@ -9,7 +9,7 @@ import time
 import pytest
 
 from shardfuzz import InvalidArgument, RunConfig
-from shardfuzz.engine.failures import FailureRecorder
+from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.engine.finish import finish_budget, kept_features, simplest_case
 from shardfuzz.engine.hooks import Deadline
 from shardfuzz.frontends import campaign
@@ -45,6 +45,7 @@ def test_a_shrink_cut_by_the_deadline_is_finished_within_the_extra_budget(tmp_pa
     assert finding is done.finding and "shrinking finished at the end of the campaign" in finding.report
     with open(path) as f:
         assert json.load(f)["case"] == case.to_dict()  # the failure file holds the finished case
+    assert load(path, trust_refs=True)["case"] == case  # within the toy's bounds (docs/trust.md)
     row = out.row()
     assert not row["cut_short"] and "shrinking finished" in row["finished"][0]
     assert "then finished" in campaign.summary_table([row])

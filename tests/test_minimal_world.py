@@ -11,6 +11,7 @@ from hypothesis.internal.conjecture.data import ConjectureData
 import shardfuzz.strategies as sst
 from shardfuzz import RunConfig
 from shardfuzz.engine.covering import draw_pool
+from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.frontends import campaign
 from shardfuzz.report.findings import ONE_RANK_NOTE
 
@@ -51,16 +52,19 @@ def test_no_1_rank_path_where_the_world_sizes_leave_1_out():
         assert _draw(s, (*choices, 0)) == case
 
 
-def _fuzz(impl):
+def _fuzz(impl, failures_dir=None):
     config = RunConfig(profile="shardfuzz-ci", max_examples=40, world_sizes=(1, 2))
-    out = campaign.fuzz_one(TOY, f"{CAUSES}::{impl}", config, stream=io.StringIO())
-    [(finding, _)] = out.findings
+    recorder = failures_dir and FailureRecorder(str(failures_dir))
+    out = campaign.fuzz_one(TOY, f"{CAUSES}::{impl}", config, recorder=recorder, stream=io.StringIO())
+    [(finding, path)] = out.findings
+    if failures_dir:
+        assert load(path, trust_refs=True)["case"] == finding.case  # its file passes the bounds check
     return out, finding
 
 
-def test_a_bug_without_communication_is_reported_on_1_rank_with_the_note():
+def test_a_bug_without_communication_is_reported_on_1_rank_with_the_note(tmp_path):
     # on 1 rank the toy draws at most 2 rows: only a case drawn for 2 ranks has 3
-    out, finding = _fuzz("wrong_from_three_rows")
+    out, finding = _fuzz("wrong_from_three_rows", tmp_path)
     assert finding.kind == "mismatch" and (finding.case.world_size, finding.case.sizes["n"]) == (1, 3)
     assert ONE_RANK_NOTE in finding.report and "found on 2 ranks" in finding.report
     assert out.result.case == finding.case

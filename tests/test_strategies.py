@@ -1,6 +1,9 @@
 """Strategies: pinned minimal examples, clear bound errors, and reach of every trigger condition."""
 
+import dataclasses
+import itertools
 import math
+import os
 
 import pytest
 from hypothesis import find, given, settings
@@ -8,8 +11,22 @@ from hypothesis import strategies as st
 
 import shardfuzz.strategies as sst
 from shardfuzz import Case, InvalidArgument
+from shardfuzz.spec.bounds import CaseBounds, bounds_of, check_in_bounds
+from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
+from shardfuzz.targets import tp_mlp
 
 FIND = settings(max_examples=3000, database=None, deadline=None)
+DERIVED = os.path.join(os.path.dirname(__file__), "data", "derived_target.py")
+#: the built-in targets, and two derived from tp_mlp (their cases: tp_mlp's, renamed)
+BUILTIN_AND_DERIVED = [*sorted(BUILTIN_TARGETS), f"{DERIVED}::MINE", f"{DERIVED}::BROKEN"]
+
+
+def tp_case(**changes):
+    """A tp_mlp case on 2 ranks; ``changes``: Case fields, or sizes by name."""
+    sizes = {"batch": 1, "seq": 1, "d_model": 1, "hidden": 2, "d_out": 1}
+    sizes.update({k: changes.pop(k) for k in list(changes) if k in sizes})
+    fields = dict(target="tp_mlp", world_size=2, mesh=(2,), sizes=sizes, split=("hidden",))
+    return Case(**{**fields, **changes})
 
 
 def minimal(strategy, condition=lambda x: True):
@@ -141,3 +158,176 @@ def test_ties_quantise_on_a_grid_relative_to_the_tensor_scale_and_leave_cotangen
 def test_an_unknown_role_is_refused():
     with pytest.raises(ValueError, match="role='bias'; allowed: activation, weight, logits, cotangent"):
         _profiled("normal", {}, "bias")
+
+
+# -- bounds: what cases() declares, and a case from elsewhere held to it (docs/trust.md) -------------
+def _drawable(spec, group):
+    """Every size ``sharded_sizes(group, spec)`` can draw, by its construction."""
+    out = set()
+    for per_rank in range(spec.min_per_rank, spec.max_per_rank + 1):
+        if per_rank == 0:
+            raws = range(1, group) if group > 1 else [1]
+        else:
+            raws = [per_rank * group + r for r in (range(group) if spec.uneven else [0])]
+        out |= {max(raw, spec.min_size) for raw in raws}
+    return out
+
+
+SPLITS = [
+    sst.Split(lo, hi, uneven, empty, min_size)
+    for lo, hi, uneven, empty, min_size in itertools.product(
+        range(3), range(4), (True, False), (True, False), (1, 2, 5)
+    )
+    if lo <= hi and (lo or empty) and (hi or uneven)
+]
+
+
+def test_split_admits_exactly_the_sizes_it_is_built_from():
+    for spec in SPLITS:
+        for group in range(1, 6):
+            admitted = {n for n in range(40) if spec.admits(n, group)}
+            assert admitted == _drawable(spec, group), (spec, group, spec.describe(group))
+
+
+@given(st.sampled_from(SPLITS), st.integers(1, 6), st.data())
+def test_every_size_sharded_sizes_draws_is_admitted(spec, group, data):
+    assert spec.admits(data.draw(sst.sharded_sizes(group, spec)), group)
+
+
+def test_cases_declares_its_bounds_and_one_of_joins_them_while_map_and_composite_lose_them():
+    a = sst.cases("t", sizes={"n": sst.Split()}, max_dims=1, profiles=("normal",))
+    b = sst.cases("t", sizes={"n": sst.Free(1, 2)}, options={"o": st.just(1)}, world_sizes=[2, 3])
+    (ba,) = bounds_of(a)
+    assert ba == CaseBounds(range(1, 5), 1, (("n", sst.Split()),), ("normal",), frozenset())
+    (bb,) = bounds_of(b)
+    assert (bb.worlds, bb.options) == ((2, 3), frozenset({"o"}))
+    assert bounds_of(a | b) == bounds_of(st.one_of(a, b)) == (ba, bb)
+
+    @st.composite
+    def wrapped(draw):
+        return draw(a)
+
+    # a map, a filter or a composite may change anything: they declare nothing, nor does a one_of
+    # with such a branch, unless the wrapper is declared to keep within the bounds
+    for undeclared in (a.map(lambda c: c), a.filter(bool), wrapped(), a | wrapped(), st.integers(), 3):
+        assert bounds_of(undeclared) is None, undeclared
+    assert bounds_of(sst.bounded_like(wrapped(), a)) == (ba,)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_every_case_a_run_of_a_builtin_target_draws_is_within_its_bounds(data):
+    """At any world sizes a run may ask for, on the 1-rank path too (finish.try_one_rank)."""
+    target = get_target(data.draw(st.sampled_from(BUILTIN_AND_DERIVED), label="target"))
+    asked = st.lists(st.integers(1, 6), min_size=1, max_size=3, unique=True).map(tuple)
+    world_sizes = data.draw(st.none() | asked, label="world_sizes")
+    strategy = target.strategy(world_sizes)
+    if data.draw(st.booleans(), label="on the 1-rank path"):
+        with sst.one_rank_path():
+            case = data.draw(strategy, label="case")
+    else:
+        case = data.draw(strategy, label="case")
+    assert target.case_bounds(world_sizes) is not None  # every built-in target declares its bounds
+    check_in_bounds(target, case)
+
+
+def test_a_1_rank_case_of_the_1_rank_path_is_admitted_and_one_of_no_group_is_not():
+    tp = get_target("tp_mlp")
+    case = tp_case(world_size=1, mesh=(1,), hidden=7)  # 3 * 2 + 1, drawn on 2 ranks
+    check_in_bounds(tp, case)
+    check_in_bounds(tp, tp_case(world_size=1, mesh=(1,), hidden=63))  # 3 * 16 + 15: 16 ranks
+    with pytest.raises(InvalidArgument) as e:
+        check_in_bounds(tp, tp_case(world_size=1, mesh=(1,), hidden=64))
+    assert "sizes['hidden']=64; split over a group of 1 rank(s) (mesh[-1]) it draws 1..3" in str(e.value)
+    assert "nor is it the 1-rank case of a larger world" in str(e.value)
+    # a target whose own world sizes are (1, 2): the 1-rank path keeps sizes drawn for 2 ranks only
+    pair = tp.derive(
+        "pair", cases=lambda world_sizes=None: sst.cases("pair", sizes=tp_mlp.SIZES, world_sizes=(1, 2))
+    )
+    check_in_bounds(pair, dataclasses.replace(case, target="pair"))
+    with pytest.raises(InvalidArgument, match=r"sizes\['hidden'\]=8"):
+        check_in_bounds(pair, tp_case(target="pair", world_size=1, mesh=(1,), hidden=8))
+
+
+BOUNDED = dict(sizes=tp_mlp.SIZES, min_world=2, max_world=3, max_dims=1)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        (dict(world_size=4, mesh=(4,)), "world_size=4; it draws world sizes 2..3"),
+        (dict(world_size=1, mesh=(1,), hidden=1), "world_size=1; it draws world sizes 2..3"),
+        (dict(mesh=(2, 1)), "mesh=(2, 1) on world size 2; it draws the meshes (2,) (at most 1-D)"),
+        (dict(hidden=8), "sizes['hidden']=8; split over a group of 2 rank(s) (mesh[-1]) it draws 2..7"),
+        (dict(hidden=1), "sizes['hidden']=1; split over a group of 2 rank(s) (mesh[-1]) it draws 2..7"),
+        (dict(batch=4), "sizes['batch']=4; it draws 1..3 (Free(min_size=1, max_size=3))"),
+        (dict(profile="small", options={"scale": 0.1}), "profile='small'; it draws normal, large, ties"),
+        (
+            dict(options={"steps": 2}),
+            "options has ['steps'], which it does not draw with profile 'normal'; it draws []",
+        ),
+        (
+            dict(sizes={"hidden": 2, "n": 1}),
+            "sizes lacks ['batch', 'd_model', 'd_out', 'seq'] and has ['n'], which it "
+            "does not draw; it draws ['batch', 'd_model', 'd_out', 'hidden', 'seq']",
+        ),
+        (dict(split=()), "split=(); it splits ['hidden']"),
+    ],
+)
+def test_a_case_outside_the_declared_bounds_is_refused_naming_the_field_value_and_bounds(changes, named):
+    bounded = get_target("tp_mlp").derive("bounded", cases=sst.cases("bounded", **BOUNDED))
+    check_in_bounds(bounded, tp_case(target="bounded"))
+    with pytest.raises(InvalidArgument) as e:
+        check_in_bounds(bounded, tp_case(target="bounded", **changes))
+    assert str(e.value).startswith(f"target 'bounded' never draws this case: {named}"), str(e.value)
+
+
+def test_mesh_dims_and_sizes_per_rank_of_a_builtin_target():
+    tp = get_target("tp_mlp")
+    for ok in (dict(world_size=4, mesh=(2, 2), hidden=7), dict(world_size=4, mesh=(4,), hidden=8)):
+        check_in_bounds(tp, tp_case(**ok))
+    with pytest.raises(InvalidArgument, match=r"mesh=\(1, 2, 2\) on world size 4; .* \(at most 2-D\)"):
+        check_in_bounds(tp, tp_case(world_size=4, mesh=(1, 2, 2)))
+    with pytest.raises(InvalidArgument, match=r"sizes\['hidden'\]=8; split over a group of 2 rank"):
+        check_in_bounds(tp, tp_case(world_size=4, mesh=(2, 2), hidden=8))
+    with pytest.raises(InvalidArgument, match=r"profile='large'; it draws normal, ties"):
+        moe = get_target("moe").strategy()
+        check_in_bounds(
+            get_target("moe"), dataclasses.replace(minimal(moe), profile="large", options={"scale": 10.0})
+        )
+
+
+def test_the_branch_whose_names_the_case_has_says_what_is_wrong():
+    tp = get_target("tp_mlp")
+    sp = tp_case(seq=2, d_model=3, split=("hidden", "seq"), options={"sequence_parallel": True})
+    check_in_bounds(tp, sp)
+    with pytest.raises(InvalidArgument) as e:
+        check_in_bounds(tp, dataclasses.replace(sp, sizes={**sp.sizes, "d_model": 1}))  # sp: 3..4
+    assert "sizes['d_model']=1; it draws 3..4" in str(e.value) and "branch" not in str(e.value)
+    with pytest.raises(
+        InvalidArgument, match=r"no branch of its strategy draws it: branch 1: .*; branch 2: "
+    ):
+        check_in_bounds(tp, dataclasses.replace(sp, options={"sequence_parallel": True, "x": 1}))
+
+
+def test_a_dtype_a_run_may_choose_is_admitted_and_an_undeclared_strategy_is_not_checked():
+    tp = get_target("tp_mlp")
+    # a run's dtypes put any case in any dtype (test_config: the float32-only toy runs in float64)
+    check_in_bounds(tp, tp_case(dtype="float16"))
+    mapped = tp.derive("mapped", cases=sst.cases("mapped", sizes=tp_mlp.SIZES).map(lambda c: c))
+    assert mapped.case_bounds() is None
+    check_in_bounds(mapped, tp_case(target="mapped", world_size=9, mesh=(3, 3), hidden=10**6))
+
+
+def test_world_sizes_a_target_refuses_are_refused_with_its_reason():
+    def cases(world_sizes=None):
+        if world_sizes and 1 in world_sizes:
+            raise InvalidArgument("world_sizes: this target needs 2 ranks or more")
+        return sst.cases("two", sizes=tp_mlp.SIZES, world_sizes=world_sizes, min_world=2)
+
+    two = get_target("tp_mlp").derive("two", cases=cases)
+    check_in_bounds(two, tp_case(target="two"))
+    with pytest.raises(
+        InvalidArgument, match=r"its cases\(world_sizes=\(1,\)\) refuses them: .*needs 2 ranks"
+    ):
+        check_in_bounds(two, tp_case(target="two", world_size=1, mesh=(1,), hidden=1))

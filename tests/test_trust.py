@@ -218,6 +218,17 @@ def test_the_committed_file_replays_in_the_project_and_is_refused_outside(tmp_pa
         ({"inputs_sha256": "abc"}, "field 'inputs_sha256'"),
         ({"kind": "flaky"}, "field 'kind' is 'flaky'; allowed: mismatch"),
         ({"case": dict(OK.to_dict(), target="moe")}, "field 'case' is for target 'moe'"),
+        # the case within the bounds tp_mlp's strategy declares (shardfuzz.spec.bounds)
+        (
+            {"case": dict(OK.to_dict(), sizes=dict(OK.sizes, hidden=8))},
+            "field 'case' is invalid: target 'tp_mlp' never draws this case: sizes['hidden']=8; split over a group "
+            "of 2 rank(s) (mesh[-1]) it draws 2..7",
+        ),
+        (
+            {"case": dict(OK.to_dict(), world_size=4, mesh=[1, 2, 2])},
+            "field 'case' is invalid: target 'tp_mlp' never draws this case: mesh=(1, 2, 2) on world size 4; "
+            "it draws",
+        ),
     ],
 )
 def test_hand_edited_fields_are_named_before_anything_runs(tmp_path, changes, named):
@@ -253,14 +264,57 @@ def test_terminal_escapes_in_fields_are_never_printed_raw(tmp_path):
         assert "\\x1b" in out.stdout + out.stderr, (field, out.stdout + out.stderr)
 
 
-# -- 5. sizes are bounded before inputs are built --------------------------------------------------
-def test_huge_sizes_are_refused_before_allocation(tmp_path):
-    big = dict(OK.to_dict(), sizes={"batch": 10**6, "seq": 10**6, "d_model": 10**3, "hidden": 2, "d_out": 1})
+# -- 5. the case is held to the target before its inputs are built -------------------------------
+def bad(**sizes):
+    """OK's case with other sizes."""
+    return dict(OK.to_dict(), sizes=dict(OK.sizes, **sizes))
+
+
+def test_a_case_outside_the_declared_bounds_is_refused_before_its_inputs_are_measured(tmp_path, monkeypatch):
+    import shardfuzz.engine.failure_load as failure_load
+    from shardfuzz.engine.failures import load, prepare
+
+    def never(*_args):
+        raise AssertionError("the inputs were measured or built")
+
+    monkeypatch.setattr(failure_load, "check_input_size", never)
+    monkeypatch.setattr(failure_load, "check_case", never)
+    path = write(tmp_path / "f.json", record(case=bad(hidden=1)))
+    with pytest.raises(InvalidArgument) as e:
+        load(path)  # what replay, repro and regressions() call
+    assert str(e.value) == (
+        f"failure file {path!r}: field 'case' is invalid: target 'tp_mlp' never draws this case: sizes['hidden']=1; "
+        "split over a group of 2 rank(s) (mesh[-1]) it draws 2..7 (Split(min_per_rank=1, max_per_rank=3, "
+        "uneven=True, allow_empty=False, min_size=1))"
+    )
+    with pytest.raises(
+        InvalidArgument, match=r"^failure record: field 'case' is invalid: .*sizes\['hidden'\]=1"
+    ):
+        prepare(record(case=bad(hidden=1)), None)  # a record of a store of findings
+
+
+def test_a_1_rank_case_with_the_sizes_of_a_larger_group_loads():
+    """The campaign's 1-rank retry keeps the global sizes drawn for 2+ ranks (finish.try_one_rank)."""
+    from shardfuzz.engine.failures import prepare
+
+    one = dict(OK.to_dict(), world_size=1, mesh=[1], sizes=dict(OK.sizes, hidden=7))  # 3 * 2 + 1
+    assert prepare(record(case=one), None)["case"].sizes["hidden"] == 7
+
+
+def test_huge_sizes_are_refused_before_allocation(tmp_path, monkeypatch):
+    big = bad(batch=10**6, seq=10**6, d_model=10**3)
     out = cli("replay", write(tmp_path / "f.json", record(case=big)))
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "refused before building them" in out.stderr and "batch=1000000" in out.stderr, out.stderr
+    assert "sizes['batch']=1000000; it draws 1..3" in out.stderr, out.stderr  # tp_mlp declares its sizes
     out = cli("case", "tp_mlp", repr(Case.from_dict(big)))  # a hand-made case on the command line
     assert out.returncode == 2 and "refused before building them" in out.stderr, out.stderr
+    # a target whose strategy declares no bounds: its inputs are measured before they are built
+    from shardfuzz.engine.failures import load
+    from shardfuzz.spec.target import Target
+
+    monkeypatch.setattr(Target, "case_bounds", lambda self, world_sizes=None: None)
+    with pytest.raises(InvalidArgument, match=r"batch=1000000.*refused before building them"):
+        load(write(tmp_path / "f.json", record(case=big)))
 
 
 def test_sizes_within_the_limit_are_measured_exactly():

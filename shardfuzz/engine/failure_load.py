@@ -6,7 +6,8 @@
 3. the trust rule (:mod:`shardfuzz.engine.trust`): what the record may make shardfuzz import;
 4. only then the target and the implementation are imported: the implementation's arguments are
    checked against its signature (and a planted bug's name against the target's), and the case
-   against the target, its inputs' size measured before they are built (:mod:`shardfuzz.engine.input_bounds`).
+   against the target: within the bounds its strategy declares (:mod:`shardfuzz.spec.bounds`),
+   then its inputs' size measured before they are built (:mod:`shardfuzz.engine.input_bounds`).
 
 Every error names the file (or the record's origin) and the field.
 """
@@ -23,6 +24,7 @@ from shardfuzz.engine.input_bounds import check_input_size
 from shardfuzz.engine.trust import check_trusted
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.protocol import ImplRef
+from shardfuzz.spec.bounds import check_in_bounds
 from shardfuzz.spec.refs import load_ref, ref_of_callable, relocate_ref, split_file_ref
 from shardfuzz.spec.registry import get_target
 from shardfuzz.spec.target import Target
@@ -56,11 +58,9 @@ def prepare(
         fn = _field(where, "impl_ref", load_ref, data["impl_ref"], "impl")
         _field(where, "impl_ref", ref_of_callable, data["impl_ref"], "impl")
         _check_kwargs(where, target, data["impl_spec"], fn)
+        _invalid_case(where, check_in_bounds, target, case)  # before anything is built from it
         _field(where, "case", check_input_size, target, case)
-        try:
-            check_case(target, case)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"{where}: field 'case' is invalid: {e}") from None
+        _invalid_case(where, check_case, target, case)
     return data
 
 
@@ -69,6 +69,13 @@ def _field(where: str, field: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except InvalidArgument as e:
         raise InvalidArgument(f"{where}: field {field!r}: {e}") from None
+
+
+def _invalid_case(where: str, check: Any, target: Target, case: Case) -> None:
+    try:
+        check(target, case)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"{where}: field 'case' is invalid: {e}") from None
 
 
 def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:

@@ -4,6 +4,9 @@ What a target author imports: the target spec and its records, layouts, inputs, 
 building blocks, triggers, the registry, exclusions, references, tolerances, communication
 budgets and DTensor placements. Imports only the core.
 
+- ``bounds.py``: what a target's strategy of cases declares it draws (`Split`, `Free`,
+  `CaseBounds`: world sizes, mesh rank, sizes, profiles, option names), and the check of a case
+  from elsewhere (a failure file) against it before its inputs are built.
 - ``budget.py``: communication budgets as a target declares them (`CommBudget`,
   `Target(comm=...)`) and the byte formulas they are written with (`all_reduce_bytes`,
   `all_gather_bytes`, `ITEMSIZE`).

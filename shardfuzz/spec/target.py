@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from shardfuzz.case import Case, pin_options
 from shardfuzz.errors import TargetCodeError, TargetError
 from shardfuzz.protocol import ImplRef
+from shardfuzz.spec.bounds import CaseBounds, bounds_of, declare
 from shardfuzz.spec.budget import check_budgets
 from shardfuzz.spec.exclude import known_failures
 from shardfuzz.spec.layouts import Layout, Replicate, check_layout
@@ -257,6 +258,18 @@ class Target:
         through = self.restrict(dtypes, options)
         return s if through is None else s.map(through)
 
+    def case_bounds(self, world_sizes: tuple[int, ...] | None = None) -> tuple[CaseBounds, ...] | None:
+        """What the strategy of a run at ``world_sizes`` declares it draws (one record per branch,
+        :mod:`shardfuzz.spec.bounds`); None when it declares nothing. A strategy given as it is
+        declares its own world sizes (a run only filters it)."""
+        from hypothesis.strategies import SearchStrategy
+
+        if isinstance(self.cases, SearchStrategy):
+            return bounds_of(self.cases)
+        if callable(self.cases):
+            return bounds_of(self.cases(world_sizes=world_sizes) if world_sizes else self.cases())
+        raise TargetError(f"Target {self.name!r}: cases={self.cases!r} is neither a strategy nor a callable")
+
     def restrict(
         self, dtypes: tuple[str, ...] | None = None, options: tuple[tuple[str, Any], ...] = ()
     ) -> Callable[[Case], Case] | None:
@@ -331,7 +344,8 @@ class _RenamedCases:
         self.base, self.name = base, name
 
     def __call__(self, world_sizes: tuple[int, ...] | None = None) -> Any:
-        return self.base.strategy(world_sizes).map(lambda c: dataclasses.replace(c, target=self.name))
+        renamed = self.base.strategy(world_sizes).map(lambda c: dataclasses.replace(c, target=self.name))
+        return declare(renamed, self.base.case_bounds(world_sizes))  # a new name, the same bounds
 
 
 def _bound_of(ref: ImplRef) -> Any:
