@@ -12,7 +12,11 @@
   user's profile and ``@settings`` (:mod:`shardfuzz.frontends.pytest_compose`);
 * adds shardfuzz's statistics to Hypothesis' for ``--hypothesis-show-statistics``.
 
-Importing this module does not import torch; it loads inside tests.
+A start-up seam: pytest loads this module, and runs its hooks, in every session of a project
+where shardfuzz is installed, shardfuzz's tests or not. So it imports only modules that import
+neither torch nor Hypothesis; ``pytest_configure`` imports the profiles (Hypothesis), and
+``test_for``, ``regressions`` and their tests import the engine (torch) when a test file uses
+them.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from typing import Any
 
 import pytest
 
-from shardfuzz.engine import failures
 from shardfuzz.engine.config import (
     BACKENDS,
     DEVICES,
@@ -34,14 +37,12 @@ from shardfuzz.engine.config import (
     check_tolerance_outputs,
     format_tolerance,
 )
-from shardfuzz.engine.failures import check_failures_dir, default_dir
-from shardfuzz.engine.settings import current_profile_name, profile_for, register_profiles
+from shardfuzz.engine.filewriter import check_failures_dir, default_dir
 from shardfuzz.engine.shared_db import database_options
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.frontends import pytest_compose as compose
 from shardfuzz.frontends import pytest_options as opts
+from shardfuzz.frontends.pytest_scope import test_scope
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
-from shardfuzz.repro.replay import replay_one
 from shardfuzz.spec.refs import anchored_ref, caller_dir
 from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
 
@@ -143,6 +144,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # order of plugins found by entry point differs between installs: CI ran ours first)
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    from shardfuzz.engine.settings import current_profile_name, profile_for, register_profiles
+
     register_profiles()
     timeout = config.getoption("--shardfuzz-timeout", None)
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
@@ -191,6 +194,8 @@ def pytest_collection_modifyitems(items: list) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    from shardfuzz.engine.settings import profile_changes, profile_for
+
     o: Options = config._shardfuzz_options  # type: ignore[attr-defined]
     args = (
         [f"--hypothesis-profile={o.hypothesis_profile}"]
@@ -210,7 +215,7 @@ def pytest_report_header(config: pytest.Config) -> str:
         args.append(f"--shardfuzz-dtypes={','.join(o.dtypes)}")
     args += [shlex.quote(f"--shardfuzz-tolerance={format_tolerance(n, t)}") for n, t in o.tolerance]
     args += [shlex.quote(f"--shardfuzz-exclude={e}") for e in o.exclude]
-    changes = compose.profile_changes(o.profile)
+    changes = profile_changes(o.profile)
     changed = f"; from profile {o.hypothesis_profile!r}: {changes}" if changes else ""
     return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}{changed}"
 
@@ -236,7 +241,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     """Each test's shardfuzz runners (``test_for``, :func:`shardfuzz.run_case`) get the session's
     options, and their statistics join Hypothesis' statistics of the test."""
     options: Options | None = getattr(item.config, "_shardfuzz_options", None)
-    with compose.test_scope(item, options.config() if options is not None else None):
+    with test_scope(item, options.config() if options is not None else None):
         return (yield)
 
 
@@ -267,6 +272,8 @@ def test_for(
     A relative ``file.py`` target or ``file.py::NAME`` implementation is found next to the test
     file that calls ``test_for`` first, then from the current folder.
     """
+    from shardfuzz.frontends import pytest_compose as compose
+
     name = target if isinstance(target, str) else getattr(target, "name", "target")
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
@@ -312,6 +319,10 @@ def regressions(
     ``communication``) keep only the files that match; the files of planted bugs (deliberate runs
     of a target's ``planted`` implementations) are left out unless ``planted=True``.
     """
+    from shardfuzz.engine import failures
+    from shardfuzz.frontends import pytest_compose as compose
+    from shardfuzz.repro.replay import replay_one
+
     where = directory or default_dir()
     files = (
         sorted(os.path.join(where, n) for n in os.listdir(where) if n.endswith(".json"))
