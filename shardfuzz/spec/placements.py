@@ -32,6 +32,8 @@ import math
 import sys
 from typing import Any
 
+import torch
+
 from shardfuzz.case import Case
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.protocol import decode, encode
@@ -248,8 +250,6 @@ class Placed(Layout):
         return tuple(o + i for o, i in zip(self.boxes[rank][0], local_index))
 
     def assemble_at(self, ranks: list[int], locals_: list[Any]) -> Any:
-        import torch
-
         floating = locals_[0].is_floating_point()
         dtype = torch.float64 if floating else locals_[0].dtype
         p, reduce = self.norm_p, self.reduce
