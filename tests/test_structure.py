@@ -300,15 +300,13 @@ def test_lazy_import_rule_sees_a_function_level_import():
         "    import matplotlib.pyplot\n    from shardfuzz.case import Case\n"
         "class C:\n    def g(self):\n        from hypothesis import given\n"
     )
-    assert lazy_import_violations("shardfuzz.verdict.judge", source) == [
-        "shardfuzz.verdict.judge line 5: torch",
-        "shardfuzz.verdict.judge line 6: json",
-        "shardfuzz.verdict.judge line 12: hypothesis",
+    assert lazy_import_violations("shardfuzz.planted", source) == [
+        "shardfuzz.planted line 5: torch",
+        "shardfuzz.planted line 6: json",
+        "shardfuzz.planted line 12: hypothesis",
     ]
-    # a start-up module may defer torch and Hypothesis, and nothing else
-    assert lazy_import_violations("shardfuzz.spec.tolerance", source) == [
-        "shardfuzz.spec.tolerance line 6: json"
-    ]
+    start_up = next(iter(START_UP))  # may defer torch and Hypothesis, and nothing else
+    assert lazy_import_violations(start_up, source) == [f"{start_up} line 6: json"]
 
 
 def seam_start_modules(tmp_path: pathlib.Path) -> tuple[set[str], set[str]]:
@@ -345,7 +343,7 @@ def seam_start_modules(tmp_path: pathlib.Path) -> tuple[set[str], set[str]]:
 def test_start_up_modules_are_what_the_seams_load(tmp_path):
     ours, heavy = seam_start_modules(tmp_path)
     assert "shardfuzz.frontends.pytest_plugin" in ours and "shardfuzz.frontends.cli_args" in ours
-    assert not {m for m in heavy if m.split(".")[0] == "torch"}, "a seam's start imports torch"
+    assert "torch" not in heavy, f"a seam's start imports torch; it loads {sorted(ours)}"
     stale = sorted(set(START_UP) - ours)
     assert not stale, f"the seams no longer load {stale} at start: drop them from START_UP"
 
