@@ -144,7 +144,8 @@ def test_a_rank_that_cannot_start_tells_the_driver_why_even_a_system_exit_and_ex
         pid = os.fork()
         if pid == 0:
             try:
-                worker.worker_main(0, 1, "gloo", ("127.0.0.1", 1, "p/"), child, alive_r, {str(tmp_path)!r}, 5.0)
+                store = ("127.0.0.1", 1, "p/")
+                worker.worker_main(0, 1, "gloo", store, child, alive_r, {str(tmp_path)!r}, 5.0)
             finally:
                 os._exit(99)  # worker_main returned or raised: it did not end the rank itself
         child.close()
