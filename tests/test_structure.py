@@ -239,6 +239,13 @@ START_UP = {
     "shardfuzz.engine.hooks": "the CLI's interrupts and grace period (cli, jobs)",
     "shardfuzz.ranks.trace": "the CLI's --trace/--comm (> report.divergence, verdict.comm)",
 }
+#: modules a seam imports before torch to start the ranks' forkserver first (its preload of torch
+#: then overlaps with the driver's own import of it: about 1 s of every campaign's start), which
+#: therefore import torch inside their functions too (test_the_forkserver_starts_before_torch_loads)
+BEFORE_TORCH = {
+    "shardfuzz.ranks.spawn": "the CLI's commands and the plugin's tests call start_forkserver "
+    "before they import the engine",
+}
 STARTUP_HEAVY = ("torch", "hypothesis")
 
 
@@ -272,7 +279,7 @@ def lazy_import_violations(module: str, source: str) -> list[str]:
         for name in names:
             top = name.split(".")[0]
             allowed = any(name == m or name.startswith(m + ".") for m in LAZY_IMPORTS) or (
-                module in START_UP and top in STARTUP_HEAVY
+                (module in START_UP or module in BEFORE_TORCH) and top in STARTUP_HEAVY
             )
             if top != "shardfuzz" and not allowed:
                 bad.append(f"{module} line {node.lineno}: {name}")
@@ -346,6 +353,46 @@ def test_start_up_modules_are_what_the_seams_load(tmp_path):
     assert "torch" not in heavy, f"a seam's start imports torch; it loads {sorted(ours)}"
     stale = sorted(set(START_UP) - ours)
     assert not stale, f"the seams no longer load {stale} at start: drop them from START_UP"
+
+
+def test_the_forkserver_starts_before_torch_loads(tmp_path):
+    """The CLI's commands that run ranks, and the plugin's tests, start the forkserver before they
+    import the engine (torch): a start that comes after torch costs about 1 s of every run."""
+    stop = (
+        "import sys\n"
+        "class Started(Exception):\n    pass\n"
+        "def start():\n"
+        "    with open('started.txt', 'a') as f:\n"
+        "        f.write(str('torch' in sys.modules) + '\\n')\n"
+        "    raise Started\n"
+    )
+    cli = (
+        stop + "from shardfuzz.ranks import spawn\nspawn.start_forkserver = start\n"
+        "from shardfuzz.frontends import cli\n"
+        "for argv in (['fuzz', 'tp_mlp'], ['case', 'tp_mlp', 'x'], ['replay', 'x.json']):\n"
+        "    try:\n        cli.main(argv)\n    except Started:\n        pass\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", cli], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "started.txt").read_text().split() == ["False"] * 3
+    (tmp_path / "started.txt").unlink()
+    (tmp_path / "conftest.py").write_text(
+        stop + "import shardfuzz.frontends.pytest_plugin as plugin\nplugin.start_forkserver = start\n"
+    )
+    (tmp_path / "failures").mkdir()
+    (tmp_path / "failures" / "f.json").write_text("{}")
+    (tmp_path / "test_for.py").write_text("import shardfuzz\ntest_tp = shardfuzz.test_for('tp_mlp')\n")
+    (tmp_path / "test_regressions.py").write_text(
+        "import shardfuzz\ntest_files = shardfuzz.regressions('failures')\n"
+    )
+    flags = ["-p", "no:cacheprovider", "-p", "no:shardfuzz", "-p", "shardfuzz.frontends.pytest_plugin"]
+    session = [sys.executable, "-m", "pytest", *flags, "--continue-on-collection-errors", "-q"]
+    out = subprocess.run(session, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert "Started" in out.stdout, out.stdout + out.stderr
+    # regressions() at collection (a file to replay), then test_for's test when it runs
+    assert (tmp_path / "started.txt").read_text().split() == ["False"] * 2, out.stdout
 
 
 def test_nothing_in_the_engine_imports_a_0_1_alias():

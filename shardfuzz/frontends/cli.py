@@ -7,8 +7,9 @@ found something, else 130.
 
 A start-up seam: the module imports only what parsing a command line needs (what ``cli_args``
 loads anyway), none of which imports torch or Hypothesis; each command imports the engine it runs.
-So ``shardfuzz --help`` and a usage error stay fast, and torch loads only after :func:`main` has
-set ``OMP_NUM_THREADS``.
+So ``shardfuzz --help`` and a usage error stay fast, torch loads only after :func:`main` has set
+``OMP_NUM_THREADS``, and a command that runs ranks starts their forkserver before it imports the
+engine, so that the forkserver's preload overlaps with the driver's own import of torch.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from shardfuzz.frontends.cli_args import (
     build_parser,
 )
 from shardfuzz.frontends.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
+from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.divergence import format_trace
 from shardfuzz.spec.refs import add_search_path, split_file_ref
 from shardfuzz.spec.registry import BUILTIN_TARGETS, available_targets, get_target
@@ -84,6 +86,7 @@ def _drawn(config: RunConfig) -> str:
 
 
 def _cmd_fuzz(args: Any) -> int:
+    start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.runner import Runner
     from shardfuzz.frontends import campaign
@@ -189,13 +192,14 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
 
 
 def _cmd_case(args: Any) -> int:
+    if args.plot_output is not None and args.plot is None:
+        raise InvalidArgument(f"--plot-output {args.plot_output!r} needs --plot FILE.png")
+    start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
     from shardfuzz.engine.input_bounds import check_input_size
     from shardfuzz.engine.runner import Runner
     from shardfuzz.report import plot
     from shardfuzz.verdict.oracle import check_case
 
-    if args.plot_output is not None and args.plot is None:
-        raise InvalidArgument(f"--plot-output {args.plot_output!r} needs --plot FILE.png")
     if args.plot is not None:  # before the case runs: a missing extra or folder is a usage error
         plot.require_matplotlib()
         plot.check_path(args.plot)
@@ -239,12 +243,13 @@ def _print_collectives(args: Any, traces: dict[int, Any]) -> None:
 
 
 def _cmd_replay(args: Any) -> int:
+    if args.finding is not None and not any(map(is_redis_url, args.paths)):
+        raise InvalidArgument(f"--finding={args.finding!r} names a fleet finding: give a redis://... URL")
+    start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
     from shardfuzz.engine import failures
     from shardfuzz.frontends import fleet_view
     from shardfuzz.repro.replay import replay_one
 
-    if args.finding is not None and not any(map(is_redis_url, args.paths)):
-        raise InvalidArgument(f"--finding={args.finding!r} names a fleet finding: give a redis://... URL")
     files = [p for p in args.paths if not is_redis_url(p)]
     paths = failures.find_files(files) if files else []
     records = [failures.load(p, trust_refs=args.trust_refs) for p in paths]  # all checked before any runs

@@ -88,12 +88,6 @@ def run_target_test(
     return runner
 
 
-def mark_hypothesis_test(fn: Any) -> Any:
-    """Make ``fn`` a Hypothesis test for Hypothesis' pytest plugin (settings, statistics)."""
-    fn.is_hypothesis_test = True
-    return fn
-
-
 test_settings.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test to collect
 
 

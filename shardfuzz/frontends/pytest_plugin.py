@@ -15,8 +15,8 @@
 A start-up seam: pytest loads this module, and runs its hooks, in every session of a project
 where shardfuzz is installed, shardfuzz's tests or not. So it imports only modules that import
 neither torch nor Hypothesis; ``pytest_configure`` imports the profiles (Hypothesis), and
-``test_for``, ``regressions`` and their tests import the engine (torch) when a test file uses
-them.
+``test_for``'s tests and ``regressions`` import the engine (torch) when a test file uses them,
+after starting the ranks' forkserver, whose preload then overlaps with that import.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from shardfuzz.engine.shared_db import database_options
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.frontends import pytest_options as opts
 from shardfuzz.frontends.pytest_scope import test_scope
+from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.refs import anchored_ref, caller_dir
 from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
@@ -272,20 +273,22 @@ def test_for(
     A relative ``file.py`` target or ``file.py::NAME`` implementation is found next to the test
     file that calls ``test_for`` first, then from the current folder.
     """
-    from shardfuzz.frontends import pytest_compose as compose
-
     name = target if isinstance(target, str) else getattr(target, "name", "target")
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
 
     def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
+        start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
+        from shardfuzz.frontends import pytest_compose as compose
+
         config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout)
         compose.run_target_test(
             test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
         )
 
     test.__name__ = f"test_shardfuzz_{name}"
-    return compose.mark_hypothesis_test(test)
+    test.is_hypothesis_test = True  # type: ignore[attr-defined]  # see shardfuzz.frontends.pytest_compose
+    return test
 
 
 def _tested(config: pytest.Config, target: Any) -> None:
@@ -319,16 +322,18 @@ def regressions(
     ``communication``) keep only the files that match; the files of planted bugs (deliberate runs
     of a target's ``planted`` implementations) are left out unless ``planted=True``.
     """
-    from shardfuzz.engine import failures
-    from shardfuzz.frontends import pytest_compose as compose
-    from shardfuzz.repro.replay import replay_one
-
     where = directory or default_dir()
     files = (
         sorted(os.path.join(where, n) for n in os.listdir(where) if n.endswith(".json"))
         if os.path.isdir(where)
         else []
     )
+    if files:  # replays will run: the forkserver's preload overlaps with the engine's import
+        start_forkserver()
+    from shardfuzz.engine import failures
+    from shardfuzz.frontends import pytest_compose as compose
+    from shardfuzz.repro.replay import replay_one
+
     files = compose.select_failure_files(files, target=target, impl=impl, kind=kind, planted=planted)
 
     @pytest.mark.shardfuzz_regression

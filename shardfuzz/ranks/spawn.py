@@ -28,7 +28,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch.distributed as dist
+# torch.distributed is imported inside driver_store: the seams (the CLI's commands, the pytest
+# plugin's tests) import this module and call start_forkserver before they import the engine, so
+# that the forkserver's preload overlaps with the driver's own import of torch (BEFORE_TORCH in
+# tests/test_structure.py)
 
 #: a rank progresses when its CPU time grew by more than this share of the window
 PROGRESS_FRACTION = 0.02
@@ -93,6 +96,8 @@ def driver_store() -> Any:
     global _store
     with _start_lock:
         if _store is None:
+            import torch.distributed as dist
+
             # TCPStore("127.0.0.1", 0, is_master=True) listens on every interface (IPv4 and IPv6)
             # without authentication: hand it a socket bound to the loopback address instead
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
