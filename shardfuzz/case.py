@@ -10,6 +10,7 @@ import ast
 import contextlib
 import contextvars
 import dataclasses
+import json
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -152,7 +153,6 @@ class Case:
     def __hash__(self) -> int:
         # sizes and options are dicts: hashed by their JSON text, as to_json_str() writes them but
         # without dataclasses.asdict's deep copy (every drawn case is hashed: pools, dedup, stats)
-        import json
 
         try:
             parts = json.dumps([self.sizes, self.options], sort_keys=True)
@@ -170,8 +170,6 @@ class Case:
         return d
 
     def to_json_str(self) -> str:
-        import json
-
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod

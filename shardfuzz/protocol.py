@@ -20,6 +20,9 @@ from typing import Any
 
 from shardfuzz.case import Case
 
+# torch is imported inside the functions that use it: the CLI's parser or the pytest
+# plugin loads this module at start (START_UP in tests/test_structure.py)
+
 POINT_TO_POINT = ("send", "recv")
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sysconfig
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,8 +64,6 @@ _CAUSE = "The above exception was the direct cause of the following exception:"
 
 
 def _stdlib_dirs() -> tuple[str, ...]:
-    import sysconfig
-
     return tuple(
         p.rstrip("/") + "/" for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")} if p
     )

@@ -1,15 +1,28 @@
-"""Each catch-all that must stay (``# noqa: BLE001`` with its reason) is reached here, in process
-and without ranks, where that is cheap; the rest are reached by the rank tests named in the
-report of issue 22 (a rank's exception, a regroup, a leak that cannot be restored)."""
+"""Each catch-all that must stay (``# noqa: BLE001`` with its reason) is reached here, without a
+pool, and its promise checked. Three are reached elsewhere, where their outcome is checked:
 
+* ``engine/input_bounds.py`` (a target's own error under fake tensors): tests/test_bad_inputs.py,
+  ``test_a_size_the_target_cannot_take_is_the_targets_error`` and the missing-size tests;
+* ``ranks/worker.py``'s failed regroup (the pool restarts): tests/test_reliability.py,
+  ``test_a_rank_error_regroups_the_pool_in_place_and_later_examples_are_judged_afresh``;
+* ``ranks/worker.py``'s ``answer`` for an ordinary exception: every rank-error test (and below
+  for SystemExit).
+"""
+
+import collections
+import subprocess
+import sys
+import textwrap
+import threading
 import types
 
 import pytest
 
 from shardfuzz.engine import settings as sf_settings
-from shardfuzz.engine.hooks import example_order
+from shardfuzz.engine.hooks import example_choices, example_order
+from shardfuzz.errors import InfrastructureError
 from shardfuzz.protocol import ErrorReply
-from shardfuzz.ranks import spawn, worker
+from shardfuzz.ranks import pool_cache, spawn, worker
 from shardfuzz.ranks.trace import Tracer
 
 
@@ -26,6 +39,10 @@ def test_a_trace_that_cannot_describe_a_collective_drops_the_event_not_the_colle
 
 def test_example_order_outside_a_hypothesis_test_is_none():
     assert example_order() is None
+
+
+def test_example_choices_outside_a_hypothesis_test_is_none():
+    assert example_choices() is None
 
 
 def test_no_hypothesis_profile_loaded_reads_as_none(monkeypatch):
@@ -108,3 +125,74 @@ def test_an_answer_that_does_not_pickle_is_sent_as_an_error_and_the_rank_exits_c
     monkeypatch.setattr(worker, "answer", lambda state, task: "an answer")
     worker._serve(types.SimpleNamespace(), Conn(), lambda prefix: None, "gloo")
     assert [type(m) for m in sent] == [ErrorReply] and "could not send outputs back" in sent[0].traceback
+
+
+def test_a_rank_that_cannot_start_tells_the_driver_why_even_a_system_exit_and_exits(tmp_path):
+    # worker_main points the process's stdout and stderr at the rank's files and ends it with
+    # os._exit, so it runs in a child forked by a fresh interpreter (as the forkserver forks a rank)
+    code = textwrap.dedent(
+        f"""
+        import multiprocessing, os
+        from shardfuzz.ranks import worker
+
+        def cannot_start(*args):
+            raise SystemExit(3)  # not an Exception: a narrower handler would let it end the rank silently
+
+        worker.select_device = cannot_start
+        parent, child = multiprocessing.Pipe()
+        alive_r, alive_w = multiprocessing.Pipe(duplex=False)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                store = ("127.0.0.1", 1, "p/")
+                worker.worker_main(0, 1, "gloo", store, child, alive_r, {str(tmp_path)!r}, 5.0)
+            finally:
+                os._exit(99)  # worker_main returned or raised: it did not end the rank itself
+        child.close()
+        try:
+            msg = parent.recv()
+        except EOFError:
+            msg = None
+        print(type(msg).__name__)
+        print(getattr(msg, "traceback", ""))
+        print("exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "StartFailed", out.stdout  # the driver hears why (Pool.start raises it)
+    assert "cannot_start" in out.stdout and "SystemExit: 3" in out.stdout
+    assert lines[-1] == "exit 1"  # and the rank ends
+
+
+def test_a_spare_that_cannot_start_is_dropped_and_the_next_get_pool_reports_why(monkeypatch):
+    killed = []
+
+    class CannotStart:
+        def __init__(self, backend, world_size, timeout_s, *, device="cpu", debug=False):
+            self.world_size = world_size
+
+        def start(self):
+            raise InfrastructureError("rank 0 of pool backend='gloo' world_size=2 failed to start: no store")
+
+        def kill(self):
+            killed.append(self)
+
+    monkeypatch.setattr(pool_cache, "Pool", CannotStart)
+    monkeypatch.setattr(pool_cache, "_pools", collections.OrderedDict())
+    monkeypatch.setattr(pool_cache, "_spares", {})
+    monkeypatch.setattr(pool_cache, "_starting", {})
+    monkeypatch.setattr(pool_cache, "_closing", False)
+    lost = []  # what escaped the background thread
+    monkeypatch.setattr(threading, "excepthook", lambda args: lost.append(args.exc_value))
+    key = ("gloo", 2, "cpu", False)
+    pool_cache.start_spare(key, 10.0)
+    for thread in threading.enumerate():
+        if thread.name == f"shardfuzz-spare-{key}":
+            thread.join(10)
+    assert lost == []
+    assert len(killed) == 1  # whatever it had started is killed
+    assert key not in pool_cache._spares and key not in pool_cache._starting  # a later spare may try again
+    with pytest.raises(InfrastructureError, match="failed to start: no store"):
+        pool_cache.get_pool("gloo", 2, 10.0)  # at once: nothing left to wait for

@@ -7,6 +7,7 @@ The checks read the source (``ast``), never import it, so a violation is named b
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 import subprocess
 import sys
@@ -209,6 +210,189 @@ def test_imports_between_shardfuzz_modules_sit_in_the_module_header(module):
         {f"line {i.line}: {i.target}" for i in imports_of(module, MODULES[module]) if not i.in_header}
     )
     assert not lazy, f"{module} imports shardfuzz modules inside functions: {lazy}"
+
+
+#: where the engine's own modules may be imported inside functions (the test above)
+SEAMS = ("shardfuzz.frontends.cli", "shardfuzz.frontends.pytest_plugin")
+
+#: modules that any engine module may import inside a function, and why; every other import sits
+#: in the module header (a submodule is covered by its package's entry)
+LAZY_IMPORTS = {
+    "matplotlib": "optional extra [plot]: `shardfuzz case --plot` only (report/plot.py)",
+    "redis": "optional extra [redis]: a fleet's redis:// database only (engine/shared_db.py)",
+    "hypothesis.extra.redis": "imports redis, the optional extra [redis] (engine/shared_db.py)",
+    "torch.distributed.tensor": "DTensor costs 0.7-1.2 s on top of torch: only a driver whose "
+    "target hands out or returns DTensors pays it; the ranks' forkserver preloads it (spec/placements.py)",
+    "importlib.metadata": "about 20 ms of `shardfuzz --help`: read only when targets are looked up "
+    "by entry point (spec/registry.py)",
+}
+
+#: modules that `shardfuzz --help` or a pytest session with the plugin loads before any work, and
+#: that therefore import torch and Hypothesis (STARTUP_HEAVY) inside their functions, not in their
+#: header (checked against what the seams really load: test_start_up_modules_are_what_the_seams_load)
+START_UP = {
+    "shardfuzz.protocol": "the CLI's parser loads it (cli_args > engine.trust > spec.registry > spec.target)",
+    "shardfuzz.spec.target": "the CLI's parser loads it (cli_args > engine.trust > spec.registry)",
+    "shardfuzz.spec.layouts": "the CLI's parser loads it (> spec.target)",
+    "shardfuzz.spec.tolerance": "the plugin's options and the CLI's parser (> engine.config, cli_args)",
+    "shardfuzz.engine.shared_db": "the plugin's --shardfuzz-database and the CLI's parser (> engine.config)",
+    "shardfuzz.engine.hooks": "the CLI's interrupts and grace period (cli, jobs)",
+    "shardfuzz.ranks.trace": "the CLI's --trace/--comm (> report.divergence, verdict.comm)",
+}
+#: modules a seam imports before torch to start the ranks' forkserver first (its preload of torch
+#: then overlaps with the driver's own import of it: about 1 s of every campaign's start), which
+#: therefore import torch inside their functions too (test_the_forkserver_starts_before_torch_loads)
+BEFORE_TORCH = {
+    "shardfuzz.ranks.spawn": "the CLI's commands and the plugin's tests call start_forkserver "
+    "before they import the engine",
+}
+STARTUP_HEAVY = ("torch", "hypothesis")
+
+
+def lazy_import_violations(module: str, source: str) -> list[str]:
+    """The imports of modules outside shardfuzz that ``source`` (module ``module``) makes inside a
+    function or class, neither under ``if TYPE_CHECKING:`` nor allowed by LAZY_IMPORTS or
+    START_UP."""
+    tree = ast.parse(source)
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    header = {
+        id(n)
+        for stmt in tree.body
+        if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for n in ast.walk(stmt)
+    }
+    bad = []
+    for node in ast.walk(tree):
+        if id(node) in header or id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            allowed = any(name == m or name.startswith(m + ".") for m in LAZY_IMPORTS) or (
+                (module in START_UP or module in BEFORE_TORCH) and top in STARTUP_HEAVY
+            )
+            if top != "shardfuzz" and not allowed:
+                bad.append(f"{module} line {node.lineno}: {name}")
+    return bad
+
+
+def test_function_level_imports_are_of_the_allowed_modules_only():
+    bad = [
+        v
+        for module, path in MODULES.items()
+        if module not in SEAMS
+        for v in lazy_import_violations(module, path.read_text())
+    ]
+    assert not bad, (
+        "import these in the module header, or add the module to LAZY_IMPORTS with the reason it "
+        "must stay lazy:\n" + "\n".join(bad)
+    )
+
+
+def test_lazy_import_rule_sees_a_function_level_import():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import numpy\n"
+        "def f():\n    import torch\n    import json\n    from torch.distributed.tensor import DTensor\n"
+        "    import matplotlib.pyplot\n    from shardfuzz.case import Case\n"
+        "class C:\n    def g(self):\n        from hypothesis import given\n"
+    )
+    assert lazy_import_violations("shardfuzz.planted", source) == [
+        "shardfuzz.planted line 5: torch",
+        "shardfuzz.planted line 6: json",
+        "shardfuzz.planted line 12: hypothesis",
+    ]
+    start_up = next(iter(START_UP))  # may defer torch and Hypothesis, and nothing else
+    assert lazy_import_violations(start_up, source) == [f"{start_up} line 6: json"]
+
+
+def seam_start_modules(tmp_path: pathlib.Path) -> tuple[set[str], set[str]]:
+    """(shardfuzz modules, heavy modules) loaded by ``shardfuzz --help`` and by a pytest session
+    that runs one plain test with the plugin (configure, header, a test, session finish)."""
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    pass\n")
+    report = (
+        "import json, sys; print(json.dumps(sorted(m for m in sys.modules "
+        "if m.startswith('shardfuzz') or m.split('.')[0] in ('torch', 'hypothesis'))))"
+    )
+    cli = (
+        "import contextlib, io\nfrom shardfuzz.frontends import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    cli.main(['--help'])\n" + report
+    )
+    session = (
+        "import contextlib, io, pytest\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    code = pytest.main(['-q', '-p', 'no:cacheprovider', '-p', 'no:shardfuzz', '-p',"
+        " 'shardfuzz.frontends.pytest_plugin', 'test_plain.py'])\n"
+        "assert code == 0, code\n" + report
+    )
+    loaded: set[str] = set()
+    for code in (cli, session):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        loaded |= set(json.loads(out.stdout.strip().splitlines()[-1]))
+    ours = {m for m in loaded if m.startswith("shardfuzz")}
+    return ours, loaded - ours
+
+
+def test_start_up_modules_are_what_the_seams_load(tmp_path):
+    ours, heavy = seam_start_modules(tmp_path)
+    assert "shardfuzz.frontends.pytest_plugin" in ours and "shardfuzz.frontends.cli_args" in ours
+    assert "torch" not in heavy, f"a seam's start imports torch; it loads {sorted(ours)}"
+    stale = sorted(set(START_UP) - ours)
+    assert not stale, f"the seams no longer load {stale} at start: drop them from START_UP"
+
+
+def test_the_forkserver_starts_before_torch_loads(tmp_path):
+    """The CLI's commands that run ranks, and the plugin's tests, start the forkserver before they
+    import the engine (torch): a start that comes after torch costs about 1 s of every run."""
+    stop = (
+        "import sys\n"
+        "class Started(Exception):\n    pass\n"
+        "def start():\n"
+        "    with open('started.txt', 'a') as f:\n"
+        "        f.write(str('torch' in sys.modules) + '\\n')\n"
+        "    raise Started\n"
+    )
+    cli = (
+        stop + "from shardfuzz.ranks import spawn\nspawn.start_forkserver = start\n"
+        "from shardfuzz.frontends import cli\n"
+        "for argv in (['fuzz', 'tp_mlp'], ['case', 'tp_mlp', 'x'], ['replay', 'x.json']):\n"
+        "    try:\n        cli.main(argv)\n    except Started:\n        pass\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", cli], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "started.txt").read_text().split() == ["False"] * 3
+    (tmp_path / "started.txt").unlink()
+    (tmp_path / "conftest.py").write_text(
+        stop + "import shardfuzz.frontends.pytest_plugin as plugin\nplugin.start_forkserver = start\n"
+    )
+    (tmp_path / "failures").mkdir()
+    (tmp_path / "failures" / "f.json").write_text("{}")
+    (tmp_path / "test_for.py").write_text("import shardfuzz\ntest_tp = shardfuzz.test_for('tp_mlp')\n")
+    (tmp_path / "test_regressions.py").write_text(
+        "import shardfuzz\ntest_files = shardfuzz.regressions('failures')\n"
+    )
+    flags = ["-p", "no:cacheprovider", "-p", "no:shardfuzz", "-p", "shardfuzz.frontends.pytest_plugin"]
+    session = [sys.executable, "-m", "pytest", *flags, "--continue-on-collection-errors", "-q"]
+    out = subprocess.run(session, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert "Started" in out.stdout, out.stdout + out.stderr
+    # regressions() at collection (a file to replay), then test_for's test when it runs
+    assert (tmp_path / "started.txt").read_text().split() == ["False"] * 2, out.stdout
 
 
 def test_nothing_in_the_engine_imports_a_0_1_alias():

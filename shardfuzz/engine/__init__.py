@@ -20,6 +20,8 @@ name is imported. Imports every stage below it.
   strings.
 - ``failures.py``: failure files (write, load).
 - ``filewriter.py``: `FileWriter`, the write path of failure files beside other writers and on a
+  full disk; the failures folder (`default_dir`, `check_failures_dir`), light enough for the
+  pytest plugin's start.
 - ``finding.py``: `FindingContext`, the frozen context of one finding (case, implementation,
   config, inputs digest, numerics, traces, leaks), built once by the runner and handed to every
   hook; `inputs_hash`.

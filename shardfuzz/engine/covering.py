@@ -27,6 +27,12 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from hypothesis.control import BuildContext
+from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choices_to_bytes
+from hypothesis.errors import StopTest
+from hypothesis.internal.conjecture.data import ConjectureData, Status
+from hypothesis.internal.conjecture.providers import HypothesisProvider
+
 from shardfuzz.case import Case
 from shardfuzz.engine.hooks import StickyInterrupt
 from shardfuzz.errors import ExternalFault, Finding, Unsupported
@@ -80,11 +86,7 @@ class Draws:
         return self.attempts[i]
 
     def _draw(self) -> tuple[Case | None, tuple]:
-        from hypothesis.control import BuildContext
-        from hypothesis.errors import StopTest
-        from hypothesis.internal.conjecture.data import ConjectureData, Status
-
-        data = ConjectureData(random=self.rng, provider=_no_constants())
+        data = ConjectureData(random=self.rng, provider=NoConstants)
         try:
             with BuildContext(data, is_final=False, wrapped_test=draw_pool):
                 case = data.draw(self.strategy)
@@ -96,19 +98,13 @@ class Draws:
         return None, ()
 
 
-@functools.cache
-def _no_constants() -> type:
-    """A Hypothesis provider that never draws constants (defined once, on first use: Hypothesis is
-    imported lazily here)."""
-    from hypothesis.internal.conjecture.providers import HypothesisProvider
+class NoConstants(HypothesisProvider):
+    """A Hypothesis provider that never draws constants."""
 
-    class NoConstants(HypothesisProvider):
-        # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
-        # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
-        def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
-            return None
-
-    return NoConstants
+    # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
+    # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
+    def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
+        return None
 
 
 def distinct_cases(
@@ -218,44 +214,36 @@ def uncovered(rows: Sequence[Row], cases: Iterable[Case], target: Any) -> set[tu
     return seen - have
 
 
-@functools.cache
-def _seeded_database_class() -> type[Any]:
-    from hypothesis.database import ExampleDatabase, choices_to_bytes
+class SeededDatabase(ExampleDatabase):
+    """A database whose *secondary* corpus, for one run, is the given choice sequences: Hypothesis
+    replays them after its primary corpus (the failures it saved itself) and shrinks those that
+    fail. (Given as primary entries, a failure would count as already shrunk and be reported as
+    it is.) Everything else goes to ``inner``."""
 
-    class SeededDatabase(ExampleDatabase):
-        """A database whose *secondary* corpus, for one run, is the given choice sequences: Hypothesis
-        replays them after its primary corpus (the failures it saved itself) and shrinks those that
-        fail. (Given as primary entries, a failure would count as already shrunk and be reported as
-        it is.) Everything else goes to ``inner``."""
+    def __init__(self, inner: ExampleDatabase, seeds: Sequence[tuple]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.pending = [choices_to_bytes(s) for s in seeds]
 
-        def __init__(self, inner: ExampleDatabase, seeds: Sequence[tuple]) -> None:
-            super().__init__()
-            self.inner = inner
-            self.pending = [choices_to_bytes(s) for s in seeds]
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        if self.pending and key.endswith(b".secondary"):
+            pending, self.pending = self.pending, []
+            return pending
+        return self.inner.fetch(key)
 
-        def fetch(self, key: bytes) -> Iterable[bytes]:
-            if self.pending and key.endswith(b".secondary"):
-                pending, self.pending = self.pending, []
-                return pending
-            return self.inner.fetch(key)
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(key, value)
 
-        def save(self, key: bytes, value: bytes) -> None:
-            self.inner.save(key, value)
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(key, value)
 
-        def delete(self, key: bytes, value: bytes) -> None:
-            self.inner.delete(key, value)
-
-        def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-            self.inner.move(src, dest, value)
-
-    return SeededDatabase
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(src, dest, value)
 
 
 def seeded_database(inner: Any, seeds: Sequence[tuple]) -> Any:
     """``inner`` (an in-memory database when None) that first yields the choice sequences ``seeds``."""
-    from hypothesis.database import InMemoryExampleDatabase
-
-    return _seeded_database_class()(inner if inner is not None else InMemoryExampleDatabase(), seeds)
+    return SeededDatabase(inner if inner is not None else InMemoryExampleDatabase(), seeds)
 
 
 def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:

@@ -2,59 +2,52 @@
 
 Every test that :func:`shardfuzz.engine.search.build_test` makes has the same function digest, so with a
 shared database they would replay each other's examples. Wrapping the user's database with a key
-prefix keeps them apart while still using Hypothesis' own storage and replay. (The class is made
-on first use so that importing this module does not import Hypothesis.)
+prefix keeps them apart while still using Hypothesis' own storage and replay.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from typing import Any
 
+from hypothesis.database import ExampleDatabase
 
-@functools.cache
-def _keyed_database_class() -> type[Any]:
-    from hypothesis.database import ExampleDatabase
 
-    class KeyedDatabase(ExampleDatabase):
-        """Prefixes every key with ``prefix`` before delegating to ``inner``."""
+class KeyedDatabase(ExampleDatabase):
+    """Prefixes every key with ``prefix`` before delegating to ``inner``."""
 
-        def __init__(self, inner: ExampleDatabase, prefix: str) -> None:
-            super().__init__()
-            self.inner = inner
-            self.prefix = prefix.encode() + b"\x00"
+    def __init__(self, inner: ExampleDatabase, prefix: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.prefix = prefix.encode() + b"\x00"
 
-        def __repr__(self) -> str:
-            return f"KeyedDatabase({self.inner!r}, {self.prefix[:-1].decode()!r})"
+    def __repr__(self) -> str:
+        return f"KeyedDatabase({self.inner!r}, {self.prefix[:-1].decode()!r})"
 
-        def __eq__(self, other: object) -> bool:
-            return isinstance(other, KeyedDatabase) and (self.inner, self.prefix) == (
-                other.inner,
-                other.prefix,
-            )
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeyedDatabase) and (self.inner, self.prefix) == (
+            other.inner,
+            other.prefix,
+        )
 
-        def __hash__(self) -> int:
-            return hash((type(self), self.prefix))
+    def __hash__(self) -> int:
+        return hash((type(self), self.prefix))
 
-        def fetch(self, key: bytes) -> Iterable[bytes]:
-            return self.inner.fetch(self.prefix + key)
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.inner.fetch(self.prefix + key)
 
-        def save(self, key: bytes, value: bytes) -> None:
-            self.inner.save(self.prefix + key, value)
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(self.prefix + key, value)
 
-        def delete(self, key: bytes, value: bytes) -> None:
-            self.inner.delete(self.prefix + key, value)
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(self.prefix + key, value)
 
-        def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-            self.inner.move(self.prefix + src, self.prefix + dest, value)
-
-    return KeyedDatabase
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(self.prefix + src, self.prefix + dest, value)
 
 
 def keyed_database(db: Any, key: str) -> Any:
     """``db`` with every key prefixed by ``key`` (an already keyed database is re-keyed)."""
-    cls = _keyed_database_class()
-    if isinstance(db, cls):
+    if isinstance(db, KeyedDatabase):
         db = db.inner
-    return cls(db, key)
+    return KeyedDatabase(db, key)

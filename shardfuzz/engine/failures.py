@@ -24,15 +24,17 @@ import os
 import platform
 import re
 import sys
-import tempfile
 from collections.abc import Iterable
 from typing import Any
+
+import hypothesis
+import torch
 
 import shardfuzz
 from shardfuzz.engine.config import run_origin
 from shardfuzz.engine.failure_load import load, prepare, record_impl, record_target
 from shardfuzz.engine.failure_schema import FORMAT, VERSION
-from shardfuzz.engine.filewriter import FileWriter, WriteFailed
+from shardfuzz.engine.filewriter import FileWriter, WriteFailed, check_failures_dir, default_dir
 from shardfuzz.engine.finding import FindingContext
 from shardfuzz.engine.hooks import RunHooks, example_order
 from shardfuzz.errors import Finding, InvalidArgument
@@ -45,41 +47,14 @@ __all__ = [
     "FORMAT",
     "VERSION",
     "FailureRecorder",
+    "check_failures_dir",
+    "default_dir",
     "find_files",
     "load",
     "prepare",
     "record_impl",
     "record_target",
 ]
-
-
-def default_dir() -> str:
-    return os.environ.get("SHARDFUZZ_FAILURES_DIR") or os.path.join(".shardfuzz", "failures")
-
-
-def check_failures_dir(path: str, what: str = "--failures-dir") -> str:
-    """Create the failures directory if needed and make sure a file can be written there; an
-    InvalidArgument naming ``what`` and the path otherwise. Returns the path."""
-    if not isinstance(path, str) or not path:
-        raise InvalidArgument(f"{what}={path!r}; must be a directory path")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        why = "a file is in the way" if isinstance(e, FileExistsError) else e.strerror
-        raise InvalidArgument(
-            f"{what}={path!r}: cannot create the directory ({why}); give a writable directory"
-        ) from None
-    if not os.path.isdir(path):
-        raise InvalidArgument(f"{what}={path!r} is not a directory; give a writable directory")
-    try:
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".shardfuzz-write-check-")
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        raise InvalidArgument(
-            f"{what}={path!r}: cannot write there ({e.strerror}); give a writable directory"
-        ) from None
-    return path
 
 
 def source_hash(impl: ImplRef) -> str | None:
@@ -92,9 +67,6 @@ def source_hash(impl: ImplRef) -> str | None:
 
 
 def versions() -> dict[str, str]:
-    import hypothesis
-    import torch
-
     return {
         "shardfuzz": shardfuzz.__version__,
         "torch": torch.__version__,

@@ -23,12 +23,44 @@ import errno
 import json
 import os
 import socket
+import tempfile
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from shardfuzz.errors import InvalidArgument
+
 #: errors of ``os.link`` on file systems without hard links: claim with O_EXCL instead
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV}
+
+
+def default_dir() -> str:
+    return os.environ.get("SHARDFUZZ_FAILURES_DIR") or os.path.join(".shardfuzz", "failures")
+
+
+def check_failures_dir(path: str, what: str = "--failures-dir") -> str:
+    """Create the failures directory if needed and make sure a file can be written there; an
+    InvalidArgument naming ``what`` and the path otherwise. Returns the path."""
+    if not isinstance(path, str) or not path:
+        raise InvalidArgument(f"{what}={path!r}; must be a directory path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        why = "a file is in the way" if isinstance(e, FileExistsError) else e.strerror
+        raise InvalidArgument(
+            f"{what}={path!r}: cannot create the directory ({why}); give a writable directory"
+        ) from None
+    if not os.path.isdir(path):
+        raise InvalidArgument(f"{what}={path!r} is not a directory; give a writable directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".shardfuzz-write-check-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise InvalidArgument(
+            f"{what}={path!r}: cannot write there ({e.strerror}); give a writable directory"
+        ) from None
+    return path
 
 
 class FileWriter:

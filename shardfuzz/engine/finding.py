@@ -14,6 +14,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig
 from shardfuzz.protocol import ImplRef
@@ -43,8 +45,6 @@ class FindingContext:
 
 def inputs_hash(inputs: Mapping[str, Any]) -> str:
     """sha256 over every input's name, dtype, shape and bytes (bf16 as its bits)."""
-    import torch
-
     h = hashlib.sha256()
     for name in sorted(inputs):
         v = inputs[name]

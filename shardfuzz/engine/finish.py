@@ -20,6 +20,8 @@ import dataclasses
 import time
 from typing import Any
 
+from hypothesis import Phase, find, settings
+
 from shardfuzz.case import Case, one_rank_path
 from shardfuzz.engine.finding import FindingContext
 from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp, example_order
@@ -82,8 +84,6 @@ class Finished:
 
 def simplest_case(runner: Runner) -> Case:
     """The simplest case the runner's strategy draws (Hypothesis' own minimal example)."""
-    from hypothesis import find, settings
-
     return find(runner.strategy(), lambda _case: True, settings=settings(database=None, max_examples=10))
 
 
@@ -126,8 +126,6 @@ def _replay_and_shrink(
     :class:`Deadline` of its own and a rewrite of the failure file at ``path``. Returns the smallest
     failure of ``finding``'s kind (None: it did not fail so within the budget), whether Hypothesis
     finished shrinking it, and the examples run."""
-    from hypothesis import Phase
-
     deadline = Deadline(time.perf_counter() + budget)
     hooks: list[RunHooks] = [deadline]
     if recorder is not None and path is not None:

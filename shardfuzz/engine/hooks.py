@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 
 from shardfuzz.errors import InvalidArgument
 
+# Hypothesis is imported inside the functions that use it: the CLI's parser or the pytest
+# plugin loads this module at start (START_UP in tests/test_structure.py)
+
 if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.case import Case
     from shardfuzz.engine.finding import FindingContext

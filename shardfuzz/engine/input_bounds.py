@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.limits import env_int
 
@@ -31,9 +34,6 @@ def max_input_bytes() -> int:
 def measure_inputs(target: Any, case: Any) -> tuple[int, int] | None:
     """(elements, bytes) of ``target.inputs(case)``, built without storage; None when the builder
     cannot run on fake tensors (it reads values back, or raises: the real build reports that)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
             inputs = target.inputs(case)

@@ -14,6 +14,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_world_size, env_int, format_tolerance
 from shardfuzz.engine.finding import FindingContext, inputs_hash
@@ -48,8 +50,6 @@ def _prepare_driver() -> None:
     """One OpenMP thread in the driver too: 2 cores, 4 ranks and a spinning driver is 6x slower."""
     global _driver_ready
     if not _driver_ready:
-        import torch
-
         if "OMP_NUM_THREADS" not in os.environ or os.environ.get("SHARDFUZZ_DRIVER_THREADS"):
             torch.set_num_threads(env_int("SHARDFUZZ_DRIVER_THREADS", 1, 1))
         _driver_ready = True

@@ -15,6 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import hypothesis
+from hypothesis.errors import Flaky
+
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_tolerance_outputs
 from shardfuzz.engine.covering import CoveringRun, counted_run, seeded_database, stable_seed
@@ -29,8 +32,6 @@ from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  
 from shardfuzz.spec.exclude import Excluded
 
 if TYPE_CHECKING:
-    import hypothesis
-
     from shardfuzz.engine.finding import FindingContext
 
 _EXCEPTION_GROUP: type[Any] | None  # has ``.exceptions``
@@ -45,20 +46,18 @@ else:  # pragma: no cover; Hypothesis brings the backport on 3.10
 
 def check(runner: Runner, case: Case, label: str = "error/tolerance") -> float:
     """Run one case inside a Hypothesis test: statistics, events and ``target(label=label)`` included."""
-    from hypothesis import event, reject, target
-
     StickyInterrupt.check()  # a Ctrl-C that Python swallowed (in a gc callback) still stops the run
     try:
         ratio, reached = counted_run(runner, case)
     except (Unsupported, ExternalFault) as e:
         if isinstance(e, Unsupported):
-            event(f"{'excluded' if isinstance(e, Excluded) else 'unsupported'}: {e.reason}")
+            hypothesis.event(f"{'excluded' if isinstance(e, Excluded) else 'unsupported'}: {e.reason}")
         else:
-            event(f"external fault: {str(e).split(' from outside')[0]}")
-        reject()
+            hypothesis.event(f"external fault: {str(e).split(' from outside')[0]}")
+        hypothesis.reject()
     for t in reached:
-        event(t)
-    target(min(ratio, 1.0), label=label)
+        hypothesis.event(t)
+    hypothesis.target(min(ratio, 1.0), label=label)
     return ratio
 
 
@@ -122,18 +121,16 @@ def build_test(
 
 
 def given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list) -> Callable[[], None]:
-    from hypothesis import given, seed
-
     derandomized = s.derandomize
     if seeds:  # Hypothesis replays database entries first, and shrinks those that fail
         s = type(s)(s, derandomize=False, database=seeded_database(s.database, seeds))
-    test = given(case=runner.strategy())(fn)
+    test = hypothesis.given(case=runner.strategy())(fn)
     # Hypothesis keys its database by a digest of the test function's source, which any edit of
     # test_case would change, orphaning every saved example; shardfuzz pins the key it had in 0.1
     # (the database is keyed per target/implementation/backend by the prefix, not by this key)
     test._hypothesis_internal_database_key = DATABASE_KEY  # type: ignore[attr-defined]
     if derandomized and getattr(fn, "_hypothesis_internal_use_seed", None) is None:  # a user's @seed wins
-        test = seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
+        test = hypothesis.seed(stable_seed(identity))(test)  # before the settings: seed() drops the database
     return s(test)
 
 
@@ -227,10 +224,8 @@ def _mark_cut_short(finding: Finding, why: str) -> Finding:
 def settings_for(config: RunConfig, *, quiet: bool = False, **overrides: Any) -> hypothesis.settings:
     """Hypothesis settings from a configuration's profile, budget and derandomize flag (``quiet``:
     no Hypothesis output, for runs that report through a :class:`Result`)."""
-    from hypothesis import Verbosity
-
     kw: dict[str, Any] = dict(max_examples=config.max_examples, derandomize=config.derandomize)
-    kw["verbosity"] = Verbosity.quiet if quiet else None
+    kw["verbosity"] = hypothesis.Verbosity.quiet if quiet else None
     kw["database"] = hypothesis_database(config.database, config.fleet) if config.database else None
     kw.update(overrides)
     return build_settings(config.profile, **kw)
@@ -277,8 +272,6 @@ def search(runner: Runner, settings: Any = None, *, database: Any = "default", r
 
     A deadline or Ctrl-C after a finding returns that finding (``shrink_cut_short``); Ctrl-C before
     any finding raises KeyboardInterrupt."""
-    from hypothesis.errors import Flaky
-
     test = build_test(runner, settings, database=database, rows=rows)
     result = Result(runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats)
     t0 = time.perf_counter()

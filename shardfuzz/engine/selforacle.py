@@ -24,6 +24,10 @@ import functools
 import random
 from typing import Any
 
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetError, Unsupported
 from shardfuzz.protocol import Completed, Hung, ImplRef, RankDied, RankFailed, Task, UnsupportedReply, decode
@@ -161,9 +165,6 @@ def run_self(
     """The implementation ``impl`` of the case ``case`` at world size 1 (``ctx`` is this 1-rank
     pool's), on the case's inputs: ``mode="values"``: its outputs in float64 and in the case dtype;
     ``"noise"``: their noise from ``samples`` runs under :mod:`shardfuzz.verdict.noise`'s mode."""
-    import numpy as np
-    import torch
-
     orig = Case.from_dict(case)
     spec = resolve_worker_target(target)
     fn = load_ref(impl, "impl")
@@ -212,9 +213,6 @@ def run_self(
 def _plain(run: Any) -> dict[str, Any]:
     """The float64 run, refused when it computes on tensor subclasses (DTensor): the noise mode
     sees their ops, not the local ones inside, and cannot perturb them."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     plain = (torch.Tensor, torch.nn.Parameter)
 
     class Watch(TorchDispatchMode):
@@ -238,8 +236,6 @@ def _plain(run: Any) -> dict[str, Any]:
 def _whole(layout: Any, value: Any) -> Any:
     """One rank's output as the global value: a DTensor's full tensor, or the layout's assembly of
     the one local (a ``Partial`` sum stays in the local's dtype)."""
-    import torch
-
     if hasattr(value, "full_tensor") and hasattr(value, "placements"):
         value = value.full_tensor()
     if not isinstance(value, torch.Tensor):

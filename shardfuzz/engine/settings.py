@@ -10,20 +10,18 @@ when a test is *built* (at collection time, after ``--hypothesis-profile`` was l
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import hypothesis
+from hypothesis import HealthCheck, Phase, settings
 
 from shardfuzz.engine.config import PROFILES as PROFILE_NAMES
 from shardfuzz.errors import InvalidArgument
-
-if TYPE_CHECKING:
-    import hypothesis
 
 DEFAULT_PROFILE = "shardfuzz-dev"
 
 
 def _profiles() -> dict[str, dict[str, Any]]:
-    from hypothesis import HealthCheck, Phase
-
     # the explain phase cost 269 executions against 17 in a measurement: never worth it here
     phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
     quiet_checks = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -40,15 +38,11 @@ def _profiles() -> dict[str, dict[str, Any]]:
 
 def register_profiles() -> None:
     """Register the three shardfuzz profiles (idempotent)."""
-    from hypothesis import settings
-
     for name, kw in _profiles().items():
         settings.register_profile(name, **kw)
 
 
 def current_profile_name() -> str | None:
-    from hypothesis import settings
-
     getter = getattr(settings, "get_current_profile_name", None)
     if getter is not None:
         try:
@@ -71,8 +65,6 @@ def profile_for(current: str | None = None) -> str:
 
 def build_settings(profile: str | None = None, **overrides: Any) -> hypothesis.settings:
     """Settings built *now* (not at import time) from a shardfuzz profile, with ``deadline=None``."""
-    from hypothesis import settings
-
     register_profiles()
     name = profile or profile_for()
     if name not in PROFILE_NAMES:
@@ -130,8 +122,6 @@ def compose_settings(
     and a deadline written for unit tests would fail every slow first example; an ``@settings``
     deadline on a shardfuzz test is refused rather than ignored.
     """
-    from hypothesis import settings
-
     shardfuzz = settings.get_profile(profile)
     user = _changed(applied, active)
     if user.get("deadline") is not None:
@@ -152,3 +142,16 @@ def compose_settings(
     # set apart: derandomize=True and a database in one call is refused, even when they come
     # from different layers (a derandomized run then simply does not use the database)
     return composed if database == "unchanged" else settings(composed, database=database)
+
+
+def profile_changes(profile: str) -> str:
+    """What the active Hypothesis profile changes in a shardfuzz test's settings (the pytest
+    plugin's header)."""
+    composed = compose_settings(build_settings(profile), profile, active=settings())
+    shardfuzz = settings.get_profile(profile)
+    same = lambda n: _comparable(getattr(composed, n)) == _comparable(getattr(shardfuzz, n))
+    return ", ".join(f"{n}={getattr(composed, n)!r}" for n in SETTING_NAMES if not same(n))
+
+
+def _comparable(value: Any) -> Any:
+    return frozenset(value) if isinstance(value, (list, tuple)) else value

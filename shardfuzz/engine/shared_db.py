@@ -30,6 +30,10 @@ from typing import Any
 
 from shardfuzz.errors import InvalidArgument
 
+# Hypothesis is imported inside the functions that use it: the CLI's parser or the pytest
+# plugin loads this module at start (START_UP in tests/test_structure.py). redis
+# is an optional extra ([redis]), imported only for a redis:// database
+
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: the time to live of a corpus key in Redis (see the module docstring)
 EXPIRE_AFTER = datetime.timedelta(days=30)

@@ -3,9 +3,9 @@
 What users run: the CLI and its parser, campaigns, parallel jobs, the pytest plugin, the testing
 helpers and the generated doc tables. The top layer.
 
-- ``campaign.py``: campaigns: durations, progress, distinct findings, summaries.
+- ``campaign.py``: campaigns: progress, distinct findings, summaries.
 - ``cli.py``: the `shardfuzz` command: runs each subcommand.
-- ``cli_args.py``: the command line's parser, argument types and exit codes.
+- ``cli_args.py``: the command line's parser, argument types (durations, ...) and exit codes.
 - ``doc_tables.py``: the README's target tables, generated from the targets' records.
 - ``fleet_view.py``: `shardfuzz findings`, `shardfuzz status`, and `replay redis://...` (the
   fleet's failure files through the file loader).
@@ -21,5 +21,8 @@ helpers and the generated doc tables. The top layer.
 - ``pytest_options.py``: the values of the `--shardfuzz-*` pytest options, parsed and checked
   (usage errors).
 - ``pytest_plugin.py``: pytest options, profiles, `test_for`, regressions.
+- ``pytest_scope.py``: the test running now (`Scope`: the plugin's configuration for `run_case()`,
+  the runners it used) and their statistics added to Hypothesis'; light, as the plugin enters it
+  around every test.
 - ``testing.py``: `assert_planted_bug_found` and `assert_reference_passes`, for user targets.
 """

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import sys
 import threading
 import time
@@ -38,20 +37,6 @@ from shardfuzz.errors import Finding
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.triggers import PROGRESS
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds; ValueError unless finite and > 0 (``nan``,
-    ``inf``, ``0`` and negative times are refused)."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    t = text.strip().lower()
-    try:
-        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        value = -1.0
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"--duration={text!r}; expected a finite time > 0 like 90s, 10m or 1.5h")
-    return value
 
 
 def progress_line(label: str, stats: Stats, elapsed: float, shown: tuple[str, ...] = PROGRESS) -> str:

@@ -4,6 +4,12 @@ Exit codes: 0 nothing found (replay: everything passes), 1 a counterexample was 
 case still fails), 2 a usage error, 3 the fuzzer itself failed (a pool would not start, too few
 GPUs, ...). An interrupted campaign (Ctrl-C or SIGTERM) prints what it found and exits 1 if it
 found something, else 130.
+
+A start-up seam: the module imports only what parsing a command line needs (what ``cli_args``
+loads anyway), none of which imports torch or Hypothesis; each command imports the engine it runs.
+So ``shardfuzz --help`` and a usage error stay fast, torch loads only after :func:`main` has set
+``OMP_NUM_THREADS``, and a command that runs ranks starts their forkserver before it imports the
+engine, so that the forkserver's preload overlaps with the driver's own import of torch.
 """
 
 from __future__ import annotations
@@ -15,13 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardfuzz.case import Case
-from shardfuzz.engine import failures
 from shardfuzz.engine.config import RunConfig, check_tolerance_outputs, format_tolerance
-from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.hooks import grace_seconds
-from shardfuzz.engine.input_bounds import check_input_size
-from shardfuzz.engine.runner import Runner
-from shardfuzz.engine.settings import build_settings
 from shardfuzz.engine.shared_db import RedisLost, is_redis_url
 from shardfuzz.errors import (
     Finding,
@@ -31,7 +32,6 @@ from shardfuzz.errors import (
     ShardfuzzError,
     Unsupported,
 )
-from shardfuzz.frontends import campaign, fleet_view
 from shardfuzz.frontends.cli_args import (
     EXIT_FOUND,
     EXIT_INFRA,
@@ -41,17 +41,12 @@ from shardfuzz.frontends.cli_args import (
     build_parser,
 )
 from shardfuzz.frontends.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
-from shardfuzz.ranks.gpu import placement_summary
-from shardfuzz.report import plot
+from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.divergence import format_trace
-from shardfuzz.repro.replay import replay_one
-from shardfuzz.repro.standalone import write_standalone
-from shardfuzz.repro.torchrun import write_repro
 from shardfuzz.spec.refs import add_search_path, split_file_ref
 from shardfuzz.spec.registry import BUILTIN_TARGETS, available_targets, get_target
 from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.comm import CostModel, format_comm
-from shardfuzz.verdict.oracle import check_case
 
 
 def _cmd_list() -> int:
@@ -117,6 +112,11 @@ def _fuzz_config(args: Any) -> RunConfig:
 
 
 def _cmd_fuzz(args: Any) -> int:
+    start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
+    from shardfuzz.engine.failures import FailureRecorder
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.frontends import campaign
+
     targets = args.targets or sorted(BUILTIN_TARGETS)
     config = _fuzz_config(args)
     # resolve every target and implementation first: a typo is a usage error before any fuzzing
@@ -181,6 +181,8 @@ def _write_summary(path: str | None, rows: list[dict[str, Any]]) -> None:
 def _check_workers(workers: int, config: RunConfig) -> None:
     """Fleet workers share one Redis database (examples and findings); on a local directory each
     would find and shrink the same bugs alone, and derandomized ones would run the same examples."""
+    from shardfuzz.engine.settings import build_settings
+
     if not is_redis_url(config.database):
         raise InvalidArgument(
             f"--workers {workers}: fleet workers share their examples and findings through a Redis "
@@ -194,6 +196,8 @@ def _check_workers(workers: int, config: RunConfig) -> None:
 
 
 def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
+    from shardfuzz.frontends import campaign
+
     base = [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz"]
     opts = ["--config-json", config.to_json(), "--progress-every", str(args.progress_every)]
     if args.impl is not None:
@@ -225,6 +229,12 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
 def _cmd_case(args: Any) -> int:
     if args.plot_output is not None and args.plot is None:
         raise InvalidArgument(f"--plot-output {args.plot_output!r} needs --plot FILE.png")
+    start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
+    from shardfuzz.engine.input_bounds import check_input_size
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.report import plot
+    from shardfuzz.verdict.oracle import check_case
+
     if args.plot is not None:  # before the case runs: a missing extra or folder is a usage error
         plot.require_matplotlib()
         plot.check_path(args.plot)
@@ -270,6 +280,11 @@ def _print_collectives(args: Any, traces: dict[int, Any]) -> None:
 def _cmd_replay(args: Any) -> int:
     if args.finding is not None and not any(map(is_redis_url, args.paths)):
         raise InvalidArgument(f"--finding={args.finding!r} names a fleet finding: give a redis://... URL")
+    start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
+    from shardfuzz.engine import failures
+    from shardfuzz.frontends import fleet_view
+    from shardfuzz.repro.replay import replay_one
+
     files = [p for p in args.paths if not is_redis_url(p)]
     paths = failures.find_files(files) if files else []
     records = [failures.load(p, trust_refs=args.trust_refs) for p in paths]  # all checked before any runs
@@ -300,6 +315,10 @@ def _cmd_replay(args: Any) -> int:
 
 
 def _cmd_repro(args: Any) -> int:
+    from shardfuzz.engine import failures
+    from shardfuzz.repro.standalone import write_standalone
+    from shardfuzz.repro.torchrun import write_repro
+
     record = failures.load(args.file, trust_refs=args.trust_refs)
     if args.standalone:
         path = write_standalone(record, args.output or "repro")
@@ -325,6 +344,8 @@ def _main(args: Any) -> int:
         if args.command == "list":
             return _cmd_list()
         if args.command == "gpus":
+            from shardfuzz.ranks.gpu import placement_summary
+
             print(placement_summary())
             return EXIT_OK
         if args.command == "fuzz":
@@ -335,10 +356,11 @@ def _main(args: Any) -> int:
             return _cmd_replay(args)
         if args.command == "repro":
             return _cmd_repro(args)
-        if args.command == "findings":
-            return fleet_view.cmd_findings(args.url, args.fleet)
-        if args.command == "status":
-            return fleet_view.cmd_status(args.url, args.fleet)
+        if args.command in ("findings", "status"):
+            from shardfuzz.frontends import fleet_view
+
+            show = fleet_view.cmd_findings if args.command == "findings" else fleet_view.cmd_status
+            return show(args.url, args.fleet)
     except InvalidArgument as e:
         print(f"shardfuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE

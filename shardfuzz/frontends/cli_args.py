@@ -20,7 +20,6 @@ from shardfuzz.engine.config import (
 from shardfuzz.engine.shared_db import check_database, check_fleet, is_redis_url, redact
 from shardfuzz.engine.trust import add_trust_option
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.frontends import campaign
 from shardfuzz.spec.exclude import CaseExpression
 from shardfuzz.spec.refs import add_search_path_option
 from shardfuzz.spec.tolerance import OutputTolerance
@@ -33,6 +32,20 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds; ValueError unless finite and > 0 (``nan``,
+    ``inf``, ``0`` and negative times are refused)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"--duration={text!r}; expected a finite time > 0 like 90s, 10m or 1.5h")
+    return value
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
@@ -117,7 +130,7 @@ def _beta(text: str) -> float:
 
 def _duration(text: str) -> float:
     try:
-        return campaign.parse_duration(text)
+        return parse_duration(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -150,7 +163,7 @@ def _finish_time(text: str) -> float:
     if text.strip() in ("0", "0s"):
         return 0.0
     try:
-        return campaign.parse_duration(text)
+        return parse_duration(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--finish-shrink={text!r}; expected 0 or a finite time > 0 like 30s or 2m"

@@ -11,35 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import currently_in_test_context
+
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig
 from shardfuzz.engine.covering import counted_run
 from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.runner import Runner
 from shardfuzz.engine.search import check
-from shardfuzz.engine.stats import Stats
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.frontends.pytest_scope import Scope
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.refs import anchored_ref, caller_dir
 
 _RUNNERS: dict[tuple, Runner] = {}
-
-
-class Scope:
-    """One pytest test while it runs (set by the plugin): the plugin's configuration, and the
-    runners the test used, each with statistics of this test only (the plugin prints them)."""
-
-    current: Scope | None = None
-
-    def __init__(self, config: RunConfig | None = None, *, full_trace: bool = False) -> None:
-        self.config = config
-        self.full_trace = full_trace  # pytest --full-trace: keep every frame of a finding
-        self.runners: list[Runner] = []
-
-    def add(self, runner: Runner) -> None:
-        if runner not in self.runners:
-            runner.stats = Stats()
-            self.runners.append(runner)
 
 
 def run_case(
@@ -79,7 +64,6 @@ def run_case(
         runner = _RUNNERS[key] = Runner(target, impl, config, hooks=hooks)
     if scope is not None:
         scope.add(runner)
-    from hypothesis import currently_in_test_context
 
     if currently_in_test_context():
         return check(runner, case, label=f"error/tolerance {runner.key}")

@@ -4,12 +4,14 @@ stop with their parent (Ctrl-C and SIGTERM forwarded; PR_SET_PDEATHSIG when it i
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, TextIO
@@ -48,8 +50,6 @@ def die_with_parent(parent_pid: int) -> None:
     """In a child job: be killed (SIGKILL) when the parent dies, however it dies (Linux
     PR_SET_PDEATHSIG; the child's own ranks then follow it), and exit now if it is already gone."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent's SIGTERM handler still stops us
         pass
@@ -73,8 +73,6 @@ def run_jobs(
     its verdict and summary, within 30 s or is killed. Returns the children's summary rows, their
     exit codes, and whether the run was interrupted (``stream``: ``sys.stdout`` at the call, so that
     a caller's redirected stdout gets the children's lines)."""
-    import tempfile
-
     stream = stream if stream is not None else sys.stdout
     pending = list(range(len(jobs)))
     running: Running = {}

@@ -8,27 +8,28 @@
   profile, what the active profile changes, the ``--shardfuzz-*`` options, the user's
   ``@settings``, ``test_for``'s arguments.
 * shardfuzz's own statistics (examples, trigger shares, cases set aside, the closest pass and its
-  case) are added to Hypothesis' statistics of the test (:func:`statistics`), for ``test_for``
-  tests and for the user's tests that call :func:`shardfuzz.run_case`.
+  case) are added to Hypothesis' statistics of the test
+  (:func:`shardfuzz.frontends.pytest_scope.statistics`), for ``test_for`` tests and for the
+  user's tests that call :func:`shardfuzz.run_case`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from shardfuzz.engine.config import RunConfig
 from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.runner import Runner
 from shardfuzz.engine.search import build_test, findings_of, run_test, settings_for
-from shardfuzz.engine.settings import SETTING_NAMES, build_settings, compose_settings
+from shardfuzz.engine.settings import compose_settings
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.frontends.given import Scope
+from shardfuzz.frontends.pytest_scope import Scope
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.records import KINDS
 
@@ -44,8 +45,6 @@ FORWARDED = (
 
 def test_settings(test_fn: Any, config: RunConfig, **explicit: Any) -> Any:
     """The Hypothesis settings of a ``test_for`` test (see :func:`compose_settings`)."""
-    from hypothesis import settings
-
     base = settings_for(config)
     applied = getattr(test_fn, "_hypothesis_internal_use_settings", None)
     return compose_settings(
@@ -89,69 +88,7 @@ def run_target_test(
     return runner
 
 
-def profile_changes(profile: str) -> str:
-    """What the active Hypothesis profile changes in a shardfuzz test's settings (the header)."""
-    from hypothesis import settings
-
-    composed = compose_settings(build_settings(profile), profile, active=settings())
-    shardfuzz = settings.get_profile(profile)
-    same = lambda n: _comparable(getattr(composed, n)) == _comparable(getattr(shardfuzz, n))
-    return ", ".join(f"{n}={getattr(composed, n)!r}" for n in SETTING_NAMES if not same(n))
-
-
-def _comparable(value: Any) -> Any:
-    return frozenset(value) if isinstance(value, (list, tuple)) else value
-
-
-def statistics(runner: Runner) -> str:
-    """shardfuzz's statistics of one runner in one test, in the layout of Hypothesis' own."""
-    s = runner.stats
-    lines = [f"  - shardfuzz {runner.key}: {s.examples} examples ({s.passed} passed, {s.failures} failing)"]
-    if s.examples and s.triggers:
-        shares = ", ".join(
-            f"{k} {100.0 * v / s.examples:.0f}%" for k, v in sorted(s.triggers.items()) if v > 0
-        )
-        lines.append(f"    - trigger conditions reached: {shares or 'none'}")
-    for what, counts in (
-        ("rejected as unsupported", s.unsupported),
-        ("excluded as known failures", s.excluded),
-    ):
-        if counts:
-            lines.append(f"    - {what}: " + ", ".join(f"{k} x{v}" for k, v in counts.most_common()))
-    if s.external_faults:
-        lines.append(f"    - external faults set aside (rank killed from outside): {s.external_faults}")
-    if s.closest_pass is not None:
-        lines.append(f"    - closest pass: error/tolerance {s.worst_pass_ratio:.3g} at {s.closest_pass!r}")
-    if s.margin is not None:
-        lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
-    return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def test_scope(item: Any, config: RunConfig | None) -> Iterator[None]:
-    """While one pytest test runs: the runners it uses, and their statistics added to
-    Hypothesis' statistics of the test afterwards (pytest's own ``item.hypothesis_statistics``,
-    which Hypothesis' plugin copies into the report and prints with ``--hypothesis-show-statistics``)."""
-    scope = Scope(config, full_trace=bool(item.config.getoption("fulltrace", False)))
-    outer, Scope.current = Scope.current, scope
-    try:
-        yield
-    finally:
-        Scope.current = outer
-        ours = "\n".join(statistics(r) for r in scope.runners)
-        if ours:
-            head = getattr(item, "hypothesis_statistics", None) or f"{item.nodeid}:\n"
-            item.hypothesis_statistics = f"{head.rstrip()}\n{ours}"
-
-
-def mark_hypothesis_test(fn: Any) -> Any:
-    """Make ``fn`` a Hypothesis test for Hypothesis' pytest plugin (settings, statistics)."""
-    fn.is_hypothesis_test = True
-    return fn
-
-
-test_settings.__test__ = False  # type: ignore[attr-defined]  # helpers, not tests to collect
-test_scope.__test__ = False  # type: ignore[attr-defined]
+test_settings.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test to collect
 
 
 def names_filter(value: Any, what: str, allowed: tuple[str, ...] | None = None) -> frozenset[str] | None:

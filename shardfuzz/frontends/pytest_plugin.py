@@ -12,7 +12,11 @@
   user's profile and ``@settings`` (:mod:`shardfuzz.frontends.pytest_compose`);
 * adds shardfuzz's statistics to Hypothesis' for ``--hypothesis-show-statistics``.
 
-Importing this module does not import torch; it loads inside tests.
+A start-up seam: pytest loads this module, and runs its hooks, in every session of a project
+where shardfuzz is installed, shardfuzz's tests or not. So it imports only modules that import
+neither torch nor Hypothesis; ``pytest_configure`` imports the profiles (Hypothesis), and
+``test_for``'s tests and ``regressions`` import the engine (torch) when a test file uses them,
+after starting the ranks' forkserver, whose preload then overlaps with that import.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from typing import Any
 
 import pytest
 
-from shardfuzz.engine import failures
 from shardfuzz.engine.config import (
     BACKENDS,
     DEVICES,
@@ -34,14 +37,13 @@ from shardfuzz.engine.config import (
     check_tolerance_outputs,
     format_tolerance,
 )
-from shardfuzz.engine.failures import check_failures_dir, default_dir
-from shardfuzz.engine.settings import current_profile_name, profile_for, register_profiles
+from shardfuzz.engine.filewriter import check_failures_dir, default_dir
 from shardfuzz.engine.shared_db import database_options
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.frontends import pytest_compose as compose
 from shardfuzz.frontends import pytest_options as opts
+from shardfuzz.frontends.pytest_scope import test_scope
+from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
-from shardfuzz.repro.replay import replay_one
 from shardfuzz.spec.refs import anchored_ref, caller_dir
 from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
 
@@ -143,6 +145,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # order of plugins found by entry point differs between installs: CI ran ours first)
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    from shardfuzz.engine.settings import current_profile_name, profile_for, register_profiles
+
     register_profiles()
     timeout = config.getoption("--shardfuzz-timeout", None)
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
@@ -191,6 +195,8 @@ def pytest_collection_modifyitems(items: list) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    from shardfuzz.engine.settings import profile_changes, profile_for
+
     o: Options = config._shardfuzz_options  # type: ignore[attr-defined]
     args = (
         [f"--hypothesis-profile={o.hypothesis_profile}"]
@@ -210,7 +216,7 @@ def pytest_report_header(config: pytest.Config) -> str:
         args.append(f"--shardfuzz-dtypes={','.join(o.dtypes)}")
     args += [shlex.quote(f"--shardfuzz-tolerance={format_tolerance(n, t)}") for n, t in o.tolerance]
     args += [shlex.quote(f"--shardfuzz-exclude={e}") for e in o.exclude]
-    changes = compose.profile_changes(o.profile)
+    changes = profile_changes(o.profile)
     changed = f"; from profile {o.hypothesis_profile!r}: {changes}" if changes else ""
     return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}{changed}"
 
@@ -236,7 +242,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     """Each test's shardfuzz runners (``test_for``, :func:`shardfuzz.run_case`) get the session's
     options, and their statistics join Hypothesis' statistics of the test."""
     options: Options | None = getattr(item.config, "_shardfuzz_options", None)
-    with compose.test_scope(item, options.config() if options is not None else None):
+    with test_scope(item, options.config() if options is not None else None):
         return (yield)
 
 
@@ -272,13 +278,17 @@ def test_for(
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
 
     def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
+        start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
+        from shardfuzz.frontends import pytest_compose as compose
+
         config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout)
         compose.run_target_test(
             test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
         )
 
     test.__name__ = f"test_shardfuzz_{name}"
-    return compose.mark_hypothesis_test(test)
+    test.is_hypothesis_test = True  # type: ignore[attr-defined]  # see shardfuzz.frontends.pytest_compose
+    return test
 
 
 def _tested(config: pytest.Config, target: Any) -> None:
@@ -318,6 +328,12 @@ def regressions(
         if os.path.isdir(where)
         else []
     )
+    if files:  # replays will run: the forkserver's preload overlaps with the engine's import
+        start_forkserver()
+    from shardfuzz.engine import failures
+    from shardfuzz.frontends import pytest_compose as compose
+    from shardfuzz.repro.replay import replay_one
+
     files = compose.select_failure_files(files, target=target, impl=impl, kind=kind, planted=planted)
 
     @pytest.mark.shardfuzz_regression

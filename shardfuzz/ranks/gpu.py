@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from shardfuzz.errors import InfrastructureError, InvalidArgument
 from shardfuzz.spec.registry import available_targets, get_target
 
@@ -19,8 +21,6 @@ GLOO_CUDA_COLLECTIVES = frozenset({"all_reduce", "broadcast"})
 
 
 def cuda_device_count() -> int:
-    import torch
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 

@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import importlib
+import multiprocessing as mp
+import multiprocessing.forkserver
+import multiprocessing.spawn
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+# torch.distributed is imported inside driver_store: the seams (the CLI's commands, the pytest
+# plugin's tests) import this module and call start_forkserver before they import the engine, so
+# that the forkserver's preload overlaps with the driver's own import of torch (BEFORE_TORCH in
+# tests/test_structure.py)
 
 #: a rank progresses when its CPU time grew by more than this share of the window
 PROGRESS_FRACTION = 0.02
@@ -39,8 +48,6 @@ _store: Any = None
 def context() -> Any:
     global _ctx
     if _ctx is None:
-        import multiprocessing as mp
-
         # explicit start method: Python 3.14 changes Linux's default
         _ctx = mp.get_context("forkserver")
         # preload once in the forkserver what every (re)started rank would otherwise import inside
@@ -76,11 +83,9 @@ def start_forkserver() -> None:
 
 
 def _ensure_forkserver() -> None:
-    from multiprocessing import forkserver
-
     context()
     with no_main_import():
-        forkserver.ensure_running()
+        mp.forkserver.ensure_running()
 
 
 _early: threading.Thread | None = None
@@ -91,8 +96,6 @@ def driver_store() -> Any:
     global _store
     with _start_lock:
         if _store is None:
-            import datetime
-
             import torch.distributed as dist
 
             # TCPStore("127.0.0.1", 0, is_master=True) listens on every interface (IPv4 and IPv6)
@@ -121,10 +124,8 @@ def no_main_import() -> Iterator[None]:
     nothing from ``__main__`` (implementations are imported by reference), so drop it from the
     preparation data.
     """
-    from multiprocessing import spawn
-
     with _main_lock:  # pools may start from several threads (spares): one patch at a time
-        original = spawn.get_preparation_data
+        original = mp.spawn.get_preparation_data
 
         def prepare(name: str) -> dict[str, Any]:
             data = original(name)
@@ -133,11 +134,11 @@ def no_main_import() -> Iterator[None]:
             data.pop("main_path", None)  # what the forkserver itself would import
             return data
 
-        spawn.get_preparation_data = prepare
+        mp.spawn.get_preparation_data = prepare
         try:
             yield
         finally:
-            spawn.get_preparation_data = original
+            mp.spawn.get_preparation_data = original
 
 
 _main_lock = threading.RLock()

@@ -23,7 +23,13 @@ import random
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.distributed.device_mesh import DeviceMesh
 
 from shardfuzz.protocol import Reply, Task, encode, numerics_flags
 from shardfuzz.ranks.faults import ProcessState
@@ -34,9 +40,6 @@ from shardfuzz.spec.placements import describe as describe_dtensor
 from shardfuzz.spec.placements import local_input
 from shardfuzz.spec.refs import load_ref
 from shardfuzz.spec.registry import resolve_worker_target
-
-if TYPE_CHECKING:
-    import torch
 
 IGNORED_COLLECTIVE_WARNING = "an autograd kernel was not registered to the Autograd key"
 
@@ -56,9 +59,6 @@ class Mesh:
         """This rank's :class:`torch.distributed.device_mesh.DeviceMesh` over the whole mesh, with
         axes named ``axis0, ...`` and ``impl`` (the last one, under test)."""
         if self._device_mesh is None:
-            import torch
-            from torch.distributed.device_mesh import DeviceMesh
-
             names = (*(f"axis{i}" for i in range(len(self.shape) - 1)), "impl")
             mesh = torch.arange(math.prod(self.shape)).view(self.shape)
             self._device_mesh = DeviceMesh.from_group(
@@ -103,15 +103,11 @@ class RankContext:
 
     @property
     def dtype(self) -> torch.dtype:
-        import torch
-
         return getattr(torch, self.case.dtype)
 
 
 def select_device(backend: str, device: str, rank: int) -> torch.device:
     """One CUDA device per rank for nccl (and for gloo on CUDA tensors); the CPU otherwise."""
-    import torch
-
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic mode
     if backend == "nccl" or device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -133,8 +129,6 @@ _SIMPLE = (
 
 def torch_settings() -> list[Setting]:
     """The global torch settings an example must leave as it found them: (name, getter, setter)."""
-    import torch
-
     det = torch.use_deterministic_algorithms
     settings: list[Setting] = [(f"torch.{g}()", getattr(torch, g), getattr(torch, s)) for g, s in _SIMPLE]
     settings += [
@@ -171,8 +165,6 @@ def _attribute(obj: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], 
 
 
 def _process_groups() -> int:
-    import torch.distributed.distributed_c10d as c10d
-
     return len(getattr(getattr(c10d, "_world", None), "pg_map", None) or {})
 
 
@@ -209,7 +201,6 @@ class RankState:
         key = (shape, timeout_s)
         if key in self.meshes:
             return self.meshes[key]
-        import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=timeout_s)
         n = math.prod(shape)
@@ -281,9 +272,6 @@ class RankState:
 
 def run_task(state: RankState, task: Task) -> Reply:
     """Run one task on this rank: reset state, build inputs and shards, call the implementation."""
-    import numpy as np
-    import torch
-
     case = task.case
     state.leaks, state.restart = (), False
     target = state.target(task.target_ref)
@@ -308,9 +296,6 @@ def run_task(state: RankState, task: Task) -> Reply:
 
 
 def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Reply:
-    import torch
-    import torch.distributed as dist
-
     case = task.case
     group_rank, group_size = mesh.coords[-1], case.mesh[-1]
     inputs = target.inputs(case)

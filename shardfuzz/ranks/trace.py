@@ -32,6 +32,9 @@ from typing import Any
 from shardfuzz.protocol import POINT_TO_POINT as POINT_TO_POINT
 from shardfuzz.protocol import Collective as Collective
 
+# torch.distributed is imported inside the functions that use it: the CLI's parser or the pytest
+# plugin loads this module at start (START_UP in tests/test_structure.py)
+
 #: c10d API: name -> (tensor arguments that are this rank's contribution, those that are outputs)
 C10D_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "all_reduce": (("tensor",), ()),

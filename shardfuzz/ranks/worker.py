@@ -11,6 +11,7 @@ group, so that the process (and its imports) serve the next example.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import faulthandler
 import gc
@@ -22,6 +23,10 @@ import traceback
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from shardfuzz.errors import Unsupported
 from shardfuzz.protocol import (
@@ -88,8 +93,6 @@ def warm(state: RankState, msg: Warm) -> None:
 def _set_pdeathsig() -> None:
     if sys.platform != "linux":
         return  # macOS has no PDEATHSIG: the watchdog thread alone ends the worker
-    import ctypes
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -108,9 +111,6 @@ def _watchdog(alive_conn: Any) -> None:
 
 def leave(state: RankState) -> None:
     """Destroy every process group of this rank, and drop the meshes built on them."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
     state.meshes.clear()
     state.warm.clear()  # new groups may initialise lazily again
     groups = getattr(getattr(c10d, "_world", None), "pg_map", None) or {}
@@ -151,10 +151,9 @@ def _join(
     rank: int, world_size: int, backend: str, store_info: tuple, timeout_s: float, debug: bool
 ) -> Callable[[str], None]:
     """Join the pool's world group; returns how to join again under a store prefix (a regroup)."""
+    # torch is loaded already (the forkserver preloads it): the thread count is set on it, and the
+    # variable is what this rank's own subprocesses inherit
     os.environ["OMP_NUM_THREADS"] = os.environ.get("SHARDFUZZ_WORKER_THREADS", "1")
-    import torch
-    import torch.distributed as dist
-
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     host, port, prefix = store_info
     # the store waits as long as the groups (the hard cap), never less than STORE_TIMEOUT_S
@@ -201,7 +200,6 @@ def _serve(state: RankState, conn: Any, join: Callable[[str], None], backend: st
             # "connection closed": their collectives fail now, not at the gloo timeout
             with contextlib.suppress(Exception):
                 leave(state)
-    import torch.distributed as dist
 
     try:
         dist.destroy_process_group()

@@ -16,14 +16,14 @@ first divergent collective. Imports core, spec, ranks and verdict.
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
     # 0.1's module ``shardfuzz.report`` is this package now: its names still resolve, with a warning,
     # until 0.3.0 (CHANGELOG, "Migration"). Lazy, so that importing a submodule stays light.
-    import importlib
-    import warnings
 
     findings = importlib.import_module("shardfuzz.report.findings")
     if name.startswith("__") or not hasattr(findings, name):

@@ -15,6 +15,8 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from shardfuzz.spec.layouts import split_sizes
 
 if TYPE_CHECKING:
@@ -130,8 +132,6 @@ def global_views(od: OutputDiff, pieces: list[Piece] | None = None) -> list[Glob
 
 
 def _view(shape: tuple[int, ...], group: list[Piece]) -> GlobalView:
-    import torch
-
     complex_ = any(p.local.is_complex() for p in group)
     wrong = torch.zeros(shape, dtype=torch.bool)
     actual = torch.full(shape, float("nan"), dtype=torch.complex128 if complex_ else torch.float64)

@@ -24,6 +24,8 @@ import sys
 import textwrap
 from typing import Any
 
+import torch
+
 import shardfuzz
 from shardfuzz.engine.failures import record_impl, record_target
 from shardfuzz.engine.runner import Runner
@@ -160,8 +162,6 @@ def _layout_spec(layout: Layout, name: str) -> tuple:
 
 
 def _tensor_literal(t: Any) -> str:
-    import torch
-
     if not isinstance(t, torch.Tensor):
         return repr(t)
     values = t.tolist() if t.dtype != torch.bfloat16 else t.float().tolist()
@@ -169,8 +169,6 @@ def _tensor_literal(t: Any) -> str:
 
 
 def _tensors(values: dict[str, Any], key: str, saved: dict[str, Any]) -> str:
-    import torch
-
     items = []
     for name, v in values.items():
         if isinstance(v, torch.Tensor) and v.numel() > INLINE_NUMEL:
@@ -184,8 +182,6 @@ def _tensors(values: dict[str, Any], key: str, saved: dict[str, Any]) -> str:
 def write_standalone(record: dict[str, Any], directory: str) -> str:
     """Write ``DIR/repro_<target>_<impl>.py`` (and ``DIR/inputs.pt`` when needed) for one failure
     record; returns the script's path."""
-    import torch
-
     target, _ = record_target(record)
     refuse(target, "shardfuzz repro --standalone")  # the script carries an oracle's values
     case = record["case"]

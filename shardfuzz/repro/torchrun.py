@@ -19,6 +19,9 @@ import pprint
 import sys
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 import shardfuzz
 from shardfuzz.case import Case
 from shardfuzz.engine import failures
@@ -84,9 +87,6 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
                 file=sys.stderr,
             )
         return 2
-
-    import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(1)
     device_obj = select_device(backend, device, local_rank)

@@ -7,16 +7,13 @@ without any collective, so a replay anywhere sees the same data.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 def generator(case: Any, stream: int = 0) -> torch.Generator:
     """A CPU ``torch.Generator`` for ``case.seed`` (``stream`` gives independent sub-streams)."""
-    import torch
-
     return torch.Generator(device="cpu").manual_seed((case.seed * 1_000_003 + stream) % (2**63))
 
 
@@ -25,8 +22,6 @@ def seed_global(seed: int, device_type: str = "cpu") -> None:
     generator: ``torch.manual_seed`` also queues a seed for every accelerator not yet initialised
     (CUDA, XPU, MTIA), each with a formatted stack (``traceback.format_stack``, 2-7 ms per example
     on 2 cores), for RNGs that a CPU example never draws from."""
-    import torch
-
     if device_type == "cpu":
         torch.default_generator.manual_seed(int(seed))
     else:
@@ -74,8 +69,6 @@ def randn(
 ) -> torch.Tensor:
     """Normal values of ``shape`` and standard deviation ``scale`` in the case dtype (or
     ``dtype``), shaped by the value profile for a tensor of ``role`` (``profile=False``: not at all)."""
-    import torch
-
     g = gen if gen is not None else generator(case)
     t = torch.randn(shape, generator=g, dtype=torch.float32) * scale
     if profile:
@@ -85,6 +78,4 @@ def randn(
 
 def float64(v: Any) -> Any:
     """A floating tensor upcast to float64; anything else as it is."""
-    import torch
-
     return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v

@@ -21,6 +21,9 @@ from typing import Any
 
 from shardfuzz.errors import InvalidArgument
 
+# torch is imported inside the methods that use it: the CLI's parser or the pytest
+# plugin loads this module at start (START_UP in tests/test_structure.py)
+
 SPLIT_RULES = ("dtensor", "tensor_split")
 
 

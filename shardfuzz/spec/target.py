@@ -22,6 +22,9 @@ from shardfuzz.spec.records import Bound, ExpectedFailure, PlantedBug, bind
 from shardfuzz.spec.refs import module_ref, ref_of_callable
 from shardfuzz.spec.tolerance import per_output_tolerances
 
+# Hypothesis is imported inside the functions that use it: the CLI's parser or the pytest
+# plugin loads this module at start (START_UP in tests/test_structure.py)
+
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from shardfuzz.errors import InvalidArgument
 
+# torch is imported inside the functions that use it: the CLI's parser or the pytest
+# plugin loads this module at start (START_UP in tests/test_structure.py)
+
 if TYPE_CHECKING:
     import torch
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 @dataclasses.dataclass
@@ -88,14 +87,10 @@ class OutputDiff:
 
 
 def _is_tensor(x: Any) -> bool:
-    import torch
-
     return isinstance(x, torch.Tensor)
 
 
 def exact_equal(a: Any, b: Any) -> bool:
-    import torch
-
     if _is_tensor(a) and _is_tensor(b):
         return a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu().to(a.dtype)))
     return a == b
@@ -116,8 +111,6 @@ def compare_tensor(
     """Elementwise comparison with the NaN/Inf policy. ``to_global`` maps a local index to a global
     one; ``noise`` (the noise model's estimate) and ``u`` (the case dtype's unit roundoff) only
     enrich the description of the worst elements."""
-    import torch
-
     a = actual.detach().double()
     e = expected.double()
     n = e.numel()

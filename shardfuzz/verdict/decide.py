@@ -18,6 +18,8 @@ import dataclasses
 import math
 from typing import Any
 
+import torch
+
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetError
 from shardfuzz.protocol import Reply, decode
@@ -69,8 +71,6 @@ def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideC
 def gross(verdict: Verdict, expected: Expected) -> bool:
     """Whether some output is wrong by more than ``GROSS_RATIO`` times its bound and by more than
     ``GROSS_SHARE`` of its largest reference value (or non-finite where the reference is not)."""
-    import torch
-
     for od in verdict.mismatched:
         ref = expected.ref.get(od.name)
         if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or od.max_ratio < GROSS_RATIO:

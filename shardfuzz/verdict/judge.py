@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from shardfuzz.case import Case
 from shardfuzz.spec.layouts import Layout
 from shardfuzz.spec.placements import resolve as resolve_dtensors
@@ -74,8 +76,6 @@ def check_layouts(
     case: Case, outputs: dict[str, Layout], locals_: list[dict[str, Any]], expected: Expected
 ) -> list[str]:
     """Every rank holds every output, with the shape and dtype its layout says."""
-    import torch
-
     label = case.rank_label
     declared = set(outputs)
     problems = [
@@ -126,8 +126,6 @@ def compare_values(
     tolerance: Tolerance,
 ) -> list[OutputDiff]:
     """One :class:`OutputDiff` per output: floating values within the tolerance, others exactly."""
-    import torch
-
     diffs = []
     for name, layout in outputs.items():
         ref, low = expected.ref[name], expected.low[name]
@@ -199,8 +197,6 @@ def _compare_floating(
 
 
 def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list[RankDiff]:
-    import torch
-
     g = case.group_size
     rds = []
     if layout.per_rank:

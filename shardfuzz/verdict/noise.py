@@ -32,17 +32,16 @@ the tolerance's floor (:class:`shardfuzz.Tolerance`) and the case-dtype rerun co
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF
 from shardfuzz.verdict.noise_rules import EXACT, REDUCTIONS, SPECIAL, SUM_LIKE
-
-if TYPE_CHECKING:
-    import torch
 
 #: every case perturbs at this unit and scales the spread back to its dtype's (first order): small
 #: enough to stay linear (a bf16-sized kick to a log-probability of -1e8 could overflow exp),
@@ -100,13 +99,10 @@ def _kind(func: Any) -> OpKind:
 
 
 class NoiseDraws:
-    """The draws of :func:`rounding_noise`'s mode: its units, its seeded generator, the |terms| it
-    keeps for the rules, and the noise it adds (a class of its own: the mode's class is built on
-    first use, and needs torch)."""
+    """The draws of :class:`RoundingNoise`: its units, its seeded generator, the |terms| it keeps
+    for the rules, and the noise it adds."""
 
     def __init__(self, u: float, seed: int, group_size: int, case_u: float | None = None) -> None:
-        import torch
-
         super().__init__()
         self.u = u
         self.reduction_u = u * math.sqrt(group_size + 1)
@@ -129,8 +125,6 @@ class NoiseDraws:
 
     def remember(self, t: Any, terms: Any) -> None:
         """Keep ``terms`` as the |terms| behind ``t`` while ``t`` lives (see :meth:`terms_of`)."""
-        import torch
-
         if isinstance(t, torch.Tensor) and isinstance(terms, torch.Tensor) and terms.shape == t.shape:
             key = id(t)
 
@@ -141,8 +135,6 @@ class NoiseDraws:
 
     def xi(self, like: torch.Tensor, u: float) -> torch.Tensor:
         """Uniform in [-u, u], shaped like ``like`` (drawn on the CPU generator)."""
-        import torch
-
         r = torch.empty(like.shape, dtype=torch.float64).uniform_(-u, u, generator=self.gen)
         return r if like.device.type == "cpu" else r.to(like.device)
 
@@ -150,57 +142,49 @@ class NoiseDraws:
         """``u * |scale| * xi``, xi uniform in [-1, 1] (symmetric: the sign of ``scale`` does
         not matter); no noise where the scale is not finite (an infinite term: the result is
         infinite too, and inf - inf would make a NaN)."""
-        import torch
-
         scale = torch.nan_to_num(scale.double(), 0.0, 0.0, 0.0)
         return scale * self.xi(scale, self.u if u is None else u)
 
     def perturb(self, t: torch.Tensor, scale: torch.Tensor | None, u: float) -> torch.Tensor:
         """``t`` plus noise of ``scale`` (``None``: one rounding of ``t`` itself, ``t * (1 + xi)``,
         which keeps an infinity infinite)."""
-        import torch
-
         if scale is None:
             r = torch.empty(t.shape, dtype=torch.float64).uniform_(1 - u, 1 + u, generator=self.gen)
             return t * (r if t.device.type == "cpu" else r.to(t.device))
         return torch.addcmul(t, torch.nan_to_num(scale, 0.0, 0.0, 0.0), self.xi(t, u))
 
 
-@functools.cache
-def rounding_noise() -> type:
-    """The ``TorchDispatchMode`` class, built on first use (importing shardfuzz imports no torch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+class RoundingNoise(NoiseDraws, TorchDispatchMode):
+    """Adds a case-dtype-sized random rounding error to every float64 op result (see the module)."""
 
-    class RoundingNoise(NoiseDraws, TorchDispatchMode):
-        """Adds a case-dtype-sized random rounding error to every float64 op result (see the module)."""
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # no torch.compile runs under this mode: without this, torch wraps __torch_dispatch__
+        # in its dynamo ``disable`` wrapper, paid on every op of every noise sample
+        return False
 
-        @classmethod
-        def _should_skip_dynamo(cls) -> bool:
-            # no torch.compile runs under this mode: without this, torch wraps __torch_dispatch__
-            # in its dynamo ``disable`` wrapper, paid on every op of every noise sample
-            return False
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        kind = _kind(func)
+        if kind.skip or not _has_float64(args, kwargs):
+            return _exact_op(self, kind, func, args, kwargs)
+        absolute = _absolute(kind.base, args, kwargs) if kind.sum_like else None  # copies: before the op
+        out = func(*args, **kwargs)
+        written = _written(kind, args, kwargs)
+        u = self.reduction_u if kind.reduction else self.u
+        if kind.rule is not None:
+            result = _by_rule(self, kind.rule, func, args, kwargs, out, written)
+            if result is not None:
+                return result
+        scales = _terms_scales(kind, func, absolute, written)
+        if written:  # in place: perturb what was written (the result aliases it)
+            _perturb_written(self, written, scales, u)
+            return out
+        return _perturb_result(self, out, scales, u)
 
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            kind = _kind(func)
-            if kind.skip or not _has_float64(args, kwargs):
-                return _exact_op(self, kind, func, args, kwargs)
-            absolute = _absolute(kind.base, args, kwargs) if kind.sum_like else None  # copies: before the op
-            out = func(*args, **kwargs)
-            written = _written(kind, args, kwargs)
-            u = self.reduction_u if kind.reduction else self.u
-            if kind.rule is not None:
-                result = _by_rule(self, kind.rule, func, args, kwargs, out, written)
-                if result is not None:
-                    return result
-            scales = _terms_scales(kind, func, absolute, written)
-            if written:  # in place: perturb what was written (the result aliases it)
-                _perturb_written(self, written, scales, u)
-                return out
-            return _perturb_result(self, out, scales, u)
 
+def rounding_noise() -> type[RoundingNoise]:
+    """The ``TorchDispatchMode`` class of the noise model (:class:`RoundingNoise`)."""
     return RoundingNoise
 
 
@@ -262,8 +246,6 @@ def _perturb_written(mode: Any, written: list[Any], scales: list[Any] | None, u:
 
 def _perturb_result(mode: Any, out: Any, scales: list[Any] | None, u: float) -> Any:
     """``out`` (a tensor, or a tuple or list of them) with a rounding of each floating result."""
-    import torch
-
     if isinstance(out, torch.Tensor):
         if not _perturbable(out):
             return out
@@ -294,14 +276,10 @@ def _flat(x: Any) -> list[Any]:
 
 
 def _perturbable(t: Any) -> bool:
-    import torch
-
     return isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.numel() > 0
 
 
 def _has_float64(args: tuple, kwargs: dict) -> bool:
-    import torch
-
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
             if a.dtype == torch.float64:
@@ -315,8 +293,6 @@ def _has_float64(args: tuple, kwargs: dict) -> bool:
 
 def _written(kind: OpKind, args: tuple, kwargs: dict) -> list[Any]:
     """The tensors an in-place or ``out=`` op writes to (flattened)."""
-    import torch
-
     found: list[Any] = []
     for i, name in kind.written:
         value = args[i] if 0 <= i < len(args) else kwargs.get(name)
@@ -326,7 +302,6 @@ def _written(kind: OpKind, args: tuple, kwargs: dict) -> list[Any]:
 
 def _absolute(base: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Operands for the |terms| run: floating tensors and numeric scalars by absolute value (copies)."""
-    import torch
 
     def a(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -352,8 +327,6 @@ _SCALED = frozenset(
 
 def _op_for_abs(func: Any, base: str) -> Callable[..., Any]:
     """``sub`` and ``rsub`` add their |terms|; every other sum-like op is its own |terms| op."""
-    import torch
-
     if base not in ("sub", "rsub"):
         return func
     inplace = func.overloadpacket.__name__.endswith("_")
@@ -388,8 +361,6 @@ def estimate(
     dtype's units. A non-finite sample element (an overflow the perturbation caused) counts 0.
     ``first``: the index of the first sample (its seed); ``full_scale``: perturb at the case
     dtype's own unit, not to first order (sees a rounding that flips a sign or a branch)."""
-    import torch
-
     u, back = (UNIT_ROUNDOFF[dtype], 1.0) if full_scale else unit_for(dtype)
     total: dict[str, torch.Tensor] = {}
     for k in range(first, first + samples):

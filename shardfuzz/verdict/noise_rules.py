@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 #: exact ops (data movement, selection, constants): never perturbed
 EXACT = frozenset(
@@ -98,8 +97,6 @@ def _log_softmax(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
 
 
 def _logsumexp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
-    import torch
-
     x, dims, keep = b["self"], _dims(b["self"], b["dim"]), b.get("keepdim", False)
     m = x.amax(dims, keepdim=True)
     yk = torch.logsumexp(x, dims, keepdim=True)
@@ -124,8 +121,6 @@ def _softmax_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
 
 
 def _log_softmax_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
-    import torch
-
     g, y, dim = b["grad_output"], b["output"], b["dim"]
     scale = g.abs() + torch.exp(y) * g.abs().sum(dim, keepdim=True)
     return out + mode.noise(_fin(scale), mode.reduction_u)
@@ -188,8 +183,6 @@ def _layer_norm_backward(mode: Any, b: dict, out: tuple) -> tuple:
 # -- scaled-dot-product attention (the fused CPU kernels) ---------------------------------------
 def _attention_parts(b: dict, q: torch.Tensor, k: torch.Tensor) -> tuple:
     """Probabilities ``P``, the |q|.|k| terms ``M`` of each score, ``|score - row max|``, ``scale``."""
-    import torch
-
     scale = b.get("scale") or q.shape[-1] ** -0.5
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
@@ -260,8 +253,6 @@ def _gelu_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
 def _lerp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
     """``a + w (end - a)``: terms ``|1 - w| |a| + |w| |end|``, at most ``|out| + 2 |w| |end|`` (the
     in-place form has overwritten ``a``)."""
-    import torch
-
     end, w = b["end"], b["weight"]
     w = w.abs() if isinstance(w, torch.Tensor) else abs(w)
     return out + mode.noise(out.abs() + 2 * w * end.abs())

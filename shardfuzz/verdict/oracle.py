@@ -21,6 +21,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from hypothesis import HealthCheck, Phase, currently_in_test_context, find, settings
+from hypothesis.errors import NoSuchExample
+
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.limits import check_world_size
@@ -81,8 +85,6 @@ def evaluate_oracle(
 ) -> Expected:
     """Run ``target``'s oracle on ``case``; ``outputs`` (name -> layout) defaults to the case's.
     ``noise_samples`` > 0: also estimate each output's rounding noise (:mod:`shardfuzz.verdict.noise`)."""
-    import torch
-
     if target.oracle == SELF:
         raise TargetError(
             f"Target {target.name!r} has oracle={SELF!r}: there is no oracle function to run here; "
@@ -153,8 +155,6 @@ def confirm_noise(
     samples can all fall small), or the spread of ``full_scale_samples`` runs perturbed at the
     case dtype's own unit where that is larger (a rounding can flip a sign, which first order
     misses: an AdamW update is ``lr * sign(g)`` where g cancels)."""
-    import torch
-
     seen, more = tolerance.samples, tolerance.confirm_samples
     first = dict(expected.noise)
     pooled = _spread(target, case, expected, outputs, more, first=seen)
@@ -189,8 +189,6 @@ def _noise_runs(
     target: Any, case: Case, expected: Expected, outputs: dict[str, Any] | None
 ) -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:
     """A float64 rerun of the oracle from the reference's inputs and RNG, and the outputs to judge."""
-    import torch
-
     inputs64 = {
         k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
         for k, v in expected.inputs.items()
@@ -210,15 +208,11 @@ def _noise_runs(
 
 def _fresh(inputs: dict[str, Any]) -> dict[str, Any]:
     """Copies, so that one run of the oracle (gradients, in-place ops) cannot reach the next."""
-    import torch
-
     return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
 def case_scale_of(*dicts: dict[str, Any]) -> float:
     """The largest root mean square over the case's floating inputs and outputs."""
-    import torch
-
     best = 0.0
     for d in dicts:
         for v in d.values():
@@ -253,8 +247,6 @@ def drawn_sizes(target: Any, n: int = 30) -> DrawnSizes | None:
     call it inside a Hypothesis test."""
     if target in _DRAWN:
         return _DRAWN[target]
-    from hypothesis import HealthCheck, Phase, find, settings
-    from hypothesis.errors import NoSuchExample
 
     seen: list[Case] = []
 
@@ -331,8 +323,6 @@ def case_hint(target: Any, case: Case) -> str:
     """For an error of the target's code on ``case``: the size names it lacks or has beyond what the
     target's strategy draws, and the sizes below any it draws. Outside a Hypothesis test only (a
     case the strategy drew needs no hint, and no strategy may be drawn from inside a test)."""
-    from hypothesis import currently_in_test_context
-
     if target not in _DRAWN and currently_in_test_context():
         return ""
     drawn = drawn_sizes(target)

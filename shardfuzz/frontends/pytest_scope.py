@@ -1,0 +1,81 @@
+"""One pytest test while it runs (:class:`Scope`, set around every test by the pytest plugin): the
+plugin's run configuration for :func:`shardfuzz.run_case`, the runners the test used, and
+shardfuzz's statistics of them added to Hypothesis' statistics of the test
+(``--hypothesis-show-statistics``).
+
+The plugin enters :func:`test_scope` around every test of a session, shardfuzz's or not, so this
+module imports no engine module and neither torch nor Hypothesis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from shardfuzz.engine.stats import Stats
+
+if TYPE_CHECKING:
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.engine.runner import Runner
+
+
+class Scope:
+    """One pytest test while it runs (set by the plugin): the plugin's configuration, and the
+    runners the test used, each with statistics of this test only (the plugin prints them)."""
+
+    current: Scope | None = None
+
+    def __init__(self, config: RunConfig | None = None, *, full_trace: bool = False) -> None:
+        self.config = config
+        self.full_trace = full_trace  # pytest --full-trace: keep every frame of a finding
+        self.runners: list[Runner] = []
+
+    def add(self, runner: Runner) -> None:
+        if runner not in self.runners:
+            runner.stats = Stats()
+            self.runners.append(runner)
+
+
+def statistics(runner: Runner) -> str:
+    """shardfuzz's statistics of one runner in one test, in the layout of Hypothesis' own."""
+    s = runner.stats
+    lines = [f"  - shardfuzz {runner.key}: {s.examples} examples ({s.passed} passed, {s.failures} failing)"]
+    if s.examples and s.triggers:
+        shares = ", ".join(
+            f"{k} {100.0 * v / s.examples:.0f}%" for k, v in sorted(s.triggers.items()) if v > 0
+        )
+        lines.append(f"    - trigger conditions reached: {shares or 'none'}")
+    for what, counts in (
+        ("rejected as unsupported", s.unsupported),
+        ("excluded as known failures", s.excluded),
+    ):
+        if counts:
+            lines.append(f"    - {what}: " + ", ".join(f"{k} x{v}" for k, v in counts.most_common()))
+    if s.external_faults:
+        lines.append(f"    - external faults set aside (rank killed from outside): {s.external_faults}")
+    if s.closest_pass is not None:
+        lines.append(f"    - closest pass: error/tolerance {s.worst_pass_ratio:.3g} at {s.closest_pass!r}")
+    if s.margin is not None:
+        lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def test_scope(item: Any, config: RunConfig | None) -> Iterator[None]:
+    """While one pytest test runs: the runners it uses, and their statistics added to
+    Hypothesis' statistics of the test afterwards (pytest's own ``item.hypothesis_statistics``,
+    which Hypothesis' plugin copies into the report and prints with ``--hypothesis-show-statistics``)."""
+    scope = Scope(config, full_trace=bool(item.config.getoption("fulltrace", False)))
+    outer, Scope.current = Scope.current, scope
+    try:
+        yield
+    finally:
+        Scope.current = outer
+        ours = "\n".join(statistics(r) for r in scope.runners)
+        if ours:
+            head = getattr(item, "hypothesis_statistics", None) or f"{item.nodeid}:\n"
+            item.hypothesis_statistics = f"{head.rstrip()}\n{ours}"
+
+
+test_scope.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test to collect
