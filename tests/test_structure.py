@@ -45,11 +45,15 @@ def is_alias(path: pathlib.Path) -> bool:
 
 
 def engine_files() -> dict[str, pathlib.Path]:
-    """Every module of the engine (not the aliases, not the top-level lazy ``__init__``)."""
+    """Every module of the engine (not the aliases, not the top-level lazy ``__init__``, not the
+    templates: ``repro/templates/`` holds the text of generated scripts, never imported)."""
     return {
         _dotted(p): p
         for p in sorted(ENGINE.rglob("*.py"))
-        if not is_alias(p) and p != ENGINE / "__init__.py" and p != ENGINE / "_moved.py"
+        if not is_alias(p)
+        and p != ENGINE / "__init__.py"
+        and p != ENGINE / "_moved.py"
+        and "templates" not in p.relative_to(ENGINE).parts
     }
 
 
