@@ -38,7 +38,7 @@ from shardfuzz.protocol import (
     Task,
     UnsupportedReply,
 )
-from shardfuzz.ranks.spawn import ProgressWatch, context, driver_store, hard_cap, no_main_import
+from shardfuzz.ranks.spawn import ProgressWatch, context, driver_store, hard_cap, start_process
 from shardfuzz.ranks.trace import Collective, read_trace
 from shardfuzz.ranks.worker import worker_main
 
@@ -93,8 +93,7 @@ class Pool:
                 name=f"shardfuzz-{self.backend}-w{self.world_size}-rank{rank}",
                 daemon=True,
             )
-            with no_main_import():
-                p.start()
+            start_process(p)
             child.close()
             alive_r.close()
             self.procs.append(p)

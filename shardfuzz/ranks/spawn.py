@@ -88,6 +88,28 @@ def _ensure_forkserver() -> None:
         mp.forkserver.ensure_running()
 
 
+#: how long a rank's start waits for a forkserver killed from outside to be seen dead
+FORKSERVER_GONE_S = 10.0
+
+
+def start_process(process: Any) -> None:
+    """``process.start()`` through the forkserver. A forkserver killed from outside (``kill -9``,
+    the OOM killer) closes its socket before ``os.waitpid`` shows it dead, and a start in that window
+    fails (the connection refused, or the reply cut short) where it should launch a new forkserver:
+    so a start that fails that way is retried until the death shows (a new forkserver then starts)
+    or :data:`FORKSERVER_GONE_S` has passed. A failed start leaves the process unstarted."""
+    deadline = time.monotonic() + FORKSERVER_GONE_S
+    while True:
+        try:
+            with no_main_import():
+                process.start()
+            return
+        except (ConnectionRefusedError, FileNotFoundError, EOFError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 _early: threading.Thread | None = None
 _start_lock = threading.Lock()
 
