@@ -73,9 +73,9 @@ def _resolve(name: str, known: set[str]) -> str | None:
     return None
 
 
-def imports_of(module: str, path: pathlib.Path, known: set[str] | None = None) -> list[Import]:
-    known = known if known is not None else set(MODULES) | {_dotted(p) for p in ENGINE.glob("*.py")}
-    tree = ast.parse(path.read_text())
+def node_places(tree: ast.Module) -> tuple[set[int], set[int]]:
+    """The ids of the nodes under ``if TYPE_CHECKING:``, and of those in the module header (not
+    inside a function or class)."""
     type_only = {
         id(n)
         for node in ast.walk(tree)
@@ -88,6 +88,13 @@ def imports_of(module: str, path: pathlib.Path, known: set[str] | None = None) -
         if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
         for n in ast.walk(stmt)
     }
+    return type_only, header
+
+
+def imports_of(module: str, path: pathlib.Path, known: set[str] | None = None) -> list[Import]:
+    known = known if known is not None else set(MODULES) | {_dotted(p) for p in ENGINE.glob("*.py")}
+    tree = ast.parse(path.read_text())
+    type_only, header = node_places(tree)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
     for node in ast.walk(tree):
@@ -258,18 +265,7 @@ def lazy_import_violations(module: str, source: str) -> list[str]:
     function or class, neither under ``if TYPE_CHECKING:`` nor allowed by LAZY_IMPORTS or
     START_UP."""
     tree = ast.parse(source)
-    type_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for n in ast.walk(node)
-    }
-    header = {
-        id(n)
-        for stmt in tree.body
-        if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        for n in ast.walk(stmt)
-    }
+    type_only, header = node_places(tree)
     bad = []
     for node in ast.walk(tree):
         if id(node) in header or id(node) in type_only:
