@@ -112,13 +112,13 @@ def _fuzz_config(args: Any) -> RunConfig:
 
 
 def _cmd_fuzz(args: Any) -> int:
+    config = _fuzz_config(args)  # a usage error starts no forkserver
     start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.runner import Runner
     from shardfuzz.frontends import campaign
 
     targets = args.targets or sorted(BUILTIN_TARGETS)
-    config = _fuzz_config(args)
     # resolve every target and implementation first: a typo is a usage error before any fuzzing
     runners = [Runner(spec, args.impl, config) for spec in targets]
     if not args.config_json:  # a child job's parent checked every target
@@ -200,10 +200,12 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
         opts += ["--impl", args.impl]
     jobs = [[*base, spec, *opts] for spec in targets]
     cost = job_cost(config.world_sizes)
-    # the workers of one target run together (a worker that waits for another's end is no worker);
-    # --jobs still limits how many targets' worker groups run at once
     parallel = args.jobs * args.workers
-    budget = args.rank_budget or max(os.cpu_count() or 1, cost * args.workers)
+    budget = args.rank_budget or os.cpu_count() or 1
+    if args.workers > 1 and not args.rank_budget:
+        # workers run together (a worker that waits for another's end is no worker): up to --jobs
+        # targets' groups of workers at once, whatever the cores
+        budget = max(budget, cost * parallel)
     print(
         f"running {len(jobs)} jobs, up to {parallel} at once within {budget} ranks (each job uses up to {cost})",
         flush=True,
