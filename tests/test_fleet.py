@@ -349,3 +349,19 @@ def test_workers_need_a_shared_database(monkeypatch, capsys):
     assert "--workers 2: fleet workers share their examples and findings through a Redis database" in (
         capsys.readouterr().err
     )
+
+
+def test_workers_draw_fresh_seeds_even_under_a_derandomized_profile(redis_server, monkeypatch, tmp_path):
+    """Derandomized workers (the ci profile, or any profile under CI=true) would all run the same
+    examples: the children get a configuration with derandomize off, and one child per worker."""
+    handed = {}
+
+    def fake_jobs(args, targets, config):
+        handed.update(targets=targets, config=config)
+        return 0
+
+    monkeypatch.setattr(cli, "_fuzz_jobs", fake_jobs)
+    argv = ["fuzz", TOY, "--workers", "3", "--profile", "shardfuzz-ci", "--database", redis_server.url]
+    assert cli.main([*argv, "--failures-dir", str(tmp_path)]) == 0
+    assert handed["targets"] == [TOY] * 3
+    assert handed["config"].derandomize is False
