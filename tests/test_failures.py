@@ -23,9 +23,10 @@ pytest_plugins = ["pytester"]
 
 
 def torchrun(*args):
-    exe = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    # torch's launcher module of this interpreter: a ``torchrun`` first on PATH may belong to
+    # another Python (a venv made with --system-site-packages finds the system one)
     return subprocess.run(
-        [exe, "--standalone", *args],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", *args],
         capture_output=True,
         text=True,
         timeout=180,
