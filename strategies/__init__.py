@@ -272,13 +272,13 @@ def _cases(
 ) -> Case:
     opts = {k: draw(v) for k, v in options_s.items()}
     world = draw(worlds)
-    mesh = draw(meshes(world_size=world, max_dims=max_dims))
+    mesh = draw(_meshes_of(world, max_dims))
     group = mesh[-1]
     drawn: dict[str, int] = {}
     split: list[str] = []
     for name, spec in sizes.items():
         if isinstance(spec, Split):
-            drawn[name] = draw(sharded_sizes(group, spec))
+            drawn[name] = draw(_sharded_sizes_of(group, spec))
             split.append(name)
         else:
             drawn[name] = draw(st.integers(spec.min_size, spec.max_size))
@@ -286,7 +286,7 @@ def _cases(
     profile, params = draw(profile_s)
     opts.update(params)
     opts.update({k: draw(v) for k, v in late.items()})
-    seed = draw(seeds())
+    seed = draw(_SEEDS)
     if ONE_RANK_PATH.get() and one_rank_allowed and world > 1 and draw(st.integers(0, 1)) == 0:
         world, mesh = 1, (1,)  # the sizes stay as drawn for the group
     return Case(
@@ -302,4 +302,18 @@ def _cases(
     )
 
 
+# The strategies :func:`_cases` draws from, made once per argument: a composite strategy made anew
+# at every draw is validated and checked for emptiness anew too, which cost about as much as the
+# draw itself. The same objects draw the same choices, so searches and shrinks are unchanged.
+@functools.cache
+def _meshes_of(world: int, max_dims: int) -> st.SearchStrategy[tuple[int, ...]]:
+    return meshes(world_size=world, max_dims=max_dims)
+
+
+@functools.cache
+def _sharded_sizes_of(parts: int, spec: Split) -> st.SearchStrategy[int]:
+    return sharded_sizes(parts, spec)
+
+
+_SEEDS = seeds()
 _dtypes = dtypes
