@@ -42,8 +42,9 @@ def _pool(target: str) -> list:
 
 
 def _sizes_drawn(target) -> set[str]:
-    """The size names a target's cases carry (from one drawn case)."""
-    return set(find(target.strategy(), lambda c: True, settings=FIND).sizes)
+    """The size names a target's cases carry (those of its covering pool, drawn once: ``find``
+    shrank one case to the minimum first, ~1.3 s a target at collection)."""
+    return {name for case in _pool(target.name) for name in case.sizes}
 
 
 def _id(pair: tuple[str, str]) -> str:
