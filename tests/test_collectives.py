@@ -3,6 +3,7 @@ error, communication accounting against the handbook's formulas, and the ``commu
 finding."""
 
 import math
+import os
 import re
 
 import pytest
@@ -280,3 +281,20 @@ def test_a_communication_finding_is_raised_on_right_values():
         Runner("vocab_parallel", "gathered_max").run_case(case)
     assert "the values were right" in info.value.report and "all_gather_into_tensor" in info.value.report
     assert info.value.kind == "communication" and info.value.site == ("over budget", (0, 1))
+
+
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+TOY_IMPLS = os.path.join(os.path.dirname(__file__), "data", "toy_impls.py")
+
+
+def test_a_peer_still_computing_after_a_crash_is_waited_for_before_the_report():
+    """Rank 1 raises while rank 0 still computes (0.1 s of CPU; a loaded machine makes any peer
+    that late): the report waits for rank 0 to reach its collective, so the first divergent
+    collective is named (with only the 0.05 s grace after a rank's own error, it read "none
+    entered")."""
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+    with pytest.raises(RankError) as info:
+        Runner(TOY, f"{TOY_IMPLS}::raise_while_peer_computes", RunConfig(timeout=5)).run_case(case)
+    d = first_divergence(info.value.traces)
+    assert d is not None, info.value.report
+    assert (d.op, d.entered, d.others) == ("all_reduce", (0,), (1,)), d.text

@@ -38,13 +38,17 @@ from shardfuzz.protocol import (
     Task,
     UnsupportedReply,
 )
-from shardfuzz.ranks.spawn import ProgressWatch, context, driver_store, hard_cap, start_process
+from shardfuzz.ranks.spawn import ProgressWatch, context, driver_store, hard_cap, runnable, start_process
 from shardfuzz.ranks.trace import Collective, read_trace
 from shardfuzz.ranks.worker import worker_main
 
 START_TIMEOUT_S = 120.0
 #: after a rank's own exception (not a peer's closed connection), how long to wait for the others
 OWN_ERROR_GRACE_S = 0.05
+#: after the grace, how much longer to wait for peers still computing (runnable, not blocked): on
+#: a loaded machine a peer may not have reached its next collective yet, and the report's first
+#: divergent collective comes from where each rank got to
+RUNNABLE_GRACE_S = 1.0
 #: how long to wait for a dead rank's exit code (its pipe closed; the forkserver reports the code)
 EXIT_CODE_WAIT_S = 10.0
 OUTPUT_TAIL = 4000
@@ -182,7 +186,8 @@ class Pool:
         :func:`~shardfuzz.ranks.spawn.hard_cap`) passed while ranks kept computing. After the first
         failure it waits up to ``grace_s`` for the other ranks, so that the *cause* is reported (a
         rank that died, or raised on its own) rather than a peer's "connection closed" that
-        followed from it: Hypothesis must see one bug as one failure kind.
+        followed from it: Hypothesis must see one bug as one failure kind. A peer still computing
+        then gets up to :data:`RUNNABLE_GRACE_S` more to reach its next collective (the trace).
         """
         n = self.world_size
         cap = hard_cap(window_s) if cap_s is None else cap_s
@@ -191,7 +196,7 @@ class Pool:
         errors: dict[int, ErrorReply] = {}
         dead: list[int] = []
         watch = ProgressWatch([p.pid for p in self.procs], window_s, cap)
-        grace_end = float("inf")
+        grace_end = grace_cap = float("inf")
         verdict = None
         while pending:
             objs = {self.conns[r]: r for r in pending}
@@ -218,7 +223,11 @@ class Pool:
                 # moment for a death at the same time); a "connection closed" may follow one
                 cause = not dead and all(not (e.peer_closed or e.timed_out) for e in errors.values())
                 grace_end = min(grace_end, now + (min(grace_s, OWN_ERROR_GRACE_S) if cause else grace_s))
+                grace_cap = min(grace_cap, now + RUNNABLE_GRACE_S)
             if now >= grace_end:
+                if now < grace_cap and any(runnable(self.procs[r].pid) for r in pending):
+                    grace_end = now + 0.02  # a peer still computing: see RUNNABLE_GRACE_S
+                    continue
                 verdict = "grace"
                 break
             if pending and now >= watch.next_check:

@@ -183,6 +183,16 @@ def os_threads(pid: int | str = "self") -> int:
         return threading.active_count()
 
 
+def runnable(pid: int) -> bool:
+    """Whether process ``pid``'s main thread is running or waiting for a core (state ``R``), not
+    blocked (in a collective, on a pipe); False where ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"R"
+    except (OSError, IndexError):
+        return False
+
+
 def open_fds(pid: int | str = "self") -> int:
     """Open file descriptors of a process (0 when it cannot be read)."""
     for folder in (f"/proc/{pid}/fd", "/dev/fd"):

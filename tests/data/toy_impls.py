@@ -1,6 +1,8 @@
 """Implementations of the toy target (tests/data/toy_target.py) in a file of their own, so failure
 files hold a target file and an implementation file (the tests move both)."""
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -19,3 +21,16 @@ def off_by_one(ctx):
     dist.all_reduce(count, group=ctx.group)
     x2 = 2 * local + (1 if ctx.group_rank == 1 else 0)
     return {"total": total, "x2": x2, "parts": parts, "count": count}
+
+
+def raise_while_peer_computes(ctx):
+    """Rank 1 raises at once; rank 0 computes for 0.1 s of CPU first, then enters an all-reduce
+    (the peer of a crash that has not reached its next collective when the crash is reported)."""
+    if ctx.group_rank == 1:
+        raise ValueError("rank 1 raises before any collective")
+    end = time.process_time() + 0.1
+    while time.process_time() < end:
+        pass
+    total = ctx.local["x"].sum().reshape(1)
+    dist.all_reduce(total, group=ctx.group)
+    return {"total": total}
