@@ -169,7 +169,8 @@ def test_regressions_of_committed_files_need_no_flag_and_a_moved_file_is_refused
         """)
     )
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(test)],
+        # -n 0: one process (the checkout's pyproject would start two xdist workers for one file)
+        [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", "-rA", str(test)],
         capture_output=True,
         text=True,
         timeout=600,
