@@ -24,7 +24,7 @@ from typing import Any
 from shardfuzz.engine.failure_schema import shown
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.spec.refs import current_project_root, find_module_spec, search_path, split_file_ref
-from shardfuzz.spec.registry import BUILTIN_TARGETS, available_targets
+from shardfuzz.spec.registry import BUILTIN_TARGETS, available_targets, registered_ref
 
 TRUST_FLAG = "--trust-refs"
 
@@ -69,7 +69,7 @@ def _code_of(ref: str) -> tuple[bool, str | None, str]:
     if parts is not None:
         return False, parts[0], f"the file {shown(parts[0])}"
     if ":" not in ref:  # a registered target's name
-        known = available_targets().get(ref)
+        known = registered_ref(ref)
         return (True, None, "") if known is None else _code_of(known)
     modname = ref.partition(":")[0]
     if _own_module(modname):

@@ -44,6 +44,12 @@ def available_targets() -> dict[str, str]:
     return found
 
 
+def registered_ref(name: str) -> str | None:
+    """The reference registered under ``name``, or None: a built-in's without reading the entry
+    points (~10 ms a call; they cannot shadow a built-in name), else an installed package's."""
+    return BUILTIN_TARGETS.get(name) or _entry_points().get(name)
+
+
 def get_target(spec: Any) -> Target:
     """A :class:`~shardfuzz.Target` from a Target, a name, ``pkg.mod:ATTR`` or ``file.py[::NAME]``."""
     if isinstance(spec, Target):
@@ -55,8 +61,6 @@ def get_target(spec: Any) -> Target:
     parts = split_file_ref(spec)
     if parts is not None:
         return _target_in_file(spec, *parts)
-    # a built-in name needs no scan of the entry points (~10 ms a call): they cannot shadow it
-    known = BUILTIN_TARGETS if spec in BUILTIN_TARGETS else available_targets()
     if ":" in spec:
         modname, _, attr = spec.partition(":")
         try:
@@ -68,10 +72,12 @@ def get_target(spec: Any) -> Target:
             if not named:
                 raise
             obj = named[0]
-    elif spec in known:
-        obj = load_ref(known[spec], f"target {spec!r}")
     else:
-        raise TargetError(f"target={spec!r} is unknown; known targets: {', '.join(sorted(known))}")
+        ref = registered_ref(spec)
+        if ref is None:
+            known = ", ".join(sorted(available_targets()))
+            raise TargetError(f"target={spec!r} is unknown; known targets: {known}")
+        obj = load_ref(ref, f"target {spec!r}")
     if not isinstance(obj, Target):
         raise TargetError(f"target={spec!r} resolves to {obj!r}, not a shardfuzz.Target")
     return obj
@@ -99,8 +105,7 @@ def target_spec(target: Target) -> str:
     """The full reference that finds ``target`` again from any folder, for rerun lines and failure
     files: its registered name for a built-in or entry-point target, else :meth:`Target.spec`
     (``/abs/path/file.py::NAME`` or ``pkg.mod:ATTR``)."""
-    # a built-in name first: reading the entry points costs ~10 ms, and they cannot shadow it
-    ref = BUILTIN_TARGETS.get(target.name) or available_targets().get(target.name)
+    ref = registered_ref(target.name)
     if ref is not None:
         try:
             if load_ref(ref, "target") is target:
