@@ -174,23 +174,27 @@ def hard_cap(window_s: float) -> float:
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def os_threads(pid: int | str = "self") -> int:
-    """OS threads of a process (C++ threads such as gloo's included); Python's threads without /proc."""
+def _proc_stat(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None where it
+    cannot be read (no /proc, or the process is gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[17])
-    except (OSError, IndexError, ValueError):
-        return threading.active_count()
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def os_threads(pid: int | str = "self") -> int:
+    """OS threads of a process (C++ threads such as gloo's included); Python's threads without /proc."""
+    fields = _proc_stat(pid)
+    return int(fields[17]) if fields is not None else threading.active_count()
 
 
 def runnable(pid: int) -> bool:
     """Whether process ``pid``'s main thread is running or waiting for a core (state ``R``), not
     blocked (in a collective, on a pipe); False where ``/proc`` cannot tell."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"R"
-    except (OSError, IndexError):
-        return False
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] == b"R"
 
 
 def open_fds(pid: int | str = "self") -> int:
@@ -207,13 +211,11 @@ def cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system, all threads) process ``pid`` has used; None when unknown: from
     ``/proc``, or psutil where there is no ``/proc`` (macOS) and psutil is installed."""
     global _psutil
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+    fields = _proc_stat(pid)
+    if fields is not None:
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-    except (OSError, IndexError, ValueError):
-        if os.path.isdir("/proc/self"):
-            return None  # /proc works: the process is gone
+    if os.path.isdir("/proc/self"):
+        return None  # /proc works: the process is gone
     if _psutil is None:
         try:
             _psutil = importlib.import_module("psutil")  # optional: not a dependency
