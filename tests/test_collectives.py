@@ -24,6 +24,9 @@ from shardfuzz.verdict.comm import (
     usage,
 )
 
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+TOY_IMPLS = os.path.join(os.path.dirname(__file__), "data", "toy_impls.py")
+
 
 def _c(seq, op, group, shape, dtype="float32", peer=None, out=()):
     return Collective(
@@ -281,10 +284,6 @@ def test_a_communication_finding_is_raised_on_right_values():
         Runner("vocab_parallel", "gathered_max").run_case(case)
     assert "the values were right" in info.value.report and "all_gather_into_tensor" in info.value.report
     assert info.value.kind == "communication" and info.value.site == ("over budget", (0, 1))
-
-
-TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
-TOY_IMPLS = os.path.join(os.path.dirname(__file__), "data", "toy_impls.py")
 
 
 def test_a_peer_still_computing_after_a_crash_is_waited_for_before_the_report():
