@@ -156,3 +156,14 @@ def test_dtypes_and_tolerance_flags_reach_the_run_and_replay(tmp_path):
     assert again.returncode == 0 and "now passes" in again.stdout, again.stdout + again.stderr
     bad = cli("replay", str(tmp_path), "--tolerance", "nope=rtol:1", "--trust-refs")
     assert bad.returncode == 2 and "--tolerance names output 'nope'" in bad.stderr
+
+
+@pytest.mark.parametrize("target", ["ddp_buckets", "tp_mlp"])
+def test_progress_line_names_each_condition_once(target):
+    """A condition both generic and declared by the target (ddp_buckets' ``backward``) is shown once."""
+    from shardfuzz import Runner
+    from shardfuzz.frontends.campaign import progress_triggers
+
+    shown = progress_triggers(Runner(target))
+    assert len(shown) == len(set(shown)), shown
+    assert set(Runner(target).target.triggers) <= set(shown)

@@ -130,9 +130,10 @@ def _progress_thread(
 
 def progress_triggers(runner: Runner) -> tuple[str, ...]:
     """The progress line's conditions: the usual generic ones (``backward`` only for a target that
-    declares gradients), then the target's own declared triggers."""
+    declares gradients), then the target's own declared triggers that are not among them (ddp_buckets
+    declares ``backward`` too, which the line showed twice)."""
     generic = tuple(t for t in PROGRESS if t != "backward" or runner.target.gradients)
-    return generic + tuple(runner.target.triggers)
+    return generic + tuple(t for t in runner.target.triggers if t not in generic)
 
 
 def fuzz_one(
