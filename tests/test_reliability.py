@@ -220,8 +220,12 @@ def test_a_group_kept_after_every_rank_answered_regroups_in_place_up_to_a_bound(
     torch's C++ side keeps referenced after an error, keeps its warm pool (a failing example costs
     a regroup, not a pool start), until KEPT_GROUPS groups pile up on a rank."""
     from shardfuzz import Mismatch, RankError
+    from shardfuzz.ranks import pool_cache as pools
     from shardfuzz.ranks.worker import KEPT_GROUPS
 
+    # fresh pools: groups that an earlier test's failures left on this worker's world-3 ranks
+    # count toward KEPT_GROUPS (under pytest-xdist any test may run before this one)
+    pools.shutdown()
     c = case(3, 5, seed=4)
     assert runner("reference").run_case(c) < 1
     first = pids(3)
