@@ -38,24 +38,16 @@ from shardfuzz.protocol import (
     Task,
     UnsupportedReply,
 )
-from shardfuzz.ranks.spawn import (
-    ProgressWatch,
-    context,
-    driver_store,
-    hard_cap,
-    start_process,
-    state_and_cpu,
-)
+from shardfuzz.ranks.spawn import ProgressWatch, context, driver_store, hard_cap, runnable, start_process
 from shardfuzz.ranks.trace import Collective, read_trace
 from shardfuzz.ranks.worker import worker_main
 
 START_TIMEOUT_S = 120.0
 #: after a rank's own exception (not a peer's closed connection), how long to wait for the others
 OWN_ERROR_GRACE_S = 0.05
-#: after the grace, how much longer to wait for peers still at work (not blocked): on a loaded
-#: machine a peer may not have reached its next collective, or sent its own error, yet; the
-#: report's first divergent collective comes from where each rank got to, and a regroup keeps the
-#: old groups only when every rank answered
+#: after the grace, how much longer to wait for peers still computing (runnable, not blocked): on
+#: a loaded machine a peer may not have reached its next collective yet, and the report's first
+#: divergent collective comes from where each rank got to
 RUNNABLE_GRACE_S = 1.0
 #: how long to wait for a dead rank's exit code (its pipe closed; the forkserver reports the code)
 EXIT_CODE_WAIT_S = 10.0
@@ -194,8 +186,8 @@ class Pool:
         :func:`~shardfuzz.ranks.spawn.hard_cap`) passed while ranks kept computing. After the first
         failure it waits up to ``grace_s`` for the other ranks, so that the *cause* is reported (a
         rank that died, or raised on its own) rather than a peer's "connection closed" that
-        followed from it: Hypothesis must see one bug as one failure kind. A peer still at work
-        then gets up to :data:`RUNNABLE_GRACE_S` more (see there).
+        followed from it: Hypothesis must see one bug as one failure kind. A peer still computing
+        then gets up to :data:`RUNNABLE_GRACE_S` more to reach its next collective (the trace).
         """
         n = self.world_size
         cap = hard_cap(window_s) if cap_s is None else cap_s
@@ -205,7 +197,6 @@ class Pool:
         dead: list[int] = []
         watch = ProgressWatch([p.pid for p in self.procs], window_s, cap)
         grace_end = grace_cap = float("inf")
-        cpu_at: dict[int, float] = {}  # pending ranks' CPU time at the last grace check
         verdict = None
         while pending:
             objs = {self.conns[r]: r for r in pending}
@@ -232,12 +223,10 @@ class Pool:
                 # moment for a death at the same time); a "connection closed" may follow one
                 cause = not dead and all(not (e.peer_closed or e.timed_out) for e in errors.values())
                 grace_end = min(grace_end, now + (min(grace_s, OWN_ERROR_GRACE_S) if cause else grace_s))
-                if grace_cap == float("inf"):  # the first failure: CPU times to compare with later
-                    grace_cap = now + RUNNABLE_GRACE_S
-                    self._at_work(pending, cpu_at)
+                grace_cap = min(grace_cap, now + RUNNABLE_GRACE_S)
             if now >= grace_end:
-                if now < grace_cap and self._at_work(pending, cpu_at):
-                    grace_end = now + 0.02  # a peer still at work: see RUNNABLE_GRACE_S
+                if now < grace_cap and any(runnable(self.procs[r].pid) for r in pending):
+                    grace_end = now + 0.02  # a peer still computing: see RUNNABLE_GRACE_S
                     continue
                 verdict = "grace"
                 break
@@ -250,19 +239,6 @@ class Pool:
         # which outcome the answers make is decided once, after the wait: the loop above runs at
         # every poll of every example and stays as it is
         return self._outcome(replies, pending, errors, dead, watch, verdict, window_s, cap, elapsed)
-
-    def _at_work(self, pending: set[int], cpu_at: dict[int, float]) -> bool:
-        """Whether a rank of ``pending`` is still at work, not blocked: running or waiting for a
-        core, in disk I/O, or its CPU time grew since the last call (``cpu_at``, updated)."""
-        busy = False
-        for r in pending:
-            known = state_and_cpu(self.procs[r].pid)
-            if known is None:
-                continue
-            state, cpu = known
-            busy = busy or state in ("R", "D") or cpu > cpu_at.get(r, cpu)
-            cpu_at[r] = cpu
-        return busy
 
     def _outcome(
         self,

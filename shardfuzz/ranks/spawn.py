@@ -190,13 +190,11 @@ def os_threads(pid: int | str = "self") -> int:
     return int(fields[17]) if fields is not None else threading.active_count()
 
 
-def state_and_cpu(pid: int) -> tuple[str, float] | None:
-    """Process ``pid``'s state letter (``R`` running or waiting for a core, ``D`` in disk I/O,
-    ``S`` blocked, ...) and CPU seconds, from ``/proc``; None where it cannot be read."""
+def runnable(pid: int) -> bool:
+    """Whether process ``pid``'s main thread is running or waiting for a core (state ``R``), not
+    blocked (in a collective, on a pipe); False where ``/proc`` cannot tell."""
     fields = _proc_stat(pid)
-    if fields is None:
-        return None
-    return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return fields is not None and fields[0] == b"R"
 
 
 def open_fds(pid: int | str = "self") -> int:
@@ -213,9 +211,9 @@ def cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system, all threads) process ``pid`` has used; None when unknown: from
     ``/proc``, or psutil where there is no ``/proc`` (macOS) and psutil is installed."""
     global _psutil
-    known = state_and_cpu(pid)
-    if known is not None:
-        return known[1]
+    fields = _proc_stat(pid)
+    if fields is not None:
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
     if os.path.isdir("/proc/self"):
         return None  # /proc works: the process is gone
     if _psutil is None:
