@@ -1,11 +1,14 @@
+import fcntl
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -43,23 +46,30 @@ def _state_in_tmp(tmp_path_factory):
 def proof(tmp_path_factory):
     """``proof(target, name)``: the search that proves a built-in target's planted bug or expected
     failure (found and shrunk to its declared case: ``assert_planted_bug_found``), run once per
-    session. ``failure_file=True`` also keeps the finding's failure file (a folder, else None), so a
-    test that needs a real finding of that record (a standalone reproducer) reuses the search."""
+    session, across pytest-xdist workers too: a worker that asks for a proof another worker is
+    running waits for it (a lock file in the folder the workers share, as pytest-xdist's docs do
+    it) and reuses it. It returns the folder of the finding's failure file, so a test that needs a
+    real finding of that record (a standalone reproducer) reuses the search. A proof that failed is
+    not kept: the next test that asks runs it again, and fails the same way."""
     from shardfuzz.frontends.testing import assert_planted_bug_found
     from shardfuzz.spec.registry import get_target
 
-    done: dict = {}
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "proofs"
+    shared.mkdir(exist_ok=True)
 
-    def prove(target: str, name: str, *, failure_file: bool = False):
-        if (target, name) not in done or (failure_file and done[target, name][1] is None):
-            t = get_target(target)
-            rec = t.planted.get(name) or t.expected_failures[name]
-            folder = tmp_path_factory.mktemp(f"proof-{target}-{name}") if failure_file else None
-            result = assert_planted_bug_found(
-                target, name, rec.expect, p95=rec.p95, failures_dir=folder and str(folder)
-            )
-            done[target, name] = (result, folder)
-        return done[target, name]
+    def prove(target: str, name: str) -> Path:
+        folder = shared / f"{target}-{name}"
+        with open(shared / f"{target}-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+            if not (folder / "proved").exists():
+                t = get_target(target)
+                rec = t.planted.get(name) or t.expected_failures[name]
+                shutil.rmtree(folder, ignore_errors=True)  # what a failed try left
+                folder.mkdir()
+                assert_planted_bug_found(target, name, rec.expect, p95=rec.p95, failures_dir=str(folder))
+                (folder / "proved").touch()
+        return folder
 
     return prove
 

@@ -83,7 +83,7 @@ def test_standalone_reproducer_of_a_found_crash_fails_the_same_way_with_torch_on
 ):
     # the failure file of test_targets' search for this record (found and shrunk to its declared
     # case there): one search per session
-    _, failures = proof("vocab_parallel", record, failure_file=True)
+    failures = proof("vocab_parallel", record)
     (found,) = glob.glob(str(failures / "*.json"))
     assert cli.main(["repro", found, "--standalone", "-o", str(tmp_path / "out")]) == cli.EXIT_OK
     (script,) = (tmp_path / "out").glob("repro_*.py")
