@@ -75,6 +75,29 @@ def proof(tmp_path_factory):
 
 
 @pytest.fixture
+def inprocess(pytester, monkeypatch):
+    """``pytester`` for ``runpytest_inprocess`` runs that run cases: in this process the pools are
+    warm (a fresh pytest process costs 8-12 CPU-s of start-up). pytester restores ``sys.modules``
+    after each run, so a module first imported inside it (a lazy torch module, a part of
+    shardfuzz) would be imported again by the next run, beside objects that hold the old one
+    (pickling a ``Task`` then fails: "not the same object"). Here only the run's own files (its
+    test modules, under ``pytester.path``) are dropped, as a fresh process would not have them."""
+    from _pytest.pytester import SysModulesSnapshot
+
+    root = str(pytester.path)
+
+    def keep(name: str) -> bool:
+        return not (getattr(sys.modules.get(name), "__file__", None) or "").startswith(root)
+
+    # both snapshots: each run's, and the test's own (restored at its teardown); monkeypatch raises
+    # if pytest renames them, so this can never silently fall back to fresh imports
+    snapshot = lambda: SysModulesSnapshot(preserve=keep)
+    monkeypatch.setattr(pytester, "_Pytester__take_sys_modules_snapshot", snapshot)
+    monkeypatch.setattr(pytester, "_sys_modules_snapshot", snapshot())
+    return pytester
+
+
+@pytest.fixture
 def checkout_off_sys_path(monkeypatch):
     """sys.path without the checkout's own folder, which is there where it is the current directory
     (pytest-xdist workers): what a user's installed shardfuzz sees."""

@@ -380,7 +380,7 @@ def test_other_bad_record_fields_are_named(tmp_path, changes, named):
 )
 def test_bad_plugin_options_are_usage_errors(pytester, option, named):
     pytester.makepyfile(test_a="def test_plain():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", option)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", option)  # fails at configure
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     text = "\n".join(result.outlines + result.errlines)
     assert named in text and "Traceback" not in text, text

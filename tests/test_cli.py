@@ -138,7 +138,8 @@ def test_tolerance_flags_repeat_and_the_last_for_an_output_wins():
         assert build_parser().parse_args([*command, *argv]).tolerance[-1][0] == "y"
 
 
-@pytest.mark.slow  # 4 CLI processes (~25 s); the plugin's options test covers the same flags in-process
+@pytest.mark.slow  # 4 CLI processes (~25 s); the ci suite proves the flags' parsing (above) and the
+# same options reaching a run through the pytest plugin (tests/test_plugin.py)
 def test_dtypes_and_tolerance_flags_reach_the_run_and_replay(tmp_path):
     """bf16 only, and a per-output tolerance: absurdly tight finds a "mismatch" in the correct
     reference; a loose one passes, and replays the failure file as passing."""

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import runpy
 import shutil
 import signal
 import subprocess
@@ -141,7 +142,7 @@ def test_bad_case_field_is_named(found, tmp_path):
     assert out.returncode == 2 and "field 'case' is invalid: mesh=(3,) has 3 ranks" in out.stderr
 
 
-def test_repro_script_runs_under_torchrun(found, tmp_path):
+def test_repro_script_runs_under_torchrun(found, tmp_path, monkeypatch, capsys):
     script = tmp_path / "repro.py"
     out = cli("repro", found[1], "-o", str(script))
     assert out.returncode == 0 and "torchrun --nproc-per-node=2" in out.stdout
@@ -150,8 +151,15 @@ def test_repro_script_runs_under_torchrun(found, tmp_path):
     run = torchrun("--nproc-per-node=2", str(script))
     assert run.returncode != 0
     assert "FAIL (mismatch)" in run.stdout and "output 'y'" in run.stdout
-    wrong = torchrun("--nproc-per-node=1", str(script))
-    assert "use torchrun --nproc-per-node=2" in wrong.stderr
+    # the wrong world size is refused before any process group: the script as torchrun would
+    # start it with one process (a second torchrun costs ~5 CPU-s for this line)
+    for name, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(script), run_name="__main__")
+    assert exited.value.code == 2
+    assert "use torchrun --nproc-per-node=2" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # ~9 s; test_repro_script_runs_under_torchrun runs torchrun in the ci suite
@@ -163,7 +171,8 @@ def test_torchrun_module_replays_a_passing_case(found, tmp_path):
     assert "PASS: worst error/tolerance" in run.stdout
 
 
-def test_failure_files_become_regression_tests_that_run_first(pytester, found):
+def test_failure_files_become_regression_tests_that_run_first(inprocess, found):
+    pytester = inprocess
     _, path = found
     d = pytester.mkdir("failures")
     rec = json.loads(open(path).read())
@@ -174,9 +183,8 @@ def test_failure_files_become_regression_tests_that_run_first(pytester, found):
         # a planted bug's files replay only when asked (planted=True): tp_mlp/missing_allreduce is one
         test_b=f"import shardfuzz\ntest_regressions = shardfuzz.regressions({str(d)!r}, planted=True)\n",
     )
-    result = pytester.runpytest_subprocess(
-        "-v", "-p", "no:cacheprovider", "--import-mode=importlib", timeout=300
-    )
+    # in this process: the order is pytest_collection_modifyitems' (under pytest-xdist it is not)
+    result = pytester.runpytest_inprocess("-v", "-p", "no:cacheprovider", "--import-mode=importlib")
     result.assert_outcomes(passed=2, failed=1)
     lines = [ln for ln in result.outlines if "PASSED" in ln or "FAILED" in ln]
     assert "test_regressions[fixed]" in lines[0] and "test_regressions[still_broken]" in lines[1]
@@ -235,7 +243,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_failures(tmp_path, procs, start_cli):
     assert procs.wait_gone(everything) == []
 
 
-@pytest.mark.slow  # ~13 s; tests/test_interrupts.py runs --jobs in the ci suite (signals, cleanup)
+@pytest.mark.slow  # ~13 s; the ci suite runs jobs side by side through --workers 2 (tests/test_fleet.py)
 def test_jobs_run_side_by_side_within_the_rank_budget(tmp_path):
     out = cli(
         "fuzz",
@@ -361,20 +369,17 @@ def test_failure_file_works_after_the_checkout_moved(tmp_path, monkeypatch):
     assert run.returncode != 0 and "FAIL (mismatch)" in run.stdout, run.stdout + run.stderr
 
 
-def test_test_for_resolves_relative_files_next_to_the_test_file(pytester, tmp_path):
+def test_test_for_resolves_relative_files_next_to_the_test_file(inprocess, tmp_path):
+    pytester = inprocess
     sub = pytester.mkdir("sub")
     shutil.copy(TOY, sub / "toy_target.py")
     (sub / "test_rel.py").write_text(
         "import shardfuzz\n"
         "test_toy = shardfuzz.test_for('toy_target.py', 'toy_target.py::wrong_rank1', world_sizes=(2,), max_examples=10)\n"
     )
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        "--import-mode=importlib",
-        f"--shardfuzz-failures-dir={tmp_path / 'f'}",
-        "sub",
-    )
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--import-mode=importlib", f"--shardfuzz-failures-dir={tmp_path / 'f'}", "sub"
+    )  # fmt: skip
     result.assert_outcomes(failed=1)  # found, so the files were found from the test file's folder
     result.stdout.fnmatch_lines(["*mismatch the oracle*"])
     assert str(sub / "toy_target.py") + "::toy" in "\n".join(result.outlines)  # rerun line: full path

@@ -4,7 +4,6 @@ children die with their parent. Every wait here has a deadline."""
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -12,6 +11,7 @@ import pytest
 
 import shardfuzz
 from shardfuzz.engine.hooks import TimeUp
+from shardfuzz.frontends.testing import run_cli
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 
@@ -21,16 +21,6 @@ linux_only = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to 
 def failing(line: str) -> bool:
     """A progress line that counts at least one failing example."""
     return line.lstrip().startswith("[") and re.search(r", [1-9]\d* failing", line) is not None
-
-
-def cli(*args, env=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "shardfuzz.frontends.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
 
 
 @pytest.mark.timing
@@ -51,8 +41,12 @@ def test_python_api_keeps_the_finding_when_the_deadline_cuts_shrinking_short(sla
 
 @pytest.mark.timing
 def test_duration_deadline_during_shrinking_exits_1_with_the_finding(tmp_path, slack):
+    # in this process (run_cli): no signal or process exit is involved; the pools start first,
+    # outside the deadline, as in the test above
+    warm = shardfuzz.run(TOY, "reference", max_examples=2, profile="shardfuzz-ci", database=None)
+    assert not warm.found, warm.report
     t0 = time.monotonic()
-    out = cli(
+    out = run_cli(
         "fuzz", TOY, "--impl", "hang_rank0", "--timeout", "1", "--duration", "3s",
         "--failures-dir", str(tmp_path), "--finish-shrink", "0",  # the cut itself: tests/test_finish.py
     )  # fmt: skip
@@ -89,13 +83,13 @@ def test_bad_duration_is_a_usage_error_naming_it(value):
     args = (
         ["fuzz", TOY, f"--duration{value}"] if value.startswith("=") else ["fuzz", TOY, "--duration", value]
     )
-    out = cli(*args, timeout=60)
+    out = run_cli(*args)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "--duration" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_bad_grace_is_a_usage_error_naming_it():
-    out = cli("fuzz", TOY, "--duration", "5s", env=dict(os.environ, SHARDFUZZ_GRACE="soon"), timeout=60)
+    out = run_cli("fuzz", TOY, "--duration", "5s", env={"SHARDFUZZ_GRACE": "soon"})
     assert out.returncode == 2, out.stdout + out.stderr
     assert "SHARDFUZZ_GRACE='soon'" in out.stderr
 

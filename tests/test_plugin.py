@@ -1,4 +1,7 @@
-"""The pytest plugin, run in subprocesses through pytester."""
+"""The pytest plugin, through pytester: in this process where a test proves options and outcomes
+(the pools are warm: a fresh pytest process costs 8-12 CPU-s of start-up), in a subprocess where
+it proves what only a process shows (Ctrl-C, the entry point loading the plugin in a fresh
+interpreter: ``test_ctrl_c_after_a_finding_reports_it_and_fails_the_run``)."""
 
 import os
 import signal
@@ -7,6 +10,7 @@ import sys
 import time
 
 import pytest
+from hypothesis import settings
 
 pytest_plugins = ["pytester"]
 
@@ -27,14 +31,21 @@ def test_other_hypothesis_tests_keep_their_profile(x):
 """
 
 
+@pytest.fixture(autouse=True)
+def _hypothesis_profile_kept():
+    """An in-process run's Hypothesis plugin loads its ``--hypothesis-profile`` into this process
+    and never undoes it: the next test would run under it."""
+    before = settings._current_profile
+    yield
+    settings.load_profile(before)
+
+
 @pytest.fixture
-def run(pytester):
-    pytester.makepyfile(test_user=TEST_FILE)
+def run(inprocess):
+    inprocess.makepyfile(test_user=TEST_FILE)
 
     def go(*args):
-        return pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "--import-mode=importlib", *args, timeout=300
-        )  # fmt: skip
+        return inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", *args)
 
     return go
 
@@ -109,9 +120,10 @@ def test_help_lists_the_option_group(run):
     result.stdout.fnmatch_lines(["shardfuzz: differential fuzzing of sharded code:", "*--shardfuzz-backend*"])
 
 
-def test_dev_profile_is_the_fallback(run, monkeypatch):
-    monkeypatch.delenv("CI", raising=False)  # with CI set, Hypothesis loads its own "ci" profile
-    result = run("-k", "reference")
+def test_dev_profile_is_the_fallback(run):
+    # Hypothesis' "default" profile: what a run without --hypothesis-profile and without $CI loads
+    # (in this process the outer run's profile is loaded, so it is named)
+    result = run("--hypothesis-profile=default", "-k", "reference")
     result.stdout.fnmatch_lines(
         ["shardfuzz: profile shardfuzz-dev; reproduce with: pytest --shardfuzz-backend=gloo"]
     )
@@ -146,5 +158,8 @@ def test_ctrl_c_after_a_finding_reports_it_and_fails_the_run(pytester, procs, sl
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, out + err
+    # a fresh interpreter: the plugin loads from its entry point, after Hypothesis' (its profile)
+    header = "shardfuzz: profile shardfuzz-ci; reproduce with: pytest --hypothesis-profile=ci --shardfuzz-backend=gloo"
+    assert header in out, out
     assert "shrinking was cut short" in out + err and "Rerun this case: shardfuzz case" in out + err
     assert procs.wait_gone(everything) == []

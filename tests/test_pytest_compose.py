@@ -52,6 +52,7 @@ def test_profile_names_that_hypothesis_derives_keep_their_shardfuzz_profile():
     assert profile_for("ci-with-verbose-verbosity") == "shardfuzz-ci"
     assert profile_for("fuzz-with-debug-verbosity-with-explain-phase") == "shardfuzz-fuzz"
     assert profile_for("nightly") == "shardfuzz-dev"
+    assert profile_for("default") == "shardfuzz-dev"  # no --hypothesis-profile, no $CI
 
 
 def test_layers_user_profile_then_options_then_settings_then_arguments(profiles):

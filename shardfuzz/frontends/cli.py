@@ -113,12 +113,13 @@ def _fuzz_config(args: Any) -> RunConfig:
 
 def _cmd_fuzz(args: Any) -> int:
     config = _fuzz_config(args)  # a usage error starts no forkserver
-    start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
+    targets = args.targets or sorted(BUILTIN_TARGETS)
+    if args.workers <= 1 and not (args.jobs > 1 and len(targets) > 1):  # else the children fuzz
+        start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.runner import Runner
     from shardfuzz.frontends import campaign
 
-    targets = args.targets or sorted(BUILTIN_TARGETS)
     # resolve every target and implementation first: a typo is a usage error before any fuzzing
     runners = [Runner(spec, args.impl, config) for spec in targets]
     if not args.config_json:  # a child job's parent checked every target
