@@ -225,7 +225,10 @@ def test_campaign_keeps_going_after_a_finding_and_keeps_one_file_per_distinct_fi
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
-def test_ctrl_c_stops_cleanly_and_keeps_failures(tmp_path, procs, start_cli):
+def test_sigterm_stops_cleanly_and_keeps_failures(tmp_path, procs, start_cli):
+    """SIGTERM (a scheduler's stop) before any finding: exit 130, no later target, nothing left
+    behind. SIGINT, and either signal after a finding, run the same KeyboardInterrupt path:
+    tests/test_interrupts.py (Ctrl-C after a finding) and tests/test_plugin.py (under pytest)."""
     run = start_cli(
         "fuzz", TOY, "tp_mlp", "--duration", "120s", "--progress-every", "0.5",
         "--failures-dir", str(tmp_path),
@@ -235,7 +238,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_failures(tmp_path, procs, start_cli):
     time.sleep(1.0)
     everything = procs.descendants(run.pid)
     assert everything  # the forkserver and ranks
-    run.signal(signal.SIGINT)
+    run.signal(signal.SIGTERM)
     code, out, err = run.finish(60)
     assert code == 130, out + err
     assert "(interrupted)" in out and "interrupted" in err

@@ -95,15 +95,16 @@ def test_bad_grace_is_a_usage_error_naming_it():
 
 
 @linux_only
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_interrupt_after_a_finding_prints_it_and_exits_1(procs, start_cli, tmp_path, signum):
+def test_ctrl_c_after_a_finding_prints_it_and_exits_1(procs, start_cli, tmp_path):
+    # SIGTERM turns into the same KeyboardInterrupt (frontends/jobs.py): tests/test_failures.py
+    # sends it to a campaign before any finding
     run = start_cli(
         "fuzz", TOY, "--impl", "hang_rank0", "--timeout", "1", "--duration", "300s",
         "--progress-every", "0.5", "--failures-dir", str(tmp_path),
     )  # fmt: skip
     run.wait_line(failing, 90)  # found; Hypothesis is still running examples or shrinking
     everything = procs.descendants(run.pid)
-    run.signal(signum)
+    run.signal(signal.SIGINT)
     code, out, err = run.finish(60)
     assert code == 1, out + err
     assert "Rerun this case: shardfuzz case" in out and "(interrupted)" in out
