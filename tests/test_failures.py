@@ -213,7 +213,11 @@ def test_campaign_with_duration_progress_and_summary(tmp_path):
 
 
 def test_campaign_keeps_going_after_a_finding_and_keeps_one_file_per_distinct_finding(tmp_path):
-    out = cli("fuzz", TOY, "--impl", "wrong_rank1", "--duration", "10s", "--failures-dir", str(tmp_path))
+    # ~0.2 s a find-and-shrink of this bug (50 in 10 s, idle): 4 s leaves room for 2 on a loaded
+    # machine, once the pools are up (started first, outside the duration)
+    warm = shardfuzz.run(TOY, "reference", max_examples=2, profile="shardfuzz-ci", database=None)
+    assert not warm.found, warm.report
+    out = cli("fuzz", TOY, "--impl", "wrong_rank1", "--duration", "4s", "--failures-dir", str(tmp_path))
     assert out.returncode == 1
     assert "FOUND mismatch" in out.stdout and "failure file:" in out.stdout
     row = re.search(r"^toy\s+wrong_rank1\s+(\d+)\s+[\d.]+\s+(\d+)\s+FOUND", out.stdout, re.M)
