@@ -81,8 +81,13 @@ def inprocess(pytester, monkeypatch):
     after each run, so a module first imported inside it (a lazy torch module, a part of
     shardfuzz) would be imported again by the next run, beside objects that hold the old one
     (pickling a ``Task`` then fails: "not the same object"). Here only the run's own files (its
-    test modules, under ``pytester.path``) are dropped, as a fresh process would not have them."""
+    test modules, under ``pytester.path``) are dropped, as a fresh process would not have them. A
+    run's Hypothesis plugin loads its ``--hypothesis-profile`` here and never undoes it: the
+    profile before the test is loaded again after it."""
     from _pytest.pytester import SysModulesSnapshot
+    from hypothesis import settings
+
+    from shardfuzz.engine.settings import current_profile_name
 
     root = str(pytester.path)
 
@@ -94,7 +99,9 @@ def inprocess(pytester, monkeypatch):
     snapshot = lambda: SysModulesSnapshot(preserve=keep)
     monkeypatch.setattr(pytester, "_Pytester__take_sys_modules_snapshot", snapshot)
     monkeypatch.setattr(pytester, "_sys_modules_snapshot", snapshot())
-    return pytester
+    profile = current_profile_name()
+    yield pytester
+    settings.load_profile(profile or "default")
 
 
 @pytest.fixture

@@ -165,6 +165,7 @@ def test_progress_line_names_each_condition_once(target):
     from shardfuzz import Runner
     from shardfuzz.frontends.campaign import progress_triggers
 
-    shown = progress_triggers(Runner(target))
+    runner = Runner(target)
+    shown = progress_triggers(runner)
     assert len(shown) == len(set(shown)), shown
-    assert set(Runner(target).target.triggers) <= set(shown)
+    assert set(runner.target.triggers) <= set(shown)

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-from hypothesis import settings
 
 pytest_plugins = ["pytester"]
 
@@ -29,15 +28,6 @@ def test_other_hypothesis_tests_keep_their_profile(x):
     assert settings().max_examples == settings.get_profile("ci").max_examples
     assert settings().derandomize
 """
-
-
-@pytest.fixture(autouse=True)
-def _hypothesis_profile_kept():
-    """An in-process run's Hypothesis plugin loads its ``--hypothesis-profile`` into this process
-    and never undoes it: the next test would run under it."""
-    before = settings._current_profile
-    yield
-    settings.load_profile(before)
 
 
 @pytest.fixture
