@@ -10,6 +10,7 @@ from shardfuzz.engine import covering
 from shardfuzz.engine.config import RunConfig
 from shardfuzz.engine.hooks import RunHooks, example_order
 from shardfuzz.engine.runner import Runner
+from shardfuzz.engine.search import chunks as search_chunks
 from shardfuzz.engine.search import search, settings_for, stable_identity
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.frontends.testing import run_cli
@@ -85,6 +86,30 @@ def test_rows_run_before_any_random_example_and_count_toward_the_budget():
     assert drawn[: len(rows)] == [False] * len(rows) and all(drawn[len(rows) :])
     assert [c for c, _ in order.seen[: len(rows)]] == [r.case for r in rows]
     assert res.stats.examples == 20
+
+
+def test_a_derandomized_budget_is_a_prefix_of_any_larger_one():
+    """More budget only adds cases (issue 25): 20 examples are the first 20 of 40, and 40 the
+    first 40 of 130 (neither a multiple of the chunk: a quota cuts the last chunk short). Without
+    the chunks, Hypothesis' own runs of these sizes diverge by the eighth example."""
+    seen = {}
+    for n in (20, 40, 130):
+        order = Order()
+        res = shardfuzz.run(TOY, max_examples=n, database=None, profile="shardfuzz-ci", hooks=[order])
+        assert not res.found and res.stats.examples == n, res.stats.summary()
+        seen[n] = [c for c, _ in order.seen]
+    assert seen[40][:20] == seen[20] and seen[130][:40] == seen[40]
+    assert len(set(map(repr, seen[130]))) > 100  # the chunks' seeds draw new cases, not the same 30
+
+
+def test_chunks_of_a_budget_are_the_leading_chunks_of_a_larger_one():
+    small, large = search_chunks("t", 45, 12), search_chunks("t", 450, 12)
+    assert [(c.max_examples, c.quota) for c in small] == [(18, 18), (30, 15)]
+    assert [c.max_examples for c in large[:2]] == [18, 30] and [c.seed_key for c in large[:2]] == ["t", "t#1"]
+    assert sum(c.quota for c in large) == 450 - 12 and all(c.quota == 30 for c in large[1:-1])
+    # fewer examples than rows: one example after them, as a single Hypothesis run has
+    assert [(c.max_examples, c.quota) for c in search_chunks("t", 10, 12)] == [(18, 1)]
+    assert [(c.max_examples, c.quota) for c in search_chunks("t", 40, 35)] == [(1, 1), (30, 4)]
 
 
 def test_a_bug_found_on_a_row_is_still_shrunk_to_its_minimal_case():

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import hypothesis
-from hypothesis.errors import Flaky
+from hypothesis.errors import Flaky, UnsatisfiedAssumption
 
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_tolerance_outputs
@@ -77,14 +77,69 @@ def stable_identity(runner: Runner) -> str:
     return f"{runner.target.name}/{resolved}{bound}/{runner.backend}"
 
 
+#: the examples of one Hypothesis run in a derandomized budget. Hypothesis' own derandomized runs of
+#: different ``max_examples`` diverge within a few examples (its first tenth is size-capped and its
+#: target phase starts halfway: docs/design.md, D45), so a budget of N is ``ceil(N / CHUNK)`` runs of this size on a seed
+#: schedule, the last one cut short by a quota: N's examples are the first N of any larger budget
+CHUNK = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One Hypothesis run of a derandomized budget: its ``max_examples``, how many of its examples
+    are run (``quota``; the rest are drawn and skipped) and the key its seed comes from."""
+
+    max_examples: int
+    quota: int
+    seed_key: str
+
+
+def chunks(identity: str, budget: int, rows: int) -> list[Chunk]:
+    """The Hypothesis runs of a derandomized ``budget`` after ``rows`` covering rows: the first one
+    is what the rows leave of :data:`CHUNK` (at least one example, as without chunks), the others
+    :data:`CHUNK` each with seeds from ``identity#k``. Every chunk but the last runs whole."""
+    first = max(1, CHUNK - rows)
+    left = max(1, budget - rows)
+    plan = [Chunk(first, min(first, left), identity)]
+    left -= plan[0].quota
+    while left > 0:
+        plan.append(Chunk(CHUNK, min(CHUNK, left), f"{identity}#{len(plan)}"))
+        left -= plan[-1].quota
+    return plan
+
+
+class Quota:
+    """How many examples of a chunk run: the rest are drawn by Hypothesis and skipped. After a
+    finding every call runs (they are Hypothesis' shrinking and its search for other bugs)."""
+
+    def __init__(self) -> None:
+        self.left, self.ran, self.found = 0, 0, False
+
+    def start(self, quota: int) -> None:
+        self.left, self.ran, self.found = quota, 0, False
+
+    def spent(self) -> bool:
+        return self.left <= 0 and not self.found
+
+    def count(self) -> None:
+        self.left -= 1
+        self.ran += 1
+
+
 def build_test(
-    runner: Runner, settings: Any = None, *, database: Any = "default", rows: bool = True
+    runner: Runner,
+    settings: Any = None,
+    *,
+    database: Any = "default",
+    rows: bool = True,
+    seed_salt: str = "",
 ) -> Callable[[], None]:
     """The test for a runner: first the covering rows (:mod:`shardfuzz.engine.covering`) as plain cases,
     then the ``@given`` test (one ``case`` argument, settings built now from the runner's
     configuration unless given, a database keyed by target/implementation/backend). A failing row
     is handed to Hypothesis through the database, so it is replayed first and shrunk; derandomized
-    runs are seeded from :func:`stable_identity`."""
+    runs are seeded from :func:`stable_identity` (and ``seed_salt``: another seed schedule, for
+    ``benchmarks/budget.py``) and split into :func:`chunks`."""
     cfg = runner.config
     s = settings if settings is not None else settings_for(cfg)
     if database != "default":
@@ -94,13 +149,23 @@ def build_test(
         s = type(s)(s, database=keyed_database(s.database, identity))
     smallest = SmallestFindings()
     covering = CoveringRun(runner, rows)
+    quota = Quota()
 
     def test_case(case: Case) -> None:
+        if quota.spent():  # past this chunk's share of the budget: drawn, not run (see CHUNK)
+            return
         try:
             check(runner, case)
-        except Finding as f:
-            smallest.on_finding(f.context, f)
+        except UnsatisfiedAssumption:  # rejected (unsupported, excluded, a fault): not an example
             raise
+        except (
+            BaseException
+        ) as e:  # any failure, re-raised: Hypothesis replays and shrinks it, so every later call runs
+            quota.found = True
+            if isinstance(e, Finding):
+                smallest.on_finding(e.context, e)
+            raise
+        quota.count()
 
     ident = "".join(c if c.isalnum() else "_" for c in runner.key)
     test_case.__name__ = test_case.__qualname__ = f"shardfuzz_{ident}"
@@ -109,7 +174,14 @@ def build_test(
         failing = covering.run()
         if failing is not None:  # kept, so a deadline before Hypothesis replays it cannot lose it
             smallest.on_finding(covering.finding.context, covering.finding)
+        user_seed = getattr(test_case, "_hypothesis_internal_use_seed", None)  # a user's @seed: one run
+        if failing is None and s.derandomize and user_seed is None:
+            run_chunks(
+                runner, test_case, s, chunks(identity + seed_salt, s.max_examples, covering.examples), quota
+            )
+            return
         # the rows count toward the budget: Hypothesis gets what they left of max_examples
+        quota.start(sys.maxsize)  # no quota: Hypothesis' own max_examples is the budget
         budget = type(s)(s, max_examples=max(1, s.max_examples - covering.examples))
         given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
         if failing is not None:  # the row failed, but not when Hypothesis replayed it
@@ -118,6 +190,15 @@ def build_test(
     test.__name__ = test.__qualname__ = test_case.__name__
     test.shardfuzz_smallest, test.shardfuzz_given = smallest, test_case  # type: ignore[attr-defined]  # run_test, test_for
     return test
+
+
+def run_chunks(runner: Runner, fn: Callable, s: Any, plan: list[Chunk], quota: Quota) -> None:
+    """Hypothesis' runs of a derandomized budget, one per :class:`Chunk` (a finding raises out)."""
+    for chunk in plan:
+        quota.start(chunk.quota)
+        given_test(runner, fn, type(s)(s, max_examples=chunk.max_examples), chunk.seed_key, [])()
+        if quota.ran < chunk.quota:  # Hypothesis ran out of new cases: another seed draws the same
+            return
 
 
 def given_test(runner: Runner, fn: Callable, s: Any, identity: str, seeds: list) -> Callable[[], None]:
