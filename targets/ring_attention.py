@@ -451,6 +451,9 @@ PLANTED = [
 
 #: PyTorch's context-parallel ring (targets/ring_attention_torch.py)
 TORCH_RING = "shardfuzz.targets.ring_attention_torch:torch_cp_ring"
+#: the regions of torch's two known failures (as --exclude expressions): each proof sets the other aside
+RING_UNEVEN_SEQ = "sizes['seq'] % group_size != 0"
+ZIGZAG_UNEVEN_ROUND_ROBIN = "options['variant'] == 'zigzag' and sizes['seq'] % group_size == 0 and sizes['seq'] % (2 * group_size) != 0"
 
 EXPECTED = [
     ExpectedFailure(
@@ -459,7 +462,15 @@ EXPECTED = [
         "process on a sequence the group does not divide: the ranks' K/V buffers differ in size "
         "(gloo EnforceNotMet 'Received data size doesn't match expected size'); torch requires "
         "seq % cp == 0",
-        Expect("rank-error", 2, (2,), uneven=("seq",), check=lambda c: c.sizes["seq"] == 3, note="seq 3"),
+        Expect(
+            "rank-error",
+            2,
+            (2,),
+            uneven=("seq",),
+            check=lambda c: c.sizes["seq"] == 3,
+            note="seq 3",
+            exclude=(ZIGZAG_UNEVEN_ROUND_ROBIN,),  # torch_cp_ring_zigzag's IndexError
+        ),
         p95=2,
         impl=bind(TORCH_RING),
     ),
@@ -475,7 +486,7 @@ EXPECTED = [
             uneven=None,
             check=lambda c: c.options["variant"] == "zigzag" and c.sizes["seq"] == 2,
             note="zigzag, seq 2",
-            exclude=("sizes['seq'] % group_size != 0",),  # torch_cp_ring's abort
+            exclude=(RING_UNEVEN_SEQ,),  # torch_cp_ring's abort
         ),
         p95=3,
         impl=bind(TORCH_RING),

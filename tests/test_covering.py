@@ -43,6 +43,13 @@ def test_covering_rows_reach_every_pair_of_conditions_their_pool_reaches(name):
     declared = set(target.triggers) | ({"backward"} if target.gradients else set())
     reached = {t for r in rows for t in r.conditions}
     assert {t for c in pool for t in shardfuzz.spec.triggers.triggers_of(target, c)} & declared <= reached
+    # every dtype and every size of the group under test the pool draws has a row of its own
+    assert {r.case.dtype for r in rows} == {
+        c.dtype for c in pool if not (target.supports and target.supports(c))
+    }
+    assert {r.case.group_size for r in rows} == {
+        c.group_size for c in pool if not (target.supports and target.supports(c))
+    }
     assert len(rows) <= 30, f"{len(rows)} rows would take the whole ci budget"
 
 

@@ -130,6 +130,19 @@ def test_generic_trigger_labels():
         target="t", world_size=4, mesh=(2, 2), sizes={"n": 3, "batch": 2}, split=("n",), dtype="bfloat16"
     )
     assert {"world>=3", "group<world", "2-D mesh", "uneven", "batch>1", "bfloat16"} <= generic_triggers(c)
+    assert not {"group>=3", "world non-power-of-2", "group non-power-of-2"} & generic_triggers(c)
+
+
+def test_group_triggers_count_the_group_under_test_not_the_world():
+    from shardfuzz.spec.triggers import generic_triggers
+
+    def at(world, mesh):
+        return generic_triggers(Case(target="t", world_size=world, mesh=mesh, sizes={"n": 6}, split=("n",)))
+
+    assert {"world>=3", "world non-power-of-2", "group<world"} <= at(3, (3, 1))  # a group of one rank
+    assert not {"group>=3", "group non-power-of-2"} & at(3, (3, 1))
+    assert {"world>=3", "group>=3", "world non-power-of-2", "group non-power-of-2"} <= at(3, (3,))
+    assert "group>=3" in at(4, (1, 4)) and "group non-power-of-2" not in at(4, (1, 4))
 
 
 # -- value profiles by role: large magnitudes where they find bugs ------------------------------

@@ -156,6 +156,13 @@ def conditions_of(target: Any, case: Case, categorical: Sequence[str]) -> frozen
     return frozenset(conds)
 
 
+def singles_of(case: Case) -> set[tuple[str, ...]]:
+    """What some row must reach on its own, never paired: the case's dtype and the size of its group
+    under test (so every dtype and every group size the pool draws has a row, float32 and a group
+    of 4 included, without a pair for each)."""
+    return {(f"dtype={case.dtype}",), (f"group={case.group_size}",)}
+
+
 def pairs_of(conditions: frozenset[str]) -> set[tuple[str, ...]]:
     """The single conditions and the pairs of conditions of one case (sorted tuples)."""
     ordered = sorted(conditions)
@@ -182,7 +189,7 @@ def rows_from_pool(target: Any, pool: Sequence[tuple[Case, tuple]]) -> list[Row]
     wanted: set[tuple[str, ...]] = set()
     cover = {}
     for i, row in enumerate(candidates):
-        cover[i] = pairs_of(row.conditions)
+        cover[i] = pairs_of(row.conditions) | singles_of(row.case)
         wanted |= cover[i]
     rows: list[Row] = []
     while wanted:
@@ -206,11 +213,11 @@ def uncovered(rows: Sequence[Row], cases: Iterable[Case], target: Any) -> set[tu
     categorical = categorical_options([r.case for r in rows] + cases)
     have: set[tuple[str, ...]] = set()
     for r in rows:
-        have |= pairs_of(conditions_of(target, r.case, categorical))
+        have |= pairs_of(conditions_of(target, r.case, categorical)) | singles_of(r.case)
     seen: set[tuple[str, ...]] = set()
     for c in cases:
         if target.supports is None or not target.supports(c):
-            seen |= pairs_of(conditions_of(target, c, categorical))
+            seen |= pairs_of(conditions_of(target, c, categorical)) | singles_of(c)
     return seen - have
 
 

@@ -18,6 +18,8 @@ from shardfuzz.spec.layouts import split_sizes
 GENERIC = (
     "world>=3",
     "world non-power-of-2",
+    "group>=3",
+    "group non-power-of-2",
     "group<world",
     "2-D mesh",
     "uneven",
@@ -35,29 +37,35 @@ PROGRESS = ("uneven", "world>=3", "2-D mesh", "group<world", "batch>1", "backwar
 def generic_triggers(case: Case) -> set[str]:
     """The generic bug-hiding conditions a case reaches."""
     out = set()
-    if case.world_size >= 3:
-        out.add("world>=3")
-    if case.world_size >= 2 and not math.log2(case.world_size).is_integer():
-        out.add("world non-power-of-2")
+    # the world, and the group under test (the mesh's last axis), which the world alone does not
+    # say: a world of 3 on a mesh (3, 1) runs the implementation on groups of one rank
+    for name, n in (("world", case.world_size), ("group", case.group_size)):
+        if n >= 3:
+            out.add(f"{name}>=3")
+        if n >= 2 and not math.log2(n).is_integer():
+            out.add(f"{name} non-power-of-2")
     if case.group_size < case.world_size:
         out.add("group<world")
     if sum(1 for m in case.mesh if m > 1) >= 2:
         out.add("2-D mesh")
     g = case.group_size
-    for name in case.split:
-        n = case.sizes[name]
-        if n % g:
-            out.add("uneven")
-        if n < g:
-            out.add("empty shard")  # under any split rule
-        elif 0 in split_sizes(n, g, "dtensor"):
-            out.add("empty DTensor shard")
+    out.update(t for name in case.split for t in _split_triggers(case.sizes[name], g))
     if case.sizes.get("batch", 1) > 1:
         out.add("batch>1")
     if case.dtype != "float32":
         out.add(case.dtype)
     if case.profile != "normal":
         out.add(f"profile={case.profile}")
+    return out
+
+
+def _split_triggers(n: int, g: int) -> set[str]:
+    """What a size ``n`` split over a group of ``g`` reaches."""
+    out = {"uneven"} if n % g else set()
+    if n < g:
+        out.add("empty shard")  # under any split rule
+    elif 0 in split_sizes(n, g, "dtensor"):
+        out.add("empty DTensor shard")
     return out
 
 
