@@ -119,6 +119,27 @@ def test_chunks_of_a_budget_are_the_leading_chunks_of_a_larger_one():
     assert [(c.max_examples, c.quota) for c in search_chunks("t", 40, 35)] == [(1, 1), (30, 4)]
 
 
+def _rows_run_with_half_rejected():
+    """TOY's covering rows with every other one set aside by a known failure (their seeds)."""
+    seeds = tuple(sorted({r.case.seed for r in covering.rows_for(Runner(TOY, None, RunConfig()))[::2]}))
+    runner = Runner(TOY, None, RunConfig(profile="shardfuzz-ci", exclude=(f"seed in {seeds}",)))
+    rows = covering.CoveringRun(runner)
+    assert rows.run() is None
+    ran = [r for r in rows.ran if r.case.seed not in seeds]
+    pool = [c for c, _ in covering.pool_for(runner.target) if c.seed not in seeds]  # what could run
+    return runner, rows, ran, covering.uncovered(ran, pool, runner.target)
+
+
+def test_a_rejected_row_is_replaced_by_cases_that_reach_what_it_was_for(monkeypatch):
+    runner, rows, ran, missed = _rows_run_with_half_rejected()
+    assert len(ran) < len(rows.ran) and runner.stats.rows_replaced > 0, runner.stats.summary()
+    assert missed == set(), missed  # every pair and single that a case that runs can reach
+    assert runner.stats.rows == len(ran) and "replacing rejected ones" in runner.stats.summary()
+    monkeypatch.setattr(covering, "REPLACE_TRIES", 0)  # the same rows, none replaced: tuples lost
+    runner, rows, ran, missed = _rows_run_with_half_rejected()
+    assert missed and runner.stats.rows_replaced == 0 and runner.stats.rows_refused > 0
+
+
 def test_a_bug_found_on_a_row_is_still_shrunk_to_its_minimal_case():
     cfg = RunConfig(profile="shardfuzz-ci")
     runner = Runner("tp_mlp", "world_group", cfg)

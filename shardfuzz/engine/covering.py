@@ -19,6 +19,7 @@ Hypothesis has left its simplest values.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -306,8 +307,18 @@ def rows_for(runner: Any) -> tuple[Row, ...]:
     return _rows_for(runner.target, c.world_sizes, c.dtypes, c.options)
 
 
+#: how often a tuple of conditions whose row the implementation refused is tried on another case
+#: before it counts as refused by this implementation
+REPLACE_TRIES = 2
+
+
 class CoveringRun:
-    """Runs a runner's covering rows once, before its first Hypothesis run (``enabled=False``: none)."""
+    """Runs a runner's covering rows once, before its first Hypothesis run (``enabled=False``: none).
+
+    A row the implementation rejects as unsupported (or a known failure sets aside) is replaced by
+    the pool case that reaches most of the tuples the rejected row alone reached (then the
+    cheapest), at most :data:`REPLACE_TRIES` tries per tuple and as many replacements as rows; the
+    tuples still unreached are counted as refused."""
 
     def __init__(self, runner: Any, enabled: bool = True) -> None:
         self.runner, self.enabled = runner, enabled
@@ -323,19 +334,32 @@ class CoveringRun:
         if self.done or not self.enabled:
             return None
         self.done = True
-        for row in rows_for(self.runner):
+        queue = list(rows_for(self.runner))
+        replace = Replacements(self.runner, queue)
+        while queue:
+            row = queue.pop(0)
             StickyInterrupt.check()
             self.ran.append(row)
             try:
                 counted_run(self.runner, row.case)
-            except (Unsupported, ExternalFault):
+            except Unsupported:  # Excluded too: another case reaches what this one was for
+                queue.extend(replace.after_rejected(row, queue))
+                continue
+            except ExternalFault:  # the case passed when rerun: nothing is lost
                 continue
             except Finding as f:
                 self.examples += 1
                 f.choices = row.choices  # type: ignore[attr-defined]  # to shrink it again later
                 self.finding = f
                 return row
+            replace.ran(row)
             self.examples += 1
+        stats = self.runner.stats
+        stats.rows, stats.rows_replaced, stats.rows_refused = (
+            self.examples,
+            replace.count,
+            len(replace.refused()),
+        )
         return None
 
     def not_reproduced(self, row: Row) -> BaseException:  # noqa: ARG002 (the row that was replayed; its finding is kept on self)
@@ -348,3 +372,48 @@ class CoveringRun:
         f.report = note + f.report
         f.args = (f.report,)
         return f
+
+
+class Replacements:
+    """The pool cases that stand in for rejected rows (see :class:`CoveringRun`)."""
+
+    def __init__(self, runner: Any, rows: Sequence[Row]) -> None:
+        c = runner.config
+        target = runner.target
+        pool = [(case, ch) for case, ch in pool_for(target, c.world_sizes, c.dtypes, c.options)]
+        pool = [(case, ch) for case, ch in pool if target.supports is None or not target.supports(case)]
+        categorical = categorical_options(case for case, _ in pool)
+        tried = {r.case for r in rows}
+        self.candidates = [
+            Row(case, ch, conditions_of(target, case, categorical)) for case, ch in pool if case not in tried
+        ]
+        self.reached: set[tuple[str, ...]] = set()  # by rows that ran
+        self.tries: collections.Counter = collections.Counter()  # per tuple, rows rejected
+        self.budget, self.count = len(rows), 0
+
+    @staticmethod
+    def tuples(row: Row) -> set[tuple[str, ...]]:
+        return pairs_of(row.conditions) | singles_of(row.case)
+
+    def ran(self, row: Row) -> None:
+        self.reached |= self.tuples(row)
+
+    def after_rejected(self, row: Row, queued: Sequence[Row]) -> list[Row]:
+        """The replacement for a rejected ``row`` (none when nothing is lost or left to try)."""
+        lost = self.tuples(row) - self.reached - {t for q in queued for t in self.tuples(q)}
+        self.tries.update(lost)
+        wanted = {t for t in lost if self.tries[t] < REPLACE_TRIES}
+        if not wanted or self.count >= self.budget:
+            return []
+        best = max(
+            self.candidates, key=lambda r: (len(self.tuples(r) & wanted), _neg(_cost(r.case))), default=None
+        )
+        if best is None or not self.tuples(best) & wanted:
+            return []
+        self.candidates.remove(best)
+        self.count += 1
+        return [best]
+
+    def refused(self) -> set[tuple[str, ...]]:
+        """Tuples some rejected row was for and no row that ran reached."""
+        return {t for t in self.tries if t not in self.reached}

@@ -33,6 +33,11 @@ class Stats:
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason
     excluded: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: covering rows that ran as examples, those that stood in for a rejected row, and the tuples of
+    #: conditions that rejected rows were for and no row reached (refused by the implementation)
+    rows: int = 0
+    rows_replaced: int = 0
+    rows_refused: int = 0
 
     def note_pass(self, ratio: float, case: Any) -> None:
         """Count a passing example whose worst error/tolerance was ``ratio``."""
@@ -64,6 +69,11 @@ class Stats:
             margin += "; excluded as known failures: " + ", ".join(
                 f"{k} x{v}" for k, v in self.excluded.items()
             )
+        if self.rows_replaced or self.rows_refused:
+            margin += f"; covering rows: {self.rows} ran, {self.rows_replaced} replacing rejected ones"
+            margin += f", {self.rows_refused} condition tuples refused" if self.rows_refused else ""
+        elif self.rows:
+            margin += f"; covering rows: {self.rows}"
         if self.external_faults:
             margin += f"; external faults set aside (rank killed from outside): {self.external_faults}"
         if self.leaks:
