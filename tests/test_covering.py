@@ -140,6 +140,29 @@ def test_a_rejected_row_is_replaced_by_cases_that_reach_what_it_was_for(monkeypa
     assert missed and runner.stats.rows_replaced == 0 and runner.stats.rows_refused > 0
 
 
+def test_a_condition_counts_only_where_the_target_declares_it_real():
+    """``causal`` does nothing on one element: declared ``effective`` from two on, no row, statistic
+    or option condition counts it there; undeclared, the cheapest causal row is a single element."""
+    data = os.path.join(HERE, "data", "effective_target.py")
+    for name, real in (("CAUSAL_SUM", True), ("CAUSAL_SUM_PLAIN", False)):
+        target = get_target(f"{data}::{name}")
+        pool = covering.pool_for(target)
+        single = [c for c, _ in pool if c.options["causal"] and c.sizes["n"] < 2]
+        assert single  # the strategy draws causal on a single element
+        rows = covering.rows_from_pool(target, pool)
+        causal = [r.case.sizes["n"] for r in rows if {"causal", "causal=True"} & r.conditions]
+        counted = {"causal" in shardfuzz.spec.triggers.triggers_of(target, c) for c in single}
+        if real:
+            assert causal and min(causal) >= 2 and counted == {False}
+        else:
+            assert min(causal) == 1 and counted == {True}
+
+
+def test_effective_takes_a_condition_name_and_a_callable():
+    with pytest.raises(shardfuzz.TargetError, match=r"effective\['causal'\]=1; expected a condition name"):
+        get_target(TOY).derive("t2", effective={"causal": 1})
+
+
 def test_a_bug_found_on_a_row_is_still_shrunk_to_its_minimal_case():
     cfg = RunConfig(profile="shardfuzz-ci")
     runner = Runner("tp_mlp", "world_group", cfg)

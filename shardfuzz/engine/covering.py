@@ -39,7 +39,7 @@ from shardfuzz.engine.hooks import StickyInterrupt
 from shardfuzz.errors import ExternalFault, Finding, Unsupported
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.exclude import Excluded
-from shardfuzz.spec.triggers import triggers_of
+from shardfuzz.spec.triggers import is_effective, triggers_of
 
 #: cases drawn to learn which pairs of conditions occur together
 POOL_SIZE = 250
@@ -154,7 +154,7 @@ def conditions_of(target: Any, case: Case, categorical: Sequence[str]) -> frozen
     """Every condition ``case`` reaches: trigger conditions and ``option=value`` of the categorical options."""
     conds = set(triggers_of(target, case))
     conds.update(f"{k}={case.options[k]!r}" for k in categorical if k in case.options)
-    return frozenset(conds)
+    return frozenset(c for c in conds if is_effective(target, c, case))
 
 
 def singles_of(case: Case) -> set[tuple[str, ...]]:

@@ -27,7 +27,7 @@ from shardfuzz.frontends import cli
 from shardfuzz.spec.records import Expect
 from shardfuzz.spec.refs import anchored_ref, caller_dir
 from shardfuzz.spec.registry import get_target
-from shardfuzz.spec.triggers import triggers_of
+from shardfuzz.spec.triggers import is_effective, triggers_of
 
 __all__ = ["Expect", "assert_planted_bug_found", "assert_reference_passes", "budget", "uneven_sizes"]
 
@@ -74,7 +74,8 @@ def assert_planted_bug_found(
         assert expect.check(case), result.report
     if expect.needs:
         t = get_target(target) if isinstance(target, str) else target
-        reached = triggers_of(t, case) | {f"{k}={v!r}" for k, v in case.options.items()}
+        options = {f"{k}={v!r}" for k, v in case.options.items()}
+        reached = triggers_of(t, case) | {c for c in options if is_effective(t, c, case)}
         missing = sorted(set(expect.needs) - reached)
         assert not missing, f"the shrunk case does not reach {missing}:\n{result.report}"
     if expect.outputs is not None:

@@ -72,6 +72,11 @@ class Target:
         triggers: name -> ``predicate(case)``: the bug-hiding conditions this target's options and
             sizes stand for (``"steps>=2"``, ``"causal"``, ...). Statistics, progress lines and the
             test suite use them, beside the generic ones of :mod:`shardfuzz.spec.triggers`.
+        effective: condition -> ``predicate(case)``: when a condition is real (``causal`` does
+            nothing on a sequence of one). The key is a trigger, an ``option=value`` condition of the
+            covering rows, or an option's name (each of its values). A case where the predicate is
+            false does not reach the condition: statistics, covering rows and ``Expect(needs=)``
+            do not count it.
         gradients: the outputs that come from a backward pass (the ``backward`` trigger).
         description: one line for ``shardfuzz list``.
         collectives: the collectives the implementations use (e.g. ``("all_reduce",)``); decides
@@ -97,6 +102,7 @@ class Target:
     planted: Any = ()  # Iterable[PlantedBug] in, Mapping[str, PlantedBug] after __post_init__
     expected_failures: Any = ()  # Iterable[ExpectedFailure] in, Mapping[str, ExpectedFailure] after
     triggers: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
+    effective: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
     gradients: tuple[str, ...] = ()
     description: str = ""
     supports: Callable[[Any], str | None] | None = None
@@ -130,6 +136,13 @@ class Target:
         for tname, pred in self.triggers.items():
             if not callable(pred):
                 raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
+        object.__setattr__(self, "effective", dict(self.effective))
+        for cname, pred in self.effective.items():
+            if not isinstance(cname, str) or not callable(pred):
+                raise TargetError(
+                    f"Target {self.name!r}: effective[{cname!r}]={pred!r}; expected a condition name "
+                    "and a callable predicate(case)"
+                )
         object.__setattr__(self, "gradients", tuple(self.gradients))
         object.__setattr__(self, "known_failures", known_failures(self.known_failures, self.name))
         object.__setattr__(self, "comm", check_budgets(self.comm, self.name, self.implementations))

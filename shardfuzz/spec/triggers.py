@@ -9,6 +9,7 @@ lines and the test suite all read this one vocabulary.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from shardfuzz.case import Case
@@ -70,9 +71,21 @@ def _split_triggers(n: int, g: int) -> set[str]:
 
 
 def triggers_of(target: Any, case: Case) -> set[str]:
-    """Every trigger condition ``case`` reaches for ``target``: generic, backward and declared."""
+    """Every trigger condition ``case`` reaches for ``target``: generic, backward and declared, where
+    the target's ``effective`` predicates say they are real."""
     out = generic_triggers(case)
     if target.gradients and set(target.gradients) & set(target.outputs_for(case)):
         out.add("backward")
     out.update(name for name, reached in target.triggers.items() if reached(case))
-    return out
+    return {c for c in out if is_effective(target, c, case)}
+
+
+def is_effective(target: Any, condition: str, case: Case) -> bool:
+    """Whether ``condition`` is real on ``case`` (``Target(effective=...)``: the condition's own
+    predicate, else its option's, for an ``option=value`` condition; true without either)."""
+    effective = getattr(target, "effective", None) or {}
+    pred = effective.get(condition)
+    if pred is None:
+        option = re.match(r"([A-Za-z_]\w*)=", condition)
+        pred = effective.get(option.group(1)) if option else None
+    return pred is None or bool(pred(case))
