@@ -158,6 +158,22 @@ def test_a_condition_counts_only_where_the_target_declares_it_real():
             assert min(causal) == 1 and counted == {True}
 
 
+def test_the_rows_reach_every_triple_of_the_important_conditions():
+    data = os.path.join(HERE, "data", "effective_target.py")
+    target = get_target(f"{data}::CAUSAL_SUM")
+    triple = ("2-D mesh", "causal", "uneven")  # three at once: the pool reaches it, pairs alone do not
+    pool = covering.pool_for(target)
+    assert any(set(triple) <= covering.conditions_of(target, c, ()) for c, _ in pool)
+    for important in ((), triple):
+        t = target.derive("causal_sum_important", important=important)
+        rows = covering.rows_from_pool(t, pool)
+        reached = any(set(triple) <= r.conditions for r in rows)
+        assert reached == bool(important), (important, [r.case for r in rows])
+        assert covering.uncovered(rows, [c for c, _ in pool], t) == set()
+    with pytest.raises(shardfuzz.TargetError, match=r"important=\(.*\); expected at most 6"):
+        target.derive("t2", important=tuple(f"c{i}" for i in range(7)))
+
+
 def test_effective_takes_a_condition_name_and_a_callable():
     with pytest.raises(shardfuzz.TargetError, match=r"effective\['causal'\]=1; expected a condition name"):
         get_target(TOY).derive("t2", effective={"causal": 1})

@@ -164,6 +164,13 @@ def singles_of(case: Case) -> set[tuple[str, ...]]:
     return {(f"dtype={case.dtype}",), (f"group={case.group_size}",)}
 
 
+def tuples_of(target: Any, case: Case, conditions: frozenset[str]) -> set[tuple[str, ...]]:
+    """What the rows must reach, for one case: its single conditions and pairs of them, its
+    :func:`singles_of`, and the triples among the target's ``important`` conditions."""
+    important = sorted(conditions & set(getattr(target, "important", ())))
+    return pairs_of(conditions) | singles_of(case) | set(itertools.combinations(important, 3))
+
+
 def pairs_of(conditions: frozenset[str]) -> set[tuple[str, ...]]:
     """The single conditions and the pairs of conditions of one case (sorted tuples)."""
     ordered = sorted(conditions)
@@ -190,7 +197,7 @@ def rows_from_pool(target: Any, pool: Sequence[tuple[Case, tuple]]) -> list[Row]
     wanted: set[tuple[str, ...]] = set()
     cover = {}
     for i, row in enumerate(candidates):
-        cover[i] = pairs_of(row.conditions) | singles_of(row.case)
+        cover[i] = tuples_of(target, row.case, row.conditions)
         wanted |= cover[i]
     rows: list[Row] = []
     while wanted:
@@ -214,11 +221,11 @@ def uncovered(rows: Sequence[Row], cases: Iterable[Case], target: Any) -> set[tu
     categorical = categorical_options([r.case for r in rows] + cases)
     have: set[tuple[str, ...]] = set()
     for r in rows:
-        have |= pairs_of(conditions_of(target, r.case, categorical)) | singles_of(r.case)
+        have |= tuples_of(target, r.case, conditions_of(target, r.case, categorical))
     seen: set[tuple[str, ...]] = set()
     for c in cases:
         if target.supports is None or not target.supports(c):
-            seen |= pairs_of(conditions_of(target, c, categorical)) | singles_of(c)
+            seen |= tuples_of(target, c, conditions_of(target, c, categorical))
     return seen - have
 
 
@@ -379,7 +386,7 @@ class Replacements:
 
     def __init__(self, runner: Any, rows: Sequence[Row]) -> None:
         c = runner.config
-        target = runner.target
+        target = self.target = runner.target
         pool = [(case, ch) for case, ch in pool_for(target, c.world_sizes, c.dtypes, c.options)]
         pool = [(case, ch) for case, ch in pool if target.supports is None or not target.supports(case)]
         categorical = categorical_options(case for case, _ in pool)
@@ -391,9 +398,8 @@ class Replacements:
         self.tries: collections.Counter = collections.Counter()  # per tuple, rows rejected
         self.budget, self.count = len(rows), 0
 
-    @staticmethod
-    def tuples(row: Row) -> set[tuple[str, ...]]:
-        return pairs_of(row.conditions) | singles_of(row.case)
+    def tuples(self, row: Row) -> set[tuple[str, ...]]:
+        return tuples_of(self.target, row.case, row.conditions)
 
     def ran(self, row: Row) -> None:
         self.reached |= self.tuples(row)

@@ -32,6 +32,8 @@ __all__ = ["Target"]
 
 #: ``Target(oracle=SELF)``: the implementation at world size 1 in float64 is the oracle
 SELF = "self"
+#: the most conditions a target may mark ``important``: their triples (20 at 6) cost 0-2 more rows
+MAX_IMPORTANT = 6
 
 Outputs = Mapping[str, Layout]
 
@@ -77,6 +79,9 @@ class Target:
             covering rows, or an option's name (each of its values). A case where the predicate is
             false does not reach the condition: statistics, covering rows and ``Expect(needs=)``
             do not count it.
+        important: up to :data:`MAX_IMPORTANT` conditions (triggers or ``option=value``) whose
+            triples the covering rows reach too, not only their pairs (a bug that needs three at
+            once: ZeRO stage 2, accumulation and 2+ ranks).
         gradients: the outputs that come from a backward pass (the ``backward`` trigger).
         description: one line for ``shardfuzz list``.
         collectives: the collectives the implementations use (e.g. ``("all_reduce",)``); decides
@@ -103,6 +108,7 @@ class Target:
     expected_failures: Any = ()  # Iterable[ExpectedFailure] in, Mapping[str, ExpectedFailure] after
     triggers: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
     effective: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
+    important: tuple[str, ...] = ()
     gradients: tuple[str, ...] = ()
     description: str = ""
     supports: Callable[[Any], str | None] | None = None
@@ -137,6 +143,12 @@ class Target:
             if not callable(pred):
                 raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
         object.__setattr__(self, "effective", dict(self.effective))
+        object.__setattr__(self, "important", tuple(self.important))
+        if len(self.important) > MAX_IMPORTANT or not all(isinstance(c, str) for c in self.important):
+            raise TargetError(
+                f"Target {self.name!r}: important={self.important!r}; expected at most {MAX_IMPORTANT} "
+                "condition names (each triple of them costs covering rows)"
+            )
         for cname, pred in self.effective.items():
             if not isinstance(cname, str) or not callable(pred):
                 raise TargetError(
