@@ -324,6 +324,7 @@ TARGET = Target(
     implementations={"reference": "reference"},
     planted=PLANTED,
     triggers=TRIGGERS,
+    per_group={"kv_heads": "kv_heads"},  # KV heads against sequence-parallel ranks: fewer, replicated
     gradients=GRADIENTS,
     comm={"reference": reference_comm},
 )

@@ -174,6 +174,35 @@ def test_the_rows_reach_every_triple_of_the_important_conditions():
         target.derive("t2", important=tuple(f"c{i}" for i in range(7)))
 
 
+def test_quantities_declared_per_group_are_triggers_the_rows_reach():
+    data = os.path.join(HERE, "data", "effective_target.py")
+    t = get_target(f"{data}::CAUSAL_SUM").derive("causal_sum_per_group", per_group={"n": "n"})
+
+    def relations(world, mesh, n):
+        sizes, opts = {"n": n}, {"causal": False}
+        case = shardfuzz.Case(
+            target=t.name, world_size=world, mesh=mesh, sizes=sizes, split=("n",), options=opts
+        )
+        return {
+            r
+            for r in shardfuzz.spec.triggers.triggers_of(t, case)
+            if r.startswith("n") or r.endswith("%n==0")
+        }
+
+    assert relations(4, (4,), 2) == {"n<group", "n%group!=0", "group%n==0"}  # replicated, as KV heads
+    assert relations(3, (3,), 2) == {"n<group", "n%group!=0"}
+    assert relations(3, (3,), 6) == set() and relations(4, (4,), 6) == {"n%group!=0"}
+    assert relations(4, (2, 2), 4) == set() and relations(1, (1,), 1) == set()  # the group is 2, then 1
+    pool = covering.pool_for(t)
+    rows = covering.rows_from_pool(t, pool)
+    reached = {c for r in rows for c in r.conditions}
+    drawn = {r for c, _ in pool for r in shardfuzz.spec.triggers.triggers_of(t, c) if r.startswith("n")}
+    assert "n%group!=0" in drawn and drawn <= reached  # (its strategy never draws n < group)
+    assert covering.uncovered(rows, [c for c, _ in pool], t) == set()
+    with pytest.raises(shardfuzz.TargetError, match=r"per_group\['m'\]='m' is neither a size"):
+        shardfuzz.spec.triggers.triggers_of(t.derive("t3", per_group={"m": "m"}), pool[0][0])
+
+
 def test_effective_takes_a_condition_name_and_a_callable():
     with pytest.raises(shardfuzz.TargetError, match=r"effective\['causal'\]=1; expected a condition name"):
         get_target(TOY).derive("t2", effective={"causal": 1})

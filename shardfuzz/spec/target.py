@@ -79,6 +79,10 @@ class Target:
             covering rows, or an option's name (each of its values). A case where the predicate is
             false does not reach the condition: statistics, covering rows and ``Expect(needs=)``
             do not count it.
+        per_group: name -> a size name, an option name or ``fn(case) -> int``: quantities that
+            matter against the size of the group under test (KV heads, microbatches, the vocab).
+            Each adds the triggers ``NAME<group``, ``NAME%group!=0`` and ``group%NAME==0`` (1 <
+            NAME < group: replication, as KV heads on more ranks than heads) where they hold.
         important: up to :data:`MAX_IMPORTANT` conditions (triggers or ``option=value``) whose
             triples the covering rows reach too, not only their pairs (a bug that needs three at
             once: ZeRO stage 2, accumulation and 2+ ranks).
@@ -109,6 +113,7 @@ class Target:
     triggers: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
     effective: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
     important: tuple[str, ...] = ()
+    per_group: Mapping[str, str | Callable[[Case], int]] = dataclasses.field(default_factory=dict)
     gradients: tuple[str, ...] = ()
     description: str = ""
     supports: Callable[[Any], str | None] | None = None
@@ -144,6 +149,13 @@ class Target:
                 raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
         object.__setattr__(self, "effective", dict(self.effective))
         object.__setattr__(self, "important", tuple(self.important))
+        object.__setattr__(self, "per_group", dict(self.per_group))
+        for qname, how in self.per_group.items():
+            if not isinstance(qname, str) or not (isinstance(how, str) or callable(how)):
+                raise TargetError(
+                    f"Target {self.name!r}: per_group[{qname!r}]={how!r}; expected a size name, an "
+                    "option name or a callable fn(case) -> int"
+                )
         if len(self.important) > MAX_IMPORTANT or not all(isinstance(c, str) for c in self.important):
             raise TargetError(
                 f"Target {self.name!r}: important={self.important!r}; expected at most {MAX_IMPORTANT} "

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from shardfuzz.case import Case
+from shardfuzz.errors import TargetError
 from shardfuzz.spec.layouts import split_sizes
 
 #: the generic conditions, in the order progress lines show them
@@ -77,7 +78,34 @@ def triggers_of(target: Any, case: Case) -> set[str]:
     if target.gradients and set(target.gradients) & set(target.outputs_for(case)):
         out.add("backward")
     out.update(name for name, reached in target.triggers.items() if reached(case))
+    for name, how in (getattr(target, "per_group", None) or {}).items():
+        out |= group_relations(name, quantity(target, name, how, case), case.group_size)
     return {c for c in out if is_effective(target, c, case)}
+
+
+def group_relations(name: str, q: int, g: int) -> set[str]:
+    """How a quantity ``q`` relates to a group of ``g`` ranks (``Target(per_group=...)``)."""
+    if g < 2:
+        return set()
+    out = {f"{name}<group"} if q < g else set()
+    if q % g:
+        out.add(f"{name}%group!=0")
+    if 1 < q < g and g % q == 0:
+        out.add(f"group%{name}==0")
+    return out
+
+
+def quantity(target: Any, name: str, how: Any, case: Case) -> int:
+    """The value of a ``per_group`` quantity on ``case``: a size, an option, or a callable's."""
+    if callable(how):
+        return int(how(case))
+    for where in (case.sizes, case.options):
+        if how in where:
+            return int(where[how])
+    raise TargetError(
+        f"Target {target.name!r}: per_group[{name!r}]={how!r} is neither a size ({sorted(case.sizes)}) "
+        f"nor an option ({sorted(case.options)}) of {case!r}"
+    )
 
 
 def is_effective(target: Any, condition: str, case: Case) -> bool:
