@@ -152,9 +152,8 @@ def _hashable(value: Any) -> Any:
 
 def conditions_of(target: Any, case: Case, categorical: Sequence[str]) -> frozenset[str]:
     """Every condition ``case`` reaches: trigger conditions and ``option=value`` of the categorical options."""
-    conds = set(triggers_of(target, case))
-    conds.update(f"{k}={case.options[k]!r}" for k in categorical if k in case.options)
-    return frozenset(c for c in conds if is_effective(target, c, case))
+    options = (f"{k}={case.options[k]!r}" for k in categorical if k in case.options)
+    return frozenset(triggers_of(target, case)) | {c for c in options if is_effective(target, c, case)}
 
 
 def singles_of(case: Case) -> set[tuple[str, ...]]:
@@ -167,7 +166,7 @@ def singles_of(case: Case) -> set[tuple[str, ...]]:
 def tuples_of(target: Any, case: Case, conditions: frozenset[str]) -> set[tuple[str, ...]]:
     """What the rows must reach, for one case: its single conditions and pairs of them, its
     :func:`singles_of`, and the triples among the target's ``important`` conditions."""
-    important = sorted(conditions & set(getattr(target, "important", ())))
+    important = sorted(conditions & set(target.important))
     return pairs_of(conditions) | singles_of(case) | set(itertools.combinations(important, 3))
 
 
@@ -188,12 +187,17 @@ def covering_rows(target: Any, strategy: Any, seed: int, pool_size: int = POOL_S
     return rows_from_pool(target, draw_pool(strategy, seed, pool_size))
 
 
-def rows_from_pool(target: Any, pool: Sequence[tuple[Case, tuple]]) -> list[Row]:
-    """:func:`covering_rows` from a pool already drawn."""
+def candidates_of(target: Any, pool: Sequence[tuple[Case, tuple]]) -> list[Row]:
+    """The pool's cases the target supports, as rows with their conditions."""
     if target.supports is not None:
         pool = [(c, ch) for c, ch in pool if not target.supports(c)]
     categorical = categorical_options(c for c, _ in pool)
-    candidates = [Row(c, ch, conditions_of(target, c, categorical)) for c, ch in pool]
+    return [Row(c, ch, conditions_of(target, c, categorical)) for c, ch in pool]
+
+
+def rows_from_pool(target: Any, pool: Sequence[tuple[Case, tuple]]) -> list[Row]:
+    """:func:`covering_rows` from a pool already drawn."""
+    candidates = candidates_of(target, pool)
     wanted: set[tuple[str, ...]] = set()
     cover = {}
     for i, row in enumerate(candidates):
@@ -343,31 +347,33 @@ class CoveringRun:
         self.done = True
         queue = list(rows_for(self.runner))
         replace = Replacements(self.runner, queue)
-        while queue:
-            row = queue.pop(0)
-            StickyInterrupt.check()
-            self.ran.append(row)
-            try:
-                counted_run(self.runner, row.case)
-            except Unsupported:  # Excluded too: another case reaches what this one was for
-                queue.extend(replace.after_rejected(row, queue))
-                continue
-            except ExternalFault:  # the case passed when rerun: nothing is lost
-                continue
-            except Finding as f:
+        try:
+            while queue:
+                row = queue.pop(0)
+                StickyInterrupt.check()
+                self.ran.append(row)
+                try:
+                    counted_run(self.runner, row.case)
+                except Unsupported:  # Excluded too: another case reaches what this one was for
+                    queue.extend(replace.after_rejected(row, queue))
+                    continue
+                except ExternalFault:  # the case passed when rerun: nothing is lost
+                    continue
+                except Finding as f:
+                    self.examples += 1
+                    f.choices = row.choices  # type: ignore[attr-defined]  # to shrink it again later
+                    self.finding = f
+                    return row
+                replace.ran(row)
                 self.examples += 1
-                f.choices = row.choices  # type: ignore[attr-defined]  # to shrink it again later
-                self.finding = f
-                return row
-            replace.ran(row)
-            self.examples += 1
-        stats = self.runner.stats
-        stats.rows, stats.rows_replaced, stats.rows_refused = (
-            self.examples,
-            replace.count,
-            len(replace.refused()),
-        )
-        return None
+            return None
+        finally:  # a failing row, a deadline or Ctrl-C included: the summary counts what ran
+            stats = self.runner.stats
+            stats.rows, stats.rows_replaced, stats.rows_refused = (
+                self.examples,
+                replace.count,
+                len(replace.refused()),
+            )
 
     def not_reproduced(self, row: Row) -> BaseException:  # noqa: ARG002 (the row that was replayed; its finding is kept on self)
         """The row's finding, marked: Hypothesis did not see it fail again when it replayed it."""
@@ -385,18 +391,21 @@ class Replacements:
     """The pool cases that stand in for rejected rows (see :class:`CoveringRun`)."""
 
     def __init__(self, runner: Any, rows: Sequence[Row]) -> None:
-        c = runner.config
-        target = self.target = runner.target
-        pool = [(case, ch) for case, ch in pool_for(target, c.world_sizes, c.dtypes, c.options)]
-        pool = [(case, ch) for case, ch in pool if target.supports is None or not target.supports(case)]
-        categorical = categorical_options(case for case, _ in pool)
-        tried = {r.case for r in rows}
-        self.candidates = [
-            Row(case, ch, conditions_of(target, case, categorical)) for case, ch in pool if case not in tried
-        ]
+        self.runner, self.target = runner, runner.target
+        self.rows = list(rows)
+        self._candidates: list[Row] | None = None  # the pool's other cases, built at the first rejection
         self.reached: set[tuple[str, ...]] = set()  # by rows that ran
         self.tries: collections.Counter = collections.Counter()  # per tuple, rows rejected
         self.budget, self.count = len(rows), 0
+
+    @property
+    def candidates(self) -> list[Row]:
+        if self._candidates is None:
+            c = self.runner.config
+            tried = {r.case for r in self.rows}
+            pool = pool_for(self.target, c.world_sizes, c.dtypes, c.options)
+            self._candidates = [r for r in candidates_of(self.target, pool) if r.case not in tried]
+        return self._candidates
 
     def tuples(self, row: Row) -> set[tuple[str, ...]]:
         return tuples_of(self.target, row.case, row.conditions)

@@ -78,9 +78,9 @@ def triggers_of(target: Any, case: Case) -> set[str]:
     if target.gradients and set(target.gradients) & set(target.outputs_for(case)):
         out.add("backward")
     out.update(name for name, reached in target.triggers.items() if reached(case))
-    for name, how in (getattr(target, "per_group", None) or {}).items():
+    for name, how in target.per_group.items():
         out |= group_relations(name, quantity(target, name, how, case), case.group_size)
-    return {c for c in out if is_effective(target, c, case)}
+    return {c for c in out if is_effective(target, c, case)} if target.effective else out
 
 
 def group_relations(name: str, q: int, g: int) -> set[str]:
@@ -111,7 +111,9 @@ def quantity(target: Any, name: str, how: Any, case: Case) -> int:
 def is_effective(target: Any, condition: str, case: Case) -> bool:
     """Whether ``condition`` is real on ``case`` (``Target(effective=...)``: the condition's own
     predicate, else its option's, for an ``option=value`` condition; true without either)."""
-    effective = getattr(target, "effective", None) or {}
+    effective = target.effective
+    if not effective:
+        return True
     pred = effective.get(condition)
     if pred is None:
         option = re.match(r"([A-Za-z_]\w*)=", condition)
