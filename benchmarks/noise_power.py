@@ -231,7 +231,7 @@ def cmd_power(args: Any) -> int:
         target = get_target(name)
         streams = {d: CaseStream(target.strategy(None, (d,)), args.seed) for d in dtypes}
         for bug_name, bug in target.planted.items():
-            if bug.expect.kind not in args.kinds.split(",") or re.search(args.exclude, bug_name):
+            if not set(bug.expect.kinds) & set(args.kinds.split(",")) or re.search(args.exclude, bug_name):
                 continue
             timeout = bug.expect.timeout
             f64 = CaptureRunner(target, bug_name, make_config("dtype-rerun", timeout))

@@ -19,8 +19,21 @@ from shardfuzz.errors import InvalidArgument
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 #: value profiles, simplest first (the one list: ``shardfuzz.strategies`` draws from it). "large"
-#: scales values by 10**k, "small" scales them down, "ties" quantises them to a coarse grid.
-VALUE_PROFILES = ("normal", "large", "small", "ties")
+#: scales values by 10**k, "small" scales them down, "ties" quantises them to a coarse grid, "edge"
+#: writes one value at the edge of the dtype into every last-dim row (:data:`EDGE_KINDS`).
+VALUE_PROFILES = ("normal", "large", "small", "ties", "edge")
+#: what the ``edge`` profile writes (``shardfuzz.spec.inputs.edge_value``), simplest first:
+#: ``max``: the largest finite value of the next narrower dtype (float16's 65504 for float32 and
+#: bfloat16 data, float32's for float64, float8 e4m3's 448 for float16) scaled by 2**-k: a cast to
+#: that narrower wire or accumulator overflows, while the case dtype keeps headroom for any order
+#: of a correct computation (its own largest value has none); ``subnormal``: the case dtype's
+#: smallest normal value scaled by 2**-(k+1); ``signed_zero``: -0.0; ``repeat``: the value beside
+#: it again (an exact tie)
+EDGE_KINDS = ("max", "subnormal", "signed_zero", "repeat")
+#: how many slots ``edge_slot`` names: it is drawn in ``[0, EDGE_SLOTS)`` and taken modulo the row
+EDGE_SLOTS = 8
+#: how far below its limit an edge value is drawn: ``edge_exp`` in ``[0, EDGE_EXPONENTS)``
+EDGE_EXPONENTS = 8
 
 
 #: on inside :func:`one_rank_path` (read by ``shardfuzz.strategies.cases``)

@@ -33,7 +33,16 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from shardfuzz.case import DTYPES, ONE_RANK_PATH, VALUE_PROFILES, Case, one_rank_path
+from shardfuzz.case import (
+    DTYPES,
+    EDGE_EXPONENTS,
+    EDGE_KINDS,
+    EDGE_SLOTS,
+    ONE_RANK_PATH,
+    VALUE_PROFILES,
+    Case,
+    one_rank_path,
+)
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.spec.bounds import (
     CaseBounds,
@@ -66,7 +75,8 @@ __all__ = [
 ]
 
 #: value profiles, simplest first. "large" scales values by 10**k (k drawn), "ties" quantises them
-#: to a coarse grid so equal values (ties) are common, "small" scales them down.
+#: to a coarse grid so equal values (ties) are common, "small" scales them down, "edge" writes a
+#: value at the edge of the dtype (its kind, exponent and slot drawn, so they shrink) into each row.
 PROFILES = VALUE_PROFILES
 
 
@@ -143,7 +153,10 @@ def value_profiles(
     """``(name, params)``: the value profile and its structured parameters.
 
     ``large`` draws a scale ``10**k`` with ``k`` in ``[min_log_scale, max_log_scale]``; ``ties``
-    draws a grid step so that many values are exactly equal. Shrinks toward ``("normal", {})``.
+    draws a grid step so that many values are exactly equal; ``edge`` draws the kind of edge value
+    (:data:`shardfuzz.case.EDGE_KINDS`), its exponent ``edge_exp`` and the slot of each last-dim
+    row it goes to, ``edge_slot`` (``shardfuzz.spec.inputs.apply_edge``). Shrinks toward
+    ``("normal", {})``, and an edge toward ``{"edge": "max", "edge_exp": 0, "edge_slot": 0}``.
     """
     allowed = tuple(allowed)
     bad = [p for p in allowed if p not in PROFILES]
@@ -162,7 +175,17 @@ def _value_profiles(draw, allowed, min_log_scale, max_log_scale):
         return name, {"scale": float(10 ** -draw(st.integers(min_log_scale, max_log_scale)))}
     if name == "ties":
         return name, {"grid": draw(st.sampled_from([0.5, 1.0, 0.25]))}
+    if name == "edge":
+        return name, {
+            "edge": draw(st.sampled_from(EDGE_KINDS)),
+            "edge_exp": draw(_EDGE_EXPONENTS),
+            "edge_slot": draw(_EDGE_SLOTS),
+        }
     return name, {}
+
+
+_EDGE_EXPONENTS = st.integers(0, EDGE_EXPONENTS - 1)
+_EDGE_SLOTS = st.integers(0, EDGE_SLOTS - 1)
 
 
 def mostly(common: Any, *rare: Any, share: float = 0.95) -> st.SearchStrategy[Any]:

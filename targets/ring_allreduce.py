@@ -42,10 +42,12 @@ from shardfuzz.spec.layouts import split_sizes
 #: per rank 0 to 3 elements plus a remainder; 0 per rank: fewer elements than ranks (empty chunks)
 SIZES = {"numel": sst.Split(min_per_rank=0, max_per_rank=3, allow_empty=True)}
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+PROFILES = ("normal", "large", "ties", "edge")
 
 
 def cases(world_sizes=None):
-    return sst.cases("ring_allreduce", sizes=SIZES, world_sizes=world_sizes)
+    # the edge profile too: a value near float16's limit is what a 16-bit wire cannot carry
+    return sst.cases("ring_allreduce", sizes=SIZES, world_sizes=world_sizes, profiles=PROFILES)
 
 
 def inputs(case):
@@ -101,6 +103,8 @@ def reference(ctx, *, bug: str | None = None):
     n, r = ctx.group_size, ctx.group_rank
     x = ctx.inputs["x"][r]
     wire = torch.bfloat16 if bug == "bf16_wire" else x.dtype
+    # what the messages hold: the wire dtype; fp16_wire packs any 16-bit data as float16
+    msg = torch.float16 if bug == "fp16_wire" and wire == torch.bfloat16 else wire
     # float32 partial sums for low-precision data; the bf16 wire bug accumulates in its wire dtype
     acc_dtype = torch.float32 if wire in LOW_PRECISION and bug != "bf16_wire" else wire
     sizes = chunk_sizes(x.numel(), n, bug)
@@ -108,13 +112,13 @@ def reference(ctx, *, bug: str | None = None):
     nxt, prv = (r + 1) % n, (r - 1) % n
     for step in range(n - 1):  # reduce-scatter: rank r ends owning chunk r + 1
         send_i, recv_i = _mod(r - step, n, bug), _mod(prv - step, n, bug)
-        got = _exchange(ctx, acc[send_i].to(wire), acc[recv_i].shape, wire, nxt, prv)
+        got = _exchange(ctx, acc[send_i].to(msg), acc[recv_i].shape, msg, nxt, prv)
         acc[recv_i] = acc[recv_i] + got.to(acc_dtype)
     out = [c.to(wire) for c in acc]  # what travels and what is returned: the wire dtype
     shift = 0 if bug == "allgather_off_by_one" else 1
     for step in range(n - 1):  # all-gather: forward the chunk received last
         send_i, recv_i = _mod(r + shift - step, n, bug), _mod(prv + shift - step, n, bug)
-        out[recv_i] = _exchange(ctx, out[send_i], out[recv_i].shape, wire, nxt, prv)
+        out[recv_i] = _exchange(ctx, out[send_i].to(msg), out[recv_i].shape, msg, nxt, prv).to(wire)
     total = torch.cat(out)
     if bug == "floor_chunks":  # the remainder keeps this rank's own values
         total = torch.cat([total, x[total.numel() :].to(wire)])
@@ -207,12 +211,12 @@ PLANTED = [
         "on 3 ranks one chunk is never reduced and another twice; on 1 element the sum is right "
         "and only the bytes show it (the only chunk is sent on every step)",
         Expect(
-            "communication",
+            ("communication", "mismatch"),
             3,
             (3,),
             uneven=("numel",),
-            check=lambda c: c.sizes["numel"] == 1,
-            note="1 element (values right, bytes over)",
+            check=lambda c: c.sizes["numel"] in (1, 2),
+            note="1 element (values right, bytes over) or 2 (a chunk never reduced), as met first",
         ),
         p95=1,
         link="meta-pytorch/torchcomms#3214",
@@ -248,6 +252,24 @@ PLANTED = [
         ),
         p95=2,
         link="pytorch/pytorch#106395",
+    ),
+    PlantedBug(
+        "fp16_wire",
+        "bfloat16 messages packed as float16 (a 16-bit wire is a 16-bit wire): exact for most bf16 "
+        "values, but bf16 keeps float32's range and float16 stops at 65504, so a value or partial "
+        "sum beyond it arrives as inf. Needs bfloat16 data, 2+ ranks (one rank sends nothing) and "
+        "a value near float16's limit: the edge profile's max",
+        Expect(
+            "mismatch",
+            2,
+            (2,),
+            uneven=None,
+            check=lambda c: c.dtype == "bfloat16" and c.options.get("edge") == "max",
+            note="bfloat16 with an edge value past float16's range",
+            needs=("bfloat16", "edge=max"),
+        ),
+        p95=17,  # budget.py, 20 seeds: a covering row (the 17th) in every schedule
+        link="vllm-project/vllm#55346",
     ),
 ]
 

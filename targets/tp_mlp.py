@@ -130,10 +130,15 @@ def outputs(case):
 
 def _contiguous_copy_reduce(x, group):
     """NVIDIA/Megatron-LM#5337: the all-reduce runs on a ``.contiguous()`` copy and the unreduced
-    original is returned (right only when ``x`` was already contiguous)."""
-    buf = x.contiguous()
+    original is returned (right only when ``x`` was already contiguous). Backward is the identity,
+    as in ``ReduceFromGroup``: the collective runs outside autograd, so this is the one bug."""
+    flat = x.detach()
+    buf = flat.contiguous()
+    copied = buf.data_ptr() != flat.data_ptr()
+    buf = buf if copied else buf.clone()  # the in-place reduce of the original, on its own memory
     dist.all_reduce(buf, group=group)
-    return x.clone() if buf.data_ptr() != x.data_ptr() else buf.clone()
+    value = flat if copied else buf
+    return x + (value - flat)  # the value returned, with the identity gradient
 
 
 def reference(ctx, *, bug: str | None = None):

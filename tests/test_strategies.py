@@ -84,6 +84,10 @@ def test_dtypes_profiles_seeds_shrink_to_simplest():
     assert minimal(sst.dtypes()) == "float32"
     assert minimal(sst.value_profiles()) == ("normal", {})
     assert minimal(sst.value_profiles(), lambda p: p[0] == "large") == ("large", {"scale": 10.0})
+    edge = {"edge": "max", "edge_exp": 0, "edge_slot": 0}  # explicit and shrunk: kind, exponent, slot
+    assert minimal(sst.value_profiles(), lambda p: p[0] == "edge") == ("edge", edge)
+    tie = minimal(sst.value_profiles(), lambda p: p[1].get("edge") == "repeat" and p[1]["edge_slot"] > 2)
+    assert tie == ("edge", {"edge": "repeat", "edge_exp": 0, "edge_slot": 3})
     assert minimal(sst.seeds()) == 0
 
 
@@ -166,6 +170,71 @@ def test_ties_quantise_on_a_grid_relative_to_the_tensor_scale_and_leave_cotangen
     assert bool(((w / 0.1 - 0.5) == (w / 0.1 - 0.5).round()).all())  # midpoints of a grid of 0.1
     assert bool((w != 0).all()) and len(w.unique()) < 12  # many ties, never a 0
     assert _profiled("ties", {"grid": 1.0}, "cotangent").equal(_profiled("normal", {}, "cotangent"))
+
+
+def _edged(kind, dtype, role="activation", shape=(3, 5), exp=0, slot=1):
+    from shardfuzz.spec.inputs import randn
+
+    options = {"edge": kind, "edge_exp": exp, "edge_slot": slot}
+    case = Case(target="t", world_size=1, mesh=(1,), dtype=dtype, profile="edge", options=options)
+    normal = Case(target="t", world_size=1, mesh=(1,), dtype=dtype)
+    return randn(case, *shape, role=role), randn(normal, *shape, role=role)
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [("float32", 65504.0), ("bfloat16", 65536.0), ("float64", 3.4028234663852886e38), ("float16", 448.0)],
+)
+def test_edge_max_is_the_next_narrower_dtypes_largest_value_in_every_row(dtype, value):
+    import torch
+
+    got, base = _edged("max", dtype, slot=6)  # slot 6 of rows of 5: index 1
+    assert bool((got[:, 1] == value).all())  # bfloat16 rounds 65504 up: past float16's range
+    assert got[:, [0, 2, 3, 4]].equal(base[:, [0, 2, 3, 4]])
+    assert got.dtype == getattr(torch, dtype)
+    assert _edged("max", dtype, exp=3)[0][0, 1].item() == pytest.approx(value / 8, rel=1e-2)
+    for role in ("weight", "logits"):  # a huge weight saturates what follows, like `large`
+        assert _edged("max", dtype, role=role)[0].equal(_edged("max", dtype, role=role)[1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "float16"])
+def test_edge_subnormal_signed_zero_and_repeat_reach_every_role_in_the_case_dtype(dtype):
+    import torch
+
+    tiny = torch.finfo(getattr(torch, dtype)).tiny
+    for exp in (0, 7):
+        sub = _edged("subnormal", dtype, role="weight", exp=exp)[0][:, 1].double()
+        assert bool(((sub > 0) & (sub < tiny)).all()), sub  # a true subnormal, never flushed to 0
+    zero = _edged("signed_zero", dtype, role="logits")[0][:, 1]
+    assert bool((zero == 0).all()) and bool((torch.copysign(torch.ones_like(zero), zero) == -1).all())
+    tie, base = _edged("repeat", dtype, role="cotangent", slot=0)  # slot 0 repeats the row's last
+    assert tie[:, 0].equal(tie[:, 4]) and tie[:, 1:].equal(base[:, 1:])
+
+
+def test_edge_never_replaces_a_whole_tensor():
+    column, base = _edged("signed_zero", "float32", shape=(4, 1), slot=6)  # one row of it all
+    assert (column == 0).sum() == 1 and column[2, 0] == 0 and column[[0, 1, 3]].equal(base[[0, 1, 3]])
+    assert _edged("signed_zero", "float32", shape=(1,))[0].equal(
+        _edged("signed_zero", "float32", shape=(1,))[1]
+    )
+    pairs, _ = _edged("repeat", "float32", shape=(3, 2), slot=1)  # each pair made equal: constant rows
+    assert bool((pairs[:, 0] != pairs[:, 1]).any())
+
+
+def test_an_unknown_edge_kind_or_slot_is_refused():
+    with pytest.raises(ValueError, match=r"case.options\['edge'\]='huge'; allowed: max, subnormal"):
+        _edged("huge", "float32")
+    with pytest.raises(ValueError, match=r"case.options\['edge_slot'\]=9; must be an int in \[0, 7\]"):
+        _edged("max", "float32", slot=9)
+    with pytest.raises(ValueError, match=r"edge_exp=8; must be an int in \[0, 7\]"):
+        _edged("max", "float32", exp=8)
+
+
+def test_edge_kinds_are_trigger_conditions():
+    from shardfuzz.spec.triggers import generic_triggers
+
+    c = Case(target="t", world_size=2, mesh=(2,), profile="edge", options={"edge": "subnormal"})
+    assert {"profile=edge", "edge=subnormal"} <= generic_triggers(c)
 
 
 def test_an_unknown_role_is_refused():
@@ -293,6 +362,27 @@ def test_a_case_outside_the_declared_bounds_is_refused_naming_the_field_value_an
     with pytest.raises(InvalidArgument) as e:
         check_in_bounds(bounded, tp_case(target="bounded", **changes))
     assert str(e.value).startswith(f"target 'bounded' never draws this case: {named}"), str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"edge": "huge", "edge_exp": 0, "edge_slot": 0}, "options['edge']='huge'; it draws max, subnormal"),
+        ({"edge": "max", "edge_exp": 8, "edge_slot": 0}, "options['edge_exp']=8; it draws an int in [0, 7]"),
+        (
+            {"edge": "max", "edge_exp": 0, "edge_slot": "0"},
+            "options['edge_slot']='0'; it draws an int in [0, 7]",
+        ),
+    ],
+)
+def test_an_edge_case_is_admitted_only_with_a_kind_exponent_and_slot_it_draws(options, named):
+    ring = get_target("ring_allreduce")  # draws the edge profile
+    case = Case(target="ring_allreduce", world_size=2, mesh=(2,), sizes={"numel": 3}, split=("numel",))
+    edge = {"edge": "repeat", "edge_exp": 7, "edge_slot": 7}
+    check_in_bounds(ring, dataclasses.replace(case, profile="edge", options=edge))
+    with pytest.raises(InvalidArgument) as e:
+        check_in_bounds(ring, dataclasses.replace(case, profile="edge", options=options))
+    assert named in str(e.value), str(e.value)
 
 
 def test_mesh_dims_and_sizes_per_rank_of_a_builtin_target():

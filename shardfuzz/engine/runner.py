@@ -233,8 +233,12 @@ class Runner:
             case, self.worker_target, self.impl_ref, cap, self.config.deterministic, want_flags, self.trace
         )
         pool.submit(task)
+        not_a_case: Unsupported | None = None
         try:
-            expected = self.expected(case)  # overlaps with the ranks' work
+            try:
+                expected = self.expected(case)  # overlaps with the ranks' work
+            except Unsupported as e:  # not a case (an edge value overflowing the oracle): the
+                not_a_case = e  # ranks finish it unread, and the pool stays warm
             outcome = pool.collect(window, cap)
             kept = regroup(pool, outcome)  # a rank's own error: the processes stay, with a new group
         except BaseException:  # the oracle raised, Ctrl-C, a deadline: the ranks may still be busy
@@ -243,6 +247,8 @@ class Runner:
         leaks = self._note_leaks(outcome)
         if not kept and (not isinstance(outcome, Completed) or any(r.restart for r in outcome.replies)):
             discard_pool(pool, spare_for=task)  # fresh ranks next time, from a spare started now
+        if not_a_case is not None:
+            raise not_a_case
         if isinstance(outcome, RankFailed):  # (leaks: only a completed example reports them)
             self.reporter.raise_rank_error(case, outcome)
         if isinstance(outcome, RankDied):  # confirmed on fresh ranks first: it may come from outside

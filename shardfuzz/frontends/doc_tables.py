@@ -43,7 +43,7 @@ def minimal_case(expect: Expect) -> str:
 
 def finding(expect: Expect) -> str:
     wrong = expect.outputs if isinstance(expect.outputs, tuple) else ()
-    return expect.kind + (f" ({', '.join(f'`{o}`' for o in wrong)})" if wrong else "")
+    return " or ".join(expect.kinds) + (f" ({', '.join(f'`{o}`' for o in wrong)})" if wrong else "")
 
 
 def table(target: Any) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from shardfuzz.case import EDGE_EXPONENTS, EDGE_KINDS, EDGE_SLOTS
+
 
 def generator(case: Any, stream: int = 0) -> torch.Generator:
     """A CPU ``torch.Generator`` for ``case.seed`` (``stream`` gives independent sub-streams)."""
@@ -38,7 +40,9 @@ def seed_global(seed: int, device_type: str = "cpu") -> None:
 #: ``cotangent``: the gradient fed to backward, a loss scale: ``large``/``small`` scale it, ``ties``
 #: leaves it (a few values on a coarse grid are often all 0, and a zero cotangent zeroes every
 #: gradient).
-#: ``ties`` quantises the other roles to the midpoints of a grid relative to the tensor's own scale.
+#: ``ties`` quantises the other roles to the midpoints of a grid relative to the tensor's own scale;
+#: ``edge`` writes its value into every role, except ``max``: activations and cotangents only,
+#: like ``large``.
 ROLES = ("activation", "weight", "logits", "cotangent")
 
 
@@ -73,7 +77,60 @@ def randn(
     t = torch.randn(shape, generator=g, dtype=torch.float32) * scale
     if profile:
         t = apply_profile(t, case, role, scale)
-    return t.to(getattr(torch, dtype or case.dtype))
+    t = t.to(getattr(torch, dtype or case.dtype))
+    return apply_edge(t, case, role) if profile else t
+
+
+#: the ``max`` edge value of each dtype: the largest finite value of the next narrower dtype
+NARROWER_MAX = {
+    "float64": torch.finfo(torch.float32).max,
+    "float32": torch.finfo(torch.float16).max,
+    "bfloat16": torch.finfo(torch.float16).max,
+    "float16": torch.finfo(torch.float8_e4m3fn).max,
+}
+
+
+def edge_value(kind: str, exp: int, dtype: torch.dtype) -> float:
+    """The value the ``edge`` profile writes for ``kind`` (:data:`shardfuzz.case.EDGE_KINDS`) and
+    ``exp`` in a tensor of ``dtype``; ``repeat`` has none (it copies a neighbour)."""
+    if kind not in EDGE_KINDS or kind == "repeat":
+        raise ValueError(f"edge={kind!r}; allowed: {', '.join(k for k in EDGE_KINDS if k != 'repeat')}")
+    if not isinstance(exp, int) or not 0 <= exp < EDGE_EXPONENTS:
+        raise ValueError(f"edge_exp={exp!r}; must be an int in [0, {EDGE_EXPONENTS - 1}]")
+    if kind == "max":
+        return NARROWER_MAX[str(dtype).removeprefix("torch.")] * 2.0**-exp
+    if kind == "subnormal":  # never below the smallest subnormal (bfloat16 has 7 bits of them)
+        info = torch.finfo(dtype)
+        return max(info.tiny * 2.0 ** -(exp + 1), info.tiny * info.eps)
+    return -0.0
+
+
+def apply_edge(t: torch.Tensor, case: Any, role: str = "activation") -> torch.Tensor:
+    """``t`` (already in its dtype, so that the dtype's own subnormals exist) with the ``edge``
+    profile's value at slot ``edge_slot`` (modulo the row) of every last-dim row: every rank holds
+    the edge at the same index of what it is given. A tensor whose last dim is 1 (2 for ``repeat``)
+    is one row, and
+    one of a single element is left alone: the edge never replaces a whole tensor (a constant
+    output hides bugs: ``shardfuzz.engine.degenerate``). Other profiles: ``t`` itself."""
+    if case.profile != "edge" or not t.is_floating_point() or t.numel() == 0:
+        return t
+    opts = case.options
+    kind, exp, slot = opts.get("edge"), opts.get("edge_exp", 0), opts.get("edge_slot", 0)
+    if kind not in EDGE_KINDS:
+        raise ValueError(f"case.options['edge']={kind!r}; allowed: {', '.join(EDGE_KINDS)}")
+    if not isinstance(slot, int) or not 0 <= slot < EDGE_SLOTS:
+        raise ValueError(f"case.options['edge_slot']={slot!r}; must be an int in [0, {EDGE_SLOTS - 1}]")
+    if kind == "max" and role not in ("activation", "cotangent"):
+        return t  # a huge weight makes everything after it huge (see ROLES)
+    if t.numel() < 2:
+        return t  # the edge would be the whole tensor: a loss scale of -0.0 zeroes every gradient
+    # a column is one row; so is a tensor of pairs under ``repeat`` (every pair made equal is constant)
+    shortest = 3 if kind == "repeat" else 2
+    n = t.shape[-1] if t.ndim and t.shape[-1] >= shortest else t.numel()
+    out = t.clone().reshape(-1, n)
+    i = slot % n
+    out[:, i] = out[:, i - 1] if kind == "repeat" else edge_value(kind, exp, t.dtype)
+    return out.reshape(t.shape)
 
 
 def float64(v: Any) -> Any:

@@ -39,7 +39,8 @@ class Expect:
 
     Attributes:
         kind: the failure kind ("mismatch", "layout", "rank-error", "hang", "ignored-collective",
-            "communication").
+            "communication"), or a tuple of them for a bug with several minimal forms (the shrinker
+            minimises the first kind it meets: ``kinds``).
         world_size, mesh: the smallest world size and mesh that trigger the bug (``world_size`` may
             be a tuple of accepted sizes, with ``mesh=None`` meaning the 1-D mesh).
         uneven: the split sizes that must be uneven in the minimal case; all others must be even
@@ -56,7 +57,7 @@ class Expect:
             aside (counted) while this one is searched: one implementation, several findings.
     """
 
-    kind: str
+    kind: str | tuple[str, ...]
     world_size: int | tuple[int, ...]
     mesh: tuple[int, ...] | None
     uneven: tuple[str, ...] | None = ()
@@ -68,8 +69,13 @@ class Expect:
     exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise TargetError(f"Expect(kind={self.kind!r}); allowed: {', '.join(KINDS)}")
+        if not self.kinds or any(k not in KINDS for k in self.kinds):
+            raise TargetError(f"Expect(kind={self.kind!r}); allowed: {', '.join(KINDS)}, or a tuple of them")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The accepted kinds, as a tuple."""
+        return self.kind if isinstance(self.kind, tuple) else (self.kind,)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,6 +58,8 @@ def generic_triggers(case: Case) -> set[str]:
         out.add(case.dtype)
     if case.profile != "normal":
         out.add(f"profile={case.profile}")
+    if case.profile == "edge":  # the kinds differ as much as profiles do: each is a condition of its own
+        out.add(f"edge={case.options.get('edge')}")
     return out
 
 

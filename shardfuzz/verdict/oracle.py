@@ -28,6 +28,7 @@ from hypothesis.errors import NoSuchExample
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.limits import check_world_size
+from shardfuzz.spec.bounds import PROFILE_PARAMS as BOUNDS_PROFILE_PARAMS
 from shardfuzz.spec.inputs import float64, seed_global
 from shardfuzz.spec.target import SELF
 from shardfuzz.verdict.noise import estimate
@@ -132,11 +133,33 @@ def evaluate_oracle(
         return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
 
     ref = detach(ref)
+    if case.profile == "edge":
+        check_edge_range(target, case, ref, low)
     scale = functools.partial(case_scale_of, inputs64, ref)  # needed only for an output that is 0 everywhere
     expected = Expected(ref, detach(low), detach(mag), inputs, {}, functools.cache(scale), rng)
     if noise_samples:
         estimate_noise(target, case, expected, noise_samples, wanted)
     return expected
+
+
+def check_edge_range(target: Any, case: Case, ref: dict[str, Any], low: dict[str, Any]) -> None:
+    """Unsupported when an ``edge`` case's values leave the finite range in the oracle itself: in
+    float64 (``ref``), or in the case dtype where float64 stays finite (``low``). A correct
+    implementation cannot carry such a case either, so it is not one; counted, never judged."""
+    for name, r in ref.items():
+        if not (isinstance(r, torch.Tensor) and r.is_floating_point()):
+            continue
+        lo = low.get(name)
+        over = not bool(torch.isfinite(r).all())
+        if not over and isinstance(lo, torch.Tensor) and lo.is_floating_point() and lo.shape == r.shape:
+            over = not bool(torch.isfinite(lo.detach()).all())
+        if over:
+            edge = case.options.get("edge")
+            raise Unsupported(
+                f"target {target.name!r}: output {name!r} of the oracle is not finite with edge={edge!r} "
+                f"in {case.dtype}",
+                reason="edge value overflows the oracle",
+            )
 
 
 def estimate_noise(
@@ -236,8 +259,8 @@ class DrawnSizes:
     required_options: frozenset[str] = frozenset()  # option names in every case drawn
 
 
-#: options the value profiles add (``large``/``small``: scale, ``ties``: grid)
-PROFILE_PARAMS = frozenset({"scale", "grid"})
+#: options the value profiles add (``large``/``small``: scale, ``ties``: grid, ``edge``: three)
+PROFILE_PARAMS = frozenset().union(*BOUNDS_PROFILE_PARAMS.values())
 
 _DRAWN: weakref.WeakKeyDictionary[Any, DrawnSizes | None] = weakref.WeakKeyDictionary()
 
