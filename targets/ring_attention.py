@@ -343,6 +343,8 @@ TRIGGERS = {
         _variant(c) == "causal" and 0 in split_sizes(c.sizes["seq"], c.group_size)
     ),
     "an empty zigzag chunk": lambda c: _variant(c) == "zigzag" and c.sizes["seq"] < 2 * c.group_size,
+    # each rank's block is cut in two halves by a zigzag layout: one token cannot be
+    "zigzag, one token per rank": lambda c: _variant(c) == "zigzag" and c.sizes["seq"] == c.group_size >= 2,
     "logit_scale>1": lambda c: c.options["logit_scale"] > 1,
     "logit gap: logit_scale 100 on 3 ranks": lambda c: c.options["logit_scale"] == 100 and c.group_size == 3,
 }
@@ -453,7 +455,9 @@ PLANTED = [
 TORCH_RING = "shardfuzz.targets.ring_attention_torch:torch_cp_ring"
 #: the regions of torch's two known failures (as --exclude expressions): each proof sets the other aside
 RING_UNEVEN_SEQ = "sizes['seq'] % group_size != 0"
-ZIGZAG_UNEVEN_ROUND_ROBIN = "options['variant'] == 'zigzag' and sizes['seq'] % group_size == 0 and sizes['seq'] % (2 * group_size) != 0"
+ZIGZAG_ONE_TOKEN_PER_RANK = (
+    "options['variant'] == 'zigzag' and sizes['seq'] == group_size and group_size >= 2"
+)
 
 EXPECTED = [
     ExpectedFailure(
@@ -469,16 +473,17 @@ EXPECTED = [
             uneven=("seq",),
             check=lambda c: c.sizes["seq"] == 3,
             note="seq 3",
-            exclude=(ZIGZAG_UNEVEN_ROUND_ROBIN,),  # torch_cp_ring_zigzag's IndexError
+            exclude=(ZIGZAG_ONE_TOKEN_PER_RANK,),  # torch_cp_ring_zigzag's IndexError
         ),
         p95=2,
         impl=bind(TORCH_RING),
     ),
     ExpectedFailure(
         "torch_cp_ring_zigzag",
-        "torch's load-balanced ring (enable_load_balance: the zigzag layout) on a sequence that cp "
-        "divides but 2 x cp does not raises an IndexError inside _templated_ring_attention rather "
-        "than a clear error; its round-robin needs seq % (2 cp) == 0",
+        "torch's load-balanced ring (enable_load_balance: the zigzag layout) on one token per rank "
+        "(seq == cp) raises an IndexError inside _templated_ring_attention rather than a clear "
+        "error: it cuts each rank's block in two halves (longer blocks pass, odd ones too: seq 6 on "
+        "2 ranks, 9 on 3)",
         Expect(
             "rank-error",
             2,
