@@ -173,8 +173,13 @@ def reference(ctx, *, bug: str | None = None):
     # heads: pad KV to a multiple of sp, then Q to padded_kv * q_per_kv, so GQA groups stay whole
     kv_pad = -(-hkv // sp) * sp
     q_pad = -(-hq // sp) * sp if bug == "gqa_pad_separately" else kv_pad * (hq // hkv)
+    kv = kr, v
+    if bug == "kv_tiled_replicas" and hkv < sp and sp % hkv == 0 and hq % sp == 0:
+        # the replication scheme (each KV head sp / kv_heads times, Q heads as they are), with
+        # the replicas tiled (repeat: k0 k1 k0 k1) where GQA needs them interleaved (k0 k0 k1 k1)
+        q_pad, kv = hq, tuple(x.repeat(1, 1, sp // hkv, 1) for x in kv)
     ql, kl, vl = seq_to_heads(
-        [pad_heads(qr, q_pad), pad_heads(kr, kv_pad), pad_heads(v, kv_pad)], seq_sizes, group, bug
+        [pad_heads(qr, q_pad), *(pad_heads(x, kv_pad) for x in kv)], seq_sizes, group, bug
     )
     exp2 = bug == "bf16_exp2" and q.dtype == torch.bfloat16  # the bf16 "fast kernel"
     # causal_bottom_right: K/V counted as padded to sp * ceil(n / sp), the causal mask aligned to
@@ -310,6 +315,24 @@ PLANTED = [
         "fp32 and fp64 right",
         Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
         p95=2,
+    ),
+    PlantedBug(
+        "kv_tiled_replicas",
+        "fewer KV heads than ranks: each KV head replicated sp / kv_heads times (the DeepSpeed-Ulysses "
+        "GQA scheme, as in PrimeIntellect-ai/prime-rl#3042) but tiled (repeat: k0 k1 k0 k1) where "
+        "GQA's contiguous groups need them interleaved (k0 k0 k1 k1); right with one KV head, so it "
+        "needs a group of 4 holding 2 KV heads (group%kv_heads==0)",
+        Expect(
+            "mismatch",
+            4,
+            (4,),
+            uneven=None,
+            check=lambda c: c.sizes["kv_heads"] == 2 and c.sizes["q_per_kv"] == 2,
+            note="2 KV heads, 2 Q heads each",
+            needs=("group%kv_heads==0",),
+        ),
+        p95=2,  # budget.py, 20 seeds: the covering row for group%kv_heads==0 (example 10 without per_group)
+        link="apple/axlearn#842",
     ),
 ]
 
