@@ -36,6 +36,19 @@ EDGE_SLOTS = 8
 EDGE_EXPONENTS = 8
 
 
+def edge_problem(options: Mapping[str, Any]) -> str | None:
+    """Why an ``edge`` case's kind, exponent or slot is not one ``shardfuzz.strategies`` draws
+    (None: they are)."""
+    kind = options.get("edge")
+    if kind not in EDGE_KINDS:
+        return f"options['edge']={kind!r}; it draws {', '.join(EDGE_KINDS)}"
+    for name, count in (("edge_exp", EDGE_EXPONENTS), ("edge_slot", EDGE_SLOTS)):
+        v = options.get(name)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < count:
+            return f"options[{name!r}]={v!r}; it draws an int in [0, {count - 1}]"
+    return None
+
+
 #: on inside :func:`one_rank_path` (read by ``shardfuzz.strategies.cases``)
 ONE_RANK_PATH: contextvars.ContextVar[bool] = contextvars.ContextVar("shardfuzz_one_rank_path", default=False)
 

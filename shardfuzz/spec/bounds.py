@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardfuzz.case import EDGE_EXPONENTS, EDGE_KINDS, EDGE_SLOTS, Case
+from shardfuzz.case import Case, edge_problem
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.limits import MAX_WORLD_SIZE, max_world_size
 
@@ -51,18 +51,6 @@ PROFILE_PARAMS: dict[str, tuple[str, ...]] = {
     "ties": ("grid",),
     "edge": ("edge", "edge_exp", "edge_slot"),
 }
-
-
-def _edge_problem(options: Any) -> str | None:
-    """Why an ``edge`` case's kind, exponent or slot is not one ``value_profiles`` draws."""
-    kind = options.get("edge")
-    if kind not in EDGE_KINDS:
-        return f"options['edge']={kind!r}; it draws {', '.join(EDGE_KINDS)}"
-    for name, count in (("edge_exp", EDGE_EXPONENTS), ("edge_slot", EDGE_SLOTS)):
-        v = options.get(name)
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < count:
-            return f"options[{name!r}]={v!r}; it draws an int in [0, {count - 1}]"
-    return None
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -212,7 +200,7 @@ class CaseBounds:
             return f"split={case.split}; it splits {split}"
         drawn = self.options | set(PROFILE_PARAMS[case.profile])
         why = _names("options", case.options, drawn, f" with profile {case.profile!r}")
-        return why if why is not None or case.profile != "edge" else _edge_problem(case.options)
+        return why if why is not None or case.profile != "edge" else edge_problem(case.options)
 
     def values_problem(self, case: Case, group: int) -> str | None:
         """Why the case's sizes are not drawn for a group of ``group`` ranks (None: they may be);

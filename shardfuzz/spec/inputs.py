@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from shardfuzz.case import EDGE_EXPONENTS, EDGE_KINDS, EDGE_SLOTS
+from shardfuzz.case import edge_problem
 
 
 def generator(case: Any, stream: int = 0) -> torch.Generator:
@@ -91,38 +91,33 @@ NARROWER_MAX = {
 
 
 def edge_value(kind: str, exp: int, dtype: torch.dtype) -> float:
-    """The value the ``edge`` profile writes for ``kind`` (:data:`shardfuzz.case.EDGE_KINDS`) and
-    ``exp`` in a tensor of ``dtype``; ``repeat`` has none (it copies a neighbour)."""
-    if kind not in EDGE_KINDS or kind == "repeat":
-        raise ValueError(f"edge={kind!r}; allowed: {', '.join(k for k in EDGE_KINDS if k != 'repeat')}")
-    if not isinstance(exp, int) or not 0 <= exp < EDGE_EXPONENTS:
-        raise ValueError(f"edge_exp={exp!r}; must be an int in [0, {EDGE_EXPONENTS - 1}]")
+    """The value the ``edge`` profile writes for ``kind`` (one of :data:`shardfuzz.case.EDGE_KINDS`
+    but ``repeat``, which copies a neighbour) and ``exp`` in a tensor of ``dtype``."""
     if kind == "max":
         return NARROWER_MAX[str(dtype).removeprefix("torch.")] * 2.0**-exp
     if kind == "subnormal":  # never below the smallest subnormal (bfloat16 has 7 bits of them)
         info = torch.finfo(dtype)
         return max(info.tiny * 2.0 ** -(exp + 1), info.tiny * info.eps)
-    return -0.0
+    if kind == "signed_zero":
+        return -0.0
+    raise ValueError(f"edge={kind!r}; a value is written for max, subnormal and signed_zero")
 
 
 def apply_edge(t: torch.Tensor, case: Any, role: str = "activation") -> torch.Tensor:
     """``t`` (already in its dtype, so that the dtype's own subnormals exist) with the ``edge``
     profile's value at slot ``edge_slot`` (modulo the row) of every last-dim row: every rank holds
     the edge at the same index of what it is given. A tensor whose last dim is 1 (2 for ``repeat``)
-    is one row, and
-    one of a single element is left alone: the edge never replaces a whole tensor (a constant
-    output hides bugs: ``shardfuzz.engine.degenerate``). Other profiles: ``t`` itself."""
-    if case.profile != "edge" or not t.is_floating_point() or t.numel() == 0:
+    is one row, and one of a single element is left alone: the edge never replaces a whole tensor
+    (a constant output hides bugs: ``shardfuzz.engine.degenerate``). Other profiles: ``t`` itself."""
+    if case.profile != "edge":
         return t
-    opts = case.options
-    kind, exp, slot = opts.get("edge"), opts.get("edge_exp", 0), opts.get("edge_slot", 0)
-    if kind not in EDGE_KINDS:
-        raise ValueError(f"case.options['edge']={kind!r}; allowed: {', '.join(EDGE_KINDS)}")
-    if not isinstance(slot, int) or not 0 <= slot < EDGE_SLOTS:
-        raise ValueError(f"case.options['edge_slot']={slot!r}; must be an int in [0, {EDGE_SLOTS - 1}]")
+    problem = edge_problem(case.options)
+    if problem is not None:
+        raise ValueError(f"case.{problem}")
+    kind, exp, slot = (case.options[k] for k in ("edge", "edge_exp", "edge_slot"))
     if kind == "max" and role not in ("activation", "cotangent"):
         return t  # a huge weight makes everything after it huge (see ROLES)
-    if t.numel() < 2:
+    if not t.is_floating_point() or t.numel() < 2:
         return t  # the edge would be the whole tensor: a loss scale of -0.0 zeroes every gradient
     # a column is one row; so is a tensor of pairs under ``repeat`` (every pair made equal is constant)
     shortest = 3 if kind == "repeat" else 2

@@ -151,7 +151,7 @@ def check_edge_range(target: Any, case: Case, ref: dict[str, Any], low: dict[str
             continue
         lo = low.get(name)
         over = not bool(torch.isfinite(r).all())
-        if not over and isinstance(lo, torch.Tensor) and lo.is_floating_point() and lo.shape == r.shape:
+        if not over and isinstance(lo, torch.Tensor) and lo.is_floating_point():
             over = not bool(torch.isfinite(lo.detach()).all())
         if over:
             edge = case.options.get("edge")
