@@ -141,6 +141,27 @@ def test_full_scale_samples_see_a_sign_that_a_rounding_flips():
     assert float(first) < 1e-3 and float(full) > 0.05, (float(first), float(full))
 
 
+def test_one_antithetic_pair_of_full_scale_samples_reaches_every_flip_in_range():
+    # one rounding (the sum's, of u * sqrt(W + 1) * sum|t|) can flip g, if it pushes 80% of the way
+    # as far as it goes the right way: a uniform draw does that 1 time in 10, an extreme pair always
+    terms = torch.tensor([0.5, -0.3, -0.2], dtype=torch.float64)
+    reach = UNIT_ROUNDOFF["bfloat16"] * 3**0.5 * float(terms.abs().sum())
+    terms[0] += 0.8 * reach
+
+    def fn(d):
+        g = d["t"].sum()
+        return {"update": 0.1 * g / (g.abs() + 1e-8)}
+
+    inputs64 = {"t": terms}
+    ref = {k: v.detach() for k, v in fn(inputs64).items()}
+    run = lambda: fn({"t": inputs64["t"].clone()})
+    seen = [
+        float(estimate(run, ref, "bfloat16", seed, 2, 2, full_scale=True)["update"]) for seed in range(20)
+    ]
+    # a flip in one of two samples: RMS 0.2 / sqrt(2), reported at a uniform draw's RMS (1 / sqrt(3))
+    assert min(seen) > 0.08, seen
+
+
 def test_a_failing_verdict_is_rechecked_before_it_is_reported():
     # found at 10,000 examples: three samples all fell 4x small on one element (ring attention,
     # float32), and a bf16 AdamW step whose gradient cancels flipped sign (ZeRO, bfloat16). Both
@@ -251,3 +272,18 @@ def test_ring_attention_reference_passes_the_case_that_fuzz_flagged():
         options={"variant": "full", "lse_grad": False, "logit_scale": 1.0},
     )  # fmt: skip
     assert Runner("ring_attention", "reference").run_case(found) < 1  # was 1.22 (grad_q)
+
+
+def test_zero_adamw_reference_passes_the_sign_flip_that_uniform_full_scale_samples_missed():
+    # found in stop 40 at 1 in ~1,500 examples: the step-1 gradient of element 3 cancels to 1% of its
+    # terms, the ranks' bf16 rounding flips its sign and AdamW's update lr * sign(g) with it (|diff|
+    # 0.1 = 2 lr); 6 uniform full-scale samples reach that flip with chance 0.27 each, and none did
+    from shardfuzz.case import Case
+    from shardfuzz.engine.runner import Runner
+
+    found = Case(
+        target="zero_adamw", world_size=2, mesh=(2,), sizes={"numel": 4}, split=("numel",),
+        dtype="bfloat16", profile="normal", seed=1643878911,
+        options={"stage": 1, "clip_factor": None, "steps": 2, "grad_accum": 2},
+    )  # fmt: skip
+    assert Runner("zero_adamw", "reference").run_case(found) < 1  # was 4.93 (param)
