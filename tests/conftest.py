@@ -14,6 +14,12 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# a suite started in the background by a non-interactive shell (``pytest ... &``, some CI runners)
+# inherits SIGINT ignored, and so would every process it starts: its CLI processes would never see
+# the Ctrl-C that the interrupt tests send them. Restored here, for this process and its children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 #: the one slack factor on every wall-time upper bound of a ``timing`` test: 1 here (the bounds as
 #: written); ``SHARDFUZZ_TIMING_SLACK=3`` widens them all at once on a loaded machine. A lower
 #: bound (a wait that must happen) is never scaled.
