@@ -35,7 +35,10 @@ class Collective:
     group's global ranks (``()`` if unknown); ``shapes``/``dtype``: this rank's contribution;
     ``out_shapes``: the outputs, where the op takes them (an all-gather's list); ``splits``: for
     an all-to-all, the numel sent to and received from each group rank; ``peer``: the global rank
-    of a send's destination, a recv's source, or a rooted op's root.
+    of a send's destination, a recv's source, or a rooted op's root; ``strides``: empty when every
+    tensor was contiguous, else one entry per tensor of ``shapes`` then ``out_shapes``, its strides
+    where it was not contiguous and None where it was (gloo's c10d collectives use a
+    non-contiguous tensor's raw memory: :func:`shardfuzz.report.divergence.describe_layouts`).
     """
 
     seq: int
@@ -48,6 +51,7 @@ class Collective:
     peer: int | None = None
     api: str = "c10d"
     call: str = ""
+    strides: tuple[tuple[int, ...] | None, ...] = ()
 
     def signature(self) -> str:
         """``all_reduce(float32[4, 2])``: the op and what this rank contributed."""
@@ -59,16 +63,17 @@ class Collective:
     def to_json(self) -> str:
         return json.dumps(
             [self.seq, self.op, self.group, self.shapes, self.dtype, self.out_shapes, self.splits, self.peer,
-             self.api, self.call],
+             self.api, self.call, self.strides],
             separators=(",", ":"),
         )  # fmt: skip
 
     @classmethod
     def from_json(cls, line: str) -> Collective:
-        seq, op, group, shapes, dtype, outs, splits, peer, api, call = json.loads(line)
+        seq, op, group, shapes, dtype, outs, splits, peer, api, call, *rest = json.loads(line)
+        strides = tuple(None if s is None else tuple(s) for s in rest[0]) if rest else ()
         return cls(
             seq, op, tuple(group), tuple(map(tuple, shapes)), dtype, tuple(map(tuple, outs)),
-            None if splits is None else (tuple(splits[0]), tuple(splits[1])), peer, api, call,
+            None if splits is None else (tuple(splits[0]), tuple(splits[1])), peer, api, call, strides,
         )  # fmt: skip
 
 

@@ -5,9 +5,9 @@ API: ``all_reduce``, ``all_gather_into_tensor``, ``all_to_all_single``, ``send``
 ``batch_isend_irecv``'s operations one by one) and of
 ``torch.distributed._functional_collectives`` (what DTensor and torch's context parallelism
 call). A wrapper records a :class:`Collective`, the op's name, its group as global ranks, shapes,
-dtype, all-to-all split sizes and point-to-point peer, and then calls the real function: no tensor
-is copied or read. A collective that another wrapped one calls (``all_gather_object`` gathers
-through ``all_gather``) is recorded once, as the outer one.
+dtype, the strides of any non-contiguous tensor, all-to-all split sizes and point-to-point peer, and
+then calls the real function: no tensor is copied or read. A collective that another wrapped one
+calls (``all_gather_object`` gathers through ``all_gather``) is recorded once, as the outer one.
 
 Each event is kept in memory (the rank's reply carries the example's trace) and written as one line
 to the rank's trace file as it is entered, so that the driver can still read it after a hang, an
@@ -165,6 +165,13 @@ def _shapes(tensors: list[Any]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(t.shape) for t in tensors)
 
 
+def _strides(tensors: list[Any]) -> tuple[tuple[int, ...] | None, ...]:
+    """``Collective.strides``: () when every tensor is contiguous (the common case: one check each)."""
+    if all(t.is_contiguous() for t in tensors):
+        return ()
+    return tuple(None if t.is_contiguous() else tuple(t.stride()) for t in tensors)
+
+
 def _c10d_event(name: str, sig: inspect.Signature, args: tuple, kwargs: dict, seq: int) -> Collective:
     import torch.distributed as dist
 
@@ -192,7 +199,7 @@ def _c10d_event(name: str, sig: inspect.Signature, args: tuple, kwargs: dict, se
         splits = (tuple(t.numel() for t in tin), tuple(t.numel() for t in tout))
     return Collective(
         seq, CANONICAL.get(name, name), ranks, _shapes(tin), _dtype(tin or tout), _shapes(tout), splits, peer,
-        "c10d", name,
+        "c10d", name, _strides(tin + tout),
     )  # fmt: skip
 
 
@@ -213,7 +220,9 @@ def _functional_event(name: str, sig: inspect.Signature, args: tuple, kwargs: di
     op = CANONICAL.get(name.removesuffix("_autograd"), name.removesuffix("_autograd"))
     if name == "permute_tensor":
         op = "all_to_all_single"
-    return Collective(seq, op, ranks, _shapes(tin), _dtype(tin), (), splits, peer, "functional", name)
+    return Collective(
+        seq, op, ranks, _shapes(tin), _dtype(tin), (), splits, peer, "functional", name, _strides(tin)
+    )
 
 
 def _wrap(fn: Callable[..., Any], make: Callable[..., Collective]) -> Callable[..., Any]:

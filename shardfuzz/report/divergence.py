@@ -159,6 +159,67 @@ def describe_sequences(traces: Traces) -> str:
     return f"first divergent collective: {d.text}\n  (the ranks' sequences differ; collectives entered: {counts})"
 
 
+#: how many collectives with a non-contiguous tensor a report names (the rest are counted)
+LAYOUTS_NAMED = 3
+
+
+def _layout(c: Collective) -> str:
+    shapes = (*c.shapes, *c.out_shapes)
+    parts = [
+        f"{c.dtype}[{', '.join(map(str, shape))}] strides {tuple(st)}"
+        for shape, st in zip(shapes, c.strides)
+        if st is not None
+    ]
+    return "; ".join(parts)
+
+
+def describe_layouts(traces: Traces) -> str | None:
+    """Lines for a report where a rank handed a non-contiguous tensor to a collective (None where
+    none did): which rank, which collective (``#i`` on its group, as :func:`first_divergence`
+    counts), the strides, and whether the other members' layouts differed. On gloo, torch's c10d
+    collectives use such a tensor's memory as if it were contiguous (measured on torch 2.13 for
+    all_reduce, examples/upstream/gloo_all_reduce_non_contiguous.py: wrong sums where the ranks'
+    layouts differ or a tensor is not dense); NCCL refuses it."""
+    by_position: dict[tuple[tuple[int, ...], int], dict[int, Collective]] = defaultdict(dict)
+    for r, events in traces.items():
+        count: dict[tuple[int, ...], int] = defaultdict(int)
+        for c in events:
+            if c.op in POINT_TO_POINT:
+                continue
+            count[c.group] += 1
+            by_position[(c.group, count[c.group])][r] = c
+    lines, c10d = [], False
+    strided = [(key, ranks) for key, ranks in by_position.items() if any(c.strides for c in ranks.values())]
+    for (group, i), ranks in sorted(strided, key=lambda kv: min(c.seq for c in kv[1].values())):
+        bad = sorted(r for r, c in ranks.items() if c.strides)
+        c10d = c10d or any(ranks[r].api == "c10d" for r in bad)
+        if len(lines) >= LAYOUTS_NAMED:
+            continue
+        first = ranks[bad[0]]
+        where = f"{first.op} #{i} on group {list(group)}"
+        what = ", ".join(f"rank {r}: {_layout(ranks[r])}" for r in bad)
+        layouts = {ranks[r].strides for r in ranks}
+        others = sorted(set(ranks) - set(bad))
+        rest = (
+            f"; {_ranks(others)} passed contiguous tensors: the layouts differ" if others else
+            ("; the same strides on every rank" if len(layouts) == 1 else "; the strides differ between ranks")
+        )  # fmt: skip
+        lines.append(f"  {where}: non-contiguous on {what}{rest}")
+    if not strided:
+        return None
+    more = len(strided) - len(lines)
+    if more > 0:
+        lines.append(f"  ... and {more} more collective(s) with a non-contiguous tensor")
+    head = "layouts: a rank handed a non-contiguous tensor to a collective"
+    if c10d:
+        head += (
+            " (on gloo, torch's c10d collectives read and write its memory as if it were contiguous, so"
+            " the values can be silently wrong: pytorch/pytorch#192920; NCCL refuses it; pass"
+            " .contiguous() and copy the result back)"
+        )
+    return "\n".join([head, *lines])
+
+
 def format_trace(traces: Traces, limit: int = 200) -> str:
     """Each rank's trace, one collective per line (``shardfuzz case --trace``)."""
     lines = []
@@ -167,6 +228,7 @@ def format_trace(traces: Traces, limit: int = 200) -> str:
         for c in events[:limit]:
             extra = f" peer {c.peer}" if c.peer is not None else ""
             extra += f" splits out {list(c.splits[0])} in {list(c.splits[1])}" if c.splits else ""
+            extra += f" non-contiguous: {_layout(c)}" if c.strides else ""
             lines.append(f"  {c.seq:4d} {c.signature()} on group {list(c.group)}{extra}  [{c.api}.{c.call}]")
         if len(events) > limit:
             lines.append(f"  ... {len(events) - limit} more")

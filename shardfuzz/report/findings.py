@@ -21,7 +21,7 @@ from shardfuzz.errors import (
 )
 from shardfuzz.protocol import Hung, RankDied, RankFailed
 from shardfuzz.report import mismatch_map
-from shardfuzz.report.divergence import Traces, describe_sequences
+from shardfuzz.report.divergence import Traces, describe_layouts, describe_sequences
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.signature import cause_of
 from shardfuzz.spec.tolerance import Tolerance
@@ -92,6 +92,9 @@ class Reporter:
             )
         if traces:
             parts.append(describe_sequences(traces))
+            layouts = describe_layouts(traces)
+            if layouts:
+                parts.append(layouts)
         parts += [
             f"  except output {name!r}: {fixed.describe()}" for name, fixed in self.tolerance.per_output
         ]
