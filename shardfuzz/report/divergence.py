@@ -188,7 +188,8 @@ def describe_layouts(traces: Traces) -> str | None:
                 continue
             count[c.group] += 1
             by_position[(c.group, count[c.group])][r] = c
-    lines, c10d = [], False
+    lines: list[str] = []
+    c10d = False
     strided = [(key, ranks) for key, ranks in by_position.items() if any(c.strides for c in ranks.values())]
     for (group, i), ranks in sorted(strided, key=lambda kv: min(c.seq for c in kv[1].values())):
         bad = sorted(r for r, c in ranks.items() if c.strides)
