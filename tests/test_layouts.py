@@ -1,75 +1,117 @@
-"""Memory layouts at the collectives (issue 29, section 1): the trace records the strides of every
-non-contiguous tensor a rank hands to a collective, and a report says so, naming the layouts."""
-
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
+import pytest
 import torch
 
-import shardfuzz
-from shardfuzz.protocol import Collective
-from shardfuzz.ranks.trace import _strides
-from shardfuzz.report.divergence import describe_layouts, format_trace
-
-HERE = Path(__file__).resolve().parent
-TARGET = str(HERE.parent / "examples" / "row_parallel_cancel.py")
-STRIDED = str(HERE / "data" / "strided_impls.py") + "::transposed_partial"
+from shardfuzz import InvalidArgument, PaddedFlat, Partial, Replicate, Shard
+from shardfuzz.spec.layouts import split_sizes
 
 
-def _all_reduce(seq, strides=()):
-    return Collective(
-        seq, "all_reduce", (0, 1), ((2, 3),), "float32", (), None, None, "c10d", "all_reduce", strides
-    )
+def test_split_rules_disagree_on_uneven_sizes():
+    # 5 rows on 4 ranks: DTensor's chunk rule against torch.tensor_split
+    assert split_sizes(5, 4, "dtensor") == [2, 2, 1, 0]
+    assert split_sizes(5, 4, "tensor_split") == [2, 1, 1, 1]
+    assert [t.shape[0] for t in torch.tensor_split(torch.arange(5), 4)] == [2, 1, 1, 1]
 
 
-def test_the_trace_keeps_strides_only_for_non_contiguous_tensors():
-    a = torch.zeros(2, 3)
-    assert _strides([a, a[:, :2].contiguous()]) == ()  # the common case costs one check a tensor
-    assert _strides([a, a.t()]) == (None, (1, 3))
-    event = _all_reduce(0, ((1, 2),))
-    assert Collective.from_json(event.to_json()) == event
-    # a trace line written before strides were recorded still reads
-    old = '[0,"all_reduce",[0,1],[[2,3]],"float32",[],null,null,"c10d","all_reduce"]'
-    assert Collective.from_json(old) == _all_reduce(0)
+def test_dtensor_rule_matches_dtensor():
+    from torch.distributed.tensor.placement_types import Shard as DShard
+
+    for n in range(0, 9):
+        for parts in range(1, 5):
+            pieces, _ = DShard(0)._split_tensor(torch.arange(n), parts, with_padding=False)
+            assert [p.shape[0] for p in pieces] == split_sizes(n, parts, "dtensor"), (n, parts)
 
 
-def test_a_report_names_the_ranks_whose_layouts_differ():
-    assert describe_layouts({0: [_all_reduce(0)], 1: [_all_reduce(0)]}) is None
-    text = describe_layouts(
-        {0: [_all_reduce(0), _all_reduce(1, ((1, 2),))], 1: [_all_reduce(0), _all_reduce(1)]}
-    )
-    assert text is not None
-    assert "all_reduce #2 on group [0, 1]: non-contiguous on rank 0: float32[2, 3] strides (1, 2)" in text
-    assert "rank 1 passed contiguous tensors: the layouts differ" in text and "pytorch/pytorch#192920" in text
-    same = describe_layouts({r: [_all_reduce(0, ((1, 2),))] for r in (0, 1)})
-    assert same is not None and "the same strides on every rank" in same
-    assert "non-contiguous: float32[2, 3] strides (1, 2)" in format_trace({0: [_all_reduce(0, ((1, 2),))]})
+@pytest.mark.parametrize("rule", ["dtensor", "tensor_split"])
+@pytest.mark.parametrize("n,parts", [(5, 4), (4, 3), (1, 2), (6, 3), (0, 2)])
+def test_shard_pieces_assemble_back(rule, n, parts):
+    x = torch.arange(n * 2).view(n, 2).T.contiguous()  # shard dim 1
+    layout = Shard(1, rule=rule)
+    pieces = [layout.piece(x, r, parts) for r in range(parts)]
+    assert [tuple(p.shape) for p in pieces] == [
+        layout.local_shape(tuple(x.shape), r, parts) for r in range(parts)
+    ]
+    assert torch.equal(layout.assemble(pieces), x)
+    # global index of the first element of each non-empty shard
+    offsets = [sum(split_sizes(n, parts, rule)[:r]) for r in range(parts)]
+    for r in range(parts):
+        assert layout.global_index((0, 0), r, parts, tuple(x.shape)) == (0, offsets[r])
 
 
-def test_user_code_handing_a_strided_tensor_to_all_reduce_is_caught_and_the_report_names_the_layouts():
-    result = shardfuzz.run(TARGET, STRIDED, profile="shardfuzz-ci", database=None, max_examples=60)
-    assert result.found and result.kind == "mismatch", result.report
-    assert "layouts: a rank handed a non-contiguous tensor to a collective" in result.report, result.report
-    assert "strides (1, " in result.report, result.report
+def test_replicate_and_partial():
+    x = torch.randn(3)
+    assert Replicate().piece(x, 1, 2) is x
+    assert torch.allclose(Partial().assemble([x, 2 * x]), 3 * x.double())
+    assert not Partial().per_rank
 
 
-def test_the_torch_only_reproducer_shows_gloo_all_reduce_wrong_on_non_contiguous_tensors():
-    # examples/upstream/gloo_all_reduce_non_contiguous.py, as an upstream reader would run it: it
-    # exits 1 while torch's gloo sums a non-contiguous tensor's raw memory (docs/triggers.md says
-    # so; this fails once torch fixes it, and the docs must change with it)
-    script = HERE.parent / "examples" / "upstream" / "gloo_all_reduce_non_contiguous.py"
-    env = {**os.environ, "MASTER_PORT": str(_free_port())}
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "transposed on rank 0, contiguous on rank 1: got" in res.stdout, res.stdout + res.stderr
-    assert "a column (stride 3) on every rank: got" in res.stdout, res.stdout
-    assert "transposed on every rank:" not in res.stdout, res.stdout  # the same dense layout sums right
+def test_padded_flat_padding_is_not_compared():
+    layout = PaddedFlat()
+    assert layout.local_shape((5,), 0, 4) == (2,)
+    assert [layout.piece(torch.arange(5), r, 4).tolist() for r in range(4)] == [[0, 1], [2, 3], [4], []]
+    padded_last = torch.tensor([4, 999])
+    assert layout.comparable(padded_last, 2, 4, (5,)).tolist() == [4]
+    assert layout.global_index((0,), 2, 4, (5,)) == (4,)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def test_bad_layout_arguments_name_the_argument():
+    with pytest.raises(InvalidArgument, match="rule='chunk'"):
+        Shard(0, rule="chunk")
+    with pytest.raises(InvalidArgument, match="dim=3 is out of range"):
+        Shard(3).local_shape((2, 2), 0, 2)
+    with pytest.raises(InvalidArgument, match="rule='bogus'"):
+        split_sizes(3, 2, "bogus")
+
+
+@pytest.mark.parametrize("n,parts", [(8, 2), (7, 2), (12, 3), (5, 3), (3, 2)])
+def test_zigzag_gives_each_rank_an_early_and_a_late_chunk(n, parts):
+    from shardfuzz import Zigzag
+
+    x = torch.arange(n)
+    layout = Zigzag(0)
+    pieces = [layout.piece(x, r, parts) for r in range(parts)]
+    assert torch.equal(layout.assemble(pieces), x)
+    chunks = torch.tensor_split(x, 2 * parts)
+    for r, p in enumerate(pieces):
+        assert p.tolist() == chunks[r].tolist() + chunks[2 * parts - 1 - r].tolist()
+        assert layout.local_shape((n,), r, parts) == tuple(p.shape)
+        for i in range(p.shape[0]):
+            assert x[layout.global_index((i,), r, parts, (n,))] == p[i]
+
+
+def test_zigzag_8_on_2():
+    from shardfuzz import Zigzag
+
+    assert Zigzag(0).piece(torch.arange(8), 0, 2).tolist() == [0, 1, 6, 7]
+    assert Zigzag(0).piece(torch.arange(8), 1, 2).tolist() == [2, 3, 4, 5]
+
+
+def test_owned_needs_exactly_one_owner():
+    from shardfuzz import Owned
+
+    layout = Owned()
+    assert layout.owner_of([(0,), (3, 2), (0,)], (3, 2)) == 1
+    assert layout.owner_of([(3, 2), (3, 2)], (3, 2)) is None
+    assert layout.owner_of([(0,), (0,)], (3, 2)) is None
+    assert layout.owner_of([(0,), (2, 2)], (3, 2)) is None
+    x = torch.ones(3, 2)
+    assert layout.assemble([torch.empty(0), x]) is x
+    assert layout.expected_shape((0,), (3, 2), 0, 2) == (0,) and layout.expected_shape(
+        (2, 2), (3, 2), 0, 2
+    ) == (3, 2)
+    assert not layout.holds_piece((0,), (3, 2)) and layout.holds_piece((3, 2), (3, 2))
+    assert layout.check_group([(3, 2), (3, 2)], (3, 2)).startswith("exactly one rank must hold [3, 2]")
+    assert layout.check_group([(0,), (3, 2)], (3, 2)) is None
+
+
+def test_stepwise_padded_flat_layout():
+    """5 elements on 4 ranks: chunks of 2, real elements [2, 2, 1, 0], padding never compared."""
+    from shardfuzz.targets.zero_adamw import StepwisePaddedFlat
+
+    layout = StepwisePaddedFlat()
+    value = torch.arange(10.0).view(2, 5)
+    assert [layout.local_shape((2, 5), r, 4) for r in range(4)] == [(2, 2)] * 4
+    assert [layout.piece(value, r, 4).shape[1] for r in range(4)] == [2, 2, 1, 0]
+    local = torch.tensor([[4.0, float("nan")], [9.0, float("nan")]])
+    assert torch.equal(layout.comparable(local, 2, 4, (2, 5)), layout.piece(value, 2, 4))
+    assert layout.global_index((1, 0), 2, 4, (2, 5)) == (1, 4)
+    assert layout.assemble([torch.zeros(2, 2)] * 4).shape == (2, 8)

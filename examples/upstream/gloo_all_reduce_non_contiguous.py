@@ -6,7 +6,7 @@ Needs only torch. Upstream status: pytorch/pytorch#192920 (open) reports the sam
 non-contiguous tensor ("Tensors must be contiguous").
 
 Found by shardfuzz on a user's row-parallel layer whose partial sum came out of a matmul transposed
-on the rank holding 2 of 3 inner columns (tests/test_layouts.py). Three cases, 2 ranks, the same
+on the rank holding 2 of 3 inner columns (tests/test_memory_layouts.py). Three cases, 2 ranks, the same
 values on both:
 
 1. transposed on every rank (dense, the same strides everywhere): right, since a sum of raw memory

@@ -1,5 +1,5 @@
 """A user's own implementation of examples/row_parallel_cancel.py that hands a non-contiguous
-tensor to ``dist.all_reduce`` (tests/test_layouts.py), as a Megatron-style TP attention did: its
+tensor to ``dist.all_reduce`` (tests/test_memory_layouts.py), as a Megatron-style TP attention did: its
 einsum laid the partial sum out differently on a rank holding 2 heads than on one holding 1."""
 
 import torch.distributed as dist

@@ -1,0 +1,75 @@
+"""Memory layouts at the collectives (issue 29, section 1): the trace records the strides of every
+non-contiguous tensor a rank hands to a collective, and a report says so, naming the layouts."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import shardfuzz
+from shardfuzz.protocol import Collective
+from shardfuzz.ranks.trace import _strides
+from shardfuzz.report.divergence import describe_layouts, format_trace
+
+HERE = Path(__file__).resolve().parent
+TARGET = str(HERE.parent / "examples" / "row_parallel_cancel.py")
+STRIDED = str(HERE / "data" / "strided_impls.py") + "::transposed_partial"
+
+
+def _all_reduce(seq, strides=()):
+    return Collective(
+        seq, "all_reduce", (0, 1), ((2, 3),), "float32", (), None, None, "c10d", "all_reduce", strides
+    )
+
+
+def test_the_trace_keeps_strides_only_for_non_contiguous_tensors():
+    a = torch.zeros(2, 3)
+    assert _strides([a, a[:, :2].contiguous()]) == ()  # the common case costs one check a tensor
+    assert _strides([a, a.t()]) == (None, (1, 3))
+    event = _all_reduce(0, ((1, 2),))
+    assert Collective.from_json(event.to_json()) == event
+    # a trace line written before strides were recorded still reads
+    old = '[0,"all_reduce",[0,1],[[2,3]],"float32",[],null,null,"c10d","all_reduce"]'
+    assert Collective.from_json(old) == _all_reduce(0)
+
+
+def test_a_report_names_the_ranks_whose_layouts_differ():
+    assert describe_layouts({0: [_all_reduce(0)], 1: [_all_reduce(0)]}) is None
+    text = describe_layouts(
+        {0: [_all_reduce(0), _all_reduce(1, ((1, 2),))], 1: [_all_reduce(0), _all_reduce(1)]}
+    )
+    assert text is not None
+    assert "all_reduce #2 on group [0, 1]: non-contiguous on rank 0: float32[2, 3] strides (1, 2)" in text
+    assert "rank 1 passed contiguous tensors: the layouts differ" in text and "pytorch/pytorch#192920" in text
+    same = describe_layouts({r: [_all_reduce(0, ((1, 2),))] for r in (0, 1)})
+    assert same is not None and "the same strides on every rank" in same
+    assert "non-contiguous: float32[2, 3] strides (1, 2)" in format_trace({0: [_all_reduce(0, ((1, 2),))]})
+
+
+def test_user_code_handing_a_strided_tensor_to_all_reduce_is_caught_and_the_report_names_the_layouts():
+    result = shardfuzz.run(TARGET, STRIDED, profile="shardfuzz-ci", database=None, max_examples=60)
+    assert result.found and result.kind == "mismatch", result.report
+    assert "layouts: a rank handed a non-contiguous tensor to a collective" in result.report, result.report
+    assert "strides (1, " in result.report, result.report
+
+
+def test_the_torch_only_reproducer_shows_gloo_all_reduce_wrong_on_non_contiguous_tensors():
+    # examples/upstream/gloo_all_reduce_non_contiguous.py, as an upstream reader would run it: it
+    # exits 1 while torch's gloo sums a non-contiguous tensor's raw memory (docs/triggers.md says
+    # so; this fails once torch fixes it, and the docs must change with it)
+    script = HERE.parent / "examples" / "upstream" / "gloo_all_reduce_non_contiguous.py"
+    env = {**os.environ, "MASTER_PORT": str(_free_port())}
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "transposed on rank 0, contiguous on rank 1: got" in res.stdout, res.stdout + res.stderr
+    assert "a column (stride 3) on every rank: got" in res.stdout, res.stdout
+    assert "transposed on every rank:" not in res.stdout, res.stdout  # the same dense layout sums right
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
