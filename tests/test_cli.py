@@ -29,6 +29,15 @@ def test_fuzz_clean_target_exits_0_with_a_summary():
     assert "row_mean" in out.stdout and "reference" in out.stdout and "20 examples" in out.stdout
 
 
+def test_an_option_that_only_one_branch_of_the_cases_has_can_be_pinned():
+    # tp_mlp draws the plain MLP (no option) or sequence parallelism (option sequence_parallel)
+    out = cli(
+        "fuzz", "tp_mlp", "--option", "sequence_parallel=True", "--max-examples", "6", "--world-sizes", "2"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "sequence parallel 100%" in out.stdout, out.stdout
+
+
 def test_fuzz_finding_exits_1_and_prints_the_report_and_rerun_line():
     out = cli("fuzz", EXAMPLE, "--impl", "mean_of_means", "--max-examples", "100")
     assert out.returncode == 1, out.stdout + out.stderr

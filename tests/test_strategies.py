@@ -434,3 +434,55 @@ def test_world_sizes_a_target_refuses_are_refused_with_its_reason():
         InvalidArgument, match=r"its cases\(world_sizes=\(1,\)\) refuses them: .*needs 2 ranks"
     ):
         check_in_bounds(two, tp_case(target="two", world_size=1, mesh=(1,), hidden=1))
+
+
+def test_an_option_of_one_branch_pins_by_selecting_the_branches_that_have_it():
+    # tp_mlp's cases are a one_of: the plain MLP (no option) | sequence parallel (its one option)
+    from shardfuzz.engine import covering
+
+    t = get_target("tp_mlp")
+    pinned = (("sequence_parallel", True),)
+    drawn = covering.draw_pool(t.strategy(options=pinned), 7, 40)
+    assert len(drawn) >= 30 and all(c.options["sequence_parallel"] is True for c, _ in drawn)
+    pool = covering.pool_for(t, None, None, pinned)  # the covering rows are picked from these
+    assert pool and all(c.options["sequence_parallel"] is True for c, _ in pool)
+    # unpinned, both branches are drawn
+    both = {bool(c.options.get("sequence_parallel")) for c, _ in covering.draw_pool(t.strategy(), 7, 60)}
+    assert both == {False, True}
+    with pytest.raises(
+        InvalidArgument, match=r"no such option; its options: grid, scale, sequence_parallel$"
+    ):
+        t.strategy(options=(("sequence_paralel", True),))
+
+
+def test_options_of_different_branches_pinned_together_name_each_branch():
+    branches = sst.cases("two", sizes={"n": sst.Free(1, 2)}, options={"a": st.just(1)}) | sst.cases(
+        "two", sizes={"n": sst.Free(1, 2)}, options={"b": st.just(2)}
+    )
+    t = shardfuzz_target("two", branches)
+    assert {c.options["a"] for c, _ in _draws(t.strategy(options=(("a", 3),)))} == {3}
+    with pytest.raises(
+        InvalidArgument, match=r"'a', 'b' pinned together, but no branch .* \{a, grid, scale\}; \{b, grid"
+    ):
+        t.strategy(options=(("a", 3), ("b", 4)))
+
+
+def _draws(strategy):
+    from shardfuzz.engine import covering
+
+    return covering.draw_pool(strategy, 3, 20)
+
+
+def shardfuzz_target(name, cases):
+    import torch
+
+    import shardfuzz
+
+    return shardfuzz.Target(
+        name=name,
+        cases=cases,
+        inputs=lambda case: {"x": torch.zeros(case.sizes["n"])},
+        oracle=lambda inp, case: {"y": inp["x"]},
+        outputs={"y": shardfuzz.Replicate()},
+        implementations={"reference": lambda ctx: {"y": ctx.inputs["x"]}},
+    )

@@ -296,14 +296,16 @@ def pool_for(
 @functools.lru_cache(maxsize=64)
 def _pool_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[tuple[Case, tuple], ...]:
     # the same pool as draw_pool(target.strategy(world_sizes, dtypes, options), seed): the dtypes
-    # and options are a map over the draws of the unrestricted strategy, drawn once for all
+    # and option values are a map over the draws (of the branches that have the pinned options),
+    # drawn once for all
     through = target.restrict(dtypes, options)
-    return tuple(distinct_cases(_draws_for(target, world_sizes), POOL_SIZE, through))
+    names = frozenset(name for name, _ in options)
+    return tuple(distinct_cases(_draws_for(target, world_sizes, names), POOL_SIZE, through))
 
 
 @functools.lru_cache(maxsize=64)
-def _draws_for(target: Any, world_sizes: Any) -> Draws:
-    return Draws(target.strategy(world_sizes), stable_seed(f"{target.name}/covering"))
+def _draws_for(target: Any, world_sizes: Any, option_names: frozenset[str] = frozenset()) -> Draws:
+    return Draws(target.drawn(world_sizes, option_names), stable_seed(f"{target.name}/covering"))
 
 
 @functools.lru_cache(maxsize=64)

@@ -38,6 +38,7 @@ __all__ = [
     "Free",
     "Split",
     "bounds_of",
+    "branches_drawing",
     "check_in_bounds",
     "declare",
     "mesh_shapes_for",
@@ -265,6 +266,33 @@ def bounds_of(strategy: Any) -> tuple[CaseBounds, ...] | None:
             return None
         found += got
     return tuple(found)
+
+
+def branches_drawing(strategy: Any, names: frozenset[str]) -> tuple[list[Any], list[frozenset[str]]] | None:
+    """For options pinned by name: the branches of ``strategy`` (itself, or the leaves of its
+    ``one_of``, recursively) whose cases may carry every option in ``names`` (a value profile's
+    parameters count), and the option names of every branch (for an error that lists them); None
+    when it, or a branch, declares no bounds
+    (its cases' options are known only once drawn)."""
+    try:
+        own = _DECLARED.get(strategy)
+    except TypeError:  # not a strategy (it cannot be weakly referenced)
+        return None
+    if own is not None:
+        drawn = [b.options.union(*(PROFILE_PARAMS.get(p, ()) for p in b.profiles)) for b in own]
+        return ([strategy] if any(names <= o for o in drawn) else []), drawn
+    branches = list(getattr(strategy, "branches", None) or ())
+    if len(branches) < 2 or any(b is strategy for b in branches):
+        return None
+    chosen: list[Any] = []
+    every: list[frozenset[str]] = []
+    for branch in branches:
+        got = branches_drawing(branch, names)
+        if got is None:
+            return None
+        chosen += got[0]
+        every += got[1]
+    return chosen, every
 
 
 def _asked(target: Any, world_sizes: tuple[int, ...]) -> tuple[CaseBounds, ...] | str | None:

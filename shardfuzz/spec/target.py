@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.case import Case, pin_options
-from shardfuzz.errors import TargetCodeError, TargetError
+from shardfuzz.errors import InvalidArgument, TargetCodeError, TargetError
 from shardfuzz.protocol import ImplRef
-from shardfuzz.spec.bounds import CaseBounds, bounds_of, declare
+from shardfuzz.spec.bounds import CaseBounds, bounds_of, branches_drawing, declare
 from shardfuzz.spec.budget import check_budgets
 from shardfuzz.spec.exclude import known_failures
 from shardfuzz.spec.layouts import Layout, Replicate, check_layout
@@ -281,22 +281,55 @@ class Target:
         options: tuple[tuple[str, Any], ...] = (),
     ) -> SearchStrategy[Case]:
         """The Hypothesis strategy of cases, restricted to ``world_sizes`` and ``dtypes`` when
-        given, with ``options`` (name, value) pinned."""
+        given, with ``options`` (name, value) pinned: the draws of :meth:`drawn` through
+        :meth:`restrict`."""
+        s = self.drawn(world_sizes, frozenset(name for name, _ in options))
+        through = self.restrict(dtypes, options)
+        return s if through is None else s.map(through)
+
+    def drawn(
+        self, world_sizes: tuple[int, ...] | None = None, option_names: frozenset[str] = frozenset()
+    ) -> SearchStrategy[Case]:
+        """The cases a run draws before its dtypes and option values are put in (the covering pool
+        draws these too): at ``world_sizes``, and only from the branches of a ``one_of`` whose
+        cases carry every option in ``option_names`` (an option that exists in one branch only,
+        such as tp_mlp's ``sequence_parallel``, can be pinned)."""
         from hypothesis.strategies import SearchStrategy
 
         if isinstance(self.cases, SearchStrategy):
-            s = self.cases
+            s = self._branches_with(self.cases, option_names)
             if world_sizes:
                 allowed = set(world_sizes)
                 s = s.filter(lambda c: c.world_size in allowed)
-        elif callable(self.cases):
+            return s
+        if callable(self.cases):
             s = self.cases(world_sizes=world_sizes) if world_sizes else self.cases()
-        else:
-            raise TargetError(
-                f"Target {self.name!r}: cases={self.cases!r} is neither a strategy nor a callable"
+            return self._branches_with(s, option_names)
+        raise TargetError(f"Target {self.name!r}: cases={self.cases!r} is neither a strategy nor a callable")
+
+    def _branches_with(self, s: Any, names: frozenset[str]) -> Any:
+        """``s``, or the ``one_of`` of its branches that draw every option in ``names``; a
+        strategy that declares no bounds is kept whole (``pin_options`` checks each case)."""
+        from hypothesis import strategies as st
+
+        found = branches_drawing(s, names) if names else None
+        if found is None:
+            return s
+        chosen, every = found
+        if not chosen:
+            known = sorted(frozenset().union(*every))
+            missing = sorted(names - frozenset(known))
+            if missing:
+                raise InvalidArgument(
+                    f"option {missing[0]!r} pinned, but target {self.name!r} has no such option; "
+                    f"its options: {', '.join(known) or 'none'}"
+                )
+            shown = "; ".join("{" + ", ".join(sorted(o)) + "}" for o in every)
+            raise InvalidArgument(
+                f"options {', '.join(map(repr, sorted(names)))} pinned together, but no branch of target "
+                f"{self.name!r}'s cases has them all; its branches' options: {shown}"
             )
-        through = self.restrict(dtypes, options)
-        return s if through is None else s.map(through)
+        return chosen[0] if len(chosen) == 1 else st.one_of(chosen)
 
     def case_bounds(self, world_sizes: tuple[int, ...] | None = None) -> tuple[CaseBounds, ...] | None:
         """What the strategy of a run at ``world_sizes`` declares it draws (one record per branch,
