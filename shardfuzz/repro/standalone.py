@@ -35,6 +35,7 @@ from shardfuzz.repro.codegen import check_script, docstring, fill_template
 from shardfuzz.repro.replay import record_config
 from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_template
 from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard
+from shardfuzz.spec.refs import load_ref, split_file_ref
 from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
 
 #: larger tensors go to ``inputs.pt`` beside the script
@@ -187,12 +188,15 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     case = record["case"]
     runner = Runner(target, record_impl(target, record), record_config(record))
     ref = runner.impl_ref
-    module, _, fname = ref.ref.partition(":")
-    if not fname or "::" in ref.ref:
-        raise InvalidArgument(f"impl {ref.ref!r}: a standalone script needs an importable 'pkg.mod:func'")
+    in_file = split_file_ref(ref.ref)  # file.py::NAME, the README's way: its module is the file
+    fname = in_file[1] if in_file is not None else ref.ref.partition(":")[2]
+    if not fname:
+        raise InvalidArgument(
+            f"impl {ref.ref!r}: a standalone script needs 'pkg.mod:func' or 'file.py::func'"
+        )
     if not fname.isidentifier() or keyword.iskeyword(fname):  # the script calls it by this name
         raise InvalidArgument(f"impl {ref.ref!r}: {fname!r} is not a function's name")
-    fn = getattr(importlib.import_module(module), fname)
+    fn = load_ref(ref.ref, "impl")
     closure = _Closure()
     closure.add_object(fn, fname)
     code = "\n\n\n".join(closure.defs)
@@ -225,12 +229,16 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     inputs_src = _tensors(expected.inputs, "inputs", saved)
     expected_src = _tensors({n: expected.ref[n] for n in outputs}, "expected", saved)
     allowed_src = _tensors(allowed, "allowed", saved)
-    name = f"repro_{target.name}_{re.sub(r'[^A-Za-z0-9_]+', '_', record['impl'])}"  # never a path
+    # never a path: an implementation given as a reference is named by its function
+    impl_name = fname if ":" in record["impl"] else record["impl"]
+    name = f"repro_{re.sub(r'[^A-Za-z0-9_]+', '_', f'{target.name}_{impl_name}')}"
+    # a file implementation by its file's name, not its path (the script is shared)
+    shown_impl = f"{os.path.basename(in_file[0])}::{fname}" if in_file is not None else record["impl"]
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name + ".py")
     sizes = ", ".join(f"{k}={v}" for k, v in case.sizes.items())
     doc = DOC.format(
-        title=f"{target.name} / {record['impl']} ({record['kind']})",
+        title=f"{target.name} / {shown_impl} ({record['kind']})",
         world=case.world_size,
         mesh=case.mesh,
         sizes=sizes,
