@@ -63,6 +63,7 @@ __all__ = [
     "bounded_like",
     "bounds_of",
     "cases",
+    "dp_tp_meshes",
     "dtypes",
     "meshes",
     "mostly",
@@ -223,13 +224,26 @@ def cases(
     max_dims: int = 2,
     dtypes: Sequence[str] = ("float32", "float64", "bfloat16"),
     profiles: Sequence[str] = ("normal", "large", "ties"),
+    mesh_2d_share: float = 0.0,
 ) -> st.SearchStrategy[Case]:
     """Cases of ``target``, drawn in the order that shrinks best (see the module docstring).
 
     ``world_sizes`` (an explicit list, e.g. from ``--shardfuzz-world-sizes``) overrides
     ``min_world``/``max_world``. Shrinks toward: options' minima, world ``min_world``, a 1-D mesh,
     even sizes at ``min_per_rank``, the first dtype, the ``normal`` profile and seed 0.
+
+    ``mesh_2d_share``: about this share of the cases (0 to 1) is drawn on a mesh whose two axes
+    both exceed 1 (dp x tp: ``(2, 2)`` on 4 ranks), from the world sizes that have one; the rest as
+    usual, where a world of 4 draws ``(2, 2)`` one time in four. For a dp x tp target, whose bugs
+    live where both axes are real. It costs one more choice per case, drawn first (none at 0, the
+    default: cases are then the same as without it); it shrinks toward the usual draw.
     """
+    if (
+        isinstance(mesh_2d_share, bool)
+        or not isinstance(mesh_2d_share, (int, float))
+        or not 0 <= mesh_2d_share <= 1
+    ):
+        raise InvalidArgument(f"mesh_2d_share={mesh_2d_share!r}; must be a number in [0, 1]")
     if not isinstance(target, str) or not target:
         raise InvalidArgument(f"target={target!r}; must be the target's name")
     sizes = dict(sizes or {})
@@ -257,6 +271,7 @@ def cases(
         profiles=tuple(profiles),
         options=frozenset(options) | frozenset(late_options),
     )
+    dp_tp = tuple(w for w in drawn_worlds if dp_tp_meshes(w)) if max_dims >= 2 else ()
     strategy = _cases(
         target,
         sizes,
@@ -267,6 +282,8 @@ def cases(
         max_dims,
         _dtypes(allowed=dtypes),
         value_profiles(allowed=profiles),
+        round(100 * mesh_2d_share) if dp_tp else 0,
+        dp_tp,
     )
     return declare(strategy, [bounds])
 
@@ -292,10 +309,19 @@ def _cases(
     max_dims: Any,
     dtype_s: Any,
     profile_s: Any,
+    dp_tp_percent: int = 0,
+    dp_tp_worlds: tuple[int, ...] = (),
 ) -> Case:
+    # first, only with mesh_2d_share: 0 (what it shrinks to) draws as usual
+    dp_tp = dp_tp_percent > 0 and draw(_PERCENT) >= 100 - dp_tp_percent
     opts = {k: draw(v) for k, v in options_s.items()}
     world = draw(worlds)
-    mesh = draw(_meshes_of(world, max_dims))
+    if dp_tp:  # the drawn world, up to the next one with a dp x tp mesh: the draws stay as long
+        # as the usual ones, so the shrinker (shorter choice sequences first) can go back to those
+        world = next((w for w in dp_tp_worlds if w >= world), dp_tp_worlds[-1])
+        mesh = draw(st.sampled_from(dp_tp_meshes(world)))
+    else:
+        mesh = draw(_meshes_of(world, max_dims))
     group = mesh[-1]
     drawn: dict[str, int] = {}
     split: list[str] = []
@@ -323,6 +349,14 @@ def _cases(
         seed=seed,
         options=opts,
     )
+
+
+_PERCENT = st.integers(0, 99)
+
+
+def dp_tp_meshes(world_size: int) -> list[tuple[int, ...]]:
+    """The 2-D meshes of ``world_size`` whose two axes both exceed 1 (dp x tp), squarest first."""
+    return [m for m in mesh_shapes_for(world_size, max_dims=2) if len(m) == 2 and min(m) > 1]
 
 
 # The strategies :func:`_cases` draws from, made once per argument: a composite strategy made anew

@@ -486,3 +486,24 @@ def shardfuzz_target(name, cases):
         outputs={"y": shardfuzz.Replicate()},
         implementations={"reference": lambda ctx: {"y": ctx.inputs["x"]}},
     )
+
+
+def test_mesh_2d_share_puts_that_share_of_cases_on_a_dp_x_tp_mesh():
+    from shardfuzz.engine import covering
+
+    def share(strategy):
+        drawn = [c for c, _ in covering.draw_pool(strategy, 11, 200)]
+        return sum(len(c.mesh) == 2 and min(c.mesh) > 1 for c in drawn) / len(drawn)
+
+    plain = share(sst.cases("m", sizes={"n": sst.Split()}))
+    half = share(sst.cases("m", sizes={"n": sst.Split()}, mesh_2d_share=0.5))
+    assert plain < 0.15 and 0.4 < half < 0.75, (plain, half)
+    # every such case is on (2, 2) here (worlds 1-4), and the shrinker takes it back to the usual draw
+    assert (
+        sst.dp_tp_meshes(4) == [(2, 2)]
+        and sst.dp_tp_meshes(3) == []
+        and sst.dp_tp_meshes(6) == [(2, 3), (3, 2)]
+    )
+    assert find(sst.cases("m", sizes={"n": sst.Split()}, mesh_2d_share=0.5), lambda c: True).mesh == (1,)
+    with pytest.raises(InvalidArgument, match=r"mesh_2d_share=1.5; must be a number in \[0, 1\]"):
+        sst.cases("m", mesh_2d_share=1.5)
