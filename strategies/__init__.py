@@ -225,6 +225,7 @@ def cases(
     dtypes: Sequence[str] = ("float32", "float64", "bfloat16"),
     profiles: Sequence[str] = ("normal", "large", "ties"),
     mesh_2d_share: float = 0.0,
+    strided_inputs: bool = False,
 ) -> st.SearchStrategy[Case]:
     """Cases of ``target``, drawn in the order that shrinks best (see the module docstring).
 
@@ -237,6 +238,10 @@ def cases(
     usual, where a world of 4 draws ``(2, 2)`` one time in four. For a dp x tp target, whose bugs
     live where both axes are real. It costs one more choice per case, drawn first (none at 0, the
     default: cases are then the same as without it); it shrinks toward the usual draw.
+
+    ``strided_inputs``: also draw the option ``strided`` (False or True, last of the late
+    options; shrinks to False): True hands the target's ``layout_free`` inputs to the
+    implementation as non-contiguous views (``shardfuzz.Target(layout_free=...)``).
     """
     if (
         isinstance(mesh_2d_share, bool)
@@ -264,6 +269,8 @@ def cases(
         drawn_worlds = range(min_world, max_world + 1)
     check_int("max_dims", max_dims, 1)
     options, late_options = dict(options or {}), dict(late_options or {})
+    if strided_inputs:
+        late_options.setdefault("strided", st.booleans())
     bounds = CaseBounds(
         worlds=drawn_worlds,
         max_dims=max_dims,

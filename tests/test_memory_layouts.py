@@ -1,12 +1,14 @@
 """Memory layouts at the collectives (issue 29, section 1): the trace records the strides of every
 non-contiguous tensor a rank hands to a collective, and a report says so, naming the layouts."""
 
+import math
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import shardfuzz
@@ -73,3 +75,46 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_strided_view_keeps_the_values_and_is_not_contiguous():
+    from shardfuzz.spec.layouts import strided_view
+
+    for shape in [(2, 3), (3,), (1, 3), (2, 1), (2, 2, 2)]:
+        t = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+        v = strided_view(t)
+        assert torch.equal(v, t) and not v.is_contiguous(), shape
+    one = torch.ones(1, 1)
+    assert strided_view(one) is one  # one element is contiguous in every layout
+
+
+GRAD_SUM = str(HERE / "data" / "strided_target.py")
+
+
+def test_layout_free_inputs_arrive_strided_and_a_layout_agnostic_reference_passes():
+    result = shardfuzz.run(GRAD_SUM, "reference", profile="shardfuzz-ci", database=None, max_examples=40)
+    assert not result.found, result.report
+    assert result.stats.triggers["strided inputs"] > 0, result.stats.summary()
+
+
+def test_code_that_all_reduces_its_input_view_as_it_is_is_caught_with_strided_inputs():
+    result = shardfuzz.run(GRAD_SUM, "in_place", profile="shardfuzz-ci", database=None, max_examples=60)
+    assert result.found and result.kind == "mismatch", result.report
+    case = result.case
+    assert case.options["strided"] is True and case.group_size >= 2, result.report
+    assert "layouts: a rank handed a non-contiguous tensor to a collective" in result.report
+
+
+def test_a_layout_free_name_that_is_no_input_is_an_error_naming_it():
+    import dataclasses
+
+    from shardfuzz.errors import TargetError
+    from shardfuzz.spec.registry import get_target
+
+    with pytest.raises(TargetError, match="layout_free='g'; must be a tuple of input names"):
+        dataclasses.replace(get_target(GRAD_SUM), layout_free="g")
+    wrong = dataclasses.replace(get_target(GRAD_SUM), layout_free=("gg",))
+    with pytest.raises(TargetError, match=r"layout_free.*'gg'"):
+        shardfuzz.Runner(wrong, "reference").run_case(
+            shardfuzz.Case(target="grad_sum", world_size=1, mesh=(1,), sizes={"rows": 1, "cols": 1})
+        )

@@ -36,6 +36,7 @@ from shardfuzz.ranks.faults import ProcessState
 from shardfuzz.ranks.spawn import open_fds, os_threads
 from shardfuzz.ranks.trace import TRACER
 from shardfuzz.spec.inputs import seed_global
+from shardfuzz.spec.layouts import strided_view
 from shardfuzz.spec.placements import describe as describe_dtensor
 from shardfuzz.spec.placements import local_input
 from shardfuzz.spec.refs import load_ref
@@ -309,6 +310,10 @@ def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Re
         )
         for k, v in inputs.items()
     }
+    if case.options.get("strided"):  # the layout-free inputs as non-contiguous views, same values
+        for k in target.layout_free:
+            if type(local.get(k)) is torch.Tensor:  # a DTensor input keeps its own layout
+                local[k] = strided_view(local[k])
     ctx = RankContext(  # the fields in order: case, rank, world_size, group, ..., world_group
         *(case, state.rank, state.world_size, mesh.groups[-1], group_rank, group_size, mesh),
         *(inputs, local, state.device, dist.group.WORLD),

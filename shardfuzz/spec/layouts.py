@@ -337,3 +337,22 @@ def check_layout(value: Any, name: str) -> Layout:
             "Replicate(), Partial(), PaddedFlat(), Zigzag(dim) or Owned()"
         )
     return value
+
+
+def strided_view(t: Any) -> Any:
+    """A non-contiguous view with ``t``'s values, the way a slice of a fused buffer is one (``q`` of
+    a ``qkv`` projection): the first ``n`` columns of a buffer one column wider, or every other
+    element of one twice as long for a single row. A tensor of fewer than 2 elements is
+    contiguous in every layout and is returned as it is."""
+    if t.dim() == 0 or t.numel() < 2:
+        return t
+    n = t.shape[-1]
+    rows = t.numel() // n
+    view = (
+        t.new_empty(2 * n)[::2]
+        if rows == 1 and t.dim() == 1
+        else t.new_empty((*t.shape[:-1], n + 1))[..., :n]
+    )
+    if view.is_contiguous():  # one row of a 2-D or higher tensor: widen it the other way
+        view = t.new_empty((*t.shape, 2))[..., 0]
+    return view.copy_(t)

@@ -61,6 +61,11 @@ class Target:
             :func:`bind` of one of those. An implementation is called once per rank as
             ``impl(ctx)`` with a :class:`~shardfuzz.RankContext` and returns a dict of local outputs.
         input_layouts: name -> layout used to fill ``ctx.local`` (default: ``Replicate()``).
+        layout_free: inputs whose memory layout the implementation must not depend on: in a case
+            whose option ``strided`` is True (``shardfuzz.strategies.cases(strided_inputs=True)``
+            draws it), their ``ctx.local`` pieces are non-contiguous views with the same values
+            (:func:`shardfuzz.spec.layouts.strided_view`), so code that hands them to a collective
+            as they are is caught (gloo reads such a tensor's memory as if it were contiguous).
         magnitude: optional, rarely needed: ``magnitude(inputs64, case) -> dict[str, Tensor]``: per
             output, an elementwise bound on the sum of |terms| (``|x| @ |w|``, :mod:`shardfuzz.spec.magnitudes`);
             it replaces the output's scale in the tolerance's floor.
@@ -105,6 +110,7 @@ class Target:
     outputs: Outputs | Callable[[Case], Outputs]
     implementations: Mapping[str, Any]
     input_layouts: Mapping[str, Layout] = dataclasses.field(default_factory=dict)
+    layout_free: tuple[str, ...] = ()
     magnitude: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
     tolerance: Any = ()  # Mapping[str, OutputTolerance] in; sorted pairs after __post_init__
     reference: str = "reference"
@@ -128,6 +134,7 @@ class Target:
         self._check_pieces()
         ins = {k: check_layout(v, f"input_layouts[{k!r}]") for k, v in dict(self.input_layouts).items()}
         object.__setattr__(self, "input_layouts", ins)
+        object.__setattr__(self, "layout_free", _input_names(self.name, "layout_free", self.layout_free))
         if not self.implementations:
             raise TargetError(
                 f"Target {self.name!r}: implementations={self.implementations!r}; name at least one"
@@ -431,6 +438,18 @@ def _caller_globals() -> dict[str, Any]:
     while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
         frame = frame.f_back  # type: ignore[assignment]
     return frame.f_globals if frame is not None else {}
+
+
+def _input_names(target: str, field: str, names: Any) -> tuple[str, ...]:
+    """``names`` as a tuple of non-empty strings (input names are checked against ``inputs(case)``
+    when a case runs)."""
+    if (
+        isinstance(names, str)
+        or not isinstance(names, Iterable)
+        or not all(isinstance(n, str) and n for n in names)
+    ):
+        raise TargetError(f"Target {target!r}: {field}={names!r}; must be a tuple of input names")
+    return tuple(names)
 
 
 def _check_outputs(outputs: Any, target: str) -> dict[str, Layout]:

@@ -77,6 +77,8 @@ def triggers_of(target: Any, case: Case) -> set[str]:
     """Every trigger condition ``case`` reaches for ``target``: generic, backward and declared, where
     the target's ``effective`` predicates say they are real."""
     out = generic_triggers(case)
+    if case.options.get("strided") and target.layout_free:
+        out.add("strided inputs")
     if target.gradients and set(target.gradients) & set(target.outputs_for(case)):
         out.add("backward")
     out.update(name for name, reached in target.triggers.items() if reached(case))

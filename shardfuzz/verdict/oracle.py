@@ -78,6 +78,7 @@ def case_inputs(target: Any, case: Case) -> dict[str, Any]:
             f"Target {target.name!r}: inputs(case) returned {type(inputs).__name__}, not a dict"
         )
     _check_names(target, "input_layouts", target.input_layouts, inputs, "an input")
+    _check_names(target, "layout_free", target.layout_free, inputs, "an input")
     return inputs
 
 
