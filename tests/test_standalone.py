@@ -134,6 +134,27 @@ def test_a_file_implementation_gets_a_reproducer_that_fails_under_torchrun_as_th
         assert json.loads(path.read_text()) == [], path.stem
 
 
+def test_a_self_oracle_target_gets_a_reproducer_with_the_values_of_its_one_rank_run(tmp_path):
+    # oracle="self": the script carries the float64 values the implementation computed on 1 rank
+    import shardfuzz
+
+    target = str(Path(__file__).resolve().parent.parent / "examples" / "row_parallel_self.py")
+    failures = tmp_path / "failures"
+    result = shardfuzz.run(
+        target, "bias_every_rank", profile="shardfuzz-ci", database=None, max_examples=60,
+        failures_dir=str(failures),
+    )  # fmt: skip
+    assert result.found and result.kind == "mismatch", result.report
+    (found,) = glob.glob(str(failures / "*.json"))
+    out = tmp_path / "out"
+    assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
+    (script,) = out.glob("repro_*.py")
+    assert "the implementation's own run on 1 rank (the target's self-oracle)" in script.read_text()
+    res = _torchrun(script, result.case.world_size, tmp_path)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "elements wrong" in res.stderr, res.stderr[-4000:]
+
+
 # -- the harness template ------------------------------------------------------------------------
 def test_the_harness_template_reads_as_python():
     ast.parse(harness_template())  # its marks are comments, {{NAME}} values and a bare {{doc}}

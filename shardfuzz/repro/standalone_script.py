@@ -30,7 +30,7 @@ DOC = """Reproducer: {title}.
 {world} rank(s), mesh {mesh}; sizes {sizes}; {dtype}; options {options}.
 Run: torchrun --nproc-per-node={world} {script}    (add --backend nccl for GPUs)
 Needs only torch (written with torch {torch} by shardfuzz {version} on {date}). Each rank runs the
-implementation below on its inputs and compares its outputs with the oracle's float64 values,
+implementation below on its inputs and compares its outputs with {oracle},
 within the tolerance shardfuzz allowed; a wrong element or an error fails the run.
 """
 
