@@ -107,26 +107,27 @@ def test_standalone_reproducer_of_a_found_crash_fails_the_same_way_with_torch_on
     )
 
 
-def test_a_file_implementation_gets_a_reproducer_that_fails_under_torchrun_as_the_finding_did(tmp_path):
-    # the README's way of writing an implementation (file.py::NAME), on a file target: a user's row-
-    # parallel layer that hands gloo a non-contiguous partial sum (tests/test_memory_layouts.py)
+def test_a_file_implementation_with_a_dtensor_output_gets_a_reproducer_that_fails_the_same_way(tmp_path):
+    # the README's way of writing an implementation (file.py::NAME), on a file target, returning a
+    # FromDTensor() output: amax's pending max relabelled as a pending sum (tests/data)
     import shardfuzz
 
     here = Path(__file__).resolve().parent
-    target = str(here.parent / "examples" / "row_parallel_cancel.py")
-    impl = str(here / "data" / "strided_impls.py") + "::transposed_partial"
+    target = str(here / "data" / "dtensor_placements.py")
+    impl = str(here / "data" / "dtensor_relabel.py") + "::max_called_sum"
     failures = tmp_path / "failures"
     result = shardfuzz.run(
-        target, impl, profile="shardfuzz-ci", database=None, max_examples=60, failures_dir=str(failures)
+        target, impl, profile="shardfuzz-ci", database=None, max_examples=80, failures_dir=str(failures)
     )
     assert result.found and result.kind == "mismatch", result.report
     (found,) = glob.glob(str(failures / "*.json"))
     out = tmp_path / "out"
     assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
     (script,) = out.glob("repro_*.py")
-    assert script.name == "repro_row_parallel_cancel_transposed_partial.py"  # no path, no colon
+    assert script.name == "repro_dtensor_placements_max_called_sum.py"  # no path, no colon
     text = script.read_text()
-    assert "def transposed_partial(ctx):" in text and str(here) not in text  # no local path either
+    assert "def max_called_sum(ctx):" in text and str(here) not in text  # no local path either
+    assert "'y': ('dtensor',)" in text
     res = _torchrun(script, result.case.world_size, tmp_path)
     assert res.returncode != 0, res.stdout + res.stderr
     assert "output 'y':" in res.stderr and "elements wrong" in res.stderr, res.stderr[-4000:]

@@ -34,6 +34,7 @@ from shardfuzz.repro.codegen import check_script, docstring, fill_template
 from shardfuzz.repro.replay import record_config
 from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_template
 from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard
+from shardfuzz.spec.placements import FromDTensor
 from shardfuzz.spec.refs import load_ref, split_file_ref
 from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
 
@@ -156,8 +157,11 @@ def _layout_spec(layout: Layout, name: str) -> tuple:
         return ("partial",)
     if isinstance(layout, Shard):
         return ("shard", layout.dim, layout.rule)
+    if isinstance(layout, FromDTensor):  # the script compares the DTensor's full_tensor()
+        return ("dtensor",)
     raise InvalidArgument(
-        f"output {name!r} has layout {layout!r}; a standalone script handles Replicate, Shard, Partial"
+        f"output {name!r} has layout {layout!r}; a standalone script handles Replicate, Shard, Partial "
+        "and FromDTensor"
     )
 
 
@@ -279,6 +283,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         parts={
             "Unsupported": bool(closure.shims),
             "inputs.pt": bool(saved),
+            "outputs.dtensor": any(spec == ("dtensor",) for spec in layouts.values()),
             **uses,
             "ctx.extras": any(uses.values()),
         },

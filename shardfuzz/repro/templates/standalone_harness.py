@@ -119,6 +119,10 @@ def check(ctx, outputs):
         got = outputs[name]
         if hasattr(got, "full_tensor"):  # a DTensor: compare the whole value
             got = got.full_tensor()
+#@ if outputs.dtensor
+        elif layout[0] == "dtensor":  # declared FromDTensor(): a plain tensor breaks the contract
+            raise AssertionError(f"rank {ctx.rank}: output {name!r} must be a DTensor, got {type(got).__name__}")
+#@ end
         elif layout[0] == "partial":
             got = got.clone()
             dist.all_reduce(got, group=ctx.group)
