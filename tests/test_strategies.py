@@ -453,6 +453,10 @@ def test_an_option_of_one_branch_pins_by_selecting_the_branches_that_have_it():
         InvalidArgument, match=r"no such option; its options: grid, scale, sequence_parallel$"
     ):
         t.strategy(options=(("sequence_paralel", True),))
+    # a derived target (TARGET.derive) selects the base's branches too
+    mine = t.derive("my_tp")
+    drawn = covering.draw_pool(mine.strategy(options=pinned), 7, 40)
+    assert drawn and all(c.options["sequence_parallel"] is True and c.target == "my_tp" for c, _ in drawn)
 
 
 def test_options_of_different_branches_pinned_together_name_each_branch():

@@ -309,6 +309,8 @@ class Target:
                 allowed = set(world_sizes)
                 s = s.filter(lambda c: c.world_size in allowed)
             return s
+        if isinstance(self.cases, _RenamedCases):  # a derived target: the base selects its branches
+            return self.cases(world_sizes, option_names)
         if callable(self.cases):
             s = self.cases(world_sizes=world_sizes) if world_sizes else self.cases()
             return self._branches_with(s, option_names)
@@ -423,9 +425,13 @@ class _RenamedCases:
     def __init__(self, base: Target, name: str) -> None:
         self.base, self.name = base, name
 
-    def __call__(self, world_sizes: tuple[int, ...] | None = None) -> Any:
-        renamed = self.base.strategy(world_sizes).map(lambda c: dataclasses.replace(c, target=self.name))
-        return declare(renamed, self.base.case_bounds(world_sizes))  # a new name, the same bounds
+    def __call__(
+        self, world_sizes: tuple[int, ...] | None = None, option_names: frozenset[str] = frozenset()
+    ) -> Any:
+        drawn = self.base.drawn(world_sizes, option_names)  # only the branches with the pinned options
+        renamed = drawn.map(lambda c: dataclasses.replace(c, target=self.name))
+        bounds = (bounds_of(drawn) if option_names else None) or self.base.case_bounds(world_sizes)
+        return declare(renamed, bounds)  # a new name, the same bounds
 
 
 def _bound_of(ref: ImplRef) -> Any:
