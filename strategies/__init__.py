@@ -333,9 +333,10 @@ def _cases(
     drawn: dict[str, int] = {}
     split: list[str] = []
     for name, spec in sizes.items():
-        if isinstance(spec, Split):
-            drawn[name] = draw(_sharded_sizes_of(group, spec))
-            split.append(name)
+        if isinstance(spec, Split):  # over the group, or over its replicas (a dp-split batch)
+            drawn[name] = draw(_sharded_sizes_of(spec.parts(group, world // group), spec))
+            if spec.over == "group":
+                split.append(name)
         else:
             drawn[name] = draw(st.integers(spec.min_size, spec.max_size))
     dtype = draw(dtype_s)

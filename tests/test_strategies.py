@@ -511,3 +511,24 @@ def test_mesh_2d_share_puts_that_share_of_cases_on_a_dp_x_tp_mesh():
     assert find(sst.cases("m", sizes={"n": sst.Split()}, mesh_2d_share=0.5), lambda c: True).mesh == (1,)
     with pytest.raises(InvalidArgument, match=r"mesh_2d_share=1.5; must be a number in \[0, 1\]"):
         sst.cases("m", mesh_2d_share=1.5)
+
+
+def test_a_size_split_over_the_replicas_is_drawn_for_the_data_parallel_axis():
+    from shardfuzz.engine import covering
+
+    sizes = {"batch": sst.Split(over="replicas"), "hidden": sst.Split()}
+    dp_tp = sst.cases("dp_tp", sizes=sizes, mesh_2d_share=1.0)
+    for case, _ in covering.draw_pool(dp_tp, 5, 40):  # all on (2, 2): batch for 2 replicas
+        assert case.mesh == (2, 2) and case.split == ("hidden",), case
+        assert 2 <= case.sizes["batch"] <= 7 and 2 <= case.sizes["hidden"] <= 7, case
+    for case, _ in covering.draw_pool(sst.cases("dp_tp", sizes=sizes, max_dims=1), 5, 40):
+        assert 1 <= case.sizes["batch"] <= 3, case  # a 1-D mesh has one replica
+    target = shardfuzz_target("dp_tp", dp_tp)
+    good = next(c for c, _ in covering.draw_pool(dp_tp, 5, 1))
+    check_in_bounds(target, good)
+    with pytest.raises(
+        InvalidArgument, match=r"sizes\['batch'\]=1; split over 2 replica\(s\) it draws 2\.\.7"
+    ):
+        check_in_bounds(target, dataclasses.replace(good, sizes={**good.sizes, "batch": 1}))
+    with pytest.raises(InvalidArgument, match="over='dp'; allowed: group, replicas"):
+        sst.Split(over="dp")

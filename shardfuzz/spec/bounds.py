@@ -77,6 +77,10 @@ def mesh_shapes_for(world_size: int, *, max_dims: int = 2) -> list[tuple[int, ..
     return shapes
 
 
+#: what a :class:`Split` size is drawn for: the group under test (mesh[-1]) or its replicas
+SPLIT_OVER = ("group", "replicas")
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
     """A size sharded over the implementation's group: ``per_rank * group + remainder``.
@@ -86,7 +90,10 @@ class Split:
     ``per_rank`` be 0 (the global size still stays >= 1), so "uneven" never shrinks into "empty".
     ``min_size`` is the smallest global size, for a dim that is degenerate below it (a router over
     one expert has a softmax of one element: its gradient is exactly 0); a smaller draw is raised
-    to it.
+    to it. ``over="replicas"``: drawn for the data-parallel axis instead, the ``world / group``
+    replicas of a dp x tp mesh (1 on a 1-D mesh): a batch the target splits over dp itself (an
+    ``AsDTensor`` input on ``mesh="all"``, say). Such a size is not in ``Case.split``, which names
+    the sizes split over the group.
     """
 
     min_per_rank: int = 1
@@ -94,6 +101,7 @@ class Split:
     uneven: bool = True
     allow_empty: bool = False
     min_size: int = 1
+    over: str = "group"
 
     def __post_init__(self) -> None:
         check_int("min_per_rank", self.min_per_rank, 0)
@@ -104,6 +112,16 @@ class Split:
         if self.max_per_rank == 0 and not self.uneven:
             raise InvalidArgument("max_per_rank=0 with uneven=False gives a global size of 0")
         check_int("min_size", self.min_size, 1)
+        if self.over not in SPLIT_OVER:
+            raise InvalidArgument(f"over={self.over!r}; allowed: {', '.join(SPLIT_OVER)}")
+
+    def __repr__(self) -> str:  # ``over`` shown only where it is not the group (older messages)
+        shown = [f for f in dataclasses.fields(self) if f.name != "over" or self.over != "group"]
+        return f"Split({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
+
+    def parts(self, group: int, replicas: int) -> int:
+        """How many ranks the size is drawn for: the group's, or the replicas' (``over``)."""
+        return group if self.over == "group" else replicas
 
     def admits(self, size: int, group: int) -> bool:
         """Whether ``shardfuzz.strategies.sharded_sizes(group, self)`` can draw ``size``."""
@@ -187,7 +205,7 @@ class CaseBounds:
                 f"mesh={case.mesh} on world size {case.world_size}; it draws the meshes {shown} "
                 f"(at most {self.max_dims}-D)"
             )
-        return self.values_problem(case, case.mesh[-1])
+        return self.values_problem(case, case.mesh[-1], case.world_size // case.mesh[-1])
 
     def names_problem(self, case: Case) -> str | None:
         """Why the case's profile, size names, split names and option names are not ones it draws
@@ -196,25 +214,28 @@ class CaseBounds:
             return f"profile={case.profile!r}; it draws {', '.join(self.profiles)}"
         if (why := _names("sizes", case.sizes, {n for n, _ in self.sizes})) is not None:
             return why
-        split = sorted(n for n, spec in self.sizes if isinstance(spec, Split))
+        split = sorted(n for n, spec in self.sizes if isinstance(spec, Split) and spec.over == "group")
         if sorted(case.split) != split:
             return f"split={case.split}; it splits {split}"
         drawn = self.options | set(PROFILE_PARAMS[case.profile])
         why = _names("options", case.options, drawn, f" with profile {case.profile!r}")
         return why if why is not None or case.profile != "edge" else edge_problem(case.options)
 
-    def values_problem(self, case: Case, group: int) -> str | None:
-        """Why the case's sizes are not drawn for a group of ``group`` ranks (None: they may be);
-        its names are those drawn."""
+    def values_problem(self, case: Case, group: int, replicas: int = 1) -> str | None:
+        """Why the case's sizes are not drawn for a group of ``group`` ranks and ``replicas`` of it
+        (None: they may be); its names are those drawn."""
         for name, spec in self.sizes:
             size = case.sizes[name]
             if isinstance(spec, Free) and not spec.admits(size):
                 return f"sizes[{name!r}]={size}; it draws {spec.describe()} ({spec})"
-            if isinstance(spec, Split) and not spec.admits(size, group):
-                return (
-                    f"sizes[{name!r}]={size}; split over a group of {group} rank(s) (mesh[-1]) it draws "
-                    f"{spec.describe(group)} ({spec})"
+            if isinstance(spec, Split) and not spec.admits(size, spec.parts(group, replicas)):
+                parts = spec.parts(group, replicas)
+                over = (
+                    f"a group of {group} rank(s) (mesh[-1])"
+                    if spec.over == "group"
+                    else f"{replicas} replica(s)"
                 )
+                return f"sizes[{name!r}]={size}; split over {over} it draws {spec.describe(parts)} ({spec})"
         return None
 
     def one_rank_groups(self, world: int) -> list[int]:
@@ -342,6 +363,9 @@ def _drawn_on_1_rank(target: Any, case: Case) -> bool:
         got = _asked(target, (1, world))
         for b in got if isinstance(got, tuple) else ():
             groups = [1, *b.one_rank_groups(world)] if 1 in b.worlds else []
-            if b.names_problem(case) is None and any(b.values_problem(case, g) is None for g in groups):
+            # on the 1-rank path the replicas were world // group (or 1: a genuine 1-rank case)
+            if b.names_problem(case) is None and any(
+                b.values_problem(case, g, r) is None for g in groups for r in {1, world // g}
+            ):
                 return True
     return False
