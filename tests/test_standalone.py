@@ -156,6 +156,27 @@ def test_a_self_oracle_target_gets_a_reproducer_with_the_values_of_its_one_rank_
     assert "elements wrong" in res.stderr, res.stderr[-4000:]
 
 
+def test_a_finding_that_needs_strided_inputs_gets_a_reproducer_that_hands_them_over_strided(tmp_path):
+    # tests/data/strided_target.py: all-reducing an input view in place fails only once the view is
+    # non-contiguous (strided=True); a script that built contiguous pieces would pass instead
+    import shardfuzz
+
+    target = str(Path(__file__).resolve().parent / "data" / "strided_target.py")
+    failures = tmp_path / "failures"
+    result = shardfuzz.run(
+        target, "in_place", profile="shardfuzz-ci", database=None, max_examples=60, failures_dir=str(failures)
+    )
+    assert result.found and result.case.options["strided"] is True, result.report
+    (found,) = glob.glob(str(failures / "*.json"))
+    out = tmp_path / "out"
+    assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
+    (script,) = out.glob("repro_*.py")
+    assert "STRIDED = ('g',)" in script.read_text()
+    res = _torchrun(script, result.case.world_size, tmp_path)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "output 'total':" in res.stderr and "elements wrong" in res.stderr, res.stderr[-4000:]
+
+
 # -- the harness template ------------------------------------------------------------------------
 def test_the_harness_template_reads_as_python():
     ast.parse(harness_template())  # its marks are comments, {{NAME}} values and a bare {{doc}}

@@ -33,7 +33,7 @@ from shardfuzz.errors import InvalidArgument, Unsupported
 from shardfuzz.repro.codegen import check_script, docstring, fill_template
 from shardfuzz.repro.replay import record_config
 from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_template
-from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard
+from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard, strided_view
 from shardfuzz.spec.placements import FromDTensor
 from shardfuzz.spec.refs import load_ref, split_file_ref
 from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
@@ -201,6 +201,11 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     fn = load_ref(ref.ref, "impl")
     closure = _Closure()
     closure.add_object(fn, fname)
+    uses = {part: use in "\n\n\n".join(closure.defs) for part, use in CTX_USES.items()}
+    # a case with strided=True hands the layout-free inputs over as views, as the ranks did
+    strided = tuple(target.layout_free) if case.options.get("strided") and uses["ctx.local"] else ()
+    if strided:
+        closure.add_object(strided_view, "strided_view")
     code = "\n\n\n".join(closure.defs)
     expected = runner.expected(case)
     if expected.source is not None:  # a self-oracle: the values of its own run on 1 rank, carried as data
@@ -265,7 +270,6 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         "dtype": case.dtype,
         "options": case.options,
     }
-    uses = {part: use in code for part, use in CTX_USES.items()}
     text = fill_template(
         harness_template(),
         values={
@@ -276,6 +280,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
             "allowed": allowed_src,
             "layouts": pprint.pformat(layouts, width=100),
             "input_layouts": pprint.pformat(in_layouts, width=100),
+            "strided": repr(strided),
             "impl_name": fname,
             "kwargs": repr(dict(ref.kwargs)),
         },
@@ -284,11 +289,14 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
             "Unsupported": bool(closure.shims),
             "inputs.pt": bool(saved),
             "outputs.dtensor": any(spec == ("dtensor",) for spec in layouts.values()),
+            "inputs.strided": bool(strided),
             **uses,
             "ctx.extras": any(uses.values()),
         },
     )
-    check_script(text, doc, {"CASE": case_data, "OUTPUT_LAYOUTS": layouts})
+    check_script(
+        text, doc, {"CASE": case_data, "OUTPUT_LAYOUTS": layouts, **({"STRIDED": strided} if strided else {})}
+    )
     if saved:
         torch.save(saved, os.path.join(directory, "inputs.pt"))
     with open(path, "w") as f:

@@ -10,7 +10,9 @@
 #@                        a part of the harness written only when the case needs it: `ctx.mesh` and
 #@                        the like when the implementation's code uses them (`ctx.extras`: any of
 #@                        them), `Unsupported` when it raises shardfuzz's Unsupported, `inputs.pt`
-#@                        when the inputs are too large to inline (they go to inputs.pt beside it)
+#@                        when the inputs are too large to inline (they go to inputs.pt beside it),
+#@                        `inputs.strided` when the case hands layout-free inputs over as strided
+#@                        views (shardfuzz's strided_view is then copied in with the implementation)
 #@ The scripts written from it are compared byte for byte with examples/upstream/, blank lines
 #@ included (tests/test_standalone.py). Package data (pyproject.toml), not a module: not linted.
 {{doc}}
@@ -44,6 +46,9 @@ ALLOWED = {{allowed}}
 OUTPUT_LAYOUTS = {{layouts}}
 #@ if ctx.local
 INPUT_LAYOUTS = {{input_layouts}}
+#@ if inputs.strided
+STRIDED = {{strided}}  # the layout-free inputs, handed over as non-contiguous views (strided_view)
+#@ end
 #@ end
 
 
@@ -95,6 +100,10 @@ class Ctx:
         #@ end
         #@ if ctx.local
         self.local = {k: piece(v, INPUT_LAYOUTS[k], self.group_rank, self.group_size) for k, v in self.inputs.items()}
+        #@ if inputs.strided
+        for k in STRIDED:
+            self.local[k] = strided_view(self.local[k])
+        #@ end
         #@ end
     #@ if ctx.shard
 
