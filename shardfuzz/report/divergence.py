@@ -54,12 +54,19 @@ def _ranks(rs: Sequence[int]) -> str:
     return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
 
 
-def _group_divergences(traces: Traces) -> list[Divergence]:
+def _on_groups(traces: Traces) -> dict[tuple[int, ...], dict[int, list[Collective]]]:
+    """Each group's collectives (point-to-point ones aside), per rank in the order entered: the
+    ``i``-th of a rank's list is its ``#i + 1`` on that group."""
     on_group: dict[tuple[int, ...], dict[int, list[Collective]]] = defaultdict(lambda: defaultdict(list))
     for r, events in traces.items():
         for c in events:
             if c.op not in POINT_TO_POINT and c.group:
                 on_group[c.group][r].append(c)
+    return on_group
+
+
+def _group_divergences(traces: Traces) -> list[Divergence]:
+    on_group = _on_groups(traces)
     found = []
     for group, per_rank in on_group.items():
         members = [r for r in group if r in traces]  # ranks whose trace we have
@@ -181,13 +188,10 @@ def describe_layouts(traces: Traces) -> str | None:
     all_reduce, examples/upstream/gloo_all_reduce_non_contiguous.py: wrong sums where the ranks'
     layouts differ or a tensor is not dense); NCCL refuses it."""
     by_position: dict[tuple[tuple[int, ...], int], dict[int, Collective]] = defaultdict(dict)
-    for r, events in traces.items():
-        count: dict[tuple[int, ...], int] = defaultdict(int)
-        for c in events:
-            if c.op in POINT_TO_POINT:
-                continue
-            count[c.group] += 1
-            by_position[(c.group, count[c.group])][r] = c
+    for group, per_rank in _on_groups(traces).items():
+        for r, events in per_rank.items():
+            for i, c in enumerate(events, 1):
+                by_position[(group, i)][r] = c
     lines: list[str] = []
     c10d = False
     strided = [(key, ranks) for key, ranks in by_position.items() if any(c.strides for c in ranks.values())]
