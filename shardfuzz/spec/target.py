@@ -325,6 +325,8 @@ class Target:
         if found is None:
             return s
         chosen, every = found
+        if all(names <= o for o in every):  # every branch has them: the strategy as it is, same draws
+            return s
         if not chosen:
             known = sorted(frozenset().union(*every))
             missing = sorted(names - frozenset(known))
