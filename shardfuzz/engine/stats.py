@@ -38,6 +38,8 @@ class Stats:
     rows: int = 0
     rows_replaced: int = 0
     rows_refused: int = 0
+    #: cases that came again after the first finding (shrinking), answered from their first run
+    repeats: int = 0
 
     def note_pass(self, ratio: float, case: Any) -> None:
         """Count a passing example whose worst error/tolerance was ``ratio``."""
@@ -74,6 +76,8 @@ class Stats:
             margin += f", {self.rows_refused} condition tuples refused" if self.rows_refused else ""
         elif self.rows:
             margin += f"; covering rows: {self.rows}"
+        if self.repeats:
+            margin += f"; {self.repeats} repeated cases answered from their first run"
         if self.external_faults:
             margin += f"; external faults set aside (rank killed from outside): {self.external_faults}"
         if self.leaks:
