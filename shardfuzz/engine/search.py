@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import hypothesis
+from hypothesis.control import current_build_context
 from hypothesis.errors import Flaky, UnsatisfiedAssumption
 
 from shardfuzz.case import Case
@@ -27,16 +28,7 @@ from shardfuzz.engine.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, 
 from shardfuzz.engine.runner import Runner, Stats
 from shardfuzz.engine.settings import build_settings
 from shardfuzz.engine.shared_db import hypothesis_database
-from shardfuzz.errors import (
-    CommunicationExceeded,
-    ExternalFault,
-    Finding,
-    IgnoredCollective,
-    InvalidArgument,
-    LayoutMismatch,
-    Mismatch,
-    Unsupported,
-)
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, RankHang, Unsupported
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.exclude import Excluded
 
@@ -54,13 +46,19 @@ else:  # pragma: no cover; Hypothesis brings the backport on 3.10
 
 
 def check(
-    runner: Runner, case: Case, label: str = "error/tolerance", repeats: RepeatedCases | None = None
+    runner: Runner,
+    case: Case,
+    label: str = "error/tolerance",
+    repeats: RepeatedCases | None = None,
+    answer: bool = False,
 ) -> float:
     """Run one case inside a Hypothesis test: statistics, events and ``target(label=label)`` included;
-    a case already in ``repeats`` gets its first verdict back instead of a second run."""
+    with ``answer``, a case already in ``repeats`` gets its first verdict back instead of a run."""
     StickyInterrupt.check()  # a Ctrl-C that Python swallowed (in a gc callback) still stops the run
     try:
-        ratio, reached = counted_run(runner, case) if repeats is None else repeats.run(runner, case)
+        ratio, reached = (
+            counted_run(runner, case) if repeats is None else repeats.run(runner, case, answer=answer)
+        )
     except (Unsupported, ExternalFault) as e:
         if isinstance(e, Unsupported):
             hypothesis.event(f"{'excluded' if isinstance(e, Excluded) else 'unsupported'}: {e.reason}")
@@ -77,25 +75,25 @@ class RepeatedCases:
     """The verdicts of the cases run since a run's first finding, by case, each handed back when its
     case comes again. Shrinking asks for the same case again and again: choice sequences that differ
     only where the case does not read them (a choice a later one overrides, an option of a branch
-    not taken) are new to Hypothesis' cache but not to the case (60 of the 155 cases of
-    ring_attention/naive_merge's proof were repeats). The numbers and the collectives of a case are a
-    function of it (inputs and noise draws seeded from it, deterministic kernels), so their first
-    verdict stands: a pass, a rejection, a mismatch, a layout, a communication finding. A crash, a
-    death or a hang may depend on the machine (a collective timing out, a rank killed, the load):
-    those cases run again, as does any other error. Repeats are counted (``Stats.repeats``), not run
-    and not counted as examples."""
+    not taken) are new to Hypothesis' cache but not to the case (58 of the 155 cases of
+    ring_attention/naive_merge's proof were repeats, and a crash that replaces the pool costs
+    0.2-0.7 s a repeat). A case's inputs and noise draws are seeded from it and its kernels are
+    deterministic, so its first verdict stands: a pass, a rejection, a finding. Not a hang, which
+    may be the machine's load: that case runs again. Hypothesis' final replay of the minimal case
+    always runs, so a failure that does not reproduce is still reported as flaky. Repeats are
+    counted (``Stats.repeats``), not run and not counted as examples."""
 
     #: verdicts kept at most (a long campaign goes on searching after its first finding)
     LIMIT = 4096
-    #: what a case raises again on every run: a rejection, a finding of its numbers or collectives
-    REPEATABLE = (Unsupported, Mismatch, LayoutMismatch, CommunicationExceeded, IgnoredCollective)
 
     def __init__(self) -> None:
         self.verdicts: dict[str, tuple[float, set[str]] | tuple[BaseException, Any]] = {}
 
-    def run(self, runner: Runner, case: Case) -> tuple[float, set[str]]:
+    def run(self, runner: Runner, case: Case, *, answer: bool) -> tuple[float, set[str]]:
+        """Run ``case``, or with ``answer`` (a finding was made) hand back its first verdict. Before
+        a finding only findings are kept (the first one is the case that comes next)."""
         key = repr(case)  # one line that rebuilds the case (shardfuzz.case): equal cases, equal keys
-        if key in self.verdicts:
+        if answer and key in self.verdicts and not current_build_context().is_final:
             runner.stats.repeats += 1
             first = self.verdicts[key]
             if isinstance(first[0], BaseException):
@@ -103,11 +101,12 @@ class RepeatedCases:
             return first
         try:
             verdict = counted_run(runner, case)
-        except self.REPEATABLE as e:
-            if len(self.verdicts) < self.LIMIT:
+        except (Unsupported, Finding) as e:
+            kept = isinstance(e, Finding) if not answer else True
+            if kept and not isinstance(e, RankHang) and len(self.verdicts) < self.LIMIT:
                 self.verdicts[key] = (e, e.__traceback__)
             raise
-        if len(self.verdicts) < self.LIMIT:
+        if answer and len(self.verdicts) < self.LIMIT:
             self.verdicts[key] = verdict
         return verdict
 
@@ -208,7 +207,7 @@ def build_test(
             return
         try:
             # before a finding every case runs, so a budget's examples stay the same cases
-            check(runner, case, repeats=repeats if quota.found else None)
+            check(runner, case, repeats=repeats, answer=quota.found)
         except UnsatisfiedAssumption:  # rejected (unsupported, excluded, a fault): not an example
             raise
         except (
