@@ -4,6 +4,7 @@ What users run: the CLI and its parser, campaigns, parallel jobs, the pytest plu
 helpers and the generated doc tables. The top layer.
 
 - ``campaign.py``: campaigns: progress, distinct findings, summaries.
+- ``display.py``: a campaign's progress: the live display on a terminal, plain lines elsewhere.
 - ``cli.py``: the `shardfuzz` command: runs each subcommand.
 - ``cli_args.py``: the command line's parser, argument types (durations, ...) and exit codes.
 - ``doc_tables.py``: the README's target tables, generated from the targets' records.

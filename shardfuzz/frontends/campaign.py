@@ -19,9 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-import threading
 import time
-from collections.abc import Callable
 from typing import Any, TextIO
 
 from shardfuzz.engine.config import RunConfig
@@ -30,22 +28,14 @@ from shardfuzz.engine.finish import ONE_RANK_S, Finished, finish_budget, finish_
 from shardfuzz.engine.fleet import signature_of
 from shardfuzz.engine.fleet_worker import FleetWorker, NoFleet
 from shardfuzz.engine.hooks import Deadline, TimeUp
-from shardfuzz.engine.runner import Runner, Stats
+from shardfuzz.engine.runner import Runner
 from shardfuzz.engine.search import Result, search, settings_for, stable_identity
 from shardfuzz.engine.shared_db import save_only
 from shardfuzz.errors import Finding
+from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.triggers import PROGRESS
-
-
-def progress_line(label: str, stats: Stats, elapsed: float, shown: tuple[str, ...] = PROGRESS) -> str:
-    n = stats.examples
-    share = ", ".join(f"{t} {100.0 * stats.triggers.get(t, 0) / n:.0f}%" for t in shown) if n else ""
-    rate = n / elapsed if elapsed > 0 else 0.0
-    return f"[{elapsed:6.1f}s] {label}: {n} examples ({rate:.1f}/s), {stats.failures} failing" + (
-        f"; {share}" if share else ""
-    )
 
 
 @dataclasses.dataclass
@@ -116,18 +106,6 @@ def _site(f: Finding) -> str:
     return " ".join(str(x) for x in f.site if x != ())
 
 
-def _progress_thread(
-    get_line: Callable[[], str], stream: TextIO, interval: float, stop: threading.Event
-) -> threading.Thread:
-    def loop() -> None:
-        while not stop.wait(interval):
-            print(get_line(), file=stream, flush=True)
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    return t
-
-
 def progress_triggers(runner: Runner) -> tuple[str, ...]:
     """The progress line's conditions: the usual generic ones (``backward`` only for a target that
     declares gradients), then the target's own declared triggers that are not among them (ddp_buckets
@@ -144,8 +122,11 @@ def fuzz_one(
     recorder: FailureRecorder | None = None,
     stream: TextIO = sys.stderr,
     interval: float = 2.0,
+    live: bool = False,
 ) -> Outcome:
-    """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``config.deadline``."""
+    """Fuzz one (target, implementation): one Hypothesis run, or fresh runs until ``config.deadline``.
+    Progress goes to ``stream``: the live display with ``live`` on a terminal, else a line every
+    ``interval`` seconds (:mod:`shardfuzz.frontends.display`)."""
     t0 = time.perf_counter()
     hooks: list[Any] = [recorder] if recorder is not None else []
     fleet = FleetWorker.for_config(config)  # NoFleet without a Redis database
@@ -159,34 +140,26 @@ def fuzz_one(
     label = f"{runner.target.name}/{runner.impl_name}"
     shown = progress_triggers(runner)
     out = Outcome(label, runner)
-    stop = threading.Event()
-    _progress_thread(
-        lambda: progress_line(label, runner.stats, time.perf_counter() - t0, shown), stream, interval, stop
-    )
-    seen: set[str] = set()
+
+    budget = settings_for(config, quiet=True).max_examples  # the examples a run without a deadline has
+
+    def progress(elapsed: float | None = None) -> Progress:
+        now = time.perf_counter() - t0 if elapsed is None else elapsed
+        return _progress(out, config.deadline, budget, now, shown)
+
+    display = display_for(stream, interval, live)
+    display.start(progress)
     already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
     fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
     try:
         with deadline.enforced() if deadline is not None else contextlib.nullcontext():
-            while True:
-                out.runs += 1
-                if recorder is not None:
-                    recorder.begin_run(out.runs)
-                fleet.begin_run()
-                first = out.runs == 1  # later runs: no covering rows, no replay of saved failures
-                settings = settings_for(config, quiet=True)
-                result = search(runner, settings, database=_run_database(settings, first), rows=first)
-                _settle(out, result, seen, runner, recorder, fleet)
-                if out.result is None or not out.result.found:
-                    out.result = result
-                if result.out_of_time or config.deadline is None or result.interrupted:
-                    break
+            _search_runs(out, config, recorder, fleet)
     except KeyboardInterrupt:
         out.interrupted = True
     except TimeUp:  # the grace timer fired just as the last run ended
         pass
     finally:
-        stop.set()
+        display.stop()
         out.elapsed = time.perf_counter() - t0
         fleet.stop("interrupted" if out.interrupted else "finished")
     out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
@@ -198,18 +171,60 @@ def fuzz_one(
         _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
-    print(
-        progress_line(label, runner.stats, out.elapsed, shown)
-        + (" (interrupted)" if out.interrupted else "")
+    display.final(
+        progress(out.elapsed),
+        (" (interrupted)" if out.interrupted else "")
         + (" (an example still running after the deadline was abandoned)" if out.overran else ""),
-        file=stream,
-        flush=True,
     )
     if out.result is None and runner.stats.examples:
         out.result = Result(
             runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats
         )
     return out
+
+
+def _search_runs(
+    out: Outcome, config: RunConfig, recorder: FailureRecorder | None, fleet: FleetWorker | NoFleet
+) -> None:
+    """The campaign's Hypothesis runs: one, or fresh ones until the deadline, each run's findings
+    settled as they come."""
+    runner, seen = out.runner, set[str]()
+    while True:
+        out.runs += 1
+        if recorder is not None:
+            recorder.begin_run(out.runs)
+        fleet.begin_run()
+        first = out.runs == 1  # later runs: no covering rows, no replay of saved failures
+        settings = settings_for(config, quiet=True)
+        result = search(runner, settings, database=_run_database(settings, first), rows=first)
+        _settle(out, result, seen, runner, recorder, fleet)
+        if out.result is None or not out.result.found:
+            out.result = result
+        if result.out_of_time or config.deadline is None or result.interrupted:
+            return
+
+
+def _progress(
+    out: Outcome, deadline: float | None, budget: int, elapsed: float, shown: tuple[str, ...]
+) -> Progress:
+    """Where ``out``'s campaign stands after ``elapsed`` seconds; the time left is the deadline's,
+    or (a ``budget`` of examples) the examples left at the rate so far (shrinking comes on top)."""
+    s = out.runner.stats
+    if deadline is not None:
+        remaining: float | None = max(0.0, deadline - elapsed)
+    elif s.examples and elapsed > 0 and budget > s.examples:
+        remaining = (budget - s.examples) * elapsed / s.examples
+    else:
+        remaining = None
+    return Progress(
+        label=out.label,
+        examples=s.examples,
+        failing=s.failures,
+        findings=len(out.findings),
+        elapsed=elapsed,
+        remaining=remaining,
+        triggers=tuple((t, s.triggers.get(t, 0)) for t in shown),
+    )
 
 
 def _run_database(settings: Any, first: bool) -> Any:

@@ -147,6 +147,7 @@ def _cmd_fuzz(args: Any) -> int:
             recorder=recorder,
             stream=sys.stdout,
             interval=args.progress_every,
+            live=not args.no_progress,
         )
         outcomes.append(out)
         for i, (finding, _) in enumerate(out.findings):  # every distinct finding, in the order found

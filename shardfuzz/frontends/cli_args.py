@@ -299,7 +299,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="ranks in use at once across jobs (default: the number of cores)",
     )
-    f.add_argument("--progress-every", type=_positive_float, default=2.0, metavar="SECONDS")
+    f.add_argument(
+        "--progress-every",
+        type=_positive_float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often a progress line is printed where there is no live display",
+    )
+    f.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="plain progress lines on a terminal too, instead of the live display (off a terminal, "
+        "as in a CI log, the lines are always plain); NO_COLOR=1 turns colour off",
+    )
     f.add_argument("--summary-json", default=None, help=argparse.SUPPRESS)
     # child jobs: the parent's RunConfig, and the parent to die with
     f.add_argument("--config-json", default=None, help=argparse.SUPPRESS)

@@ -1,0 +1,140 @@
+"""How a campaign shows its progress: a live display on a terminal, plain lines elsewhere.
+
+On a terminal, and without ``--no-progress``, :class:`LiveDisplay` redraws a few lines in place:
+examples, rate, failing examples, distinct findings so far, elapsed and remaining time, and the
+trigger conditions reached as short bars. It is drawn with rich: cursor movement, the terminal's
+width, colour and ``NO_COLOR`` are a well-kept library's business, not hand-written escape codes
+(rich: widely used, pure Python, and honours ``NO_COLOR`` and ``TERM=dumb`` itself). Off a terminal
+(a pipe, a CI log) or with ``--no-progress``, :class:`PlainDisplay` prints one line every
+``--progress-every`` seconds (:func:`progress_line`), which a log keeps readable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+#: the width of a trigger's bar in the live display, in cells
+BAR_CELLS = 10
+#: redraws a second of the live display
+LIVE_REFRESH_PER_S = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where one fuzzing campaign stands (what both displays draw)."""
+
+    label: str  # target/implementation
+    examples: int
+    failing: int  # failing examples, shrinking included
+    findings: int  # distinct findings kept so far (one per signature)
+    elapsed: float  # seconds
+    remaining: float | None  # seconds left: to the deadline, or the examples left at the current rate
+    triggers: tuple[tuple[str, int], ...]  # each condition shown and the examples that reached it
+
+    @property
+    def rate(self) -> float:
+        return self.examples / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def progress_line(p: Progress) -> str:
+    """The plain line: elapsed, label, examples and rate, failing, then every condition's share."""
+    n = p.examples
+    share = ", ".join(f"{t} {100.0 * hits / n:.0f}%" for t, hits in p.triggers) if n else ""
+    return f"[{p.elapsed:6.1f}s] {p.label}: {n} examples ({p.rate:.1f}/s), {p.failing} failing" + (
+        f"; {share}" if share else ""
+    )
+
+
+class PlainDisplay:
+    """One :func:`progress_line` every ``interval`` seconds, from a thread, until :meth:`stop`."""
+
+    def __init__(self, stream: TextIO, interval: float) -> None:
+        self.stream, self.interval = stream, interval
+        self._stop = threading.Event()
+
+    def start(self, progress: Callable[[], Progress]) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.interval):
+                print(progress_line(progress()), file=self.stream, flush=True)
+
+        threading.Thread(target=loop, name="shardfuzz-progress", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def final(self, progress: Progress, note: str = "") -> None:
+        print(progress_line(progress) + note, file=self.stream, flush=True)
+
+
+class LiveDisplay:
+    """The few lines of :func:`live_lines`, redrawn in place by ``rich.live.Live`` while the
+    campaign runs; what else is printed meanwhile (a finding's report) scrolls above them."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.console = Console(file=stream, highlight=False)
+        self._live: Any = None
+
+    def start(self, progress: Callable[[], Progress]) -> None:
+        self._live = Live(
+            console=self.console,
+            get_renderable=lambda: live_lines(progress()),
+            refresh_per_second=LIVE_REFRESH_PER_S,
+            transient=True,  # the final line replaces it, so a scrolled-back terminal reads like a log
+        )
+        self._live.start()
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def final(self, progress: Progress, note: str = "") -> None:
+        line = Text(progress_line(progress) + note)
+        line.stylize(verdict_style(progress), 0, len(line))
+        self.console.print(line)
+
+
+def verdict_style(p: Progress) -> str:
+    """Red once something failed, green while nothing has."""
+    return "bold red" if p.failing or p.findings else "green"
+
+
+def live_lines(p: Progress) -> Any:
+    """The live display: a status line, the time line, then a bar for each condition shown."""
+    status = Text(f"{p.label}: {p.examples} examples ({p.rate:.1f}/s), ")
+    status.append(f"{p.failing} failing, {p.findings} distinct findings", style=verdict_style(p))
+    left = f", about {p.remaining:.0f} s left" if p.remaining is not None else ""
+    clock = Text(f"{p.elapsed:.0f} s elapsed{left}", style="dim")
+    bars = Table.grid(padding=(0, 1))
+    columns = 3
+    for _ in range(columns):
+        bars.add_column(no_wrap=True)
+        bars.add_column(no_wrap=True)
+    cells: list[Any] = []
+    for name, hits in p.triggers:
+        share = hits / p.examples if p.examples else 0.0
+        full = round(share * BAR_CELLS)
+        bar = Text("█" * full, style="cyan")
+        bar.append("·" * (BAR_CELLS - full), style="dim")
+        bar.append(f" {100 * share:3.0f}%")
+        cells += [Text(name), bar]
+    for i in range(0, len(cells), 2 * columns):
+        row = cells[i : i + 2 * columns]
+        bars.add_row(*row, *([Text("")] * (2 * columns - len(row))))
+    return Group(status, clock, bars)
+
+
+def display_for(stream: TextIO, interval: float, live: bool) -> PlainDisplay | LiveDisplay:
+    """The live display where ``live`` is asked for and ``stream`` is a terminal, else plain lines."""
+    isatty = getattr(stream, "isatty", None)
+    if live and isatty is not None and isatty():
+        return LiveDisplay(stream)
+    return PlainDisplay(stream, interval)

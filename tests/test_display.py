@@ -1,0 +1,104 @@
+"""A campaign's progress as a person sees it: the live display on a (pseudo-)terminal, plain lines
+in a log or with ``--no-progress``, colour off with ``NO_COLOR`` (shardfuzz.frontends.display).
+
+The terminal is a real pseudo-terminal (``os.openpty``) that the CLI writes to in this process,
+read back from its other end while the campaign runs."""
+
+import contextlib
+import fcntl
+import os
+import re
+import struct
+import termios
+import threading
+
+import pytest
+
+from shardfuzz.frontends import cli
+from shardfuzz.frontends.testing import run_cli
+
+TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+ESCAPE = re.compile(r"\x1b\[")
+#: a Select Graphic Rendition sequence that sets a colour (30-38, 90-97 foreground; 40-48 background)
+COLOUR = re.compile(r"\x1b\[(?:\d+;)*(?:3[0-8]|4[0-8]|9[0-7])(?:;\d+)*m")
+CURSOR_UP = "\x1b[1A"
+
+
+def _text(shown: str) -> str:
+    """What the terminal shows, without its control sequences."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)
+
+
+def _fuzz_on_a_terminal(tmp_path, *flags):
+    """``shardfuzz fuzz`` on the toy target's planted bug, its output on a pseudo-terminal of 120
+    columns: the exit code and everything the terminal received."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    received = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other end closed
+                return
+            if not chunk:
+                return
+            received.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    argv = ["fuzz", TOY, "--impl", "wrong_rank1", "--max-examples", "10", "--failures-dir", str(tmp_path)]
+    with open(slave, "w", closefd=True) as terminal, contextlib.redirect_stdout(terminal):
+        code = cli.main([*argv, "--progress-every", "0.2", *flags])
+        terminal.flush()
+    reader.join(10)
+    os.close(master)
+    return code, received.decode("utf-8", "replace")
+
+
+@pytest.fixture
+def terminal_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    return monkeypatch
+
+
+def test_a_terminal_gets_the_live_display_in_colour(tmp_path, terminal_env):
+    code, shown = _fuzz_on_a_terminal(tmp_path)
+    assert code == cli.EXIT_FOUND, shown[-3000:]
+    # the live lines: status with the distinct findings, the clock, a bar per condition
+    text = _text(shown)
+    assert re.search(r"toy/wrong_rank1: \d+ examples \([\d.]+/s\), \d+ failing, \d+ distinct findings", text)
+    assert re.search(r"\d+ s elapsed", text) and "█" in text and re.search(r"uneven +[█·]+ +\d+%", text)
+    assert CURSOR_UP in shown  # redrawn in place
+    assert COLOUR.search(shown), "no colour on a terminal"
+    assert "\x1b[1;31m" in shown  # the failing verdict in bold red
+    # it ends with the plain line, then the finding's report
+    assert re.search(r"\[ *[\d.]+s\] toy/wrong_rank1: \d+ examples", text)
+    assert "1 of 4 outputs mismatch the oracle" in text
+
+
+def test_no_color_keeps_the_live_display_without_colour(tmp_path, terminal_env):
+    terminal_env.setenv("NO_COLOR", "1")
+    code, shown = _fuzz_on_a_terminal(tmp_path)
+    assert code == cli.EXIT_FOUND, shown[-3000:]
+    assert "distinct findings" in shown and CURSOR_UP in shown  # still live
+    assert not COLOUR.search(shown), COLOUR.search(shown)
+
+
+def test_no_progress_prints_plain_lines_on_a_terminal(tmp_path, terminal_env):
+    code, shown = _fuzz_on_a_terminal(tmp_path, "--no-progress")
+    assert code == cli.EXIT_FOUND, shown[-3000:]
+    assert "distinct findings" not in shown and CURSOR_UP not in shown and not ESCAPE.search(shown)
+    assert re.search(r"\[ *[\d.]+s\] toy/wrong_rank1: \d+ examples \([\d.]+/s\), \d+ failing", shown)
+
+
+def test_a_log_gets_plain_lines_without_escape_codes(tmp_path, terminal_env):
+    out = run_cli("fuzz", TOY, "--impl", "wrong_rank1", "--max-examples", "10", "--failures-dir", tmp_path)
+    assert out.returncode == cli.EXIT_FOUND, out.stdout + out.stderr
+    assert not ESCAPE.search(out.stdout + out.stderr)
+    lines = [line for line in out.stdout.splitlines() if "toy/wrong_rank1:" in line and "examples" in line]
+    assert lines and all(re.match(r"\[ *[\d.]+s\] toy/wrong_rank1: \d+ examples", line) for line in lines)
+    assert "distinct findings" not in out.stdout
