@@ -102,3 +102,31 @@ def test_a_log_gets_plain_lines_without_escape_codes(tmp_path, terminal_env):
     lines = [line for line in out.stdout.splitlines() if "toy/wrong_rank1:" in line and "examples" in line]
     assert lines and all(re.match(r"\[ *[\d.]+s\] toy/wrong_rank1: \d+ examples", line) for line in lines)
     assert "distinct findings" not in out.stdout
+
+
+def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp_path):
+    import shardfuzz
+    from shardfuzz.spec.tolerance import Tolerance
+
+    # a sure pass skips the noise samples: its ratio, judged without the noise term, is an upper bound
+    sure = shardfuzz.run(TOY, profile="shardfuzz-ci", database=None, max_examples=6)
+    assert sure.stats.closest_pass is not None and sure.stats.closest_pass_upper_bound
+    assert "(an upper bound: judged without the noise term)" in sure.stats.summary()
+    # without a noise term (the dtype-rerun model) every ratio is exact
+    exact = shardfuzz.run(
+        TOY,
+        profile="shardfuzz-ci",
+        database=None,
+        max_examples=6,
+        tolerance=Tolerance(noise_model="dtype-rerun"),
+    )
+    assert exact.stats.closest_pass is not None and not exact.stats.closest_pass_upper_bound
+    assert "upper bound" not in exact.stats.summary()
+
+    out = run_cli("fuzz", TOY, "--max-examples", "6", "--failures-dir", tmp_path)
+    assert out.returncode == cli.EXIT_OK, out.stdout + out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("toy "))
+    assert re.search(
+        r"nothing found; closest pass [\d.e+-]+ \(an upper bound: judged without the noise term\)", row
+    )
+    assert re.search(r"^ +closest pass at Case\(target='toy', .*\)$", out.stdout, re.M), out.stdout

@@ -122,6 +122,7 @@ class Runner:
         #: the full inputs of the last case the oracle ran (failure files hash them)
         self.last_inputs: dict[str, Any] = {}
         self.last_traces: dict[int, tuple] = {}  # the collectives of the last judged example
+        self.last_verdict_upper_bound = False  # its ratio was judged without the noise term
         self.trace = True  # record the collectives (off: benchmarks/trace_cost.py's baseline)
         #: the run's tolerance: the target's per-output overrides, then the run's own on top
         self.tolerance = dataclasses.replace(
@@ -181,7 +182,7 @@ class Runner:
         except (Unsupported, ExternalFault):
             self.stats.examples -= 1
             raise
-        self.stats.note_pass(ratio, case)
+        self.stats.note_pass(ratio, case, upper_bound=self.last_verdict_upper_bound)
         if elapsed is not None:
             TIMEOUTS.record(self._timeout_key(case), elapsed)
         return ratio
@@ -299,6 +300,7 @@ class Runner:
         """Judge every rank's :class:`Reply`; returns the worst error/tolerance or raises a Finding
         (whose report names the ``leaks``: global state the example left behind)."""
         verdict = self.verdict(case, replies, expected)
+        self.last_verdict_upper_bound = verdict.upper_bound  # read by run_case for the statistics
         self.last_traces = traces = {r: rep.trace for r, rep in enumerate(replies)}
         self.reporter.raise_verdict(case, verdict, traces, leaks)
         over = over_budget(self.target, self.impl_name, case, traces)  # right values; now the bytes

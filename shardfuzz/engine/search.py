@@ -92,7 +92,7 @@ class RepeatedCases:
     def run(self, runner: Runner, case: Case, *, answer: bool) -> tuple[float, set[str]]:
         """Run ``case``, or with ``answer`` (a finding was made) hand back its first verdict. Before
         a finding only findings are kept (the first one is the case that comes next)."""
-        key = repr(case)  # one line that rebuilds the case (shardfuzz.case): equal cases, equal keys
+        key = repr(case) if answer else ""  # one line that rebuilds the case: equal cases, equal keys
         if answer and key in self.verdicts and not current_build_context().is_final:
             runner.stats.repeats += 1
             first = self.verdicts[key]
@@ -102,9 +102,9 @@ class RepeatedCases:
         try:
             verdict = counted_run(runner, case)
         except (Unsupported, Finding) as e:
-            kept = isinstance(e, Finding) if not answer else True
+            kept = answer or isinstance(e, Finding)
             if kept and not isinstance(e, RankHang) and len(self.verdicts) < self.LIMIT:
-                self.verdicts[key] = (e, e.__traceback__)
+                self.verdicts[key or repr(case)] = (e, e.__traceback__)
             raise
         if answer and len(self.verdicts) < self.LIMIT:
             self.verdicts[key] = verdict

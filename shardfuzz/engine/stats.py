@@ -24,6 +24,8 @@ class Stats:
     worst_pass_ratio: float = 0.0
     #: the case of that closest pass (None: no example passed)
     closest_pass: Any = None
+    #: that ratio was judged without the noise term (a sure pass): the true ratio is at most it
+    closest_pass_upper_bound: bool = False
     triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: cases rejected as unsupported, by reason
     unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -41,11 +43,19 @@ class Stats:
     #: cases that came again after the first finding (shrinking), answered from their first run
     repeats: int = 0
 
-    def note_pass(self, ratio: float, case: Any) -> None:
-        """Count a passing example whose worst error/tolerance was ``ratio``."""
+    def note_pass(self, ratio: float, case: Any, upper_bound: bool = False) -> None:
+        """Count a passing example whose worst error/tolerance was ``ratio`` (``upper_bound``: judged
+        without the noise term, so at most ``ratio``)."""
         self.passed += 1
         if self.closest_pass is None or ratio > self.worst_pass_ratio:
             self.worst_pass_ratio, self.closest_pass = max(self.worst_pass_ratio, ratio), case
+            self.closest_pass_upper_bound = upper_bound
+
+    @property
+    def closest_pass_words(self) -> str:
+        """The closest pass's ratio, and whether it is an upper bound, in words."""
+        bound = " (an upper bound: judged without the noise term)" if self.closest_pass_upper_bound else ""
+        return f"{self.worst_pass_ratio:.3g}{bound}"
 
     def count_finding(self, finding: Any) -> None:
         """One more failing example: the first failure's position, and a mismatch's margin."""
@@ -86,6 +96,6 @@ class Stats:
             )
         return (
             f"{n} examples in {self.elapsed:.1f} s ({self.per_second:.1f}/s), "
-            f"{self.failures} failing{margin}; worst passing error/tolerance {self.worst_pass_ratio:.3g}"
+            f"{self.failures} failing{margin}; worst passing error/tolerance {self.closest_pass_words}"
             + (f"; reached: {trig}" if trig else "")
         )

@@ -78,6 +78,8 @@ class Outcome:
             "unsupported": sum(s.unsupported.values()),
             "excluded": sum(s.excluded.values()),
             "closest_pass": s.worst_pass_ratio,
+            "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,
+            "closest_pass_upper_bound": s.closest_pass_upper_bound,
             "external_faults": s.external_faults,
             "leaks": dict(s.leaks.most_common(LEAKS_SHOWN)),
             "leaks_total": sum(s.leaks.values()),
@@ -342,6 +344,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['target']:<16} {r['impl']:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
         )
+        if not r["found"] and r.get("closest_pass_case"):
+            lines.append(f"{'':<16} closest pass at {r['closest_pass_case']}")
         for f in r.get("findings", []):
             lines += _finding_lines(f)
         lines += [f"{'':<16} {line}" for line in r.get("finished", [])]
@@ -376,6 +380,7 @@ def _count_words(r: dict[str, Any]) -> str:
         res += f" ({r['excluded']} cases excluded as known failures)"
     if not r["found"] and r["examples"]:
         res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
+        res += " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
     if len(r.get("findings", [])) > 1:
         res += f": {len(r['findings'])} distinct findings"
     if r.get("rediscovered"):

@@ -55,7 +55,7 @@ def statistics(runner: Runner) -> str:
     if s.external_faults:
         lines.append(f"    - external faults set aside (rank killed from outside): {s.external_faults}")
     if s.closest_pass is not None:
-        lines.append(f"    - closest pass: error/tolerance {s.worst_pass_ratio:.3g} at {s.closest_pass!r}")
+        lines.append(f"    - closest pass: error/tolerance {s.closest_pass_words} at {s.closest_pass!r}")
     if s.margin is not None:
         lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
     return "\n".join(lines)

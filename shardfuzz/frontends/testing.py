@@ -98,7 +98,7 @@ def assert_reference_passes(target: Any, dtype: str, *, examples: int = 500, imp
     result = run(t, impl, profile="shardfuzz-ci", database=None, max_examples=examples, dtypes=(dtype,))
     assert not result.found, result.report
     assert result.stats.passed == result.stats.examples >= examples, result.stats.summary()
-    print(f"{t.name} {dtype}: worst passing error/tolerance {result.stats.worst_pass_ratio:.3g}")
+    print(f"{t.name} {dtype}: worst passing error/tolerance {result.stats.closest_pass_words}")
     return result
 
 

@@ -4,9 +4,9 @@
 call it). It judges without the noise term first: the noise only widens the bound, so a case that
 passes without it passes with it, at a ratio no higher. If that ratio is within :data:`SURE_PASS`,
 or below the closest pass seen so far (which it then cannot raise), the noise samples (the model's
-cost) are skipped and the ratio reported is that upper bound. Every other verdict is made with the
-noise, so the run's closest pass stays exact; and a failing one that is not :func:`gross` is
-rechecked with more and full-scale samples before it is reported.
+cost) are skipped and the ratio reported is that upper bound (``Verdict.upper_bound``: a run's
+closest pass says so when it is one). Every other verdict is made with the noise; and a failing one
+that is not :func:`gross` is rechecked with more and full-scale samples before it is reported.
 
 It describes and never raises a finding (:mod:`shardfuzz.report.findings` does); it raises
 :class:`~shardfuzz.errors.TargetError` when the implementation breaks the contract.
@@ -57,8 +57,10 @@ def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideC
     outputs, tol = config.target.outputs_for(case), config.tolerance
     verdict = judge(case, outputs, locals_, expected, tol, ignored)
     sure = verdict.passed and verdict.worst <= max(SURE_PASS, config.closest_pass)
-    if sure or tol.noise_model != "mca" or not verdict.diffs:
+    if tol.noise_model != "mca" or not verdict.diffs:
         return verdict
+    if sure:
+        return dataclasses.replace(verdict, upper_bound=not expected.noise)
     if not expected.noise:
         estimate_noise(config.target, case, expected, tol.samples, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)

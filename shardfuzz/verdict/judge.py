@@ -27,6 +27,9 @@ class Verdict:
     layout_problems: list[str] = dataclasses.field(default_factory=list)
     diffs: list[OutputDiff] = dataclasses.field(default_factory=list)
     worst: float = 0.0  # the largest error/tolerance over every compared element
+    #: ``worst`` was judged without the noise term (a sure pass: shardfuzz.verdict.decide), so it
+    #: is an upper bound on the ratio with it
+    upper_bound: bool = False
 
     @property
     def mismatched(self) -> list[OutputDiff]:
