@@ -16,9 +16,12 @@ deadline, such a finding is shrunk further within an extra budget (:mod:`shardfu
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import os
 import sys
+import tempfile
 import time
 from typing import Any, TextIO
 
@@ -27,13 +30,14 @@ from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.finish import ONE_RANK_S, Finished, finish_budget, finish_shrink, try_one_rank
 from shardfuzz.engine.fleet import signature_of
 from shardfuzz.engine.fleet_worker import FleetWorker, NoFleet
-from shardfuzz.engine.hooks import Deadline, TimeUp
-from shardfuzz.engine.runner import Runner
+from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp
+from shardfuzz.engine.runner import Runner, Stats
 from shardfuzz.engine.search import Result, search, settings_for, stable_identity
 from shardfuzz.engine.shared_db import save_only
-from shardfuzz.errors import Finding
+from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
+from shardfuzz.report import plot
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.triggers import PROGRESS
 
@@ -57,9 +61,25 @@ class Outcome:
     fleet: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     #: the findings whose shrink the deadline cut, shrunk further after it
     finished: list[Finished] = dataclasses.field(default_factory=list)
+    #: the trigger conditions the progress shows
+    shown: tuple[str, ...] = ()
+    #: (seconds, examples, failing) as the campaign went (:class:`Timeline`)
+    timeline: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
 
-    def row(self) -> dict[str, Any]:
+    def row(self, pictures: bool = False) -> dict[str, Any]:
+        """The summary row (``--summary-json``); with ``pictures``, what the HTML report shows too:
+        each finding's report and a mismatch's plot, the trigger counts and the timeline."""
         s = self.runner.stats
+        row = self._row(s)
+        if pictures:
+            row["triggers"] = {t: s.triggers.get(t, 0) for t in self.shown}
+            row["timeline"] = [list(p) for p in self.timeline]
+            for entry, (f, _) in zip(row["findings"], self.findings):
+                entry["report"] = f.report
+                entry.update(_plot_of(f))
+        return row
+
+    def _row(self, s: Stats) -> dict[str, Any]:
         return {
             "target": self.runner.target.name,
             "impl": self.runner.impl_name,
@@ -97,6 +117,41 @@ class Outcome:
                 for i, (f, path) in enumerate(self.findings)
             ],
         }
+
+
+def _plot_of(f: Finding) -> dict[str, Any]:
+    """A mismatch's plot as base64 PNG (``plot``), or why there is none (``plot_missing``)."""
+    diffs = getattr(f, "diffs", None)
+    if f.kind != "mismatch" or not diffs:
+        return {}
+    try:
+        plot.require_matplotlib("--report")
+    except InvalidArgument as e:  # the [plot] extra is optional: the page says how to get it
+        return {"plot_missing": str(e)}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "plot.png")
+        plot.plot_mismatch(diffs, path)
+        with open(path, "rb") as fh:
+            return {"plot": base64.b64encode(fh.read()).decode("ascii")}
+
+
+class Timeline(RunHooks):
+    """Samples (seconds, examples, failing) of a campaign, at most one every :data:`EVERY_S`, for
+    its report's throughput chart; thinned to every other sample past :data:`MOST` of them."""
+
+    EVERY_S, MOST = 0.5, 2000
+
+    def __init__(self, t0: float) -> None:
+        self.t0, self.last = t0, -1.0
+        self.samples: list[tuple[float, int, int]] = []
+
+    def before_example(self, runner: Runner, case: Any) -> None:  # noqa: ARG002 (the hook's signature)
+        now = time.perf_counter() - self.t0
+        if now - self.last >= self.EVERY_S:
+            self.last = now
+            self.samples.append((now, runner.stats.examples, runner.stats.failures))
+            if len(self.samples) > self.MOST:
+                del self.samples[1::2]
 
 
 def _site(f: Finding) -> str:
@@ -138,10 +193,12 @@ def fuzz_one(
         deadline = Deadline(t0 + config.deadline)
         hooks.append(deadline)
         config = config.replace(derandomize=False)
+    timeline = Timeline(t0)
+    hooks.append(timeline)
     runner = Runner(target, impl, config, hooks=hooks)
     label = f"{runner.target.name}/{runner.impl_name}"
     shown = progress_triggers(runner)
-    out = Outcome(label, runner)
+    out = Outcome(label, runner, shown=shown, timeline=timeline.samples)
 
     budget = settings_for(config, quiet=True).max_examples  # the examples a run without a deadline has
 
@@ -163,6 +220,7 @@ def fuzz_one(
     finally:
         display.stop()
         out.elapsed = time.perf_counter() - t0
+        timeline.samples.append((out.elapsed, runner.stats.examples, runner.stats.failures))
         fleet.stop("interrupted" if out.interrupted else "finished")
     out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
     if deadline is not None and deadline.overran:

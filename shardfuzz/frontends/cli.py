@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -125,6 +126,7 @@ def _cmd_fuzz(args: Any) -> int:
     if not args.config_json:  # a child job's parent checked every target
         check_tolerance_outputs([r.target for r in runners], config.tolerance, "--tolerance")
     recorder = FailureRecorder(config.failures_dir)  # checks the directory before any fuzzing
+    _check_report(args.report)
     if args.workers > 1:
         # fresh seeds in every worker: derandomized ones (the ci profile, or any profile under
         # Hypothesis' own CI settings) would all run the same examples
@@ -161,9 +163,10 @@ def _cmd_fuzz(args: Any) -> int:
         if out.interrupted:
             interrupted = True
             break
-    rows = [o.row() for o in outcomes]
+    rows = [o.row(pictures=bool(args.report or args.pictures)) for o in outcomes]
     print("\n" + campaign.summary_table(rows), flush=True)
     _write_summary(args.summary_json, rows)
+    _write_report(args.report, rows)
     found = any(r["found"] for r in rows)
     if RedisLost.lost is not None:
         print(
@@ -175,6 +178,28 @@ def _cmd_fuzz(args: Any) -> int:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
         return EXIT_FOUND if found else EXIT_INTERRUPTED
     return EXIT_FOUND if found else EXIT_OK
+
+
+def _check_report(directory: str | None) -> None:
+    """``--report DIR`` is a folder this process can write (made if missing), before any fuzzing."""
+    if directory is None:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+        ok = os.access(directory, os.W_OK)
+    except OSError as e:
+        raise InvalidArgument(f"--report {directory!r}: cannot make that folder ({e.strerror})") from None
+    if not ok:
+        raise InvalidArgument(f"--report {directory!r}: the folder is not writable")
+
+
+def _write_report(directory: str | None, rows: list[dict[str, Any]]) -> None:
+    if directory is None:
+        return
+    from shardfuzz.report.html_page import write_report
+
+    path = write_report(directory, rows, "shardfuzz " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    print(f"report: {path}", flush=True)
 
 
 def _write_summary(path: str | None, rows: list[dict[str, Any]]) -> None:
@@ -198,6 +223,7 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
 
     base = [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz"]
     opts = ["--config-json", config.to_json(), "--progress-every", str(args.progress_every)]
+    opts += ["--pictures"] if args.report else []  # the parent writes the page from their rows
     if args.impl is not None:
         opts += ["--impl", args.impl]
     jobs = [[*base, spec, *opts] for spec in targets]
@@ -215,6 +241,7 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
     rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, parallel)
     print("\n" + campaign.summary_table(rows), flush=True)
     _write_summary(args.summary_json, rows)
+    _write_report(args.report, rows)
     found = any(r["found"] for r in rows)
     if interrupted:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)

@@ -312,6 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="plain progress lines on a terminal too, instead of the live display (off a terminal, "
         "as in a CI log, the lines are always plain); NO_COLOR=1 turns colour off",
     )
+    f.add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="write DIR/index.html: a self-contained page of the campaign (every finding with its "
+        "report and plot, trigger coverage, throughput over time, the closest pass)",
+    )
+    f.add_argument("--pictures", action="store_true", help=argparse.SUPPRESS)  # a job of a --report
     f.add_argument("--summary-json", default=None, help=argparse.SUPPRESS)
     # child jobs: the parent's RunConfig, and the parent to die with
     f.add_argument("--config-json", default=None, help=argparse.SUPPRESS)

@@ -6,6 +6,7 @@ first divergent collective. Imports core, spec, ranks and verdict.
 - ``divergence.py``: the first divergent collective of the ranks' traces (per group and per
   point-to-point pair), and the trace as text.
 - ``findings.py``: the report text, and one raise site per finding kind.
+- ``html_page.py``: a campaign's report as one self-contained HTML page (``fuzz --report DIR``).
 - ``mismatch_map.py``: where a mismatch's wrong elements sit: runs per rank and dim, and a small
   grid with the shard boundaries (D39).
 - ``plot.py``: `shardfuzz case --plot`: the oracle, the result, the error and the shard

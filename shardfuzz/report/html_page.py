@@ -1,0 +1,147 @@
+"""A campaign's report as one self-contained HTML page (``shardfuzz fuzz ... --report DIR``).
+
+The page needs no network to open: its style is inline, its charts are inline SVG drawn here, and
+each mismatch's plot (``shardfuzz[plot]``, matplotlib) is an inline PNG. It is written from the
+campaign's summary rows (``campaign.Outcome.row(pictures=True)``), so a fleet's parent, which only
+has its workers' rows, writes it the same way. Everything a row carries that came from a run
+(reports, cases, names) is escaped: a report quotes the implementation's own exception text.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import os
+from typing import Any
+
+#: the page's file name inside the report folder
+PAGE = "index.html"
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: left; }
+.found { color: #b00020; font-weight: bold; } .clean { color: #1b7f3b; font-weight: bold; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 12px; }
+.bar { display: inline-block; height: 10px; background: #3a7bd5; }
+.track { display: inline-block; width: 120px; height: 10px; background: #e4e4e4; vertical-align: middle; }
+.note { color: #666; }
+"""
+
+
+def write_report(directory: str, rows: list[dict[str, Any]], command: str = "") -> str:
+    """Write the page of a campaign's ``rows`` into ``directory`` (made if missing); its path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, PAGE)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render(rows, command))
+    return path
+
+
+def render(rows: list[dict[str, Any]], command: str = "") -> str:
+    """The page: an overview table, then a section per target and implementation."""
+    when = datetime.datetime.now().isoformat(timespec="seconds")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>shardfuzz campaign report</title>',
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>shardfuzz campaign report</h1>",
+        f'<p class="note">{_e(command)} &middot; written {_e(when)}</p>',
+        _overview(rows),
+    ]
+    parts += [_section(i, r) for i, r in enumerate(rows)]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _overview(rows: list[dict[str, Any]]) -> str:
+    head = "<tr><th>target</th><th>implementation</th><th>examples</th><th>ex/s</th><th>result</th></tr>"
+    body = []
+    for i, r in enumerate(rows):
+        found = r.get("found")
+        result = f"FOUND {len(r.get('findings', []))} distinct" if found else "nothing found"
+        body.append(
+            f'<tr><td><a href="#row{i}">{_e(r["target"])}</a></td><td>{_e(r["impl"])}</td>'
+            f"<td>{r['examples']}</td><td>{r['per_second']:.1f}</td>"
+            f'<td class="{"found" if found else "clean"}">{_e(result)}</td></tr>'
+        )
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _section(i: int, r: dict[str, Any]) -> str:
+    parts = [f'<h2 id="row{i}">{_e(r["target"])} / {_e(r["impl"])}</h2>']
+    parts.append(
+        f"<p>{r['examples']} examples in {r.get('seconds', 0.0):.1f} s ({r['per_second']:.1f}/s), "
+        f"{r.get('runs', 1)} run(s)</p>"
+    )
+    parts.append(_closest(r))
+    parts += [_finding(f) for f in r.get("findings", [])]
+    parts.append("<h3>Trigger conditions reached</h3>" + _coverage(r))
+    parts.append("<h3>Throughput</h3>" + _throughput(r.get("timeline", [])))
+    return "\n".join(parts)
+
+
+def _closest(r: dict[str, Any]) -> str:
+    if not r.get("closest_pass_case"):
+        return '<p class="note">no example passed</p>'
+    bound = " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
+    return (
+        f"<p>closest pass: error/tolerance {r.get('closest_pass', 0.0):.3g}{_e(bound)} at "
+        f"<code>{_e(r['closest_pass_case'])}</code></p>"
+    )
+
+
+def _finding(f: dict[str, Any]) -> str:
+    margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
+    parts = [
+        f'<h3 class="found">{_e(f["kind"])}{_e(margin)}</h3>',
+        f"<p>case: <code>{_e(f['case'])}</code></p>",
+    ]
+    if f.get("file"):
+        parts.append(f"<p>failure file: <code>{_e(f['file'])}</code></p>")
+    if f.get("plot"):
+        parts.append(
+            f'<img alt="mismatch plot" src="data:image/png;base64,{f["plot"]}" style="max-width:100%">'
+        )
+    elif f.get("plot_missing"):
+        parts.append(f'<p class="note">{_e(f["plot_missing"])}</p>')
+    parts.append(f'<pre class="report">{_e(f.get("report", ""))}</pre>')
+    return "\n".join(parts)
+
+
+def _coverage(r: dict[str, Any]) -> str:
+    n, rows = r.get("examples", 0), []
+    for name, hits in r.get("triggers", {}).items():
+        share = hits / n if n else 0.0
+        rows.append(
+            f'<tr><td>{_e(name)}</td><td><span class="track"><span class="bar" '
+            f'style="width:{100 * share:.0f}%"></span></span></td><td>{100 * share:.0f}%</td></tr>'
+        )
+    return f"<table>{''.join(rows)}</table>" if rows else '<p class="note">none recorded</p>'
+
+
+def _throughput(timeline: list[list[float]]) -> str:
+    """Examples run over time, as an inline SVG line (the rate is its slope)."""
+    if len(timeline) < 2:
+        return '<p class="note">too short to draw</p>'
+    w, h, pad = 600, 180, 40
+    t_max = max(p[0] for p in timeline) or 1.0
+    n_max = max(p[1] for p in timeline) or 1
+    pts = " ".join(
+        f"{pad + (w - 2 * pad) * t / t_max:.1f},{h - pad - (h - 2 * pad) * n / n_max:.1f}"
+        for t, n, *_ in timeline
+    )
+    return (
+        f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg" role="img" '
+        f'aria-label="examples over time">'
+        f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#888"/>'
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#888"/>'
+        f'<polyline fill="none" stroke="#3a7bd5" stroke-width="2" points="{pts}"/>'
+        f'<text x="{pad}" y="{h - 10}" font-size="12">0 s</text>'
+        f'<text x="{w - pad - 40}" y="{h - 10}" font-size="12">{t_max:.0f} s</text>'
+        f'<text x="4" y="{pad - 8}" font-size="12">{n_max} examples</text></svg>'
+    )

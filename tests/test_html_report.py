@@ -1,0 +1,81 @@
+"""``shardfuzz fuzz ... --report DIR``: the page of a planted-bug campaign, opened in a real browser
+(headless chromium, Debian's package, which .ci/run installs) with no network: its DOM holds the
+finding's report and map, its plot is inline, and a screenshot is taken. In CI the test must run:
+a missing browser fails it there, and only skips it on a developer's machine."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from shardfuzz.frontends import cli
+from shardfuzz.frontends.testing import run_cli
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+#: every request the page made would go to this closed port (no network)
+NO_NETWORK = "--proxy-server=127.0.0.1:9"
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if IN_CI:
+            pytest.fail("chromium is missing in CI, where the report test must run; .ci/run installs it")
+        pytest.skip("chromium is not installed: apt-get install chromium")
+    return found
+
+
+def _browser(chromium: str, *args: str) -> subprocess.CompletedProcess:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", NO_NETWORK]
+    return subprocess.run([chromium, *flags, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_report_of_a_planted_bug_campaign_opens_in_a_browser_without_network(tmp_path):
+    chromium = _chromium()
+    report = tmp_path / "report"
+    out = run_cli(
+        "fuzz", "tp_mlp", "--impl", "missing_f_backward", "--max-examples", "30",
+        "--failures-dir", tmp_path / "failures", "--report", report,
+    )  # fmt: skip
+    assert out.returncode == cli.EXIT_FOUND, out.stdout + out.stderr
+    page = report / "index.html"
+    assert f"report: {page}" in out.stdout
+    text = page.read_text()
+    # self-contained: nothing to fetch (an SVG's xmlns is a name, not a request)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text), "the page fetches something"
+
+    dom = _browser(chromium, "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert "tp_mlp / missing_f_backward" in html and "FOUND 1 distinct" in html
+    assert "outputs mismatch the oracle" in html  # the finding's report
+    assert "map of the wrong elements" in html  # and its map
+    assert re.search(r'<img alt="mismatch plot" src="data:image/png;base64,[A-Za-z0-9+/=]{100,}', html)
+    assert "Trigger conditions reached" in html and "<polyline" in html  # coverage, throughput
+    assert "closest pass" in html
+
+    shot = tmp_path / "report.png"
+    taken = _browser(chromium, "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri())
+    assert taken.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", taken.stderr[-2000:]
+
+
+def test_a_report_folder_that_cannot_be_made_is_a_usage_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = run_cli("fuzz", "tp_mlp", "--max-examples", "1", "--report", blocker / "report")
+    assert out.returncode == cli.EXIT_USAGE, out.stdout + out.stderr
+    assert f"--report '{blocker / 'report'}': cannot make that folder" in out.stderr
+
+
+def test_what_a_run_wrote_is_escaped_on_the_page():
+    from shardfuzz.report.html_page import render
+
+    row = {
+        "target": "t<b>", "impl": "i", "examples": 3, "per_second": 1.0, "found": True, "seconds": 3.0,
+        "findings": [{"kind": "rank-error", "case": "Case(<x>)", "report": "ValueError: <script>alert(1)</script>"}],
+    }  # fmt: skip
+    page = render([row], "shardfuzz fuzz '<t>'")
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "t&lt;b&gt;" in page and "Case(&lt;x&gt;)" in page and "&#x27;&lt;t&gt;&#x27;" in page
