@@ -75,6 +75,7 @@ def test_a_terminal_gets_the_live_display_in_colour(tmp_path, terminal_env):
     assert CURSOR_UP in shown  # redrawn in place
     assert COLOUR.search(shown), "no colour on a terminal"
     assert "\x1b[1;31m" in shown  # the failing verdict in bold red
+    assert re.search(r"\x1b\[1;31mFOUND mismatch", shown)  # and the summary's
     # it ends with the plain line, then the finding's report
     assert re.search(r"\[ *[\d.]+s\] toy/wrong_rank1: \d+ examples", text)
     assert "1 of 4 outputs mismatch the oracle" in text

@@ -41,6 +41,7 @@ from shardfuzz.frontends.cli_args import (
     EXIT_USAGE,
     build_parser,
 )
+from shardfuzz.frontends.display import print_summary
 from shardfuzz.frontends.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.divergence import format_trace
@@ -164,7 +165,7 @@ def _cmd_fuzz(args: Any) -> int:
             interrupted = True
             break
     rows = [o.row(pictures=bool(args.report or args.pictures)) for o in outcomes]
-    print("\n" + campaign.summary_table(rows), flush=True)
+    print_summary(campaign.summary_table(rows), live=not args.no_progress)
     _write_summary(args.summary_json, rows)
     _write_report(args.report, rows)
     found = any(r["found"] for r in rows)
@@ -239,7 +240,7 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
         flush=True,
     )
     rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, parallel)
-    print("\n" + campaign.summary_table(rows), flush=True)
+    print_summary(campaign.summary_table(rows), live=not args.no_progress)
     _write_summary(args.summary_json, rows)
     _write_report(args.report, rows)
     found = any(r["found"] for r in rows)

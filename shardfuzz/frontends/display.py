@@ -12,6 +12,7 @@ width, colour and ``NO_COLOR`` are a well-kept library's business, not hand-writ
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -130,6 +131,19 @@ def live_lines(p: Progress) -> Any:
         row = cells[i : i + 2 * columns]
         bars.add_row(*row, *([Text("")] * (2 * columns - len(row))))
     return Group(status, clock, bars)
+
+
+def print_summary(table: str, live: bool, stream: TextIO | None = None) -> None:
+    """The campaign's summary table after a blank line; on a terminal (``live``) its verdicts in
+    colour: what was found in red, a clean result in green (none with ``NO_COLOR``)."""
+    out = stream if stream is not None else sys.stdout
+    if not (live and out.isatty()):
+        print("\n" + table, file=out, flush=True)
+        return
+    text = Text("\n" + table)
+    text.highlight_regex(r"FOUND [\w-]+", "bold red")
+    text.highlight_regex(r"nothing found", "green")
+    Console(file=out, highlight=False).print(text, soft_wrap=True)
 
 
 def display_for(stream: TextIO, interval: float, live: bool) -> PlainDisplay | LiveDisplay:
