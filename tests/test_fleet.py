@@ -171,10 +171,16 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
     kept = list(dirs[2].glob("*parity_bugs-gloo-*.json"))
     assert kept and all(json.loads(p.read_text())["kind"] for p in kept)
 
-    listed = run_cli("findings", url, "--fleet", fleet)
+    listed = run_cli("findings", url, "--fleet", fleet, "--report", tmp_path / "fleet-report")
     assert listed.returncode == 0, listed.stderr
     assert f"'{fleet}' at {url}: 2 findings" in listed.stdout
     assert listed.stdout.count("rerun: shardfuzz replay") == 2
+    # the fleet's page: every worker that beat, each finding with the report of its failure record
+    page = (tmp_path / "fleet-report" / "index.html").read_text()
+    assert page.count('<h3 class="found">') == 2 and page.count("outputs mismatch the oracle") >= 1, page[
+        :3000
+    ]
+    assert all(f"fleet finding {fid}" in page for fid in stored) and "rank 1 raised" in page, page[:3000]
 
     # a worker started after both are stored reports neither as new (the corpus replays them)
     late = dirs[3]

@@ -167,7 +167,7 @@ def _cmd_fuzz(args: Any) -> int:
     rows = [o.row(pictures=bool(args.report or args.pictures)) for o in outcomes]
     print_summary(campaign.summary_table(rows), live=not args.no_progress)
     _write_summary(args.summary_json, rows)
-    _write_report(args.report, rows)
+    _write_report(args.report, rows, args.command_line)
     found = any(r["found"] for r in rows)
     if RedisLost.lost is not None:
         print(
@@ -194,12 +194,12 @@ def _check_report(directory: str | None) -> None:
         raise InvalidArgument(f"--report {directory!r}: the folder is not writable")
 
 
-def _write_report(directory: str | None, rows: list[dict[str, Any]]) -> None:
+def _write_report(directory: str | None, rows: list[dict[str, Any]], command: str) -> None:
     if directory is None:
         return
     from shardfuzz.report.html_page import write_report
 
-    path = write_report(directory, rows, "shardfuzz " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    path = write_report(directory, rows, command)
     print(f"report: {path}", flush=True)
 
 
@@ -242,7 +242,7 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
     rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, parallel)
     print_summary(campaign.summary_table(rows), live=not args.no_progress)
     _write_summary(args.summary_json, rows)
-    _write_report(args.report, rows)
+    _write_report(args.report, rows, args.command_line)
     found = any(r["found"] for r in rows)
     if interrupted:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
@@ -360,6 +360,9 @@ def _cmd_repro(args: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
+    args.command_line = "shardfuzz " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
     if getattr(args, "parent_pid", None):
         die_with_parent(args.parent_pid)
     with sigterm_interrupts(args.command == "fuzz"):  # SIGTERM stops a campaign like Ctrl-C
@@ -387,8 +390,12 @@ def _main(args: Any) -> int:
         if args.command in ("findings", "status"):
             from shardfuzz.frontends import fleet_view
 
-            show = fleet_view.cmd_findings if args.command == "findings" else fleet_view.cmd_status
-            return show(args.url, args.fleet)
+            if args.command == "status":
+                return fleet_view.cmd_status(args.url, args.fleet)
+            _check_report(args.report)
+            code = fleet_view.cmd_findings(args.url, args.fleet)
+            _write_report(args.report, fleet_view.fleet_rows(args.url, args.fleet), args.command_line)
+            return code
     except InvalidArgument as e:
         print(f"shardfuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -383,4 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
         fl = sub.add_parser(name, help=what)
         fl.add_argument("url", type=_redis_url, metavar="redis://HOST:PORT/N")
         fl.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
+    sub.choices["findings"].add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="write DIR/index.html: the fleet's page (its workers and every finding with its report)",
+    )
     return p

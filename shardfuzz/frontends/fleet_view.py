@@ -52,6 +52,46 @@ def cmd_findings(url: str, fleet: str | None) -> int:
     return 0
 
 
+def fleet_rows(url: str, fleet: str | None) -> list[dict[str, Any]]:
+    """The fleet as the rows of a campaign's report (``findings --report``): a row per worker from
+    its last heartbeat, each finding under the worker that found it (a row of its own where that
+    worker's heartbeat has expired), with the report its failure record carries."""
+    store = _store(url, fleet)
+    rows: dict[str, dict[str, Any]] = {}
+    for w in store.workers():
+        if w.get("state") == "unreadable":
+            continue
+        n = int(w.get("examples") or 0)
+        rows[w["worker"]] = {
+            "target": str(w.get("target")),
+            "impl": f"{w.get('impl')} (worker {w['worker']}, {w['state']})",
+            "examples": n,
+            "per_second": float(w.get("per_second") or 0.0),
+            "runs": int(w.get("runs") or 0),
+            "found": False,
+            "findings": [],
+            "triggers": {t: round(float(x) * n) for t, x in (w.get("triggers") or {}).items()},
+        }
+    for d in store.findings():
+        row = rows.setdefault(
+            d["found_by"],
+            {"target": d["target"], "impl": f"{d['impl']} (worker {d['found_by']}, gone)", "examples": 0,
+             "per_second": 0.0, "found": False, "findings": []},
+        )  # fmt: skip
+        record = d.get("failure_file") or {}
+        row["found"] = True
+        row["findings"].append(
+            {
+                "kind": d["kind"],
+                "margin": d.get("margin"),
+                "case": d["case"],
+                "report": record.get("report", "(no failure record)"),
+                "file": f"fleet finding {d['id']}: {rerun_command(store.url, store.fleet, d['id'])}",
+            }
+        )
+    return list(rows.values())
+
+
 def format_status(store: FleetStore, workers: list[dict[str, Any]]) -> str:
     head = f"{'worker':<28} {'state':<11} {'target/impl':<28} {'examples':>8} {'ex/s':>6}  {'heartbeat':>9}  triggers"
     lines = [f"fleet {store.fleet!r} at {store.shown_url}: {len(workers)} workers", head, "-" * len(head)]

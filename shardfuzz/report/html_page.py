@@ -86,6 +86,8 @@ def _section(i: int, r: dict[str, Any]) -> str:
 
 
 def _closest(r: dict[str, Any]) -> str:
+    if "closest_pass" not in r:  # a fleet worker's heartbeat does not carry it
+        return '<p class="note">closest pass: not recorded</p>'
     if not r.get("closest_pass_case"):
         return '<p class="note">no example passed</p>'
     bound = " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
