@@ -29,9 +29,9 @@ def _text(shown: str) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)
 
 
-def _fuzz_on_a_terminal(tmp_path, *flags):
-    """``shardfuzz fuzz`` on the toy target's planted bug, its output on a pseudo-terminal of 120
-    columns: the exit code and everything the terminal received."""
+def _fuzz_on_a_terminal(tmp_path, *flags, impl="wrong_rank1", budget=("--max-examples", "10")):
+    """``shardfuzz fuzz`` on the toy target (its bug by default), its output on a pseudo-terminal:
+    the exit code and everything the terminal received."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     received = bytearray()
@@ -48,11 +48,12 @@ def _fuzz_on_a_terminal(tmp_path, *flags):
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    argv = ["fuzz", TOY, "--impl", "wrong_rank1", "--max-examples", "10", "--failures-dir", str(tmp_path)]
+    argv = ["fuzz", TOY, "--impl", impl, *budget, "--failures-dir", str(tmp_path)]
     with open(slave, "w", closefd=True) as terminal, contextlib.redirect_stdout(terminal):
         code = cli.main([*argv, "--progress-every", "0.2", *flags])
         terminal.flush()
     reader.join(10)
+    assert not reader.is_alive(), "the terminal was not read to its end"
     os.close(master)
     return code, received.decode("utf-8", "replace")
 
@@ -62,6 +63,7 @@ def terminal_env(monkeypatch):
     for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("COLUMNS", "120")  # rich reads the width of fds 0-2, not of the terminal given
     return monkeypatch
 
 
@@ -94,6 +96,15 @@ def test_no_progress_prints_plain_lines_on_a_terminal(tmp_path, terminal_env):
     assert code == cli.EXIT_FOUND, shown[-3000:]
     assert "distinct findings" not in shown and CURSOR_UP not in shown and not ESCAPE.search(shown)
     assert re.search(r"\[ *[\d.]+s\] toy/wrong_rank1: \d+ examples \([\d.]+/s\), \d+ failing", shown)
+
+
+def test_a_terminal_that_cannot_redraw_gets_plain_lines(tmp_path, terminal_env):
+    terminal_env.setenv("TERM", "dumb")  # an editor's shell: a live display would draw nothing there
+    code, shown = _fuzz_on_a_terminal(tmp_path, impl="reference", budget=("--duration", "1.5s"))
+    assert code == cli.EXIT_OK, shown[-3000:]
+    assert "distinct findings" not in shown and CURSOR_UP not in shown
+    lines = re.findall(r"\[ *[\d.]+s\] toy/reference: \d+ examples \([\d.]+/s\), \d+ failing", _text(shown))
+    assert len(lines) >= 3, shown  # a line every --progress-every (0.2 s) for 1.5 s, not only the last
 
 
 def test_a_log_gets_plain_lines_without_escape_codes(tmp_path, terminal_env):

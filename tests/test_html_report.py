@@ -79,3 +79,8 @@ def test_what_a_run_wrote_is_escaped_on_the_page():
     page = render([row], "shardfuzz fuzz '<t>'")
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "t&lt;b&gt;" in page and "Case(&lt;x&gt;)" in page and "&#x27;&lt;t&gt;&#x27;" in page
+
+
+def test_the_page_never_shows_a_database_password():
+    line = cli.command_line(["findings", "redis://:s3cret@db.example:6379/0", "--report", "out dir"])
+    assert "s3cret" not in line and "redis://" in line and "'out dir'" in line, line

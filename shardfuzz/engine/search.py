@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -93,17 +94,22 @@ class RepeatedCases:
         """Run ``case``, or with ``answer`` (a finding was made) hand back its first verdict. Before
         a finding only findings are kept (the first one is the case that comes next)."""
         key = repr(case) if answer else ""  # one line that rebuilds the case: equal cases, equal keys
-        if answer and key in self.verdicts and not current_build_context().is_final:
+        final = answer and current_build_context().is_final  # the replay Hypothesis reports: runs, kept as is
+        if answer and key in self.verdicts and not final:
             runner.stats.repeats += 1
             first = self.verdicts[key]
             if isinstance(first[0], BaseException):
-                raise first[0].with_traceback(first[1])  # the first run's traceback, not one per repeat
+                # a copy (whose choices the run's hooks set afresh) with the first run's traceback
+                again = copy.copy(first[0])
+                again.__dict__.update(vars(first[0]))
+                raise again.with_traceback(first[1])
             return first
         try:
             verdict = counted_run(runner, case)
         except (Unsupported, Finding) as e:
-            kept = answer or isinstance(e, Finding)
-            if kept and not isinstance(e, RankHang) and len(self.verdicts) < self.LIMIT:
+            kept = (answer or isinstance(e, Finding)) and not final and not isinstance(e, RankHang)
+            if kept and len(self.verdicts) < self.LIMIT:
+                traceback.clear_frames(e.__traceback__)  # keep where it was raised, not the frames' tensors
                 self.verdicts[key or repr(case)] = (e, e.__traceback__)
             raise
         if answer and len(self.verdicts) < self.LIMIT:

@@ -128,11 +128,14 @@ def _plot_of(f: Finding) -> dict[str, Any]:
         plot.require_matplotlib("--report")
     except InvalidArgument as e:  # the [plot] extra is optional: the page says how to get it
         return {"plot_missing": str(e)}
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "plot.png")
-        plot.plot_mismatch(diffs, path)
-        with open(path, "rb") as fh:
-            return {"plot": base64.b64encode(fh.read()).decode("ascii")}
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "plot.png")
+            plot.plot_mismatch(diffs, path)
+            with open(path, "rb") as fh:
+                return {"plot": base64.b64encode(fh.read()).decode("ascii")}
+    except Exception as e:  # noqa: BLE001 (a picture of a finding already reported: whatever breaks in matplotlib, the summary and the page are still written)
+        return {"plot_missing": f"the plot failed: {type(e).__name__}: {e}"}
 
 
 class Timeline(RunHooks):
@@ -207,10 +210,10 @@ def fuzz_one(
         return _progress(out, config.deadline, budget, now, shown)
 
     display = display_for(stream, interval, live)
-    display.start(progress)
     already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
-    fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
-    try:
+    try:  # started inside: a Ctrl-C during a slow first heartbeat still stops the display
+        display.start(progress)
+        fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
         with deadline.enforced() if deadline is not None else contextlib.nullcontext():
             _search_runs(out, config, recorder, fleet)
     except KeyboardInterrupt:

@@ -24,7 +24,7 @@ from typing import Any
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_tolerance_outputs, format_tolerance
 from shardfuzz.engine.hooks import grace_seconds
-from shardfuzz.engine.shared_db import RedisLost, is_redis_url
+from shardfuzz.engine.shared_db import RedisLost, is_redis_url, redact
 from shardfuzz.errors import (
     Finding,
     InfrastructureError,
@@ -115,6 +115,7 @@ def _fuzz_config(args: Any) -> RunConfig:
 
 def _cmd_fuzz(args: Any) -> int:
     config = _fuzz_config(args)  # a usage error starts no forkserver
+    _check_report(args.report)
     targets = args.targets or sorted(BUILTIN_TARGETS)
     if args.workers <= 1 and not (args.jobs > 1 and len(targets) > 1):  # else the children fuzz
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
@@ -127,7 +128,6 @@ def _cmd_fuzz(args: Any) -> int:
     if not args.config_json:  # a child job's parent checked every target
         check_tolerance_outputs([r.target for r in runners], config.tolerance, "--tolerance")
     recorder = FailureRecorder(config.failures_dir)  # checks the directory before any fuzzing
-    _check_report(args.report)
     if args.workers > 1:
         # fresh seeds in every worker: derandomized ones (the ci profile, or any profile under
         # Hypothesis' own CI settings) would all run the same examples
@@ -357,12 +357,16 @@ def _cmd_repro(args: Any) -> int:
     return EXIT_OK
 
 
+def command_line(argv: Sequence[str]) -> str:
+    """The command as typed, for a report meant to be shared: a redis:// URL's password never
+    shows (:func:`shardfuzz.engine.shared_db.redact`)."""
+    return "shardfuzz " + " ".join(shlex.quote(redact(str(a))) for a in argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
-    args.command_line = "shardfuzz " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
-    )
+    args.command_line = command_line(sys.argv[1:] if argv is None else argv)
     if getattr(args, "parent_pid", None):
         die_with_parent(args.parent_pid)
     with sigterm_interrupts(args.command == "fuzz"):  # SIGTERM stops a campaign like Ctrl-C

@@ -4,8 +4,8 @@ On a terminal, and without ``--no-progress``, :class:`LiveDisplay` redraws a few
 examples, rate, failing examples, distinct findings so far, elapsed and remaining time, and the
 trigger conditions reached as short bars. It is drawn with rich: cursor movement, the terminal's
 width, colour and ``NO_COLOR`` are a well-kept library's business, not hand-written escape codes
-(rich: widely used, pure Python, and honours ``NO_COLOR`` and ``TERM=dumb`` itself). Off a terminal
-(a pipe, a CI log) or with ``--no-progress``, :class:`PlainDisplay` prints one line every
+(rich: widely used, pure Python, and honours ``NO_COLOR`` itself). Off a terminal, on one that
+cannot redraw (``TERM=dumb``: a pipe, a CI log, an editor's shell) or with ``--no-progress``, :class:`PlainDisplay` prints one line every
 ``--progress-every`` seconds (:func:`progress_line`), which a log keeps readable.
 """
 
@@ -86,9 +86,10 @@ class LiveDisplay:
     def start(self, progress: Callable[[], Progress]) -> None:
         self._live = Live(
             console=self.console,
-            get_renderable=lambda: live_lines(progress()),
+            get_renderable=lambda: live_lines(progress(), self.console.width),
             refresh_per_second=LIVE_REFRESH_PER_S,
             transient=True,  # the final line replaces it, so a scrolled-back terminal reads like a log
+            redirect_stderr=False,  # stderr may be another file (2>err.log): what goes there stays there
         )
         self._live.start()
 
@@ -108,14 +109,16 @@ def verdict_style(p: Progress) -> str:
     return "bold red" if p.failing or p.findings else "green"
 
 
-def live_lines(p: Progress) -> Any:
-    """The live display: a status line, the time line, then a bar for each condition shown."""
+def live_lines(p: Progress, width: int = 120) -> Any:
+    """The live display: a status line, the time line, then a bar for each condition shown, as many
+    to a row as ``width`` columns hold (up to 3)."""
     status = Text(f"{p.label}: {p.examples} examples ({p.rate:.1f}/s), ")
     status.append(f"{p.failing} failing, {p.findings} distinct findings", style=verdict_style(p))
     left = f", about {p.remaining:.0f} s left" if p.remaining is not None else ""
     clock = Text(f"{p.elapsed:.0f} s elapsed{left}", style="dim")
     bars = Table.grid(padding=(0, 1))
-    columns = 3
+    widest = max((len(name) for name, _ in p.triggers), default=0) + BAR_CELLS + 7  # name, bar, " 100%"
+    columns = max(1, min(3, width // widest))
     for _ in range(columns):
         bars.add_column(no_wrap=True)
         bars.add_column(no_wrap=True)
@@ -148,7 +151,6 @@ def print_summary(table: str, live: bool, stream: TextIO | None = None) -> None:
 
 def display_for(stream: TextIO, interval: float, live: bool) -> PlainDisplay | LiveDisplay:
     """The live display where ``live`` is asked for and ``stream`` is a terminal, else plain lines."""
-    isatty = getattr(stream, "isatty", None)
-    if live and isatty is not None and isatty():
+    if live and Console(file=stream).is_interactive:  # not TERM=dumb, where Live draws nothing
         return LiveDisplay(stream)
     return PlainDisplay(stream, interval)

@@ -12,10 +12,14 @@ from __future__ import annotations
 import datetime
 import html
 import os
+import re
+import tempfile
 from typing import Any
 
 #: the page's file name inside the report folder
 PAGE = "index.html"
+#: what an inline plot must be: base64 and nothing else (it goes into an attribute)
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
@@ -33,8 +37,9 @@ def write_report(directory: str, rows: list[dict[str, Any]], command: str = "") 
     """Write the page of a campaign's ``rows`` into ``directory`` (made if missing); its path."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, PAGE)
-    with open(path, "w", encoding="utf-8") as f:
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as f:
         f.write(render(rows, command))
+    os.replace(f.name, path)  # whole or not at all: a page being read is never half written
     return path
 
 
@@ -74,9 +79,9 @@ def _overview(rows: list[dict[str, Any]]) -> str:
 
 def _section(i: int, r: dict[str, Any]) -> str:
     parts = [f'<h2 id="row{i}">{_e(r["target"])} / {_e(r["impl"])}</h2>']
+    took = f" in {r['seconds']:.1f} s" if isinstance(r.get("seconds"), (int, float)) else ""
     parts.append(
-        f"<p>{r['examples']} examples in {r.get('seconds', 0.0):.1f} s ({r['per_second']:.1f}/s), "
-        f"{r.get('runs', 1)} run(s)</p>"
+        f"<p>{r['examples']} examples{took} ({r['per_second']:.1f}/s), {r.get('runs', 1)} run(s)</p>"
     )
     parts.append(_closest(r))
     parts += [_finding(f) for f in r.get("findings", [])]
@@ -98,14 +103,14 @@ def _closest(r: dict[str, Any]) -> str:
 
 
 def _finding(f: dict[str, Any]) -> str:
-    margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
+    margin = f", margin {f['margin']:.3g}x" if isinstance(f.get("margin"), (int, float)) else ""
     parts = [
         f'<h3 class="found">{_e(f["kind"])}{_e(margin)}</h3>',
         f"<p>case: <code>{_e(f['case'])}</code></p>",
     ]
     if f.get("file"):
         parts.append(f"<p>failure file: <code>{_e(f['file'])}</code></p>")
-    if f.get("plot"):
+    if isinstance(f.get("plot"), str) and _BASE64.fullmatch(f["plot"]):
         parts.append(
             f'<img alt="mismatch plot" src="data:image/png;base64,{f["plot"]}" style="max-width:100%">'
         )
