@@ -372,9 +372,9 @@ PLANTED = [
         "all-reduces its buckets; the averages add up to the right gradient, with micro x the "
         "communication (also karpathy/nanochat#33)",
         Expect(
-            "communication",
-            1,
-            (1,),
+            kind="communication",
+            world_size=1,
+            mesh=(1,),
             uneven=None,
             check=lambda c: c.options["micro"] == 2,
             note="2 micro-steps",
@@ -388,9 +388,9 @@ PLANTED = [
         "overlap; what DDP itself does in its first iteration): right values and bytes, one "
         "collective larger than any bucket",
         Expect(
-            "communication",
-            1,
-            (1,),
+            kind="communication",
+            world_size=1,
+            mesh=(1,),
             uneven=None,
             check=lambda c: len(buckets(c)) >= 2,
             note="cap 1 byte: a bucket per parameter",
@@ -402,7 +402,7 @@ PLANTED = [
         "double_average",
         "gradients divided by the world size twice: the loss divided by it by hand and the "
         "bucket averaged again (right at 1 rank)",
-        Expect("mismatch", 2, (2,), uneven=None),
+        Expect(kind="mismatch", world_size=2, mesh=(2,), uneven=None),
         p95=1,
         link="sanderwood/bgpt#5",
     ),
@@ -411,9 +411,9 @@ PLANTED = [
         "a bucket's ready count starts at 1, so it fires before its last gradient is in; that "
         "gradient stays local, unreduced (needs a bucket of 2+ parameters and 2+ ranks)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: any(len(b) > 1 for b in buckets(c)),
             note="a bucket of 2 parameters",
@@ -428,9 +428,9 @@ PLANTED = [
         "unused parameter is never reduced, so the used gradients beside it stay local (needs "
         "an unused parameter sharing a bucket, and 2+ ranks)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: c.options["unused"] and shares_bucket(c, HEAD),
             note="the unused parameter shares a bucket",
@@ -453,7 +453,12 @@ EXPECTED = [
         "pytorch/pytorch#187732, which also reports wrong gradients from the second iteration "
         "once unblocked); fuzz the rest with --exclude \"options['micro'] >= 2\"",
         Expect(
-            "rank-error", 1, (1,), uneven=None, check=lambda c: c.options["micro"] == 2, note="2 micro-steps"
+            kind="rank-error",
+            world_size=1,
+            mesh=(1,),
+            uneven=None,
+            check=lambda c: c.options["micro"] == 2,
+            note="2 micro-steps",
         ),
         p95=1,
         link="pytorch/pytorch#143580",
@@ -467,9 +472,9 @@ EXPECTED = [
         "last micro-step of a loop is silently wrong. _check_reducer_finalized() after "
         "backward catches it (torch_ddp calls it)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: c.options["unused"] and c.options["steps"] == 1,
             note="an unused parameter, 1 step",

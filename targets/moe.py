@@ -382,7 +382,7 @@ PLANTED = [
         "logged_expert_counts",
         "the tokens-per-expert counts all-reduced a second time for a load-balance log (they were "
         "already summed for the aux loss): right values, one collective too many",
-        Expect("communication", 1, (1,), uneven=None, note="any case"),
+        Expect(kind="communication", world_size=1, mesh=(1,), uneven=None, note="any case"),
         p95=1,
     ),
     PlantedBug(
@@ -391,9 +391,9 @@ PLANTED = [
         "top-2 gating without `locations2 += sum(mask1)`), so second choices overflow the capacity "
         "(needs top_k >= 2 and a capacity that drops)",
         Expect(
-            "mismatch",
-            (1, 2),
-            None,
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
             uneven=None,
             check=lambda c: c.options["top_k"] == 2 and c.options["capacity_factor"] is not None,
             note="top_k 2, a capacity that drops",
@@ -406,7 +406,12 @@ PLANTED = [
         "received tokens matched to local experts by the global expert id, not shifted by the rank's "
         "first expert; rank 0 right (needs a second rank that holds experts)",
         Expect(
-            "mismatch", (2,), None, uneven=None, check=lambda c: c.sizes["experts"] >= 2, note="2 experts"
+            kind="mismatch",
+            world_size=(2,),
+            mesh=None,
+            uneven=None,
+            check=lambda c: c.sizes["experts"] >= 2,
+            note="2 experts",
         ),
         p95=1,
         link="flashinfer-ai/flashinfer#3547",
@@ -415,7 +420,14 @@ PLANTED = [
         "empty_expert_grad_none",
         "an expert with no tokens keeps grad=None, so the optimizer skips its weight decay; gradients "
         "look right, only the weights after the step are wrong",
-        Expect("mismatch", (1, 2), None, uneven=None, outputs=("w1_next", "w2_next"), note="an empty expert"),
+        Expect(
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
+            uneven=None,
+            outputs=("w1_next", "w2_next"),
+            note="an empty expert",
+        ),
         p95=1,
         link="NVIDIA-NeMo/Automodel#2995",
     ),
@@ -424,9 +436,9 @@ PLANTED = [
         "top-1 gate renormalised to 1, so the router gets no gradient from the main loss (top_k=1 "
         "with a real choice between experts)",
         Expect(
-            "mismatch",
-            (1, 2),
-            None,
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
             uneven=None,
             check=lambda c: c.options["top_k"] == 1 and c.sizes["experts"] >= 2,
             note="top_k 1, 2 experts",
@@ -439,9 +451,9 @@ PLANTED = [
         "aux loss counts the assignments left after capacity dropping (needs a capacity that drops "
         "something; not distributed)",
         Expect(
-            "mismatch",
-            (1, 2),
-            None,
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
             uneven=None,
             check=lambda c: c.options["capacity_factor"] is not None,
             # the aux loss, and (seen by the tight bound) the gradients it reaches
@@ -455,14 +467,21 @@ PLANTED = [
         "skip_empty_backward",
         "a rank that received no tokens leaves the autograd graph and skips the backward all-to-all; "
         "its peers hang (a rank that receives nothing, next to one that receives something)",
-        Expect("hang", (2,), None, uneven=None, timeout=2.0, note="1 expert"),
+        Expect(kind="hang", world_size=(2,), mesh=None, uneven=None, timeout=2.0, note="1 expert"),
         p95=1,
     ),
     PlantedBug(
         "bf16_exp2",
         "bf16 fast router softmax computes exp as exp2 without the log2(e) factor (gates, aux loss "
         "and router gradient off); fp32 and fp64 right",
-        Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
+        Expect(
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
+            uneven=None,
+            check=lambda c: c.dtype == "bfloat16",
+            note="bfloat16",
+        ),
         p95=1,
     ),
 ]

@@ -298,7 +298,14 @@ PLANTED = [
         "loss_not_divided_by_m",
         "each micro-batch's loss is its own mean, not divided by the number of micro-batches, so "
         "the loss and every gradient are M times the whole batch's (right on 1 micro-batch)",
-        Expect("mismatch", 1, None, uneven=None, check=lambda c: _m(c) == 2, note="2 micro-batches"),
+        Expect(
+            kind="mismatch",
+            world_size=1,
+            mesh=None,
+            uneven=None,
+            check=lambda c: _m(c) == 2,
+            note="2 micro-batches",
+        ),
         p95=2,
         link="pytorch/torchtitan#2972",
     ),
@@ -308,9 +315,9 @@ PLANTED = [
         "before its first backward (values right; the order is not 1F1B's, more activations live "
         "at once, and on a blocking transport the stages deadlock)",
         Expect(
-            "mismatch",
-            1,
-            None,
+            kind="mismatch",
+            world_size=1,
+            mesh=None,
             uneven=None,
             outputs=("bubble",),
             check=lambda c: _m(c) == 2,
@@ -326,9 +333,9 @@ PLANTED = [
         "backwarded: right under 1F1B (the last stage alternates F and B of the same micro-batch), "
         "stale under GPipe with 2+ micro-batches",
         Expect(
-            "mismatch",
-            1,
-            None,
+            kind="mismatch",
+            world_size=1,
+            mesh=None,
             uneven=None,
             outputs=("grad_w", "grad_b"),
             check=lambda c: _m(c) == 2,
@@ -341,7 +348,7 @@ PLANTED = [
         "grad_to_next_stage",
         "input gradients sent to the ring's next stage (s + 1) % P instead of s - 1: the same peer "
         "on 2 stages, on 3 or more the previous stage waits for a gradient that went elsewhere",
-        Expect("hang", 3, (3,), uneven=None, timeout=2.0, note="3 stages"),
+        Expect(kind="hang", world_size=3, mesh=(3,), uneven=None, timeout=2.0, note="3 stages"),
         p95=1,
         link="NVIDIA/Megatron-LM#1450",
     ),
@@ -350,9 +357,9 @@ PLANTED = [
         "1F1B warm-up P - rank - 1 not clamped to M: with fewer micro-batches than the warm-up, the "
         "first stage asks for micro-batches that do not exist (IndexError)",
         Expect(
-            "rank-error",
-            3,
-            (3,),
+            kind="rank-error",
+            world_size=3,
+            mesh=(3,),
             uneven=None,
             check=lambda c: _m(c) == 1,
             note="1F1B, 1 micro-batch",
@@ -365,7 +372,7 @@ PLANTED = [
         "logged_loss_broadcast",
         "the last stage broadcasts the loss to every stage for logging: right values, one "
         "collective more than the pipeline needs",
-        Expect("communication", 1, None, uneven=None, note="1 stage, any case"),
+        Expect(kind="communication", world_size=1, mesh=None, uneven=None, note="1 stage, any case"),
         p95=1,
     ),
 ]

@@ -256,7 +256,12 @@ PLANTED = [
         "the pieces summed in float64 'for accuracy' (each element has one nonzero piece, so the "
         "sums are exact anyway): right values, 2-4x the bytes",
         Expect(
-            "communication", 2, None, uneven=None, check=lambda c: c.dtype != "float64", note="not float64"
+            kind="communication",
+            world_size=2,
+            mesh=None,
+            uneven=None,
+            check=lambda c: c.dtype != "float64",
+            note="not float64",
         ),
         p95=1,
     ),
@@ -265,9 +270,9 @@ PLANTED = [
         "destination shards cut by tensor_split's rule ([2, 1, 1]) where DTensor chunks ([2, 2, 0]): "
         "the rules agree on 2 ranks and on even sizes",
         Expect(
-            "layout",
-            3,
-            (3,),
+            kind="layout",
+            world_size=3,
+            mesh=(3,),
             uneven=None,  # the other dim shrinks to 1, uneven too
             check=lambda c: (
                 len(placements(c, "dst")[0]) == 2 and c.sizes[f"d{placements(c, 'dst')[0][1]}"] == 4
@@ -282,9 +287,9 @@ PLANTED = [
         "every Replicate copy summed into the global tensor, not one per replica: a Replicate "
         "source counted world-size times",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,  # sizes shrink to 1: uneven on 2 ranks, and beside the point
             check=lambda c: placements(c, "src") == ("R",),
             note="Replicate source",
@@ -296,9 +301,9 @@ PLANTED = [
         "a Partial source made of full copies, not of terms that sum to the tensor (each rank's "
         "local piece is the whole value): the Partial axis counts it once per rank",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,  # sizes shrink to 1: uneven on 2 ranks, and beside the point
             check=lambda c: placements(c, "src") == ("P",),
             note="Partial source",

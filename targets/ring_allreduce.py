@@ -186,9 +186,9 @@ PLANTED = [
         "right values, but the ranks next to the big chunk send up to n - 1 elements more per phase "
         "(needs 3+ ranks and an uneven size; on 2 ranks each rank sends one chunk per phase)",
         Expect(
-            "communication",
-            3,
-            (3,),
+            kind="communication",
+            world_size=3,
+            mesh=(3,),
             uneven=("numel",),
             note="2 elements (chunks [0, 0, 2], not [1, 1, 0])",
             check=lambda c: c.sizes["numel"] == 2,
@@ -201,7 +201,7 @@ PLANTED = [
         "all-gather phase starts one chunk early: each rank forwards a partial sum, not the chunk it "
         "owns, and overwrites the reduced one (an indexing bug in the all-gather step of a "
         "reduce-scatter + all-gather all-reduce)",
-        Expect("mismatch", 2, (2,), uneven=None, note="any size"),
+        Expect(kind="mismatch", world_size=2, mesh=(2,), uneven=None, note="any size"),
         p95=1,
         link="NVIDIA/FasterTransformer#672",
     ),
@@ -211,9 +211,9 @@ PLANTED = [
         "on 3 ranks one chunk is never reduced and another twice; on 1 element the sum is right "
         "and only the bytes show it (the only chunk is sent on every step)",
         Expect(
-            ("communication", "mismatch"),
-            3,
-            (3,),
+            kind=("communication", "mismatch"),
+            world_size=3,
+            mesh=(3,),
             uneven=("numel",),
             check=lambda c: c.sizes["numel"] in (1, 2),
             note="1 element (values right, bytes over) or 2 (a chunk never reduced), as met first",
@@ -225,7 +225,7 @@ PLANTED = [
         "floor_chunks",
         "uneven chunks sized with floor division (S // n each): the last S % n elements never go "
         "round the ring and keep each rank's own values (right on even sizes)",
-        Expect("mismatch", 2, (2,), uneven=("numel",)),
+        Expect(kind="mismatch", world_size=2, mesh=(2,), uneven=("numel",)),
         p95=1,
     ),
     PlantedBug(
@@ -233,7 +233,12 @@ PLANTED = [
         "chunks cut with Tensor.chunk(n), which returns fewer than n pieces when the last would be "
         "empty (1 element on 2 ranks: one piece): IndexError",
         Expect(
-            "rank-error", 2, (2,), uneven=("numel",), note="1 element", check=lambda c: c.sizes["numel"] == 1
+            kind="rank-error",
+            world_size=2,
+            mesh=(2,),
+            uneven=("numel",),
+            note="1 element",
+            check=lambda c: c.sizes["numel"] == 1,
         ),
         p95=1,
         link="pytorch/pytorch#9382",
@@ -243,9 +248,9 @@ PLANTED = [
         "partial sums sent and accumulated in bfloat16 whatever the data's dtype (a bf16 reduce dtype "
         "on float32 gradients): bf16 runs right, float32 and float64 rounded to 8 bits",
         Expect(
-            "mismatch",
-            1,
-            (1,),
+            kind="mismatch",
+            world_size=1,
+            mesh=(1,),
             uneven=None,
             check=lambda c: c.dtype != "bfloat16",
             note="float32 or float64 (the result is cast through the wire dtype on 1 rank too)",
@@ -260,9 +265,9 @@ PLANTED = [
         "sum beyond it arrives as inf. Needs bfloat16 data, 2+ ranks (one rank sends nothing) and "
         "a value near float16's limit: the edge profile's max",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: c.dtype == "bfloat16" and c.options.get("edge") == "max",
             note="bfloat16 with an edge value past float16's range",

@@ -354,7 +354,7 @@ PLANTED = [
         "pad_to_full_sequence",
         "every K/V block padded to the whole sequence, not to the longest shard, before it travels: "
         "right values, sp times the bytes",
-        Expect("communication", 2, (2,), uneven=None, note="any case with 2 ranks"),
+        Expect(kind="communication", world_size=2, mesh=(2,), uneven=None, note="any case with 2 ranks"),
         p95=1,
     ),
     PlantedBug(
@@ -363,9 +363,9 @@ PLANTED = [
         "the causal paths slice by the real length (needs an uneven sequence and non-causal "
         "attention at once; a saturated softmax would hide it)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=("seq",),
             check=lambda c: _variant(c) == "full",
             note="non-causal, uneven seq",
@@ -378,9 +378,9 @@ PLANTED = [
         "LSE merge log(1 + exp(lse_b - lse)) overflows in float32 for logit gaps above ~88",
         # a large logit gap between the blocks' LSEs (a drawn logit_scale)
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,  # needs neither: the gap decides, and shrinking may end on either
             check=lambda c: _variant(c) == "full" and c.options["logit_scale"] > 1,
             note="logit_scale 30",
@@ -393,9 +393,9 @@ PLANTED = [
         "causal mask applied on every ring step, not only the diagonal one",
         # the off-diagonal block must be wider than one key: seq 3 on 2 ranks is [2, 1]
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=("seq",),
             check=lambda c: _variant(c) == "causal" and c.sizes["seq"] == 3,
             note="causal, seq 3",
@@ -406,7 +406,9 @@ PLANTED = [
     PlantedBug(
         "zigzag_inverted_branch",
         "zigzag test for a block from an earlier rank inverted (the inverted skip test)",
-        Expect("mismatch", 2, (2,), check=lambda c: _variant(c) == "zigzag", note="zigzag"),
+        Expect(
+            kind="mismatch", world_size=2, mesh=(2,), check=lambda c: _variant(c) == "zigzag", note="zigzag"
+        ),
         p95=4,
         link="zhuzilin/ring-flash-attention 4072701",
     ),
@@ -415,9 +417,9 @@ PLANTED = [
         "backward ring recomputes every step with the K/V of step 0 while dK/dV still travel; "
         "the forward is right",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             check=lambda c: _variant(c) == "full",
             outputs=lambda outs: set(outs) <= set(GRADIENTS),
         ),
@@ -430,9 +432,9 @@ PLANTED = [
         # at 3 ranks it needs the causal bookkeeping, or uneven blocks (read with the wrong source's
         # length) in the non-causal variant: either is minimal
         Expect(
-            "mismatch",
-            3,
-            (3,),
+            kind="mismatch",
+            world_size=3,
+            mesh=(3,),
             uneven=None,
             check=lambda c: (
                 (_variant(c) == "causal" and not uneven_sizes(c))
@@ -446,7 +448,14 @@ PLANTED = [
         "bf16_exp2",
         "bf16 fast kernel's block softmax computes exp as exp2 without the log2(e) factor (the "
         "backward keeps exp); fp32 and fp64 right",
-        Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
+        Expect(
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
+            uneven=None,
+            check=lambda c: c.dtype == "bfloat16",
+            note="bfloat16",
+        ),
         p95=2,
     ),
 ]
@@ -467,9 +476,9 @@ EXPECTED = [
         "(gloo EnforceNotMet 'Received data size doesn't match expected size'); torch requires "
         "seq % cp == 0",
         Expect(
-            "rank-error",
-            2,
-            (2,),
+            kind="rank-error",
+            world_size=2,
+            mesh=(2,),
             uneven=("seq",),
             check=lambda c: c.sizes["seq"] == 3,
             note="seq 3",
@@ -485,9 +494,9 @@ EXPECTED = [
         "error: it cuts each rank's block in two halves (longer blocks pass, odd ones too: seq 6 on "
         "2 ranks, 9 on 3)",
         Expect(
-            "rank-error",
-            2,
-            (2,),
+            kind="rank-error",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: c.options["variant"] == "zigzag" and c.sizes["seq"] == 2,
             note="zigzag, seq 2",
@@ -500,7 +509,9 @@ EXPECTED = [
         "torch_cp_ring_float64",
         "torch's context-parallel ring merges the blocks in float32 (_cp_options.convert_to_f32, on "
         "by default) also for float64 inputs, so its float64 LSE is only float32-accurate",
-        Expect("mismatch", 1, (1,), check=lambda c: c.dtype == "float64", note="float64"),
+        Expect(
+            kind="mismatch", world_size=1, mesh=(1,), check=lambda c: c.dtype == "float64", note="float64"
+        ),
         p95=1,
         impl=bind(TORCH_RING, even_only=True, float64=True),
     ),

@@ -232,7 +232,7 @@ PLANTED = [
         "q, k and v each sent in an all-to-all of their own, forward and backward, where one packed "
         "all-to-all carries all three: right values and bytes, 4 collectives too many (4 alpha "
         "latencies per layer)",
-        Expect("communication", 2, (2,), uneven=None, note="any case with 2 ranks"),
+        Expect(kind="communication", world_size=2, mesh=(2,), uneven=None, note="any case with 2 ranks"),
         p95=1,
     ),
     PlantedBug(
@@ -241,9 +241,9 @@ PLANTED = [
         "rule for seqlen_k > seqlen_q), so queries see future keys: right on even sequences and "
         "without causal (needs causal attention and an uneven sequence)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=("seq",),
             check=lambda c: c.options["causal"],
             note="causal",
@@ -257,9 +257,9 @@ PLANTED = [
         "(and with one token per rank; also deepspeedai/DeepSpeed#5808)",
         # seq 3 on 2 ranks is [2, 1]: rank 0 receives 2 tokens per chunk
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=("seq",),
             check=lambda c: c.sizes["batch"] == 2 and c.sizes["seq"] == 3,
             note="batch 2, seq 3",
@@ -271,9 +271,9 @@ PLANTED = [
         "local_rope_positions",
         "RoPE positions arange(local_len) instead of global; rank 0 is right, a head_dim of 1 has no rotary pair",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             check=lambda c: c.sizes["head_dim"] == 2 and c.sizes["seq"] == 2,
             note="seq 2, head_dim 2",
         ),
@@ -286,9 +286,9 @@ PLANTED = [
         "kv_heads % sp != 0 (MHA unaffected)",
         # 1 KV head, 2 Q heads, sp 2
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             check=lambda c: c.sizes["kv_heads"] == 1 and c.sizes["q_per_kv"] == 2,
             note="1 KV head, 2 Q heads",
         ),
@@ -300,9 +300,9 @@ PLANTED = [
         "backward all-to-all sends gradients in bf16 (a gradient cast to a fixed dtype): wrong only in "
         "fp32/fp64 backward, and sp 1 has no all-to-all",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             check=lambda c: c.dtype == "float32",
             outputs=lambda outs: set(outs) <= set(GRADIENTS),
             note="float32",
@@ -313,7 +313,14 @@ PLANTED = [
         "bf16_exp2",
         "bf16 fast attention kernel computes the softmax's exp as exp2 without the log2(e) factor; "
         "fp32 and fp64 right",
-        Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
+        Expect(
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
+            uneven=None,
+            check=lambda c: c.dtype == "bfloat16",
+            note="bfloat16",
+        ),
         p95=2,
     ),
     PlantedBug(
@@ -323,9 +330,9 @@ PLANTED = [
         "GQA's contiguous groups need them interleaved (k0 k0 k1 k1); right with one KV head, so it "
         "needs a group of 4 holding 2 KV heads (group%kv_heads==0)",
         Expect(
-            "mismatch",
-            4,
-            (4,),
+            kind="mismatch",
+            world_size=4,
+            mesh=(4,),
             uneven=None,
             check=lambda c: c.sizes["kv_heads"] == 2 and c.sizes["q_per_kv"] == 2,
             note="2 KV heads, 2 Q heads each",

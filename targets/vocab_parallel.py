@@ -293,7 +293,13 @@ PLANTED = [
         "gathered_max",
         "the global max of the logits found by all-gathering every rank's logits (the naive way), "
         "not by a MAX all-reduce of each rank's max: right values, vocab / tp times the bytes",
-        Expect("communication", (2, 3), None, uneven=None, note="3 ranks, or a wider vocab on 2"),
+        Expect(
+            kind="communication",
+            world_size=(2, 3),
+            mesh=None,
+            uneven=None,
+            note="3 ranks, or a wider vocab on 2",
+        ),
         p95=2,
     ),
     PlantedBug(
@@ -301,9 +307,9 @@ PLANTED = [
         "label smoothing divides by the local vocab size x tp, as if the split were even: right on "
         "even vocabularies and without smoothing (needs an uneven vocab and smoothing > 0)",
         Expect(
-            "mismatch",
-            (2, 3),  # 3 ranks of vocab 2 ([1, 1, 0]) or 2 of vocab 3
-            None,
+            kind="mismatch",
+            world_size=(2, 3),  # 3 ranks of vocab 2 ([1, 1, 0]) or 2 of vocab 3
+            mesh=None,
             uneven=("vocab",),
             check=lambda c: c.options["smoothing"] == 0.1,
             note="smoothing 0.1",
@@ -314,7 +320,13 @@ PLANTED = [
     PlantedBug(
         "local_smoothing",
         "label smoothing uses the local vocab size and local mean (tp > 1 and smoothing > 0)",
-        Expect("mismatch", 2, (2,), check=lambda c: c.options["smoothing"] == 0.1, note="smoothing 0.1"),
+        Expect(
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
+            check=lambda c: c.options["smoothing"] == 0.1,
+            note="smoothing 0.1",
+        ),
         p95=1,
         link="NVIDIA/Megatron-LM#737",
     ),
@@ -323,9 +335,9 @@ PLANTED = [
         "token ids not shifted by the rank's vocab offset; rank 0 is right, and so is a rank holding "
         "one row (an expert-id bug's pattern, in an embedding)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             check=lambda c: c.options["smoothing"] == 0.0 and c.sizes["vocab"] == 4,
             note="vocab 4",
         ),
@@ -336,7 +348,14 @@ PLANTED = [
         "bf16_exp2",
         "bf16 fast cross-entropy kernel computes exp as exp2 without the log2(e) factor (a softmax at "
         "temperature 1/ln 2); fp32 and fp64 right",
-        Expect("mismatch", (1, 2), None, uneven=None, check=lambda c: c.dtype == "bfloat16", note="bfloat16"),
+        Expect(
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
+            uneven=None,
+            check=lambda c: c.dtype == "bfloat16",
+            note="bfloat16",
+        ),
         p95=2,
     ),
 ]
@@ -358,9 +377,9 @@ EXPECTED = [
         "loss_parallel's backward with class weights and ignored labels gathers the weights at the "
         "raw labels, -100 included: IndexError 'index -100 is out of bounds'",
         Expect(
-            "rank-error",
-            1,
-            (1,),
+            kind="rank-error",
+            world_size=1,
+            mesh=(1,),
             check=lambda c: c.options["class_weight"] and c.options["ignore_index"],
             note="class weights and one ignored label",
             exclude=(_NO_CLASS,),
@@ -374,9 +393,9 @@ EXPECTED = [
         "ranks are [1, 1, 0]) gathers from an empty shard: 'index 0 is out of bounds for dimension "
         "1 with size 0'",
         Expect(
-            "rank-error",
-            3,
-            (3,),
+            kind="rank-error",
+            world_size=3,
+            mesh=(3,),
             uneven=("vocab",),
             check=lambda c: c.sizes["vocab"] == 2,
             note="vocab 2",
@@ -390,9 +409,9 @@ EXPECTED = [
         "loss_parallel ignores label smoothing without an error (its docstring says 'not "
         "supported'): the loss and gradients of any smoothing > 0 are those of smoothing 0",
         Expect(
-            "mismatch",
-            1,
-            (1,),
+            kind="mismatch",
+            world_size=1,
+            mesh=(1,),
             check=lambda c: c.options["smoothing"] == 0.1,
             note="smoothing 0.1",
             exclude=(_WEIGHT_IGNORE, _NO_CLASS),

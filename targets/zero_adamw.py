@@ -485,9 +485,9 @@ PLANTED = [
         "stages 2 and 3 reduce the whole gradient (an all-reduce) and keep their slice, where a "
         "reduce-scatter sends each rank only its own: right values, g times the gradient bytes",
         Expect(
-            "communication",
-            2,
-            (2,),
+            kind="communication",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: c.options["stage"] >= 2,
             note="stage 2 or 3",
@@ -498,9 +498,9 @@ PLANTED = [
         "local_grad_norm",
         "clipping norm of the local shard only, never all-reduced (needs 2+ ranks and an active clip)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: c.options["clip_factor"] == 0.5,
             outputs=("exp_avg", "exp_avg_sq"),
@@ -514,9 +514,9 @@ PLANTED = [
         "an initialisation step advances the Adam step counter, so the first real update uses step-2 "
         "bias correction (also deepspeedai/DeepSpeed#5104, NVIDIA/Megatron-LM#5974)",
         Expect(
-            "mismatch",
-            1,
-            (1,),
+            kind="mismatch",
+            world_size=1,
+            mesh=(1,),
             uneven=None,
             check=lambda c: c.options["steps"] == 1,
             outputs=("param", "step"),
@@ -530,9 +530,9 @@ PLANTED = [
         "real-element count assumes all padding on the last rank; with padding on several ranks (1 "
         "element on 3 ranks: [1, 0, 0]) taking the shard raises, as in deepspeedai/DeepSpeed#6918",
         Expect(
-            "rank-error",
-            3,
-            (3,),
+            kind="rank-error",
+            world_size=3,
+            mesh=(3,),
             uneven=None,
             check=lambda c: padding_spans_ranks(c) and c.sizes["numel"] == 1,
             note="1 element ([1, 0, 0])",
@@ -544,9 +544,9 @@ PLANTED = [
         "padding_in_norm",
         "padding summed into the clipping norm (needs padding, an odd buffer on 2 ranks, and an active clip)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: c.options["clip_factor"] == 0.5 and c.sizes["numel"] % 2 == 1,
             note="odd size, active clip",
@@ -557,9 +557,9 @@ PLANTED = [
         "unscale_unscaled",
         "bf16 gradients divided by a loss scale (65536) never applied to the loss (bf16 only)",
         Expect(
-            "mismatch",
-            1,
-            (1,),
+            kind="mismatch",
+            world_size=1,
+            mesh=(1,),
             uneven=None,
             check=lambda c: c.dtype == "bfloat16",
             outputs=("exp_avg", "exp_avg_sq"),
@@ -571,7 +571,14 @@ PLANTED = [
     PlantedBug(
         "grads_not_zeroed",
         "gradient buffer not zeroed between optimizer steps, so step 2 adds step 1's gradients (needs 2 steps)",
-        Expect("mismatch", 1, (1,), uneven=None, check=lambda c: c.options["steps"] == 2, note="2 steps"),
+        Expect(
+            kind="mismatch",
+            world_size=1,
+            mesh=(1,),
+            uneven=None,
+            check=lambda c: c.options["steps"] == 2,
+            note="2 steps",
+        ),
         p95=2,
         link="deepspeedai/DeepSpeed#7839",
     ),
@@ -581,9 +588,9 @@ PLANTED = [
         "micro-batch only, later micro-batches add the rank's own slice of its local gradient, "
         "unreduced (needs stage >= 2, accumulation and 2+ ranks at once)",
         Expect(
-            "mismatch",
-            2,
-            (2,),
+            kind="mismatch",
+            world_size=2,
+            mesh=(2,),
             uneven=None,
             check=lambda c: c.options["stage"] >= 2 and c.options["grad_accum"] == 2,
             note="stage >= 2, 2 micro-batches",
@@ -597,9 +604,9 @@ PLANTED = [
         "bf16 step counter: 1 - beta2 ** step computed in the parameter dtype, where 0.999 rounds to "
         "1.0, so the denominator is inf and every Adam update vanishes; fp32 and fp64 right",
         Expect(
-            "mismatch",
-            (1, 2),
-            None,
+            kind="mismatch",
+            world_size=(1, 2),
+            mesh=None,
             uneven=None,
             check=lambda c: c.dtype == "bfloat16",
             outputs=("param",),
@@ -634,9 +641,9 @@ TORCH_EXPECTED = [
         "parameter with no elements ('_chunk_cat expects non-empty tensor' in "
         "foreach_reduce_scatter_copy_in); the other parameters may be any size",
         Expect(
-            "rank-error",
-            1,
-            (1,),
+            kind="rank-error",
+            world_size=1,
+            mesh=(1,),
             uneven=None,
             check=lambda c: 0 in param_sizes(c),
             note="a parameter of size 0",

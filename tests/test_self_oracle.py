@@ -34,7 +34,9 @@ def _case(target, dtype="bfloat16", **sizes):
 
 
 def test_a_bug_that_needs_two_ranks_is_found_and_shrunk():
-    result = assert_planted_bug_found(SELF, "w_offset_zero", Expect("mismatch", 2, (2,)), p95=5)
+    result = assert_planted_bug_found(
+        SELF, "w_offset_zero", Expect(kind="mismatch", world_size=2, mesh=(2,)), p95=5
+    )
     assert result.case is not None and result.case.sizes["inner"] == 2, result.report  # one column each
     assert "oracle: the implementation itself at world size 1" in result.report
 

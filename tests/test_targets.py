@@ -156,3 +156,13 @@ def test_reference_has_no_false_positives_on_random_seeds(target):
     result = shardfuzz.run(target, profile="shardfuzz-fuzz", database=None, max_examples=2000)
     assert not result.found, result.report
     print(f"{target}: {result.stats.summary()}")
+
+
+def test_an_expect_record_is_keyword_only_and_names_a_known_kind():
+    from shardfuzz.spec.records import Expect
+
+    with pytest.raises(TypeError, match="positional"):
+        Expect("mismatch", 2, (2,))  # a record reads as what it says: every field by name
+    with pytest.raises(shardfuzz.TargetError, match=r"Expect\(kind='wrong'\); allowed: mismatch"):
+        Expect(kind="wrong", world_size=2, mesh=(2,))
+    assert Expect(kind="mismatch", world_size=2, mesh=(2,)).kinds == ("mismatch",)

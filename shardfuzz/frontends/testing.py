@@ -4,7 +4,7 @@ structure, and its reference passes. The built-in targets' tests use them; so ca
     from shardfuzz.frontends.testing import Expect, assert_planted_bug_found, assert_reference_passes
 
     def test_mean_of_means_is_found():
-        assert_planted_bug_found("my_target.py", "mean_of_means", Expect("mismatch", 2, (2,), uneven=("rows",)), p95=20)
+        assert_planted_bug_found("my_target.py", "mean_of_means", Expect(kind="mismatch", world_size=2, mesh=(2,), uneven=("rows",)), p95=20)
 
 :func:`run_cli` runs the ``shardfuzz`` command in the calling process, for tests of a CLI workflow.
 

@@ -32,10 +32,11 @@ def bind(impl: Any, **kwargs: Any) -> Bound:
     return Bound(impl, dict(kwargs))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Expect:
     """What the shrunk counterexample of a planted bug (or expected failure) must look like:
-    structure, never seeds.
+    structure, never seeds. Keyword-only: a record reads as what it says
+    (``Expect(kind="mismatch", world_size=2, mesh=(2,), outputs=("y",))``).
 
     Attributes:
         kind: the failure kind ("mismatch", "layout", "rank-error", "hang", "ignored-collective",

@@ -58,7 +58,7 @@ TP_SELF = tp_mlp.TARGET.derive(
         PlantedBug(
             "bias_before_allreduce",
             "row-parallel bias added on every rank before the all-reduce",
-            Expect("mismatch", 2, (2,), outputs=("y",)),
+            Expect(kind="mismatch", world_size=2, mesh=(2,), outputs=("y",)),
             p95=1,
         )
     ],
