@@ -84,3 +84,23 @@ def test_what_a_run_wrote_is_escaped_on_the_page():
 def test_the_page_never_shows_a_database_password():
     line = cli.command_line(["findings", "redis://:s3cret@db.example:6379/0", "--report", "out dir"])
     assert "s3cret" not in line and "redis://" in line and "'out dir'" in line, line
+
+
+def test_a_plot_that_fails_is_said_on_the_page_and_loses_nothing(monkeypatch):
+    from shardfuzz.errors import Mismatch
+    from shardfuzz.frontends import campaign
+    from shardfuzz.report import plot
+    from shardfuzz.report.html_page import render
+
+    def broken(diffs, path, output=None):
+        raise RuntimeError("no backend")
+
+    monkeypatch.setattr(plot, "plot_mismatch", broken)
+    finding = Mismatch("1 of 1 outputs mismatch the oracle", case=None, ratio=3.0)
+    finding.diffs = [object()]  # what a mismatch carries in the driver
+    got = campaign._plot_of(finding)
+    assert got == {"plot_missing": "the plot failed: RuntimeError: no backend"}
+    row = {"target": "t", "impl": "i", "examples": 1, "per_second": 1.0, "found": True,
+           "findings": [{"kind": "mismatch", "case": "Case()", "report": finding.report, **got}]}  # fmt: skip
+    page = render([row])
+    assert "the plot failed: RuntimeError: no backend" in page and "outputs mismatch the oracle" in page

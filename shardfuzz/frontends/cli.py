@@ -41,7 +41,6 @@ from shardfuzz.frontends.cli_args import (
     EXIT_USAGE,
     build_parser,
 )
-from shardfuzz.frontends.display import print_summary
 from shardfuzz.frontends.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.divergence import format_trace
@@ -121,7 +120,7 @@ def _cmd_fuzz(args: Any) -> int:
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.runner import Runner
-    from shardfuzz.frontends import campaign
+    from shardfuzz.frontends import campaign, display  # rich: only a campaign loads it, not --help
 
     # resolve every target and implementation first: a typo is a usage error before any fuzzing
     runners = [Runner(spec, args.impl, config) for spec in targets]
@@ -165,7 +164,7 @@ def _cmd_fuzz(args: Any) -> int:
             interrupted = True
             break
     rows = [o.row(pictures=bool(args.report or args.pictures)) for o in outcomes]
-    print_summary(campaign.summary_table(rows), live=not args.no_progress)
+    display.print_summary(campaign.summary_table(rows), live=not args.no_progress)
     _write_summary(args.summary_json, rows)
     _write_report(args.report, rows, args.command_line)
     found = any(r["found"] for r in rows)
@@ -220,7 +219,7 @@ def _check_workers(workers: int, config: RunConfig) -> None:
 
 
 def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
-    from shardfuzz.frontends import campaign
+    from shardfuzz.frontends import campaign, display
 
     base = [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz"]
     opts = ["--config-json", config.to_json(), "--progress-every", str(args.progress_every)]
@@ -240,7 +239,7 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
         flush=True,
     )
     rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, parallel)
-    print_summary(campaign.summary_table(rows), live=not args.no_progress)
+    display.print_summary(campaign.summary_table(rows), live=not args.no_progress)
     _write_summary(args.summary_json, rows)
     _write_report(args.report, rows, args.command_line)
     found = any(r["found"] for r in rows)
