@@ -45,6 +45,7 @@ __all__ = [
     "TargetError",
     "Tolerance",
     "Unsupported",
+    "Verified",
     "Zigzag",
     "__version__",
     "bind",
@@ -91,6 +92,7 @@ _LAZY = {
     "Expect": "shardfuzz.spec.records",
     "ExpectedFailure": "shardfuzz.spec.records",
     "PlantedBug": "shardfuzz.spec.records",
+    "Verified": "shardfuzz.spec.records",
     "bind": "shardfuzz.spec.records",
     "Tolerance": "shardfuzz.spec.tolerance",
     "OutputTolerance": "shardfuzz.spec.tolerance",
@@ -125,7 +127,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.ranks.task import RankContext
     from shardfuzz.spec.budget import CommBudget
     from shardfuzz.spec.layouts import Owned, PaddedFlat, Partial, Replicate, Shard, Zigzag
-    from shardfuzz.spec.records import Bound, Expect, ExpectedFailure, PlantedBug, bind
+    from shardfuzz.spec.records import Bound, Expect, ExpectedFailure, PlantedBug, Verified, bind
     from shardfuzz.spec.registry import get_target
     from shardfuzz.spec.target import Target
     from shardfuzz.spec.tolerance import OutputTolerance, Tolerance

@@ -56,7 +56,17 @@ import torch
 import torch.distributed as dist
 
 import shardfuzz.strategies as sst
-from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
+from shardfuzz import (
+    CommBudget,
+    Expect,
+    ExpectedFailure,
+    PlantedBug,
+    Replicate,
+    Shard,
+    Target,
+    Verified,
+    bind,
+)
 from shardfuzz.errors import Unsupported
 from shardfuzz.spec.budget import ITEMSIZE, all_reduce_bytes
 from shardfuzz.spec.inputs import generator, randn
@@ -489,6 +499,32 @@ EXPECTED = [
 OUTPUTS = {f"{k}_{n}": Replicate() for k in ("grad", "param") for n in PARAMS}
 
 
+# torch's DistributedDataParallel: tests/test_verified.py runs each one
+VERIFIED = [
+    Verified(
+        name="torch_ddp",
+        what="torch DDP with its default settings; a case with an unused parameter is DDP's own "
+        "refusal (find_unused_parameters=False)",
+        examples=20,
+        reaches=("several buckets", "a bucket of several parameters", "accumulation", "steps>=2"),
+        refuses=("unused parameter without find_unused_parameters",),
+    ),
+    Verified(
+        name="torch_ddp_find_unused",
+        what="torch DDP with find_unused_parameters=True",
+        examples=20,
+        reaches=("unused parameter", "unused parameter shares a bucket", "accumulation", "steps>=2"),
+    ),
+    Verified(
+        name="torch_ddp_static_graph",
+        what="torch DDP with static_graph=True, no_sync accumulation set aside (the expected failure "
+        "torch_ddp_static_graph_no_sync, pytorch/pytorch#143580)",
+        examples=20,
+        exclude=(STATIC_GRAPH_NO_SYNC,),
+        reaches=("several buckets", "unused parameter", "steps>=2"),
+    ),
+]
+
 TARGET = Target(
     name="ddp_buckets",
     description="DDP gradient bucketing: a byte cap, all-reduces fired from gradient hooks, unused "
@@ -506,6 +542,7 @@ TARGET = Target(
     },
     planted=PLANTED,
     expected_failures=EXPECTED,
+    verified=VERIFIED,
     triggers=TRIGGERS,
     gradients=tuple(f"grad_{n}" for n in PARAMS),
     comm={"reference": reference_comm},

@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import CommBudget, Expect, Owned, PlantedBug, Replicate, Shard, Target
+from shardfuzz import CommBudget, Expect, Owned, PlantedBug, Replicate, Shard, Target, Verified
 from shardfuzz.spec.budget import ITEMSIZE, all_gather_bytes
 from shardfuzz.spec.inputs import generator, randn
 from shardfuzz.spec.layouts import split_sizes
@@ -380,6 +380,18 @@ PLANTED = [
 #: torch.distributed.pipelining (targets/pipeline_1f1b_torch.py)
 TORCH = "shardfuzz.targets.pipeline_1f1b_torch:torch_pipeline"
 
+# torch.distributed.pipelining: tests/test_verified.py runs it
+VERIFIED = [
+    Verified(
+        name="torch_pipeline",
+        what="torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B; 1F1B with fewer "
+        "micro-batches than stages is refused",
+        examples=20,
+        reaches=("GPipe", "1F1B", "M>P", "P>=3"),
+        refuses=("1F1B with M < P",),
+    ),
+]
+
 TARGET = Target(
     name="pipeline_1f1b",
     description="a P-stage pipeline over M micro-batches, GPipe or 1F1B over isend/irecv: stage "
@@ -390,6 +402,7 @@ TARGET = Target(
     outputs=outputs(None),
     implementations={"reference": "reference", "torch_pipeline": TORCH},
     planted=PLANTED,
+    verified=VERIFIED,
     triggers=TRIGGERS,
     gradients=("grad_w", "grad_b"),
     comm={"reference": reference_comm},

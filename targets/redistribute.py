@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 import shardfuzz.strategies as sst
-from shardfuzz import CommBudget, Expect, PlantedBug, Target, Unsupported, bind
+from shardfuzz import CommBudget, Expect, PlantedBug, Target, Unsupported, Verified, bind
 from shardfuzz.spec.budget import all_reduce_bytes
 from shardfuzz.spec.inputs import generator, randn
 from shardfuzz.spec.layouts import split_offsets, split_sizes
@@ -313,6 +313,26 @@ PLANTED = [
     ),
 ]
 
+# DTensor.redistribute itself: tests/test_verified.py runs it
+VERIFIED = [
+    Verified(
+        name="torch_redistribute",
+        what="torch's DTensor.redistribute, forward and backward, on 1-D and 2-D meshes with uneven "
+        "and empty shards; redistributing to Partial (internal use only) is refused",
+        examples=40,
+        reaches=(
+            "Partial source",
+            "Partial -> Shard on one axis",
+            "Shard -> another Shard on one axis",
+            "a dim smaller than its mesh axis (empty shards)",
+            "2-D mesh",
+            "uneven",
+            "backward",
+        ),
+        refuses=("to Partial",),
+    ),
+]
+
 TARGET = Target(
     name="redistribute",
     description="DTensor redistribute between Shard/Replicate/Partial on 1-D and 2-D meshes, uneven and empty shards, forward and backward",
@@ -322,6 +342,7 @@ TARGET = Target(
     outputs={"y": FromDTensor(), "grad_x": FromDTensor()},
     implementations={"reference": "reference", "torch_redistribute": "torch_redistribute"},
     planted=PLANTED,
+    verified=VERIFIED,
     triggers=TRIGGERS,
     gradients=("grad_x",),
     collectives=None,  # torch's redistribute picks all_gather, reduce_scatter, all_to_all, ...

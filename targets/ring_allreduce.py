@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import CommBudget, Expect, PlantedBug, Replicate, Target
+from shardfuzz import CommBudget, Expect, PlantedBug, Replicate, Target, Verified
 from shardfuzz.spec.budget import ITEMSIZE, all_reduce_bytes
 from shardfuzz.spec.inputs import generator, randn
 from shardfuzz.spec.layouts import split_sizes
@@ -278,6 +278,23 @@ PLANTED = [
     ),
 ]
 
+# torch's own collectives, within the budgets of their formulas: tests/test_verified.py runs each
+VERIFIED = [
+    Verified(
+        name="torch_all_reduce",
+        what="torch.distributed.all_reduce, within 2 (n-1)/n * S bytes a rank",
+        examples=20,
+        reaches=("an empty chunk", "3+ ranks, uneven size", "2+ elements in every chunk"),
+    ),
+    Verified(
+        name="torch_rs_ag",
+        what="reduce_scatter_tensor + all_gather_into_tensor on the vector padded to a multiple of n, "
+        "within 2 (n-1)/n of the padded size",
+        examples=20,
+        reaches=("an empty chunk", "3+ ranks, uneven size", "2+ elements in every chunk"),
+    ),
+]
+
 TARGET = Target(
     name="ring_allreduce",
     description="hand-written ring all-reduce (reduce-scatter + all-gather over batch_isend_irecv), "
@@ -292,6 +309,7 @@ TARGET = Target(
         "torch_rs_ag": "torch_rs_ag",
     },
     planted=PLANTED,
+    verified=VERIFIED,
     triggers=TRIGGERS,
     comm={"reference": reference_comm, "torch_all_reduce": all_reduce_comm, "torch_rs_ag": padded_comm},
 )

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Shard, Target, bind
+from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Shard, Target, Verified, bind
 from shardfuzz.frontends.testing import uneven_sizes
 from shardfuzz.spec.budget import ITEMSIZE
 from shardfuzz.spec.inputs import generator, randn
@@ -386,7 +386,7 @@ PLANTED = [
             note="logit_scale 30",
         ),
         p95=7,
-        link="zhuzilin/ring-flash-attention 9b84a6a",
+        link="zhuzilin/ring-flash-attention@9b84a6a",
     ),
     PlantedBug(
         "causal_every_step",
@@ -401,7 +401,7 @@ PLANTED = [
             note="causal, seq 3",
         ),
         p95=2,
-        link="zhuzilin/ring-flash-attention 4072701",
+        link="zhuzilin/ring-flash-attention@4072701",
     ),
     PlantedBug(
         "zigzag_inverted_branch",
@@ -410,7 +410,7 @@ PLANTED = [
             kind="mismatch", world_size=2, mesh=(2,), check=lambda c: _variant(c) == "zigzag", note="zigzag"
         ),
         p95=4,
-        link="zhuzilin/ring-flash-attention 4072701",
+        link="zhuzilin/ring-flash-attention@4072701",
     ),
     PlantedBug(
         "stale_kv_backward",
@@ -422,6 +422,7 @@ PLANTED = [
             mesh=(2,),
             check=lambda c: _variant(c) == "full",
             outputs=lambda outs: set(outs) <= set(GRADIENTS),
+            note="non-causal (full), only gradients wrong",
         ),
         p95=2,
         link="huggingface/diffusers#14265",
@@ -517,6 +518,20 @@ EXPECTED = [
     ),
 ]
 
+# torch's context-parallel ring on what it supports: tests/test_verified.py runs each one
+VERIFIED = [
+    Verified(
+        name=f"torch_cp_ring_even{suffix}",
+        what=f"torch's context-parallel ring ({rotate} rotation) on even sequences, without the LSE "
+        "gradient it does not give (the option lse_grad pinned False)",
+        examples=30,
+        options={"lse_grad": False},
+        reaches=("variant=full", "variant=causal", "variant=zigzag"),
+        refuses=("uneven seq",),
+    )
+    for suffix, rotate in (("", "all-gather"), ("_a2a", "all-to-all"))
+]
+
 TARGET = Target(
     name="ring_attention",
     description="ring attention with LSE merge: non-causal, causal with block skipping, zigzag causal",
@@ -533,6 +548,7 @@ TARGET = Target(
     },
     planted=PLANTED,
     expected_failures=EXPECTED,
+    verified=VERIFIED,
     triggers=TRIGGERS,
     gradients=GRADIENTS,
     comm={"reference": reference_comm},

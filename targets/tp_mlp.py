@@ -35,7 +35,17 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import shardfuzz.strategies as sst
-from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
+from shardfuzz import (
+    CommBudget,
+    Expect,
+    ExpectedFailure,
+    PlantedBug,
+    Replicate,
+    Shard,
+    Target,
+    Verified,
+    bind,
+)
 from shardfuzz.spec.budget import all_reduce_bytes
 from shardfuzz.spec.inputs import generator, randn
 from shardfuzz.spec.layouts import split_offsets, split_sizes
@@ -328,7 +338,7 @@ def _torch_tp(
         )
     if guard_size1 and inp["w1"].shape[0] == 1:
         # known discrepancy, see TORCH_TP_SIZE1 below: rejected loudly (counted), never passed
-        raise Unsupported("torch TP: Linear on a DTensor whose sharded dim has global size 1")
+        raise Unsupported(TORCH_TP_SIZE1_REFUSAL)
     mesh = DeviceMesh.from_group(ctx.group, ctx.device.type, mesh=torch.tensor(ctx.mesh.ranks[-1]))
     mlp = _MLP(inp, sp)
     parallelize_module(mlp, mesh, _plan(sp, local_output))
@@ -395,6 +405,7 @@ SP_UNEVEN_NOT_EMPTY = (
     "'sequence_parallel' in options and options['sequence_parallel'] and sizes['seq'] % group_size != 0 "
     "and -(-sizes['seq'] // group_size) * (group_size - 1) < sizes['seq']"
 )
+TORCH_TP_SIZE1_REFUSAL = "torch TP: Linear on a DTensor whose sharded dim has global size 1"
 TORCH_TP_SIZE1 = (
     "shardfuzz finding: with use_local_output=False, Linear on a 3-d input whose sharded hidden dim has "
     "global size 1 raises 'This operation would remove or reshape sharded dimension 2' in DTensor's "
@@ -619,6 +630,40 @@ EXPECTED_FAILURES = [
     ),
 ]
 
+# torch's own TP and SP restricted to what they support: tests/test_verified.py runs each one
+VERIFIED = [
+    Verified(
+        name="torch_tp_dtensor",
+        what="torch TP's DTensor plan (use_local_output=False: DTensors between the layers), uneven "
+        "hidden sizes included; a sharded dim of global size 1 is refused (the expected failure "
+        "torch_tp_dtensor_size1)",
+        examples=30,
+        reaches=("uneven", "world>=3"),
+        refuses=(TORCH_TP_SIZE1_REFUSAL,),
+    ),
+    Verified(
+        name="torch_sp_even",
+        what="torch SP's local-tensor plan (use_local_output=True) on what it supports: sequence "
+        "parallel, even hidden and sequence splits",
+        examples=40,
+        reaches=("sequence parallel", "world>=3", "group<world", "batch>1"),
+        refuses=("not sequence parallel", "uneven seq"),
+    ),
+    Verified(
+        name="torch_sp_dtensor",
+        what="torch SP's DTensor plan: DTensors in and out (y, grad_x and the LayerNorm's Partial "
+        "gradients read by their placements), uneven and empty sequence shards included",
+        examples=40,
+        reaches=(
+            "sequence parallel, uneven sequence",
+            "sequence parallel, an empty sequence shard",
+            "world>=3",
+            "2-D mesh",
+        ),
+        refuses=("not sequence parallel",),
+    ),
+]
+
 TARGET = Target(
     name="tp_mlp",
     description="column- then row-parallel MLP with biases, forward and backward (Megatron f/g); "
@@ -637,6 +682,7 @@ TARGET = Target(
     },
     planted=PLANTED,
     expected_failures=EXPECTED_FAILURES,
+    verified=VERIFIED,
     gradients=GRADIENTS,
     triggers=TRIGGERS,
     collectives=("all_reduce",),

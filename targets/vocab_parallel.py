@@ -40,7 +40,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardfuzz.strategies as sst
-from shardfuzz import CommBudget, Expect, ExpectedFailure, PlantedBug, Replicate, Shard, Target, bind
+from shardfuzz import (
+    CommBudget,
+    Expect,
+    ExpectedFailure,
+    PlantedBug,
+    Replicate,
+    Shard,
+    Target,
+    Verified,
+    bind,
+)
 from shardfuzz.spec.budget import all_reduce_bytes
 from shardfuzz.spec.inputs import generator, randn
 from shardfuzz.spec.layouts import split_offsets, split_sizes
@@ -421,6 +431,20 @@ EXPECTED = [
     ),
 ]
 
+# torchtitan's loss_parallel plan: tests/test_verified.py runs it
+VERIFIED = [
+    Verified(
+        name="torch_loss_parallel",
+        what="torch's loss_parallel (torchtitan's plan) with the contract's choices pinned (DTensor's "
+        "vocab rule, no label smoothing: the expected failure torch_loss_parallel_smoothing) and its "
+        "two crashes' regions set aside",
+        examples=40,
+        options={"rule": "dtensor", "smoothing": 0.0},
+        exclude=tuple(LOSS_PARALLEL_KNOWN.values()),
+        reaches=("reduction=mean", "reduction=sum", "class weights", "ignored labels", "uneven", "world>=3"),
+    ),
+]
+
 TARGET = Target(
     name="vocab_parallel",
     description="vocab-parallel embedding + cross-entropy: class weights, ignore_index, reductions, label smoothing",
@@ -432,6 +456,7 @@ TARGET = Target(
     # loss_parallel's known failures are set aside per run (LOSS_PARALLEL_KNOWN), not target-wide
     planted=PLANTED,
     expected_failures=EXPECTED,
+    verified=VERIFIED,
     triggers=TRIGGERS,
     gradients=GRADIENTS,
     collectives=("all_reduce",),

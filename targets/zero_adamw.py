@@ -76,6 +76,7 @@ from shardfuzz import (
     PlantedBug,
     Replicate,
     Target,
+    Verified,
     bind,
 )
 from shardfuzz.errors import InvalidArgument
@@ -656,6 +657,39 @@ TORCH_EXPECTED = [
 # a second target, not a second implementation of zero_adamw: its state is per parameter (whole on
 # the owner for ZeroRedundancyOptimizer, Owned(); Shard(0) DTensors for FSDP2, read from them),
 # which the flat layouts above cannot describe (see the module docstring)
+# FSDP2 (targets/zero_fsdp2.py): tests/test_verified.py runs each one; the reference
+# (ZeroRedundancyOptimizer) is proved as every reference is (tests/test_targets.py)
+TORCH_VERIFIED = [
+    Verified(
+        name="fsdp2",
+        what="FSDP2 fully_shard with AdamW, gradient clipping and no-sync gradient accumulation; a "
+        "parameter with no elements is refused (the expected failure fsdp2_empty_param)",
+        examples=40,
+        reaches=(
+            "steps>=2",
+            "steps>=2 with accumulation",
+            "clip active",
+            "uneven",
+            "empty shard",
+            "world>=3",
+        ),
+        refuses=("empty parameter",),
+    ),
+    Verified(
+        name="fsdp2_hsdp",
+        what="FSDP2 as HSDP on a 2 x 2 mesh (shard over 2 ranks, replicate over 2)",
+        examples=40,
+        world_sizes=(4,),
+        reaches=("steps>=2 with accumulation", "clip active"),
+        refuses=("HSDP needs a group of 4",),
+        # the shard axis has 2 ranks: what makes a shard uneven or empty there
+        also_reaches={
+            "an odd parameter (uneven on the shard axis)": lambda c: any(s % 2 for s in param_sizes(c)),
+            "a parameter of one element (an empty shard)": lambda c: 1 in param_sizes(c),
+        },
+    ),
+]
+
 TORCH_TARGET = Target(
     name="zero_adamw_torch",
     description="torch's ZeRO: ZeroRedundancyOptimizer(AdamW), state by owner; FSDP2 fully_shard, per-parameter "
@@ -674,5 +708,6 @@ TORCH_TARGET = Target(
     },
     reference="zero_redundancy_optimizer",
     expected_failures=TORCH_EXPECTED,
+    verified=TORCH_VERIFIED,
     triggers=TORCH_TRIGGERS,
 )

@@ -384,3 +384,13 @@ def test_bad_plugin_options_are_usage_errors(pytester, option, named):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     text = "\n".join(result.outlines + result.errlines)
     assert named in text and "Traceback" not in text, text
+
+
+def test_a_pinned_option_the_target_lacks_is_an_error_naming_it():
+    with pytest.raises(
+        InvalidArgument,
+        match="option 'lse_gradient' pinned, but target 'ring_attention' has no such option",
+    ):
+        shardfuzz.run(
+            "ring_attention", "reference", max_examples=2, database=None, options={"lse_gradient": False}
+        )

@@ -52,3 +52,50 @@ def test_the_piece_of_each_rank_follows_dtensor_rule_on_every_axis():
     assert boxes == [((0, 0), (2, 4)), ((2, 0), (1, 4)), ((3, 0), (1, 4)), ((4, 0), (1, 4))]
     assert box((1, 3), (("shard", 0),), (2,), (1,)) == ((1, 0), (0, 3))  # an empty shard
     assert box((2, 3), (("replicate",), ("shard", 1)), (2, 2), (1, 1)) == ((0, 2), (2, 1))
+
+
+# -- torch's own DTensor outputs (its implementations' passes are tests/test_verified.py) ---------
+def test_fsdp2_state_layout_is_read_from_the_dtensors():
+    """FSDP2's per-parameter Shard(0) state handed back as plain local pieces, not the DTensors:
+    a layout finding at 2 ranks (the engine reads the layout from the DTensors, never assumes it)."""
+    result = shardfuzz.run(
+        "zero_adamw_torch",
+        "tests/data/fsdp2_locals.py::fsdp2_local_pieces",
+        profile="shardfuzz-ci",
+        database=None,
+        max_examples=10,
+        world_sizes=(1, 2),
+    )
+    assert result.found and result.kind == "layout", result.report
+    assert result.case.world_size == 2, result.report
+
+
+def _redistribute_case(src, dst):
+    return shardfuzz.Case(
+        target="redistribute",
+        world_size=4,
+        mesh=(2, 2),
+        sizes={"d0": 3, "d1": 1},
+        split=("d0", "d1"),
+        options={"src": src, "dst": dst},
+    )
+
+
+def test_a_2d_mesh_partial_output_is_summed_over_its_axis_only():
+    """dst Partial on axis 0, Shard(0) on axis 1 (uneven: [2, 1]): right when each replica's
+    pieces sum to the value, a mismatch when the Replicate copies of the source are summed too."""
+    case = _redistribute_case("R,S0", "P,S0")
+    assert shardfuzz.Runner("redistribute", "reference").run_case(case) < 1
+    with pytest.raises(shardfuzz.Mismatch):
+        shardfuzz.Runner("redistribute", "sum_replicas").run_case(case)
+
+
+def test_a_partial_destination_on_another_axis_than_the_sources_partial_sums_to_the_value():
+    """Found by `shardfuzz fuzz` (the README's quick start): the reference cut a Partial
+    destination with the owners of the source's Partial axes, so an element kept by source
+    coordinate 1 was kept by no destination coordinate."""
+    case = shardfuzz.Case(
+        target="redistribute", world_size=2, mesh=(2, 1), sizes={"d0": 1, "d1": 1}, split=("d0", "d1"),
+        options={"src": "P,R", "dst": "R,P"},
+    )  # fmt: skip
+    assert shardfuzz.Runner("redistribute", "reference").run_case(case) < 1

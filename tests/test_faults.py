@@ -273,3 +273,24 @@ def test_stress_passes_each_planted_checks_exclude_like_the_suite(monkeypatch):
     args = argparse.Namespace(only=only, skip_planted=False, skip_references=True)
     stress.run_checks(args)
     assert seen == {f"{t}/{i}": rec.expect.exclude for t, i, rec in checks}
+
+
+def test_a_gloo_abort_reports_the_aborting_ranks_first_lines_and_the_peers_closed_connection():
+    """torch's context-parallel ring aborts on an uneven sequence (its expected failure): the
+    aborting rank's stderr keeps its head (the 'terminate called after throwing' line comes before
+    the noise) and the peer's error is shown too."""
+    case = Case(
+        target="ring_attention",
+        world_size=2,
+        mesh=(2,),
+        sizes={"batch": 1, "seq": 3, "heads": 1, "head_dim": 1},
+        split=("seq",),
+        dtype="float32",
+        options={"variant": "full", "logit_scale": 1.0, "lse_grad": False},
+    )
+    with pytest.raises(shardfuzz.Finding) as e:
+        Runner("ring_attention", "torch_cp_ring").run_case(case)
+    report = e.value.report
+    assert e.value.kind == "rank-error", report
+    assert "terminate called after throwing" in report and "EnforceNotMet" in report, report
+    assert "Connection closed by peer" in report or "Connection reset" in report, report

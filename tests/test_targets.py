@@ -166,3 +166,86 @@ def test_an_expect_record_is_keyword_only_and_names_a_known_kind():
     with pytest.raises(shardfuzz.TargetError, match=r"Expect\(kind='wrong'\); allowed: mismatch"):
         Expect(kind="wrong", world_size=2, mesh=(2,))
     assert Expect(kind="mismatch", world_size=2, mesh=(2,)).kinds == ("mismatch",)
+
+
+def test_a_check_needs_a_note_and_a_known_failure_is_checked_whole_when_made():
+    from shardfuzz.spec.records import Expect, ExpectedFailure, PlantedBug
+
+    with pytest.raises(shardfuzz.TargetError, match="a check needs a note"):
+        Expect(kind="mismatch", world_size=2, mesh=(2,), check=lambda c: True)
+    ok = Expect(kind="mismatch", world_size=2, mesh=(2,))
+    bad = {
+        "name must be an identifier": dict(name="not a name"),
+        "say in one line what it is": dict(what=" "),
+        "expected an Expect": dict(expect="mismatch"),
+        r"p95=0; expected the examples": dict(p95=0),
+        "link='see the forum'; expected 'owner/repo#N'": dict(link="see the forum"),
+        "impl=3; expected an implementation name": dict(impl=3),
+    }
+    for cls in (PlantedBug, ExpectedFailure):
+        for message, change in bad.items():
+            fields = {"name": "bug", "what": "a real bug", "expect": ok, "p95": 2, "link": "", "impl": None}
+            fields.update(change)
+            what = fields.pop("what")
+            with pytest.raises(shardfuzz.TargetError, match=message):
+                cls(fields.pop("name"), what, fields.pop("expect"), **fields)
+    linked = PlantedBug("bug", "a real bug", ok, p95=2, link="zhuzilin/ring-flash-attention@9b84a6a")
+    assert linked.description == "a real bug (zhuzilin/ring-flash-attention@9b84a6a)"
+
+
+def test_a_notes_plain_facts_are_read_and_checked_against_a_case():
+    from shardfuzz.spec.records import note_contradictions, note_facts
+
+    assert note_facts("sequence parallel, seq 3 and bfloat16 (2 ranks)") == ["seq 3", "bfloat16", "2 ranks"]
+    assert note_facts("stage 2 or 3, any size, not float64, stage >= 2") == []  # no single fact
+    case = shardfuzz.Case(
+        target="t", world_size=2, mesh=(2,), sizes={"seq": 3}, split=("seq",), dtype="bfloat16",
+        options={"microbatches": 2, "logit_scale": 30.0, "causal": True},
+    )  # fmt: skip
+    assert note_contradictions("seq 3, bfloat16, 2 ranks, 2 micro-batches, logit_scale 30", case) == []
+    assert note_contradictions("seq 2, float32, 3 ranks, 1 micro-batch, logit_scale 1", case) == [
+        "seq 2", "float32", "3 ranks", "1 micro-batch", "logit_scale 1",
+    ]  # fmt: skip
+    assert note_contradictions("hidden 3", case) == ["hidden 3"]  # a size the case does not carry
+    assert note_contradictions("3 stages, 1 element", case) == []  # counted by no field: not read
+
+
+def test_the_notes_state_facts_their_proofs_confirm():
+    """Most records' notes say something the proof's shrunk case confirms (assert_planted_bug_found):
+    the reading of notes is not vacuous."""
+    from shardfuzz.spec.records import note_facts
+
+    records = [r for t in TARGETS.values() for r in (*t.planted.values(), *t.expected_failures.values())]
+    read = [r.name for r in records if note_facts(r.expect.note)]
+    assert len(read) >= len(records) // 3, read
+
+
+def test_builtin_targets_are_discovered_from_their_files_as_a_full_parse_finds_them(tmp_path):
+    """Every module-level ``X = Target(name=...)`` of targets/*.py is a built-in target, read without
+    importing the file (no torch); the quick reading finds exactly what Python's parser finds."""
+    import ast
+    import importlib.util
+    import pathlib
+    import subprocess
+    import sys
+
+    from shardfuzz.spec.registry import builtin_targets, targets_in
+
+    folder = pathlib.Path(importlib.util.find_spec("shardfuzz.targets").submodule_search_locations[0])
+    parsed = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            call = node.value if isinstance(node, ast.Assign) else None
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "Target":
+                name = next(k.value.value for k in call.keywords if k.arg == "name")
+                parsed[name] = f"shardfuzz.targets.{path.stem}:{node.targets[0].id}"
+    assert builtin_targets() == parsed and len(parsed) == len(TARGETS) >= 11
+    code = "import sys; from shardfuzz.spec.registry import builtin_targets; builtin_targets(); print('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    )
+    (tmp_path / "mine.py").write_text('MINE = Target(\n    name="mine",\n    cases=None,\n)\n')
+    assert targets_in([str(tmp_path)]) == {"mine": "shardfuzz.targets.mine:MINE"}
+    (tmp_path / "more.py").write_text('AGAIN = Target(name="mine")\n')
+    with pytest.raises(shardfuzz.TargetError, match="built-in target 'mine' is defined twice"):
+        targets_in([str(tmp_path)])

@@ -24,7 +24,7 @@ from typing import Any
 from shardfuzz.engine.failure_schema import shown
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.spec.refs import current_project_root, find_module_spec, search_path, split_file_ref
-from shardfuzz.spec.registry import BUILTIN_TARGETS, available_targets, registered_ref
+from shardfuzz.spec.registry import available_targets, builtin_targets, registered_ref
 
 TRUST_FLAG = "--trust-refs"
 
@@ -53,7 +53,7 @@ def inside(path: str, folders: list[str]) -> bool:
 
 def _registered_packages() -> set[str]:
     """Top-level packages of the targets installed packages register (entry points)."""
-    registered = [ref for name, ref in available_targets().items() if name not in BUILTIN_TARGETS]
+    registered = [ref for name, ref in available_targets().items() if name not in builtin_targets()]
     return {ref.partition(":")[0].split(".")[0] for ref in registered}
 
 

@@ -45,7 +45,7 @@ from shardfuzz.frontends.jobs import die_with_parent, job_cost, run_jobs, sigter
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.divergence import format_trace
 from shardfuzz.spec.refs import add_search_path, split_file_ref
-from shardfuzz.spec.registry import BUILTIN_TARGETS, available_targets, get_target
+from shardfuzz.spec.registry import available_targets, builtin_targets, get_target
 from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.comm import CostModel, format_comm
 
@@ -115,7 +115,7 @@ def _fuzz_config(args: Any) -> RunConfig:
 def _cmd_fuzz(args: Any) -> int:
     config = _fuzz_config(args)  # a usage error starts no forkserver
     _check_report(args.report)
-    targets = args.targets or sorted(BUILTIN_TARGETS)
+    targets = args.targets or sorted(builtin_targets())
     if args.workers <= 1 and not (args.jobs > 1 and len(targets) > 1):  # else the children fuzz
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
     from shardfuzz.engine.failures import FailureRecorder

@@ -24,7 +24,7 @@ from shardfuzz.case import Case
 from shardfuzz.engine.search import Result, run
 from shardfuzz.errors import Mismatch
 from shardfuzz.frontends import cli
-from shardfuzz.spec.records import Expect
+from shardfuzz.spec.records import Expect, note_contradictions
 from shardfuzz.spec.refs import anchored_ref, caller_dir
 from shardfuzz.spec.registry import get_target
 from shardfuzz.spec.triggers import is_effective, triggers_of
@@ -72,6 +72,10 @@ def assert_planted_bug_found(
         assert uneven_sizes(case) == tuple(expect.uneven), result.report
     if expect.check is not None:
         assert expect.check(case), result.report
+    contradicted = note_contradictions(expect.note, case)  # the note says what check asks: it holds
+    assert not contradicted, (
+        f"note {expect.note!r} says {contradicted}, which the shrunk case {case!r} does not bear out"
+    )
     if expect.needs:
         t = get_target(target) if isinstance(target, str) else target
         options = {f"{k}={v!r}" for k, v in case.options.items()}

@@ -1,9 +1,11 @@
-"""The records a target file declares: planted bugs, expected failures, the finding each must give
-(:class:`Expect`), and implementations bound with arguments (:func:`bind`)."""
+"""The records a target file declares: planted bugs and expected failures (:class:`KnownFailure`),
+the finding each must give (:class:`Expect`), implementations verified to pass (:class:`Verified`),
+and implementations bound with arguments (:func:`bind`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -50,7 +52,9 @@ class Expect:
         outputs: for mismatches, exactly these outputs are wrong (e.g. only a gradient), or a
             predicate on the tuple of wrong outputs.
         timeout: a fixed example timeout (hang bugs: keep it short).
-        note: what ``check`` asks for, in words, for the README's minimal-case column.
+        note: what ``check`` asks for, in words (required with ``check``): the docs' minimal-case
+            column. Its plain facts (``hidden 3``, ``bfloat16``, ``2 ranks``) are confirmed on the
+            shrunk case by :func:`note_contradictions`.
         needs: the trigger conditions the bug needs at once (labels of ``docs/triggers.md`` or of
             the target's ``triggers``, or ``option=value``, e.g. ``("uneven", "causal")``): the
             shrunk case must reach every one of them.
@@ -72,6 +76,12 @@ class Expect:
     def __post_init__(self) -> None:
         if not self.kinds or any(k not in KINDS for k in self.kinds):
             raise TargetError(f"Expect(kind={self.kind!r}); allowed: {', '.join(KINDS)}, or a tuple of them")
+        if self.check is not None and not (isinstance(self.note, str) and self.note.strip()):
+            # the docs show the note, not the lambda: a check nobody can read is a spec nobody can check
+            raise TargetError(
+                f"Expect(check={self.check!r}, note={self.note!r}): a check needs a note saying in words "
+                "what it asks for (shown in the minimal-case column, confirmed on the shrunk case)"
+            )
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -79,8 +89,57 @@ class Expect:
         return self.kind if isinstance(self.kind, tuple) else (self.kind,)
 
 
+#: an upstream link: ``owner/repo#N`` (an issue or pull request), ``owner/repo@COMMIT`` (the fix)
+#: or an https address
+LINK = re.compile(r"[\w.-]+/[\w.-]+(#\d+|@[0-9a-f]{7,40})|https://\S+")
+
+
+class KnownFailure:
+    """What planted bugs and expected failures share: an implementation that must fail, the
+    finding it must give (:class:`Expect`) and how many examples that takes (``p95``). Each record
+    is checked whole when it is made, so a bad record fails where it is written, not in a run."""
+
+    name: str
+    expect: Expect
+    p95: int
+    link: str
+    impl: Any
+
+    @property
+    def what(self) -> str:
+        """What it is, in one line: the real bug a planted bug models, or why a failure is expected."""
+        raise NotImplementedError
+
+    @property
+    def description(self) -> str:
+        return f"{self.what} ({self.link})" if self.link else self.what
+
+    def __post_init__(self) -> None:
+        record = f"{type(self).__name__}({self.name!r})"
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise TargetError(f"{record}: name must be an identifier (it is the --impl name)")
+        if not isinstance(self.what, str) or not self.what.strip():
+            raise TargetError(f"{record}: say in one line what it is (models= / reason=)")
+        if not isinstance(self.expect, Expect):
+            raise TargetError(f"{record}: expect={self.expect!r}; expected an Expect(...) record")
+        if isinstance(self.p95, bool) or not isinstance(self.p95, int) or self.p95 < 1:
+            raise TargetError(
+                f"{record}: p95={self.p95!r}; expected the examples to the first failure (an int >= 1, "
+                "measured with benchmarks/budget.py)"
+            )
+        if self.link and not (isinstance(self.link, str) and LINK.fullmatch(self.link)):
+            raise TargetError(
+                f"{record}: link={self.link!r}; expected 'owner/repo#N', 'owner/repo@COMMIT' or an https address"
+            )
+        if self.impl is not None and not (isinstance(self.impl, (str, Bound)) or callable(self.impl)):
+            raise TargetError(
+                f"{record}: impl={self.impl!r}; expected an implementation name, 'pkg.mod:func', "
+                "'file.py::NAME', bind(...) or a callable"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
-class PlantedBug:
+class PlantedBug(KnownFailure):
     """A planted bug: a small change to the reference that models a real bug.
 
     Attributes:
@@ -101,12 +160,12 @@ class PlantedBug:
     impl: Any = None
 
     @property
-    def description(self) -> str:
-        return f"{self.models} ({self.link})" if self.link else self.models
+    def what(self) -> str:
+        return self.models
 
 
 @dataclasses.dataclass(frozen=True)
-class ExpectedFailure:
+class ExpectedFailure(KnownFailure):
     """An implementation known to fail (usually real upstream code), with the finding it gives."""
 
     name: str
@@ -117,5 +176,125 @@ class ExpectedFailure:
     impl: Any = None
 
     @property
-    def description(self) -> str:
-        return f"{self.reason} ({self.link})" if self.link else self.reason
+    def what(self) -> str:
+        return self.reason
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verified:
+    """An implementation verified to pass, usually real upstream code restricted to what it
+    supports: the test suite runs it under these settings (``tests/test_verified.py``), finds
+    nothing, and sees every condition it names reached and every refusal it names counted;
+    ``benchmarks/torch_impls.py`` runs the same records longer.
+
+    Attributes:
+        name: the implementation (one of the target's ``implementations``).
+        what: what it is and how it is restricted, in one line (the target's docs page).
+        examples: examples per dtype in the ci suite.
+        dtypes: the dtypes it is verified in, each run on its own.
+        options: options pinned to the implementation's contract (``run(options=)``).
+        exclude: ``--exclude`` expressions of its known failures (the target's expected failures),
+            set aside and counted (each run must set some aside).
+        world_sizes: the world sizes to run (None: the target's).
+        reaches: trigger conditions that cases which passed must reach (what makes the pass mean
+            something: uneven shards, 3+ ranks, the options that matter).
+        refuses: ``Unsupported`` reasons it must be seen refusing (counted): what it does not
+            support is rejected loudly, never passed.
+        also_reaches: conditions of this record alone (label -> ``predicate(case)``) that a case
+            which passed must meet, where the target's triggers do not say it.
+    """
+
+    name: str
+    what: str
+    examples: int
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    exclude: tuple[str, ...] = ()
+    world_sizes: tuple[int, ...] | None = None
+    reaches: tuple[str, ...] = ()
+    refuses: tuple[str, ...] = ()
+    also_reaches: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        record = f"Verified(name={self.name!r})"
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise TargetError(f"{record}: name must be the identifier of one of the target's implementations")
+        if not isinstance(self.what, str) or not self.what.strip():
+            raise TargetError(
+                f"{record}: what={self.what!r}; say in one line what it is and how it is restricted"
+            )
+        if isinstance(self.examples, bool) or not isinstance(self.examples, int) or self.examples < 1:
+            raise TargetError(f"{record}: examples={self.examples!r}; expected an int >= 1 (per dtype)")
+        if not self.dtypes or any(d not in DTYPE_WORDS for d in self.dtypes):
+            raise TargetError(f"{record}: dtypes={self.dtypes!r}; expected some of {', '.join(DTYPE_WORDS)}")
+        if not isinstance(self.options, Mapping) or not all(isinstance(k, str) for k in self.options):
+            raise TargetError(
+                f"{record}: options={self.options!r}; expected a mapping of option names to values"
+            )
+        bind("verified", **self.options)  # the options travel to the ranks: JSON values only
+        for field in ("exclude", "reaches", "refuses"):
+            value = getattr(self, field)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
+                raise TargetError(f"{record}: {field}={value!r}; expected a tuple of strings")
+        ws = self.world_sizes
+        if ws is not None and not (ws and all(isinstance(w, int) and w >= 1 for w in ws)):
+            raise TargetError(f"{record}: world_sizes={ws!r}; expected a tuple of ints >= 1, or None")
+        for label, pred in dict(self.also_reaches).items():
+            if not isinstance(label, str) or not callable(pred):
+                raise TargetError(
+                    f"{record}: also_reaches[{label!r}]={pred!r}; expected a label and a predicate(case)"
+                )
+        object.__setattr__(self, "options", dict(self.options))
+        object.__setattr__(self, "also_reaches", dict(self.also_reaches))
+
+
+DTYPE_WORDS = ("float64", "float32", "bfloat16", "float16")
+_SIZE_FACT = re.compile(r"([a-z_]\w*) (-?\d+(?:\.\d+)?)")  # "hidden 3", "logit_scale 30"
+_RANK_FACT = re.compile(r"(\d+) ranks?")
+_COUNT_FACT = re.compile(r"(\d+) ([a-z][a-z-]*)")  # "2 steps", "1 micro-batch": a size or option counted
+_NOT_ONE_FACT = re.compile(r"\b(or|any|not|no)\b|[<>=]")  # alternatives and bounds: no single fact
+
+
+def note_facts(note: str) -> list[str]:
+    """The plain facts a note states: ``NAME N`` (a size or option), ``N rank(s)``, ``N things``
+    (a size or option named by the plural, hyphens dropped: ``2 micro-batches``), a dtype named
+    alone. Clauses with "or", "any", "not", "no" or a comparison state no single fact: not read."""
+    facts = []
+    for clause in re.split(r",\s*|\s+and\s+|[()]", note):
+        clause = clause.strip()
+        if not clause or _NOT_ONE_FACT.search(clause):
+            continue
+        if clause in DTYPE_WORDS or any(p.fullmatch(clause) for p in (_RANK_FACT, _SIZE_FACT, _COUNT_FACT)):
+            facts.append(clause)
+    return facts
+
+
+def note_contradictions(note: str, case: Case) -> list[str]:
+    """The facts of ``note`` (:func:`note_facts`) that ``case`` contradicts: a note says in words
+    what a record's ``check`` asks for, and the shrunk case of its proof must bear it out. A
+    ``NAME N`` fact whose NAME the case has neither as a size nor as an option is a contradiction
+    too (the note names something the case does not carry)."""
+    wrong = []
+    for fact in note_facts(note):
+        if fact in DTYPE_WORDS:
+            ok = case.dtype == fact
+        elif m := _RANK_FACT.fullmatch(fact):
+            ok = case.world_size == int(m.group(1))
+        elif m := _SIZE_FACT.fullmatch(fact):
+            ok = _carries(case, m.group(1), float(m.group(2)))
+        else:  # "N things": read where the case carries a size or option of that name
+            value, noun = _COUNT_FACT.fullmatch(fact).groups()  # type: ignore[union-attr]
+            word = noun.replace("-", "")
+            names = [n for n in (word, word + "s", word + "es") if n in case.sizes or n in case.options]
+            if not names:
+                continue  # "3 stages", "1 element": counted by no field of the case
+            ok = _carries(case, names[0], float(value))
+        if not ok:
+            wrong.append(fact)
+    return wrong
+
+
+def _carries(case: Case, name: str, value: float) -> bool:
+    """``case`` has the size or the numeric option ``name`` equal to ``value``."""
+    have = case.sizes.get(name, case.options.get(name))
+    return isinstance(have, (int, float)) and not isinstance(have, bool) and have == value

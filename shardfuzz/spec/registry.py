@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
+import pathlib
+import re
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from shardfuzz.errors import TargetError
@@ -15,19 +20,39 @@ from shardfuzz.spec.target import Target
 
 ENTRY_POINT_GROUP = "shardfuzz.targets"
 
-BUILTIN_TARGETS: dict[str, str] = {
-    "tp_mlp": "shardfuzz.targets.tp_mlp:TARGET",
-    "vocab_parallel": "shardfuzz.targets.vocab_parallel:TARGET",
-    "ulysses": "shardfuzz.targets.ulysses:TARGET",
-    "ring_attention": "shardfuzz.targets.ring_attention:TARGET",
-    "zero_adamw": "shardfuzz.targets.zero_adamw:TARGET",
-    "zero_adamw_torch": "shardfuzz.targets.zero_adamw:TORCH_TARGET",
-    "moe": "shardfuzz.targets.moe:TARGET",
-    "redistribute": "shardfuzz.targets.redistribute:TARGET",
-    "ring_allreduce": "shardfuzz.targets.ring_allreduce:TARGET",
-    "ddp_buckets": "shardfuzz.targets.ddp_buckets:TARGET",
-    "pipeline_1f1b": "shardfuzz.targets.pipeline_1f1b:TARGET",
-}
+#: a built-in target: ``ATTR = Target(`` at the start of a line of ``targets/MODULE.py``, its first
+#: argument ``name="NAME"`` (tests/test_targets.py checks this reading against a full parse)
+_TARGET_STATEMENT = re.compile(r'^([A-Za-z_]\w*) = Target\(\s*name="(\w+)"', re.M)
+
+
+@functools.cache
+def builtin_targets() -> dict[str, str]:
+    """Name -> ``shardfuzz.targets.MODULE:ATTR`` for every target that ``targets/*.py`` defines,
+    found by reading the files, not importing them (importing one loads torch: ~1 s), in file
+    order. A new built-in target is a new file there: nothing to list by hand."""
+    package = importlib.util.find_spec("shardfuzz.targets")
+    folders = package.submodule_search_locations if package is not None else None
+    if not folders:
+        raise TargetError("the built-in targets' package shardfuzz.targets is not installed")
+    return targets_in(folders)
+
+
+def targets_in(folders: Iterable[str]) -> dict[str, str]:
+    """Name -> ``shardfuzz.targets.MODULE:ATTR`` for the targets the files of ``folders`` define."""
+    found: dict[str, str] = {}
+    for folder in folders:
+        for path in sorted(pathlib.Path(folder).glob("*.py")):
+            for attr, name in _TARGET_STATEMENT.findall(path.read_text()):
+                if name in found:
+                    raise TargetError(f"built-in target {name!r} is defined twice: {found[name]} and {path}")
+                found[name] = f"shardfuzz.targets.{path.stem}:{attr}"
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BUILTIN_TARGETS":  # read on first use: `shardfuzz --help` reads no target file
+        return builtin_targets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _entry_points() -> dict[str, str]:
@@ -38,7 +63,7 @@ def _entry_points() -> dict[str, str]:
 
 def available_targets() -> dict[str, str]:
     """Name -> reference, for built-ins and targets registered by installed packages."""
-    found = dict(BUILTIN_TARGETS)
+    found = dict(builtin_targets())
     for name, value in _entry_points().items():
         found.setdefault(name, value)
     return found
@@ -47,7 +72,7 @@ def available_targets() -> dict[str, str]:
 def registered_ref(name: str) -> str | None:
     """The reference registered under ``name``, or None: a built-in's without reading the entry
     points (~10 ms a call; they cannot shadow a built-in name), else an installed package's."""
-    return BUILTIN_TARGETS.get(name) or _entry_points().get(name)
+    return builtin_targets().get(name) or _entry_points().get(name)
 
 
 def get_target(spec: Any) -> Target:

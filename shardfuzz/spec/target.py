@@ -18,7 +18,7 @@ from shardfuzz.spec.bounds import CaseBounds, bounds_of, branches_drawing, decla
 from shardfuzz.spec.budget import check_budgets
 from shardfuzz.spec.exclude import known_failures
 from shardfuzz.spec.layouts import Layout, Replicate, check_layout
-from shardfuzz.spec.records import Bound, ExpectedFailure, PlantedBug, bind
+from shardfuzz.spec.records import Bound, ExpectedFailure, PlantedBug, Verified, bind
 from shardfuzz.spec.refs import module_ref, ref_of_callable
 from shardfuzz.spec.tolerance import per_output_tolerances
 
@@ -76,6 +76,8 @@ class Target:
         planted: :class:`PlantedBug` records. Each becomes an implementation under its name (by
             default the reference bound with ``bug=NAME``); the test suite proves each is found.
         expected_failures: :class:`ExpectedFailure` records for implementations known to fail.
+        verified: :class:`Verified` records: implementations (usually upstream code) verified to
+            pass under stated settings; the test suite runs each one.
         triggers: name -> ``predicate(case)``: the bug-hiding conditions this target's options and
             sizes stand for (``"steps>=2"``, ``"causal"``, ...). Statistics, progress lines and the
             test suite use them, beside the generic ones of :mod:`shardfuzz.spec.triggers`.
@@ -116,6 +118,7 @@ class Target:
     reference: str = "reference"
     planted: Any = ()  # Iterable[PlantedBug] in, Mapping[str, PlantedBug] after __post_init__
     expected_failures: Any = ()  # Iterable[ExpectedFailure] in, Mapping[str, ExpectedFailure] after
+    verified: Any = ()  # Iterable[Verified] in, Mapping[str, Verified] after __post_init__
     triggers: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
     effective: Mapping[str, Callable[[Case], bool]] = dataclasses.field(default_factory=dict)
     important: tuple[str, ...] = ()
@@ -150,6 +153,7 @@ class Target:
         object.__setattr__(self, "implementations", impls)
         object.__setattr__(self, "planted", planted)
         object.__setattr__(self, "expected_failures", expected)
+        object.__setattr__(self, "verified", self._verified(impls))
         object.__setattr__(self, "triggers", dict(self.triggers))
         for tname, pred in self.triggers.items():
             if not callable(pred):
@@ -206,6 +210,20 @@ class Target:
             elif rec.name not in impls:
                 impls[rec.name] = bind(impls[self.reference], bug=rec.name)
         return planted, expected
+
+    def _verified(self, impls: dict[str, Any]) -> dict[str, Verified]:
+        """The verified records by name: each names an implementation that is not a known failure."""
+        verified = _records(self.verified, Verified, self.name, "verified")
+        for name in verified:
+            if name not in impls or name in self.planted or name in self.expected_failures:
+                passing = sorted(
+                    n for n in impls if n not in self.planted and n not in self.expected_failures
+                )
+                raise TargetError(
+                    f"Target {self.name!r}: verified names {name!r}, which is not one of its implementations "
+                    f"that may pass: {', '.join(passing)}"
+                )
+        return verified
 
     def _check_tolerance_and_gradients(self) -> None:
         """Per-output tolerances and declared gradients name outputs of the target."""
@@ -398,7 +416,7 @@ class Target:
         Define it at module level (workers import it by name from your module). New
         implementations given by bare name are looked up in *your* module; the reference and the
         other non-planted implementations of this target are kept (already resolved), its planted
-        bugs and expected failures are left behind. ``changes`` replace other fields (``cases``,
+        bugs, expected failures and verified records are left behind. ``changes`` replace other fields (``cases``,
         ``description``, ``reference``, ...).
         """
         kept = {
@@ -411,6 +429,7 @@ class Target:
         fields: dict[str, Any] = {
             "planted": (),
             "expected_failures": (),
+            "verified": (),
             "origin": module_ref(_caller_globals()),
             "cases": _RenamedCases(self, name),
         }
@@ -467,7 +486,7 @@ def _check_outputs(outputs: Any, target: str) -> dict[str, Layout]:
 
 
 def _records(
-    records: Any, cls: type[PlantedBug | ExpectedFailure], target: str, field: str
+    records: Any, cls: type[PlantedBug | ExpectedFailure | Verified], target: str, field: str
 ) -> dict[str, Any]:
     if isinstance(records, Mapping):
         records = list(records.values())

@@ -1,4 +1,4 @@
-"""FSDP2's state with its DTensors' placements dropped (tests/test_torch_fsdp.py): each rank returns
+"""FSDP2's state with its DTensors' placements dropped (tests/test_dtensor_outputs.py): each rank returns
 its local piece as a plain tensor, which the target's declared layouts (Replicate, Owned) reject."""
 
 from shardfuzz.targets.zero_fsdp2 import fsdp2
