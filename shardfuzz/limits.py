@@ -142,3 +142,42 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("SHARDFUZZ_FLEET", "name", "default", "the fleet's name on a shared Redis (--fleet)"),
     EnvVar("SHARDFUZZ_HEARTBEAT", "int >= 1", "10", "seconds between a fleet worker's heartbeats"),
 )
+
+#: the environment variables shardfuzz reads (or sets when unset) that are not its own; the docs'
+#: reference of environment variables is generated from these two tables (``tests/test_readme.py``
+#: checks that every variable the engine's source reads is in one of them)
+OTHER_ENVIRONMENT: tuple[EnvVar, ...] = (
+    EnvVar(
+        "OMP_NUM_THREADS",
+        "int",
+        "1",
+        "the `shardfuzz` command and torchrun reproducers set it to 1 when unset; the driver keeps one "
+        "torch thread unless it is set (then SHARDFUZZ_DRIVER_THREADS decides); every rank sets it to "
+        "SHARDFUZZ_WORKER_THREADS",
+    ),
+    EnvVar("NO_COLOR", "any", "", "set: no colour in a campaign's display and summary (honoured by rich)"),
+    EnvVar(
+        "TORCH_DISTRIBUTED_DEBUG",
+        "DETAIL",
+        "",
+        "set to DETAIL in every rank by `shardfuzz replay --debug-collectives`",
+    ),
+    EnvVar(
+        "CUBLAS_WORKSPACE_CONFIG",
+        "string",
+        ":4096:8",
+        "set in each rank when unset (deterministic algorithms on CUDA need it)",
+    ),
+    EnvVar(
+        "RANK",
+        "int",
+        "0",
+        "under torchrun (`shardfuzz repro` scripts, `python -m shardfuzz.repro.torchrun`): this rank",
+    ),
+    EnvVar("WORLD_SIZE", "int", "1", "under torchrun: the number of ranks"),
+    EnvVar("LOCAL_RANK", "int", "0", "under torchrun: the CUDA device of this rank (nccl)"),
+    EnvVar("PYTEST_CURRENT_TEST", "string", "", "set by pytest: a failure file's `origin` names the test"),
+    EnvVar(
+        "PYTEST_XDIST_WORKER", "string", "", "set by pytest-xdist: a failure file's `origin` names the worker"
+    ),
+)
