@@ -93,8 +93,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import dataclasses
 
-    from shardfuzz.engine.covering import draw_pool
     from shardfuzz.spec.registry import get_target
+    from shardfuzz.spec.sampling import draw_pool
 
     print(f"# failing_speed: loadavg {', '.join(f'{v:.2f}' for v in os.getloadavg())}, {os.cpu_count()} cpus, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)  # fmt: skip

@@ -37,6 +37,7 @@ import collections
 import dataclasses
 import math
 import os
+import random
 import re
 import sys
 import time
@@ -52,28 +53,11 @@ EFFECT = 0.05
 
 # -- drawing cases ---------------------------------------------------------------------------------
 def draw_cases(strategy: Any, n: int, seed: int | None = None) -> list:
-    """Up to ``n`` cases from ``strategy``, collected inside a ``@given`` test (generate phase only)."""
-    import hypothesis
-    from hypothesis import HealthCheck, Phase, given, settings
+    """Up to ``n`` distinct random cases of ``strategy`` (shardfuzz's one sampler,
+    :func:`shardfuzz.spec.sampling.draw_pool`); a fresh random seed when ``seed`` is None."""
+    from shardfuzz.spec.sampling import draw_pool
 
-    out: list = []
-
-    @settings(
-        database=None,
-        max_examples=n,
-        derandomize=False,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        deadline=None,
-    )
-    @given(strategy)
-    def collect(case):
-        out.append(case)
-
-    if seed is not None:
-        collect = hypothesis.seed(seed)(collect)
-    collect()
-    return out
+    return [case for case, _ in draw_pool(strategy, random.randrange(2**63) if seed is None else seed, n)]
 
 
 class CaseStream:

@@ -18,18 +18,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def draw(runner, n: int) -> list:
-    from hypothesis import HealthCheck, Phase, given, settings
+    """``n`` random cases of the runner's strategy, the same on every run (shardfuzz's one sampler)."""
+    from shardfuzz.spec.sampling import draw_pool, stable_seed
 
-    seen: list = []
-
-    @settings(max_examples=n, database=None, derandomize=True, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck), deadline=None)  # fmt: skip
-    @given(runner.strategy())
-    def collect(case):
-        seen.append(case)
-
-    collect()
-    return seen
+    return [case for case, _ in draw_pool(runner.strategy(), stable_seed("trace_cost"), n)]
 
 
 def timed(runner, cases: list, trace: bool) -> float:

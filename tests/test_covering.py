@@ -14,6 +14,7 @@ from shardfuzz.engine.search import chunks as search_chunks
 from shardfuzz.engine.search import search, settings_for, stable_identity
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.frontends.testing import run_cli
+from shardfuzz.spec import sampling
 from shardfuzz.spec.exclude import CaseExpression
 from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
@@ -56,15 +57,15 @@ def test_covering_rows_reach_every_pair_of_conditions_their_pool_reaches(name):
 def test_the_pool_does_not_depend_on_the_constants_of_loaded_modules(tmp_path, monkeypatch):
     # Hypothesis draws some values from literals in the loaded modules' source; the rows must not
     target = get_target("tp_mlp")
-    seed = covering.stable_seed("tp_mlp/covering")
-    before = covering.draw_pool(target.strategy(), seed, 60)
+    seed = sampling.stable_seed("tp_mlp/covering")
+    before = sampling.draw_pool(target.strategy(), seed, 60)
     # enough literals that Hypothesis' constant draws (5% of draws) mostly pick one of them
     values = ", ".join(str(1_000_003 * k) for k in range(1, 600))  # Hypothesis reads up to 1024
     (tmp_path / "many_constants.py").write_text(f"VALUES = [{values}]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import many_constants  # noqa: F401
 
-    assert covering.draw_pool(target.strategy(), seed, 60) == before
+    assert sampling.draw_pool(target.strategy(), seed, 60) == before
 
 
 def test_pairs_are_what_a_case_reaches_together():
@@ -72,13 +73,13 @@ def test_pairs_are_what_a_case_reaches_together():
         ("a",), ("b",), ("c",), ("a", "b"), ("a", "c"), ("b", "c"),
     }  # fmt: skip
     target = get_target("ring_attention")
-    pool = [c for c, _ in covering.draw_pool(target.strategy(), 3, 100)]
+    pool = [c for c, _ in sampling.draw_pool(target.strategy(), 3, 100)]
     assert "variant" in covering.categorical_options(pool)  # each of its values is a condition
     row = covering.covering_rows(target, target.strategy(), seed=3, pool_size=100)[:1]
     missing = covering.uncovered(row, pool, target)
     assert missing, "one row cannot cover every pair: the check must be able to fail"
     # a mapped or filtered strategy (--dtypes maps) draws as in a search
-    mapped = covering.draw_pool(
+    mapped = sampling.draw_pool(
         target.strategy(None, ("bfloat16",)).filter(lambda c: c.world_size > 1), 3, 30
     )
     assert mapped and all(c.dtype == "bfloat16" and c.world_size > 1 for c, _ in mapped)

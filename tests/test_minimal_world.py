@@ -10,10 +10,10 @@ from hypothesis.internal.conjecture.data import ConjectureData
 
 import shardfuzz.strategies as sst
 from shardfuzz import RunConfig
-from shardfuzz.engine.covering import draw_pool
 from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.frontends import campaign
 from shardfuzz.report.findings import ONE_RANK_NOTE
+from shardfuzz.spec.sampling import draw_pool
 
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "data", "toy_target.py")

@@ -439,15 +439,16 @@ def test_world_sizes_a_target_refuses_are_refused_with_its_reason():
 def test_an_option_of_one_branch_pins_by_selecting_the_branches_that_have_it():
     # tp_mlp's cases are a one_of: the plain MLP (no option) | sequence parallel (its one option)
     from shardfuzz.engine import covering
+    from shardfuzz.spec import sampling
 
     t = get_target("tp_mlp")
     pinned = (("sequence_parallel", True),)
-    drawn = covering.draw_pool(t.strategy(options=pinned), 7, 40)
+    drawn = sampling.draw_pool(t.strategy(options=pinned), 7, 40)
     assert len(drawn) >= 30 and all(c.options["sequence_parallel"] is True for c, _ in drawn)
     pool = covering.pool_for(t, None, None, pinned)  # the covering rows are picked from these
     assert pool and all(c.options["sequence_parallel"] is True for c, _ in pool)
     # unpinned, both branches are drawn
-    both = {bool(c.options.get("sequence_parallel")) for c, _ in covering.draw_pool(t.strategy(), 7, 60)}
+    both = {bool(c.options.get("sequence_parallel")) for c, _ in sampling.draw_pool(t.strategy(), 7, 60)}
     assert both == {False, True}
     with pytest.raises(
         InvalidArgument, match=r"no such option; its options: grid, scale, sequence_parallel$"
@@ -455,7 +456,7 @@ def test_an_option_of_one_branch_pins_by_selecting_the_branches_that_have_it():
         t.strategy(options=(("sequence_paralel", True),))
     # a derived target (TARGET.derive) selects the base's branches too
     mine = t.derive("my_tp")
-    drawn = covering.draw_pool(mine.strategy(options=pinned), 7, 40)
+    drawn = sampling.draw_pool(mine.strategy(options=pinned), 7, 40)
     assert drawn and all(c.options["sequence_parallel"] is True and c.target == "my_tp" for c, _ in drawn)
 
 
@@ -472,9 +473,9 @@ def test_options_of_different_branches_pinned_together_name_each_branch():
 
 
 def _draws(strategy):
-    from shardfuzz.engine import covering
+    from shardfuzz.spec import sampling
 
-    return covering.draw_pool(strategy, 3, 20)
+    return sampling.draw_pool(strategy, 3, 20)
 
 
 def shardfuzz_target(name, cases):
@@ -493,10 +494,10 @@ def shardfuzz_target(name, cases):
 
 
 def test_mesh_2d_share_puts_that_share_of_cases_on_a_dp_x_tp_mesh():
-    from shardfuzz.engine import covering
+    from shardfuzz.spec import sampling
 
     def share(strategy):
-        drawn = [c for c, _ in covering.draw_pool(strategy, 11, 200)]
+        drawn = [c for c, _ in sampling.draw_pool(strategy, 11, 200)]
         return sum(len(c.mesh) == 2 and min(c.mesh) > 1 for c in drawn) / len(drawn)
 
     plain = share(sst.cases("m", sizes={"n": sst.Split()}))
@@ -514,17 +515,17 @@ def test_mesh_2d_share_puts_that_share_of_cases_on_a_dp_x_tp_mesh():
 
 
 def test_a_size_split_over_the_replicas_is_drawn_for_the_data_parallel_axis():
-    from shardfuzz.engine import covering
+    from shardfuzz.spec import sampling
 
     sizes = {"batch": sst.Split(over="replicas"), "hidden": sst.Split()}
     dp_tp = sst.cases("dp_tp", sizes=sizes, mesh_2d_share=1.0)
-    for case, _ in covering.draw_pool(dp_tp, 5, 40):  # all on (2, 2): batch for 2 replicas
+    for case, _ in sampling.draw_pool(dp_tp, 5, 40):  # all on (2, 2): batch for 2 replicas
         assert case.mesh == (2, 2) and case.split == ("hidden",), case
         assert 2 <= case.sizes["batch"] <= 7 and 2 <= case.sizes["hidden"] <= 7, case
-    for case, _ in covering.draw_pool(sst.cases("dp_tp", sizes=sizes, max_dims=1), 5, 40):
+    for case, _ in sampling.draw_pool(sst.cases("dp_tp", sizes=sizes, max_dims=1), 5, 40):
         assert 1 <= case.sizes["batch"] <= 3, case  # a 1-D mesh has one replica
     target = shardfuzz_target("dp_tp", dp_tp)
-    good = next(c for c, _ in covering.draw_pool(dp_tp, 5, 1))
+    good = next(c for c, _ in sampling.draw_pool(dp_tp, 5, 1))
     check_in_bounds(target, good)
     with pytest.raises(
         InvalidArgument, match=r"sizes\['batch'\]=1; split over 2 replica\(s\) it draws 2\.\.7"

@@ -23,6 +23,7 @@ import shardfuzz
 from shardfuzz.engine import covering
 from shardfuzz.engine.degenerate import degenerate_share
 from shardfuzz.frontends.testing import assert_reference_passes
+from shardfuzz.spec import sampling
 from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 from shardfuzz.spec.triggers import triggers_of
 
@@ -97,7 +98,7 @@ def test_strategy_reaches_trigger(target, trigger):
         return
     # a rare conjunction (a value drawn 2.5% of the time, on 3 ranks): 2,000 more random draws,
     # deterministic (covering's draws ignore the loaded modules' constants, which find() uses)
-    more = covering.draw_pool(t.strategy(), covering.stable_seed(f"{target}/reach"), 2000)
+    more = sampling.draw_pool(t.strategy(), sampling.stable_seed(f"{target}/reach"), 2000)
     if any(reaches(c) for c, _ in more):
         return
     find(t.strategy(), reaches, settings=FIND)  # raises when no case reaches it

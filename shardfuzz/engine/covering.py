@@ -22,34 +22,22 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import hashlib
 import itertools
-import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from hypothesis.control import BuildContext
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choices_to_bytes
-from hypothesis.errors import StopTest
-from hypothesis.internal.conjecture.data import ConjectureData, Status
-from hypothesis.internal.conjecture.providers import HypothesisProvider
 
 from shardfuzz.case import Case
 from shardfuzz.engine.hooks import StickyInterrupt
 from shardfuzz.errors import ExternalFault, Finding, Unsupported
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.exclude import Excluded
+from shardfuzz.spec.sampling import POOL_SIZE, Draws, distinct_cases, draw_pool, stable_seed
 from shardfuzz.spec.triggers import is_effective, triggers_of
 
-#: cases drawn to learn which pairs of conditions occur together
-POOL_SIZE = 250
 #: an option with at most this many distinct values in the pool is categorical: each value is a condition
 MAX_CATEGORIES = 6
-
-
-def stable_seed(key: str) -> int:
-    """A seed from a string, the same on every run and machine."""
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,72 +47,6 @@ class Row:
     case: Case
     choices: tuple
     conditions: frozenset[str]
-
-
-def draw_pool(strategy: Any, seed: int, size: int = POOL_SIZE) -> list[tuple[Case, tuple]]:
-    """Up to ``size`` distinct cases drawn from ``strategy`` at random (uniformly over Hypothesis'
-    choices, not simplest-first as a search starts) with a ``random.Random(seed)``, each with the
-    choice sequence that drew it (what Hypothesis' database stores). Draws a filter rejects are
-    skipped. The draws run inside a Hypothesis build context, so maps and composites work as in a
-    search."""
-    return distinct_cases(Draws(strategy, seed), size)
-
-
-class Draws:
-    """The attempts of :func:`draw_pool` for one strategy and seed, drawn on demand and kept: a map
-    draws no choices, so the pool of ``strategy.map(f)`` is these same draws through ``f``
-    (:func:`distinct_cases`), and runs restricted to other dtypes or pinned options share them."""
-
-    def __init__(self, strategy: Any, seed: int) -> None:
-        self.strategy = strategy
-        self.rng = random.Random(seed)
-        #: (case, choices) per attempt; case None where a filter rejected the draw
-        self.attempts: list[tuple[Case | None, tuple]] = []
-
-    def __getitem__(self, i: int) -> tuple[Case | None, tuple]:
-        while len(self.attempts) <= i:
-            self.attempts.append(self._draw())
-        return self.attempts[i]
-
-    def _draw(self) -> tuple[Case | None, tuple]:
-        data = ConjectureData(random=self.rng, provider=NoConstants)
-        try:
-            with BuildContext(data, is_final=False, wrapped_test=draw_pool):
-                case = data.draw(self.strategy)
-        except StopTest:  # a filter rejected the draw
-            return None, ()
-        data.freeze()
-        if data.status >= Status.VALID and isinstance(case, Case):
-            return case, tuple(data.choices)
-        return None, ()
-
-
-class NoConstants(HypothesisProvider):
-    """A Hypothesis provider that never draws constants."""
-
-    # Hypothesis draws 5% of its values from constants in the source of the loaded modules:
-    # which modules are loaded (a benchmark, a test file) would change the pool, and the rows
-    def _maybe_draw_constant(self, choice_type: Any, constraints: Any, *, p: float = 0.05) -> None:  # noqa: ARG002 (Hypothesis calls it with these; none is needed to draw nothing)
-        return None
-
-
-def distinct_cases(
-    draws: Draws, size: int = POOL_SIZE, through: Callable[[Case], Case] | None = None
-) -> list[tuple[Case, tuple]]:
-    """Up to ``size`` distinct cases of the first ``2 * size`` attempts, each passed ``through`` the
-    map a restricted strategy applies (:meth:`~shardfuzz.spec.target.Target.restrict`)."""
-    out: dict[Case, tuple] = {}
-    for i in range(size * 2):
-        if len(out) >= size:
-            break
-        case, choices = draws[i]
-        if case is None:
-            continue
-        if through is not None:
-            case = through(case)
-        if case not in out:
-            out[case] = choices
-    return list(out.items())
 
 
 def categorical_options(cases: Iterable[Case]) -> tuple[str, ...]:

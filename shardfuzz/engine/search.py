@@ -22,7 +22,7 @@ from hypothesis.errors import Flaky, UnsatisfiedAssumption
 
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_tolerance_outputs
-from shardfuzz.engine.covering import CoveringRun, counted_run, seeded_database, stable_seed
+from shardfuzz.engine.covering import CoveringRun, counted_run, seeded_database
 from shardfuzz.engine.database import keyed_database
 from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, example_choices, example_order
@@ -32,6 +32,7 @@ from shardfuzz.engine.shared_db import hypothesis_database
 from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, RankHang, Unsupported
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.exclude import Excluded
+from shardfuzz.spec.sampling import stable_seed
 
 if TYPE_CHECKING:
     from shardfuzz.engine.finding import FindingContext

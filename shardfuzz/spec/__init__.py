@@ -23,11 +23,14 @@ budgets and DTensor placements. Imports only the core.
 - ``placements.py``: DTensor outputs: a rank sends its local piece with the placements, mesh and
   coordinate; the driver computes each rank's piece of the oracle's value with DTensor's rule
   and gives the judge a `Placed` layout.
-- ``records.py``: `PlantedBug`, `ExpectedFailure`, `Expect` and `bind()`: the records a target
-  file declares.
+- ``records.py``: `PlantedBug` and `ExpectedFailure` (one base, `KnownFailure`), `Expect`,
+  `Verified` and `bind()`: the records a target file declares.
 - ``refs.py``: import references for targets and implementations (`pkg.mod:attr`,
   `file.py::NAME`).
-- ``registry.py``: built-in and entry-point targets, and `get_target`.
+- ``registry.py``: built-in targets (discovered from ``targets/*.py``) and entry-point targets,
+  and `get_target`.
+- ``sampling.py``: the one case sampler: random cases of a strategy with their choice sequences,
+  reproducible from a seed (`draw_pool`, `stable_seed`).
 - ``target.py``: `Target`: the spec, its implementations, outputs per case, and `derive()`.
 - ``tolerance.py``: the tolerance policy (`Tolerance`, `OutputTolerance`).
 - ``triggers.py``: the generic trigger conditions of a case, plus a target's declared ones.

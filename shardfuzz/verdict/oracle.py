@@ -22,14 +22,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from hypothesis import HealthCheck, Phase, currently_in_test_context, find, settings
-from hypothesis.errors import NoSuchExample
+from hypothesis import currently_in_test_context
 
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.limits import check_world_size
 from shardfuzz.spec.bounds import PROFILE_PARAMS as BOUNDS_PROFILE_PARAMS
 from shardfuzz.spec.inputs import float64, seed_global
+from shardfuzz.spec.sampling import draw_pool, stable_seed
 from shardfuzz.spec.target import SELF
 from shardfuzz.verdict.noise import estimate
 
@@ -267,30 +267,12 @@ _DRAWN: weakref.WeakKeyDictionary[Any, DrawnSizes | None] = weakref.WeakKeyDicti
 
 
 def drawn_sizes(target: Any, n: int = 30) -> DrawnSizes | None:
-    """What ``target``'s strategy draws: ``n`` cases, derandomized, sampled once per target. Never
-    call it inside a Hypothesis test."""
+    """What ``target``'s strategy draws: ``n`` random cases (the same on every machine), sampled
+    once per target. Never call it inside a Hypothesis test."""
     if target in _DRAWN:
         return _DRAWN[target]
 
-    seen: list[Case] = []
-
-    def note(case: Any) -> bool:
-        if isinstance(case, Case):
-            seen.append(case)
-        return False
-
-    quiet = settings(
-        database=None,
-        max_examples=n,
-        derandomize=True,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        deadline=None,
-    )
-    try:
-        find(target.strategy(), note, settings=quiet)
-    except NoSuchExample:
-        pass
+    seen = [case for case, _ in draw_pool(target.strategy(), stable_seed(f"{target.name}/drawn"), n)]
     drawn = None
     if seen:
         names = [frozenset(c.sizes) for c in seen]
