@@ -38,7 +38,7 @@ def test_import_does_not_import_torch(module):
 def test_entry_points():
     eps = importlib.metadata.entry_points()
     assert "shardfuzz.frontends.pytest_plugin" in {ep.value for ep in eps.select(group="pytest11")}
-    assert "shardfuzz.frontends.cli:main" in {
+    assert "shardfuzz.frontends.cli:entry" in {
         ep.value for ep in eps.select(group="console_scripts", name="shardfuzz")
     }
 

@@ -19,7 +19,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_tolerance_outputs, format_tolerance
@@ -42,6 +42,7 @@ from shardfuzz.frontends.cli_args import (
     build_parser,
 )
 from shardfuzz.frontends.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
+from shardfuzz.ranks.fast_exit import exit_without_teardown
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.divergence import format_trace
 from shardfuzz.spec.refs import add_search_path, split_file_ref
@@ -411,5 +412,23 @@ def _main(args: Any) -> int:
     return EXIT_USAGE
 
 
+def entry() -> NoReturn:
+    """The ``shardfuzz`` command: :func:`main`, then an exit without the interpreter's teardown of
+    torch (1.2-1.7 s after the last line is printed: :mod:`shardfuzz.ranks.fast_exit`). An error
+    nobody caught still exits the usual way, with its traceback."""
+    try:
+        code = main()
+    except SystemExit as e:  # argparse's usage errors and --help: the code sys.exit would give
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BrokenPipeError:  # the reader left (`shardfuzz list | head`): quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    exit_without_teardown(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

@@ -6,6 +6,8 @@ the GPUs can run. Imports the core and spec.
 
 - ``faults.py``: `confirm_death()` (any rank death is rerun once on fresh ranks: a death that
   does not
+- ``fast_exit.py``: exits without the interpreter's teardown of torch (the command, the
+  forkserver): 1.2-1.7 s each.
 - ``gpu.py``: what can run on the GPUs of this machine.
 - ``pool.py``: a warm forkserver pool of ranks, on the driver side: start, submit a task,
   collect one outcome.

@@ -55,7 +55,8 @@ def context() -> Any:
         # torch._inductor.config, which torch.use_deterministic_algorithms imports (with
         # torch._dynamo: ~300 modules, 0.5-0.6 s idle, 2-7 s under load), and Hypothesis and the
         # strategies, which every target module imports (most of the 0.15-0.45 s a fresh rank's
-        # first example spent importing its target; a spare imports the target itself)
+        # first example spent importing its target; a spare imports the target itself). The
+        # forkserver exits without the teardown of all that (1.2-1.7 s): shardfuzz.ranks.fast_exit
         _ctx.set_forkserver_preload(
             [
                 "torch",
@@ -66,6 +67,8 @@ def context() -> Any:
                 "shardfuzz.ranks.worker",
                 "hypothesis",
                 "shardfuzz.strategies",
+                # last: the forkserver then leaves without tearing torch down (its own atexit)
+                "shardfuzz.ranks.fast_exit",
             ]
         )
     return _ctx

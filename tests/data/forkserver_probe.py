@@ -1,0 +1,9 @@
+"""Run in a process forked by shardfuzz's forkserver (tests/test_lifecycle.py): whether it leaves
+without the interpreter's teardown (``shardfuzz.ranks.fast_exit.IN_FORKSERVER``)."""
+
+import sys
+
+
+def report(queue):
+    fast_exit = sys.modules.get("shardfuzz.ranks.fast_exit")
+    queue.put(None if fast_exit is None else fast_exit.IN_FORKSERVER)
