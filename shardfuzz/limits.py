@@ -20,6 +20,9 @@ DEVICES = ("cpu", "cuda")
 #: share of the cores it may use: each rank is a process, and more than 4 per core only thrashes
 MAX_WORLD_SIZE = 16
 RANKS_PER_CORE = 4
+#: an example still running this long after a campaign's deadline is abandoned
+#: (``$SHARDFUZZ_GRACE`` changes it); docs/how-to/campaigns.md promises ``--duration D`` ends by D + 30 s
+GRACE_S = 20.0
 
 #: integer environment variables: name -> (default, minimum)
 ENV_INTS = {
@@ -117,7 +120,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     ),
     EnvVar("SHARDFUZZ_WORKER_THREADS", "int >= 1", "1", "torch threads in each rank process"),
     EnvVar("SHARDFUZZ_DRIVER_THREADS", "int >= 1", "1", "torch threads in the driver (the oracle)"),
-    EnvVar("SHARDFUZZ_GRACE", "seconds", "30", "how long past --duration a campaign may take to stop"),
+    EnvVar(
+        "SHARDFUZZ_GRACE",
+        "seconds",
+        f"{GRACE_S:g}",
+        "how long an example may still run after a campaign's --duration before it is abandoned",
+    ),
     EnvVar(
         "SHARDFUZZ_FAILURES_DIR", "path", ".shardfuzz/failures", "where failure files are written and found"
     ),

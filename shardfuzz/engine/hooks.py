@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.limits import GRACE_S
 
 # Hypothesis is imported inside the functions that use it: the CLI's parser or the pytest
 # plugin loads this module at start (START_UP in tests/test_structure.py)
@@ -33,10 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.engine.finding import FindingContext
     from shardfuzz.engine.runner import Runner
     from shardfuzz.errors import Finding
-
-#: an example still running this long after a campaign's deadline is abandoned
-#: (``$SHARDFUZZ_GRACE`` changes it); the README promises ``--duration D`` ends by D + 30 s
-GRACE_S = 20.0
 
 
 class RunHooks:

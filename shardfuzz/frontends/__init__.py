@@ -7,7 +7,8 @@ helpers and the generated doc tables. The top layer.
 - ``display.py``: a campaign's progress: the live display on a terminal, plain lines elsewhere.
 - ``cli.py``: the `shardfuzz` command: runs each subcommand.
 - ``cli_args.py``: the command line's parser, argument types (durations, ...) and exit codes.
-- ``doc_tables.py``: the README's target tables, generated from the targets' records.
+- ``doc_tables.py``: every generated section of the README, CONTRIBUTING and ``docs/`` (target
+  tables from the records, options, environment variables, finding kinds, failure-file fields).
 - ``fleet_view.py``: `shardfuzz findings`, `shardfuzz status`, and `replay redis://...` (the
   fleet's failure files through the file loader).
 - ``given.py``: `run_case()`: one case from the user's own `@given` test, with runners kept warm

@@ -240,7 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="after --duration, shrink findings whose shrink the deadline cut for up to TIME more "
         "(0: not at all; default: a quarter of the duration, at most 2 min)",
     )
-    f.add_argument("--world-sizes", type=_world_sizes, default=None, metavar="N,N,...")
+    f.add_argument(
+        "--world-sizes",
+        type=_world_sizes,
+        default=None,
+        metavar="N,N,...",
+        help="restrict the world sizes drawn, e.g. 2,3 (default: each target's own, up to SHARDFUZZ_MAX_WORLD)",
+    )
     f.add_argument(
         "--dtypes",
         type=_dtypes,

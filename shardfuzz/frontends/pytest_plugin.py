@@ -136,8 +136,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--shardfuzz-profile", default=None, choices=PROFILES, help=opts.HELP_PROFILE)
     group.addoption("--shardfuzz-device", default=None, choices=DEVICES, help=opts.HELP_DEVICE)
-    for name, what in (("database", HELP_DATABASE), ("fleet", "the fleet's name on a shared Redis")):
-        group.addoption(f"--shardfuzz-{name}", default=None, help=what)  # or the ini key shardfuzz_NAME
+    for name, value, what in (
+        ("database", "DIR|redis://HOST:PORT/N", HELP_DATABASE),
+        ("fleet", "NAME", "the fleet's name on a shared Redis"),
+    ):
+        group.addoption(
+            f"--shardfuzz-{name}", default=None, metavar=value, help=what
+        )  # or ini shardfuzz_NAME
         parser.addini(f"shardfuzz_{name}", what, default=None)
 
 

@@ -2,7 +2,7 @@
 
 ``noise_model="mca"`` (the default) combines the Monte-Carlo noise estimate of
 :mod:`shardfuzz.verdict.noise`, the error of the oracle rerun in the case dtype, and a norm-wise floor in
-units of the case dtype's roundoff; the README's "Tolerance" section gives the model, its
+units of the case dtype's roundoff; docs/explanation/noise-model.md gives the model, its
 constants and where it can be wrong. :class:`OutputTolerance` fixes one output's tolerance instead.
 """
 
@@ -104,7 +104,7 @@ def per_output_tolerances(value: Any, where: str) -> tuple[tuple[str, OutputTole
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
-    """The tolerance policy (the README's "Tolerances" section has the model and its constants).
+    """The tolerance policy (docs/explanation/noise-model.md has the model and its constants).
 
     ``noise_model="mca"`` (default): ``bound = k * mca + rerun_factor * |oracle_in_case_dtype
     - ref| + floor_factor * u * scale``, with ``mca`` the Monte-Carlo arithmetic spread of
