@@ -533,3 +533,28 @@ def test_a_size_split_over_the_replicas_is_drawn_for_the_data_parallel_axis():
         check_in_bounds(target, dataclasses.replace(good, sizes={**good.sizes, "batch": 1}))
     with pytest.raises(InvalidArgument, match="over='dp'; allowed: group, replicas"):
         sst.Split(over="dp")
+
+
+def test_the_simplest_case_is_the_one_a_search_tries_first():
+    """shardfuzz.spec.sampling.simplest_case: what sst.cases shrinks toward (the smallest even sizes,
+    the first world size and dtype, the normal profile, seed 0: Hypothesis' own minimum), which
+    uniform draws rarely meet; the sizes a hand-made case is checked against include it."""
+    from shardfuzz.spec.registry import get_target
+    from shardfuzz.spec.sampling import simplest_case
+    from shardfuzz.verdict.oracle import drawn_sizes
+
+    strategy = sst.cases(
+        "s", sizes={"n": sst.Split(min_per_rank=2)}, min_world=2, dtypes=("bfloat16", "float32")
+    )
+    case, choices = simplest_case(strategy)
+    assert (case.world_size, case.sizes, case.dtype, case.profile, case.seed) == (
+        2,
+        {"n": 4},
+        "bfloat16",
+        "normal",
+        0,
+    )
+    assert choices and case == find(strategy, lambda c: True, settings=FIND)  # Hypothesis' own minimum
+    assert simplest_case(strategy.filter(lambda c: c.seed > 0)) is None  # a filter rejects it: none
+    tp = get_target("tp_mlp")
+    assert drawn_sizes(tp).smallest == simplest_case(tp.strategy())[0].sizes

@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis.control import BuildContext
 from hypothesis.errors import StopTest
+from hypothesis.internal.conjecture.choice import ChoiceTemplate
 from hypothesis.internal.conjecture.data import ConjectureData, Status
 from hypothesis.internal.conjecture.providers import HypothesisProvider
 
@@ -40,6 +41,26 @@ def draw_pool(strategy: Any, seed: int, size: int = POOL_SIZE) -> list[tuple[Cas
     return distinct_cases(Draws(strategy, seed), size)
 
 
+def simplest_case(strategy: Any) -> tuple[Case, tuple] | None:
+    """The case a Hypothesis search tries first: every choice at its simplest (the smallest sizes,
+    the first branch, the first dtype). None when the strategy rejects it (a filter)."""
+    data = ConjectureData.for_choices((ChoiceTemplate("simplest", count=None),), provider=NoConstants)
+    case, choices = _drawn(data, strategy)
+    return None if case is None else (case, choices)
+
+
+def _drawn(data: ConjectureData, strategy: Any) -> tuple[Case | None, tuple]:
+    try:
+        with BuildContext(data, is_final=False, wrapped_test=draw_pool):
+            case = data.draw(strategy)
+    except StopTest:  # a filter rejected the draw
+        return None, ()
+    data.freeze()
+    if data.status >= Status.VALID and isinstance(case, Case):
+        return case, tuple(data.choices)
+    return None, ()
+
+
 class Draws:
     """The attempts of :func:`draw_pool` for one strategy and seed, drawn on demand and kept: a map
     draws no choices, so the pool of ``strategy.map(f)`` is these same draws through ``f``
@@ -57,16 +78,7 @@ class Draws:
         return self.attempts[i]
 
     def _draw(self) -> tuple[Case | None, tuple]:
-        data = ConjectureData(random=self.rng, provider=NoConstants)
-        try:
-            with BuildContext(data, is_final=False, wrapped_test=draw_pool):
-                case = data.draw(self.strategy)
-        except StopTest:  # a filter rejected the draw
-            return None, ()
-        data.freeze()
-        if data.status >= Status.VALID and isinstance(case, Case):
-            return case, tuple(data.choices)
-        return None, ()
+        return _drawn(ConjectureData(random=self.rng, provider=NoConstants), self.strategy)
 
 
 class NoConstants(HypothesisProvider):

@@ -29,7 +29,7 @@ from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.limits import check_world_size
 from shardfuzz.spec.bounds import PROFILE_PARAMS as BOUNDS_PROFILE_PARAMS
 from shardfuzz.spec.inputs import float64, seed_global
-from shardfuzz.spec.sampling import draw_pool, stable_seed
+from shardfuzz.spec.sampling import draw_pool, simplest_case, stable_seed
 from shardfuzz.spec.target import SELF
 from shardfuzz.verdict.noise import estimate
 
@@ -267,12 +267,16 @@ _DRAWN: weakref.WeakKeyDictionary[Any, DrawnSizes | None] = weakref.WeakKeyDicti
 
 
 def drawn_sizes(target: Any, n: int = 30) -> DrawnSizes | None:
-    """What ``target``'s strategy draws: ``n`` random cases (the same on every machine), sampled
-    once per target. Never call it inside a Hypothesis test."""
+    """What ``target``'s strategy draws: its simplest case and ``n`` random ones (the same on every
+    machine), sampled once per target. Never call it inside a Hypothesis test."""
     if target in _DRAWN:
         return _DRAWN[target]
 
-    seen = [case for case, _ in draw_pool(target.strategy(), stable_seed(f"{target.name}/drawn"), n)]
+    # the simplest case first (its sizes are the smallest the strategy draws), then random ones
+    strategy = target.strategy()
+    simplest = simplest_case(strategy)
+    seen = [] if simplest is None else [simplest[0]]
+    seen += [case for case, _ in draw_pool(strategy, stable_seed(f"{target.name}/drawn"), n)]
     drawn = None
     if seen:
         names = [frozenset(c.sizes) for c in seen]
