@@ -21,6 +21,9 @@ def test_list_shows_targets_and_implementations():
     assert out.returncode == 0, out.stderr
     assert "tp_mlp:" in out.stdout and "vocab_parallel:" in out.stdout
     assert "missing_allreduce" in out.stdout and "planted bug" in out.stdout
+    # each implementation's record says what it is: torch's DTensor SP plan is verified to pass
+    line = next(x for x in out.stdout.splitlines() if x.strip().startswith("torch_sp_dtensor "))
+    assert "verified to pass: torch SP's DTensor plan" in line, line
 
 
 def test_fuzz_clean_target_exits_0_with_a_summary():
