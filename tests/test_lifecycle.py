@@ -61,19 +61,27 @@ def test_workers_stop_when_the_driver_exits_normally(procs, start_process):
 
 
 def test_a_command_leaves_without_teardown_but_with_what_a_normal_exit_does(tmp_path):
-    """exit_without_teardown (the `shardfuzz` command's exit): non-daemon threads finish, atexit
-    handlers run, buffered output is flushed, the code is the process's exit status."""
+    """exit_without_teardown (the `shardfuzz` command's exit): non-daemon threads finish (and the
+    threads they start), an idle executor's workers are let go, atexit handlers run, buffered
+    output and a file left open are flushed, the code is the process's exit status."""
     import subprocess
 
-    done = tmp_path / "done"
+    done, log = tmp_path / "done", tmp_path / "log"
     code = textwrap.dedent(
         f"""
         import atexit, sys, threading, time
+        from concurrent.futures import ThreadPoolExecutor
         from shardfuzz.ranks.fast_exit import IN_FORKSERVER, exit_without_teardown
         assert not IN_FORKSERVER  # imported here, it registers nothing
         sys.stdout.write("buffered,")  # no newline: still in the buffer
-        worker = threading.Thread(target=lambda: (time.sleep(0.5), open({str(done)!r}, "w").write("x")))
-        worker.start()
+        LOG = open({str(log)!r}, "w")  # never closed: a normal exit's teardown flushes it
+        LOG.write("kept")
+        def later():
+            time.sleep(0.3)
+            threading.Thread(target=lambda: (time.sleep(0.3), open({str(done)!r}, "w").write("x"))).start()
+        threading.Thread(target=later).start()
+        pool = ThreadPoolExecutor(2)  # idle workers, never shut down
+        assert pool.submit(lambda: 42).result() == 42
         atexit.register(lambda: print(" atexit ran", flush=False))
         exit_without_teardown(3)
         """
@@ -81,11 +89,13 @@ def test_a_command_leaves_without_teardown_but_with_what_a_normal_exit_does(tmp_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 3, out.stderr
     assert out.stdout == "buffered, atexit ran\n" and done.read_text() == "x", out
+    assert log.read_text() == "kept"
 
 
 def test_only_the_forkserver_and_its_ranks_leave_without_teardown():
     """shardfuzz.ranks.fast_exit, on the forkserver's preload list, registers its exit there and
-    only there: a process the forkserver forks carries it, the driver does not."""
+    only there (a process the forkserver forks inherits it, and it does nothing in another pid):
+    the driver does not, and neither does a child of another program's forkserver."""
     from shardfuzz.ranks import fast_exit
     from shardfuzz.ranks.spawn import context
 
@@ -104,3 +114,23 @@ def test_only_the_forkserver_and_its_ranks_leave_without_teardown():
     finally:
         sys.path.remove(os.path.join(os.path.dirname(__file__), "data"))
     assert fast_exit.IN_FORKSERVER is False
+    # the children of another program's forkserver (multiprocessing's own, no such preload) do not
+    import subprocess
+
+    code = textwrap.dedent(
+        """
+        import multiprocessing, sys
+        import forkserver_probe
+        if __name__ == "__main__":
+            ctx = multiprocessing.get_context("forkserver")
+            queue = ctx.Queue()
+            child = ctx.Process(target=forkserver_probe.report_after_import, args=(queue,))
+            child.start()
+            print(queue.get(timeout=120))
+            child.join(60)
+        """
+    )
+    script = os.path.join(os.path.dirname(__file__), "data", "forkserver_probe.py")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(script)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

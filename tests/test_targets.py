@@ -174,6 +174,8 @@ def test_a_check_needs_a_note_and_a_known_failure_is_checked_whole_when_made():
 
     with pytest.raises(shardfuzz.TargetError, match="a check needs a note"):
         Expect(kind="mismatch", world_size=2, mesh=(2,), check=lambda c: True)
+    with pytest.raises(shardfuzz.TargetError, match=r"Expect\(note=None\); expected a string"):
+        Expect(kind="mismatch", world_size=2, mesh=(2,), note=None)
     ok = Expect(kind="mismatch", world_size=2, mesh=(2,))
     bad = {
         "name must be an identifier": dict(name="not a name"),
@@ -207,8 +209,11 @@ def test_a_notes_plain_facts_are_read_and_checked_against_a_case():
     assert note_contradictions("seq 2, float32, 3 ranks, 1 micro-batch, logit_scale 1", case) == [
         "seq 2", "float32", "3 ranks", "1 micro-batch", "logit_scale 1",
     ]  # fmt: skip
-    assert note_contradictions("hidden 3", case) == ["hidden 3"]  # a size the case does not carry
-    assert note_contradictions("3 stages, 1 element", case) == []  # counted by no field: not read
+    # prose is not read: names the case does not carry, alternatives anywhere in the note, two dtypes
+    assert note_contradictions("hidden 3, dim 0, 3 stages, 1 element", case) == []
+    assert note_facts("3 ranks, or a wider vocab on 2") == note_facts("1 element (fast) or 2 (slow)") == []
+    assert note_facts("bfloat16 and float32 alike") == [] and note_facts("hidden 1,024") == []
+    assert note_contradictions("world_size 3", case) == ["world_size 3"]
 
 
 def test_the_notes_state_facts_their_proofs_confirm():
@@ -235,18 +240,38 @@ def test_builtin_targets_are_discovered_from_their_files_as_a_full_parse_finds_t
     folder = pathlib.Path(importlib.util.find_spec("shardfuzz.targets").submodule_search_locations[0])
     parsed = {}
     for path in sorted(folder.glob("*.py")):
-        for node in ast.parse(path.read_text()).body:
-            call = node.value if isinstance(node, ast.Assign) else None
-            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "Target":
-                name = next(k.value.value for k in call.keywords if k.arg == "name")
-                parsed[name] = f"shardfuzz.targets.{path.stem}:{node.targets[0].id}"
+        tree = ast.parse(path.read_text())
+        assigned = {  # a module-level `X = Target(...)` / `X: T = Target(...)`: discoverable
+            id(n.value): target.id
+            for n in tree.body
+            if isinstance(n, ast.Assign | ast.AnnAssign) and isinstance(n.value, ast.Call)
+            for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(target, ast.Name)
+        }
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            func = call.func
+            if (func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)) != "Target":
+                continue
+            named = [k.value for k in call.keywords if k.arg == "name"] + call.args[:1]
+            name = (
+                named[0].value
+                if named and isinstance(named[0], ast.Constant)
+                else f"<{path.name}:{call.lineno}>"
+            )
+            parsed[name] = f"shardfuzz.targets.{path.stem}:{assigned.get(id(call), '<not at module level>')}"
     assert builtin_targets() == parsed and len(parsed) == len(TARGETS) >= 11
     code = "import sys; from shardfuzz.spec.registry import builtin_targets; builtin_targets(); print('torch' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
     )
     (tmp_path / "mine.py").write_text('MINE = Target(\n    name="mine",\n    cases=None,\n)\n')
-    assert targets_in([str(tmp_path)]) == {"mine": "shardfuzz.targets.mine:MINE"}
+    (tmp_path / "typed.py").write_text(
+        "TYPED: Target = shardfuzz.Target(  # a comment\n    name='typed',\n)\n"
+    )
+    assert targets_in([str(tmp_path)]) == {
+        "mine": "shardfuzz.targets.mine:MINE",
+        "typed": "shardfuzz.targets.typed:TYPED",
+    }
     (tmp_path / "more.py").write_text('AGAIN = Target(name="mine")\n')
     with pytest.raises(shardfuzz.TargetError, match="built-in target 'mine' is defined twice"):
         targets_in([str(tmp_path)])

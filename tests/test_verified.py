@@ -56,7 +56,8 @@ class PassedCases(shardfuzz.RunHooks):
 def test_every_target_with_torch_implementations_records_them():
     """The records are where the verified implementations live (nothing hand-listed elsewhere)."""
     records = {f"{t}:{n}" for t, target in TARGETS.items() for n in target.verified}
-    assert len(records) == len(VERIFIED) // 2 == 15, sorted(records)
+    assert len(records) == 15, sorted(records)
+    assert len(VERIFIED) == sum(len(t.verified[n].dtypes) for t in TARGETS.values() for n in t.verified)
 
 
 @pytest.mark.parametrize("target,name,dtype", VERIFIED)
@@ -131,10 +132,14 @@ def test_a_verified_record_is_checked_when_made():
         (dict(name="torch x"), "name must be the identifier"),
         (dict(what=""), "say in one line what it is"),
         (dict(examples=0), r"examples=0; expected an int >= 1"),
-        (dict(dtypes=("float8",)), r"dtypes=\('float8',\); expected some of"),
-        (dict(options={"grid": [2, 2]}), "arguments must be str, int, float, bool or None"),
+        (dict(dtypes=("float8",)), r"dtypes=\('float8',\); expected distinct ones of"),
+        (dict(options={"grid": [2, 2]}), r"options=\{'grid': \[2, 2\]\}; \{'grid': \[2, 2\]\} must be str"),
+        (dict(dtypes=("float32", "float32")), r"expected distinct ones of"),
+        (dict(world_sizes=(True, 2)), r"world_sizes=\(True, 2\); expected a tuple of ints in \[1, 16\]"),
+        (dict(world_sizes=(64,)), r"world_sizes=\(64,\)"),
+        (dict(also_reaches=[print]), r"also_reaches=\[.*\]; expected a mapping of labels"),
         (dict(reaches="uneven"), r"reaches='uneven'; expected a tuple of strings"),
-        (dict(world_sizes=(0,)), r"world_sizes=\(0,\); expected a tuple of ints >= 1"),
+        (dict(world_sizes=(0,)), r"world_sizes=\(0,\); expected a tuple of ints in \[1, 16\]"),
         (dict(also_reaches={"x": 1}), r"also_reaches\['x'\]=1; expected a label and a predicate"),
     ]:
         with pytest.raises(shardfuzz.TargetError, match=message):

@@ -11,6 +11,7 @@ from typing import Any
 
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetError
+from shardfuzz.limits import MAX_WORLD_SIZE
 
 KINDS = ("mismatch", "layout", "rank-error", "hang", "ignored-collective", "communication")
 
@@ -76,7 +77,11 @@ class Expect:
     def __post_init__(self) -> None:
         if not self.kinds or any(k not in KINDS for k in self.kinds):
             raise TargetError(f"Expect(kind={self.kind!r}); allowed: {', '.join(KINDS)}, or a tuple of them")
-        if self.check is not None and not (isinstance(self.note, str) and self.note.strip()):
+        if not isinstance(self.note, str):
+            raise TargetError(
+                f"Expect(note={self.note!r}); expected a string (what check asks for, in words)"
+            )
+        if self.check is not None and not self.note.strip():
             # the docs show the note, not the lambda: a check nobody can read is a spec nobody can check
             raise TargetError(
                 f"Expect(check={self.check!r}, note={self.note!r}): a check needs a note saying in words "
@@ -225,27 +230,54 @@ class Verified:
             )
         if isinstance(self.examples, bool) or not isinstance(self.examples, int) or self.examples < 1:
             raise TargetError(f"{record}: examples={self.examples!r}; expected an int >= 1 (per dtype)")
-        if not self.dtypes or any(d not in DTYPE_WORDS for d in self.dtypes):
-            raise TargetError(f"{record}: dtypes={self.dtypes!r}; expected some of {', '.join(DTYPE_WORDS)}")
+        self._check_run(record)
+        self._check_conditions(record)
+        object.__setattr__(self, "options", dict(self.options))
+        object.__setattr__(self, "also_reaches", dict(self.also_reaches))
+
+    def _check_run(self, record: str) -> None:
+        """dtypes, options and world sizes: what the run is given."""
+        dtypes = self.dtypes
+        if not dtypes or any(d not in DTYPE_WORDS for d in dtypes) or len(set(dtypes)) < len(dtypes):
+            raise TargetError(
+                f"{record}: dtypes={dtypes!r}; expected distinct ones of {', '.join(DTYPE_WORDS)}"
+            )
         if not isinstance(self.options, Mapping) or not all(isinstance(k, str) for k in self.options):
             raise TargetError(
                 f"{record}: options={self.options!r}; expected a mapping of option names to values"
             )
-        bind("verified", **self.options)  # the options travel to the ranks: JSON values only
+        bad = {
+            k: v for k, v in self.options.items() if not isinstance(v, (str, int, float, bool, type(None)))
+        }
+        if bad:  # the options travel to the ranks and into failure files
+            raise TargetError(
+                f"{record}: options={dict(self.options)!r}; {bad!r} must be str, int, float, bool or None"
+            )
+        ws = self.world_sizes
+        if ws is not None and not (
+            isinstance(ws, tuple)
+            and ws
+            and all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= MAX_WORLD_SIZE for w in ws)
+        ):
+            raise TargetError(
+                f"{record}: world_sizes={ws!r}; expected a tuple of ints in [1, {MAX_WORLD_SIZE}], or None"
+            )
+
+    def _check_conditions(self, record: str) -> None:
+        """exclude, reaches, refuses and also_reaches: what the run must show."""
         for field in ("exclude", "reaches", "refuses"):
             value = getattr(self, field)
             if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
                 raise TargetError(f"{record}: {field}={value!r}; expected a tuple of strings")
-        ws = self.world_sizes
-        if ws is not None and not (ws and all(isinstance(w, int) and w >= 1 for w in ws)):
-            raise TargetError(f"{record}: world_sizes={ws!r}; expected a tuple of ints >= 1, or None")
-        for label, pred in dict(self.also_reaches).items():
+        if not isinstance(self.also_reaches, Mapping):
+            raise TargetError(
+                f"{record}: also_reaches={self.also_reaches!r}; expected a mapping of labels to predicate(case)"
+            )
+        for label, pred in self.also_reaches.items():
             if not isinstance(label, str) or not callable(pred):
                 raise TargetError(
                     f"{record}: also_reaches[{label!r}]={pred!r}; expected a label and a predicate(case)"
                 )
-        object.__setattr__(self, "options", dict(self.options))
-        object.__setattr__(self, "also_reaches", dict(self.also_reaches))
 
 
 DTYPE_WORDS = ("float64", "float32", "bfloat16", "float16")
@@ -258,37 +290,47 @@ _NOT_ONE_FACT = re.compile(r"\b(or|any|not|no)\b|[<>=]")  # alternatives and bou
 def note_facts(note: str) -> list[str]:
     """The plain facts a note states: ``NAME N`` (a size or option), ``N rank(s)``, ``N things``
     (a size or option named by the plural, hyphens dropped: ``2 micro-batches``), a dtype named
-    alone. Clauses with "or", "any", "not", "no" or a comparison state no single fact: not read."""
+    alone (one dtype in the whole note). A note that gives alternatives or bounds anywhere ("or",
+    "any", "not", "no", a comparison) states no single fact: none of it is read."""
+    if not isinstance(note, str) or _NOT_ONE_FACT.search(note):
+        return []
+    dtypes = [d for d in DTYPE_WORDS if re.search(rf"\b{d}\b", note)]
     facts = []
-    for clause in re.split(r",\s*|\s+and\s+|[()]", note):
+    for clause in re.split(r",\s+|\s+and\s+|[()]", note):  # "1,024" stays one number
         clause = clause.strip()
-        if not clause or _NOT_ONE_FACT.search(clause):
-            continue
-        if clause in DTYPE_WORDS or any(p.fullmatch(clause) for p in (_RANK_FACT, _SIZE_FACT, _COUNT_FACT)):
+        if clause in DTYPE_WORDS:
+            if len(dtypes) == 1:  # "bfloat16 and float32 alike" names no one dtype
+                facts.append(clause)
+        elif any(p.fullmatch(clause) for p in (_RANK_FACT, _SIZE_FACT, _COUNT_FACT)):
             facts.append(clause)
     return facts
 
 
 def note_contradictions(note: str, case: Case) -> list[str]:
     """The facts of ``note`` (:func:`note_facts`) that ``case`` contradicts: a note says in words
-    what a record's ``check`` asks for, and the shrunk case of its proof must bear it out. A
-    ``NAME N`` fact whose NAME the case has neither as a size nor as an option is a contradiction
-    too (the note names something the case does not carry)."""
+    what a record's ``check`` asks for, and the shrunk case of its proof must bear it out. A fact
+    about a name the case carries neither as a size nor as an option (``dim 0``, ``3 stages``) is
+    prose, not read."""
     wrong = []
     for fact in note_facts(note):
         if fact in DTYPE_WORDS:
             ok = case.dtype == fact
         elif m := _RANK_FACT.fullmatch(fact):
             ok = case.world_size == int(m.group(1))
-        elif m := _SIZE_FACT.fullmatch(fact):
-            ok = _carries(case, m.group(1), float(m.group(2)))
-        else:  # "N things": read where the case carries a size or option of that name
-            value, noun = _COUNT_FACT.fullmatch(fact).groups()  # type: ignore[union-attr]
-            word = noun.replace("-", "")
-            names = [n for n in (word, word + "s", word + "es") if n in case.sizes or n in case.options]
-            if not names:
-                continue  # "3 stages", "1 element": counted by no field of the case
-            ok = _carries(case, names[0], float(value))
+        else:
+            if m := _SIZE_FACT.fullmatch(fact):
+                names, value = [m.group(1)], m.group(2)
+            else:  # "N things"
+                value, noun = _COUNT_FACT.fullmatch(fact).groups()  # type: ignore[union-attr]
+                word = noun.replace("-", "")
+                names = [word, word + "s", word + "es"]
+            if m and m.group(1) == "world_size":
+                ok = case.world_size == float(value)
+            else:
+                carried = [n for n in names if n in case.sizes or n in case.options]
+                if not carried:
+                    continue
+                ok = _carries(case, carried[0], float(value))
         if not ok:
             wrong.append(fact)
     return wrong

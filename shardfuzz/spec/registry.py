@@ -20,16 +20,25 @@ from shardfuzz.spec.target import Target
 
 ENTRY_POINT_GROUP = "shardfuzz.targets"
 
-#: a built-in target: ``ATTR = Target(`` at the start of a line of ``targets/MODULE.py``, its first
-#: argument ``name="NAME"`` (tests/test_targets.py checks this reading against a full parse)
-_TARGET_STATEMENT = re.compile(r'^([A-Za-z_]\w*) = Target\(\s*name="(\w+)"', re.M)
+#: a built-in target: ``ATTR = Target(`` (or ``ATTR: Target = shardfuzz.Target(``) at the start of a
+#: line of ``targets/MODULE.py``, its first argument ``name="NAME"`` (comments before it allowed).
+#: tests/test_targets.py checks this reading against Python's parser: a target written otherwise
+#: (inside an ``if``, by ``derive``, named positionally) fails that test instead of going missing
+_TARGET_STATEMENT = re.compile(
+    r"""^([A-Za-z_]\w*)(?:[ \t]*:[ \t]*[\w.]+)?[ \t]*=[ \t]*(?:\w+\.)?Target\((?:\s*#[^\n]*)*\s*name\s*=\s*["'](\w+)["']""",
+    re.M,
+)
 
 
-@functools.cache
 def builtin_targets() -> dict[str, str]:
     """Name -> ``shardfuzz.targets.MODULE:ATTR`` for every target that ``targets/*.py`` defines,
     found by reading the files, not importing them (importing one loads torch: ~1 s), in file
     order. A new built-in target is a new file there: nothing to list by hand."""
+    return dict(_builtin_targets())  # a copy: the cached reading is shared
+
+
+@functools.cache
+def _builtin_targets() -> dict[str, str]:
     package = importlib.util.find_spec("shardfuzz.targets")
     folders = package.submodule_search_locations if package is not None else None
     if not folders:
