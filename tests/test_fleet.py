@@ -139,17 +139,18 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
         dirs[0] / "report",
     )
     doomed = _worker(start_cli, url, fleet, dirs[2], "--duration", "300s")
+    # killed once it has failing examples, while the pair still runs: the others go on without it
+    doomed.wait_line(lambda line: re.search(r", [1-9][0-9]* failing", line), 120)
+    doomed_key = _worker_doc(url, fleet, doomed.pid)
+    assert doomed_key is not None, doomed.output()
+    doomed.kill()  # SIGKILL, with its ranks: mid-run, maybe mid-write
+    killed_at = time.monotonic()
     code, out, err = pair.finish(240)
     assert code == 1, out + err
     assert "running 2 jobs, up to 2 at once" in out, out
     assert len(json.loads((dirs[0] / "summary.json").read_text())) == 2  # a row per worker
     page = (dirs[0] / "report" / "index.html").read_text()  # the parent's page, from its workers' rows
     assert page.count('<h2 id="row') == 2 and "outputs mismatch the oracle" in page, page[:2000]
-    doomed.wait_line(lambda line: re.search(r", [1-9][0-9]* failing", line), 120)
-    doomed_key = _worker_doc(url, fleet, doomed.pid)
-    assert doomed_key is not None, doomed.output()
-    doomed.kill()  # SIGKILL, with its ranks: mid-run, maybe mid-write
-    killed_at = time.monotonic()
 
     store = _client(url)
     stored = sorted(
