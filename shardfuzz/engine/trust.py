@@ -53,7 +53,8 @@ def inside(path: str, folders: list[str]) -> bool:
 
 def _registered_packages() -> set[str]:
     """Top-level packages of the targets installed packages register (entry points)."""
-    registered = [ref for name, ref in available_targets().items() if name not in builtin_targets()]
+    builtin = builtin_targets()
+    registered = [ref for name, ref in available_targets().items() if name not in builtin]
     return {ref.partition(":")[0].split(".")[0] for ref in registered}
 
 

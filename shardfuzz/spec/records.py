@@ -29,10 +29,15 @@ def bind(impl: Any, **kwargs: Any) -> Bound:
 
     The arguments travel to the ranks and into failure files, so they must be JSON values.
     """
-    for k, v in kwargs.items():
-        if not isinstance(v, (str, int, float, bool, type(None))):
-            raise TargetError(f"bind({impl!r}, {k}={v!r}): arguments must be str, int, float, bool or None")
+    for k, v in not_json_values(kwargs).items():
+        raise TargetError(f"bind({impl!r}, {k}={v!r}): arguments must be str, int, float, bool or None")
     return Bound(impl, dict(kwargs))
+
+
+def not_json_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that cannot travel to the ranks and into failure files (bound
+    arguments, pinned options): anything but str, int, float, bool or None."""
+    return {k: v for k, v in values.items() if not isinstance(v, (str, int, float, bool, type(None)))}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -246,9 +251,7 @@ class Verified:
             raise TargetError(
                 f"{record}: options={self.options!r}; expected a mapping of option names to values"
             )
-        bad = {
-            k: v for k, v in self.options.items() if not isinstance(v, (str, int, float, bool, type(None)))
-        }
+        bad = not_json_values(self.options)
         if bad:  # the options travel to the ranks and into failure files
             raise TargetError(
                 f"{record}: options={dict(self.options)!r}; {bad!r} must be str, int, float, bool or None"

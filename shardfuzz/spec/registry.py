@@ -72,7 +72,7 @@ def _entry_points() -> dict[str, str]:
 
 def available_targets() -> dict[str, str]:
     """Name -> reference, for built-ins and targets registered by installed packages."""
-    found = dict(builtin_targets())
+    found = builtin_targets()  # a copy
     for name, value in _entry_points().items():
         found.setdefault(name, value)
     return found
@@ -81,7 +81,7 @@ def available_targets() -> dict[str, str]:
 def registered_ref(name: str) -> str | None:
     """The reference registered under ``name``, or None: a built-in's without reading the entry
     points (~10 ms a call; they cannot shadow a built-in name), else an installed package's."""
-    return builtin_targets().get(name) or _entry_points().get(name)
+    return _builtin_targets().get(name) or _entry_points().get(name)
 
 
 def get_target(spec: Any) -> Target:
