@@ -76,6 +76,9 @@ def test_a_command_leaves_without_teardown_but_with_what_a_normal_exit_does(tmp_
         sys.stdout.write("buffered,")  # no newline: still in the buffer
         LOG = open({str(log)!r}, "w")  # never closed: a normal exit's teardown flushes it
         LOG.write("kept")
+        GONE = open({str(tmp_path / "gone")!r}, "w")  # its descriptor closed under it: cannot flush
+        GONE.write("lost")
+        import os; os.close(GONE.fileno())
         def later():
             time.sleep(0.3)
             threading.Thread(target=lambda: (time.sleep(0.3), open({str(done)!r}, "w").write("x"))).start()
@@ -134,3 +137,14 @@ def test_only_the_forkserver_and_its_ranks_leave_without_teardown():
     env = {**os.environ, "PYTHONPATH": os.path.dirname(script)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly():
+    """`shardfuzz list | head -1`: the command's BrokenPipeError is a quiet exit 1, no traceback."""
+    import subprocess
+
+    command = [sys.executable, "-m", "shardfuzz.frontends.cli", "list"]  # as start_cli runs it
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the command (importing torch) prints a line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and "Traceback" not in err, err
