@@ -285,6 +285,8 @@ def encode(value: Any) -> Any:
         t = value.detach()
         if t.device.type != "cpu":
             t = t.cpu()
+        if t._is_zerotensor():  # autograd's lazy zeros (sgn's gradient): no storage to hand numpy
+            t = torch.zeros(t.shape, dtype=t.dtype)
         dtype = str(t.dtype).removeprefix("torch.")
         arr = (
             t.contiguous().view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.contiguous().numpy()

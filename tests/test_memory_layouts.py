@@ -118,3 +118,15 @@ def test_a_layout_free_name_that_is_no_input_is_an_error_naming_it():
         shardfuzz.Runner(wrong, "reference").run_case(
             shardfuzz.Case(target="grad_sum", world_size=1, mesh=(1,), sizes={"rows": 1, "cols": 1})
         )
+
+
+def test_autograds_lazy_zeros_travel_as_zeros():
+    """sgn's gradient is a ZeroTensor (no storage): an output holding one reaches the driver as
+    zeros, not as the rank's "Cannot convert a ZeroTensor to numpy" (a false finding)."""
+    from shardfuzz.protocol import decode, encode
+
+    x = torch.randn(3, dtype=torch.bfloat16, requires_grad=True)
+    torch.sgn(x).backward(torch.ones(3, dtype=torch.bfloat16))
+    assert x.grad._is_zerotensor()
+    got = decode(encode({"grad": x.grad}))["grad"]
+    assert got.dtype == torch.bfloat16 and torch.equal(got, torch.zeros(3, dtype=torch.bfloat16))
