@@ -45,6 +45,14 @@ class Reporter:
     rerun_prefix: str  # ``shardfuzz case TARGET --impl IMPL [--backend B]``
     tolerance: Tolerance
     self_oracle: bool = False  # the oracle is the implementation itself at world size 1
+    #: option names whose values tell one bug from another (``Target(distinct=...)``): part of
+    #: every finding's site, so a campaign keeps one finding per value (one per operator)
+    distinct: tuple[str, ...] = ()
+
+    def _site(self, case: Case, site: tuple) -> tuple:
+        if not self.distinct:
+            return site
+        return (*site, ("options", tuple((k, case.options.get(k)) for k in self.distinct)))
 
     def rerun_command(self, case: Case) -> str:
         return f"{self.rerun_prefix} {shell_quote(repr(case))}"
@@ -109,7 +117,7 @@ class Reporter:
         parts.append(self._footer(case, leaks))
         wrong = {d.name: sorted(r.rank for r in d.ranks if r.bad and r.rank is not None) for d in bad}
         site = tuple((name, tuple(ranks)) for name, ranks in sorted(wrong.items()))
-        err = Mismatch("\n".join(parts), case=case, ratio=verdict.worst, site=site)
+        err = Mismatch("\n".join(parts), case=case, ratio=verdict.worst, site=self._site(case, site))
         err.outputs, err.diffs, err.traces, err.leaks = wrong, bad, dict(traces), tuple(leaks)
         raise err
 
@@ -117,7 +125,7 @@ class Reporter:
         parts = [self._header("local shapes/dtypes do not match the output layouts", case)]
         parts += [f"  {p}" for p in verdict.layout_problems]
         parts.append(self._footer(case, leaks))
-        err = LayoutMismatch("\n".join(parts), case=case)
+        err = LayoutMismatch("\n".join(parts), case=case, site=self._site(case, ()))
         err.traces, err.leaks = dict(traces), tuple(leaks)
         raise err
 
@@ -129,7 +137,9 @@ class Reporter:
         parts.append(describe_sequences(outcome.traces))
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
-        err = RankError("\n".join(parts), case=case, site=cause_of(outcome.error.traceback).site())
+        err = RankError(
+            "\n".join(parts), case=case, site=self._site(case, cause_of(outcome.error.traceback).site())
+        )
         err.traces = dict(outcome.traces)
         raise err
 
@@ -138,7 +148,9 @@ class Reporter:
         parts.append(describe_sequences(outcome.traces))
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
-        err = RankError("\n".join(parts), case=case, site=(f"exit code {outcome.exitcode}",))
+        err = RankError(
+            "\n".join(parts), case=case, site=self._site(case, (f"exit code {outcome.exitcode}",))
+        )
         err.traces = dict(outcome.traces)
         raise err
 
@@ -169,7 +181,7 @@ class Reporter:
             parts.append(f"--- rank {r} stack ---\n{stack.rstrip()}")
         parts += [t for t in o.output.values() if t]
         parts.append(self._footer(case))
-        err = RankHang("\n".join(parts), case=case, site=("stuck", tuple(o.stuck)))
+        err = RankHang("\n".join(parts), case=case, site=self._site(case, ("stuck", tuple(o.stuck))))
         err.traces = dict(o.traces)
         raise err
 
@@ -186,7 +198,7 @@ class Reporter:
         parts.append(format_comm(traces))
         parts.append(self._footer(case, leaks))
         over = tuple(int(w.split()[1]) for w in problem.split("; ") if w.startswith("rank "))
-        err = CommunicationExceeded("\n".join(parts), case=case, site=("over budget", over))
+        err = CommunicationExceeded("\n".join(parts), case=case, site=self._site(case, ("over budget", over)))
         err.traces, err.leaks = dict(traces), tuple(leaks)
         raise err
 
@@ -205,7 +217,7 @@ class Reporter:
             "torch.distributed.nn.functional; see pytorch/pytorch#152127."
         )
         parts.append(self._footer(case, leaks))
-        err = IgnoredCollective("\n".join(parts), case=case)
+        err = IgnoredCollective("\n".join(parts), case=case, site=self._site(case, ()))
         err.traces, err.leaks = dict(traces), tuple(leaks)
         raise err
 
@@ -230,11 +242,15 @@ def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
         + (
             f"{len(bad_ranks)} of {len(od.ranks)} ranks"
             if od.ranks[0].rank is not None
-            else "the sum over ranks"
+            else mismatch_map.assembled(od.layout)
         )
     )
     for r in od.ranks:
-        who = rank_label(r.rank) if r.rank is not None else "sum over ranks"
+        who = (
+            rank_label(r.rank)
+            if r.rank is not None
+            else mismatch_map.assembled(od.layout).removeprefix("the ")
+        )
         if not r.bad:
             lines.append(f"  {who}: ok (worst error/tolerance {r.max_ratio:.3g})")
             continue

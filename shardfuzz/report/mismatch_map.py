@@ -153,6 +153,20 @@ def sharded_dims(pieces: list[Piece], shape: tuple[int, ...]) -> list[int]:
     return [d for d in range(len(shape)) if any(p.segs[d] != [(0, shape[d], 0)] for p in pieces)]
 
 
+def assembled(layout: str) -> str:
+    """What a Partial output's compared value is, by its reduction (the layout text names it):
+    "the sum over ranks", "the max over ranks", ..."""
+    for marker, name in (
+        ("Partial(max", "max"),
+        ("Partial(min", "min"),
+        ("Partial(avg", "mean"),
+        ("_NormPartial", "norm"),
+    ):
+        if marker in layout:
+            return f"the {name} over ranks"
+    return "the sum over ranks"
+
+
 def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
     """The map's lines (indented for :func:`shardfuzz.report.findings.format_output_diff`)."""
     pieces = pieces_of(od)
@@ -161,7 +175,7 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
     shape = tuple(od.shape)
     sharded = sharded_dims(pieces, shape)
     if pieces[0].rank is None:
-        head = f"the sum over ranks is compared ({od.layout}): no one rank holds these elements"
+        head = f"{assembled(od.layout)} is compared ({od.layout}): no one rank holds these elements"
     elif sharded:
         dims = ("dims " if len(sharded) > 1 else "dim ") + ", ".join(map(str, sharded))
         head = f"{dims} split over the ranks ({od.layout}); local indices, global in brackets"
