@@ -2,7 +2,7 @@
 
 1 rank(s), mesh (1,); sizes batch=1, seq=2, d_model=1, vocab=2; float32; options {'smoothing': 0.0, 'rule': 'dtensor', 'class_weight': True, 'ignore_index': True, 'reduction': 'none'}.
 Run: torchrun --nproc-per-node=1 repro_vocab_parallel_torch_loss_parallel_weight_ignore.py    (add --backend nccl for GPUs)
-Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-03). Each rank runs the
+Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-04). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
 within the tolerance shardfuzz allowed; a wrong element or an error fails the run.
 """
@@ -161,13 +161,15 @@ class Ctx:
 def check(ctx, outputs):
     for name, layout in OUTPUT_LAYOUTS.items():
         got = outputs[name]
-        if hasattr(got, "full_tensor"):  # a DTensor: compare the whole value
+        if hasattr(got, "full_tensor"):  # a DTensor: its local piece where it says, then the whole value
             got = got.full_tensor()
         elif layout[0] == "partial":
             got = got.clone()
             dist.all_reduce(got, group=ctx.group)
         want = piece(EXPECTED[name], ("replicate",) if hasattr(outputs[name], "full_tensor") else layout,
                      ctx.group_rank, ctx.group_size)
+        if tuple(got.shape) != tuple(want.shape):  # a wrong shape would broadcast in the comparison
+            raise AssertionError(f"rank {ctx.rank}: output {name!r} has shape {list(got.shape)}, expected {list(want.shape)}")
         if name not in ALLOWED:
             assert torch.equal(got.cpu(), want), f"rank {ctx.rank}: {name} = {got}, expected {want}"
             continue

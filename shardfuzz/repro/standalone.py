@@ -32,7 +32,7 @@ from shardfuzz.engine.runner import Runner
 from shardfuzz.errors import InvalidArgument, Unsupported
 from shardfuzz.repro.codegen import check_script, docstring, fill_template
 from shardfuzz.repro.replay import record_config
-from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_template
+from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_names, harness_template
 from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard, strided_view
 from shardfuzz.spec.placements import FromDTensor
 from shardfuzz.spec.refs import load_ref, split_file_ref
@@ -57,6 +57,17 @@ class _Closure:
         self.defs: list[str] = []
         self.seen: set[tuple[str, str]] = set()
         self.shims: set[str] = set()
+
+    def defined(self) -> list[str]:
+        """The module-level names the copied code defines."""
+        tree = ast.parse("\n\n".join(self.defs))
+        return [
+            name
+            for node in tree.body
+            for name in (
+                [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else _assigned(node)
+            )
+        ]
 
     def add_object(self, obj: Any, name: str) -> None:
         module = sys.modules[obj.__module__]
@@ -138,8 +149,14 @@ class _Closure:
 
 
 def _assigned(node: ast.stmt) -> list[str]:
+    """The names an assignment binds, unpacked ones included (``OPS, SKIPPED = generate()``)."""
     targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-    return [t.id for t in targets if isinstance(t, ast.Name)]
+    names: list[str] = []
+    for t in targets:
+        names += [
+            e.id for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]) if isinstance(e, ast.Name)
+        ]
+    return names
 
 
 def _names_used(node: ast.AST) -> list[str]:
@@ -207,6 +224,12 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     if strided:
         closure.add_object(strided_view, "strided_view")
     code = "\n\n\n".join(closure.defs)
+    clash = sorted(set(closure.defined()) & harness_names())
+    if clash:  # the harness's own definition would replace the implementation's, silently
+        raise InvalidArgument(
+            f"impl {ref.ref!r}: its code defines {', '.join(map(repr, clash))}, which the standalone "
+            f"script's harness defines too (it defines {', '.join(sorted(harness_names()))}); rename them"
+        )
     expected = runner.expected(case)
     if expected.source is not None:  # a self-oracle: the values of its own run on 1 rank, carried as data
         expected.source.values(expected)

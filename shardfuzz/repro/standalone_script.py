@@ -6,6 +6,7 @@ stands in for shardfuzz under torchrun, in plain torch, is the template file
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 
 #: the template, as a path inside this package (shipped as package data: pyproject.toml)
@@ -42,3 +43,10 @@ def harness_template() -> str:
     for part in HARNESS:
         path = path.joinpath(part)
     return path.read_text(encoding="utf-8")
+
+
+def harness_names() -> frozenset[str]:
+    """The module-level names the harness defines (read from its template: ``def``, ``class`` and
+    assignments at the start of a line); the implementation's copied code must not define them."""
+    found = re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", harness_template(), re.M)
+    return frozenset(a or b for a, b in found)

@@ -68,6 +68,20 @@ def piece(value, layout, rank, parts):
     return value.narrow(dim, sum(sizes[:rank]), sizes[rank])
 
 
+#@ if outputs.dtensor
+def dtensor_local_shape(d):
+    """The local shape a DTensor's placements promise this rank (Shard: DTensor's chunk rule, mesh
+    axes in order); None for a placement this script does not lay out (_StridedShard)."""
+    shape, coord = list(d.shape), d.device_mesh.get_coordinate()
+    for axis, p in enumerate(d.placements):
+        if type(p).__name__ == "Shard":
+            shape[p.dim] = split(shape[p.dim], d.device_mesh.size(axis), "dtensor")[coord[axis]]
+        elif p.is_shard():
+            return None
+    return shape
+
+
+#@ end
 #@ if ctx.mesh
 class Mesh:
     def __init__(self, shape, device):
@@ -126,7 +140,15 @@ class Ctx:
 def check(ctx, outputs):
     for name, layout in OUTPUT_LAYOUTS.items():
         got = outputs[name]
-        if hasattr(got, "full_tensor"):  # a DTensor: compare the whole value
+        if hasattr(got, "full_tensor"):  # a DTensor: its local piece where it says, then the whole value
+#@ if outputs.dtensor
+            promised = dtensor_local_shape(got)
+            if promised is not None and list(got.to_local().shape) != promised:
+                raise AssertionError(
+                    f"rank {ctx.rank}: output {name!r} holds a local piece of shape {list(got.to_local().shape)}, "
+                    f"where its placements {got.placements} on global shape {list(got.shape)} put {promised}"
+                )
+#@ end
             got = got.full_tensor()
 #@ if outputs.dtensor
         elif layout[0] == "dtensor":  # declared FromDTensor(): a plain tensor breaks the contract
@@ -137,6 +159,8 @@ def check(ctx, outputs):
             dist.all_reduce(got, group=ctx.group)
         want = piece(EXPECTED[name], ("replicate",) if hasattr(outputs[name], "full_tensor") else layout,
                      ctx.group_rank, ctx.group_size)
+        if tuple(got.shape) != tuple(want.shape):  # a wrong shape would broadcast in the comparison
+            raise AssertionError(f"rank {ctx.rank}: output {name!r} has shape {list(got.shape)}, expected {list(want.shape)}")
         if name not in ALLOWED:
             assert torch.equal(got.cpu(), want), f"rank {ctx.rank}: {name} = {got}, expected {want}"
             continue
