@@ -302,3 +302,15 @@ def test_an_empty_piece_and_a_group_of_one():
     ref = torch.randn(3, 2)
     text = format_output_diff(diff(Shard(0), ref, ref + 1, 1), LABEL)
     assert "one rank holds the whole value (Shard(0)); indices are global" in text
+
+
+def test_a_partial_outputs_compared_value_is_named_by_its_reduction():
+    from shardfuzz.report.mismatch_map import assembled
+
+    assert assembled("Partial()") == "the sum over ranks"
+    assert assembled("DTensor(Partial(max)) on mesh (2,)") == "the max over ranks"
+    assert assembled("DTensor(Partial(min)) on mesh (2,)") == "the min over ranks"
+    assert assembled("DTensor(Partial(avg)) on mesh (2,)") == "the mean over ranks"
+    assert (
+        assembled("DTensor(_NormPartial(reduce_op=sum, norm_type=2)) on mesh (2,)") == "the norm over ranks"
+    )
