@@ -29,7 +29,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def examples_to_failure(
-    target: str, impl: str, seed: int, cap: int, timeout: float | None, exclude: tuple[str, ...] = ()
+    target: str,
+    impl: str,
+    seed: int,
+    cap: int,
+    timeout: float | None,
+    exclude: tuple[str, ...] = (),
+    options: tuple[tuple[str, object], ...] = (),
 ) -> int | None:
     """Examples (rows included) until the first failure on seed schedule ``seed`` (0: the ci one),
     or None when ``cap`` examples find nothing."""
@@ -40,7 +46,7 @@ def examples_to_failure(
     from shardfuzz.engine.search import build_test, findings_of
     from shardfuzz.engine.settings import build_settings
 
-    runner = Runner(target, impl, RunConfig(timeout=timeout, exclude=exclude))
+    runner = Runner(target, impl, RunConfig(timeout=timeout, exclude=exclude, options=dict(options)))
     ci = build_settings("shardfuzz-ci")
     s = build_settings(
         "shardfuzz-ci",
@@ -101,7 +107,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             timeout = rec.expect.timeout
             counts = [
-                examples_to_failure(tname, impl, k, args.cap, timeout, rec.expect.exclude)
+                examples_to_failure(tname, impl, k, args.cap, timeout, rec.expect.exclude, rec.expect.options)
                 for k in range(args.seeds)
             ]
             found = [c for c in counts if c is not None]

@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardfuzz.case import Case
+from shardfuzz.errors import Unsupported
 from shardfuzz.verdict.oracle import evaluate_oracle
 
 #: a softmax row whose largest probability is within this of 1 is one-hot
@@ -93,14 +94,18 @@ class DegenerateShare:
 
 
 def degenerate_share(target: Any, cases: Iterable[Case]) -> DegenerateShare:
-    """:func:`degenerate` over ``cases`` (those ``target.supports`` rejects are skipped)."""
+    """:func:`degenerate` over ``cases`` (those ``target.supports`` or the oracle rejects are
+    skipped: no run checks them either)."""
     n = bad = 0
     causes: Counter[str] = Counter()
     for case in cases:
         if target.supports is not None and target.supports(case):
             continue
+        try:
+            found = degenerate(target, case)
+        except Unsupported:  # the oracle refuses it (a value out of the case dtype's range)
+            continue
         n += 1
-        found = degenerate(target, case)
         if found:
             bad += 1
             causes.update(found.outputs)

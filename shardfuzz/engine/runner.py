@@ -142,6 +142,7 @@ class Runner:
             f"shardfuzz case {self.target_spec} --impl {impl_arg}{backend}{overrides}",
             self.tolerance,
             self_oracle=self.target.oracle == SELF,
+            distinct=tuple(self.target.distinct),
         )
 
     @property

@@ -58,6 +58,7 @@ def assert_planted_bug_found(
         max_examples=budget(p95),
         timeout=expect.timeout,
         exclude=expect.exclude,
+        options=dict(expect.options),
         failures_dir=failures_dir,
     )
     name = f"{get_target(target).name}/{impl}"

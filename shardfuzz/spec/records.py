@@ -66,6 +66,8 @@ class Expect:
             shrunk case must reach every one of them.
         exclude: ``--exclude`` expressions of the implementation's *other* known failures, set
             aside (counted) while this one is searched: one implementation, several findings.
+        options: target options pinned while this one is searched (``--option NAME=VALUE``), e.g.
+            the one operator of a target that draws hundreds: the shrunk case carries them.
     """
 
     kind: str | tuple[str, ...]
@@ -78,8 +80,15 @@ class Expect:
     note: str = ""
     needs: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    options: Any = ()  # Mapping[str, value] in; sorted (name, value) pairs after __post_init__
 
     def __post_init__(self) -> None:
+        options = dict(self.options) if isinstance(self.options, (Mapping, tuple)) else None
+        if options is None or not_json_values(options) or not all(isinstance(k, str) for k in options):
+            raise TargetError(
+                f"Expect(options={self.options!r}); expected a mapping of option names to plain values"
+            )
+        object.__setattr__(self, "options", tuple(sorted(options.items())))
         if not self.kinds or any(k not in KINDS for k in self.kinds):
             raise TargetError(f"Expect(kind={self.kind!r}); allowed: {', '.join(KINDS)}, or a tuple of them")
         if not isinstance(self.note, str):

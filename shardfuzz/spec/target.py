@@ -94,6 +94,8 @@ class Target:
             triples the covering rows reach too, not only their pairs (a bug that needs three at
             once: ZeRO stage 2, accumulation and 2+ ranks).
         gradients: the outputs that come from a backward pass (the ``backward`` trigger).
+        distinct: option names whose values tell one bug from another (``dtensor_ops``' ``op``):
+            part of every finding's signature, so a campaign keeps one finding per value.
         description: one line for ``shardfuzz list``.
         collectives: the collectives the implementations use (e.g. ``("all_reduce",)``); decides
             whether the target can run several ranks on one GPU with gloo (see :mod:`shardfuzz.ranks.gpu`).
@@ -124,6 +126,7 @@ class Target:
     important: tuple[str, ...] = ()
     per_group: Mapping[str, str | Callable[[Case], int]] = dataclasses.field(default_factory=dict)
     gradients: tuple[str, ...] = ()
+    distinct: tuple[str, ...] = ()  # options whose values tell one bug from another (the operator)
     description: str = ""
     supports: Callable[[Any], str | None] | None = None
     collectives: tuple[str, ...] | None = None
@@ -160,6 +163,7 @@ class Target:
                 raise TargetError(f"Target {self.name!r}: triggers[{tname!r}]={pred!r} is not a callable")
         object.__setattr__(self, "effective", dict(self.effective))
         object.__setattr__(self, "important", tuple(self.important))
+        object.__setattr__(self, "distinct", _option_names(self.name, "distinct", self.distinct))
         object.__setattr__(self, "per_group", dict(self.per_group))
         for qname, how in self.per_group.items():
             if not isinstance(qname, str) or not (isinstance(how, str) or callable(how)):
@@ -516,3 +520,10 @@ def _through(steps: tuple[Callable[[Case], Case], ...], case: Case) -> Case:
     for step in steps:
         case = step(case)
     return case
+
+
+def _option_names(target: str, field: str, names: Any) -> tuple[str, ...]:
+    """``names`` as a tuple of option names, or a :class:`TargetError` naming the field."""
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise TargetError(f"Target {target!r}: {field}={names!r}; expected a tuple of option names")
+    return tuple(names)
