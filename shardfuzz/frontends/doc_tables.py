@@ -85,6 +85,8 @@ def minimal_case(expect: Expect) -> str:
         parts.append(f"mesh {expect.mesh}")
     if expect.uneven:
         parts.append(f"uneven {', '.join(expect.uneven)}")
+    if expect.options:
+        parts.append("searched with " + ", ".join(f"`{k}={v}`" for k, v in expect.options))
     if expect.note:
         parts.append(expect.note)
     if len(expect.needs) >= 2:
@@ -429,6 +431,20 @@ def contributing_proofs(root: pathlib.Path = ROOT) -> str:
     )
 
 
+def dtensor_ops_generated() -> str:
+    """What ``dtensor_ops`` draws from this torch's DTensor registry, and what it skips, by reason."""
+    from importlib.metadata import version
+
+    module = sys.modules[get_target("dtensor_ops").inputs.__module__]
+    families = ", ".join(f"{len(ops)} {name}" for name, ops in module.FAMILIES.items())
+    skipped = sorted(module.SKIPPED.items(), key=lambda kv: (-kv[1], kv[0]))
+    rows = "".join(f"| {_cell(reason)} | {n} |\n" for reason, n in skipped)
+    return (
+        f"torch {version('torch').split('+')[0]}: {len(module.OPS)} ops drawn ({families}), "
+        f"{sum(module.SKIPPED.values())} skipped.\n\n| skipped because | ops |\n|---|---|\n{rows}"
+    )
+
+
 #: key of ``<!-- shardfuzz:gen KEY -->`` -> its generator, given the folder of the file it is in
 GENERATORS: dict[str, Callable[[pathlib.Path], str]] = {
     "cli": lambda _base: cli_options(),
@@ -439,6 +455,7 @@ GENERATORS: dict[str, Callable[[pathlib.Path], str]] = {
     "failure-fields": lambda _base: failure_fields(),
     "targets": targets,
     "contributing-proofs": lambda _base: contributing_proofs(),
+    "dtensor-ops-generated": lambda _base: dtensor_ops_generated(),
 }
 
 

@@ -1,0 +1,137 @@
+"""The ``dtensor_ops`` target (issue 32): its ops come from DTensor's registry of sharding
+strategies, what it cannot draw is counted by reason, a torch that renames the registry fails here
+with a clear error, and the pieces it hands DTensor reduce to the tensor exactly under each
+placement, in any order a correct reduction may take. Its reference's cleanliness and its expected
+failures are proved with every target's, in tests/test_targets.py."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardfuzz.spec.registry import get_target
+from shardfuzz.spec.sampling import simplest_case
+
+TARGET = get_target("dtensor_ops")
+ops = sys.modules[TARGET.inputs.__module__]  # targets/dtensor_ops.py, as the registry loaded it
+
+
+def test_ops_come_from_the_registry_and_every_other_op_is_counted_by_reason():
+    registered = ops._registered_ops()
+    assert len(ops.OPS) >= 150, len(ops.OPS)
+    assert len(ops.OPS) + sum(ops.SKIPPED.values()) == len(registered)
+    names = {str(op) for op in registered}
+    assert {s.name for s in ops.OPS} <= names
+    for family, members in ops.FAMILIES.items():
+        assert members, f"no op in family {family}"
+    dims = {s.name for s in ops.FAMILIES["dims"]}
+    for wanted in ("aten.sum.dim_IntList", "aten.cumsum.default", "aten.max.dim", "aten.transpose.int"):
+        assert wanted in dims, wanted  # reductions, scans and views with dim arguments are drawn
+    assert any(s.inplace for s in ops.OPS) and any(s.differentiable for s in ops.OPS)
+
+
+def test_a_torch_that_renames_the_registry_fails_with_a_clear_error(monkeypatch):
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    monkeypatch.delattr(type(propagator), "op_strategy_funcs", raising=False)
+    monkeypatch.delattr(propagator, "op_strategy_funcs")
+    with pytest.raises(RuntimeError, match=r"ShardingPropagator has no \['op_strategy_funcs'\]"):
+        ops._registered_ops()
+
+
+def _reduce(pieces: list[torch.Tensor], kind: str | None, order: list[int]) -> torch.Tensor:
+    ordered = [pieces[i] for i in order]
+    if kind == "Pmax":
+        return torch.stack(ordered).amax(0)
+    if kind == "Pmin":
+        return torch.stack(ordered).amin(0)
+    total = ordered[0].clone()
+    for p in ordered[1:]:
+        total = total + p  # left to right, in the case dtype, as a ring would
+    if kind == "Pavg":
+        return total / len(pieces)
+    return total
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["Psum", "Pavg", "Pmax", "Pmin"]),
+    parts=st.sampled_from([1, 2, 3, 4]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_partial_pieces_reduce_to_the_tensor_exactly_in_any_order(kind, parts, dtype, seed, data):
+    if kind == "Pavg" and parts & (parts - 1):
+        parts = 4  # the target draws Pavg over a power-of-two number of pieces only
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(5, 3, generator=g) * 10.0 ** float(torch.randint(-3, 5, (), generator=g))).to(dtype)
+    if kind == "Pavg":
+        x = ops._spare_bits(x)
+    owner = torch.randint(0, 64, x.shape, generator=g)
+    placed = (kind,)
+    pieces = [ops.placed_piece(x, owner, placed, (parts,), (c,)) for c in range(parts)]
+    order = data.draw(st.permutations(range(parts)))
+    got = _reduce(pieces, kind, order)
+    assert torch.equal(got, x), (kind, parts, dtype, (got - x).abs().max())
+    if kind == "Pavg":  # divided first, then summed: the same
+        pre = _reduce([p / parts for p in pieces], "Psum", order)
+        assert torch.equal(pre, x)
+
+
+def test_a_shard_and_a_partial_on_two_axes_cover_the_tensor_once():
+    x = torch.arange(12.0).reshape(4, 3)
+    owner = torch.randint(0, 64, x.shape, generator=torch.Generator().manual_seed(0))
+    total = torch.zeros_like(x)
+    for c0 in range(2):
+        for c1 in range(2):
+            local = ops.placed_piece(x, owner, ("S0", "Psum"), (2, 2), (c0, c1))
+            offset, size = ops._box((4, 3), ("S0", "Psum"), (2, 2), (c0, c1))
+            ops._cut(total, offset, size).add_(local)
+    assert torch.equal(total, x)
+    assert math.prod(ops._box((4, 3), ("S0", "S0"), (2, 2), (1, 1))[1]) == 3  # nested: 1 row of 3
+
+
+def test_a_reproducer_refuses_code_whose_names_the_harness_defines_too(tmp_path, monkeypatch):
+    """The standalone script's harness defines ``piece``, ``split``, ``check``...: an implementation
+    whose copied code defines one of them would be silently replaced by the harness's (this target's
+    helper was once called ``piece``: its script died with "piece() takes 4 positional arguments")."""
+    from shardfuzz.repro.standalone import _Closure
+    from shardfuzz.repro.standalone_script import harness_names
+
+    (tmp_path / "clashing_impl.py").write_text(
+        "def piece(t):\n    return t\n\n\nA, B = 1, 2\n\n\ndef impl(ctx):\n    return {'y': piece(ctx) + A + B}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import clashing_impl
+
+    closure = _Closure()
+    closure.add_object(clashing_impl.impl, "impl")
+    assert {"piece", "A", "B", "impl"} <= set(closure.defined())  # unpacked names are carried too
+    assert set(closure.defined()) & harness_names() == {"piece"}
+    assert "placed_piece" not in harness_names()  # this target's helper, renamed
+
+
+def test_a_proof_pins_options_and_the_operator_tells_findings_apart():
+    import dataclasses as dc
+
+    from shardfuzz import Runner, TargetError
+    from shardfuzz.spec.records import Expect
+
+    pinned = Expect(kind="mismatch", world_size=2, mesh=(2,), options={"op": "aten.cumsum.default"})
+    assert pinned.options == (("op", "aten.cumsum.default"),)
+    with pytest.raises(TargetError, match=r"Expect\(options=\['op'\]\); expected a mapping"):
+        Expect(kind="mismatch", world_size=2, mesh=(2,), options=["op"])
+    with pytest.raises(TargetError, match=r"distinct='op'; expected a tuple of option names"):
+        dc.replace(TARGET, distinct="op")
+    reporter = Runner("dtensor_ops", "torch_dtensor").reporter
+    case, _ = simplest_case(TARGET.strategy())
+    other = dc.replace(case, options={**case.options, "op": "aten.cumsum.default"})
+    assert reporter._site(case, ("y0",)) != reporter._site(other, ("y0",))  # one bug per operator
+    assert reporter._site(case, ("y0",))[0] == "y0"
