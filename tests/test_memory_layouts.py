@@ -130,3 +130,15 @@ def test_autograds_lazy_zeros_travel_as_zeros():
     assert x.grad._is_zerotensor()
     got = decode(encode({"grad": x.grad}))["grad"]
     assert got.dtype == torch.bfloat16 and torch.equal(got, torch.zeros(3, dtype=torch.bfloat16))
+
+
+def test_an_oracles_lazy_zeros_are_real_zeros_in_what_it_expects():
+    """An oracle whose gradient is a ZeroTensor (autograd.grad of sgn) gives zeros a reproducer
+    can write out (tolist() of a ZeroTensor raises: "unallocated storage")."""
+    from shardfuzz.verdict.oracle import dense
+
+    x = torch.randn(3, requires_grad=True)
+    (g,) = torch.autograd.grad(torch.sgn(x), x, torch.ones(3))
+    assert g._is_zerotensor()
+    assert dense(g).tolist() == [0.0, 0.0, 0.0] and not dense(g)._is_zerotensor()
+    assert dense(x) is x

@@ -1,6 +1,6 @@
 """Reproducer: dtensor_ops / torch_logsumexp_keepdim (layout).
 
-2 rank(s), mesh (2,); sizes d0=1, d1=1, d2=1; float32; options {'op': 'aten.logsumexp.default', 'ndim': 2, 'place': 'S1', 'other_place': 'R', 'backward': False, 'dim': 0, 'dim2': 0, 'dims': '[0]', 'all_dims': False, 'flag0': True, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 0.5, 'small_int': 0, 'perm': '[0, 1]'}.
+2 rank(s), mesh (1, 2); sizes d0=1, d1=1, d2=1; float32; options {'op': 'aten.logsumexp.default', 'ndim': 2, 'place': 'R,S1', 'other_place': 'R,R', 'backward': False, 'dim': 0, 'dim2': 0, 'dims': '[0]', 'all_dims': False, 'flag0': True, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 0.5, 'small_int': 0, 'perm': '[0, 1]', 'result_dtype': None}.
 Run: torchrun --nproc-per-node=2 repro_dtensor_ops_torch_logsumexp_keepdim.py    (add --backend nccl for GPUs)
 Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-04). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
@@ -193,7 +193,11 @@ ARG_KINDS = {
     "bool": "flag",
     "number": "scalar",  # a Scalar
     "Tensor": "other",
+    "Optional[int]": "dtype?",  # only an argument named dtype (``DTYPE_ARGS``): the result's dtype
 }
+
+
+DTYPE_ARGS = frozenset({"dtype"})
 
 
 NAMED_INTS = {"k": (1, 2), "index": (0, 1), "decimals": (0, 1), "diagonal": (0, 1), "offset": (0, 1)}
@@ -208,9 +212,11 @@ def _drawn_args(base: str, args: Any) -> tuple[Arg, ...] | str:
     drawn = []
     for a in args:
         t = str(a.type)
-        if a.has_default_value() and ARG_KINDS.get(t) not in ("dims?", "flag"):
-            continue  # left at its default
         kind = ARG_KINDS.get(t)
+        if kind == "dtype?" and a.name not in DTYPE_ARGS:
+            kind = None
+        if a.has_default_value() and kind not in ("dims?", "flag", "dtype?"):
+            continue  # left at its default
         if kind is None:
             return f"argument type {t}"
         if kind == "dim" and a.name in NAMED_INTS:
@@ -278,6 +284,7 @@ def _simplest(arg: Arg) -> Any:
         "dim": 0,
         "dims": [0],
         "dims?": None,
+        "dtype?": None,
         "perm": [1, 0],
         "flag": False,
         "scalar": 0.5,
@@ -350,6 +357,8 @@ def values_of(case) -> list[Any]:
             values.append(None)
         elif kind == "perm":
             values.append(json.loads(opts["perm"]))
+        elif kind == "dtype?":
+            values.append(None if opts["result_dtype"] is None else getattr(torch, opts["result_dtype"]))
         elif kind == "other":
             values.append("other")
         else:  # a named small int: k of topk counts from 1
@@ -414,13 +423,13 @@ def torch_dtensor(ctx):
 
 # -- the case, its inputs, the oracle's values and the allowed error ----------------------------
 CASE = {'world_size': 2,
- 'mesh': (2,),
+ 'mesh': (1, 2),
  'sizes': {'d0': 1, 'd1': 1, 'd2': 1},
  'dtype': 'float32',
  'options': {'op': 'aten.logsumexp.default',
              'ndim': 2,
-             'place': 'S1',
-             'other_place': 'R',
+             'place': 'R,S1',
+             'other_place': 'R,R',
              'backward': False,
              'dim': 0,
              'dim2': 0,
@@ -432,7 +441,8 @@ CASE = {'world_size': 2,
              'scalar': 0.5,
              'scalar2': 0.5,
              'small_int': 0,
-             'perm': '[0, 1]'}}
+             'perm': '[0, 1]',
+             'result_dtype': None}}
 DATA = {}
 INPUTS = {
     'x': torch.tensor([[1.5409960746765137]], dtype=torch.float32),

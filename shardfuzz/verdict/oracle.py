@@ -48,6 +48,12 @@ class Expected:
     source: Any = None  # a self-oracle (shardfuzz.engine.selforacle): fills ref/low, draws noise on a rank
 
 
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """``t``, with autograd's lazy zeros (a ZeroTensor: ``torch.autograd.grad`` of ``sgn``) made
+    real zeros: what reads values (a reproducer's literal, numpy) finds no storage in them."""
+    return torch.zeros(t.shape, dtype=t.dtype, device=t.device) if t._is_zerotensor() else t
+
+
 def call_target_code(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
     """Call a piece of the target's code; what it raises becomes the target's error."""
     try:
@@ -131,7 +137,7 @@ def evaluate_oracle(
         )
 
     def detach(d: dict[str, Any]) -> dict[str, Any]:
-        return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+        return {k: (dense(v.detach()) if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
 
     ref = detach(ref)
     if case.profile == "edge":
