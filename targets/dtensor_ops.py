@@ -398,6 +398,13 @@ def values_of(case) -> list[Any]:
     return values
 
 
+#: options that are no covering condition of their own: an argument's value means something else
+#: from op to op (dim=-1 of cumsum, of select, of a flag-less op that ignores it), so pairing each
+#: value with every other condition promises nothing; what matters is a trigger (negative dim,
+#: keepdim, a sharded dim the op reduces or scans)
+NOT_CONDITIONS = (*_arg_draws(1), "other_place")
+
+
 def backward_of(case) -> bool:
     """Whether the case runs backward: drawn, for an op with a gradient, without a max/min Partial
     input (whose pieces are not terms of the tensor)."""
@@ -782,7 +789,7 @@ EXPECTED_FAILURES = [
             options={"op": "aten.squeeze_.dim"},
             exclude=_others("in-place squeeze"),
         ),
-        p95=8,
+        p95=2,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(
@@ -800,7 +807,7 @@ EXPECTED_FAILURES = [
             options={"op": "aten.amax.default"},
             exclude=_others("max/min of all elements over a shard"),
         ),
-        p95=13,
+        p95=9,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(
@@ -854,7 +861,7 @@ EXPECTED_FAILURES = [
             options={"op": "aten.select.int"},
             exclude=_others("select backward over a negative dim"),
         ),
-        p95=7,
+        p95=12,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(
@@ -871,9 +878,11 @@ EXPECTED_FAILURES = [
             uneven=None,
             needs=("keepdim",),
             options={"op": "aten.logsumexp.default"},
-            exclude=_others("logsumexp with keepdim"),
+            # forward only: backward on the same cases ends as the hang the description names,
+            # a minute of waiting per example where the layout shows the cause at once
+            exclude=(*_others("logsumexp with keepdim"), "options['backward']"),
         ),
-        p95=6,
+        p95=9,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(
@@ -907,6 +916,7 @@ TARGET = Target(
     triggers=TRIGGERS,
     gradients=("grad_x",),
     distinct=("op",),  # a finding of another operator is another bug
+    effective={name: lambda case: False for name in NOT_CONDITIONS},
     supports=supports,
     collectives=None,  # DTensor picks its own collectives per op and placement
 )
