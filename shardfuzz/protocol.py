@@ -277,6 +277,14 @@ def numerics_flags() -> dict[str, Any]:
 _TENSOR_TAG = "__tensor__"
 
 
+def dense(t: Any) -> Any:
+    """``t``, with autograd's lazy zeros (a ZeroTensor: the gradient of ``sgn``) made real zeros:
+    what reads values (numpy, a reproducer's literal) finds no storage in them."""
+    import torch
+
+    return torch.zeros(t.shape, dtype=t.dtype, device=t.device) if t._is_zerotensor() else t
+
+
 def encode(value: Any) -> Any:
     """Tensors become numpy arrays tagged with their torch dtype; bf16 travels as int16 bits."""
     import torch
@@ -285,8 +293,7 @@ def encode(value: Any) -> Any:
         t = value.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        if t._is_zerotensor():  # autograd's lazy zeros (sgn's gradient): no storage to hand numpy
-            t = torch.zeros(t.shape, dtype=t.dtype)
+        t = dense(t)
         dtype = str(t.dtype).removeprefix("torch.")
         arr = (
             t.contiguous().view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.contiguous().numpy()

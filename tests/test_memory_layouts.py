@@ -135,10 +135,26 @@ def test_autograds_lazy_zeros_travel_as_zeros():
 def test_an_oracles_lazy_zeros_are_real_zeros_in_what_it_expects():
     """An oracle whose gradient is a ZeroTensor (autograd.grad of sgn) gives zeros a reproducer
     can write out (tolist() of a ZeroTensor raises: "unallocated storage")."""
-    from shardfuzz.verdict.oracle import dense
+    from shardfuzz.protocol import dense
 
     x = torch.randn(3, requires_grad=True)
     (g,) = torch.autograd.grad(torch.sgn(x), x, torch.ones(3))
     assert g._is_zerotensor()
     assert dense(g).tolist() == [0.0, 0.0, 0.0] and not dense(g)._is_zerotensor()
     assert dense(x) is x
+
+
+def test_an_oracle_that_overflows_the_case_dtype_where_float64_does_not_is_refused_not_judged():
+    """exp2 of 150 is inf in float32 and 1.4e45 in float64: no float32 implementation can match the
+    oracle there, so the case is counted as unsupported (it was a mismatch against any
+    implementation); where float64 overflows too, or nowhere, nothing is refused."""
+    from shardfuzz.verdict.oracle import check_case_dtype_range
+
+    case = shardfuzz.Case(target="t", world_size=1, mesh=(1,), sizes={}, dtype="float32")
+    named = type("T", (), {"name": "t"})
+    big = torch.tensor([150.0, 1.0], dtype=torch.float64)
+    with pytest.raises(shardfuzz.Unsupported, match="overflows float32 where its float64 value is finite"):
+        check_case_dtype_range(named, case, {"y": big.exp2()}, {"y": big.float().exp2()})
+    both = torch.tensor([float("inf"), 1.0])
+    check_case_dtype_range(named, case, {"y": both.double()}, {"y": both})  # inf in both
+    check_case_dtype_range(named, case, {"y": big}, {"y": big.float()})  # finite in both

@@ -45,6 +45,7 @@ def harness_template() -> str:
     return path.read_text(encoding="utf-8")
 
 
+@functools.cache
 def harness_names() -> frozenset[str]:
     """The module-level names the harness defines (read from its template: ``def``, ``class`` and
     assignments at the start of a line); the implementation's copied code must not define them."""

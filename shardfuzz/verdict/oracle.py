@@ -27,6 +27,7 @@ from hypothesis import currently_in_test_context
 from shardfuzz.case import Case
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.limits import check_world_size
+from shardfuzz.protocol import dense
 from shardfuzz.spec.bounds import PROFILE_PARAMS as BOUNDS_PROFILE_PARAMS
 from shardfuzz.spec.inputs import float64, seed_global
 from shardfuzz.spec.sampling import draw_pool, simplest_case, stable_seed
@@ -46,12 +47,6 @@ class Expected:
     case_scale: Any = 0.0  # the largest rms of the case's floating inputs and outputs (callable: lazy)
     rng: Any = None  # the CPU RNG state the reference run started from (noise samples start there too)
     source: Any = None  # a self-oracle (shardfuzz.engine.selforacle): fills ref/low, draws noise on a rank
-
-
-def dense(t: torch.Tensor) -> torch.Tensor:
-    """``t``, with autograd's lazy zeros (a ZeroTensor: ``torch.autograd.grad`` of ``sgn``) made
-    real zeros: what reads values (a reproducer's literal, numpy) finds no storage in them."""
-    return torch.zeros(t.shape, dtype=t.dtype, device=t.device) if t._is_zerotensor() else t
 
 
 def call_target_code(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
@@ -142,6 +137,7 @@ def evaluate_oracle(
     ref = detach(ref)
     if case.profile == "edge":
         check_edge_range(target, case, ref, low)
+    check_case_dtype_range(target, case, ref, low)
     scale = functools.partial(case_scale_of, inputs64, ref)  # needed only for an output that is 0 everywhere
     expected = Expected(ref, detach(low), detach(mag), inputs, {}, functools.cache(scale), rng)
     if noise_samples:
@@ -166,6 +162,22 @@ def check_edge_range(target: Any, case: Case, ref: dict[str, Any], low: dict[str
                 f"target {target.name!r}: output {name!r} of the oracle is not finite with edge={edge!r} "
                 f"in {case.dtype}",
                 reason="edge value overflows the oracle",
+            )
+
+
+def check_case_dtype_range(target: Any, case: Case, ref: dict[str, Any], low: dict[str, Any]) -> None:
+    """Unsupported when the oracle itself, run in the case dtype, leaves the finite range where its
+    float64 run does not (``exp2`` of 150 in float32): the oracle has no value in that dtype to hold
+    an implementation to, so the case is counted, never judged."""
+    for name, r in ref.items():
+        lo = low.get(name)
+        if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(lo, torch.Tensor)):
+            continue
+        if lo.is_floating_point() and bool((torch.isfinite(r) & ~torch.isfinite(lo.detach())).any()):
+            raise Unsupported(
+                f"target {target.name!r}: output {name!r} of the oracle overflows {case.dtype} where its "
+                "float64 value is finite",
+                reason="the oracle overflows the case dtype",
             )
 
 
