@@ -469,21 +469,9 @@ def _plain(spec: OpSpec, x, other, values):
 
 
 def oracle(inp, case):
-    out = _compute(inp, case)
-    if inp["x"].dtype == torch.float64 and case.dtype != "float64":  # the reference run
-        low = _compute(
-            {k: v.to(getattr(torch, case.dtype)) if v.is_floating_point() else v for k, v in inp.items()},
-            case,
-        )
-        for name, ref in out.items():
-            got = low[name]
-            if ref.is_floating_point() and bool((torch.isfinite(ref) & ~torch.isfinite(got)).any()):
-                # the plain op itself leaves the case dtype's range (exp2 of 150 in float32): the
-                # oracle has no value to hold DTensor to there
-                raise Unsupported(
-                    f"{name} overflows {case.dtype} in the plain op", reason="overflows the case dtype"
-                )
-    return out
+    # a case whose plain op leaves the case dtype's range (exp2 of 150 in float32) is refused by
+    # the engine (verdict.oracle.check_case_dtype_range): the oracle has nothing to hold DTensor to
+    return _compute(inp, case)
 
 
 def _compute(inp, case):
@@ -594,9 +582,6 @@ def torch_dtensor(ctx):
     """DTensor's op on the placed inputs, forward and (``backward``) backward."""
     case = ctx.case
     spec, values = spec_of(case), values_of(case)
-    _plain(
-        spec, ctx.inputs["x"].float(), ctx.inputs["other"].float(), values
-    )  # refused before any collective
     x = _dtensor(ctx, "x", "place")
     other = _dtensor(ctx, "other", "other_place")
     grad = backward_of(case)
