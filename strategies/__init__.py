@@ -96,7 +96,8 @@ def world_sizes(*, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[in
 def meshes(
     draw: Any, *, min_world: int = 1, max_world: int = 4, max_dims: int = 2, world_size: int | None = None
 ) -> tuple[int, ...]:
-    """Mesh shapes: a world size is drawn (or given), then a 1-D or 2-D shape for it.
+    """Mesh shapes: a world size is drawn (or given), then a shape for it of at most ``max_dims``
+    axes (:func:`~shardfuzz.spec.bounds.mesh_shapes_for`: 3-D ones from 8 ranks).
 
     2-D shapes such as ``(2, 2)`` (dp x tp) or ``(2, 1)`` make the implementation's group smaller
     than the world. Shrinks toward the 1-D mesh ``(min_world,)``.

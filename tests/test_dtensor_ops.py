@@ -6,6 +6,7 @@ failures are proved with every target's, in tests/test_targets.py."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 
@@ -53,7 +54,9 @@ def _reduce(pieces: list[torch.Tensor], kind: str | None, order: list[int]) -> t
         return torch.stack(ordered).amin(0)
     total = ordered[0].clone()
     for p in ordered[1:]:
-        total = total + p  # left to right, in the case dtype, as a ring would
+        total = (
+            total * p if kind == "Pprod" else total + p
+        )  # left to right, in the case dtype, as a ring would
     if kind == "Pavg":
         return total / len(pieces)
     return total
@@ -61,7 +64,7 @@ def _reduce(pieces: list[torch.Tensor], kind: str | None, order: list[int]) -> t
 
 @settings(max_examples=60, deadline=None)
 @given(
-    kind=st.sampled_from(["Psum", "Pavg", "Pmax", "Pmin"]),
+    kind=st.sampled_from(["Psum", "Pavg", "Pmax", "Pmin", "Pprod"]),
     parts=st.sampled_from([1, 2, 3, 4]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
     seed=st.integers(0, 2**16),
@@ -135,3 +138,53 @@ def test_a_proof_pins_options_and_the_operator_tells_findings_apart():
     other = dc.replace(case, options={**case.options, "op": "aten.cumsum.default"})
     assert reporter._site(case, ("y0",)) != reporter._site(other, ("y0",))  # one bug per operator
     assert reporter._site(case, ("y0",))[0] == "y0"
+
+
+def test_three_mesh_axes_place_every_element_once():
+    """A (2, 2, 2) mesh: every shard and Partial combination of three axes hands out pieces that
+    add up to the tensor once (Psum), and nested sharding over three axes cuts one dim three times."""
+    x = torch.arange(60.0).reshape(5, 4, 3)
+    owner = torch.randint(0, 64, x.shape, generator=torch.Generator().manual_seed(1))
+    for placed in [("S0", "S0", "S0"), ("S0", "Psum", "S1"), ("Psum", "S2", "Psum"), ("R", "S1", "S0")]:
+        total = torch.zeros_like(x)
+        reps = math.prod(2 for p in placed if p == "R")
+        for coord in itertools.product(range(2), repeat=3):
+            local = ops.placed_piece(x, owner, placed, (2, 2, 2), coord)
+            offset, size = ops._box((5, 4, 3), placed, (2, 2, 2), coord)
+            ops._cut(total, offset, size).add_(local)
+        assert torch.equal(total, x * reps), placed
+    assert ops._box((5, 4, 3), ("S0", "S0", "S0"), (2, 2, 2), (1, 1, 1))[1] == [0, 4, 3]  # 5 -> 2 -> 1 -> 0
+
+
+#: a run on 3-D meshes only: 8 ranks, the worlds' other meshes set aside (counted as excluded)
+ONLY_3D = "len(mesh) < 3"
+
+
+@pytest.mark.slow
+def test_the_reference_is_clean_on_three_d_meshes():
+    from shardfuzz.engine.search import run
+
+    result = run(
+        TARGET, "reference", profile="shardfuzz-ci", database=None, world_sizes=(8,), exclude=(ONLY_3D,),
+        max_examples=40,
+    )  # fmt: skip
+    assert not result.found, result.report
+    assert result.stats.passed >= 40, result.stats.summary()
+    assert result.stats.triggers["3-D mesh"] == result.stats.examples, result.stats.summary()
+
+
+@pytest.mark.slow
+def test_a_torch_defect_is_found_and_shrunk_on_a_three_d_mesh():
+    """The scan over a negative dim (``torch_scan_negative_dim``) on a (2, 2, 2) mesh: the 3-D
+    path reads DTensor's outputs and can fail, and the shrinker keeps the case on three axes."""
+    from shardfuzz.engine.search import run
+
+    known = ops.KNOWN["scan over a negative dim"]
+    result = run(
+        TARGET, "torch_dtensor", profile="shardfuzz-ci", database=None, world_sizes=(8,), max_examples=50,
+        exclude=(ONLY_3D, *(v for v in ops.KNOWN.values() if v != known)), options={"op": "aten.cumsum.default"},
+    )  # fmt: skip
+    assert result.found and result.kind == "mismatch", result.stats.summary()
+    case = result.case
+    assert case.mesh == (2, 2, 2) and case.options["dim"] < 0, result.report
+    print(f"3-D: {case!r}, margin {result.stats.margin:.3g}x")

@@ -1,9 +1,10 @@
 """Every placement DTensor's own ops return is read as torch means it (issue 32): ``Partial`` max,
-min and sum, ``_NormPartial`` (p = 1, 2; torch turns p = inf into ``Partial(max)``),
+min, sum and product, ``_NormPartial`` (p = 1, 2; torch turns p = inf into ``Partial(max)``),
 ``_MaskPartial`` (a row-sharded embedding) and ``_StridedShard`` (flatten of a 2-D-sharded
 tensor, compared through ``full_tensor()``). Each case's implementation returns the DTensor and
 its ``full_tensor()``: both are judged against one oracle, so a misread placement fails ``y``
-only. The file asserts, on the ranks, that torch returned the placement each op is about."""
+only. The file asserts, on the ranks, that torch returned the placement each op is about. On 1-D
+and 2-D meshes in the ci suite, on (2, 2, 2) under ``-m slow`` (8 ranks)."""
 
 import pytest
 
@@ -11,7 +12,7 @@ import shardfuzz
 from shardfuzz import Case, RunConfig, Runner
 
 TARGET = "tests/data/dtensor_placements.py"
-OPS = ("sum", "amax", "amin", "norm1", "norm2", "norminf", "embedding", "flatten")
+OPS = ("sum", "amax", "amin", "prod", "norm1", "norm2", "norminf", "embedding", "flatten")
 
 
 def _case(op, world, mesh, rows, cols):
@@ -70,3 +71,12 @@ def test_placement_reductions_rebuild_the_value():
     assert torch.allclose(norms, torch.tensor([math.hypot(1, 3), math.hypot(4, 2)], dtype=torch.float64))
     assert placed("norm", 1.0).assemble_at([0, 1], [a.abs(), b.abs()]).tolist() == [4.0, 6.0]
     assert placed("norm", math.inf).assemble_at([0, 1], [a.abs(), b.abs()]).tolist() == [3.0, 4.0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", OPS)
+def test_each_placement_is_read_as_torch_means_it_on_a_3d_mesh(op):
+    """(2, 2, 2): rows sharded on the first axis, columns nested over the other two."""
+    runner = Runner(TARGET, "reference", RunConfig(failures_dir=None))
+    ratio = runner.run_case(_case(op, 8, (2, 2, 2), 8, 4))
+    assert ratio < 1, (op, ratio)

@@ -92,6 +92,8 @@ def placed_piece(full, owner, placed, mesh_shape, coord):
     keep = _cut(owner, *_box(tuple(full.shape), placed, mesh_shape, coord)) % math.prod(parts) == flat
     if kind == "Psum":
         other = torch.zeros_like(local)
+    elif kind == "Pprod":  # x * 1 is x exactly, whatever the order
+        other = torch.ones_like(local)
     else:  # strictly below (max) or above (min): rounding is monotone, so never past x
         step = 1 + local.double().abs()
         other = (local.double() - step if kind == "Pmax" else local.double() + step).to(local.dtype)
@@ -109,7 +111,7 @@ def _coord(mesh):
 def torch_placements(placed):
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    reduce = {"Psum": "sum", "Pavg": "avg", "Pmax": "max", "Pmin": "min"}
+    reduce = {"Psum": "sum", "Pavg": "avg", "Pmax": "max", "Pmin": "min", "Pprod": "product"}
     return [
         Replicate() if p == "R" else Partial(reduce[p]) if p in reduce else Shard(int(p[1:])) for p in placed
     ]
@@ -324,12 +326,12 @@ def spec_of(case) -> OpSpec:
 
 
 def backward_of(case) -> bool:
-    """Whether the case runs backward: drawn, for an op with a gradient, without a max/min Partial
-    input (whose pieces are not terms of the tensor)."""
+    """Whether the case runs backward: drawn, for an op with a gradient, without a max/min/product
+    Partial input (whose pieces are not terms of the tensor)."""
     spec = spec_of(case)
     keys = ("place", "other_place") if spec.has_other else ("place",)
-    maxmin = any(p in ("Pmax", "Pmin") for k in keys for p in places(case, k))
-    return bool(case.options["backward"]) and spec.differentiable and not maxmin
+    not_terms = any(p in ("Pmax", "Pmin", "Pprod") for k in keys for p in places(case, k))
+    return bool(case.options["backward"]) and spec.differentiable and not not_terms
 
 
 def values_of(case) -> list[Any]:

@@ -1,6 +1,6 @@
 """Reproducer: dtensor_ops / torch_threshold_partial_max (mismatch).
 
-2 rank(s), mesh (2,); sizes d0=1, d1=1, d2=1; float32; options {'op': 'aten.threshold.default', 'ndim': 2, 'place': 'Pmax', 'other_place': 'R', 'backward': False, 'dim': 0, 'dim2': 0, 'dims': '[0]', 'all_dims': False, 'flag0': False, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 2.0, 'small_int': 0, 'perm': '[0, 1]', 'result_dtype': None}.
+2 rank(s), mesh (2,); sizes d0=1, d1=1, d2=1; float32; options {'op': 'aten.threshold.default', 'ndim': 1, 'place': 'Pmin', 'other_place': 'R', 'backward': False, 'dim': 0, 'dim2': 0, 'dims': '[0]', 'all_dims': False, 'flag0': False, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 2.0, 'small_int': 0, 'perm': '[0]', 'result_dtype': None}.
 Run: torchrun --nproc-per-node=2 repro_dtensor_ops_torch_threshold_partial_max.py    (add --backend nccl for GPUs)
 Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-04). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
@@ -92,6 +92,8 @@ def placed_piece(full, owner, placed, mesh_shape, coord):
     keep = _cut(owner, *_box(tuple(full.shape), placed, mesh_shape, coord)) % math.prod(parts) == flat
     if kind == "Psum":
         other = torch.zeros_like(local)
+    elif kind == "Pprod":  # x * 1 is x exactly, whatever the order
+        other = torch.ones_like(local)
     else:  # strictly below (max) or above (min): rounding is monotone, so never past x
         step = 1 + local.double().abs()
         other = (local.double() - step if kind == "Pmax" else local.double() + step).to(local.dtype)
@@ -109,7 +111,7 @@ def _coord(mesh):
 def torch_placements(placed):
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    reduce = {"Psum": "sum", "Pavg": "avg", "Pmax": "max", "Pmin": "min"}
+    reduce = {"Psum": "sum", "Pavg": "avg", "Pmax": "max", "Pmin": "min", "Pprod": "product"}
     return [
         Replicate() if p == "R" else Partial(reduce[p]) if p in reduce else Shard(int(p[1:])) for p in placed
     ]
@@ -324,12 +326,12 @@ def spec_of(case) -> OpSpec:
 
 
 def backward_of(case) -> bool:
-    """Whether the case runs backward: drawn, for an op with a gradient, without a max/min Partial
-    input (whose pieces are not terms of the tensor)."""
+    """Whether the case runs backward: drawn, for an op with a gradient, without a max/min/product
+    Partial input (whose pieces are not terms of the tensor)."""
     spec = spec_of(case)
     keys = ("place", "other_place") if spec.has_other else ("place",)
-    maxmin = any(p in ("Pmax", "Pmin") for k in keys for p in places(case, k))
-    return bool(case.options["backward"]) and spec.differentiable and not maxmin
+    not_terms = any(p in ("Pmax", "Pmin", "Pprod") for k in keys for p in places(case, k))
+    return bool(case.options["backward"]) and spec.differentiable and not not_terms
 
 
 def values_of(case) -> list[Any]:
@@ -414,8 +416,8 @@ CASE = {'world_size': 2,
  'sizes': {'d0': 1, 'd1': 1, 'd2': 1},
  'dtype': 'float32',
  'options': {'op': 'aten.threshold.default',
-             'ndim': 2,
-             'place': 'Pmax',
+             'ndim': 1,
+             'place': 'Pmin',
              'other_place': 'R',
              'backward': False,
              'dim': 0,
@@ -428,20 +430,20 @@ CASE = {'world_size': 2,
              'scalar': 0.5,
              'scalar2': 2.0,
              'small_int': 0,
-             'perm': '[0, 1]',
+             'perm': '[0]',
              'result_dtype': None}}
 DATA = {}
 INPUTS = {
-    'x': torch.tensor([[1.5409960746765137]], dtype=torch.float32),
-    'other': torch.tensor([[-0.293428897857666]], dtype=torch.float32),
-    'x_owner': torch.tensor([[3]], dtype=torch.int64),
-    'other_owner': torch.tensor([[59]], dtype=torch.int64),
+    'x': torch.tensor([-0.10922683030366898], dtype=torch.float32),
+    'other': torch.tensor([-0.01215107087045908], dtype=torch.float32),
+    'x_owner': torch.tensor([31], dtype=torch.int64),
+    'other_owner': torch.tensor([40], dtype=torch.int64),
 }
 EXPECTED = {
-    'y0': torch.tensor([[1.5409960746765137]], dtype=torch.float64),
+    'y0': torch.tensor([2.0], dtype=torch.float64),
 }
 ALLOWED = {
-    'y0': torch.tensor([[5.542149210668867e-07]], dtype=torch.float32),
+    'y0': torch.tensor([7.943852438074828e-07], dtype=torch.float32),
 }
 OUTPUT_LAYOUTS = {'y0': ('dtensor',)}
 

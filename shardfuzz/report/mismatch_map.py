@@ -160,6 +160,7 @@ def assembled(layout: str) -> str:
         ("Partial(max", "max"),
         ("Partial(min", "min"),
         ("Partial(avg", "mean"),
+        ("Partial(product", "product"),
         ("_NormPartial", "norm"),
     ):
         if marker in layout:
@@ -185,7 +186,7 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
     lines = [f"  map of the wrong elements: {head}"]
     clean = []
     for p in pieces:
-        who = rank_label(p.rank) if p.rank is not None else "sum"
+        who = rank_label(p.rank) if p.rank is not None else assembled(od.layout).split()[1]  # "max", ...
         if p.wrong is None or not bool(p.wrong.any()):
             if p.bad:
                 lines.append(f"    {who}: wrong (not compared element by element)")

@@ -67,14 +67,25 @@ def check_range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
 
 
 def mesh_shapes_for(world_size: int, *, max_dims: int = 2) -> list[tuple[int, ...]]:
-    """Mesh shapes for a world size, simplest first: 1-D, then 2-D factorisations (size-1 axes included)."""
+    """Mesh shapes for a world size, simplest first: 1-D, then 2-D factorisations (size-1 axes
+    included), then, up to ``max_dims``, meshes of 3 or more axes that all exceed 1 (a size-1 axis
+    would make one a mesh of fewer axes in all but name; the first is (2, 2, 2) on 8 ranks)."""
     check_int("world_size", world_size, 1)
     check_int("max_dims", max_dims, 1)
     shapes: list[tuple[int, ...]] = [(world_size,)]
     if max_dims >= 2 and world_size > 1:
         two = [(a, world_size // a) for a in range(2, world_size) if world_size % a == 0]
         shapes += [*sorted(two, key=lambda s: (abs(s[0] - s[1]), s)), (1, world_size), (world_size, 1)]
+    for dims in range(3, max_dims + 1):
+        shapes += sorted(_factorisations(world_size, dims), key=lambda s: (max(s) - min(s), s))
     return shapes
+
+
+def _factorisations(n: int, dims: int) -> list[tuple[int, ...]]:
+    """Every ordered way to write ``n`` as a product of ``dims`` factors that all exceed 1."""
+    if dims == 1:
+        return [(n,)] if n > 1 else []
+    return [(a, *rest) for a in range(2, n + 1) if n % a == 0 for rest in _factorisations(n // a, dims - 1)]
 
 
 #: what a :class:`Split` size is drawn for: the group under test (mesh[-1]) or its replicas

@@ -12,7 +12,7 @@ a wrong local shape (``DTensor.from_local`` without ``run_check``) is a layout f
 Every pending reduction DTensor's own ops return is read by its exact semantics
 (:data:`PARTIAL_OPS`): ``Partial("sum")`` and ``_MaskPartial`` (embedding: rows a rank does not
 own are zero) are summed over the ranks of that axis, ``"avg"`` averaged, ``"max"``/``"min"``
-reduced by max/min, and ``_NormPartial(p)`` (a vector norm of each rank's piece) combined as
+reduced by max/min, ``"product"`` (``prod`` of a sharded dim) multiplied, and ``_NormPartial(p)`` (a vector norm of each rank's piece) combined as
 ``(sum |x|^p)^(1/p)`` (``p = inf``: max, ``-inf``: min, ``0``: a count, summed). Replicated copies
 are each compared, except under a ``Partial``, where the copy at coordinate 0 of every
 ``Replicate`` axis is reduced. A placement that cannot be laid out here (``_StridedShard``, a
@@ -43,7 +43,7 @@ from shardfuzz.spec.layouts import Layout, split_offsets, split_sizes
 # handled: a driver whose targets use none never loads it (the ranks' forkserver preloads it)
 
 #: the reductions of a pending (Partial) placement that can be rebuilt from the ranks' pieces
-PARTIAL_OPS = ("sum", "avg", "max", "min", "norm")
+PARTIAL_OPS = ("sum", "avg", "max", "min", "product", "norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _laid_out(placements: tuple[tuple[Any, ...], ...]) -> bool:
 
 
 def _reduction(p: tuple[Any, ...]) -> str:
-    """The reduction of a partial placement: ``sum``, ``avg``, ``max``, ``min`` or ``norm``."""
+    """The reduction of a partial placement: ``sum``, ``avg``, ``max``, ``min``, ``product`` or ``norm``."""
     return "norm" if p[1] == "norm" else str(p[1])
 
 
@@ -225,7 +225,7 @@ class Placed(Layout):
     global_shape: tuple[int, ...]
     per_rank: bool = True
     divide: int = 1
-    reduce: str = "sum"  # how the pieces of a Partial combine: sum, max, min or norm
+    reduce: str = "sum"  # how the pieces of a Partial combine: sum, max, min, product or norm
     norm_p: float = 2.0
     via: str = ""  # the DTensor's own placements when compared through full_tensor()
 
@@ -258,7 +258,13 @@ class Placed(Layout):
         p, reduce = self.norm_p, self.reduce
         if reduce == "norm" and math.isinf(p):  # the inf-norm of pieces is the max of their norms
             reduce = "max" if p > 0 else "min"
-        start = {"max": -math.inf, "min": math.inf}.get(reduce, 0.0) if floating else 0
+        if floating:
+            start: Any = {"max": -math.inf, "min": math.inf, "product": 1.0}.get(reduce, 0.0)
+        else:  # an integer max/min starts from the dtype's own extremes, not 0
+            low, high = (
+                (False, True) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+            )
+            start = {"max": low, "min": high, "product": 1}.get(reduce, 0)
         total = torch.full(self.global_shape, start, dtype=dtype)
         for r, local in zip(ranks, locals_):
             if r not in self.summed:
@@ -270,6 +276,8 @@ class Placed(Layout):
                 total[at] = torch.maximum(total[at], x)
             elif reduce == "min":
                 total[at] = torch.minimum(total[at], x)
+            elif reduce == "product":
+                total[at] *= x
             elif reduce == "norm" and p != 0:
                 total[at] += x.abs() ** p
             else:  # sum, avg (divided below), and the 0-"norm", a count of nonzeros

@@ -24,6 +24,7 @@ GENERIC = (
     "group non-power-of-2",
     "group<world",
     "2-D mesh",
+    "3-D mesh",
     "uneven",
     "empty shard",
     "empty DTensor shard",
@@ -50,6 +51,8 @@ def generic_triggers(case: Case) -> set[str]:
         out.add("group<world")
     if sum(1 for m in case.mesh if m > 1) >= 2:
         out.add("2-D mesh")
+    if sum(1 for m in case.mesh if m > 1) >= 3:
+        out.add("3-D mesh")
     g = case.group_size
     out.update(t for name in case.split for t in _split_triggers(case.sizes[name], g))
     if case.sizes.get("batch", 1) > 1:

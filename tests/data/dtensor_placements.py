@@ -1,5 +1,5 @@
 """DTensor's own ops on sharded inputs, returned as they come: every placement torch 2.13 returns
-for them (``Partial`` max/min/sum, ``_NormPartial`` with p = 1, 2, inf, ``_MaskPartial`` from a
+for them (``Partial`` max/min/sum/product, ``_NormPartial`` with p = 1, 2, inf, ``_MaskPartial`` from a
 row-sharded embedding, ``_StridedShard`` from flattening a 2-D-sharded tensor) must be read by the
 engine as torch means it. Each implementation returns the DTensor ``y`` and ``y_full``, its
 ``full_tensor()``: both are judged against the same oracle, so a misread placement is a mismatch
@@ -17,7 +17,7 @@ import shardfuzz
 import shardfuzz.strategies as sst
 from shardfuzz.spec.inputs import generator, randn
 
-OPS = ("sum", "amax", "amin", "norm1", "norm2", "norminf", "embedding", "flatten")
+OPS = ("sum", "amax", "amin", "prod", "norm1", "norm2", "norminf", "embedding", "flatten")
 
 
 def inputs(case):
@@ -34,6 +34,8 @@ def apply(op, x, idx):
         return x.amax(0)
     if op == "amin":
         return x.amin(0)
+    if op == "prod":
+        return x.prod(0)
     if op.startswith("norm"):
         return torch.linalg.vector_norm(x, math.inf if op == "norminf" else float(op[4:]))
     if op == "embedding":
@@ -48,33 +50,43 @@ def oracle(inp, case):
 
 #: the placement class each op must return on a mesh axis that shards the reduced rows
 EXPECTED = {
-    "sum": "Partial",
-    "amax": "Partial",
-    "amin": "Partial",
+    "sum": "Partial(sum)",
+    "amax": "Partial(max)",
+    "amin": "Partial(min)",
+    "prod": "Partial(product)",
     "norm1": "_NormPartial",
     "norm2": "_NormPartial",
-    "norminf": "Partial",  # torch 2.13 turns the inf-norm's pending reduction into Partial(max)
+    "norminf": "Partial(max)",  # torch 2.13 turns the inf-norm's pending reduction into Partial(max)
     "embedding": "_MaskPartial",
 }
 
 
 def _check_placement(op, y, mesh):
-    got = [type(p).__name__ for p in y.placements]
+    names = [type(p).__name__ for p in y.placements]  # Partial's reduce op too: "Partial(max)"
+    got = names + [f"{n}({p.reduce_op})" for n, p in zip(names, y.placements) if n == "Partial"]
     if op == "flatten":
-        want = "_StridedShard" if mesh.ndim == 2 and mesh.size(1) > 1 and mesh.size(0) > 1 else None
+        want = "_StridedShard" if mesh.ndim >= 2 and min(mesh.shape) > 1 else None
     else:
         want = EXPECTED[op] if mesh.size(0) > 1 or op == "embedding" else None
     if want is not None and want not in got:
         raise AssertionError(f"{op}: torch returned placements {y.placements}, this file expects {want}")
 
 
-def _empty(n, parts):
-    return -(-n // parts) * (parts - 1) >= n  # DTensor's rule: ceil(n / parts) until they run out
+def _nested_empty(n, parts):
+    """Whether a dim of ``n`` sharded over mesh axes of ``parts`` sizes in turn (nested: each
+    axis splits the piece the one before left) leaves some rank an empty piece."""
+    if not parts:
+        return n == 0
+    head, rest = parts[0], parts[1:]
+    step = -(-n // head)  # DTensor's rule: ceil(n / parts) until they run out
+    pieces = [min(step, max(0, n - i * step)) for i in range(head)]
+    return any(_nested_empty(p, rest) for p in pieces)
 
 
 def _some_shard_empty(case, mesh):
-    sizes = (case.sizes["rows"], case.sizes["cols"])
-    return any(_empty(sizes[axis], mesh.size(axis)) for axis in range(mesh.ndim))
+    """Rows on the first axis, columns on the others (see ``reference``)."""
+    sizes = [mesh.size(axis) for axis in range(mesh.ndim)]
+    return _nested_empty(case.sizes["rows"], sizes[:1]) or _nested_empty(case.sizes["cols"], sizes[1:])
 
 
 def reference(ctx):
