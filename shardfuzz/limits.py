@@ -34,6 +34,7 @@ ENV_INTS = {
     "SHARDFUZZ_REGROUP": (1, 0),  # 0: a pool whose rank raised is discarded (benchmarks' "regroup off")
     "SHARDFUZZ_MAX_INPUT_BYTES": (2**30, 1),  # a hand-made case's inputs (shardfuzz.engine.input_bounds)
     "SHARDFUZZ_HEARTBEAT": (10, 1),  # seconds between a fleet worker's heartbeats
+    "SHARDFUZZ_RANKS_WAIT": (300, 1),  # seconds the driver waits for its rank servers (--ranks)
 }
 
 
@@ -119,6 +120,18 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "0: a pool whose rank raised is discarded, never regrouped in place",
     ),
     EnvVar("SHARDFUZZ_WORKER_THREADS", "int >= 1", "1", "torch threads in each rank process"),
+    EnvVar(
+        "SHARDFUZZ_RANKS_WAIT",
+        "int >= 1",
+        "300",
+        "seconds the driver waits for every rank server of --ranks to connect (and to come back after a rebuild)",
+    ),
+    EnvVar(
+        "SHARDFUZZ_SECRET",
+        "text",
+        "",
+        "the secret rank servers and their driver prove to each other (--ranks; at least 16 characters)",
+    ),
     EnvVar("SHARDFUZZ_DRIVER_THREADS", "int >= 1", "1", "torch threads in the driver (the oracle)"),
     EnvVar(
         "SHARDFUZZ_GRACE",
@@ -162,6 +175,12 @@ OTHER_ENVIRONMENT: tuple[EnvVar, ...] = (
         "the `shardfuzz` command and torchrun reproducers set it to 1 when unset; the driver keeps one "
         "torch thread unless it is set (then SHARDFUZZ_DRIVER_THREADS decides); every rank sets it to "
         "SHARDFUZZ_WORKER_THREADS",
+    ),
+    EnvVar(
+        "TORCHELASTIC_RESTART_COUNT",
+        "int",
+        "",
+        "set by torchrun: a rank server keys its world's groups by it, so a restarted world starts afresh",
     ),
     EnvVar("NO_COLOR", "any", "", "set: no colour in a campaign's display and summary (honoured by rich)"),
     EnvVar(

@@ -194,6 +194,62 @@ RankAnswer = Reply | UnsupportedReply | ErrorReply
 
 
 # -- what the pool makes of the answers ------------------------------------------------------------
+# -- rank servers that torchrun starts (shardfuzz.ranks.serve, shardfuzz.ranks.remote) ----------
+#: which ranks of a torchrun world run a case of w ranks (recorded in failure files): its first w
+RANK_RULE = "first"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hello:
+    """A rank server's first message on each of its two channels, once the secret is proved:
+    ``channel`` is ``"task"`` (tasks and answers, as a local rank's pipe) or ``"control"`` (the
+    driver's questions about the process: CPU time, output, stacks)."""
+
+    channel: str
+    rank: int
+    world_size: int
+    local_rank: int
+    host: str
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """What the driver tells every rank server before it joins the torchrun world's group."""
+
+    backend: str
+    device: str
+    timeout_s: float
+    debug: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MakeMesh:
+    """Every rank server makes the groups of ``shape`` over the first ``world_size`` ranks (new_group
+    is collective over the whole torchrun world), cached like a local rank's meshes; the ranks
+    outside them only take part. Answered by :class:`MeshMade` or :class:`ErrorReply`."""
+
+    world_size: int
+    shape: tuple[int, ...]
+    timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshMade:
+    world_size: int
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Control:
+    """A question on the control channel: ``what`` is ``cpu``, ``runnable``, ``size``, ``tail``,
+    ``stack``, ``trace`` or ``exit`` (``name``: the file, ``offset``: where to read from)."""
+
+    what: str
+    name: str = ""
+    offset: int = 0
+
+
 @dataclasses.dataclass
 class Completed:
     """Every rank answered with a :class:`Reply` or an :class:`UnsupportedReply`."""

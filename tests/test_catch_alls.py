@@ -123,7 +123,7 @@ def test_an_answer_that_does_not_pickle_is_sent_as_an_error_and_the_rank_exits_c
             sent.append(msg)
 
     monkeypatch.setattr(worker, "answer", lambda state, task: "an answer")
-    worker._serve(types.SimpleNamespace(), Conn(), lambda prefix: None, "gloo")
+    worker.serve_tasks(types.SimpleNamespace(), Conn(), lambda prefix: None, "gloo")
     assert [type(m) for m in sent] == [ErrorReply] and "could not send outputs back" in sent[0].traceback
 
 

@@ -41,6 +41,18 @@ def run_origin() -> dict[str, str]:
     return {k: v for k, v in (("pytest_test", test), ("xdist_worker", worker)) if v}
 
 
+def bind_address(text: Any, name: str = "ranks") -> tuple[str, int]:
+    """Where the driver listens for rank servers: ``HOST:PORT``, or ``PORT`` on the loopback
+    interface (the default: only servers on this machine can reach it)."""
+    host, sep, port = str(text).rpartition(":") if isinstance(text, str) else ("", "", "")
+    host = host.strip("[]") if sep else "127.0.0.1"
+    if not isinstance(text, str) or not port.isdigit() or not 0 <= int(port) < 65536 or (sep and not host):
+        raise InvalidArgument(
+            f"{name}={text!r}; expected HOST:PORT or PORT (on 127.0.0.1), e.g. 0.0.0.0:29600"
+        )
+    return host, int(port)
+
+
 def parse_world_sizes(text: str) -> tuple[int, ...]:
     """``"1,2,3"`` -> ``(1, 2, 3)``; ValueError for anything but comma-separated integers >= 1."""
     try:
@@ -179,6 +191,12 @@ class RunConfig:
             the profile's own.
         fleet: the fleet's name on a shared Redis (its key prefix); ``None``: ``$SHARDFUZZ_FLEET``,
             else ``default``.
+        ranks: ``HOST:PORT`` (or ``PORT``: on 127.0.0.1) where the driver listens for rank servers
+            that torchrun started (``python -m shardfuzz.ranks.serve --driver HOST:PORT``); every
+            case then runs on the first ``world_size`` ranks of their world, and world sizes are
+            drawn up to its size. ``None``: local rank processes.
+        secret_file: the file holding the secret the rank servers must prove (readable by its owner
+            only); ``None``: ``$SHARDFUZZ_SECRET``.
     """
 
     backend: str = "gloo"
@@ -199,6 +217,8 @@ class RunConfig:
     options: Any = ()  # Mapping[str, JSON value] in; sorted (name, value) pairs after
     database: str | None = None
     fleet: str | None = None
+    ranks: str | None = None
+    secret_file: str | None = None
 
     def __post_init__(self) -> None:
         check_environment()
@@ -222,6 +242,10 @@ class RunConfig:
         self._check_exclude_and_options()
         object.__setattr__(self, "database", check_database(self.database) or env_database())
         object.__setattr__(self, "fleet", check_fleet(self.fleet) if self.fleet is not None else env_fleet())
+        if self.ranks is not None:
+            bind_address(self.ranks)  # the error names --ranks and its value
+        if self.secret_file is not None and not isinstance(self.secret_file, str):
+            raise InvalidArgument(f"secret_file={self.secret_file!r}; must be a path")
         for flag in ("deterministic", "debug_collectives"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidArgument(f"{flag}={getattr(self, flag)!r}; must be True or False")

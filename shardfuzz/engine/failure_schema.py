@@ -22,6 +22,7 @@ from typing import Any
 from shardfuzz.case import Case
 from shardfuzz.engine.config import BACKENDS, DEVICES
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.protocol import RANK_RULE
 from shardfuzz.spec.records import KINDS
 from shardfuzz.spec.tolerance import Tolerance
 
@@ -132,6 +133,15 @@ def _optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]
     return lambda v: None if v is None else check(v)
 
 
+def _rank_servers_problem(v: Any) -> str | None:
+    if not isinstance(v, dict) or set(v) != {"rule", "world_size"}:
+        return 'must be {"rule": ..., "world_size": N}'
+    if v["rule"] != RANK_RULE:
+        return f"rule={v['rule']!r}; the only rule is {RANK_RULE!r}"
+    ok = isinstance(v["world_size"], int) and not isinstance(v["world_size"], bool) and v["world_size"] >= 1
+    return None if ok else f"world_size={v['world_size']!r}; must be an int >= 1"
+
+
 #: field -> (required, check): the check returns why the value is wrong, or None
 SCHEMA: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "format": (True, lambda v: None if v == FORMAT else f"expected {FORMAT!r} (a foreign file?)"),
@@ -147,6 +157,7 @@ SCHEMA: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "case_repr": (False, lambda v: None if isinstance(v, str) else "must be a string"),
     "backend": (True, _one_of(BACKENDS)),
     "device": (True, _one_of(DEVICES)),
+    "rank_servers": (False, _optional(_rank_servers_problem)),
     "deterministic": (False, lambda v: None if isinstance(v, bool) else "must be true or false"),
     "kind": (True, _one_of(KINDS)),
     "ratio": (False, lambda v: None if v is None or _is_number(v) else "must be a number or null"),

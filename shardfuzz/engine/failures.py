@@ -38,7 +38,8 @@ from shardfuzz.engine.filewriter import FileWriter, WriteFailed, check_failures_
 from shardfuzz.engine.finding import FindingContext
 from shardfuzz.engine.hooks import RunHooks, example_order
 from shardfuzz.errors import Finding, InvalidArgument
-from shardfuzz.protocol import ImplRef
+from shardfuzz.protocol import RANK_RULE, ImplRef
+from shardfuzz.ranks.pool_cache import remote_world
 from shardfuzz.ranks.task import numerics_flags
 from shardfuzz.signature import signature_fields
 from shardfuzz.spec.refs import file_entries, load_ref
@@ -190,6 +191,7 @@ class FailureRecorder(RunHooks):
             "case_repr": repr(case),
             "backend": context.backend,
             "device": context.device,
+            **_rank_servers(context),
             "deterministic": context.config.deterministic,
             "kind": finding.kind,
             "ratio": finding.ratio,
@@ -206,6 +208,15 @@ class FailureRecorder(RunHooks):
             "versions": versions(),
             "origin": run_origin(),  # the pytest test and xdist worker that wrote it
         }
+
+
+def _rank_servers(context: FindingContext) -> dict[str, Any]:
+    """On rank servers (``--ranks``): which of their ranks ran the case, by the one rule there is,
+    which a replay on rank servers uses again."""
+    world = remote_world()
+    if context.config.ranks is None or world is None:
+        return {}
+    return {"rank_servers": {"rule": RANK_RULE, "world_size": world.world_size}}
 
 
 def find_files(paths: Iterable[str]) -> list[str]:

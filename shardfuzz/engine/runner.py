@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from shardfuzz.case import Case
-from shardfuzz.engine.config import RunConfig, check_world_size, env_int, format_tolerance
+from shardfuzz.engine.config import RunConfig, bind_address, check_world_size, env_int, format_tolerance
 from shardfuzz.engine.finding import FindingContext, inputs_hash
 from shardfuzz.engine.hooks import RunHooks
 from shardfuzz.engine.selforacle import SELF, self_expected
@@ -26,12 +26,14 @@ from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupporte
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply
 from shardfuzz.ranks.faults import ProcessState, confirm_death
 from shardfuzz.ranks.gpu import check_placement
-from shardfuzz.ranks.pool_cache import discard_pool, get_pool
+from shardfuzz.ranks.pool_cache import connect_rank_servers, discard_pool, get_pool
 from shardfuzz.ranks.regroup import regroup
+from shardfuzz.ranks.secret import load_secret
 from shardfuzz.ranks.spawn import hard_cap, start_forkserver
 from shardfuzz.report.findings import Reporter
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec import registry
+from shardfuzz.spec.bounds import bounds_of
 from shardfuzz.spec.exclude import Excluded, exclusion
 from shardfuzz.spec.target import Target
 from shardfuzz.verdict.comm import over_budget
@@ -114,6 +116,16 @@ class Runner:
         self.impl_name = self.target.impl_name(impl)
         self.worker_target = self.target.worker_ref()
         self.stats = Stats()
+        self.rank_servers = None  # the torchrun world that runs the cases (--ranks), waited for here
+        if self.config.ranks is not None:
+            self.rank_servers = connect_rank_servers(
+                bind_address(self.config.ranks),
+                load_secret(self.config.secret_file),
+                self.config.backend,
+                str(self.config.device),
+                self.config.debug_collectives,
+                hard_cap(TIMEOUTS.initial),
+            )
         self._confirming = False  # rerunning a case whose rank died (shardfuzz.ranks.faults)
         self.deaths_set_aside: set[str] = set()  # cases whose rank death did not recur (reprs)
         self._driver_state = ProcessState("the driver")  # the target's inputs and oracle run here
@@ -158,7 +170,23 @@ class Runner:
         return f"{self.target.name}/{self.impl_name}/{self.backend}"
 
     def strategy(self) -> Any:
-        return self.target.strategy(self.config.world_sizes, self.config.dtypes, self.config.options)
+        return self.target.strategy(self._world_sizes(), self.config.dtypes, self.config.options)
+
+    def _world_sizes(self) -> tuple[int, ...] | None:
+        """The world sizes to draw: the run's, else on rank servers the target's own up to the size
+        of their world."""
+        if self.rank_servers is None or self.config.world_sizes is not None:
+            return self.config.world_sizes
+        drawn = sorted({w for b in bounds_of(self.target.strategy()) or () for w in b.worlds})
+        fit = tuple(w for w in drawn if w <= self.rank_servers.world_size)
+        if fit == tuple(drawn):  # the target's own draws, unchanged: the same cases as local ranks
+            return None
+        if not fit:
+            raise InvalidArgument(
+                f"ranks={self.config.ranks!r}: a world of {self.rank_servers.world_size} rank servers; "
+                f"{self.target.name} draws world sizes {drawn}"
+            )
+        return fit
 
     def rerun_command(self, case: Case) -> str:
         return self.reporter.rerun_command(case)

@@ -74,6 +74,8 @@ def _config(args: Any, **extra: Any) -> RunConfig:
         timeout=args.timeout,
         deterministic=args.deterministic,
         tolerance=_tolerance(args),
+        ranks=args.ranks,
+        secret_file=args.secret_file,
         **extra,
     )
 
@@ -333,6 +335,8 @@ def _cmd_replay(args: Any) -> int:
             deterministic=args.deterministic or None,
             timeout=args.timeout,
             tolerance=tolerance,
+            ranks=args.ranks,
+            secret_file=args.secret_file,
         )
         print(res.line(), flush=True)
         if res.failed:

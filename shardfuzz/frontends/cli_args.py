@@ -13,6 +13,7 @@ from shardfuzz.engine.config import (
     BACKENDS,
     DEVICES,
     PROFILES,
+    bind_address,
     parse_dtypes,
     parse_tolerance,
     parse_world_sizes,
@@ -135,6 +136,14 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _ranks(text: str) -> str:
+    try:
+        bind_address(text, "--ranks")
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    return text
+
+
 def _database(text: str) -> str:
     try:
         return str(check_database(text, "--database"))
@@ -191,6 +200,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument(
         "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True) on every rank"
+    )
+    where.add_argument(
+        "--ranks",
+        type=_ranks,
+        default=None,
+        metavar="HOST:PORT",
+        help="run every case on rank servers that torchrun started (python -m shardfuzz.ranks.serve "
+        "--driver HOST:PORT), listening there (PORT alone: on 127.0.0.1); docs/how-to/multi-node.md",
+    )
+    where.add_argument(
+        "--secret-file",
+        default=None,
+        metavar="FILE",
+        help="with --ranks: the secret the rank servers must prove, in a file only you can read "
+        "(default: $SHARDFUZZ_SECRET)",
     )
 
     where.add_argument(

@@ -331,6 +331,8 @@ FAILURE_FIELDS = {
     "case_repr": "the case as `Case(...)`",
     "backend": "`gloo` or `nccl`",
     "device": "`cpu` or `cuda`",
+    "rank_servers": "on rank servers (`--ranks`): the rule that chose the case's ranks (`first`: the "
+    "first `world_size` of the torchrun world) and that world's size; a replay with `--ranks` uses it",
     "deterministic": "whether the ranks ran with deterministic algorithms",
     "kind": "the finding kind",
     "ratio": "the greatest error/tolerance (mismatches)",

@@ -14,8 +14,14 @@ the GPUs can run. Imports the core and spec.
 - ``pool_cache.py``: the driver's pools per (backend, world size, device), least recently used
   stopped, and a warm spare started in the background for a pool discarded after a failure.
   (0.1: ``shardfuzz.pools``)
+- ``remote.py``: rank servers that torchrun started, as the driver's pools (``--ranks``): the
+  world waited for, a case on its first ranks, the world rebuilt after a death or a hang.
 - ``regroup.py``: after a rank's own exception, rebuilds the pool's process group in place
   (`Regroup`) instead of discarding the pool. (0.1: ``shardfuzz.recover``)
+- ``secret.py``: the shared secret of a driver and its rank servers, proved both ways by
+  challenge and response (HMAC-SHA256), never sent.
+- ``serve.py``: a rank server: one rank of a torchrun world serving a driver's tasks
+  (``python -m shardfuzz.ranks.serve --driver HOST:PORT``).
 - ``spawn.py``: starting ranks (the forkserver with torch and its lazy imports preloaded, the
   driver's TCPStore, no `__main__` re-import) and watching their CPU time (`ProgressWatch`).
 - ``task.py``: `RankContext`, `Mesh` and `run_task()`: one task inside a rank. (0.1:

@@ -195,12 +195,12 @@ class Pool:
         pending = set(range(n))
         errors: dict[int, ErrorReply] = {}
         dead: list[int] = []
-        watch = ProgressWatch([p.pid for p in self.procs], window_s, cap)
+        watch = self._watch(window_s, cap)
         grace_end = grace_cap = float("inf")
         verdict = None
         while pending:
             objs = {self.conns[r]: r for r in pending}
-            objs.update({self.procs[r].sentinel: r for r in pending})
+            objs.update({self._sentinel(r): r for r in pending})
             ready = wait(list(objs), timeout=max(0.0, min(watch.next_check, grace_end) - time.monotonic()))
             for obj in ready:
                 r = objs[obj]
@@ -210,7 +210,7 @@ class Pool:
                 if msg is None:  # its pipe closed (a live rank never closes it) or it exited
                     # the exit code comes from the forkserver, which may report it late under load
                     # (a peer's "connection closed" first): a death is a death, never a hang
-                    self.procs[r].join(timeout=EXIT_CODE_WAIT_S)
+                    self._reap(r)
                     dead.append(r)
                 elif isinstance(msg, (Reply, UnsupportedReply)):
                     replies[r] = msg
@@ -225,7 +225,7 @@ class Pool:
                 grace_end = min(grace_end, now + (min(grace_s, OWN_ERROR_GRACE_S) if cause else grace_s))
                 grace_cap = min(grace_cap, now + RUNNABLE_GRACE_S)
             if now >= grace_end:
-                if now < grace_cap and any(runnable(self.procs[r].pid) for r in pending):
+                if now < grace_cap and any(self._runnable(r) for r in pending):
                     grace_end = now + 0.02  # a peer still computing: see RUNNABLE_GRACE_S
                     continue
                 verdict = "grace"
@@ -259,9 +259,7 @@ class Pool:
         n = self.world_size
         if dead:
             r = min(dead)
-            return RankDied(
-                r, self.procs[r].exitcode, self._output(range(n), errors, r), elapsed, self.traces()
-            )
+            return RankDied(r, self._exit_code(r), self._output(range(n), errors, r), elapsed, self.traces())
         late = elapsed >= cap - 1.0  # a gloo timeout at the cap is hang evidence, not the rank's error
         own = sorted(
             (m.timed_out, r) for r, m in errors.items() if not m.peer_closed and not (m.timed_out and late)
@@ -320,21 +318,40 @@ class Pool:
     def dump_stacks(self, wait_s: float = 1.0) -> dict[int, str]:
         """Every live rank's Python stack (all threads), via faulthandler on SIGUSR1."""
         before = {r: self._size(r, "stack") for r in range(self.world_size)}
-        for p in self.procs:
-            if p.is_alive():
-                try:
-                    os.kill(p.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
+        for r in before:
+            self._signal_stack(r)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if all(self._size(r, "stack") > before[r] or not self.procs[r].is_alive() for r in before):
+            if all(self._size(r, "stack") > before[r] or not self._rank_alive(r) for r in before):
                 time.sleep(0.05)  # let the dump finish writing
                 break
             time.sleep(0.01)
         return {r: self._tail(r, "stack", before[r]) or "(no stack: process not alive)" for r in before}
 
-    # -- files ----------------------------------------------------------------------------
+    # -- one rank's process and files (a remote pool reads them over its control channel) ----
+    def _watch(self, window_s: float, cap: float) -> ProgressWatch:
+        return ProgressWatch([p.pid for p in self.procs], window_s, cap)
+
+    def _sentinel(self, r: int) -> Any:
+        return self.procs[r].sentinel
+
+    def _reap(self, r: int) -> None:
+        self.procs[r].join(timeout=EXIT_CODE_WAIT_S)
+
+    def _exit_code(self, r: int) -> int | None:
+        return self.procs[r].exitcode
+
+    def _runnable(self, r: int) -> bool:
+        return runnable(self.procs[r].pid)
+
+    def _rank_alive(self, r: int) -> bool:
+        return self.procs[r].is_alive()
+
+    def _signal_stack(self, r: int) -> None:
+        if self.procs[r].is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.procs[r].pid, signal.SIGUSR1)
+
     def _path(self, r: int, name: str) -> str:
         return os.path.join(self.outdir, f"rank{r}.{name}")
 
@@ -345,16 +362,21 @@ class Pool:
             return 0
 
     def _tail(self, r: int, name: str, offset: int) -> str:
-        try:
-            with open(self._path(r, name), errors="replace") as f:
-                f.seek(offset)
-                text = f.read()
-        except OSError:
-            return ""
-        if len(text) > OUTPUT_HEAD + OUTPUT_TAIL:
-            cut = len(text) - OUTPUT_HEAD - OUTPUT_TAIL
-            text = f"{text[:OUTPUT_HEAD]}\n[... {cut} characters cut ...]\n{text[-OUTPUT_TAIL:]}"
-        return text
+        return read_tail(self._path(r, name), offset)
+
+
+def read_tail(path: str, offset: int) -> str:
+    """What a rank wrote to ``path`` from ``offset`` on, its head and tail when long ("" when none)."""
+    try:
+        with open(path, errors="replace") as f:
+            f.seek(offset)
+            text = f.read()
+    except OSError:
+        return ""
+    if len(text) > OUTPUT_HEAD + OUTPUT_TAIL:
+        cut = len(text) - OUTPUT_HEAD - OUTPUT_TAIL
+        text = f"{text[:OUTPUT_HEAD]}\n[... {cut} characters cut ...]\n{text[-OUTPUT_TAIL:]}"
+    return text
 
 
 def receive(conn: Any) -> Any:

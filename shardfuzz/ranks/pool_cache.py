@@ -18,10 +18,12 @@ import collections
 import contextlib
 import threading
 
+from shardfuzz.errors import InfrastructureError
 from shardfuzz.limits import env_int
 from shardfuzz.protocol import Task, Warm
 from shardfuzz.ranks.pool import Pool
 from shardfuzz.ranks.regroup import settle
+from shardfuzz.ranks.remote import RemotePool, RemoteWorld
 
 _lock = threading.Lock()
 _pools: collections.OrderedDict[tuple, Pool] = collections.OrderedDict()
@@ -31,6 +33,37 @@ _starting: dict[tuple, threading.Event] = {}
 _closing = False
 #: a spare that is still starting is waited for at most this long (a fresh start is no faster)
 SPARE_WAIT_S = 60.0
+
+
+#: rank servers that torchrun started (``--ranks``): every pool is theirs while set
+_remote: RemoteWorld | None = None
+
+
+def use_remote(world: RemoteWorld | None) -> RemoteWorld | None:
+    """Take every pool from ``world`` (None: local pools again); returns the one it replaces."""
+    global _remote
+    old, _remote = _remote, world
+    return old
+
+
+def remote_world() -> RemoteWorld | None:
+    return _remote
+
+
+def connect_rank_servers(
+    bind: tuple[str, int], secret: bytes, backend: str, device: str, debug: bool, timeout_s: float
+) -> RemoteWorld:
+    """The world of rank servers listening at ``bind`` (waited for once per driver process), and
+    every pool taken from it from now on."""
+    with _lock:
+        world = _remote
+    if world is not None and world.bind == bind:
+        return world
+    if world is not None:
+        world.close()
+    world = RemoteWorld(bind, secret, backend, device, debug=debug).start(timeout_s)
+    use_remote(world)
+    return world
 
 
 def max_pool_ranks() -> int:
@@ -43,6 +76,13 @@ def get_pool(
     """A warm pool for (backend, world size), started if needed (a spare is used when there is one).
     Idle pools beyond ``SHARDFUZZ_MAX_POOL_RANKS`` ranks in all (default 12) are stopped, least
     recently used first."""
+    if _remote is not None:
+        if (backend, device, debug) != (_remote.backend, _remote.device, _remote.debug):
+            raise InfrastructureError(
+                f"backend={backend!r} device={device!r} on rank servers started for "
+                f"backend={_remote.backend!r} device={_remote.device!r}"
+            )
+        return _remote.pool(world_size)
     key = (backend, world_size, device, debug)
     starting = _starting.get(key)
     if starting is not None and key not in _pools:
@@ -70,7 +110,10 @@ def get_pool(
 def discard_pool(pool: Pool, *, spare_for: Task | None = None) -> None:
     """Kill a pool after a failure; the next :func:`get_pool` starts a fresh one. With
     ``spare_for`` (the task that failed), a spare is started in the background and imports that
-    task's target and implementation."""
+    task's target and implementation. A pool of rank servers rebuilds their whole world."""
+    if isinstance(pool, RemotePool):
+        pool.world.rebuild()
+        return
     with _lock:
         for k, v in list(_pools.items()):
             if v is pool:
@@ -125,6 +168,9 @@ def shutdown() -> None:
         starting = list(_starting.values())
     for p in pools:
         p.stop()
+    world = use_remote(None)
+    if world is not None:  # its servers exit, and torchrun ends
+        world.close()
     for event in starting:
         event.wait(5)
     with _lock:

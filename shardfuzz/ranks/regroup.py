@@ -36,6 +36,8 @@ def regroup(pool: Pool, outcome: Outcome) -> bool:
     answers before the pool's next task. ``SHARDFUZZ_REGROUP=0`` always discards."""
     if not isinstance(outcome, RankFailed) or not pool.alive or not env_int("SHARDFUZZ_REGROUP", 1, 0):
         return False
+    if getattr(pool, "remote", False):  # its idle ranks hold groups too: the world is rebuilt
+        return False
     if pool.backend != "gloo":  # a blocked NCCL kernel is not failed by a peer's destroy
         return False
     pool.generation += 1
@@ -59,7 +61,7 @@ def settle(pool: Pool, timeout_s: float = REGROUP_TIMEOUT_S) -> bool:
     waiting = set(range(pool.world_size))
     while waiting:
         objs = {pool.conns[r]: r for r in waiting}
-        objs.update({pool.procs[r].sentinel: r for r in waiting})
+        objs.update({pool._sentinel(r): r for r in waiting})
         deadline = start + (min(timeout_s, ANSWER_TIMEOUT_S) if answering else timeout_s)
         ready = wait(list(objs), timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
@@ -70,7 +72,7 @@ def settle(pool: Pool, timeout_s: float = REGROUP_TIMEOUT_S) -> bool:
                 continue
             got = receive(pool.conns[r])
             if got is None:
-                if not pool.procs[r].is_alive() or obj is pool.procs[r].sentinel:
+                if not pool._rank_alive(r) or obj is pool._sentinel(r):
                     return False
             elif r in answering and isinstance(got, (Reply, UnsupportedReply, ErrorReply)):
                 answering.discard(r)

@@ -83,7 +83,9 @@ class RankContext:
         inputs: the full inputs (identical on every rank), on ``device``.
         local: the inputs sharded by the target's ``input_layouts`` (replicated when not listed).
         device: ``torch.device`` of this rank.
-        world_group: the pool's default group (for targets that really need the whole world).
+        world_group: the group of all the case's ranks (for targets that really need the whole
+            world): the pool's default group; on rank servers that torchrun started, the first
+            ``world_size`` ranks of its world.
     """
 
     case: Any
@@ -186,7 +188,8 @@ class RankState:
         self.world_size = world_size
         self.device = device
         self.default_timeout = default_timeout  # the world group's timeout
-        self.meshes: dict[tuple, Mesh] = {}
+        self.meshes: dict[tuple, Mesh | None] = {}
+        self.worlds: dict[tuple, Any] = {}  # groups of the first w ranks of a larger (torchrun) world
         self.targets: dict[str, Any] = {}
         self.impls: dict[str, Any] = {}
         self.settings: list[Setting] = torch_settings()
@@ -198,7 +201,11 @@ class RankState:
         self.restart = False
         self.old_groups: list[Any] = []  # weak references to the groups a regroup left (worker.leave)
 
-    def mesh(self, shape: tuple[int, ...], timeout_s: float) -> Mesh:
+    def mesh(self, shape: tuple[int, ...], timeout_s: float) -> Mesh | None:
+        """The mesh ``shape`` over the first ``prod(shape)`` ranks (all of a local pool's; a
+        torchrun world may be larger), made once per timeout and cached. Every rank of the world
+        calls this for every mesh, in the same order (new_group is collective); a rank outside the
+        mesh only takes part and gets None."""
         key = (shape, timeout_s)
         if key in self.meshes:
             return self.meshes[key]
@@ -206,7 +213,7 @@ class RankState:
         timeout = datetime.timedelta(seconds=timeout_s)
         n = math.prod(shape)
         cells = list(itertools.product(*(range(s) for s in shape)))  # row-major: global rank order
-        coords = cells[self.rank]
+        whole = n == self.world_size and timeout_s == self.default_timeout
         groups, ranks = [], []
         for axis in range(len(shape)):
             mine: tuple[Any, tuple[int, ...]] | None = None
@@ -215,18 +222,34 @@ class RankState:
                 *[range(s) if i != axis else range(1) for i, s in enumerate(shape)]
             ):
                 members = [cells.index((*other[:axis], k, *other[axis + 1 :])) for k in range(shape[axis])]
-                if len(members) == n and shape[axis] == n and timeout_s == self.default_timeout:
+                if len(members) == n and whole:
                     g = dist.group.WORLD
                 else:
                     g = dist.new_group(members, timeout=timeout)
                 if self.rank in members:
                     mine = (g, tuple(members))
-            assert mine is not None
-            groups.append(mine[0])
-            ranks.append(mine[1])
-        m = Mesh(tuple(shape), coords, tuple(groups), tuple(ranks), self.device.type)
+            if mine is not None:
+                groups.append(mine[0])
+                ranks.append(mine[1])
+        m = (
+            Mesh(tuple(shape), cells[self.rank], tuple(groups), tuple(ranks), self.device.type)
+            if groups
+            else None
+        )
         self.meshes[key] = m
         return m
+
+    def world_group(self, world_size: int, timeout_s: float) -> Any:
+        """The group of the first ``world_size`` ranks: the default group when that is the whole
+        world (a local pool's always is), else one made by every rank of the world, once."""
+        if world_size == self.world_size:
+            return dist.group.WORLD
+        key = (world_size, timeout_s)
+        if key not in self.worlds:
+            self.worlds[key] = dist.new_group(
+                list(range(world_size)), timeout=datetime.timedelta(seconds=timeout_s)
+            )
+        return self.worlds[key]
 
     def snapshot(self) -> tuple[list[Any], list[int]]:
         self.process.snapshot()
@@ -278,6 +301,9 @@ def run_task(state: RankState, task: Task) -> Reply:
     target = state.target(task.target_ref)
     impl = state.impl(task.impl.ref)
     mesh = state.mesh(tuple(case.mesh), task.timeout)
+    if mesh is None:  # only a rank server outside the case's ranks, which the driver never sends it
+        raise RuntimeError(f"rank {state.rank} is not one of the case's {case.world_size} ranks")
+    world_group = state.world_group(case.world_size, task.timeout)
 
     # reset state so a failure replays identically
     if torch.are_deterministic_algorithms_enabled() != task.deterministic:
@@ -288,7 +314,7 @@ def run_task(state: RankState, task: Task) -> Reply:
     torch.set_grad_enabled(True)
     before = state.snapshot()
     try:
-        reply = _run(state, task, target, impl, mesh)
+        reply = _run(state, task, target, impl, mesh, world_group)
     finally:  # also when the implementation raised (Unsupported keeps the pool)
         state.clean_up(before, (str(task.impl), tuple(case.mesh)))
     if state.leaks:
@@ -296,7 +322,7 @@ def run_task(state: RankState, task: Task) -> Reply:
     return reply
 
 
-def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Reply:
+def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh, world_group: Any) -> Reply:
     case = task.case
     group_rank, group_size = mesh.coords[-1], case.mesh[-1]
     inputs = target.inputs(case)
@@ -315,8 +341,8 @@ def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh) -> Re
             if type(local.get(k)) is torch.Tensor:  # a DTensor input keeps its own layout
                 local[k] = strided_view(local[k])
     ctx = RankContext(  # the fields in order: case, rank, world_size, group, ..., world_group
-        *(case, state.rank, state.world_size, mesh.groups[-1], group_rank, group_size, mesh),
-        *(inputs, local, state.device, dist.group.WORLD),
+        *(case, state.rank, case.world_size, mesh.groups[-1], group_rank, group_size, mesh),
+        *(inputs, local, state.device, world_group),
     )
     t0 = time.perf_counter()
     TRACER.start(task.trace)

@@ -31,6 +31,8 @@ import torch.distributed.distributed_c10d as c10d
 from shardfuzz.errors import Unsupported
 from shardfuzz.protocol import (
     ErrorReply,
+    MakeMesh,
+    MeshMade,
     RankAnswer,
     Ready,
     Regroup,
@@ -90,7 +92,17 @@ def warm(state: RankState, msg: Warm) -> None:
         pass
 
 
-def _set_pdeathsig() -> None:
+def make_mesh(state: RankState, msg: MakeMesh) -> MeshMade | ErrorReply:
+    """Make the case's world group and mesh groups with every other rank of the world."""
+    try:
+        state.world_group(msg.world_size, msg.timeout_s)
+        state.mesh(msg.shape, msg.timeout_s)
+        return MeshMade(msg.world_size, msg.shape)
+    except BaseException as e:  # noqa: BLE001 (the driver waits for an answer from every rank: a failure is one, and it rebuilds the world)
+        return error_reply(e)
+
+
+def set_pdeathsig() -> None:
     if sys.platform != "linux":
         return  # macOS has no PDEATHSIG: the watchdog thread alone ends the worker
     try:
@@ -112,6 +124,7 @@ def _watchdog(alive_conn: Any) -> None:
 def leave(state: RankState) -> None:
     """Destroy every process group of this rank, and drop the meshes built on them."""
     state.meshes.clear()
+    state.worlds.clear()
     state.warm.clear()  # new groups may initialise lazily again
     groups = getattr(getattr(c10d, "_world", None), "pg_map", None) or {}
     left = [weakref.ref(g) for g in groups]
@@ -176,7 +189,7 @@ def _join(
     return join
 
 
-def _serve(state: RankState, conn: Any, join: Callable[[str], None], backend: str) -> None:
+def serve_tasks(state: RankState, conn: Any, join: Callable[[str], None], backend: str) -> None:
     while True:
         try:
             msg = conn.recv()
@@ -189,6 +202,9 @@ def _serve(state: RankState, conn: Any, join: Callable[[str], None], backend: st
             continue
         if isinstance(msg, Regroup):
             conn.send(regroup(state, msg, join))
+            continue
+        if isinstance(msg, MakeMesh):  # only rank servers get one (shardfuzz.ranks.serve)
+            conn.send(make_mesh(state, msg))
             continue
         reply = answer(state, msg)
         try:
@@ -220,7 +236,7 @@ def worker_main(
     debug: bool = False,
 ) -> None:
     """Entry point of a worker process."""
-    _set_pdeathsig()
+    set_pdeathsig()
     if os.getppid() == 1:  # the forkserver (our parent) died before PDEATHSIG was armed
         os._exit(3)
     threading.Thread(target=_watchdog, args=(alive_conn,), daemon=True).start()
@@ -243,5 +259,5 @@ def worker_main(
         conn.send(StartFailed(traceback.format_exc()))
         os._exit(1)
     conn.send(Ready(os.getpid()))
-    _serve(state, conn, join, backend)
+    serve_tasks(state, conn, join, backend)
     os._exit(0)

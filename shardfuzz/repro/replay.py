@@ -59,8 +59,12 @@ def record_config(
     deterministic: bool | None = None,
     timeout: float | None = None,
     tolerance: Tolerance | None = None,
+    ranks: str | None = None,
+    secret_file: str | None = None,
 ) -> RunConfig:
-    """The configuration to replay a record with: the given choices, else the record's."""
+    """The configuration to replay a record with: the given choices, else the record's. With
+    ``ranks`` the case runs on rank servers by the one rule there is (its first ``world_size``
+    ranks), whatever machine found it."""
     backend = backend or record["backend"]
     if device is None:
         device = record.get("device") if backend == record["backend"] else None
@@ -71,6 +75,8 @@ def record_config(
         deterministic=bool(record.get("deterministic", False)) if deterministic is None else deterministic,
         timeout=timeout,
         tolerance=_replay_tolerance(record, tolerance),
+        ranks=ranks,
+        secret_file=secret_file,
     )
 
 

@@ -1,0 +1,385 @@
+"""Rank servers that torchrun starts (issue 28), end to end on one machine: two torchrun agents as
+two nodes (``--nnodes 2 --nproc-per-node 2``, c10d rendezvous on localhost) serve a driver that
+finds, shrinks and replays a planted bug; a wrong secret, a node that never joins and a driver that
+is killed each end within a stated time with no process left behind. Each test starts its own
+agents in their own sessions and kills whatever is left of them at the end."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import shardfuzz
+from shardfuzz import InfrastructureError
+from shardfuzz.engine import failures
+from shardfuzz.frontends.testing import budget
+from shardfuzz.ranks import pool_cache
+from shardfuzz.repro.replay import replay_one
+from shardfuzz.spec.registry import get_target
+
+SECRET = "a-test-secret-of-32-characters!!"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def session_processes(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (an agent and everything it started)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != b"Z":  # field 6 (session), after the state
+            pids.append(int(name))
+    return pids
+
+
+class Nodes:
+    """``count`` torchrun agents of one world of ``nnodes`` nodes (fewer started: a node that never
+    joins), each serving ``nproc`` ranks to the driver at ``port``."""
+
+    def __init__(self, tmp_path, port: int, *, count: int = 2, nnodes: int = 2, nproc: int = 2,
+                 secret: str = SECRET, max_restarts: int = 0) -> None:  # fmt: skip
+        rdzv = free_port()
+        env = {**os.environ, "SHARDFUZZ_SECRET": secret, "OMP_NUM_THREADS": "1"}
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv}",
+            "--max-restarts", str(max_restarts), "-m", "shardfuzz.ranks.serve",
+            "--driver", f"127.0.0.1:{port}", "--wait", "60",
+        ]  # fmt: skip
+        self.logs = [tmp_path / f"node{i}.log" for i in range(count)]
+        self.agents = [
+            subprocess.Popen(
+                cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+            )
+            for log in self.logs
+        ]
+
+    def wait(self, timeout_s: float) -> list[int | None]:
+        deadline = time.monotonic() + timeout_s
+        for a in self.agents:
+            try:
+                a.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return [a.poll() for a in self.agents]
+
+    def left(self) -> list[int]:
+        return [p for a in self.agents for p in session_processes(a.pid)]
+
+    def output(self) -> str:
+        return "\n".join(log.read_text() for log in self.logs)
+
+    def kill(self) -> None:
+        for a in self.agents:
+            try:
+                os.killpg(a.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            a.wait()
+
+
+@pytest.fixture
+def driver(monkeypatch) -> Iterator[int]:
+    """A free port for the driver, its secret, and the world closed at the end."""
+    monkeypatch.setenv("SHARDFUZZ_SECRET", SECRET)
+    yield free_port()
+    world = pool_cache.use_remote(None)
+    if world is not None:
+        world.close()
+
+
+def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, driver):
+    bug = get_target("tp_mlp").planted["missing_allreduce"]
+    nodes = Nodes(tmp_path, driver)
+    try:
+        t0 = time.monotonic()
+        kwargs = dict(
+            profile="shardfuzz-ci", database=None, max_examples=budget(bug.p95), failures_dir=str(tmp_path)
+        )
+        remote = shardfuzz.run("tp_mlp", "missing_allreduce", ranks=str(driver), **kwargs)
+        assert remote.found and remote.kind == "mismatch", remote.stats.summary()
+        local = shardfuzz.run("tp_mlp", "missing_allreduce", **{**kwargs, "failures_dir": None})
+        assert remote.case == local.case, (remote.case, local.case)  # shrunk to the same minimal case
+        (path,) = failures.find_files([str(tmp_path)])
+        record = failures.load(path)
+        assert record["rank_servers"] == {"rule": "first", "world_size": 4}
+        again = replay_one(record, ranks=str(driver))  # on the same servers
+        assert again.failed and again.kind == "mismatch" and "same cause" in again.line(), again.line()
+        print(f"found, shrunk and replayed on 2 x 2 torchrun ranks in {time.monotonic() - t0:.0f} s")
+    finally:
+        world = pool_cache.use_remote(None)
+        if world is not None:
+            world.close()  # the servers' channels close: they exit 0, and torchrun ends
+        codes = nodes.wait(60)
+        left = nodes.left()
+        nodes.kill()
+    assert codes == [0, 0], nodes.output()[-3000:]
+    assert left == []
+
+
+def test_a_server_with_another_secret_is_refused_and_says_why(tmp_path, driver, monkeypatch):
+    monkeypatch.setenv("SHARDFUZZ_RANKS_WAIT", "10")
+    nodes = Nodes(tmp_path, driver, count=1, nnodes=1, secret="another-secret-of-32-characters!")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InfrastructureError, match="does not hold this driver's secret"):
+            shardfuzz.run("tp_mlp", "reference", ranks=str(driver), max_examples=1, database=None)
+        assert time.monotonic() - t0 < 30
+        codes = nodes.wait(30)
+        out = nodes.output()
+    finally:
+        nodes.kill()
+    assert "refused this server: the secrets differ" in out, out[-3000:]
+    assert codes == [1], out[-3000:]  # torchrun: a worker failed (exit 2), no restarts
+    assert "Traceback" not in out.split("refused this server")[0][-500:]  # a message, not a crash
+
+
+def test_a_node_that_never_joins_is_a_clear_error_after_the_stated_wait(tmp_path, driver, monkeypatch):
+    monkeypatch.setenv("SHARDFUZZ_RANKS_WAIT", "8")
+    nodes = Nodes(tmp_path, driver, count=1, nnodes=2)  # the second node never starts
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InfrastructureError, match=r"0 of \? rank servers connected .* within 8 s"):
+            shardfuzz.run("tp_mlp", "reference", ranks=str(driver), max_examples=1, database=None)
+        assert time.monotonic() - t0 < 20
+    finally:
+        nodes.kill()
+    assert nodes.left() == []
+
+
+def test_killing_the_driver_stops_every_server(tmp_path, driver):
+    nodes = Nodes(tmp_path, driver)
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardfuzz.frontends.cli",
+        "fuzz",
+        "tp_mlp",
+        "--ranks",
+        str(driver),
+        "--duration",
+        "10m",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fuzz = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert fuzz.stdout is not None
+        for line in fuzz.stdout:  # until examples run on the servers
+            if " examples (" in line and not line.split("] ", 1)[-1].startswith("tp_mlp/reference: 0 "):
+                break
+        fuzz.kill()
+        fuzz.wait()
+        t0 = time.monotonic()
+        codes = nodes.wait(60)
+        took = time.monotonic() - t0
+        left = nodes.left()
+    finally:
+        fuzz.kill()
+        nodes.kill()
+    assert codes == [0, 0] and left == [], nodes.output()[-3000:]
+    print(f"every server and agent gone {took:.1f} s after the driver was killed")
+
+
+def test_a_rank_killed_from_outside_is_set_aside_and_the_world_rebuilt(tmp_path, driver):
+    """A server killed mid-campaign: its channels close, the driver sends every server away,
+    torchrun (--max-restarts) starts a fresh world that connects again, and the campaign goes on.
+    Killed in an example it ran, it is a rank death whose case passes on the fresh world (an
+    external fault, set aside); killed between examples (or idle: a case of fewer ranks), the
+    world is rebuilt before the next one."""
+    import threading
+
+    nodes = Nodes(tmp_path, driver, max_restarts=3)
+    results: list = []
+    run = threading.Thread(
+        target=lambda: results.append(
+            shardfuzz.run("tp_mlp", "reference", ranks=str(driver), max_examples=60, database=None)
+        )
+    )
+    try:
+        run.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            world = pool_cache.remote_world()
+            if world is not None and world.alive and len(world.ran) > 0:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the campaign never ran on the servers:\n" + nodes.output()[-3000:])
+        victim = world.servers[-1].hello.pid
+        os.kill(victim, signal.SIGKILL)
+        run.join(timeout=150)
+        assert not run.is_alive(), "the driver hung after a rank was killed"
+    finally:
+        world = pool_cache.use_remote(None)
+        if world is not None:
+            world.close()
+        codes = nodes.wait(60)
+        left = nodes.left()
+        nodes.kill()
+    (result,) = results
+    assert not result.found, result.report
+    assert world is not None and world.rebuilds == 1 and result.stats.external_faults <= 1, (
+        result.stats.summary()
+    )
+    print(f"rebuilt once; external faults set aside: {result.stats.external_faults}")
+    assert result.stats.examples >= 60, result.stats.summary()
+    assert codes == [0, 0] and left == [], nodes.output()[-3000:]
+
+
+def test_a_killed_agent_is_a_clear_error_within_the_stated_wait(tmp_path, driver, monkeypatch):
+    """A whole node gone (its torchrun agent killed: its servers go with it): a rank death, then a
+    world that cannot be rebuilt within SHARDFUZZ_RANKS_WAIT is a clear error, never a hang. The
+    other node's agent then waits in torchrun's own rendezvous (its --rdzv-conf join_timeout):
+    the test ends it."""
+    import threading
+
+    nodes = Nodes(tmp_path, driver, max_restarts=3)
+    errors: list = []
+
+    def campaign() -> None:
+        try:
+            shardfuzz.run("tp_mlp", "reference", ranks=str(driver), max_examples=400, database=None)
+        except InfrastructureError as e:
+            errors.append(e)
+        else:
+            errors.append(None)  # ended without an error: the test fails below
+
+    run = threading.Thread(target=campaign)
+    try:
+        run.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run.is_alive():
+            world = pool_cache.remote_world()
+            if world is not None and world.alive and len(world.ran) > 0:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the campaign never ran on the servers ({errors}):\n" + nodes.output()[-3000:])
+        monkeypatch.setenv("SHARDFUZZ_RANKS_WAIT", "15")  # read at each wait: this one is the rebuild's
+        t0 = time.monotonic()
+        os.kill(nodes.agents[1].pid, signal.SIGKILL)  # the agent alone: its servers follow it
+        run.join(timeout=90)
+        took = time.monotonic() - t0
+        assert not run.is_alive(), "the driver hung after a node was killed"
+    finally:
+        world = pool_cache.use_remote(None)
+        if world is not None:
+            world.close()
+        nodes.kill()
+    (error,) = errors
+    assert "did not come back after a rebuild" in str(error) and "within 15 s" in str(error), error
+    assert took < 60, took
+    assert nodes.left() == []
+
+
+# -- the secret and the handshake, without torchrun ----------------------------------------------
+def _handshake(driver_secret: bytes, server_secret: bytes) -> tuple[object, object]:
+    """Both ends of one handshake on the loopback: each a Connection or the exception it raised."""
+    import threading
+
+    from shardfuzz.ranks import secret
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    ends: dict[str, object] = {}
+
+    def driver_side() -> None:
+        sock, peer = listener.accept()
+        try:
+            ends["driver"] = secret.accept(sock, driver_secret, f"{peer[0]}:{peer[1]}")
+        except Exception as e:  # noqa: BLE001 (the test looks at whatever it raised)
+            ends["driver"] = e
+
+    t = threading.Thread(target=driver_side)
+    t.start()
+    try:
+        ends["server"] = secret.connect(listener.getsockname()[:2], server_secret, 5)
+    except Exception as e:  # noqa: BLE001 (as above)
+        ends["server"] = e
+    t.join(10)
+    listener.close()
+    return ends["driver"], ends["server"]
+
+
+def test_the_secret_is_proved_both_ways_and_never_sent():
+    from multiprocessing.connection import Connection
+
+    from shardfuzz.ranks.secret import Refused
+
+    d, s = _handshake(b"s" * 32, b"s" * 32)
+    assert isinstance(d, Connection) and isinstance(s, Connection)
+    s.send("hello")
+    assert d.recv() == "hello"
+    d, s = _handshake(b"s" * 32, b"t" * 32)
+    assert isinstance(d, Refused) and "does not hold this driver's secret" in str(d)
+    assert isinstance(s, Refused) and "refused this server: the secrets differ" in str(s)
+
+
+def test_a_server_refuses_a_driver_that_cannot_prove_the_secret():
+    """An impostor that accepts any answer and sends a made-up proof gets nothing run."""
+    import threading
+
+    from shardfuzz.ranks import secret
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def impostor() -> None:
+        sock, _ = listener.accept()
+        sock.sendall(secret.MAGIC + b"n" * secret.NONCE)
+        seen.append(sock.recv(64))
+        sock.sendall(b"A" + b"x" * 32)
+        sock.close()
+
+    t = threading.Thread(target=impostor)
+    t.start()
+    with pytest.raises(secret.Refused, match="did not prove the secret: it is not your driver"):
+        secret.connect(listener.getsockname()[:2], b"s" * 32, 5)
+    t.join(10)
+    listener.close()
+    assert b"s" * 32 not in seen[0]  # only an HMAC of the impostor's nonce and the server's own nonce
+
+
+def test_secrets_come_from_a_private_file_or_the_environment(tmp_path, monkeypatch):
+    from shardfuzz import InvalidArgument
+    from shardfuzz.ranks.secret import load_secret
+
+    path = tmp_path / "secret"
+    path.write_text("p" * 40 + "\n")
+    path.chmod(0o644)
+    with pytest.raises(InvalidArgument, match=r"--secret-file='.*secret' has mode 644: others may read it"):
+        load_secret(str(path))
+    path.chmod(0o600)
+    assert load_secret(str(path)) == b"p" * 40
+    monkeypatch.delenv("SHARDFUZZ_SECRET", raising=False)
+    with pytest.raises(InvalidArgument, match=r"no secret: set \$SHARDFUZZ_SECRET"):
+        load_secret()
+    monkeypatch.setenv("SHARDFUZZ_SECRET", "short")
+    with pytest.raises(InvalidArgument, match=r"\$SHARDFUZZ_SECRET holds 5 characters; allowed: at least 16"):
+        load_secret()
+
+
+@pytest.mark.parametrize("bad", ["nope", "host:", ":1234x", "1.2.3.4:70000", "[::1]"])
+def test_a_bad_ranks_address_names_the_argument(bad):
+    from shardfuzz import InvalidArgument, RunConfig
+
+    with pytest.raises(InvalidArgument, match=re.escape(f"ranks={bad!r}; expected HOST:PORT or PORT")):
+        RunConfig(ranks=bad)
+    assert RunConfig(ranks="29600").ranks == "29600"
