@@ -901,7 +901,7 @@ EXPECTED_FAILURES = [
 
 TARGET = Target(
     name="dtensor_ops",
-    description="PyTorch's DTensor operators, generated from its registry of sharding strategies: placements per mesh axis (Shard, Replicate, Partial sum/avg/max/min), uneven and empty shards, forward and backward",
+    description="PyTorch's DTensor operators, generated from its registry of sharding strategies: placements per mesh axis (Shard, Replicate, Partial sum/avg/max/min/product) on 1-D to 3-D meshes, uneven and empty shards, forward and backward",
     cases=cases,
     inputs=inputs,
     oracle=oracle,

@@ -1,11 +1,14 @@
 """Rank servers that torchrun starts (issue 28), end to end on one machine: two torchrun agents as
 two nodes (``--nnodes 2 --nproc-per-node 2``, c10d rendezvous on localhost) serve a driver that
-finds, shrinks and replays a planted bug; a wrong secret, a node that never joins and a driver that
-is killed each end within a stated time with no process left behind. Each test starts its own
-agents in their own sessions and kills whatever is left of them at the end."""
+finds, shrinks and replays a planted bug; a wrong secret and a node that never joins end within a
+stated time with no process left behind. Under ``-m slow`` (each 15-70 s of torchrun starts): a
+killed driver, a rank killed from outside, a killed agent, a hang across nodes and pytest's
+``--shardfuzz-ranks``. Each test starts its own agents in their own sessions and kills whatever
+is left of them at the end."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -165,6 +168,7 @@ def test_a_node_that_never_joins_is_a_clear_error_after_the_stated_wait(tmp_path
     assert nodes.left() == []
 
 
+@pytest.mark.slow
 def test_killing_the_driver_stops_every_server(tmp_path, driver):
     nodes = Nodes(tmp_path, driver)
     cmd = [
@@ -198,6 +202,7 @@ def test_killing_the_driver_stops_every_server(tmp_path, driver):
     print(f"every server and agent gone {took:.1f} s after the driver was killed")
 
 
+@pytest.mark.slow
 def test_a_rank_killed_from_outside_is_set_aside_and_the_world_rebuilt(tmp_path, driver):
     """A server killed mid-campaign: its channels close, the driver sends every server away,
     torchrun (--max-restarts) starts a fresh world that connects again, and the campaign goes on.
@@ -244,6 +249,7 @@ def test_a_rank_killed_from_outside_is_set_aside_and_the_world_rebuilt(tmp_path,
     assert codes == [0, 0] and left == [], nodes.output()[-3000:]
 
 
+@pytest.mark.slow
 def test_a_killed_agent_is_a_clear_error_within_the_stated_wait(tmp_path, driver, monkeypatch):
     """A whole node gone (its torchrun agent killed: its servers go with it): a rank death, then a
     world that cannot be rebuilt within SHARDFUZZ_RANKS_WAIT is a clear error, never a hang. The
@@ -383,3 +389,81 @@ def test_a_bad_ranks_address_names_the_argument(bad):
     with pytest.raises(InvalidArgument, match=re.escape(f"ranks={bad!r}; expected HOST:PORT or PORT")):
         RunConfig(ranks=bad)
     assert RunConfig(ranks="29600").ranks == "29600"
+
+
+@pytest.mark.slow
+def test_pytest_runs_a_target_on_rank_servers(tmp_path, driver):
+    """``pytest --shardfuzz-ranks HOST:PORT``: a test_for test runs on one torchrun node's ranks
+    and fails on the planted bug with the usual report."""
+    nodes = Nodes(tmp_path, driver, count=1, nnodes=1, nproc=2)
+    (tmp_path / "test_mine.py").write_text(
+        "import shardfuzz\ntest_bug = shardfuzz.test_for('tp_mlp', 'missing_allreduce', world_sizes=(2,))\n"
+    )
+    cmd = [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", str(tmp_path / "test_mine.py"),
+        "--hypothesis-profile=ci", f"--shardfuzz-ranks={driver}", f"--shardfuzz-failures-dir={tmp_path / 'f'}",
+    ]  # fmt: skip
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=tmp_path)
+        codes = nodes.wait(60)  # the pytest process ended: its servers leave
+        left = nodes.left()
+    finally:
+        nodes.kill()
+    assert run.returncode == 1 and "1 failed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "1 of 6 outputs mismatch the oracle" in run.stdout, run.stdout[-3000:]
+    assert f"--shardfuzz-ranks={driver}" in run.stdout  # the header's reproduce line
+    assert codes == [0] and left == [], nodes.output()[-3000:]
+
+
+@pytest.mark.slow
+def test_a_hang_across_nodes_is_reported_with_every_ranks_stack(tmp_path, driver):
+    """A rank that skips a collective (tp_mlp's planted ``skip_empty_shard``) on 3 of 4 ranks over
+    two nodes: the hang is found by the same evidence as on local ranks, reported with every
+    rank's stack (asked over the control channels), and the world is rebuilt for what follows."""
+    from shardfuzz import RunConfig, Runner
+    from shardfuzz.errors import RankHang
+
+    bug = get_target("tp_mlp").planted["skip_empty_shard"]
+    local = shardfuzz.run("tp_mlp", "skip_empty_shard", profile="shardfuzz-ci", database=None,
+                          max_examples=budget(bug.p95), timeout=3)  # fmt: skip
+    assert local.found and local.kind == "hang", local.stats.summary()
+    nodes = Nodes(tmp_path, driver, max_restarts=2)
+    try:
+        runner = Runner("tp_mlp", "skip_empty_shard", RunConfig(ranks=str(driver), timeout=3))
+        t0 = time.monotonic()
+        with pytest.raises(RankHang) as hang:
+            runner.run_case(local.case)
+        took = time.monotonic() - t0
+        report = hang.value.report
+        world = pool_cache.remote_world()
+        assert world is not None and world.rebuilds == 1 and world.alive  # rebuilt, and back
+        assert runner.run_case(dataclasses.replace(local.case, world_size=2, mesh=(2,))) < 1  # it goes on
+    finally:
+        world = pool_cache.use_remote(None)
+        if world is not None:
+            world.close()
+        codes = nodes.wait(60)
+        left = nodes.left()
+        nodes.kill()
+    for r in range(local.case.world_size):
+        assert f"rank {r}" in report, report
+    assert report.count('File "') >= local.case.world_size, report  # a Python stack per rank
+    assert took < 60, took
+    assert codes == [0, 0] and left == [], nodes.output()[-3000:]
+
+
+def test_world_sizes_are_drawn_up_to_the_torchrun_worlds_size():
+    """A world of 2 rank servers: the target's own world sizes up to 2, in the search and in the
+    covering rows; a world that holds all of them leaves the draws as they are (the same cases as
+    on local ranks)."""
+    import types
+
+    from shardfuzz import Runner
+    from shardfuzz.engine.covering import rows_for
+
+    runner = Runner("tp_mlp", "reference")
+    runner.rank_servers = types.SimpleNamespace(world_size=2)  # what a RemoteWorld of 2 says
+    assert runner.world_sizes() == (1, 2)
+    assert {row.case.world_size for row in rows_for(runner)} <= {1, 2}
+    runner.rank_servers = types.SimpleNamespace(world_size=8)
+    assert runner.world_sizes() is None

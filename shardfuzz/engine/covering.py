@@ -239,7 +239,7 @@ def rows_for(runner: Any) -> tuple[Row, ...]:
     """The covering rows of a runner's target under its run's world sizes and dtypes (the same for
     every implementation of the target: seeded from its name; cached)."""
     c = runner.config
-    return _rows_for(runner.target, c.world_sizes, c.dtypes, c.options)
+    return _rows_for(runner.target, runner.world_sizes(), c.dtypes, c.options)
 
 
 #: how often a tuple of conditions whose row the implementation refused is tried on another case
@@ -327,7 +327,7 @@ class Replacements:
         if self._candidates is None:
             c = self.runner.config
             tried = {r.case for r in self.rows}
-            pool = pool_for(self.target, c.world_sizes, c.dtypes, c.options)
+            pool = pool_for(self.target, self.runner.world_sizes(), c.dtypes, c.options)
             self._candidates = [r for r in candidates_of(self.target, pool) if r.case not in tried]
         return self._candidates
 

@@ -170,9 +170,9 @@ class Runner:
         return f"{self.target.name}/{self.impl_name}/{self.backend}"
 
     def strategy(self) -> Any:
-        return self.target.strategy(self._world_sizes(), self.config.dtypes, self.config.options)
+        return self.target.strategy(self.world_sizes(), self.config.dtypes, self.config.options)
 
-    def _world_sizes(self) -> tuple[int, ...] | None:
+    def world_sizes(self) -> tuple[int, ...] | None:
         """The world sizes to draw: the run's, else on rank servers the target's own up to the size
         of their world."""
         if self.rank_servers is None or self.config.world_sizes is not None:
@@ -256,7 +256,12 @@ class Runner:
         window = TIMEOUTS.timeout(self._timeout_key(case), self.config.timeout)
         cap = hard_cap(window)
         pool = get_pool(
-            self.backend, case.world_size, cap, device=self.device, debug=self.config.debug_collectives
+            self.backend,
+            case.world_size,
+            cap,
+            device=self.device,
+            debug=self.config.debug_collectives,
+            world=self.rank_servers,
         )
         want_flags = self.numerics is None
         task = Task(

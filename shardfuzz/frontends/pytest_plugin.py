@@ -6,7 +6,7 @@
 * adds the namespaced options ``--shardfuzz-backend``, ``--shardfuzz-world-sizes``,
   ``--shardfuzz-timeout`` (``--timeout`` belongs to pytest-timeout), ``--shardfuzz-dtypes``,
   ``--shardfuzz-tolerance`` (repeatable), ``--shardfuzz-max-examples``, ``--shardfuzz-profile``,
-  ``--shardfuzz-device``;
+  ``--shardfuzz-device``, ``--shardfuzz-ranks`` and ``--shardfuzz-secret-file``;
 * prints a header line that says how to reproduce the run;
 * :func:`test_for` turns a target into a test in one line, a Hypothesis test that composes with the
   user's profile and ``@settings`` (:mod:`shardfuzz.frontends.pytest_compose`);
@@ -90,6 +90,9 @@ class Options:
     #: ``--shardfuzz-database`` / ini ``shardfuzz_database``: a directory or a fleet's redis:// URL
     database: str | None = None
     fleet: str | None = None
+    #: ``--shardfuzz-ranks``: rank servers that torchrun started, and their secret's file
+    ranks: str | None = None
+    secret_file: str | None = None
 
     def config(self, **overrides: Any) -> RunConfig:
         """The run configuration of these options; ``overrides`` that are not None win."""
@@ -106,6 +109,8 @@ class Options:
             device=self.device,
             database=self.database,
             fleet=self.fleet,
+            ranks=self.ranks,
+            secret_file=self.secret_file,
         )
         return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
 
@@ -136,6 +141,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--shardfuzz-profile", default=None, choices=PROFILES, help=opts.HELP_PROFILE)
     group.addoption("--shardfuzz-device", default=None, choices=DEVICES, help=opts.HELP_DEVICE)
+    group.addoption(
+        "--shardfuzz-ranks",
+        default=None,
+        metavar="HOST:PORT",
+        help="run every case on rank servers that torchrun started (python -m shardfuzz.ranks.serve "
+        "--driver HOST:PORT), listening there (PORT alone: on 127.0.0.1; give one pytest process: -n 0)",
+    )
+    group.addoption(
+        "--shardfuzz-secret-file",
+        default=None,
+        metavar="FILE",
+        help="the secret the rank servers must prove (default: $SHARDFUZZ_SECRET)",
+    )
     for name, value, what in (
         ("database", "DIR|redis://HOST:PORT/N", HELP_DATABASE),
         ("fleet", "NAME", "the fleet's name on a shared Redis"),
@@ -182,6 +200,8 @@ def pytest_configure(config: pytest.Config) -> None:
         device=config.getoption("--shardfuzz-device", None),
         database=database,
         fleet=fleet,
+        ranks=config.getoption("--shardfuzz-ranks", None),
+        secret_file=config.getoption("--shardfuzz-secret-file", None),
     )
     try:  # a combination RunConfig refuses (--shardfuzz-backend=nccl --shardfuzz-device=cpu)
         options.config()
@@ -213,6 +233,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     args.append(f"--shardfuzz-backend={o.backend}")
     args += [f"--shardfuzz-device={o.device}"] if o.device else []
     args += [f"--shardfuzz-max-examples={o.max_examples}"] if o.max_examples else []
+    args += [f"--shardfuzz-ranks={o.ranks}"] if o.ranks else []
     if o.world_sizes:
         args.append(f"--shardfuzz-world-sizes={','.join(map(str, o.world_sizes))}")
     if o.timeout:

@@ -35,12 +35,13 @@ _closing = False
 SPARE_WAIT_S = 60.0
 
 
-#: rank servers that torchrun started (``--ranks``): every pool is theirs while set
+#: the world of rank servers that torchrun started (``--ranks``), kept for the driver process
 _remote: RemoteWorld | None = None
 
 
 def use_remote(world: RemoteWorld | None) -> RemoteWorld | None:
-    """Take every pool from ``world`` (None: local pools again); returns the one it replaces."""
+    """Keep ``world`` as the driver's world of rank servers (None: none); returns the one it
+    replaces (whose caller closes it)."""
     global _remote
     old, _remote = _remote, world
     return old
@@ -71,18 +72,24 @@ def max_pool_ranks() -> int:
 
 
 def get_pool(
-    backend: str, world_size: int, timeout_s: float, *, device: str = "cpu", debug: bool = False
+    backend: str,
+    world_size: int,
+    timeout_s: float,
+    *,
+    device: str = "cpu",
+    debug: bool = False,
+    world: RemoteWorld | None = None,
 ) -> Pool:
     """A warm pool for (backend, world size), started if needed (a spare is used when there is one).
     Idle pools beyond ``SHARDFUZZ_MAX_POOL_RANKS`` ranks in all (default 12) are stopped, least
-    recently used first."""
-    if _remote is not None:
-        if (backend, device, debug) != (_remote.backend, _remote.device, _remote.debug):
+    recently used first. With ``world`` (rank servers), its first ``world_size`` ranks."""
+    if world is not None:
+        if (backend, device, debug) != (world.backend, world.device, world.debug):
             raise InfrastructureError(
-                f"backend={backend!r} device={device!r} on rank servers started for "
-                f"backend={_remote.backend!r} device={_remote.device!r}"
+                f"backend={backend!r} device={device!r} on rank servers joined with "
+                f"backend={world.backend!r} device={world.device!r}"
             )
-        return _remote.pool(world_size)
+        return world.pool(world_size)
     key = (backend, world_size, device, debug)
     starting = _starting.get(key)
     if starting is not None and key not in _pools:
