@@ -126,6 +126,13 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
         assert record["rank_servers"] == {"rule": "first", "world_size": 4}
         again = replay_one(record, ranks=str(driver))  # on the same servers
         assert again.failed and again.kind == "mismatch" and "same cause" in again.line(), again.line()
+        # a rank's own exception, over and over while it shrinks: the servers regroup in place
+        raising = dict(profile="shardfuzz-ci", database=None, max_examples=30)
+        remote = shardfuzz.run("ring_allreduce", "tensor_chunk", ranks=str(driver), **raising)
+        local = shardfuzz.run("ring_allreduce", "tensor_chunk", **raising)
+        assert remote.found and remote.kind == "rank-error" and remote.case == local.case, remote.report
+        world = pool_cache.remote_world()
+        assert world is not None and world.generation >= 1 and world.rebuilds == 0  # regrouped, never restarted
         print(f"found, shrunk and replayed on 2 x 2 torchrun ranks in {time.monotonic() - t0:.0f} s")
     finally:
         world = pool_cache.use_remote(None)

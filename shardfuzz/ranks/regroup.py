@@ -36,10 +36,11 @@ def regroup(pool: Pool, outcome: Outcome) -> bool:
     answers before the pool's next task. ``SHARDFUZZ_REGROUP=0`` always discards."""
     if not isinstance(outcome, RankFailed) or not pool.alive or not env_int("SHARDFUZZ_REGROUP", 1, 0):
         return False
-    if getattr(pool, "remote", False):  # its idle ranks hold groups too: the world is rebuilt
-        return False
     if pool.backend != "gloo":  # a blocked NCCL kernel is not failed by a peer's destroy
         return False
+    world = getattr(pool, "world", None)  # rank servers (ranks.remote): every rank of their world regroups
+    if world is not None:
+        return bool(world.start_regroup(pool))
     pool.generation += 1
     try:
         for c in pool.conns:

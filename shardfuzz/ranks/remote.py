@@ -11,10 +11,11 @@ whole world), once per mesh and timeout.
 A :class:`RemotePool` is a :class:`~shardfuzz.ranks.pool.Pool` whose ranks live elsewhere: the
 same collect, hang evidence, grace and outcomes, with what a local pool reads from ``/proc`` and
 files (CPU times, output, stacks, traces) asked over each server's control channel. A server that
-dies closes its channels: a rank death. After a death, a hang or a rank's own error the world is
-rebuilt (:meth:`RemoteWorld.rebuild`): every server exits with 1, torchrun (``--max-restarts``)
-starts a fresh world, and it connects again; a world that does not come back in time is a clear
-error, never a hang.
+dies closes its channels: a rank death. After a rank's own error (gloo) every server of the world
+regroups in place (:meth:`RemoteWorld.start_regroup`, as a local pool does). After a death, a hang
+or an NCCL error the world is rebuilt (:meth:`RemoteWorld.rebuild`): every server exits with 1,
+torchrun (``--max-restarts``) starts a fresh world, and it connects again; a world that does not
+come back in time is a clear error, never a hang.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ from shardfuzz.protocol import (
     MakeMesh,
     MeshMade,
     Ready,
+    Regroup,
     ServeConfig,
     StartFailed,
     Task,
 )
 from shardfuzz.ranks.pool import Pool, receive
+from shardfuzz.ranks.regroup import settle
 from shardfuzz.ranks.secret import HANDSHAKE_S, Refused, accept
 from shardfuzz.ranks.spawn import ProgressWatch
 
@@ -95,6 +98,8 @@ class RemoteWorld:
         self.ran: set[str] = set()
         self._closing = False
         self.rebuilds = 0  # worlds torchrun started again at the driver's word (after a death, a hang)
+        self.generation = 0  # of the world group, counted up by each regroup
+        self.regrouping: RemotePool | None = None  # a regroup of the whole world, not yet settled
         threading.Thread(target=self._accept_loop, name="shardfuzz-ranks-accept", daemon=True).start()
 
     # -- connections ----------------------------------------------------------------------
@@ -202,7 +207,32 @@ class RemoteWorld:
         return f"pid {h.pid} on {h.host}, local rank {h.local_rank}"
 
     # -- cases ----------------------------------------------------------------------------
+    def start_regroup(self, pool: RemotePool) -> bool:
+        """After a rank's own exception (gloo), every server of the world leaves its groups and
+        joins a fresh world group (:mod:`shardfuzz.ranks.regroup`), instead of a torchrun restart;
+        settled before the next pool is handed out. False: the world is rebuilt instead."""
+        self.generation += 1
+        full = RemotePool(self, self.world_size)
+        full.generation, full.unanswered = self.generation, set(pool.unanswered)
+        try:
+            for c in full.conns:
+                c.send(Regroup(self.generation, answered=not pool.unanswered))
+        except OSError:
+            return False
+        full.regrouping = time.monotonic()
+        self.meshes = set()  # the servers dropped theirs with their groups
+        self.regrouping = full
+        return True
+
     def pool(self, world_size: int) -> RemotePool:
+        if self.regrouping is not None:
+            full, self.regrouping = self.regrouping, None
+            if not settle(full):
+                print(
+                    "shardfuzz: the rank servers could not regroup; rebuilding the torchrun world",
+                    file=sys.stderr,
+                )
+                self.rebuild()
         if world_size > self.world_size:
             raise InfrastructureError(
                 f"a case of {world_size} ranks on a torchrun world of {self.world_size}: draw world "
@@ -250,7 +280,7 @@ class RemoteWorld:
             for c in (s.task, s.control):
                 with contextlib.suppress(Exception):
                     c.close()
-        self.servers, self.meshes, self.pools, self.ran = [], set(), {}, set()
+        self.servers, self.meshes, self.pools, self.ran, self.regrouping = [], set(), {}, set(), None
         self.rebuilds += 1
         world = self.world_size
         try:
