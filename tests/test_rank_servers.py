@@ -478,3 +478,10 @@ def test_world_sizes_are_drawn_up_to_the_torchrun_worlds_size():
     assert {row.case.world_size for row in rows_for(runner)} <= {1, 2}
     runner.rank_servers = types.SimpleNamespace(world_size=8)
     assert runner.world_sizes() is None
+
+
+def test_one_driver_per_torchrun_world(capsys):
+    from shardfuzz.frontends import cli
+
+    assert cli.main(["fuzz", "tp_mlp", "--ranks", "29999", "--jobs", "2"]) == cli.EXIT_USAGE
+    assert "--ranks='29999' with --jobs 2: one driver serves one torchrun world" in capsys.readouterr().err

@@ -112,6 +112,12 @@ def _fuzz_config(args: Any) -> RunConfig:
         grace_seconds()  # a bad $SHARDFUZZ_GRACE is a usage error before any fuzzing
     if args.workers > 1:
         _check_workers(args.workers, config)
+    if config.ranks is not None and (args.workers > 1 or args.jobs > 1):
+        many = f"--workers {args.workers}" if args.workers > 1 else f"--jobs {args.jobs}"
+        raise InvalidArgument(
+            f"--ranks={config.ranks!r} with {many}: one driver serves one torchrun world; "
+            "allowed: --jobs 1 --workers 1 (start one torchrun job per driver)"
+        )
     return config
 
 
