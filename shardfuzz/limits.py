@@ -177,6 +177,12 @@ OTHER_ENVIRONMENT: tuple[EnvVar, ...] = (
         "SHARDFUZZ_WORKER_THREADS",
     ),
     EnvVar(
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "int",
+        "3",
+        "set in each NCCL rank server when unset: a collective stuck past the group's timeout ends the process",
+    ),
+    EnvVar(
         "TORCHELASTIC_RESTART_COUNT",
         "int",
         "",

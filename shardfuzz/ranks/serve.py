@@ -101,6 +101,9 @@ def _join_torchrun(rank: int, world_size: int, backend: str, timeout_s: float, d
     regroup), as :func:`shardfuzz.ranks.worker._join` does for a local pool."""
     os.environ["OMP_NUM_THREADS"] = os.environ.get("SHARDFUZZ_WORKER_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if backend == "nccl":  # a collective stuck past the group's timeout (the driver's hard cap)
+        # tears the process down (torch's watchdog), even if the driver's word never comes
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     if debug:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level(dist.DebugLevel.DETAIL)
