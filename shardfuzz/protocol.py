@@ -248,6 +248,7 @@ class Control:
     what: str
     name: str = ""
     offset: int = 0
+    seq: int = 0  # answered as (seq, value): a late answer to an earlier question is told apart
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ is left of them at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -336,14 +337,14 @@ def _handshake(driver_secret: bytes, server_secret: bytes) -> tuple[object, obje
 
 
 def test_the_secret_is_proved_both_ways_and_never_sent():
-    from multiprocessing.connection import Connection
-
-    from shardfuzz.ranks.secret import Refused
+    from shardfuzz.ranks.secret import Refused, SealedConnection
 
     d, s = _handshake(b"s" * 32, b"s" * 32)
-    assert isinstance(d, Connection) and isinstance(s, Connection)
+    assert isinstance(d, SealedConnection) and isinstance(s, SealedConnection)
     s.send("hello")
     assert d.recv() == "hello"
+    d.send({"task": 1})
+    assert s.recv() == {"task": 1}
     d, s = _handshake(b"s" * 32, b"t" * 32)
     assert isinstance(d, Refused) and "does not hold this driver's secret" in str(d)
     assert isinstance(s, Refused) and "refused this server: the secrets differ" in str(s)
@@ -485,3 +486,48 @@ def test_one_driver_per_torchrun_world(capsys):
 
     assert cli.main(["fuzz", "tp_mlp", "--ranks", "29999", "--jobs", "2"]) == cli.EXIT_USAGE
     assert "--ranks='29999' with --jobs 2: one driver serves one torchrun world" in capsys.readouterr().err
+
+
+def test_a_message_without_the_connections_seal_is_never_unpickled():
+    """A relay that passed the handshake on, then writes its own message (here: a pickle that
+    would run code), or replays one: dropped before pickle sees it, and the channel closes."""
+    import pickle
+
+    d, s = _handshake(b"s" * 32, b"s" * 32)
+    raw = d._conn  # the socket under the seal, as a relay on the path would hold it
+    raw.send_bytes(b"x" * 32 + pickle.dumps(os.system))
+    with pytest.raises(EOFError, match="failed its check"):
+        s.recv()
+    d2, s2 = _handshake(b"s" * 32, b"s" * 32)
+    d2.send("first")
+    assert s2.recv() == "first"
+    d2._sent -= 1  # the same message again, with its old number: a replay
+    d2.send("first")
+    with pytest.raises(EOFError, match="failed its check"):
+        s2.recv()
+
+
+def test_a_client_that_trickles_its_handshake_is_cut_off(monkeypatch):
+    import threading
+
+    from shardfuzz.ranks import secret
+
+    monkeypatch.setattr(secret, "HANDSHAKE_S", 1.0)
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname()[:2])
+    sock, _ = listener.accept()
+    t0 = time.monotonic()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.3):
+            with contextlib.suppress(OSError):
+                client.send(b"x")
+
+    threading.Thread(target=trickle, daemon=True).start()
+    with pytest.raises(secret.Refused, match="did not finish the handshake within 1 s"):
+        secret.accept(sock, b"s" * 32, "a slow client")
+    stop.set()
+    assert time.monotonic() - t0 < 3
+    client.close()
+    listener.close()

@@ -210,7 +210,8 @@ class Pool:
                 if msg is None:  # its pipe closed (a live rank never closes it) or it exited
                     # the exit code comes from the forkserver, which may report it late under load
                     # (a peer's "connection closed" first): a death is a death, never a hang
-                    self._reap(r)
+                    if not self._reap(r):
+                        continue  # not gone after all (a rank server's late answer): still pending
                     dead.append(r)
                 elif isinstance(msg, (Reply, UnsupportedReply)):
                     replies[r] = msg
@@ -335,8 +336,10 @@ class Pool:
     def _sentinel(self, r: int) -> Any:
         return self.procs[r].sentinel
 
-    def _reap(self, r: int) -> None:
+    def _reap(self, r: int) -> bool:
+        """Wait for rank ``r``'s exit once its sentinel fired; True: it is gone."""
         self.procs[r].join(timeout=EXIT_CODE_WAIT_S)
+        return True
 
     def _exit_code(self, r: int) -> int | None:
         return self.procs[r].exitcode

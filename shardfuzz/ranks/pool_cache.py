@@ -62,7 +62,12 @@ def connect_rank_servers(
         return world
     if world is not None:
         world.close()
-    world = RemoteWorld(bind, secret, backend, device, debug=debug).start(timeout_s)
+    world = RemoteWorld(bind, secret, backend, device, debug=debug)
+    try:
+        world.start(timeout_s)
+    except BaseException:  # the port and what connected are let go, whatever stopped the start
+        world.close()
+        raise
     use_remote(world)
     return world
 

@@ -20,6 +20,7 @@ come back in time is a clear error, never a hang.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import queue
@@ -27,7 +28,7 @@ import socket
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from shardfuzz.errors import InfrastructureError
@@ -46,7 +47,7 @@ from shardfuzz.protocol import (
 )
 from shardfuzz.ranks.pool import Pool, receive
 from shardfuzz.ranks.regroup import settle
-from shardfuzz.ranks.secret import HANDSHAKE_S, Refused, accept
+from shardfuzz.ranks.secret import HANDSHAKE_S, Refused, SealedConnection, accept
 from shardfuzz.ranks.spawn import ProgressWatch
 
 #: how long the driver waits for the whole torchrun world to connect (and to come back after a
@@ -56,6 +57,10 @@ DEFAULT_WAIT_S = 300
 CONTROL_S = 10.0
 #: joining the world's group, and making a case's groups
 JOIN_S = 120.0
+#: how long a rebuild waits for each server sent away to be gone before closing its channels
+EXIT_WAIT_S = 5.0
+#: connections in their handshake at once; more are closed at once (a flood)
+MAX_HANDSHAKES = 64
 
 
 class ServerGone(InfrastructureError):
@@ -65,8 +70,8 @@ class ServerGone(InfrastructureError):
 @dataclasses.dataclass
 class Server:
     hello: Hello
-    task: Connection
-    control: Connection
+    task: SealedConnection
+    control: SealedConnection
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     closed: bool = False
 
@@ -88,8 +93,10 @@ class RemoteWorld:
                 f"--ranks {bind[0]}:{bind[1]}: cannot listen there ({e.strerror})"
             ) from e
         self.address = self.listener.getsockname()[:2]
-        self.arrivals: queue.Queue[tuple[Hello, Connection]] = queue.Queue()
-        self.refused: list[str] = []
+        self.arrivals: queue.Queue[tuple[Hello, SealedConnection]] = queue.Queue()
+        self.refused: collections.deque[str] = collections.deque(maxlen=20)
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._seq = 0
         self.servers: list[Server] = []
         self.world_size = 0
         self.timeout_s = 0.0
@@ -109,10 +116,19 @@ class RemoteWorld:
                 sock, peer = self.listener.accept()
             except OSError:
                 return  # closed
+            if not self._handshakes.acquire(blocking=False):  # a flood: refused before any thread
+                sock.close()
+                continue
             threading.Thread(target=self._handshake, args=(sock, peer), daemon=True).start()
 
     def _handshake(self, sock: socket.socket, peer: Any) -> None:
         who = f"{peer[0]}:{peer[1]}"
+        try:
+            self._shake(sock, who)
+        finally:
+            self._handshakes.release()
+
+    def _shake(self, sock: socket.socket, who: str) -> None:
         try:
             conn = accept(sock, self.secret, who)
             if not conn.poll(HANDSHAKE_S):
@@ -141,7 +157,7 @@ class RemoteWorld:
         """Wait for every rank server (both channels), send the configuration, wait until all
         joined the world's group."""
         self.timeout_s = timeout_s
-        channels: dict[tuple[int, str], tuple[Hello, Connection]] = {}
+        channels: dict[tuple[int, str], tuple[Hello, SealedConnection]] = {}
         wait_s = self.wait_s
         deadline = time.monotonic() + wait_s
         while not self.world_size or len(channels) < 2 * self.world_size:
@@ -173,7 +189,7 @@ class RemoteWorld:
         got = sorted({r for r, _ in channels})
         where = f"{self.address[0]}:{self.address[1]}"
         size = self.world_size or "?"
-        refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
+        refused = f"; refused: {'; '.join(list(self.refused)[-3:])}" if self.refused else ""
         return (
             f"{len(got)} of {size} rank servers connected to {where} within {wait_s:.0f} s "
             f"(ranks {got or 'none'}){refused}. Start them on every node with the same secret: "
@@ -185,14 +201,14 @@ class RemoteWorld:
         deadline = time.monotonic() + timeout_s
         waiting = set(ranks)
         while waiting:
-            conns = {self.servers[r].task: r for r in waiting}
+            conns: dict[Any, int] = {self.servers[r].task: r for r in waiting}
             ready = wait(list(conns), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise InfrastructureError(
                     f"rank servers {sorted(waiting)} did not {what} within {timeout_s:.0f} s"
                 )
             for c in ready:
-                r = conns[c]  # type: ignore[index]
+                r = conns[c]
                 msg = receive(self.servers[r].task)
                 if msg is None:
                     self.servers[r].closed = True
@@ -225,6 +241,11 @@ class RemoteWorld:
         return True
 
     def pool(self, world_size: int) -> RemotePool:
+        if not self.alive:  # a server that stopped answering between examples
+            print(
+                "shardfuzz: a rank server stopped answering; rebuilding the torchrun world", file=sys.stderr
+            )
+            self.rebuild()
         if self.regrouping is not None:
             full, self.regrouping = self.regrouping, None
             if not settle(full):
@@ -253,33 +274,59 @@ class RemoteWorld:
         self.meshes.add(key)
 
     def ask(self, r: int, question: Control) -> Any:
-        """A server's answer on its control channel (None when it is gone)."""
+        """A server's answer on its control channel (None when it is gone). A late answer to an
+        earlier question is skipped by its number."""
         s = self.servers[r]
         if s.closed:
             return None
         with s.lock:
+            self._seq += 1
+            seq, deadline = self._seq, time.monotonic() + CONTROL_S
             try:
-                s.control.send(question)
-                if s.control.poll(CONTROL_S):
-                    return s.control.recv()
+                s.control.send(dataclasses.replace(question, seq=seq))
+                while s.control.poll(max(0.0, deadline - time.monotonic())):
+                    got, value = s.control.recv()
+                    if got == seq:
+                        return value
             except (EOFError, OSError):
                 pass
-        s.closed = True  # no answer: the process is gone, or stuck where Python cannot run
+        s.closed = True  # no answer in time: gone, or stuck where Python cannot run (rebuilt next)
         return None
+
+    def drained_gone(self, r: int) -> bool:
+        """Whether server ``r``'s control channel, readable, is at its end (gone); late answers
+        found there are dropped."""
+        s = self.servers[r]
+        with s.lock:
+            try:
+                while s.control.poll(0):
+                    s.control.recv()
+            except (EOFError, OSError):
+                s.closed = True
+        return s.closed
 
     @property
     def alive(self) -> bool:
         return bool(self.servers) and not any(s.closed for s in self.servers)
 
     def rebuild(self) -> None:
-        """Send every server away (exit 1: torchrun restarts the world) and wait for the new one."""
+        """Send every server away (exit 1: torchrun restarts the world) and wait for the new one.
+        The task channels close only once each server is gone (or after a moment): a server that
+        saw its task channel close first would exit 0, which torchrun takes for the job's end."""
         for s in self.servers:
-            if not s.closed:
-                with contextlib.suppress(Exception):
-                    s.control.send(Control("exit", offset=1))
+            with contextlib.suppress(Exception):
+                s.control.send(Control("exit", offset=1))
+        deadline = time.monotonic() + EXIT_WAIT_S
+        for s in self.servers:
+            with contextlib.suppress(Exception):
+                while s.control.poll(max(0.0, deadline - time.monotonic())):
+                    s.control.recv()  # late answers, then the end of the channel (EOFError)
             for c in (s.task, s.control):
                 with contextlib.suppress(Exception):
                     c.close()
+        while not self.arrivals.empty():  # servers of the old world that connected late
+            with contextlib.suppress(Exception):
+                self.arrivals.get_nowait()[1].close()
         self.servers, self.meshes, self.pools, self.ran, self.regrouping = [], set(), {}, set(), None
         self.rebuilds += 1
         world = self.world_size
@@ -296,6 +343,9 @@ class RemoteWorld:
         self._closing = True
         with contextlib.suppress(OSError):
             self.listener.close()
+        while not self.arrivals.empty():  # connected, never part of a world
+            with contextlib.suppress(Exception):
+                self.arrivals.get_nowait()[1].close()
         for s in self.servers:
             for c in (s.task, s.control):
                 with contextlib.suppress(Exception):
@@ -347,7 +397,8 @@ class RemotePool(Pool):
     def submit(self, task: Task) -> None:
         try:
             self.world.make_mesh(task.case.world_size, tuple(task.case.mesh), task.timeout)
-        except ServerGone as e:  # between examples: nobody's finding; the world is rebuilt, once
+        except InfrastructureError as e:  # a server gone, or groups made on some servers only:
+            # between examples, nobody's finding; the world is rebuilt, once
             print(f"shardfuzz: {e}; rebuilding the torchrun world", file=sys.stderr)
             self.world.rebuild()
             self.world.make_mesh(task.case.world_size, tuple(task.case.mesh), task.timeout)
@@ -368,8 +419,8 @@ class RemotePool(Pool):
     def _sentinel(self, r: int) -> Any:
         return self.world.servers[r].control  # readable only when the server is gone
 
-    def _reap(self, r: int) -> None:
-        self.world.servers[r].closed = True
+    def _reap(self, r: int) -> bool:
+        return self.world.drained_gone(r)
 
     def _exit_code(self, r: int) -> int | None:  # noqa: ARG002 (every rank's is on another machine)
         return None  # torchrun's log there has it

@@ -91,7 +91,12 @@ def _control_loop(conn: Any, outdir: str) -> None:
         except (EOFError, OSError):
             os._exit(0)  # the driver is gone: leave, so that torchrun ends the job
         try:
-            conn.send(_answer(msg, outdir))
+            value = _answer(msg, outdir)
+        except Exception as e:  # noqa: BLE001 (a question this process cannot answer, whatever the reason, is answered with None: the thread must live on)
+            print(f"shardfuzz.ranks.serve: could not answer {msg!r}: {e!r}", file=sys.stderr)
+            value = None
+        try:
+            conn.send((msg.seq, value))
         except (EOFError, OSError):
             os._exit(0)
 
