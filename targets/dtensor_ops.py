@@ -837,7 +837,8 @@ EXPECTED_FAILURES = [
             options={"op": "aten.threshold.default"},
             exclude=_others("threshold of a max/min Partial"),
         ),
-        p95=67,
+        # budget.py, 20 schedules, cap 300: p50 52, max 222 (2 before Pprod inputs moved the draws)
+        p95=186,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(
@@ -877,7 +878,8 @@ EXPECTED_FAILURES = [
             # a minute of waiting per example where the layout shows the cause at once
             exclude=(*_others("logsumexp with keepdim"), "options['backward']"),
         ),
-        p95=68,
+        # budget.py, 20 schedules: p50 54, 3 of 20 not within 300 (9 before Pprod inputs moved the draws)
+        p95=300,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(
