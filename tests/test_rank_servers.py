@@ -133,9 +133,17 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
         local = shardfuzz.run("ring_allreduce", "tensor_chunk", **raising)
         assert remote.found and remote.kind == "rank-error" and remote.case == local.case, remote.report
         world = pool_cache.remote_world()
-        assert (
-            world is not None and world.generation >= 1 and world.rebuilds == 0
-        )  # regrouped, never restarted
+        assert world is not None and world.generation >= 1 and world.rebuilds == 0  # regrouped in place
+        # code written for a world of its own (the default group, dist.get_world_size()) sees the
+        # case's ranks on a torchrun world larger than the case, as on local ranks
+        own = os.path.join(os.path.dirname(__file__), "data", "default_group_target.py")
+        clean = shardfuzz.run(
+            own, "reference", ranks=str(driver), profile="shardfuzz-ci", database=None, max_examples=40
+        )
+        assert not clean.found and clean.stats.passed >= 40, clean.report or clean.stats.summary()
+        remote = shardfuzz.run(own, "mean_of_means", ranks=str(driver), **raising)
+        local = shardfuzz.run(own, "mean_of_means", **raising)
+        assert remote.found and remote.case == local.case and remote.case.world_size < 4, remote.report
         print(f"found, shrunk and replayed on 2 x 2 torchrun ranks in {time.monotonic() - t0:.0f} s")
     finally:
         world = pool_cache.use_remote(None)

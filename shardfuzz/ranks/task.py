@@ -313,10 +313,23 @@ def run_task(state: RankState, task: Task) -> Reply:
     np.random.seed(case.seed % (2**32))
     torch.set_grad_enabled(True)
     before = state.snapshot()
+    # a case smaller than a torchrun world (rank servers): the default group is the case's ranks
+    # while it runs, so that code written for a world of its own (dist.get_world_size(), a
+    # collective without a group, init_device_mesh) sees exactly that, as on a local pool
+    subworld = world_group is not dist.group.WORLD
+    default, count = c10d._world.default_pg, c10d._world.group_count
+    if subworld:
+        c10d._world.default_pg = world_group
     try:
         reply = _run(state, task, target, impl, mesh, world_group)
     finally:  # also when the implementation raised (Unsupported keeps the pool)
+        if subworld:
+            c10d._world.default_pg = default
         state.clean_up(before, (str(task.impl), tuple(case.mesh)))
+    if subworld and c10d._world.group_count != count:  # the ranks outside the case made none:
+        # group names (a count) no longer match across the world, so it restarts
+        state.leaks += (f"rank {state.rank} made process groups over a case's ranks only",)
+        state.restart = True
     if state.leaks:
         reply = dataclasses.replace(reply, leaks=state.leaks, restart=state.restart)
     return reply
