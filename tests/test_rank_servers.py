@@ -1,10 +1,11 @@
 """Rank servers that torchrun starts (issue 28), end to end on one machine: two torchrun agents as
 two nodes (``--nnodes 2 --nproc-per-node 2``, c10d rendezvous on localhost) serve a driver that
-finds, shrinks and replays a planted bug; a wrong secret and a node that never joins end within a
-stated time with no process left behind. Under ``-m slow`` (each 15-70 s of torchrun starts): a
-killed driver, a rank killed from outside, a killed agent, a hang across nodes and pytest's
-``--shardfuzz-ranks``. Each test starts its own agents in their own sessions and kills whatever
-is left of them at the end."""
+finds, shrinks and replays planted bugs (a mismatch, a rank's own error, code written for the
+default group); the handshake, the sealed messages and the world-size rule without torchrun.
+Under ``-m slow`` (each 8-70 s of torchrun starts and stated waits): a wrong secret, a node that
+never joins, a killed driver, a rank killed from outside, a killed agent, a hang across nodes and
+pytest's ``--shardfuzz-ranks``. Each test starts its own agents in their own sessions and kills
+whatever is left of them at the end."""
 
 from __future__ import annotations
 
@@ -156,6 +157,7 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
     assert left == []
 
 
+@pytest.mark.slow
 def test_a_server_with_another_secret_is_refused_and_says_why(tmp_path, driver, monkeypatch):
     monkeypatch.setenv(
         "SHARDFUZZ_RANKS_WAIT", "25"
@@ -175,6 +177,7 @@ def test_a_server_with_another_secret_is_refused_and_says_why(tmp_path, driver, 
     assert "Traceback" not in out.split("refused this server")[0][-500:]  # a message, not a crash
 
 
+@pytest.mark.slow
 def test_a_node_that_never_joins_is_a_clear_error_after_the_stated_wait(tmp_path, driver, monkeypatch):
     monkeypatch.setenv("SHARDFUZZ_RANKS_WAIT", "8")
     nodes = Nodes(tmp_path, driver, count=1, nnodes=2)  # the second node never starts
