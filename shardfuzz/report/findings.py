@@ -144,7 +144,9 @@ class Reporter:
         raise err
 
     def raise_rank_died(self, case: Case, outcome: RankDied) -> None:
-        parts = [self._header(f"rank {outcome.rank} died (exit code {outcome.exitcode})", case)]
+        code = "unknown: not reported (a rank server's is in torchrun's log on its node)"
+        code = code if outcome.exitcode is None else str(outcome.exitcode)
+        parts = [self._header(f"rank {outcome.rank} died (exit code {code})", case)]
         parts.append(describe_sequences(outcome.traces))
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
