@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -92,6 +93,27 @@ class Nodes:
     def output(self) -> str:
         return "\n".join(log.read_text() for log in self.logs)
 
+    def end(self, wait_s: float = 60) -> tuple[Any, list[int | None], list[int]]:
+        """Close the driver's world (its servers exit 0, and torchrun ends), wait for the agents,
+        then kill what is left: the world, the agents' exit codes, the processes that were left."""
+        world = pool_cache.use_remote(None)
+        if world is not None:
+            world.close()
+        codes = self.wait(wait_s)
+        left = self.left()
+        self.kill()
+        return world, codes, left
+
+    def wait_running(self, run, errors: list) -> Any:
+        """The driver's world once the campaign in thread ``run`` ran an example on it."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run.is_alive():
+            world = pool_cache.remote_world()
+            if world is not None and world.alive and len(world.ran) > 0:
+                return world
+            time.sleep(0.2)
+        pytest.fail(f"the campaign never ran on the servers ({errors}):\n" + self.output()[-3000:])
+
     def kill(self) -> None:
         for a in self.agents:
             try:
@@ -147,12 +169,7 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
         assert remote.found and remote.case == local.case and remote.case.world_size < 4, remote.report
         print(f"found, shrunk and replayed on 2 x 2 torchrun ranks in {time.monotonic() - t0:.0f} s")
     finally:
-        world = pool_cache.use_remote(None)
-        if world is not None:
-            world.close()  # the servers' channels close: they exit 0, and torchrun ends
-        codes = nodes.wait(60)
-        left = nodes.left()
-        nodes.kill()
+        world, codes, left = nodes.end()  # the servers' channels close: they exit 0, torchrun ends
     assert codes == [0, 0], nodes.output()[-3000:]
     assert left == []
 
@@ -243,25 +260,13 @@ def test_a_rank_killed_from_outside_is_set_aside_and_the_world_rebuilt(tmp_path,
     )
     try:
         run.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            world = pool_cache.remote_world()
-            if world is not None and world.alive and len(world.ran) > 0:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the campaign never ran on the servers:\n" + nodes.output()[-3000:])
+        world = nodes.wait_running(run, results)
         victim = world.servers[-1].hello.pid
         os.kill(victim, signal.SIGKILL)
         run.join(timeout=150)
         assert not run.is_alive(), "the driver hung after a rank was killed"
     finally:
-        world = pool_cache.use_remote(None)
-        if world is not None:
-            world.close()
-        codes = nodes.wait(60)
-        left = nodes.left()
-        nodes.kill()
+        world, codes, left = nodes.end()
     (result,) = results
     assert not result.found, result.report
     assert world is not None and world.rebuilds == 1 and result.stats.external_faults <= 1, (
@@ -294,14 +299,7 @@ def test_a_killed_agent_is_a_clear_error_within_the_stated_wait(tmp_path, driver
     run = threading.Thread(target=campaign)
     try:
         run.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and run.is_alive():
-            world = pool_cache.remote_world()
-            if world is not None and world.alive and len(world.ran) > 0:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"the campaign never ran on the servers ({errors}):\n" + nodes.output()[-3000:])
+        nodes.wait_running(run, errors)
         monkeypatch.setenv("SHARDFUZZ_RANKS_WAIT", "15")  # read at each wait: this one is the rebuild's
         t0 = time.monotonic()
         os.kill(nodes.agents[1].pid, signal.SIGKILL)  # the agent alone: its servers follow it
@@ -462,12 +460,7 @@ def test_a_hang_across_nodes_is_reported_with_every_ranks_stack(tmp_path, driver
         assert world is not None and world.rebuilds == 1 and world.alive  # rebuilt, and back
         assert runner.run_case(dataclasses.replace(local.case, world_size=2, mesh=(2,))) < 1  # it goes on
     finally:
-        world = pool_cache.use_remote(None)
-        if world is not None:
-            world.close()
-        codes = nodes.wait(60)
-        left = nodes.left()
-        nodes.kill()
+        world, codes, left = nodes.end()
     for r in range(local.case.world_size):
         assert f"rank {r}" in report, report
     assert report.count('File "') >= local.case.world_size, report  # a Python stack per rank
@@ -542,3 +535,15 @@ def test_a_client_that_trickles_its_handshake_is_cut_off(monkeypatch):
     assert time.monotonic() - t0 < 3
     client.close()
     listener.close()
+
+
+def test_a_question_a_server_cannot_answer_is_answered_with_none(tmp_path, capsys):
+    """The control thread lives on: an unknown question, or a file it cannot read as a trace,
+    gets (its number, None) and a line on the server's stderr."""
+    from shardfuzz.protocol import Control
+    from shardfuzz.ranks.serve import reply
+
+    assert reply(Control("bogus", seq=7), str(tmp_path)) == (7, None)
+    assert "could not answer Control(what='bogus'" in capsys.readouterr().err
+    (tmp_path / "rank0.out").write_text("hello\n")
+    assert reply(Control("tail", "rank0.out", 0, seq=8), str(tmp_path)) == (8, "hello\n")

@@ -41,10 +41,16 @@ def regroup(pool: Pool, outcome: Outcome) -> bool:
     world = getattr(pool, "world", None)  # rank servers (ranks.remote): every rank of their world regroups
     if world is not None:
         return bool(world.start_regroup(pool))
-    pool.generation += 1
+    return send_regroup(pool, pool.generation + 1, answered=not pool.unanswered)
+
+
+def send_regroup(pool: Pool, generation: int, answered: bool) -> bool:
+    """Send every rank of ``pool`` a :class:`Regroup` of ``generation``, to be settled later
+    (:func:`settle`); False when a rank's channel is gone."""
+    pool.generation = generation
     try:
         for c in pool.conns:
-            c.send(Regroup(pool.generation, answered=not pool.unanswered))
+            c.send(Regroup(generation, answered=answered))
     except OSError:
         return False
     pool.regrouping = time.monotonic()

@@ -40,13 +40,12 @@ from shardfuzz.protocol import (
     MakeMesh,
     MeshMade,
     Ready,
-    Regroup,
     ServeConfig,
     StartFailed,
     Task,
 )
 from shardfuzz.ranks.pool import Pool, receive
-from shardfuzz.ranks.regroup import settle
+from shardfuzz.ranks.regroup import send_regroup, settle
 from shardfuzz.ranks.secret import HANDSHAKE_S, Refused, SealedConnection, accept
 from shardfuzz.ranks.spawn import ProgressWatch
 
@@ -229,13 +228,9 @@ class RemoteWorld:
         settled before the next pool is handed out. False: the world is rebuilt instead."""
         self.generation += 1
         full = RemotePool(self, self.world_size)
-        full.generation, full.unanswered = self.generation, set(pool.unanswered)
-        try:
-            for c in full.conns:
-                c.send(Regroup(self.generation, answered=not pool.unanswered))
-        except OSError:
+        full.unanswered = set(pool.unanswered)
+        if not send_regroup(full, self.generation, answered=not pool.unanswered):
             return False
-        full.regrouping = time.monotonic()
         self.meshes = set()  # the servers dropped theirs with their groups
         self.regrouping = full
         return True

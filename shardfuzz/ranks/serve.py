@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import faulthandler
 import os
 import signal
 import socket
@@ -35,7 +34,6 @@ import time
 import traceback
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from shardfuzz.errors import InfrastructureError, InvalidArgument
@@ -45,7 +43,7 @@ from shardfuzz.ranks.secret import Refused, connect, load_secret
 from shardfuzz.ranks.spawn import cpu_seconds, runnable
 from shardfuzz.ranks.task import RankState, select_device
 from shardfuzz.ranks.trace import install, read_trace
-from shardfuzz.ranks.worker import serve_tasks, set_pdeathsig
+from shardfuzz.ranks.worker import STORE_TIMEOUT_S, capture_output, join_world, serve_tasks, set_pdeathsig
 
 #: exit code of a server the driver sent away to rebuild the world (torchrun restarts it)
 REBUILD_EXIT = 1
@@ -91,43 +89,31 @@ def _control_loop(conn: Any, outdir: str) -> None:
         except (EOFError, OSError):
             os._exit(0)  # the driver is gone: leave, so that torchrun ends the job
         try:
-            value = _answer(msg, outdir)
-        except Exception as e:  # noqa: BLE001 (a question this process cannot answer, whatever the reason, is answered with None: the thread must live on)
-            print(f"shardfuzz.ranks.serve: could not answer {msg!r}: {e!r}", file=sys.stderr)
-            value = None
-        try:
-            conn.send((msg.seq, value))
+            conn.send(reply(msg, outdir))
         except (EOFError, OSError):
             os._exit(0)
 
 
+def reply(msg: Control, outdir: str) -> tuple[int, Any]:
+    """The answer to one question, numbered as it was: None for one this process cannot answer."""
+    try:
+        return msg.seq, _answer(msg, outdir)
+    except Exception as e:  # noqa: BLE001 (a question this process cannot answer, whatever the reason, is answered with None: the control thread must live on)
+        print(f"shardfuzz.ranks.serve: could not answer {msg!r}: {e!r}", file=sys.stderr)
+        return msg.seq, None
+
+
 def _join_torchrun(rank: int, world_size: int, backend: str, timeout_s: float, debug: bool) -> Any:
     """Join torchrun's world group on its store; returns how to join again under a prefix (a
-    regroup), as :func:`shardfuzz.ranks.worker._join` does for a local pool."""
-    os.environ["OMP_NUM_THREADS"] = os.environ.get("SHARDFUZZ_WORKER_THREADS", "1")
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    regroup), as a local rank does (:func:`shardfuzz.ranks.worker.join_world`)."""
     if backend == "nccl":  # a collective stuck past the group's timeout (the driver's hard cap)
         # tears the process down (torch's watchdog), even if the driver's word never comes
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    if debug:
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        dist.set_debug_level(dist.DebugLevel.DETAIL)
-    wait = datetime.timedelta(seconds=max(timeout_s, 600.0))
+    wait = datetime.timedelta(seconds=max(timeout_s, STORE_TIMEOUT_S))
     store, _, _ = next(dist.rendezvous("env://", timeout=wait))  # torchrun's (MASTER_ADDR/PORT)
     # this restart of the world gets keys of its own on the agents' store
     base = dist.PrefixStore(f"shardfuzz/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
-
-    def join(generation: str) -> None:
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(generation, base) if generation else base,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
-
-    join("")
-    return join
+    return join_world(base, rank, world_size, backend, timeout_s, debug)
 
 
 def _connect_both(address: tuple[str, int], secret: bytes, hello: dict, wait_s: float) -> tuple[Any, Any]:
@@ -168,16 +154,7 @@ def serve(address: tuple[str, int], secret: bytes, wait_s: float) -> None:
     if not isinstance(config, ServeConfig):
         raise InfrastructureError(f"the driver sent {type(config).__name__} first; expected ServeConfig")
     outdir = tempfile.mkdtemp(prefix=f"shardfuzz-serve-rank{rank}-")
-    # this rank's output goes to files that the driver reads into its reports (as a local rank's)
-    for fd, name in ((1, "out"), (2, "err")):
-        f = os.open(os.path.join(outdir, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(f, fd)
-        os.close(f)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-    stack_file = open(os.path.join(outdir, f"rank{rank}.stack"), "w")
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    capture_output(outdir, rank)  # read by the driver over the control channel
     threading.Thread(target=_control_loop, args=(control_conn, outdir), daemon=True).start()
     try:
         device = select_device(config.backend, config.device, local_rank)

@@ -164,14 +164,22 @@ def _join(
     rank: int, world_size: int, backend: str, store_info: tuple, timeout_s: float, debug: bool
 ) -> Callable[[str], None]:
     """Join the pool's world group; returns how to join again under a store prefix (a regroup)."""
-    # torch is loaded already (the forkserver preloads it): the thread count is set on it, and the
-    # variable is what this rank's own subprocesses inherit
-    os.environ["OMP_NUM_THREADS"] = os.environ.get("SHARDFUZZ_WORKER_THREADS", "1")
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     host, port, prefix = store_info
     # the store waits as long as the groups (the hard cap), never less than STORE_TIMEOUT_S
     wait_s = datetime.timedelta(seconds=max(timeout_s, STORE_TIMEOUT_S))
     store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=wait_s))
+    return join_world(store, rank, world_size, backend, timeout_s, debug)
+
+
+def join_world(
+    store: Any, rank: int, world_size: int, backend: str, timeout_s: float, debug: bool
+) -> Callable[[str], None]:
+    """Set this rank's threads and debug level, join the world group on ``store``, and return how
+    to join again under a store prefix (a regroup): a local rank's and a rank server's alike."""
+    # torch is loaded already (the forkserver preloads it): the thread count is set on it, and the
+    # variable is what this rank's own subprocesses inherit
+    os.environ["OMP_NUM_THREADS"] = os.environ.get("SHARDFUZZ_WORKER_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     if debug:  # collective checking (TORCH_DISTRIBUTED_DEBUG=DETAIL): slow, for replays only
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level(dist.DebugLevel.DETAIL)
@@ -223,6 +231,20 @@ def serve_tasks(state: RankState, conn: Any, join: Callable[[str], None], backen
         pass
 
 
+def capture_output(outdir: str, rank: int) -> None:
+    """This rank's stdout and stderr into ``rank<r>.out``/``.err`` in ``outdir``, which the driver
+    attaches to reports, and every thread's stack into ``rank<r>.stack`` on SIGUSR1."""
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(os.path.join(outdir, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    stack_file = open(os.path.join(outdir, f"rank{rank}.stack"), "w")
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+
+
 def worker_main(
     rank: int,
     world_size: int,
@@ -240,16 +262,7 @@ def worker_main(
     if os.getppid() == 1:  # the forkserver (our parent) died before PDEATHSIG was armed
         os._exit(3)
     threading.Thread(target=_watchdog, args=(alive_conn,), daemon=True).start()
-    # capture this rank's stdout/stderr in files the driver attaches to reports
-    for fd, name in ((1, "out"), (2, "err")):
-        f = os.open(os.path.join(outdir, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-    stack_file = open(os.path.join(outdir, f"rank{rank}.stack"), "w")
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    capture_output(outdir, rank)
     try:
         device_obj = select_device(backend, device, rank)  # before joining: nccl binds the device
         join = _join(rank, world_size, backend, store_info, timeout_s, debug)
