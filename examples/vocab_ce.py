@@ -14,6 +14,10 @@ Option ``ignore_index``: ``-100`` (PyTorch's default) or ``0`` (a pad token that
 id). About 30% of the labels are ignored; when all are (or all labels are the pad id 0), the loss
 is NaN (0 / 0) and the gradient 0, as with ``F.cross_entropy``.
 
+The logits are drawn as ``role="scores"`` with the ``edge`` profile: its ``max`` kind puts a finite
+mask of float16's lowest value (-65504, scaled by 2**-k) into one vocab column of every token, as
+vocabulary padding does.
+
 Planted bugs: ``ignore_negative_only`` (ignores labels ``< 0`` rather than ``== ignore_index``:
 wrong when the pad id is a vocab id) and ``local_weight_sum`` (the denominator sums the class
 weights of the labels in this rank's vocab shard only: right on one rank).
@@ -38,7 +42,8 @@ def inputs(case):
     labels = torch.randint(0, v, (t,), generator=g)
     ignored = torch.rand(t, generator=g) < 0.3
     return {
-        "logits": randn(case, t, v, gen=g),
+        # a softmax's input itself: the edge profile's max writes a finite mask (-65504) into it
+        "logits": randn(case, t, v, gen=g, role="scores"),
         "class_weight": (0.5 + 1.5 * torch.rand(v, generator=g)).to(getattr(torch, case.dtype)),
         "labels": labels.masked_fill(ignored, case.options["ignore_index"]),
     }
@@ -127,6 +132,7 @@ TARGET = shardfuzz.Target(
         },
         options={"ignore_index": st.sampled_from([-100, 0])},
         world_sizes=world_sizes,
+        profiles=("normal", "large", "ties", "edge"),
     ),
     inputs=inputs,
     oracle=oracle,

@@ -26,7 +26,9 @@ VALUE_PROFILES = ("normal", "large", "small", "ties", "edge")
 #: ``max``: the largest finite value of the next narrower dtype (float16's 65504 for float32 and
 #: bfloat16 data, float32's for float64, float8 e4m3's 448 for float16) scaled by 2**-k: a cast to
 #: that narrower wire or accumulator overflows, while the case dtype keeps headroom for any order
-#: of a correct computation (its own largest value has none); ``subnormal``: the case dtype's
+#: of a correct computation (its own largest value has none); in a softmax's input (role
+#: ``scores``) it is a finite mask instead, minus float16's 65504 (448 in float16 data) scaled by
+#: 2**-k; ``subnormal``: the case dtype's
 #: smallest normal value scaled by 2**-(k+1); ``signed_zero``: -0.0; ``repeat``: the value beside
 #: it again (an exact tie)
 EDGE_KINDS = ("max", "subnormal", "signed_zero", "repeat")

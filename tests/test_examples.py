@@ -40,3 +40,22 @@ def test_example_planted_bug_is_found(name, impl):
     result = shardfuzz.run(_target(name), impl, profile="shardfuzz-ci", database=None, max_examples=200)
     assert result.found and result.kind == "mismatch", result.stats.summary()
     assert result.stats.margin is not None and result.stats.margin > 1
+
+
+def test_the_edge_profiles_mask_in_a_softmax_input_leaves_the_reference_clean():
+    # vocab_ce draws its logits as role="scores" with the edge profile: edge=max writes a finite
+    # mask (-65504 * 2**-k) into one vocab column of every token; only those cases run here
+    target = _target("vocab_ce.py")
+    only_masks = ("profile != 'edge'", "options['edge'] != 'max'")
+    result = shardfuzz.run(target, profile="shardfuzz-ci", database=None, max_examples=30, exclude=only_masks)
+    assert not result.found, result.report
+    assert result.stats.examples >= 20 and result.stats.triggers["edge=max"] == result.stats.examples, (
+        result.stats.summary()
+    )
+    case = shardfuzz.Case(
+        target="vocab_ce", world_size=2, mesh=(2,), sizes={"tokens": 3, "vocab": 5}, split=("vocab",),
+        dtype="bfloat16", profile="edge", options={"ignore_index": -100, "edge": "max", "edge_exp": 0, "edge_slot": 1},
+    )  # fmt: skip
+    logits = target.inputs(case)["logits"]
+    assert bool((logits[:, 1] == -65536.0).all())  # float16's lowest, rounded to bfloat16
+    assert bool((logits[:, [0, 2, 3, 4]].abs() < 10).all())  # beside ordinary logits

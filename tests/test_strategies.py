@@ -193,8 +193,20 @@ def test_edge_max_is_the_next_narrower_dtypes_largest_value_in_every_row(dtype, 
     assert got[:, [0, 2, 3, 4]].equal(base[:, [0, 2, 3, 4]])
     assert got.dtype == getattr(torch, dtype)
     assert _edged("max", dtype, exp=3)[0][0, 1].item() == pytest.approx(value / 8, rel=1e-2)
-    for role in ("weight", "logits"):  # a huge weight saturates what follows, like `large`
+    assert _edged("max", dtype, role="cotangent")[0][0, 1].item() == value
+    for role in ("weight", "logits"):  # a huge weight or query saturates what follows, like `large`
         assert _edged("max", dtype, role=role)[0].equal(_edged("max", dtype, role=role)[1])
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [("float32", -65504.0), ("bfloat16", -65536.0), ("float64", -65504.0), ("float16", -448.0)],
+)
+def test_edge_max_in_scores_is_a_finite_mask_of_float16s_lowest_value(dtype, value):
+    got, base = _edged("max", dtype, role="scores", slot=6)  # a softmax's input itself: a mask
+    assert bool((got[:, 1] == value).all()), got[:, 1]
+    assert got[:, [0, 2, 3, 4]].equal(base[:, [0, 2, 3, 4]])
+    assert _edged("max", dtype, role="scores", exp=3)[0][0, 1].item() == pytest.approx(value / 8, rel=1e-2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "float16"])

@@ -41,9 +41,13 @@ def seed_global(seed: int, device_type: str = "cpu") -> None:
 #: leaves it (a few values on a coarse grid are often all 0, and a zero cotangent zeroes every
 #: gradient).
 #: ``ties`` quantises the other roles to the midpoints of a grid relative to the tensor's own scale;
-#: ``edge`` writes its value into every role, except ``max``: activations and cotangents only,
-#: like ``large``.
-ROLES = ("activation", "weight", "logits", "cotangent")
+#: ``scores``: the input of a softmax itself (the logits a loss is given, attention scores or an
+#: additive bias): kept at its scale like ``logits``;
+#: ``edge`` writes its value into every role, except ``max``: activations and cotangents, like
+#: ``large``, and scores as a finite mask (:func:`edge_value`); never weights or logits (a query of
+#: -65504 makes every score huge, not one masked: its gradients cancel past any float32 bound
+#: [measured: ring_attention's reference failed 1.19x]).
+ROLES = ("activation", "weight", "logits", "cotangent", "scores")
 
 
 def apply_profile(t: torch.Tensor, case: Any, role: str = "activation", scale: float = 1.0) -> torch.Tensor:
@@ -90,11 +94,21 @@ NARROWER_MAX = {
 }
 
 
-def edge_value(kind: str, exp: int, dtype: torch.dtype) -> float:
+#: the ``max`` edge value in scores, as a mask: float16's lowest, what attention masks and vocabulary
+#: padding add in half precision (``torch.finfo(torch.float16).min``); float8's in float16 data
+MASK = torch.finfo(torch.float16).max
+
+
+def edge_value(kind: str, exp: int, dtype: torch.dtype, role: str = "activation") -> float:
     """The value the ``edge`` profile writes for ``kind`` (one of :data:`shardfuzz.case.EDGE_KINDS`
-    but ``repeat``, which copies a neighbour) and ``exp`` in a tensor of ``dtype``."""
+    but ``repeat``, which copies a neighbour) and ``exp`` in a tensor of ``dtype`` and ``role``."""
+    narrower = NARROWER_MAX[str(dtype).removeprefix("torch.")]
+    if kind == "max" and role == "scores":
+        # a large score saturates the softmax (see ROLES); a large negative one is a mask: float16's
+        # lowest in float64 data too, where float32's would leave no headroom for s - lse
+        return -min(narrower, MASK) * 2.0**-exp
     if kind == "max":
-        return NARROWER_MAX[str(dtype).removeprefix("torch.")] * 2.0**-exp
+        return narrower * 2.0**-exp
     if kind == "subnormal":  # never below the smallest subnormal (bfloat16 has 7 bits of them)
         info = torch.finfo(dtype)
         return max(info.tiny * 2.0 ** -(exp + 1), info.tiny * info.eps)
@@ -115,8 +129,8 @@ def apply_edge(t: torch.Tensor, case: Any, role: str = "activation") -> torch.Te
     if problem is not None:
         raise ValueError(f"case.{problem}")
     kind, exp, slot = (case.options[k] for k in ("edge", "edge_exp", "edge_slot"))
-    if kind == "max" and role not in ("activation", "cotangent"):
-        return t  # a huge weight makes everything after it huge (see ROLES)
+    if kind == "max" and role in ("weight", "logits"):
+        return t  # a huge weight or query makes everything after it huge (see ROLES)
     if not t.is_floating_point() or t.numel() < 2:
         return t  # the edge would be the whole tensor: a loss scale of -0.0 zeroes every gradient
     # a column is one row; so is a tensor of pairs under ``repeat`` (every pair made equal is constant)
@@ -124,7 +138,7 @@ def apply_edge(t: torch.Tensor, case: Any, role: str = "activation") -> torch.Te
     n = t.shape[-1] if t.ndim and t.shape[-1] >= shortest else t.numel()
     out = t.clone().reshape(-1, n)
     i = slot % n
-    out[:, i] = out[:, i - 1] if kind == "repeat" else edge_value(kind, exp, t.dtype)
+    out[:, i] = out[:, i - 1] if kind == "repeat" else edge_value(kind, exp, t.dtype, role)
     return out.reshape(t.shape)
 
 
