@@ -28,9 +28,8 @@ VALUE_PROFILES = ("normal", "large", "small", "ties", "edge")
 #: that narrower wire or accumulator overflows, while the case dtype keeps headroom for any order
 #: of a correct computation (its own largest value has none); in a softmax's input (role
 #: ``scores``) it is a finite mask instead, minus float16's 65504 (448 in float16 data) scaled by
-#: 2**-k; ``subnormal``: the case dtype's
-#: smallest normal value scaled by 2**-(k+1); ``signed_zero``: -0.0; ``repeat``: the value beside
-#: it again (an exact tie)
+#: 2**-k; ``subnormal``: the case dtype's smallest normal value scaled by 2**-(k+1);
+#: ``signed_zero``: -0.0; ``repeat``: the value beside it again (an exact tie)
 EDGE_KINDS = ("max", "subnormal", "signed_zero", "repeat")
 #: how many slots ``edge_slot`` names: it is drawn in ``[0, EDGE_SLOTS)`` and taken modulo the row
 EDGE_SLOTS = 8
