@@ -10,6 +10,7 @@ import torch
 import shardfuzz
 from shardfuzz import Case
 from shardfuzz.engine import runner as runner_module
+from shardfuzz.engine.config import RunConfig
 from shardfuzz.errors import Unsupported
 from shardfuzz.spec.registry import get_target
 from shardfuzz.verdict.oracle import evaluate_oracle
@@ -57,3 +58,24 @@ def test_a_run_counts_the_refused_edge_cases_and_keeps_its_ranks(monkeypatch):
     refused = result.stats.unsupported.get("edge value overflows the oracle", 0)
     assert refused > 0 and result.stats.passed >= 30, result.stats.summary()
     assert discarded == []  # the ranks finished the refused cases and stayed warm
+
+
+def test_a_non_finite_output_of_the_target_itself_is_judged_not_blamed_on_the_edge_value():
+    # vocab_ce's loss is 0 / 0 when every label is ignored (as with F.cross_entropy): NaN with or
+    # without the edge value, so the case is judged like any other; its grad stays finite
+    target = get_target(os.path.join(HERE, "..", "examples", "vocab_ce.py"))
+    ignored = None
+    for seed in range(200):  # one token, its label ignored (30% of the draws)
+        case = Case(
+            target="vocab_ce", world_size=2, mesh=(2,), sizes={"tokens": 1, "vocab": 4}, split=("vocab",),
+            profile="edge", seed=seed, options={"ignore_index": -100, "edge": "max", "edge_exp": 0, "edge_slot": 1},
+        )  # fmt: skip
+        if bool((target.inputs(case)["labels"] == -100).all()):
+            ignored = case
+            break
+    assert ignored is not None
+    expected = evaluate_oracle(target, ignored)  # not refused
+    assert bool(expected.ref["loss"].isnan()) and bool(torch.isfinite(expected.ref["grad_logits"]).all())
+    runner = runner_module.Runner(target, None, RunConfig())
+    assert runner.run_case(ignored) <= 1  # the ranks' NaN loss matches the oracle's; judged, passed
+    assert runner.stats.unsupported == {}

@@ -136,7 +136,7 @@ def evaluate_oracle(
 
     ref = detach(ref)
     if case.profile == "edge":
-        check_edge_range(target, case, ref, low)
+        check_edge_range(target, case, ref, low, lambda: detach(_oracle64_without_edge(target, case, rng)))
     check_case_dtype_range(target, case, ref, low)
     scale = functools.partial(case_scale_of, inputs64, ref)  # needed only for an output that is 0 everywhere
     expected = Expected(ref, detach(low), detach(mag), inputs, {}, functools.cache(scale), rng)
@@ -145,24 +145,58 @@ def evaluate_oracle(
     return expected
 
 
-def check_edge_range(target: Any, case: Case, ref: dict[str, Any], low: dict[str, Any]) -> None:
+def check_edge_range(
+    target: Any,
+    case: Case,
+    ref: dict[str, Any],
+    low: dict[str, Any],
+    without_edge: Callable[[], dict[str, Any]],
+) -> None:
     """Unsupported when an ``edge`` case's values leave the finite range in the oracle itself: in
-    float64 (``ref``), or in the case dtype where float64 stays finite (``low``). A correct
-    implementation cannot carry such a case either, so it is not one; counted, never judged."""
+    float64 (``ref``), or in the case dtype (``low``). A correct implementation cannot carry such a
+    case either, so it is not one; counted, never judged. An element that is not finite in the
+    float64 oracle of the same case without its edge value (``without_edge``, run only when some
+    element is not finite) is the target's own (a loss of 0 / 0 where every label is ignored),
+    judged as in any other case."""
+    own: dict[str, Any] | None = None
     for name, r in ref.items():
         if not (isinstance(r, torch.Tensor) and r.is_floating_point()):
             continue
         lo = low.get(name)
-        over = not bool(torch.isfinite(r).all())
-        if not over and isinstance(lo, torch.Tensor) and lo.is_floating_point():
-            over = not bool(torch.isfinite(lo.detach()).all())
-        if over:
+        bad = ~torch.isfinite(r)
+        if isinstance(lo, torch.Tensor) and lo.is_floating_point() and lo.shape == r.shape:
+            bad |= ~torch.isfinite(lo.detach())
+        if not bool(bad.any()):
+            continue
+        own = without_edge() if own is None else own
+        base = own.get(name)
+        if isinstance(base, torch.Tensor) and base.shape == r.shape:
+            bad &= torch.isfinite(base)
+        if bool(bad.any()):
             edge = case.options.get("edge")
             raise Unsupported(
                 f"target {target.name!r}: output {name!r} of the oracle is not finite with edge={edge!r} "
                 f"in {case.dtype}",
                 reason="edge value overflows the oracle",
             )
+
+
+def _oracle64_without_edge(target: Any, case: Case, rng: torch.Tensor) -> dict[str, Any]:
+    """The float64 oracle of ``case`` with the ``normal`` profile: the same seed, so the same values
+    but the edge one, on the random state the case's own oracle started from."""
+    plain = dataclasses.replace(
+        case,
+        profile="normal",
+        options={k: v for k, v in case.options.items() if k not in BOUNDS_PROFILE_PARAMS["edge"]},
+    )
+    inputs64 = {k: float64(v) for k, v in case_inputs(target, plain).items()}
+    state = torch.get_rng_state()
+    torch.set_rng_state(rng)
+    try:
+        with torch.enable_grad():
+            return call_target_code(target, "oracle(inputs, case)", plain, target.oracle, inputs64, plain)
+    finally:
+        torch.set_rng_state(state)
 
 
 def check_case_dtype_range(target: Any, case: Case, ref: dict[str, Any], low: dict[str, Any]) -> None:
