@@ -562,7 +562,7 @@ PLANTED = [
         ),
         # budget.py, 20 seeds, cap 300: p50 22.5, max 95, 75% within 30 examples. In the negative
         # tail, where x * sigmoid(1.702 x) is furthest from GELU, the bound allows a GELU computed
-        # in bf16 arithmetic (1 + erf cancels: 0.5 * |x| * u): only ~11% of bf16 cases fail
+        # in bf16 arithmetic (1 + erf cancels: noise on the scale of u * |x|): ~11% of bf16 cases fail
         p95=57,
     ),
 ]
