@@ -79,3 +79,17 @@ def test_a_non_finite_output_of_the_target_itself_is_judged_not_blamed_on_the_ed
     runner = runner_module.Runner(target, None, RunConfig())
     assert runner.run_case(ignored) <= 1  # the ranks' NaN loss matches the oracle's; judged, passed
     assert runner.stats.unsupported == {}
+
+
+def test_the_check_without_the_edge_value_leaves_the_random_state_as_it_found_it():
+    from shardfuzz.verdict import oracle as oracle_module
+
+    target = get_target(os.path.join(HERE, "..", "examples", "vocab_ce.py"))
+    case = Case(
+        target="vocab_ce", world_size=2, mesh=(2,), sizes={"tokens": 2, "vocab": 4}, split=("vocab",),
+        profile="edge", seed=3, options={"ignore_index": -100, "edge": "max", "edge_exp": 0, "edge_slot": 1},
+    )  # fmt: skip
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    oracle_module._oracle64_without_edge(target, case, torch.get_rng_state())
+    assert torch.equal(torch.get_rng_state(), before)

@@ -189,10 +189,10 @@ def _oracle64_without_edge(target: Any, case: Case, rng: torch.Tensor) -> dict[s
         profile="normal",
         options={k: v for k, v in case.options.items() if k not in BOUNDS_PROFILE_PARAMS["edge"]},
     )
-    inputs64 = {k: float64(v) for k, v in case_inputs(target, plain).items()}
-    state = torch.get_rng_state()
-    torch.set_rng_state(rng)
+    state = torch.get_rng_state()  # before case_inputs, which seeds the global generator
     try:
+        inputs64 = {k: float64(v) for k, v in case_inputs(target, plain).items()}
+        torch.set_rng_state(rng)
         with torch.enable_grad():
             return call_target_code(target, "oracle(inputs, case)", plain, target.oracle, inputs64, plain)
     finally:
