@@ -314,3 +314,26 @@ def test_a_partial_outputs_compared_value_is_named_by_its_reduction():
     assert (
         assembled("DTensor(_NormPartial(reduce_op=sum, norm_type=2)) on mesh (2,)") == "the norm over ranks"
     )
+
+
+def test_an_exact_output_counts_its_wrong_elements_and_shows_them():
+    """An integer output (an argmax over vocab shards) is compared element by element: one wrong
+    index of two is 1 / 2, its difference is its own (not a tolerance ratio) and the report shows
+    the element with what the oracle has there."""
+    from shardfuzz.verdict.compare import compare_exact
+
+    ref = torch.tensor([0, 2, 5])
+    got = torch.tensor([0, 1, 5])
+    rds = [compare_exact(r, got, ref, lambda idx: idx, "got") for r in range(2)]
+    assert [(rd.n, rd.bad, rd.max_abs, rd.max_abs_at) for rd in rds] == [(3, 1, 1.0, (1,))] * 2
+    od = OutputDiff("index", "Replicate()", "int64", (3,), rds, [[0, 1]], ref, None)
+    text = format_output_diff(od, LABEL)
+    assert "mismatched elements: 2 / 6 (33.3%), on 2 of 2 ranks" in text, text
+    assert "rank 0: 1 / 3 elements wrong: got [0, 1, 5], expected [0, 2, 5]" in text, text
+    assert "greatest difference: 1 at index (1,) (compared exactly)" in text, text
+    assert "      [1]: 1 vs expected 2" in text, text
+    assert "tolerance" not in text and "inf" not in text, text
+    right = compare_exact(0, ref, ref, lambda idx: idx, "got")
+    assert (right.n, right.bad, right.max_ratio) == (3, 0, 0.0)
+    other_shape = compare_exact(0, ref[:2], ref, lambda idx: idx, "got")
+    assert (other_shape.n, other_shape.bad) == (1, 1)  # not comparable element by element: one value

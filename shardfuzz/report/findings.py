@@ -26,7 +26,7 @@ from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  
 from shardfuzz.signature import cause_of
 from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.comm import CommBudget, format_comm
-from shardfuzz.verdict.compare import OutputDiff
+from shardfuzz.verdict.compare import WORST_SHOWN, OutputDiff, RankDiff
 from shardfuzz.verdict.judge import Verdict
 
 #: the note of a finding on 1 rank: the strategy lets the shrinker run a failure found on 2+ ranks
@@ -231,6 +231,20 @@ def shell_quote(s: str) -> str:
     return shlex.quote(s)
 
 
+def _exact_worst(od: OutputDiff, r: RankDiff) -> list[str]:
+    """The first wrong elements of an exactly compared tensor, at their global index: what the
+    rank holds and what the oracle has there."""
+    if r.wrong is None or r.local is None or r.to_global is None or od.ref is None:
+        return []
+    lines = ["first wrong elements (actual vs expected):"]
+    for k in r.wrong.nonzero()[:WORST_SHOWN].tolist():
+        at = r.to_global(tuple(k))
+        lines.append(
+            f"  [{', '.join(map(str, at))}]: {r.local[tuple(k)].item()} vs expected {od.ref[at].item()}"
+        )
+    return lines
+
+
 def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
     """One output's mismatch in words: per rank, the elements wrong, the worst differences and
     the mismatch map."""
@@ -257,6 +271,13 @@ def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
             lines.append(f"  {who}: ok (worst error/tolerance {r.max_ratio:.3g})")
             continue
         lines.append(f"  {who}: {r.bad} / {r.n} elements wrong{r.note}")
+        if od.bound is None:  # compared exactly: no tolerance, so no ratio to it
+            if r.max_abs:
+                lines.append(
+                    f"    greatest difference: {r.max_abs:.6g} at index {r.max_abs_at} (compared exactly)"
+                )
+            lines += [f"    {line}" for line in _exact_worst(od, r)]
+            continue
         lines.append(
             f"    greatest absolute difference: {r.max_abs:.6g} at index {r.max_abs_at} "
             f"(up to {r.max_abs_allowed:.3g} allowed, {r.max_ratio:.3g}x the tolerance at worst)"

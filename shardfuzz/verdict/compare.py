@@ -96,6 +96,39 @@ def exact_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
+def short_value(v: Any) -> str:
+    """A value as a short list or repr (for a report line)."""
+    text = repr(v.tolist()) if hasattr(v, "tolist") else repr(v)
+    return text if len(text) < 120 else text[:117] + "..."
+
+
+def compare_exact(rank: int | None, local: Any, want: Any, to_global: Any, what: str) -> RankDiff:
+    """``local`` against ``want``, exactly: an exactly compared value (integers, booleans, anything not floating): every element that
+    differs is wrong. Tensors of one shape are counted element by element, with the greatest
+    difference and where it is; anything else (another shape, a Python value) is one value."""
+    same_shape = (
+        isinstance(local, torch.Tensor) and isinstance(want, torch.Tensor) and local.shape == want.shape
+    )
+    ok = exact_equal(local, want)
+    note = "" if ok else f": {what} {short_value(local)}, expected {short_value(want)}"
+    if not same_shape:
+        rd = RankDiff(rank, 1, 0 if ok else 1, max_ratio=0.0 if ok else math.inf, note=note)
+        rd.local, rd.to_global = local, to_global
+        return rd
+    a, b = local.cpu(), want.cpu().to(local.dtype)
+    wrong = a != b
+    rd = RankDiff(rank, a.numel(), int(wrong.sum()), max_ratio=0.0 if ok else math.inf, note=note)
+    rd.local, rd.to_global = local, to_global
+    if rd.bad:
+        rd.wrong = wrong
+        wide = torch.complex128 if a.is_complex() else torch.float64
+        diff = (a.to(wide) - b.to(wide)).abs()
+        at = int(diff.reshape(-1).argmax())
+        rd.max_abs = float(diff.reshape(-1)[at])
+        rd.max_abs_at = to_global(tuple(int(k) for k in torch.unravel_index(torch.tensor(at), a.shape)))
+    return rd
+
+
 WORST_SHOWN = 3
 
 

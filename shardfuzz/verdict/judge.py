@@ -15,7 +15,7 @@ from shardfuzz.case import Case
 from shardfuzz.spec.layouts import Layout
 from shardfuzz.spec.placements import resolve as resolve_dtensors
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
-from shardfuzz.verdict.compare import OutputDiff, RankDiff, compare_tensor, exact_equal
+from shardfuzz.verdict.compare import OutputDiff, RankDiff, compare_exact, compare_tensor
 from shardfuzz.verdict.oracle import Expected
 
 
@@ -208,29 +208,18 @@ def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list
                 continue
             i = layout.index_of(r, g)
             want = layout.piece(ref, i, g) if isinstance(ref, torch.Tensor) else ref
-            ok = exact_equal(local, want)
-            note = "" if ok else f": got {_short(local)}, expected {_short(want)}"
-            rd = RankDiff(r, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note)
-            if isinstance(ref, torch.Tensor):
+            if isinstance(ref, torch.Tensor) and isinstance(local, torch.Tensor):
+                # padding is not compared, as for floating outputs
                 to_global = lambda idx, i=i: layout.global_index(idx, i, g, tuple(ref.shape))
-                _exact_map(rd, layout.comparable(local, i, g, tuple(ref.shape)), want, to_global)
-            rds.append(rd)
+                local = layout.comparable(local, i, g, tuple(ref.shape))
+            else:
+                to_global = lambda idx: idx
+            rds.append(compare_exact(r, local, want, to_global, "got"))
         return rds
     for replica in layout.replicas(case):
         total = layout.assemble_at(replica, [got[r] for r in replica])
-        ok = exact_equal(total.to(ref.dtype), ref)
-        note = "" if ok else f": sum {_short(total)}, expected {_short(ref)}"
-        rd = RankDiff(None, 1, 0 if ok else 1, max_ratio=0.0 if ok else float("inf"), note=note)
-        _exact_map(rd, total.to(ref.dtype), ref, lambda idx: idx)
-        rds.append(rd)
+        rds.append(compare_exact(None, total.to(ref.dtype), ref, lambda idx: idx, "sum"))
     return rds
-
-
-def _exact_map(rd: RankDiff, local: Any, want: Any, to_global: Any) -> None:
-    """What the mismatch map needs of an exactly compared tensor: its elements that differ."""
-    rd.local, rd.to_global = local, to_global
-    if rd.bad and tuple(local.shape) == tuple(want.shape):
-        rd.wrong = local.cpu() != want.cpu().to(local.dtype)
 
 
 def _what(v: Any) -> str:
@@ -243,8 +232,3 @@ def _what(v: Any) -> str:
 
 def _dtype_name(v: Any) -> str:
     return str(getattr(v, "dtype", type(v).__name__)).removeprefix("torch.")
-
-
-def _short(v: Any) -> str:
-    text = repr(v.tolist()) if hasattr(v, "tolist") else repr(v)
-    return text if len(text) < 120 else text[:117] + "..."
