@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from shardfuzz import InvalidArgument, RunConfig
+import shardfuzz
+from shardfuzz import InvalidArgument, RunConfig, Runner
 from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.engine.finish import finish_budget, kept_features, simplest_case
 from shardfuzz.engine.hooks import Deadline
@@ -65,3 +66,45 @@ def test_the_extra_budget_is_stated_and_bounded():
     with pytest.raises(argparse.ArgumentTypeError, match="--finish-shrink='soon'"):
         _finish_time("soon")
     assert _finish_time("0") == 0.0 and _finish_time("2m") == 120.0
+
+
+def _finding(tmp_path):
+    """A real finding of the toy (rank 1's ``x2`` is off), from a run that writes no file."""
+    result = shardfuzz.run(
+        TOY, f"{CAUSES}::wrong_on_rank1", world_sizes=(2,), profile="shardfuzz-ci", database=None,
+        failures_dir=str(tmp_path / "unused"),
+    )  # fmt: skip
+    assert result.found, result.report
+    return result.failures[0]
+
+
+def test_a_finished_shrink_rewrites_a_later_runs_file_in_place_and_a_repeat_is_kept_once(tmp_path):
+    """A campaign's second distinct finding of a kind lives in ``-2`` (moved there when its run
+    settled); a finished shrink writes over that file, never beside it, and a finding that a
+    finished shrink brought to another finding's signature is kept once, its file removed."""
+    finding = _finding(tmp_path)
+    folder = tmp_path / "failures"
+    recorder = FailureRecorder(str(folder))
+    recorder.on_finding(finding.context, finding)  # run 1's finding
+    recorder.begin_run(2)
+    recorder.on_finding(finding.context, finding)  # run 2's, distinct when it was found
+    first = recorder.path_for(finding.context, finding.kind).replace(".run2.json", ".json")
+    second = recorder.settle(finding, distinct=True)
+    assert second is not None and second.endswith("-2.json"), second
+    recorder.write(second, finding.context, finding)  # what finish_shrink's rewrite does
+    names = sorted(p.name for p in folder.glob("*.json"))
+    assert names == sorted(os.path.basename(p) for p in (first, second)), names  # no "-2-2"
+    assert json.loads(open(second).read())["updates"] == 1  # written over, once
+    out = campaign.Outcome("toy", runner=None, findings=[(finding, first), (finding, second)])
+    campaign._drop_repeats(out, recorder)
+    assert out.findings == [(finding, first)] and out.rediscovered == 1
+    assert [p.name for p in folder.glob("*.json")] == [os.path.basename(first)]
+    assert list(recorder.written) == [first]
+
+
+def test_a_runner_with_other_hooks_names_the_implementation_as_its_user_did():
+    """The runner that finishes a shrink writes the implementation's name as the campaign's runner
+    does (it wrote the file path before: ``impl`` and the rerun line changed under the user)."""
+    runner = Runner(TOY, "wrong_rank1")
+    again = runner.with_hooks([])
+    assert (again.impl_name, again.impl_ref, again.config) == ("wrong_rank1", runner.impl_ref, runner.config)

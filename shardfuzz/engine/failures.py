@@ -162,8 +162,24 @@ class FailureRecorder(RunHooks):
 
     def write(self, path: str, context: FindingContext, finding: Finding) -> None:
         """Write ``finding`` of ``context`` over ``path``, a failure file this recorder wrote (a
-        finished shrink: :mod:`shardfuzz.engine.finish`)."""
-        self._write((os.path.basename(path).removesuffix(".json"), ".json"), context, finding)
+        finished shrink: :mod:`shardfuzz.engine.finish`), whatever its name now (a campaign's
+        second distinct finding of a kind was moved to ``-2``)."""
+        try:
+            self.writer.rewrite(path, self._record(context, finding))
+        except OSError as e:  # never lose the finding over its file (as on_finding)
+            self.errors[path] = str(e)
+            return
+        self.written[path] = finding.kind
+
+    def discard(self, path: str) -> None:
+        """Remove ``path``, a failure file of this recorder whose finding turned out to be one
+        already on file (a finished shrink reached another finding's case)."""
+        self.written.pop(path, None)
+        for key, owned in list(self.writer.owned.items()):
+            if owned == path:
+                self.writer.forget(*key)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
     def _write(self, key: tuple[str, str], context: FindingContext, finding: Finding) -> None:
         os.makedirs(self.directory, exist_ok=True)

@@ -90,6 +90,16 @@ class FileWriter:
         self.owned[(stem, suffix)] = path
         return path
 
+    def rewrite(self, path: str, record: dict[str, Any]) -> str:
+        """Write ``record`` over ``path``, a file this writer wrote (under any key, or moved: a
+        finding shrunk further after its run); stamped as :meth:`write` does. Raises OSError when
+        the file is not this writer's any more (another writer took it over)."""
+        old = read_record(path)
+        if old is None or old.get("writer") != self.token:
+            raise OSError(errno.EPERM, f"{path} is not a file this writer holds")
+        os.replace(self._temporary(path, _stamped(record, old)), path)
+        return path
+
     def move(self, src: str, stem: str, suffix: str) -> str:
         """Give the file ``src`` of this writer the key's first free name (never one this writer
         holds); returns it."""

@@ -130,7 +130,7 @@ def _replay_and_shrink(
     hooks: list[RunHooks] = [deadline]
     if recorder is not None and path is not None:
         hooks.append(_Rewrite(recorder, path))
-    fresh = Runner(runner.target, runner.impl_ref, runner.config, hooks=hooks)
+    fresh = runner.with_hooks(hooks)
     smallest = SmallestFindings()
 
     def test_case(case: Case) -> None:

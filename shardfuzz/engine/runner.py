@@ -114,6 +114,7 @@ class Runner:
         self.target_spec = registry.target_spec(self.target)  # rerun lines work from any folder
         self.impl_ref = self.target.impl_ref(impl)
         self.impl_name = self.target.impl_name(impl)
+        self._impl = impl  # as the caller named it: a runner with other hooks keeps the name
         self.worker_target = self.target.worker_ref()
         self.stats = Stats()
         self.rank_servers = None  # the torchrun world that runs the cases (--ranks), waited for here
@@ -156,6 +157,11 @@ class Runner:
             self_oracle=self.target.oracle == SELF,
             distinct=tuple(self.target.distinct),
         )
+
+    def with_hooks(self, hooks: Sequence[RunHooks]) -> Runner:
+        """A new runner of the same target, implementation (named as this one was: its failure
+        files and rerun lines say the same) and configuration, with ``hooks`` instead."""
+        return Runner(self.target, self._impl, self.config, hooks=hooks)
 
     @property
     def backend(self) -> str:

@@ -232,6 +232,7 @@ def fuzz_one(
     if not out.interrupted:  # after a deadline both share its extra budget; else 1-rank tries get ONE_RANK_S
         spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
         _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
+        _drop_repeats(out, recorder)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     display.final(
@@ -383,6 +384,25 @@ def _try_one_rank(out: Outcome, runner: Runner, budget: float) -> None:
             if out.result is not None and out.result.failures and out.result.failures[0] is finding:
                 out.result.case, out.result.report = one.case, one.report
     out.elapsed += time.perf_counter() - t0
+
+
+def _drop_repeats(out: Outcome, recorder: Any) -> None:
+    """A finding shrunk further after its run (a cut shrink finished, a 1-rank try) may reach the
+    signature of another finding of the campaign (a mismatch found at world 3 and at world 2,
+    both shrunk to world 2): it is one finding, kept once (the first), counted as found again, and
+    the failure file of the repeat is removed. (A fleet keeps what each run offered it.)"""
+    seen: set[str] = set()
+    kept = []
+    for finding, path in out.findings:
+        signature = signature_of(finding)
+        if signature not in seen:
+            seen.add(signature)
+            kept.append((finding, path))
+            continue
+        out.rediscovered += 1
+        if recorder is not None and path is not None:
+            recorder.discard(path)
+    out.findings = kept
 
 
 def runner_recorder(runner: Runner) -> FailureRecorder | None:
