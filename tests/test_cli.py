@@ -26,6 +26,18 @@ def test_list_shows_targets_and_implementations():
     assert "verified to pass: torch SP's DTensor plan" in line, line
 
 
+def test_list_shows_a_files_target_and_its_implementations():
+    out = cli("list", EXAMPLE)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "row_mean:",
+        "  reference                reference",
+        "  mean_of_means            implementation",
+    ]
+    out = cli("list", "nope.py")
+    assert out.returncode == 2 and "'nope.py' does not exist" in out.stderr, out.stderr
+
+
 def test_fuzz_clean_target_exits_0_with_a_summary():
     out = cli("fuzz", EXAMPLE, "--max-examples", "20")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -144,6 +144,28 @@ def test_unknown_target_and_file_without_target(tmp_path):
         Runner(str(empty))
 
 
+def test_a_file_that_derives_its_target_from_an_imported_one_means_its_own(tmp_path, monkeypatch):
+    """A file importing another module's target to derive its own defines one target: its own is
+    taken without ``::NAME``; a module beside the file imports only from the import path, and the
+    error says which folder to put there."""
+    (tmp_path / "base_target.py").write_text(open(TOY).read())
+    (tmp_path / "derived.py").write_text(
+        "from base_target import TOY as BASE\n\nTARGET = BASE.derive('toy_derived')\n"
+    )
+    with pytest.raises(
+        TargetError, match=r"'base_target' is beside the file.*run with PYTHONPATH=" + str(tmp_path)
+    ):
+        Runner(str(tmp_path / "derived.py"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert Runner(str(tmp_path / "derived.py")).target.name == "toy_derived"
+    two = tmp_path / "two.py"
+    two.write_text(open(tmp_path / "derived.py").read() + "OTHER = BASE.derive('toy_other')\n")
+    with pytest.raises(
+        TargetError, match=r"defines several targets \['toy', 'toy_derived', 'toy_other'\]; add ::NAME"
+    ):
+        Runner(str(two))
+
+
 def test_targets_from_the_entry_point_group(monkeypatch):
     import shardfuzz.spec.registry as registry
 

@@ -96,6 +96,7 @@ class Outcome:
             "finished": [f.describe() for f in self.finished],
             "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
+            "unsupported_reasons": dict(s.unsupported.most_common(LEAKS_SHOWN)),
             "excluded": sum(s.excluded.values()),
             "closest_pass": s.worst_pass_ratio,
             "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,
@@ -485,12 +486,19 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
 
 
 def _fault_lines(r: dict[str, Any]) -> list[str]:
-    """The summary's lines for what a row counted but is no finding: external faults and leaks."""
+    """The summary's lines for what a row counted but is no finding: the reasons cases were
+    rejected as unsupported, external faults and leaks."""
     lines = []
     if r.get("external_faults"):
         lines.append(
             f"{'':<16} external faults set aside (a rank died, and the case passed on fresh ranks): "
             f"{r['external_faults']}"
+        )
+    if r.get("unsupported_reasons"):
+        shown = "; ".join(f"{k} x{v}" for k, v in r["unsupported_reasons"].items())
+        more = r.get("unsupported", 0) - sum(r["unsupported_reasons"].values())
+        lines.append(
+            f"{'':<16} rejected as unsupported: {shown}" + (f"; and {more} more" if more > 0 else "")
         )
     if r.get("leaks"):
         shown = ", ".join(f"{k} x{v}" for k, v in r["leaks"].items())

@@ -51,10 +51,10 @@ from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.comm import CostModel, format_comm
 
 
-def _cmd_list() -> int:
-    for name in sorted(available_targets()):
-        t = get_target(name)
-        print(f"{t.name}: {t.description}")
+def _cmd_list(specs: list[str]) -> int:
+    targets = [get_target(spec) for spec in specs] or [get_target(n) for n in sorted(available_targets())]
+    for t in targets:
+        print(f"{t.name}:" + (f" {t.description}" if t.description else ""))
         for impl in t.implementations:
             print(f"  {impl:<24} {t.role(impl)}")
     return EXIT_OK
@@ -387,7 +387,7 @@ def _main(args: Any) -> int:
     try:
         add_search_path(getattr(args, "search_path", None) or [])
         if args.command == "list":
-            return _cmd_list()
+            return _cmd_list(args.targets)
         if args.command == "gpus":
             from shardfuzz.ranks.gpu import placement_summary
 

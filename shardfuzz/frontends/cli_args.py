@@ -186,7 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    sub.add_parser("list", help="list targets and their implementations")
+    listing = sub.add_parser("list", help="list targets and their implementations")
+    listing.add_argument(
+        "targets",
+        nargs="*",
+        metavar="TARGET",
+        help="target names, 'pkg.mod:ATTR' or file.py paths (default: every target found)",
+    )
     sub.add_parser("gpus", help="say which targets and world sizes can run on this machine's GPUs")
 
     where = _Parser(add_help=False)

@@ -196,7 +196,11 @@ def cli_options() -> str:
             if a.help == argparse.SUPPRESS or isinstance(a, argparse._HelpAction):
                 continue
             names = ", ".join(f"`{o}`" for o in a.option_strings) or _value(a)
-            value = _value(a) if a.option_strings else ("one or more" if a.nargs in ("+", "*") else "")
+            value = (
+                _value(a)
+                if a.option_strings
+                else {"+": "one or more", "*": "any number"}.get(str(a.nargs), "")
+            )
             rows.append(f"| {names} | {value} | {_default(a)} | {_what(a, exclusive)} |")
         if rows:
             out += ["", "| argument | value | default | what |", "|---|---|---|---|", *rows]

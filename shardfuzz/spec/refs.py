@@ -24,6 +24,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -220,9 +221,27 @@ def import_file(path: str, what: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise TargetError(f"{what}: importing {path!r} raised {type(e).__name__}: {e}") from e
+        raise TargetError(
+            f"{what}: importing {path!r} raised {type(e).__name__}: {e}{_beside(e, path)}"
+        ) from e
     _FILE_MODULES[path] = module
     return module
+
+
+def _beside(error: Exception, path: str) -> str:
+    """What to do when a file imports a module that sits beside it: a file is imported by path, so
+    its folder is not on the import path (in the ranks neither), as for any module but a script."""
+    missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+    folder = os.path.dirname(path)
+    top = missing.split(".")[0] if missing else ""
+    if top and (
+        os.path.isfile(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top))
+    ):
+        return (
+            f" ({top!r} is beside the file, in {folder!r}, which is not on the import path: "
+            f"run with PYTHONPATH={shlex.quote(folder)}, or install the package it belongs to)"
+        )
+    return ""
 
 
 def load_ref(ref: str, what: str = "reference") -> Any:

@@ -130,6 +130,10 @@ def _target_in_file(spec: str, path: str, name: str) -> Target:
         if isinstance(obj, Target):
             return obj
         raise TargetError(f"target={spec!r}: {path!r} has no target {name!r}; it defines {sorted(targets)}")
+    # a target the file imports (to derive its own from it) is not one it defines
+    own = [t for t in targets.values() if t.origin == getattr(module, "__file__", None)]
+    if len(own) == 1:
+        return own[0]
     if len(targets) > 1:
         raise TargetError(f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME")
     return next(iter(targets.values()))

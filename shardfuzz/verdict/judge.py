@@ -208,12 +208,13 @@ def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list
                 continue
             i = layout.index_of(r, g)
             want = layout.piece(ref, i, g) if isinstance(ref, torch.Tensor) else ref
+            shape = tuple(ref.shape) if isinstance(ref, torch.Tensor) else ()
             if isinstance(ref, torch.Tensor) and isinstance(local, torch.Tensor):
-                # padding is not compared, as for floating outputs
-                to_global = lambda idx, i=i: layout.global_index(idx, i, g, tuple(ref.shape))
-                local = layout.comparable(local, i, g, tuple(ref.shape))
-            else:
-                to_global = lambda idx: idx
+                local = layout.comparable(local, i, g, shape)  # padding is not compared, as for floats
+
+            def to_global(idx: tuple, i: int = i, shape: tuple = shape) -> tuple:
+                return layout.global_index(idx, i, g, shape) if shape else idx
+
             rds.append(compare_exact(r, local, want, to_global, "got"))
         return rds
     for replica in layout.replicas(case):
