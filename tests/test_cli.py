@@ -73,6 +73,14 @@ def test_case_that_passes_exits_0():
     out = cli("case", EXAMPLE, case)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("PASS")
+    # each output's ratio, judged with the noise term: not a sure pass's upper bound as in a run
+    assert "per output (error/tolerance; 0: compared exactly and equal): mean " in out.stdout, out.stdout
+    from shardfuzz import Case, Runner
+
+    quick, full = Runner(EXAMPLE), Runner(EXAMPLE)
+    full.always_noise = True
+    assert quick.run_case(Case.parse(case)) >= full.run_case(Case.parse(case))
+    assert quick.last_verdict.upper_bound and not full.last_verdict.upper_bound
 
 
 def test_impl_by_reference_from_the_cli():

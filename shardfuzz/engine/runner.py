@@ -136,6 +136,9 @@ class Runner:
         self.last_inputs: dict[str, Any] = {}
         self.last_traces: dict[int, tuple] = {}  # the collectives of the last judged example
         self.last_verdict_upper_bound = False  # its ratio was judged without the noise term
+        self.last_verdict: Verdict | None = None  # the last example's, its outputs' ratios
+        #: judge every example with the noise term, never as a sure pass (``shardfuzz case``)
+        self.always_noise = False
         self.trace = True  # record the collectives (off: benchmarks/trace_cost.py's baseline)
         #: the run's tolerance: the target's per-output overrides, then the run's own on top
         self.tolerance = dataclasses.replace(
@@ -341,6 +344,7 @@ class Runner:
         (whose report names the ``leaks``: global state the example left behind)."""
         verdict = self.verdict(case, replies, expected)
         self.last_verdict_upper_bound = verdict.upper_bound  # read by run_case for the statistics
+        self.last_verdict = verdict
         self.last_traces = traces = {r: rep.trace for r, rep in enumerate(replies)}
         self.reporter.raise_verdict(case, verdict, traces, leaks)
         over = over_budget(self.target, self.impl_name, case, traces)  # right values; now the bytes
@@ -350,7 +354,9 @@ class Runner:
 
     def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:
         """:func:`shardfuzz.verdict.decide.decide` with this run's target, tolerance and closest pass."""
-        config = DecideConfig(self.target, self.tolerance, self.impl_name, self.stats.worst_pass_ratio)
+        config = DecideConfig(
+            self.target, self.tolerance, self.impl_name, self.stats.worst_pass_ratio, self.always_noise
+        )
         return decide(case, replies, expected, config)
 
     def finding_context(self, case: Case, finding: Finding) -> FindingContext:

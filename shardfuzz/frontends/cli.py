@@ -279,6 +279,7 @@ def _cmd_case(args: Any) -> int:
     if parts is not None and not parts[1]:  # a file of several targets: the one the case names
         target = f"{parts[0]}::{case.target}"
     runner = Runner(target, args.impl, _config(args))
+    runner.always_noise = True  # one case: its true ratios, not a sure pass's upper bound
     check_tolerance_outputs([runner.target], runner.config.tolerance, "--tolerance")
     check_input_size(runner.target, case)  # before inputs(case) allocates them
     check_case(runner.target, case)
@@ -299,6 +300,10 @@ def _cmd_case(args: Any) -> int:
                 print(f"--plot: nothing drawn, the finding is a {f.kind}, not a mismatch", file=sys.stderr)
         return EXIT_FOUND
     print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.tolerance.describe(case.dtype)})")
+    verdict = runner.last_verdict
+    if verdict is not None and verdict.diffs:
+        per = ", ".join(f"{d.name} {d.max_ratio:.3g}" for d in verdict.diffs if d.ranks)
+        print(f"  per output (error/tolerance; 0: compared exactly and equal): {per}")
     _print_collectives(args, runner.last_traces)
     if args.plot is not None:
         print("--plot: nothing drawn, the case passes", file=sys.stderr)

@@ -42,6 +42,8 @@ class DecideConfig:
     tolerance: Tolerance  # the run's: the target's per-output overrides, then the run's own
     impl_name: str  # named in a broken-contract error
     closest_pass: float = 0.0  # the worst error/tolerance of the run's passing examples so far
+    #: judge every verdict with the noise term (``shardfuzz case``: one case, its true ratios)
+    always_noise: bool = False
 
 
 def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideConfig) -> Verdict:
@@ -56,7 +58,7 @@ def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideC
         raise TargetError(f"implementation {config.impl_name!r} {misuse}")
     outputs, tol = config.target.outputs_for(case), config.tolerance
     verdict = judge(case, outputs, locals_, expected, tol, ignored)
-    sure = verdict.passed and verdict.worst <= max(SURE_PASS, config.closest_pass)
+    sure = verdict.passed and verdict.worst <= max(SURE_PASS, config.closest_pass) and not config.always_noise
     if tol.noise_model != "mca" or not verdict.diffs:
         return verdict
     if sure:
