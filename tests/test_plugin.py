@@ -105,6 +105,20 @@ def test_a_tolerance_for_no_output_of_the_targets_tested_is_a_usage_error(run):
     )
 
 
+def test_an_unregistered_hypothesis_profile_is_a_usage_error_that_says_what_to_use(run):
+    # Hypothesis registers only "default" and "ci": "fuzz" was Hypothesis' INTERNALERROR
+    result = run("--hypothesis-profile=fuzz")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*--hypothesis-profile='fuzz' is not a registered Hypothesis profile*a long run is --shardfuzz-profile=shardfuzz-fuzz"
+        ]
+    )
+    result = run("--hypothesis-profile=shardfuzz-ci", "-k", "reference")  # ours, registered first
+    result.stdout.fnmatch_lines(["shardfuzz: profile shardfuzz-ci; *"])
+    result.assert_outcomes(passed=1, deselected=2)
+
+
 def test_help_lists_the_option_group(run):
     result = run("--help")
     result.stdout.fnmatch_lines(["shardfuzz: differential fuzzing of sharded code:", "*--shardfuzz-backend*"])

@@ -166,6 +166,32 @@ def test_a_file_implementation_with_a_dtensor_output_gets_a_reproducer_that_fail
         assert json.loads(path.read_text()) == [], path.stem
 
 
+def test_a_target_with_dtensor_inputs_gets_a_reproducer_that_hands_them_over_as_dtensors(tmp_path):
+    # AsDTensor(Shard(0)) inputs (tests/data/dtensor_target.py): the script makes the same DTensor on
+    # each rank (distribute_tensor, no collective) on one device mesh per case, as the ranks did
+    import shardfuzz
+
+    target = str(Path(__file__).resolve().parent / "data" / "dtensor_target.py")
+    failures = tmp_path / "failures"
+    result = shardfuzz.run(
+        target, "local_sum_called_total", profile="shardfuzz-ci", database=None, max_examples=60,
+        failures_dir=str(failures),
+    )  # fmt: skip
+    assert result.found and result.kind == "mismatch", result.report
+    (found,) = glob.glob(str(failures / "*.json"))
+    out = tmp_path / "out"
+    assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
+    (script,) = out.glob("repro_*.py")
+    text = script.read_text()
+    assert "INPUT_LAYOUTS = {'x': ('dtensor', (('shard', 0),), 'impl')}" in text, text
+    assert "def as_dtensor(value, layout, device_mesh):" in text
+    res = _torchrun(script, result.case.world_size, tmp_path)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "output 'total':" in res.stderr and "elements wrong" in res.stderr, res.stderr[-4000:]
+    for path in sorted(tmp_path.glob("modules-*.json")):
+        assert json.loads(path.read_text()) == [], path.stem
+
+
 def test_a_self_oracle_target_gets_a_reproducer_with_the_values_of_its_one_rank_run(tmp_path):
     # oracle="self": the script carries the float64 values the implementation computed on 1 rank
     import shardfuzz

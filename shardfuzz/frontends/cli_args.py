@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_dtypes,
         default=None,
         metavar="DTYPE,...",
-        help="restrict the dtypes drawn, e.g. float32,bfloat16 (default: each target's own)",
+        help="the dtypes drawn, e.g. float32,bfloat16 (default: each target's own)",
     )
     f.add_argument(
         "--exclude",

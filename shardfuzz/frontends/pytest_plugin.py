@@ -164,6 +164,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         parser.addini(f"shardfuzz_{name}", what, default=None)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Before Hypothesis' plugin loads ``--hypothesis-profile``: a shardfuzz profile asked for there
+    is registered first, and a name nobody registered (``fuzz``: Hypothesis registers only
+    ``default`` and ``ci``) is a usage error that says what to use, not Hypothesis' INTERNALERROR."""
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument as HypothesisInvalidArgument
+
+    from shardfuzz.engine.settings import PROFILE_NAMES, register_profiles
+
+    name = config.getoption("--hypothesis-profile", None)
+    if name is None:
+        return
+    if name in PROFILE_NAMES:
+        register_profiles()
+        return
+    try:
+        settings.get_profile(name)
+    except HypothesisInvalidArgument:
+        raise pytest.UsageError(
+            f"--hypothesis-profile={name!r} is not a registered Hypothesis profile (Hypothesis "
+            "registers 'default' and 'ci'; a profile of your own is registered in conftest.py with "
+            "hypothesis.settings.register_profile). For shardfuzz tests, --shardfuzz-profile picks "
+            f"one of {', '.join(sorted(PROFILE_NAMES))} outright: a long run is "
+            "--shardfuzz-profile=shardfuzz-fuzz"
+        ) from None
+
+
 # after Hypothesis' own pytest_configure: it loads --hypothesis-profile, which decides ours (the
 # order of plugins found by entry point differs between installs: CI ran ours first)
 @pytest.hookimpl(trylast=True)

@@ -34,7 +34,7 @@ from shardfuzz.repro.codegen import check_script, docstring, fill_template
 from shardfuzz.repro.replay import record_config
 from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_names, harness_template
 from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard, strided_view
-from shardfuzz.spec.placements import FromDTensor
+from shardfuzz.spec.placements import AsDTensor, FromDTensor
 from shardfuzz.spec.refs import load_ref, split_file_ref
 from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
 
@@ -167,7 +167,10 @@ def _names_used(node: ast.AST) -> list[str]:
     return out
 
 
-def _layout_spec(layout: Layout, name: str) -> tuple:
+def _layout_spec(layout: Layout, name: str, what: str = "output") -> tuple:
+    """A layout as a literal the script reads (``what``: an ``output`` or an ``input``)."""
+    if what == "input" and isinstance(layout, AsDTensor):  # handed over as a DTensor, as the ranks did
+        return ("dtensor", tuple(_placement_spec(p, name, layout) for p in layout.placements), layout.mesh)
     if isinstance(layout, Replicate):
         return ("replicate",)
     if isinstance(layout, Partial):
@@ -177,8 +180,21 @@ def _layout_spec(layout: Layout, name: str) -> tuple:
     if isinstance(layout, FromDTensor):  # the script compares the DTensor's full_tensor()
         return ("dtensor",)
     raise InvalidArgument(
-        f"output {name!r} has layout {layout!r}; a standalone script handles Replicate, Shard, Partial "
-        "and FromDTensor"
+        f"{what} {name!r} has layout {layout!r}; a standalone script handles Replicate, Shard, Partial "
+        + ("and FromDTensor" if what == "output" else "and AsDTensor of Shard and Replicate")
+    )
+
+
+def _placement_spec(placement: Any, name: str, layout: Layout) -> tuple:
+    """One of torch's placements of an ``AsDTensor`` input: Shard(dim) or Replicate()."""
+    kind = type(placement).__name__
+    if kind == "Shard":
+        return ("shard", int(placement.dim))
+    if kind == "Replicate":
+        return ("replicate",)
+    raise InvalidArgument(
+        f"input {name!r} has layout {layout!r}; a standalone script hands inputs over as DTensors "
+        f"with Shard and Replicate placements, not {placement!r}"
     )
 
 
@@ -256,7 +272,10 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
             )
         ).float()
     layouts = {n: _layout_spec(lay, n) for n, lay in outputs.items()}
-    in_layouts = {n: _layout_spec(target.input_layout(n), n) for n in expected.inputs}
+    in_layouts = {n: _layout_spec(target.input_layout(n), n, "input") for n in expected.inputs}
+    dtensor_inputs = uses["ctx.local"] and any(spec[0] == "dtensor" for spec in in_layouts.values())
+    if dtensor_inputs:  # made on the case's device mesh: the script's Mesh, once per case
+        uses["ctx.mesh"] = True
     saved: dict[str, Any] = {}
     inputs_src = _tensors(expected.inputs, "inputs", saved)
     expected_src = _tensors({n: expected.ref[n] for n in outputs}, "expected", saved)
@@ -313,6 +332,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
             "inputs.pt": bool(saved),
             "outputs.dtensor": any(spec == ("dtensor",) for spec in layouts.values()),
             "inputs.strided": bool(strided),
+            "inputs.dtensor": dtensor_inputs,
             **uses,
             "ctx.extras": any(uses.values()),
         },

@@ -149,7 +149,7 @@ def _judge_on_rank0(
     return 0
 
 
-REPRO_DOC = """Standalone reproducer written by shardfuzz {version} on {date}.
+REPRO_DOC = """A torchrun reproducer written by shardfuzz {version} on {date}.
 
 {target}/{impl}: {kind} found on {backend}/{device}
 {case_repr}

@@ -65,6 +65,13 @@ def dtensor_inputs(ctx):
     return {"y": 2 * x, "total": x.sum(0)}
 
 
+def local_sum_called_total(ctx):
+    """Bug, on a DTensor input: the sum of this rank's own rows returned as the total (a plain
+    tensor, the declared Replicate()): the all-reduce that ``x.sum(0)`` would have done is missing."""
+    x = ctx.local["x"]
+    return {"y": 2 * x, "total": x.to_local().sum(0)}
+
+
 def partial_called_replicate(ctx):
     """Bug: each rank's partial sum labelled Replicate (a reduction forgotten)."""
     mesh = _impl_mesh(ctx)
@@ -105,6 +112,7 @@ TARGET = shardfuzz.Target(
         "replicated": replicated,
         "both_axes": both_axes,
         "dtensor_inputs": dtensor_inputs,
+        "local_sum_called_total": local_sum_called_total,
         "partial_called_replicate": partial_called_replicate,
         "wrong_local_shape": wrong_local_shape,
         "plain_for_dtensor": plain_for_dtensor,

@@ -86,12 +86,36 @@ def dtensor_local_shape(d):
 class Mesh:
     def __init__(self, shape, device):
         self.shape, self.device = tuple(shape), device
+        #@ if inputs.dtensor
+        self._device_mesh = None
+        #@ end
 
     def device_mesh(self):
+        #@ if inputs.dtensor
+        if self._device_mesh is not None:  # one mesh per case, as shardfuzz's: the inputs live on it
+            return self._device_mesh
+        #@ end
         from torch.distributed.device_mesh import init_device_mesh
 
         names = (*(f"axis{i}" for i in range(len(self.shape) - 1)), "impl")
+        #@ if inputs.dtensor
+        self._device_mesh = init_device_mesh(self.device.type, self.shape, mesh_dim_names=names)
+        return self._device_mesh
+        #@ else
         return init_device_mesh(self.device.type, self.shape, mesh_dim_names=names)
+        #@ end
+
+
+#@ end
+#@ if inputs.dtensor
+def as_dtensor(value, layout, device_mesh):
+    """An input handed over as a DTensor (shardfuzz's AsDTensor): each rank takes its piece of the
+    full input itself, no collective."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    placements = [Shard(p[1]) if p[0] == "shard" else Replicate() for p in layout[1]]
+    mesh = device_mesh if layout[2] == "all" else device_mesh["impl"]
+    return distribute_tensor(value, mesh, placements, src_data_rank=None)
 
 
 #@ end
@@ -113,7 +137,16 @@ class Ctx:
         self.mesh = Mesh(shape, device)
         #@ end
         #@ if ctx.local
+        #@ if inputs.dtensor
+        self.local = {
+            k: as_dtensor(v, INPUT_LAYOUTS[k], self.mesh.device_mesh())
+            if INPUT_LAYOUTS[k][0] == "dtensor"
+            else piece(v, INPUT_LAYOUTS[k], self.group_rank, self.group_size)
+            for k, v in self.inputs.items()
+        }
+        #@ else
         self.local = {k: piece(v, INPUT_LAYOUTS[k], self.group_rank, self.group_size) for k, v in self.inputs.items()}
+        #@ end
         #@ if inputs.strided
         for k in STRIDED:
             self.local[k] = strided_view(self.local[k])
