@@ -138,100 +138,78 @@ def test_standalone_reproducer_of_a_found_failure_fails_the_same_way_with_torch_
     )
 
 
-def test_a_file_implementation_with_a_dtensor_output_gets_a_reproducer_that_fails_the_same_way(tmp_path):
-    # the README's way of writing an implementation (file.py::NAME), on a file target, returning a
-    # FromDTensor() output: amax's pending max relabelled as a pending sum (tests/data)
+def _standalone_of_a_finding(tmp_path: Path, target: str, impl: str, examples: int = 60):
+    """The fuzzer's finding of ``impl`` on the file ``target`` (a search, ``shardfuzz-ci``) and the
+    standalone script ``shardfuzz repro --standalone`` writes from its failure file."""
     import shardfuzz
 
-    here = Path(__file__).resolve().parent
-    target = str(here / "data" / "dtensor_placements.py")
-    impl = str(here / "data" / "dtensor_relabel.py") + "::max_called_sum"
     failures = tmp_path / "failures"
     result = shardfuzz.run(
-        target, impl, profile="shardfuzz-ci", database=None, max_examples=80, failures_dir=str(failures)
+        target, impl, profile="shardfuzz-ci", database=None, max_examples=examples, failures_dir=str(failures)
     )
-    assert result.found and result.kind == "mismatch", result.report
+    assert result.found, result.report
     (found,) = glob.glob(str(failures / "*.json"))
     out = tmp_path / "out"
     assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
     (script,) = out.glob("repro_*.py")
+    return result, script
+
+
+def _fails_the_same_way(script: Path, world_size: int, tmp_path: Path, output: str | None) -> None:
+    """The script, run under torchrun, fails with wrong elements (of ``output``, if named) and
+    imports none of shardfuzz, hypothesis or pytest on any rank."""
+    res = _torchrun(script, world_size, tmp_path)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "elements wrong" in res.stderr, res.stderr[-4000:]
+    assert output is None or f"output {output!r}:" in res.stderr, res.stderr[-4000:]
+    for path in sorted(tmp_path.glob("modules-*.json")):
+        assert json.loads(path.read_text()) == [], path.stem
+
+
+def test_a_file_implementation_with_a_dtensor_output_gets_a_reproducer_that_fails_the_same_way(tmp_path):
+    # the README's way of writing an implementation (file.py::NAME), on a file target, returning a
+    # FromDTensor() output: amax's pending max relabelled as a pending sum (tests/data)
+    here = Path(__file__).resolve().parent
+    target = str(here / "data" / "dtensor_placements.py")
+    impl = str(here / "data" / "dtensor_relabel.py") + "::max_called_sum"
+    result, script = _standalone_of_a_finding(tmp_path, target, impl, examples=80)
+    assert result.kind == "mismatch", result.report
     assert script.name == "repro_dtensor_placements_max_called_sum.py"  # no path, no colon
     text = script.read_text()
     assert "def max_called_sum(ctx):" in text and str(here) not in text  # no local path either
     assert "'y': ('dtensor',)" in text
-    res = _torchrun(script, result.case.world_size, tmp_path)
-    assert res.returncode != 0, res.stdout + res.stderr
-    assert "output 'y':" in res.stderr and "elements wrong" in res.stderr, res.stderr[-4000:]
-    for path in sorted(tmp_path.glob("modules-*.json")):
-        assert json.loads(path.read_text()) == [], path.stem
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "y")
 
 
 def test_a_target_with_dtensor_inputs_gets_a_reproducer_that_hands_them_over_as_dtensors(tmp_path):
     # AsDTensor(Shard(0)) inputs (tests/data/dtensor_target.py): the script makes the same DTensor on
     # each rank (distribute_tensor, no collective) on one device mesh per case, as the ranks did
-    import shardfuzz
-
     target = str(Path(__file__).resolve().parent / "data" / "dtensor_target.py")
-    failures = tmp_path / "failures"
-    result = shardfuzz.run(
-        target, "local_sum_called_total", profile="shardfuzz-ci", database=None, max_examples=60,
-        failures_dir=str(failures),
-    )  # fmt: skip
-    assert result.found and result.kind == "mismatch", result.report
-    (found,) = glob.glob(str(failures / "*.json"))
-    out = tmp_path / "out"
-    assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
-    (script,) = out.glob("repro_*.py")
+    result, script = _standalone_of_a_finding(tmp_path, target, "local_sum_called_total")
+    assert result.kind == "mismatch", result.report
     text = script.read_text()
     assert "INPUT_LAYOUTS = {'x': ('dtensor', (('shard', 0),), 'impl')}" in text, text
     assert "def as_dtensor(value, layout, device_mesh):" in text
-    res = _torchrun(script, result.case.world_size, tmp_path)
-    assert res.returncode != 0, res.stdout + res.stderr
-    assert "output 'total':" in res.stderr and "elements wrong" in res.stderr, res.stderr[-4000:]
-    for path in sorted(tmp_path.glob("modules-*.json")):
-        assert json.loads(path.read_text()) == [], path.stem
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "total")
 
 
 def test_a_self_oracle_target_gets_a_reproducer_with_the_values_of_its_one_rank_run(tmp_path):
     # oracle="self": the script carries the float64 values the implementation computed on 1 rank
-    import shardfuzz
-
     target = str(Path(__file__).resolve().parent.parent / "examples" / "row_parallel_self.py")
-    failures = tmp_path / "failures"
-    result = shardfuzz.run(
-        target, "bias_every_rank", profile="shardfuzz-ci", database=None, max_examples=60,
-        failures_dir=str(failures),
-    )  # fmt: skip
-    assert result.found and result.kind == "mismatch", result.report
-    (found,) = glob.glob(str(failures / "*.json"))
-    out = tmp_path / "out"
-    assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
-    (script,) = out.glob("repro_*.py")
+    result, script = _standalone_of_a_finding(tmp_path, target, "bias_every_rank")
+    assert result.kind == "mismatch", result.report
     assert "the implementation's own run on 1 rank (the target's self-oracle)" in script.read_text()
-    res = _torchrun(script, result.case.world_size, tmp_path)
-    assert res.returncode != 0, res.stdout + res.stderr
-    assert "elements wrong" in res.stderr, res.stderr[-4000:]
+    _fails_the_same_way(script, result.case.world_size, tmp_path, None)
 
 
 def test_a_finding_that_needs_strided_inputs_gets_a_reproducer_that_hands_them_over_strided(tmp_path):
     # tests/data/strided_target.py: all-reducing an input view in place fails only once the view is
     # non-contiguous (strided=True); a script that built contiguous pieces would pass instead
-    import shardfuzz
-
     target = str(Path(__file__).resolve().parent / "data" / "strided_target.py")
-    failures = tmp_path / "failures"
-    result = shardfuzz.run(
-        target, "in_place", profile="shardfuzz-ci", database=None, max_examples=60, failures_dir=str(failures)
-    )
-    assert result.found and result.case.options["strided"] is True, result.report
-    (found,) = glob.glob(str(failures / "*.json"))
-    out = tmp_path / "out"
-    assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
-    (script,) = out.glob("repro_*.py")
+    result, script = _standalone_of_a_finding(tmp_path, target, "in_place")
+    assert result.case.options["strided"] is True, result.report
     assert "STRIDED = ('g',)" in script.read_text()
-    res = _torchrun(script, result.case.world_size, tmp_path)
-    assert res.returncode != 0, res.stdout + res.stderr
-    assert "output 'total':" in res.stderr and "elements wrong" in res.stderr, res.stderr[-4000:]
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "total")
 
 
 # -- the harness template ------------------------------------------------------------------------
