@@ -7,6 +7,7 @@ import os
 import re
 
 import pytest
+import torch.distributed as dist
 
 from shardfuzz import Case, RankError, RankHang, RunConfig, Runner
 from shardfuzz.errors import CommunicationExceeded, InvalidArgument
@@ -284,6 +285,25 @@ def test_a_communication_finding_is_raised_on_right_values():
         Runner("vocab_parallel", "gathered_max").run_case(case)
     assert "the values were right" in info.value.report and "all_gather_into_tensor" in info.value.report
     assert info.value.kind == "communication" and info.value.site == ("over budget", (0, 1))
+
+
+@pytest.mark.skipif(
+    not hasattr(dist, "all_gather_single"), reason="torch before 2.13 has no all_gather_single"
+)
+def test_the_single_tensor_collectives_are_traced():
+    """torch 2.13's ``all_gather_single`` and ``reduce_scatter_single`` (FSDP2's collectives, and
+    what ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` now call): each entered once,
+    under the names the communication model knows."""
+    case = Case(target="toy", world_size=3, mesh=(3,), sizes={"n": 5}, split=("n",))
+    runner = Runner(TOY, f"{TOY_IMPLS}::single_collectives")
+    assert runner.run_case(case) <= 1
+    for r in range(3):
+        got = [(c.op, c.shapes, c.out_shapes, c.group) for c in runner.last_traces[r]]
+        want = [
+            ("all_gather_into_tensor", ((1,),), ((3,),), (0, 1, 2)),
+            ("reduce_scatter_tensor", ((3,),), ((1,),), (0, 1, 2)),
+        ]
+        assert got == want, got
 
 
 def test_a_peer_still_computing_after_a_crash_is_waited_for_before_the_report():

@@ -34,3 +34,18 @@ def raise_while_peer_computes(ctx):
     total = ctx.local["x"].sum().reshape(1)
     dist.all_reduce(total, group=ctx.group)
     return {"total": total}
+
+
+def single_collectives(ctx):
+    """The toy reference through torch's single-tensor collectives (``all_gather_single`` and
+    ``reduce_scatter_single``, which FSDP2 calls since torch 2.13): each rank's sum gathered, and
+    the count reduce-scattered from each rank's row of its own size."""
+    local, g = ctx.local["x"], ctx.group_size
+    sums = torch.zeros(g, dtype=local.dtype)
+    dist.all_gather_single(sums, local.sum().reshape(1), group=ctx.group)
+    count = torch.zeros(1, dtype=torch.int64)
+    dist.reduce_scatter_single(count, torch.full((g,), local.numel(), dtype=torch.int64), group=ctx.group)
+    parts = torch.zeros_like(ctx.inputs["x"])
+    start = Shard(0).global_index((0,), ctx.group_rank, ctx.group_size, tuple(parts.shape))[0]
+    parts[start : start + local.numel()] = local
+    return {"total": sums.sum().reshape(1), "x2": 2 * local, "parts": parts, "count": count}
