@@ -61,7 +61,8 @@ class ElementDiff:
         if self.terms and abs(self.expected) < 0.1 * self.terms:
             text += (
                 f"; the expected value is small beside the terms it is made of (about {self.terms:.3g}, "
-                f"ratio {abs(self.expected) / self.terms:.2g}): a cancellation"
+                f"ratio {abs(self.expected) / self.terms:.2g}): a cancellation, whose rounding the "
+                "allowed difference already takes in"
             )
         return text
 
