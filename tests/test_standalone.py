@@ -193,6 +193,18 @@ def test_a_target_with_dtensor_inputs_gets_a_reproducer_that_hands_them_over_as_
     _fails_the_same_way(script, result.case.world_size, tmp_path, "total")
 
 
+def test_a_finding_that_needs_the_ranks_random_state_gets_a_reproducer_that_seeds_torch_as_they_did(tmp_path):
+    # tests/data/toy_impls.py::rare_random_offset is wrong only where the case seed's first draw
+    # from torch's global generator is under 0.05: the ranks seed it with the case seed, and so
+    # must the script (unseeded, 1 in 20 of its runs would fail)
+    here = Path(__file__).resolve().parent
+    impl = f"{here / 'data' / 'toy_impls.py'}::rare_random_offset"
+    result, script = _standalone_of_a_finding(tmp_path, str(here / "data" / "toy_target.py"), impl, 200)
+    assert result.kind == "mismatch" and result.case.seed != 0, result.report  # seed 0 draws 0.50
+    assert f"'seed': {result.case.seed}" in script.read_text()
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "x2")
+
+
 def test_a_self_oracle_target_gets_a_reproducer_with_the_values_of_its_one_rank_run(tmp_path):
     # oracle="self": the script carries the float64 values the implementation computed on 1 rank
     target = str(Path(__file__).resolve().parent.parent / "examples" / "row_parallel_self.py")

@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import random
 import re
 import sys
 import torch
@@ -431,7 +432,8 @@ CASE = {'world_size': 2,
              'scalar2': 0.5,
              'small_int': 0,
              'perm': '[0, 1]',
-             'result_dtype': None}}
+             'result_dtype': None},
+ 'seed': 0}
 DATA = {}
 INPUTS = {
     'x': torch.tensor([[1.5409960746765137]], dtype=torch.float32),
@@ -551,6 +553,11 @@ def main():
         torch.cuda.set_device(device)
     try:
         ctx = Ctx(device)
+        # the random state the ranks had: an implementation that draws (an init, a dropout) draws the same
+        torch.manual_seed(CASE["seed"])
+        random.seed(CASE["seed"])
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(CASE["seed"] % 2**32)
         check(ctx, torch_dtensor(ctx, **{}))
     finally:
         dist.destroy_process_group()

@@ -8,6 +8,7 @@ within the tolerance shardfuzz allowed; a wrong element or an error fails the ru
 """
 
 import os
+import random
 import sys
 import torch
 import torch.distributed as dist
@@ -91,7 +92,8 @@ CASE = {'world_size': 1,
              'rule': 'dtensor',
              'class_weight': True,
              'ignore_index': True,
-             'reduction': 'none'}}
+             'reduction': 'none'},
+ 'seed': 0}
 DATA = {}
 INPUTS = {
     'tokens': torch.tensor([[0, 1]], dtype=torch.int64),
@@ -194,6 +196,11 @@ def main():
         torch.cuda.set_device(device)
     try:
         ctx = Ctx(device)
+        # the random state the ranks had: an implementation that draws (an init, a dropout) draws the same
+        torch.manual_seed(CASE["seed"])
+        random.seed(CASE["seed"])
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(CASE["seed"] % 2**32)
         check(ctx, torch_loss_parallel(ctx, **{}))
     finally:
         dist.destroy_process_group()

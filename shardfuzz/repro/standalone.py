@@ -311,6 +311,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         "sizes": case.sizes,
         "dtype": case.dtype,
         "options": case.options,
+        "seed": case.seed,
     }
     text = fill_template(
         harness_template(),

@@ -13,7 +13,13 @@ from importlib import resources
 HARNESS = ("templates", "standalone_harness.py")
 
 #: the harness's own imports, written in one sorted block with those the implementation needs
-HARNESS_IMPORTS = ("import os", "import sys", "import torch", "import torch.distributed as dist")
+HARNESS_IMPORTS = (
+    "import os",
+    "import random",
+    "import sys",
+    "import torch",
+    "import torch.distributed as dist",
+)
 
 #: the parts of the harness's ``ctx`` written only when the implementation's code uses them: the
 #: template's ``#@ if`` name -> the text that shows the use (the implementation's parameter is

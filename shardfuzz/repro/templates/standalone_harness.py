@@ -218,6 +218,11 @@ def main():
         torch.cuda.set_device(device)
     try:
         ctx = Ctx(device)
+        # the random state the ranks had: an implementation that draws (an init, a dropout) draws the same
+        torch.manual_seed(CASE["seed"])
+        random.seed(CASE["seed"])
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(CASE["seed"] % 2**32)
         check(ctx, {{impl_name}}(ctx, **{{kwargs}}))
     finally:
         dist.destroy_process_group()
