@@ -10,7 +10,7 @@ import time
 import pytest
 
 import shardfuzz
-from shardfuzz.engine.hooks import TimeUp
+from shardfuzz.engine.hooks import StickyInterrupt, TimeUp
 from shardfuzz.frontends.testing import run_cli
 
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
@@ -189,3 +189,22 @@ def test_stopped_in_the_middle_of_shrinking_keeps_the_smallest_case_so_far(stop)
     assert res.case in hook.failing and len(hook.failing) == 3
     assert res.case.world_size == min(c.world_size for c in hook.failing)  # the smallest so far
     assert "shrinking was cut short" in res.report and "Rerun this case" in res.report
+
+
+def test_a_sigterm_is_acted_on_once_where_sigint_is_ignored():
+    """``cmd &`` in a script, nohup and some CI runners start shardfuzz with SIGINT ignored: the
+    search then leaves SIGINT alone, and the interrupt a SIGTERM left pending (jobs.py) was never
+    cleared, so the 1-rank try after the search raised it again and the campaign's report was lost
+    ("shardfuzz: interrupted", exit 130, after a finding)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StickyInterrupt.armed():
+            StickyInterrupt.pending = True  # what the SIGTERM handler leaves beside its KeyboardInterrupt
+        try:
+            StickyInterrupt.check()  # acted on inside: not raised again
+        except KeyboardInterrupt:
+            pytest.fail("the interrupt the search acted on was raised again after it")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # still ignored: not ours to change
+    finally:
+        StickyInterrupt.pending = False
+        signal.signal(signal.SIGINT, previous)

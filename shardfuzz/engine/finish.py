@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from hypothesis import Phase, find, settings
+from hypothesis.errors import Unsatisfiable
 
 from shardfuzz.case import Case, one_rank_path
 from shardfuzz.engine.finding import FindingContext
@@ -147,6 +148,8 @@ def _replay_and_shrink(
         with deadline.enforced():
             run_test(test)
     except TimeUp:  # the budget was spent before it failed: nothing to show
+        pass
+    except Unsatisfiable:  # the choices replay to no case Hypothesis may run here (one rank): none
         pass
     except BaseException as exc:
         same = [f for f in findings_of(exc) if f.kind == finding.kind]

@@ -155,7 +155,12 @@ class StickyInterrupt:
         usable = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGINT) if usable else None
         if previous is not signal.default_int_handler:
-            yield  # someone else handles SIGINT: leave it to them
+            # someone else handles SIGINT (or it is ignored: `cmd &` in a script, nohup): leave it
+            # to them; a SIGTERM's pending interrupt is still acted on here, once, as when armed
+            try:
+                yield
+            finally:
+                cls.pending = False
             return
 
         def _interrupt(_signum: int, _frame: object) -> None:
