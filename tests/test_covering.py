@@ -291,6 +291,7 @@ def test_known_failures_on_the_target_are_counted_never_passed():
         ("options['x'] > y", "unknown name 'y'"),
         ("[x for x in sizes]", "ListComp is not allowed"),
         ("wrld_size > 2", "unknown name 'wrld_size'; allowed: case, world_size"),
+        ("9**9**9 > 0", "** takes a constant exponent from 0 to 64 here"),  # minutes to compute
     ],
 )
 def test_a_bad_exclude_expression_is_a_usage_error_naming_it(text, needle):
@@ -302,6 +303,15 @@ def test_a_bad_exclude_expression_is_a_usage_error_naming_it(text, needle):
 def test_the_cli_refuses_a_bad_exclude_with_exit_2():
     out = cli("fuzz", TOY, "--exclude", "wrld_size > 2")
     assert out.returncode == 2 and "--exclude" in out.stderr and "unknown name 'wrld_size'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_exclude_expression_that_raises_on_a_case_is_a_usage_error_not_a_finding():
+    out = cli("fuzz", TOY, "--max-examples", "5", "--exclude", "sizes['n'] / 0 > 1")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert (
+        "--exclude=\"sizes['n'] / 0 > 1\" raised ZeroDivisionError: division by zero, on Case(" in out.stderr
+    )
     assert "Traceback" not in out.stderr
 
 

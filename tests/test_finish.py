@@ -110,13 +110,15 @@ def test_a_runner_with_other_hooks_names_the_implementation_as_its_user_did():
     assert (again.impl_name, again.impl_ref, again.config) == ("wrong_rank1", runner.impl_ref, runner.config)
 
 
-def test_the_summary_names_why_cases_were_rejected_as_unsupported():
+def test_the_summary_names_why_cases_were_rejected_as_unsupported_or_excluded():
     """The reasons a campaign's cases were rejected as unsupported (docs/reference/target-spec.md:
     "counted by reason in the summary"), the most frequent first, and how many more."""
     row = {
         "target": "t", "impl": "i", "examples": 10, "per_second": 1.0, "runs": 1, "found": False, "interrupted": False,
         "unsupported": 7, "unsupported_reasons": {"rule": 5, "smoothing": 1},
+        "excluded": 3, "excluded_reasons": {"options['smoothing'] > 0": 3},
     }  # fmt: skip
     text = campaign.summary_table([row])
     assert "(7 unsupported cases rejected)" in text, text
     assert "rejected as unsupported: rule x5; smoothing x1; and 1 more" in text, text
+    assert "excluded as known failures: options['smoothing'] > 0 x3" in text, text

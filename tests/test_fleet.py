@@ -302,6 +302,8 @@ def test_a_stored_finding_is_untrusted_input(redis_server):
         ("redis://:hunter2@127.0.0.1:notaport/0", "not a valid Redis URL"),
         ("ftp://127.0.0.1/0", "unknown scheme 'ftp'"),
         ("redis://127.0.0.1:6379/zero", "database 'zero' is not a number"),
+        ("redis:/bad", "a Redis URL is redis://HOST:PORT/N (two slashes)"),  # was a folder 'redis:'
+        ("redis::hunter2@localhost:6390", "a Redis URL is redis://HOST:PORT/N (two slashes)"),
         ("redis://:hunter2@127.0.0.1:1/0", "cannot connect to Redis"),
     ],
 )

@@ -42,6 +42,9 @@ def test_the_report_of_a_planted_bug_campaign_opens_in_a_browser_without_network
     assert out.returncode == cli.EXIT_FOUND, out.stdout + out.stderr
     page = report / "index.html"
     assert f"report: {page}" in out.stdout
+    umask = os.umask(0)
+    os.umask(umask)
+    assert page.stat().st_mode & 0o777 == 0o666 & ~umask  # a page to share, not mkstemp's 0600
     text = page.read_text()
     # self-contained: nothing to fetch (an SVG's xmlns is a name, not a request)
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text), "the page fetches something"

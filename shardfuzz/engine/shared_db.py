@@ -70,6 +70,13 @@ def check_database(value: Any, what: str = "database") -> str | None:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgument(f"{what}={value!r}; must be a directory path or a redis://HOST:PORT/N URL")
     if "://" not in value:
+        scheme = value.split(":", 1)[0].lower() if ":" in value else ""
+        if scheme in REDIS_SCHEMES:  # redis:/x or redis:host:6379 would become a folder of that name
+            shown = re.sub(r"^([^:]*:)[^@]*@", r"\1***@", value)  # a password before an @, hidden
+            raise InvalidArgument(
+                f"{what}={shown!r}: a Redis URL is {scheme}://HOST:PORT/N (two slashes); "
+                "a directory path does not start with a Redis scheme"
+            )
         return value  # a directory: Hypothesis creates it on first save
     scheme = value.split(":", 1)[0].lower()
     shown = redact(value)

@@ -98,6 +98,7 @@ class Outcome:
             "unsupported": sum(s.unsupported.values()),
             "unsupported_reasons": dict(s.unsupported.most_common(LEAKS_SHOWN)),
             "excluded": sum(s.excluded.values()),
+            "excluded_reasons": dict(s.excluded.most_common(LEAKS_SHOWN)),
             "closest_pass": s.worst_pass_ratio,
             "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,
             "closest_pass_upper_bound": s.closest_pass_upper_bound,
@@ -487,19 +488,22 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
 
 def _fault_lines(r: dict[str, Any]) -> list[str]:
     """The summary's lines for what a row counted but is no finding: the reasons cases were
-    rejected as unsupported, external faults and leaks."""
+    rejected as unsupported or excluded, external faults and leaks."""
     lines = []
     if r.get("external_faults"):
         lines.append(
             f"{'':<16} external faults set aside (a rank died, and the case passed on fresh ranks): "
             f"{r['external_faults']}"
         )
-    if r.get("unsupported_reasons"):
-        shown = "; ".join(f"{k} x{v}" for k, v in r["unsupported_reasons"].items())
-        more = r.get("unsupported", 0) - sum(r["unsupported_reasons"].values())
-        lines.append(
-            f"{'':<16} rejected as unsupported: {shown}" + (f"; and {more} more" if more > 0 else "")
-        )
+    for key, words in (
+        ("unsupported", "rejected as unsupported"),
+        ("excluded", "excluded as known failures"),
+    ):
+        reasons = r.get(f"{key}_reasons")
+        if reasons:
+            shown = "; ".join(f"{k} x{v}" for k, v in reasons.items())
+            more = r.get(key, 0) - sum(reasons.values())
+            lines.append(f"{'':<16} {words}: {shown}" + (f"; and {more} more" if more > 0 else ""))
     if r.get("leaks"):
         shown = ", ".join(f"{k} x{v}" for k, v in r["leaks"].items())
         more = r.get("leaks_total", 0) - sum(r["leaks"].values())

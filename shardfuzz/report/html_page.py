@@ -39,6 +39,9 @@ def write_report(directory: str, rows: list[dict[str, Any]], command: str = "") 
     path = os.path.join(directory, PAGE)
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as f:
         f.write(render(rows, command))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(f.name, 0o666 & ~umask)  # a page to share: readable as any new file is (mkstemp: 0600)
     os.replace(f.name, path)  # whole or not at all: a page being read is never half written
     return path
 

@@ -80,6 +80,18 @@ class CaseExpression:
                     f"{self.what}={self.text!r}: only {', '.join(sorted(k for k in BUILTINS if k.islower()))} "
                     "may be called"
                 )
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Pow)
+                and not (
+                    isinstance(node.right, ast.Constant)
+                    and isinstance(node.right.value, int)
+                    and 0 <= node.right.value <= 64
+                )
+            ):  # 9**9**9 would compute for minutes before the first case
+                raise InvalidArgument(
+                    f"{self.what}={self.text!r}: ** takes a constant exponent from 0 to 64 here"
+                )
             if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
                 raise InvalidArgument(f"{self.what}={self.text!r}: attribute {node.attr!r} is not allowed")
         object.__setattr__(self, "_code", compile(tree, f"<{self.what}>", "eval"))
@@ -91,6 +103,10 @@ class CaseExpression:
             return bool(eval(self._code, {"__builtins__": BUILTINS}, names))  # type: ignore[attr-defined]
         except (KeyError, IndexError, TypeError, AttributeError):
             return False  # e.g. an option this case does not have: not excluded
+        except (ArithmeticError, ValueError) as e:  # 1/0, int('x'): the expression is wrong, not the case
+            raise InvalidArgument(
+                f"{self.what}={self.text!r} raised {type(e).__name__}: {e}, on {case!r}"
+            ) from None
 
 
 def known_failures(spec: Any, target: str) -> tuple[tuple[str, Callable[[Case], bool]], ...]:
