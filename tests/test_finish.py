@@ -122,3 +122,12 @@ def test_the_summary_names_why_cases_were_rejected_as_unsupported_or_excluded():
     assert "(7 unsupported cases rejected)" in text, text
     assert "rejected as unsupported: rule x5; smoothing x1; and 1 more" in text, text
     assert "excluded as known failures: options['smoothing'] > 0 x3" in text, text
+
+
+def test_a_summary_names_an_assembled_outputs_mismatch_without_an_empty_rank_list():
+    """A Partial output is compared as the sum over ranks: its site has no ranks of its own (the
+    summary said 'aux on ranks []')."""
+    import types
+
+    finding = types.SimpleNamespace(kind="mismatch", site=(("aux", ()), ("y", (0, 1))))
+    assert campaign._site(finding) == "aux assembled over the ranks, y on ranks [0, 1]"

@@ -162,7 +162,11 @@ class Timeline(RunHooks):
 def _site(f: Finding) -> str:
     """A finding's site in words, for the summary (the wrong outputs and ranks, the exception...)."""
     if f.kind == "mismatch":
-        return ", ".join(f"{name} on ranks {list(ranks)}" for name, ranks in f.site)
+        # an output compared assembled (Partial: the sum over ranks) is wrong on no rank of its own
+        return ", ".join(
+            f"{name} on ranks {list(ranks)}" if ranks else f"{name} assembled over the ranks"
+            for name, ranks in f.site
+        )
     if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
         return f"{f.site[0]} in {f.site[1]}: {f.site[2]}"
     return " ".join(str(x) for x in f.site if x != ())
