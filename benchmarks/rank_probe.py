@@ -46,11 +46,11 @@ if not getattr(rank, "_probed", False):
     rank.encode = timed("encode outputs", protocol.encode)
     inner_run = rank._run
 
-    def _run(state, task, target, impl, mesh):
+    def _run(*args, **kwargs):  # whatever the engine's _run takes (rank servers added the world group)
         TOTALS["examples"] += 1
         t0 = time.perf_counter()
         try:
-            return inner_run(state, task, target, impl, mesh)
+            return inner_run(*args, **kwargs)
         finally:
             TOTALS["inputs + implementation (incl. trace, encode)"] += time.perf_counter() - t0
 
