@@ -353,6 +353,21 @@ def test_a_record_whose_implementation_cannot_be_imported_is_refused(tmp_path, c
     assert not (tmp_path / "out.py").exists()
 
 
+def test_a_record_whose_implementation_is_not_one_is_refused_before_anything_runs(tmp_path):
+    # a callable that takes no ctx (the CLI's own entry point) ran on the ranks and was reported
+    # as a finding of "a different cause"
+    path = failure_record(
+        tmp_path, "not-an-impl.json", impl="entry", impl_ref="shardfuzz.frontends.cli:entry", impl_kwargs={}
+    )
+    refused(
+        cli("replay", path),
+        2,
+        path,
+        "field 'impl_ref'",
+        "is not an implementation: it does not take the rank's ctx",
+    )
+
+
 @pytest.mark.parametrize(
     "changes, named",
     [

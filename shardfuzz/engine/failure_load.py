@@ -79,11 +79,10 @@ def _invalid_case(where: str, check: Any, target: Target, case: Case) -> None:
 
 
 def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:
-    """The implementation must accept ``impl_kwargs``; ``bug=NAME`` of the target's own reference
-    must name one of its planted bugs (an unknown one would run the reference and pass)."""
+    """The implementation must take the rank's ``ctx`` and ``impl_kwargs``; ``bug=NAME`` of the
+    target's own reference must name one of its planted bugs (an unknown one would run the
+    reference and pass)."""
     kwargs = dict(spec.kwargs)
-    if not kwargs:
-        return
     bugs = sorted(
         {dict(r.kwargs)["bug"] for r in _own_refs(target) if r.ref == spec.ref and "bug" in dict(r.kwargs)}
     )
@@ -92,13 +91,15 @@ def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:
             f"{where}: field 'impl_kwargs' names the planted bug {shown(kwargs['bug'])}, which target "
             f"{target.name!r} does not have; its planted bugs: {', '.join(bugs)}"
         )
-    try:
+    try:  # an implementation takes the rank's ctx (and the record's keyword arguments)
         inspect.signature(fn).bind(None, **kwargs)
     except TypeError as e:
-        raise InvalidArgument(
-            f"{where}: field 'impl_kwargs' is {shown(kwargs)}; the implementation {spec.ref!r} does not "
-            f"take them ({e})"
-        ) from None
+        what = (
+            f"field 'impl_kwargs' is {shown(kwargs)}; the implementation {spec.ref!r} does not take them"
+            if kwargs
+            else f"field 'impl_ref': {spec.ref!r} is not an implementation: it does not take the rank's ctx"
+        )
+        raise InvalidArgument(f"{where}: {what} ({e})") from None
     except ValueError:  # no signature to read (a builtin): the call reports it
         pass
 
