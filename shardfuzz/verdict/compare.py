@@ -104,8 +104,8 @@ def short_value(v: Any) -> str:
 
 
 def compare_exact(rank: int | None, local: Any, want: Any, to_global: Any, what: str) -> RankDiff:
-    """``local`` against ``want``, exactly: an exactly compared value (integers, booleans, anything not floating): every element that
-    differs is wrong. Tensors of one shape are counted element by element, with the greatest
+    """``local`` against ``want`` exactly (integers, booleans, anything not floating): every element
+    that differs is wrong. Tensors of one shape are counted element by element, with the greatest
     difference and where it is; anything else (another shape, a Python value) is one value."""
     same_shape = (
         isinstance(local, torch.Tensor) and isinstance(want, torch.Tensor) and local.shape == want.shape
