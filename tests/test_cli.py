@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -42,6 +43,19 @@ def test_fuzz_clean_target_exits_0_with_a_summary():
     out = cli("fuzz", EXAMPLE, "--max-examples", "20")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "row_mean" in out.stdout and "reference" in out.stdout and "20 examples" in out.stdout
+
+
+def test_a_closest_pass_that_is_an_upper_bound_is_measured_again_with_the_noise_term():
+    # derandomized: row_mean's closest pass is a sure pass, judged without the noise term; its case
+    # is judged once more with it, and measures no more than the bound
+    out = cli("fuzz", EXAMPLE, "--max-examples", "20", "--profile", "shardfuzz-ci")
+    assert out.returncode == 0, out.stdout + out.stderr
+    bound = re.search(
+        r"closest pass ([\d.e+-]+) \(an upper bound: judged without the noise term\)", out.stdout
+    )
+    measured = re.search(r"its case measures ([\d.e+-]+) with the noise term", out.stdout)
+    assert bound is not None and measured is not None, out.stdout
+    assert float(measured.group(1)) <= float(bound.group(1)), out.stdout
 
 
 def test_an_option_that_only_one_branch_of_the_cases_has_can_be_pinned():

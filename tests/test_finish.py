@@ -122,6 +122,15 @@ def test_the_summary_names_why_cases_were_rejected_as_unsupported_or_excluded():
     assert "(7 unsupported cases rejected)" in text, text
     assert "rejected as unsupported: rule x5; smoothing x1; and 1 more" in text, text
     assert "excluded as known failures: options['smoothing'] > 0 x3" in text, text
+    # a closest pass whose case gave a finding when judged again (it passed the first time)
+    flaky = {
+        **row,
+        "closest_pass": 0.9,
+        "closest_pass_upper_bound": True,
+        "closest_pass_rerun_failed": "mismatch",
+    }
+    text = campaign.summary_table([flaky])
+    assert "its case gave a mismatch when run again: not deterministic?" in text, text
 
 
 def test_a_summary_names_an_assembled_outputs_mismatch_without_an_empty_rank_list():

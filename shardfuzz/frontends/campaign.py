@@ -61,6 +61,11 @@ class Outcome:
     fleet: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     #: the findings whose shrink the deadline cut, shrunk further after it
     finished: list[Finished] = dataclasses.field(default_factory=list)
+    #: a clean run whose closest pass is an upper bound: that case judged again with the noise
+    #: term (its true error/tolerance), or None
+    closest_measured: float | None = None
+    #: the kind of finding that case gave when judged again (it passed the first time), or None
+    closest_rerun_failed: str | None = None
     #: the trigger conditions the progress shows
     shown: tuple[str, ...] = ()
     #: (seconds, examples, failing) as the campaign went (:class:`Timeline`)
@@ -102,6 +107,8 @@ class Outcome:
             "closest_pass": s.worst_pass_ratio,
             "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,
             "closest_pass_upper_bound": s.closest_pass_upper_bound,
+            "closest_pass_measured": self.closest_measured,
+            "closest_pass_rerun_failed": self.closest_rerun_failed,
             "external_faults": s.external_faults,
             "leaks": dict(s.leaks.most_common(LEAKS_SHOWN)),
             "leaks_total": sum(s.leaks.values()),
@@ -239,6 +246,7 @@ def fuzz_one(
         spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
         _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
         _drop_repeats(out, recorder)
+        _measure_closest_pass(out, runner)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     display.final(
@@ -411,6 +419,22 @@ def _drop_repeats(out: Outcome, recorder: Any) -> None:
     out.findings = kept
 
 
+def _measure_closest_pass(out: Outcome, runner: Runner) -> None:
+    """A clean run's closest pass, when it is an upper bound (judged without the noise term), is
+    judged again with the noise term, once, on a runner of its own (the run's statistics stay as
+    they are): the summary then says what that case really measures. The bound over all passes
+    stays the upper bound; this is the one case it came from."""
+    s = runner.stats
+    if s.failures or s.closest_pass is None or not s.closest_pass_upper_bound:
+        return
+    again = runner.with_hooks([])
+    again.always_noise = True
+    try:
+        out.closest_measured = again.run_case(s.closest_pass)
+    except Finding as f:  # it passed once: failing now is nondeterminism, which the summary says
+        out.closest_rerun_failed = f.kind
+
+
 def runner_recorder(runner: Runner) -> FailureRecorder | None:
     """The failure-file recorder among a runner's hooks (None: no files)."""
     return next((h for h in runner.hooks if isinstance(h, FailureRecorder)), None)
@@ -468,6 +492,10 @@ def _count_words(r: dict[str, Any]) -> str:
     if not r["found"] and r["examples"]:
         res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
         res += " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
+        if r.get("closest_pass_measured") is not None:
+            res += f"; its case measures {r['closest_pass_measured']:.3g} with the noise term"
+        if r.get("closest_pass_rerun_failed"):
+            res += f"; its case gave a {r['closest_pass_rerun_failed']} when run again: not deterministic?"
     if len(r.get("findings", [])) > 1:
         res += f": {len(r['findings'])} distinct findings"
     if r.get("rediscovered"):

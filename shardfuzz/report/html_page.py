@@ -99,6 +99,8 @@ def _closest(r: dict[str, Any]) -> str:
     if not r.get("closest_pass_case"):
         return '<p class="note">no example passed</p>'
     bound = " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
+    if r.get("closest_pass_measured") is not None:
+        bound += f"; its case measures {r['closest_pass_measured']:.3g} with the noise term"
     return (
         f"<p>closest pass: error/tolerance {r.get('closest_pass', 0.0):.3g}{_e(bound)} at "
         f"<code>{_e(r['closest_pass_case'])}</code></p>"
