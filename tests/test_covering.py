@@ -315,6 +315,15 @@ def test_an_exclude_expression_that_raises_on_a_case_is_a_usage_error_not_a_find
     assert "Traceback" not in out.stderr
 
 
+def test_an_exclude_that_excludes_nothing_because_no_case_has_its_key_is_named():
+    # a misspelling (the toy's size is 'n'): not an error (a key may belong to another branch's
+    # cases), but the summary says it excluded nothing and why
+    out = cli("fuzz", TOY, "--max-examples", "5", "--exclude", "sizes['m'] > 0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--exclude \"sizes['m'] > 0\" excluded nothing: " in out.stdout, out.stdout
+    assert "cases had no 'm' (a misspelling?)" in out.stdout, out.stdout
+
+
 def test_exclude_expressions_read_the_case():
     from shardfuzz.case import Case
 

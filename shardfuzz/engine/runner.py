@@ -243,7 +243,7 @@ class Runner:
                 raise Unsupported(
                     f"target {self.target.name!r} does not support this case: {reason}", reason=reason
                 )
-        reason = exclusion(case, self.target, self.config.exclude)
+        reason = exclusion(case, self.target, self.config.exclude, self.stats.exclude_missing)
         if reason is not None:  # a known failure: counted and shown, never run
             self.stats.excluded[reason] += 1
             raise Excluded(f"excluded as a known failure: {reason}", reason=reason)

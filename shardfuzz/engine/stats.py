@@ -35,6 +35,8 @@ class Stats:
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason
     excluded: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: (``--exclude`` expression, key) -> the cases it left in because they lacked that key
+    exclude_missing: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: covering rows that ran as examples, those that stood in for a rejected row, and the tuples of
     #: conditions that rejected rows were for and no row reached (refused by the implementation)
     rows: int = 0

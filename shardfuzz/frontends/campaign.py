@@ -104,6 +104,10 @@ class Outcome:
             "unsupported_reasons": dict(s.unsupported.most_common(LEAKS_SHOWN)),
             "excluded": sum(s.excluded.values()),
             "excluded_reasons": dict(s.excluded.most_common(LEAKS_SHOWN)),
+            # an --exclude that excluded nothing and read a key some cases lacked: a misspelling?
+            "exclude_missing": {
+                text: [key, n] for (text, key), n in s.exclude_missing.items() if not s.excluded[text]
+            },
             "closest_pass": s.worst_pass_ratio,
             "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,
             "closest_pass_upper_bound": s.closest_pass_upper_bound,
@@ -536,6 +540,8 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
             shown = "; ".join(f"{k} x{v}" for k, v in reasons.items())
             more = r.get(key, 0) - sum(reasons.values())
             lines.append(f"{'':<16} {words}: {shown}" + (f"; and {more} more" if more > 0 else ""))
+    for text, (key, n) in (r.get("exclude_missing") or {}).items():
+        lines.append(f"{'':<16} --exclude {text!r} excluded nothing: {n} cases had no {key} (a misspelling?)")
     if r.get("leaks"):
         shown = ", ".join(f"{k} x{v}" for k, v in r["leaks"].items())
         more = r.get("leaks_total", 0) - sum(r["leaks"].values())

@@ -12,6 +12,7 @@ pure builtins (no calls of anything else, no imports, no assignments).
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
@@ -97,12 +98,19 @@ class CaseExpression:
         object.__setattr__(self, "_code", compile(tree, f"<{self.what}>", "eval"))
 
     def __call__(self, case: Case) -> bool:
+        return self.evaluate(case)[0]
+
+    def evaluate(self, case: Case) -> tuple[bool, str | None]:
+        """Whether ``case`` is excluded, and the key it lacked when that is why not (an option of
+        another branch, or a misspelling: the summary tells them apart by whether any case had it)."""
         names = {n: getattr(case, n) for n in CASE_NAMES if n != "case"}
         names["case"] = case
         try:
-            return bool(eval(self._code, {"__builtins__": BUILTINS}, names))  # type: ignore[attr-defined]
-        except (KeyError, IndexError, TypeError, AttributeError):
-            return False  # e.g. an option this case does not have: not excluded
+            return bool(eval(self._code, {"__builtins__": BUILTINS}, names)), None  # type: ignore[attr-defined]
+        except KeyError as e:
+            return False, repr(e.args[0]) if e.args else "?"
+        except (IndexError, TypeError, AttributeError):
+            return False, None  # e.g. a size this case's strategy draws no tuple for: not excluded
         except (ArithmeticError, ValueError) as e:  # 1/0, int('x'): the expression is wrong, not the case
             raise InvalidArgument(
                 f"{self.what}={self.text!r} raised {type(e).__name__}: {e}, on {case!r}"
@@ -131,9 +139,12 @@ def known_failures(spec: Any, target: str) -> tuple[tuple[str, Callable[[Case], 
     return tuple(out)
 
 
-def exclusion(case: Case, target: Any, expressions: tuple[str, ...]) -> str | None:
+def exclusion(
+    case: Case, target: Any, expressions: tuple[str, ...], missing: collections.Counter | None = None
+) -> str | None:
     """The reason ``case`` is set aside (a known failure of the target or an expression of the run),
-    or None."""
+    or None. ``missing`` counts, per (expression, key), the cases an expression left in because
+    they lacked a key it reads."""
     for reason, pred in target.known_failures:
         try:
             hit = pred(case)
@@ -142,8 +153,11 @@ def exclusion(case: Case, target: Any, expressions: tuple[str, ...]) -> str | No
         if hit:
             return reason
     for text in expressions:
-        if _expression(text)(case):
+        hit, lacked = _expression(text).evaluate(case)
+        if hit:
             return text
+        if lacked is not None and missing is not None:
+            missing[(text, lacked)] += 1
     return None
 
 
