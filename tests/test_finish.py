@@ -140,3 +140,44 @@ def test_a_summary_names_an_assembled_outputs_mismatch_without_an_empty_rank_lis
 
     finding = types.SimpleNamespace(kind="mismatch", site=(("aux", ()), ("y", (0, 1))))
     assert campaign._site(finding) == "aux assembled over the ranks, y on ranks [0, 1]"
+
+
+def test_the_closest_pass_is_measured_again_only_when_it_is_an_upper_bound_and_a_dead_rank_leaves_it_unmeasured():
+    """``_measure_closest_pass`` (tests/test_cli.py runs it for real): nothing to measure after a
+    finding or for a bound judged with the noise; a rank killed from outside during the measure
+    leaves the summary's bound as it is, never the campaign's report lost."""
+    import types
+
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.errors import ExternalFault
+
+    def outcome(upper_bound, fails=0, raises=None):
+        stats = Stats(failures=fails, closest_pass="a case", closest_pass_upper_bound=upper_bound)
+
+        def run_case(case):
+            if raises is not None:
+                raise raises
+            return 0.25
+
+        again = types.SimpleNamespace(run_case=run_case, always_noise=False)
+        runner = types.SimpleNamespace(stats=stats, with_hooks=lambda hooks: again)
+        out = campaign.Outcome("t", runner=runner)
+        campaign._measure_closest_pass(out, runner)
+        return out, again
+
+    out, again = outcome(True)
+    assert out.closest_measured == 0.25 and again.always_noise
+    assert outcome(False)[0].closest_measured is None and outcome(True, fails=1)[0].closest_measured is None
+    out, _ = outcome(True, raises=ExternalFault("rank 1 was killed (SIGKILL)"))
+    assert out.closest_measured is None and out.closest_rerun_failed is None
+
+
+def test_an_exclude_is_named_as_reading_an_absent_key_only_when_no_case_had_it():
+    from shardfuzz.engine.stats import Stats
+
+    s = Stats()
+    s.exclude_lacked.update({("options['sp']", "'sp'"): 4, ("options['sp']", None): 3})  # a branch's option
+    s.exclude_lacked.update({("sizes['hiddn'] > 0", "'hiddn'"): 7})  # no case had it
+    assert s.exclusions_on_absent_keys() == {"sizes['hiddn'] > 0": ("'hiddn'", 7)}
+    s.excluded["sizes['hiddn'] > 0"] += 1  # it excluded something after all
+    assert s.exclusions_on_absent_keys() == {}

@@ -135,8 +135,9 @@ class Runner:
         #: the full inputs of the last case the oracle ran (failure files hash them)
         self.last_inputs: dict[str, Any] = {}
         self.last_traces: dict[int, tuple] = {}  # the collectives of the last judged example
-        self.last_verdict_upper_bound = False  # its ratio was judged without the noise term
-        self.last_verdict: Verdict | None = None  # the last example's, its outputs' ratios
+        #: the last judged example's verdict: its outputs' ratios, and whether its worst ratio was
+        #: judged without the noise term (an upper bound)
+        self.last_verdict: Verdict | None = None
         #: judge every example with the noise term, never as a sure pass (``shardfuzz case``)
         self.always_noise = False
         self.trace = True  # record the collectives (off: benchmarks/trace_cost.py's baseline)
@@ -220,7 +221,8 @@ class Runner:
         except (Unsupported, ExternalFault):
             self.stats.examples -= 1
             raise
-        self.stats.note_pass(ratio, case, upper_bound=self.last_verdict_upper_bound)
+        upper_bound = self.last_verdict is not None and self.last_verdict.upper_bound
+        self.stats.note_pass(ratio, case, upper_bound=upper_bound)
         if elapsed is not None:
             TIMEOUTS.record(self._timeout_key(case), elapsed)
         return ratio
@@ -243,7 +245,7 @@ class Runner:
                 raise Unsupported(
                     f"target {self.target.name!r} does not support this case: {reason}", reason=reason
                 )
-        reason = exclusion(case, self.target, self.config.exclude, self.stats.exclude_missing)
+        reason = exclusion(case, self.target, self.config.exclude, self.stats.exclude_lacked)
         if reason is not None:  # a known failure: counted and shown, never run
             self.stats.excluded[reason] += 1
             raise Excluded(f"excluded as a known failure: {reason}", reason=reason)
@@ -343,8 +345,7 @@ class Runner:
         """Judge every rank's :class:`Reply`; returns the worst error/tolerance or raises a Finding
         (whose report names the ``leaks``: global state the example left behind)."""
         verdict = self.verdict(case, replies, expected)
-        self.last_verdict_upper_bound = verdict.upper_bound  # read by run_case for the statistics
-        self.last_verdict = verdict
+        self.last_verdict = verdict  # read by run_case for the statistics
         self.last_traces = traces = {r: rep.trace for r, rep in enumerate(replies)}
         self.reporter.raise_verdict(case, verdict, traces, leaks)
         over = over_budget(self.target, self.impl_name, case, traces)  # right values; now the bytes

@@ -35,8 +35,20 @@ class Stats:
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason
     excluded: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    #: (``--exclude`` expression, key) -> the cases it left in because they lacked that key
-    exclude_missing: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: (``--exclude`` expression, key) -> the cases it left in because they lacked that key; with
+    #: key None, the cases it read whole and left in
+    exclude_lacked: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def exclusions_on_absent_keys(self) -> dict[str, tuple[str, int]]:
+        """The ``--exclude`` expressions that excluded nothing because no case they were asked about
+        had a key they read (a misspelling, or a key of another target): expression -> (key, cases)."""
+        whole = {text for (text, key) in self.exclude_lacked if key is None}
+        return {
+            text: (key, n)
+            for (text, key), n in self.exclude_lacked.items()
+            if key is not None and text not in whole and not self.excluded[text]
+        }
+
     #: covering rows that ran as examples, those that stood in for a rejected row, and the tuples of
     #: conditions that rejected rows were for and no row reached (refused by the implementation)
     rows: int = 0

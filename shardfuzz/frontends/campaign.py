@@ -34,7 +34,7 @@ from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp
 from shardfuzz.engine.runner import Runner, Stats
 from shardfuzz.engine.search import Result, search, settings_for, stable_identity
 from shardfuzz.engine.shared_db import save_only
-from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument
 from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report import plot
@@ -104,10 +104,7 @@ class Outcome:
             "unsupported_reasons": dict(s.unsupported.most_common(LEAKS_SHOWN)),
             "excluded": sum(s.excluded.values()),
             "excluded_reasons": dict(s.excluded.most_common(LEAKS_SHOWN)),
-            # an --exclude that excluded nothing and read a key some cases lacked: a misspelling?
-            "exclude_missing": {
-                text: [key, n] for (text, key), n in s.exclude_missing.items() if not s.excluded[text]
-            },
+            "exclude_missing": {text: list(v) for text, v in s.exclusions_on_absent_keys().items()},
             "closest_pass": s.worst_pass_ratio,
             "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,
             "closest_pass_upper_bound": s.closest_pass_upper_bound,
@@ -437,6 +434,8 @@ def _measure_closest_pass(out: Outcome, runner: Runner) -> None:
         out.closest_measured = again.run_case(s.closest_pass)
     except Finding as f:  # it passed once: failing now is nondeterminism, which the summary says
         out.closest_rerun_failed = f.kind
+    except ExternalFault:  # a rank killed from outside meanwhile: no measure; the bound still stands
+        out.closest_measured = None
 
 
 def runner_recorder(runner: Runner) -> FailureRecorder | None:

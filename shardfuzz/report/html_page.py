@@ -13,7 +13,7 @@ import datetime
 import html
 import os
 import re
-import tempfile
+import uuid
 from typing import Any
 
 #: the page's file name inside the report folder
@@ -37,12 +37,11 @@ def write_report(directory: str, rows: list[dict[str, Any]], command: str = "") 
     """Write the page of a campaign's ``rows`` into ``directory`` (made if missing); its path."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, PAGE)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as f:
+    tmp = os.path.join(directory, f".{PAGE}.{uuid.uuid4().hex[:16]}.tmp")
+    # 0o666, the umask applied: a page to share is readable as any new file is (mkstemp's is 0600)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding="utf-8") as f:
         f.write(render(rows, command))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(f.name, 0o666 & ~umask)  # a page to share: readable as any new file is (mkstemp: 0600)
-    os.replace(f.name, path)  # whole or not at all: a page being read is never half written
+    os.replace(tmp, path)  # whole or not at all: a page being read is never half written
     return path
 
 

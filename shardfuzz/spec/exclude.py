@@ -140,11 +140,11 @@ def known_failures(spec: Any, target: str) -> tuple[tuple[str, Callable[[Case], 
 
 
 def exclusion(
-    case: Case, target: Any, expressions: tuple[str, ...], missing: collections.Counter | None = None
+    case: Case, target: Any, expressions: tuple[str, ...], lacked: collections.Counter | None = None
 ) -> str | None:
     """The reason ``case`` is set aside (a known failure of the target or an expression of the run),
-    or None. ``missing`` counts, per (expression, key), the cases an expression left in because
-    they lacked a key it reads."""
+    or None. ``lacked`` counts, per (expression, key), the cases an expression left in because
+    they lacked a key it reads, and per (expression, None) those it read whole."""
     for reason, pred in target.known_failures:
         try:
             hit = pred(case)
@@ -153,11 +153,11 @@ def exclusion(
         if hit:
             return reason
     for text in expressions:
-        hit, lacked = _expression(text).evaluate(case)
+        hit, key = _expression(text).evaluate(case)
         if hit:
             return text
-        if lacked is not None and missing is not None:
-            missing[(text, lacked)] += 1
+        if lacked is not None:
+            lacked[(text, key)] += 1
     return None
 
 

@@ -110,17 +110,16 @@ def compare_exact(rank: int | None, local: Any, want: Any, to_global: Any, what:
     same_shape = (
         isinstance(local, torch.Tensor) and isinstance(want, torch.Tensor) and local.shape == want.shape
     )
-    ok = exact_equal(local, want)
-    note = "" if ok else f": {what} {short_value(local)}, expected {short_value(want)}"
-    if not same_shape:
-        rd = RankDiff(rank, 1, 0 if ok else 1, max_ratio=0.0 if ok else math.inf, note=note)
-        rd.local, rd.to_global = local, to_global
-        return rd
-    a, b = local.cpu(), want.cpu().to(local.dtype)
-    wrong = a != b
-    rd = RankDiff(rank, a.numel(), int(wrong.sum()), max_ratio=0.0 if ok else math.inf, note=note)
+    if same_shape:
+        a, b = local.cpu(), want.cpu().to(local.dtype)
+        wrong = a != b
+        n, bad = a.numel(), int(wrong.sum())
+    else:
+        n, bad = 1, 0 if exact_equal(local, want) else 1
+    note = f": {what} {short_value(local)}, expected {short_value(want)}" if bad else ""
+    rd = RankDiff(rank, n, bad, max_ratio=math.inf if bad else 0.0, note=note)
     rd.local, rd.to_global = local, to_global
-    if rd.bad:
+    if same_shape and bad:
         rd.wrong = wrong
         wide = torch.complex128 if a.is_complex() else torch.float64
         diff = (a.to(wide) - b.to(wide)).abs()
