@@ -191,6 +191,30 @@ def test_stopped_in_the_middle_of_shrinking_keeps_the_smallest_case_so_far(stop)
     assert "shrinking was cut short" in res.report and "Rerun this case" in res.report
 
 
+def test_a_campaign_started_with_sigint_ignored_keeps_its_finding_on_sigterm(procs, start_process, tmp_path):
+    """``cmd &`` in a script, nohup, CI runners: SIGINT ignored, then SIGTERM after a finding. It
+    exited 130 with "shardfuzz: interrupted" and no report: the SIGTERM's pending interrupt was
+    raised again after the search."""
+    ignore = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'shardfuzz.frontends.cli', *sys.argv[1:]])"
+    )
+    run = start_process([
+        sys.executable, "-c", ignore, "fuzz", "ring_allreduce", "--impl", "floor_chunks",
+        "--duration", "120s", "--progress-every", "0.5", "--failures-dir", str(tmp_path),
+    ])  # fmt: skip
+    run.wait_line(failing, 90)
+    everything = procs.descendants(run.pid)
+    run.signal(signal.SIGTERM)
+    code, out, err = run.finish(90)
+    assert code == 1, out + err
+    assert "FOUND mismatch" in out and "Rerun this case: shardfuzz case" in out, out + err
+    # (Python may print "Exception ignored in: ... gc_callback": the SIGTERM's KeyboardInterrupt
+    # raised inside a garbage-collector callback, which StickyInterrupt acts on later)
+    assert "Unsatisfiable" not in err, err
+    assert procs.wait_gone(everything) == []
+
+
 def test_a_sigterm_is_acted_on_once_where_sigint_is_ignored():
     """``cmd &`` in a script, nohup and some CI runners start shardfuzz with SIGINT ignored: the
     search then leaves SIGINT alone, and the interrupt a SIGTERM left pending (jobs.py) was never
