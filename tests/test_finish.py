@@ -95,6 +95,14 @@ def test_a_finished_shrink_rewrites_a_later_runs_file_in_place_and_a_repeat_is_k
     names = sorted(p.name for p in folder.glob("*.json"))
     assert names == sorted(os.path.basename(p) for p in (first, second)), names  # no "-2-2"
     assert json.loads(open(second).read())["updates"] == 1  # written over, once
+    taken = json.loads(open(second).read())
+    with open(second, "w") as f:  # another campaign's writer took the file over meanwhile
+        json.dump({**taken, "writer": "elsewhere:1:abc"}, f)
+    recorder.write(second, finding.context, finding)  # never raised into the shrink: noted instead
+    assert "is not a file this writer holds" in recorder.errors[second]
+    assert json.loads(open(second).read())["writer"] == "elsewhere:1:abc"  # left as it was
+    with open(second, "w") as f:
+        json.dump(taken, f)
     out = campaign.Outcome("toy", runner=None, findings=[(finding, first), (finding, second)])
     campaign._drop_repeats(out, recorder)
     assert out.findings == [(finding, first)] and out.rediscovered == 1
