@@ -43,7 +43,14 @@ from shardfuzz.ranks.secret import Refused, connect, load_secret
 from shardfuzz.ranks.spawn import cpu_seconds, runnable
 from shardfuzz.ranks.task import RankState, select_device
 from shardfuzz.ranks.trace import install, read_trace
-from shardfuzz.ranks.worker import STORE_TIMEOUT_S, capture_output, join_world, serve_tasks, set_pdeathsig
+from shardfuzz.ranks.worker import (
+    STORE_TIMEOUT_S,
+    capture_output,
+    freeze_imports,
+    join_world,
+    serve_tasks,
+    set_pdeathsig,
+)
 
 #: exit code of a server the driver sent away to rebuild the world (torchrun restarts it)
 REBUILD_EXIT = 1
@@ -140,6 +147,7 @@ def _connect_both(address: tuple[str, int], secret: bytes, hello: dict, wait_s: 
 
 def serve(address: tuple[str, int], secret: bytes, wait_s: float) -> None:
     """Connect, join, serve; never returns (the process exits)."""
+    freeze_imports()
     set_pdeathsig()  # its torchrun agent killed: this rank goes too, and the driver sees a death
 
     rank, world_size, local_rank = (int(os.environ[v]) for v in TORCHRUN_VARS)

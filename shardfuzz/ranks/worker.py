@@ -231,6 +231,14 @@ def serve_tasks(state: RankState, conn: Any, join: Callable[[str], None], backen
         pass
 
 
+def freeze_imports() -> None:
+    """Put every object this rank holds so far (its imports: torch, Hypothesis, ~240,000 objects,
+    alive as long as the rank) out of the garbage collector's sight, so that a full collection
+    (:func:`leave`, after every failed example) takes microseconds instead of ~0.15 s. Call it
+    before joining: the groups and meshes made later stay collectable, as :func:`leave` needs."""
+    gc.freeze()
+
+
 def capture_output(outdir: str, rank: int) -> None:
     """This rank's stdout and stderr into ``rank<r>.out``/``.err`` in ``outdir``, which the driver
     attaches to reports, and every thread's stack into ``rank<r>.stack`` on SIGUSR1."""
@@ -258,6 +266,7 @@ def worker_main(
     debug: bool = False,
 ) -> None:
     """Entry point of a worker process."""
+    freeze_imports()
     set_pdeathsig()
     if os.getppid() == 1:  # the forkserver (our parent) died before PDEATHSIG was armed
         os._exit(3)

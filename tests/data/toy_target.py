@@ -138,6 +138,16 @@ def check_clean(ctx):
     return reference(ctx)
 
 
+def imports_frozen(ctx):
+    """The reference, but it raises unless the rank's imports (torch: ~240,000 objects) are out of
+    the garbage collector's sight (a full collection then skips them)."""
+    import gc
+
+    if gc.get_freeze_count() < 100_000:
+        raise AssertionError(f"rank {ctx.rank}: {gc.get_freeze_count()} objects frozen")
+    return reference(ctx)
+
+
 def leak_default_dtype(ctx):
     """Right outputs, then leaves float64 as the default dtype (and grad mode off) behind."""
     out = reference(ctx)
@@ -306,6 +316,7 @@ TOY = Target(
         "slow_rank0": "slow_rank0",
         "skip_collective_rank1": "skip_collective_rank1",
         "check_clean": "check_clean",
+        "imports_frozen": "imports_frozen",
         "leak_default_dtype": "leak_default_dtype",
         "leak_process_group": "leak_process_group",
     },
