@@ -110,6 +110,34 @@ def test_a_finished_shrink_rewrites_a_later_runs_file_in_place_and_a_repeat_is_k
     assert list(recorder.written) == [first]
 
 
+def test_a_dropped_repeat_takes_its_fleet_note_along_and_a_case_shrunk_after_the_offer_says_so(tmp_path):
+    """The fleet's notes stay beside their own findings when a repeat is dropped (each later finding
+    was shown with the id and note of the one before it: a finding the fleet stored never appeared
+    in the summary, another's id did twice). A finding shrunk further after it was offered (a cut
+    shrink finished, a 1-rank try) names the case the fleet holds."""
+    mismatch = _finding(tmp_path)
+    crash = shardfuzz.run(
+        TOY, "crash_rank1", world_sizes=(2,), profile="shardfuzz-ci", database=None,
+        failures_dir=str(tmp_path / "unused"),
+    ).failures[0]  # fmt: skip
+    notes = [
+        {"id": fid, "fleet": "new", "found_by": "w-1", "found_at": "now", "offered_case": repr(f.case)}
+        for fid, f in (("a", mismatch), ("b", mismatch), ("c", crash))
+    ]
+    out = campaign.Outcome(
+        "toy", runner=None, findings=[(mismatch, None), (mismatch, None), (crash, None)], fleet=notes
+    )
+    campaign._drop_repeats(out, None)
+    assert out.findings == [(mismatch, None), (crash, None)] and out.rediscovered == 1
+    assert [n["id"] for n in out.fleet] == ["a", "c"]
+    entry = {"kind": "mismatch", "case": "Case(small)", "file": None, "site": None, "margin": 2.0}
+    lines = "\n".join(campaign._finding_lines({**entry, **notes[0], "offered_case": "Case(large)"}))
+    assert "fleet finding a: new" in lines
+    assert "offered to the fleet before it was shrunk further here, as Case(large)" in lines
+    same = "\n".join(campaign._finding_lines({**entry, **notes[0], "offered_case": "Case(small)"}))
+    assert "offered to the fleet" not in same
+
+
 def test_a_runner_with_other_hooks_names_the_implementation_as_its_user_did():
     """The runner that finishes a shrink writes the implementation's name as the campaign's runner
     does (it wrote the file path before: ``impl`` and the rerun line changed under the user)."""

@@ -57,7 +57,8 @@ class Outcome:
     findings: list[tuple[Finding, str | None]] = dataclasses.field(default_factory=list)
     #: findings of later runs whose signature was seen before
     rediscovered: int = 0
-    #: with a fleet (``--database redis://...``): what the fleet says of each finding, in order
+    #: with a fleet (``--database redis://...``): what the fleet says of each of ``findings``, index
+    #: for index (``offered_case``: the case it was offered, before a later shrink here)
     fleet: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     #: the findings whose shrink the deadline cut, shrunk further after it
     finished: list[Finished] = dataclasses.field(default_factory=list)
@@ -330,8 +331,8 @@ def _settle(
         note = fleet.settle(stable_identity(runner), f, path, distinct, shrink)
         if distinct:
             out.findings.append((f, path))
-            if note is not None:
-                out.fleet.append(note)
+            if note is not None:  # the case as offered: a later shrink or 1-rank try may change it here
+                out.fleet.append({**note, "offered_case": repr(f.case)})
         else:
             out.rediscovered += 1
 
@@ -407,17 +408,18 @@ def _drop_repeats(out: Outcome, recorder: Any) -> None:
     both shrunk to world 2): it is one finding, kept once (the first), counted as found again, and
     the failure file of the repeat is removed. (A fleet keeps what each run offered it.)"""
     seen: set[str] = set()
-    kept = []
-    for finding, path in out.findings:
+    kept, notes = [], []
+    for i, (finding, path) in enumerate(out.findings):
         signature = signature_of(finding)
         if signature not in seen:
             seen.add(signature)
             kept.append((finding, path))
+            notes += out.fleet[i : i + 1]  # the fleet's note stays beside its own finding
             continue
         out.rediscovered += 1
         if recorder is not None and path is not None:
             recorder.discard(path)
-    out.findings = kept
+    out.findings, out.fleet = kept, notes
 
 
 def _measure_closest_pass(out: Outcome, runner: Runner) -> None:
@@ -516,6 +518,10 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
         lines.append(f"{'':<16}   {ONE_RANK_NOTE}")
     if f.get("fleet"):
         lines.append(f"{'':<16}   fleet finding {f['id']}: {fleet_note(f)}")
+        if f.get("offered_case") not in (None, f["case"]):
+            lines.append(
+                f"{'':<16}   offered to the fleet before it was shrunk further here, as {f['offered_case']}"
+            )
     if f.get("file"):
         lines.append(f"{'':<16}   failure file: {f['file']}")
     return lines
