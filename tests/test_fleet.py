@@ -387,3 +387,46 @@ def test_workers_draw_fresh_seeds_even_under_a_derandomized_profile(redis_server
     assert cli.main([*argv, "--failures-dir", str(tmp_path)]) == 0
     assert handed["targets"] == [TOY] * 3
     assert handed["config"].derandomize is False
+
+
+def test_a_finding_its_finder_shrank_further_replaces_the_fleets_copy(redis_server, tmp_path):
+    """A finding stored as the deadline cut its shrink, then shrunk further by its finder (a cut
+    shrink finished), replaces the fleet's copy when its signature is unchanged: ``replay
+    redis://`` then reruns the smallest case. Another worker never replaces it, nor does a finding
+    of another signature."""
+    import copy
+    import dataclasses
+
+    import shardfuzz
+    from shardfuzz import Runner
+    from shardfuzz.engine.fleet import FleetStore
+    from shardfuzz.engine.fleet_worker import FleetWorker
+    from shardfuzz.frontends import campaign
+
+    result = shardfuzz.run(
+        TOY, BUGS, world_sizes=(2,), profile="shardfuzz-ci", database=None,
+        failures_dir=str(tmp_path / "unused"),
+    )  # fmt: skip
+    small, crash = result.failures  # its two planted bugs: two signatures
+    large = copy.copy(small)
+    large.case = dataclasses.replace(small.case, seed=small.case.seed + 4242)  # as the deadline left it
+    runner = Runner(TOY, BUGS)
+    worker, other = FleetWorker(redis_server.url, "improve"), FleetWorker(redis_server.url, "improve")
+    other.name = "elsewhere-1"
+    note = worker.settle(campaign.stable_identity(runner), large, None, True, 1.0)
+    assert note["fleet"] == "new"
+    store = FleetStore(redis_server.url, "improve")
+    (stored,) = store.findings()
+    out = campaign.Outcome(
+        "toy", runner=runner, findings=[(small, None)], fleet=[{**note, "offered_case": repr(large.case)}]
+    )
+    campaign._improve_fleet_copies(out, runner, other, 0.5)  # not its finding: left as it is
+    assert store.findings()[0]["case"] == repr(large.case)
+    campaign._improve_fleet_copies(out, runner, worker, 0.5)
+    (now,) = store.findings()
+    assert now["case"] == repr(small.case) and now["id"] == note["id"]
+    assert now["found_at"] == stored["found_at"] and now["shrink_seconds"] == 1.5
+    assert out.fleet[0]["offered_case"] == repr(small.case)  # no "offered ... as" line any more
+    # another signature: another finding, never written over this one
+    assert not worker.improve(campaign.stable_identity(runner), crash, None, note["id"], 0.0)
+    assert store.findings()[0]["case"] == repr(small.case)

@@ -97,6 +97,23 @@ class FleetStore:
 
         return self._safely(put, default=None)
 
+    def improve(self, doc: dict[str, Any]) -> bool:
+        """Replace finding ``doc['id']`` by ``doc`` (its case shrunk further, same signature) when
+        ``doc['found_by']`` stored it; when it was found stays, the shrink times add up. True when
+        replaced. Only its finder writes a stored finding (others only try ``publish``'s NX set),
+        so reading and writing need no transaction."""
+        key = self._key("finding", doc["id"])
+
+        def put() -> bool:
+            stored = self._read(doc["id"], self.redis.get(key))
+            if stored is None or stored["found_by"] != doc["found_by"]:
+                return False
+            shrink = stored["shrink_seconds"] + doc["shrink_seconds"]
+            self.redis.set(key, json.dumps({**doc, "found_at": stored["found_at"], "shrink_seconds": shrink}))
+            return True
+
+        return bool(self._safely(put, default=False))
+
     def rediscovered(self, fid: str, worker: str, shrink_seconds: float) -> None:
         def count() -> None:
             pipe = self.redis.pipeline(transaction=True)

@@ -89,6 +89,13 @@ class FleetWorker(RunHooks):
             "found_at": stored.get("found_at"),
         }
 
+    def improve(self, identity: str, finding: Finding, path: str | None, fid: str, shrink: float) -> bool:
+        """``finding``, shrunk further here after it was stored as fleet finding ``fid`` by this
+        worker, replaces the fleet's copy when its signature is still ``fid``'s; True if it did."""
+        if RedisLost.lost is not None or finding_id(identity, finding) != fid:
+            return False
+        return self.store.improve(finding_doc(identity, finding, _record(path), self.name, shrink))
+
     # -- heartbeats ----------------------------------------------------------------------------------
     def start(self, describe: Any) -> None:
         """Heartbeat ``describe()`` (a dict) every interval until :meth:`stop`."""
@@ -144,6 +151,9 @@ class NoFleet(RunHooks):
 
     def settle(self, *args: Any) -> None:  # noqa: ARG002 (the worker's signature)
         return None
+
+    def improve(self, *args: Any) -> bool:  # noqa: ARG002 (the worker's signature)
+        return False
 
     def start(self, describe: Any) -> None:
         pass

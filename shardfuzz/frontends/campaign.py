@@ -248,6 +248,7 @@ def fuzz_one(
         spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
         _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
         _drop_repeats(out, recorder)
+        _improve_fleet_copies(out, runner, fleet, spent)
         _measure_closest_pass(out, runner)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
@@ -420,6 +421,19 @@ def _drop_repeats(out: Outcome, recorder: Any) -> None:
         if recorder is not None and path is not None:
             recorder.discard(path)
     out.findings, out.fleet = kept, notes
+
+
+def _improve_fleet_copies(out: Outcome, runner: Runner, fleet: FleetWorker | NoFleet, spent: float) -> None:
+    """A finding this worker stored in the fleet and shrunk further since (a cut shrink finished, a
+    1-rank try), its signature unchanged, replaces the fleet's copy: the fleet holds the smallest
+    case its finder reached. (A changed signature is another finding: the summary names the case
+    the fleet holds.)"""
+    for i, (finding, path) in enumerate(out.findings):
+        note = out.fleet[i] if i < len(out.fleet) else None
+        if note is None or note["fleet"] != "new" or repr(finding.case) == note.get("offered_case"):
+            continue
+        if fleet.improve(stable_identity(runner), finding, path, note["id"], spent / len(out.findings)):
+            out.fleet[i] = {**note, "offered_case": repr(finding.case)}
 
 
 def _measure_closest_pass(out: Outcome, runner: Runner) -> None:
