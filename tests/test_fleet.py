@@ -148,7 +148,9 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
     code, out, err = pair.finish(240)
     assert code == 1, out + err
     assert "running 2 jobs, up to 2 at once" in out, out
-    assert len(json.loads((dirs[0] / "summary.json").read_text())) == 2  # a row per worker
+    summary_rows = json.loads((dirs[0] / "summary.json").read_text())
+    assert [r["job"] for r in summary_rows] == [1, 2]  # a row per worker, named as its lines are
+    assert "parity_bugs [job 1]" in out and "parity_bugs [job 2]" in out, out
     page = (dirs[0] / "report" / "index.html").read_text()  # the parent's page, from its workers' rows
     assert page.count('<h2 id="row') == 2 and "outputs mismatch the oracle" in page, page[:2000]
 

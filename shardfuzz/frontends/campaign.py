@@ -471,8 +471,11 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         res = _outcome_words(r) + _count_words(r)
+        impl = r["impl"] + (
+            f" [job {r['job']}]" if r.get("job") else ""
+        )  # --workers: rows alike but for this
         lines.append(
-            f"{r['target']:<16} {r['impl']:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
+            f"{r['target']:<16} {impl:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
         )
         if not r["found"] and r.get("closest_pass_case"):
             lines.append(f"{'':<16} closest pass at {r['closest_pass_case']}")

@@ -70,9 +70,9 @@ def run_jobs(
     Children run in their own session (a terminal's Ctrl-C reaches only this parent, which forwards
     it once) and die with this parent (``--parent-pid``: PR_SET_PDEATHSIG). Ctrl-C or SIGTERM here
     (KeyboardInterrupt) is forwarded to every running child as SIGINT; each stops cleanly, keeping
-    its verdict and summary, within 30 s or is killed. Returns the children's summary rows, their
-    exit codes, and whether the run was interrupted (``stream``: ``sys.stdout`` at the call, so that
-    a caller's redirected stdout gets the children's lines)."""
+    its verdict and summary, within 30 s or is killed. Returns the children's summary rows (each
+    names its ``job``, 1-based), their exit codes, and whether the run was interrupted (``stream``:
+    ``sys.stdout`` at the call, so that a caller's redirected stdout gets the children's lines)."""
     stream = stream if stream is not None else sys.stdout
     pending = list(range(len(jobs)))
     running: Running = {}
@@ -82,7 +82,8 @@ def run_jobs(
     interrupted = False
 
     def finish(i: int) -> None:
-        codes[i], rows[i] = _finish_job(*running.pop(i))
+        codes[i], job_rows = _finish_job(*running.pop(i))
+        rows[i] = [{**row, "job": i + 1} for row in job_rows]  # its lines' "[job N]" prefix
 
     try:
         while pending or running:
