@@ -48,13 +48,18 @@ def sigterm_interrupts(enabled: bool = True) -> Any:
 
 def die_with_parent(parent_pid: int) -> None:
     """In a child job: be killed (SIGKILL) when the parent dies, however it dies (Linux
-    PR_SET_PDEATHSIG; the child's own ranks then follow it), and exit now if it is already gone."""
+    PR_SET_PDEATHSIG; the child's own ranks then follow it), exit now if it is already gone, and
+    take the parent's SIGINT as Ctrl-C."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent's SIGTERM handler still stops us
         pass
     if os.getppid() != parent_pid:
         os._exit(130)
+    # the parent stops its jobs with SIGINT: heard even where this process inherited SIGINT ignored
+    # (a parent started with `&` in a script, nohup), or they would be killed after 30 s, summaries lost
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 #: a running job: its process, its summary file, the thread that copies its output to the stream
