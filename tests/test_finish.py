@@ -11,7 +11,7 @@ import pytest
 import shardfuzz
 from shardfuzz import InvalidArgument, RunConfig, Runner
 from shardfuzz.engine.failures import FailureRecorder, load
-from shardfuzz.engine.finish import finish_budget, kept_features, simplest_case
+from shardfuzz.engine.finish import finish_budget, kept_features, simplest_case, try_one_rank
 from shardfuzz.engine.hooks import Deadline
 from shardfuzz.frontends import campaign
 from shardfuzz.frontends.cli_args import _finish_time
@@ -136,6 +136,20 @@ def test_a_dropped_repeat_takes_its_fleet_note_along_and_a_case_shrunk_after_the
     assert "offered to the fleet before it was shrunk further here, as Case(large)" in lines
     same = "\n".join(campaign._finding_lines({**entry, **notes[0], "offered_case": "Case(small)"}))
     assert "offered to the fleet" not in same
+
+
+def test_a_finding_whose_implementation_refuses_one_rank_has_no_one_rank_case(tmp_path):
+    """The 1-rank try of a finding whose implementation refuses 1 rank as unsupported replays to no
+    case Hypothesis may run: Hypothesis' ``Unsatisfiable``, which ended the campaign in a traceback
+    (reached too when a SIGTERM to the process group made every replayed example an external
+    fault). It is "no 1-rank case": the finding stays as found."""
+    impl = f"{CAUSES}::wrong_on_rank1_never_alone"
+    result = shardfuzz.run(
+        TOY, impl, world_sizes=(1, 2), profile="shardfuzz-ci", database=None,
+        failures_dir=str(tmp_path / "unused"),
+    )  # fmt: skip
+    assert result.found and result.case.world_size == 2, result.report
+    assert try_one_rank(Runner(TOY, impl), result.failures[0], 30.0) is None
 
 
 def test_a_runner_with_other_hooks_names_the_implementation_as_its_user_did():

@@ -5,6 +5,8 @@ every case, before any collective."""
 
 import torch
 
+from shardfuzz import Unsupported
+
 
 class _Scale(torch.autograd.Function):
     @staticmethod
@@ -85,3 +87,11 @@ def wrong_from_three_rows(ctx):
 def wrong_on_rank1(ctx):
     """Rank 1's ``x2`` is off: a bug that needs 2 ranks."""
     return _toy_outputs(ctx, 1 if ctx.group_rank == 1 else 0)
+
+
+def wrong_on_rank1_never_alone(ctx):
+    """Rank 1's ``x2`` is off, and a 1-rank case is refused as unsupported: a 1-rank try replays to
+    no case Hypothesis may run (Unsatisfiable)."""
+    if ctx.world_size == 1:
+        raise Unsupported("needs 2 ranks")
+    return wrong_on_rank1(ctx)
