@@ -1,5 +1,6 @@
 """The map of where a mismatch's wrong elements sit (shardfuzz.report.mismatch_map) and ``case --plot``."""
 
+import math
 import pickle
 import re
 import time
@@ -337,3 +338,19 @@ def test_an_exact_output_counts_its_wrong_elements_and_shows_them():
     assert (right.n, right.bad, right.max_ratio) == (3, 0, 0.0)
     other_shape = compare_exact(0, ref[:2], ref, lambda idx: idx, "got")
     assert (other_shape.n, other_shape.bad) == (1, 1)  # not comparable element by element: one value
+
+
+def test_a_difference_where_the_oracle_has_0_is_an_infinite_relative_difference():
+    """The relative difference where the expected value is 0 is infinite, said as such (a clamp
+    printed "greatest relative difference: 1.25437e+299" beside "0.125437 vs expected 0")."""
+    from shardfuzz.verdict.compare import compare_tensor
+
+    expected = torch.tensor([[1.0, 2.0], [0.0, 4.0]])
+    actual = torch.tensor([[1.0, 2.5], [0.125, 4.0]])
+    rd = compare_tensor(actual, expected, torch.full((2, 2), 1e-3), 0, lambda idx: idx)
+    assert (rd.bad, rd.max_rel, rd.max_rel_at, rd.max_rel_expected) == (2, math.inf, (1, 0), 0.0)
+    od = OutputDiff("y", "Replicate()", "float32", (2, 2), [rd], [[0]], expected, torch.full((2, 2), 1e-3))
+    text = format_output_diff(od, LABEL)
+    assert "greatest relative difference: inf at index (1, 0) (expected 0 there)" in text, text
+    nonzero = compare_tensor(actual[0], expected[0], torch.full((2,), 1e-3), 0, lambda idx: idx)
+    assert (nonzero.max_rel, nonzero.max_rel_at) == (0.25, (1,))  # 0.5 off an expected 2

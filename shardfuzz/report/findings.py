@@ -282,7 +282,8 @@ def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
             f"    greatest absolute difference: {r.max_abs:.6g} at index {r.max_abs_at} "
             f"(up to {r.max_abs_allowed:.3g} allowed, {r.max_ratio:.3g}x the tolerance at worst)"
         )
-        lines.append(f"    greatest relative difference: {r.max_rel:.6g} at index {r.max_rel_at}")
+        zero = " (expected 0 there)" if r.max_rel_expected == 0 else ""
+        lines.append(f"    greatest relative difference: {r.max_rel:.6g} at index {r.max_rel_at}{zero}")
         if r.worst:
             lines.append("    worst elements (actual vs expected, allowed = the tolerance there):")
             lines.extend(f"      {w.describe()}" for w in r.worst)

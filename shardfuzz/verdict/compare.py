@@ -27,6 +27,8 @@ class RankDiff:
     max_abs_allowed: float = 0.0
     max_rel: float = 0.0
     max_rel_at: tuple = ()
+    #: the expected value where the relative difference is greatest (0: it is infinite there)
+    max_rel_expected: float = 1.0
     max_ratio: float = 0.0
     note: str = ""
     worst: list[ElementDiff] = dataclasses.field(default_factory=list)  # the worst elements, worst first
@@ -177,10 +179,13 @@ def compare_tensor(
     if not rd.bad:  # a passing piece is described by its worst ratio and its largest difference
         return rd
     rd.wrong = wrong
-    rel = d / e.abs().clamp_min(1e-300)
+    # where the expected value is 0, any difference is infinitely large relative to it (dividing
+    # by a clamp printed "1.25e+299")
+    rel = torch.where(e != 0, d / e.abs(), torch.where(d > 0, math.inf, 0.0))
     j = int(rel.argmax())
     rd.max_rel = float(rel.flatten()[j])
     rd.max_rel_at = to_global(tuple(int(v) for v in _unravel(j, e.shape)))
+    rd.max_rel_expected = float(e.flatten()[j])
     if rd.bad:
         flat_ratio, flat_a, flat_e, flat_b = ratio.flatten(), a.flatten(), e.flatten(), bound.flatten()
         order = torch.argsort(flat_ratio, descending=True)[: min(WORST_SHOWN, rd.bad)]
