@@ -215,3 +215,13 @@ def test_progress_line_names_each_condition_once(target):
     shown = progress_triggers(runner)
     assert len(shown) == len(set(shown)), shown
     assert set(runner.target.triggers) <= set(shown)
+
+
+@pytest.mark.parametrize("target,batched", [("tp_mlp", True), ("ring_allreduce", False)])
+def test_progress_line_shows_batch_only_for_a_target_with_a_batch(target, batched):
+    """``batch>1 0%`` on a target whose cases have no ``batch`` size read as a blind spot (a new
+    user's MoE target): the line shows it only where a case can have one."""
+    from shardfuzz import Runner
+    from shardfuzz.frontends.campaign import progress_triggers
+
+    assert ("batch>1" in progress_triggers(Runner(target))) == batched

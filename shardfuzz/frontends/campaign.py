@@ -25,6 +25,7 @@ import tempfile
 import time
 from typing import Any, TextIO
 
+from shardfuzz.engine import covering
 from shardfuzz.engine.config import RunConfig
 from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.finish import ONE_RANK_S, Finished, finish_budget, finish_shrink, try_one_rank
@@ -183,9 +184,15 @@ def _site(f: Finding) -> str:
 
 def progress_triggers(runner: Runner) -> tuple[str, ...]:
     """The progress line's conditions: the usual generic ones (``backward`` only for a target that
-    declares gradients), then the target's own declared triggers that are not among them (ddp_buckets
-    declares ``backward`` too, which the line showed twice)."""
-    generic = tuple(t for t in PROGRESS if t != "backward" or runner.target.gradients)
+    declares gradients, ``batch>1`` only for one whose cases have a ``batch`` size: a condition
+    that cannot apply read as a blind spot), then the target's own declared triggers that are not
+    among them (ddp_buckets declares ``backward`` too, which the line showed twice)."""
+    c = runner.config  # the pool the first run's covering rows come from (drawn once, cached)
+    pool = covering.pool_for(runner.target, runner.world_sizes(), c.dtypes, c.options)
+    batched = any("batch" in case.sizes for case, _ in pool)
+    generic = tuple(
+        t for t in PROGRESS if (t != "backward" or runner.target.gradients) and (t != "batch>1" or batched)
+    )
     return generic + tuple(t for t in runner.target.triggers if t not in generic)
 
 
