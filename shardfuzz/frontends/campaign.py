@@ -392,7 +392,7 @@ def _finish_cut_shrinks(
 def _try_one_rank(out: Outcome, runner: Runner, budget: float) -> None:
     """Each shrunk finding on 2+ ranks tried on 1 rank with the same global sizes (within
     ``budget`` seconds in all): one that fails there too is replaced by its 1-rank case, so its
-    report says it is not a distribution bug. (Not a finding still cut short, nor a communication
+    report says it fails without a peer. (Not a finding still cut short, nor a communication
     budget exceeded: that is about communication whatever the world.)"""
     t0 = time.perf_counter()
     for i, (finding, path) in enumerate(out.findings):

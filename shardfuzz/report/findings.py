@@ -31,7 +31,13 @@ from shardfuzz.verdict.judge import Verdict
 
 #: the note of a finding on 1 rank: the strategy lets the shrinker run a failure found on 2+ ranks
 #: on 1 rank with the same global sizes (``shardfuzz.strategies``), so this is its minimal world
-ONE_RANK_NOTE = "fails on 1 rank: not a distribution bug (the case needs no communication between ranks)"
+#: a 1-rank case has no peer: what fails there is a rank's own work, which includes what it hands to
+#: a collective (a cast before an all_gather fails on 1 rank too; "not a distribution bug" sent a
+#: user away from the collective path)
+ONE_RANK_NOTE = (
+    "fails on 1 rank too, with no peer to exchange with: the bug is in what a rank computes on its "
+    "own (its math, or what it hands to a collective), not in how the ranks split or combine the work"
+)
 
 
 @dataclasses.dataclass(frozen=True)
