@@ -10,7 +10,7 @@ reuse and shrink phases only. There is no search or shrink loop here.
 
 Whether or not Hypothesis finishes within the budget, the finding says which of its features
 (dtype, value profile, seed, sizes, world size, options) are not at the simplest value the
-target's strategy draws: after a finished shrink the failure needs them; after a cut one they
+target's strategy draws: after a finished shrink the finding (its signature) needs them; after a cut one they
 may just not have been dropped yet.
 """
 
@@ -73,7 +73,9 @@ class Finished:
         if self.complete:
             head = f"shrinking finished at the end of the campaign ({spent})"
             tail = (
-                f"; the failure needs {', '.join(self.kept)}"
+                # Hypothesis shrinks toward this finding's signature: the bug may show with less as
+                # another finding (other outputs or ranks wrong), so "the failure needs" overstated it
+                f"; this finding (its wrong outputs on their ranks) needs {', '.join(self.kept)}"
                 if self.kept
                 else "; every feature is at its simplest"
             )
