@@ -97,8 +97,10 @@ class Split:
     """A size sharded over the implementation's group: ``per_rank * group + remainder``.
 
     ``per_rank`` is drawn in ``[min_per_rank, max_per_rank]`` and the remainder in
-    ``[0, group - 1]`` when ``uneven`` (else 0). Empty shards need ``allow_empty``: it lets
-    ``per_rank`` be 0 (the global size still stays >= 1), so "uneven" never shrinks into "empty".
+    ``[0, group - 1]`` when ``uneven`` (else 0). Fewer rows than ranks need ``allow_empty``: it
+    lets ``per_rank`` be 0 (the global size still stays >= 1), so "uneven" never shrinks into
+    "empty". DTensor's ``Shard`` rule (``ceil(n / g)`` rows a rank) leaves trailing shards empty
+    for some larger sizes too (4 on 3 ranks: ``[2, 2, 0]``), whatever ``allow_empty`` says.
     ``min_size`` is the smallest global size, for a dim that is degenerate below it (a router over
     one expert has a softmax of one element: its gradient is exactly 0); a smaller draw is raised
     to it. ``over="replicas"``: drawn for the data-parallel axis instead, the ``world / group``
