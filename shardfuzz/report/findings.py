@@ -175,7 +175,11 @@ class Reporter:
         done = (
             f"ranks {list(o.finished)} finished the example" if o.finished else "no rank finished the example"
         )
-        parts.append(f"{done}; ranks {list(o.stuck)} did not (gloo timeout {o.cap:g} s)")
+        # the stuck ranks were stopped here; "(gloo timeout 120 s)" read as if that timeout had fired
+        parts.append(
+            f"{done}; ranks {list(o.stuck)} did not (stopped; a collective would wait for the process "
+            f"group's timeout, {o.cap:g} s)"
+        )
         parts.append(describe_sequences(o.traces))
         if o.cpu:
             parts.append(
