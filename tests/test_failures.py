@@ -121,6 +121,7 @@ def test_replay_with_collective_checking(found):
     "content, message",
     [
         ("not json", "not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON (maximum recursion depth"),  # a traceback, exit 1
         ('{"format": "something-else"}', "field 'format' is 'something-else'"),
         ('{"format": "shardfuzz-failure", "version": 99}', "format version 99 is newer"),
         ('{"format": "shardfuzz-failure", "version": 1}', "field 'target' is missing"),

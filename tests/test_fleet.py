@@ -282,6 +282,9 @@ def test_a_stored_finding_is_untrusted_input(redis_server):
     client.set("shardfuzz:untrusted:finding:feedface", b"{not json")
     with pytest.raises(InvalidArgument, match=r"fleet finding .feedface.*not valid JSON"):
         store.findings()
+    client.set("shardfuzz:untrusted:finding:feedface", "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidArgument, match=r"not valid JSON \(maximum recursion depth"):
+        store.findings()  # a RecursionError traceback before
     client.set("shardfuzz:untrusted:finding:feedface", json.dumps({"format": "other"}))
     with pytest.raises(InvalidArgument, match="field 'format'"):
         store.findings()

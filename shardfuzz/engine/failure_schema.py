@@ -260,7 +260,7 @@ def load_failure_file(path: str) -> dict[str, Any]:
         raise InvalidArgument(f"{where}: larger than {MAX_FILE_BYTES} bytes; not a failure file")
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: '[' * 100000
         raise InvalidArgument(f"{where}: not valid JSON ({printable(str(e))})") from None
     return validate_failure_record(data, where)
 

@@ -142,7 +142,7 @@ class FleetStore:
             raise InvalidArgument(f"{where}: {len(raw)} bytes, more than the {MAX_FINDING_BYTES} allowed")
         try:
             doc = json.loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep to decode
             raise InvalidArgument(f"{where}: not valid JSON ({e})") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise InvalidArgument(f"{where}: field 'format' is not {FORMAT!r} (written by something else?)")
@@ -173,7 +173,7 @@ class FleetStore:
             raw = self.redis.get(self._key("worker", name))
             try:
                 doc = json.loads(raw) if raw is not None and len(raw) < MAX_FINDING_BYTES else None
-            except ValueError:
+            except (ValueError, RecursionError):
                 doc = None
             if not isinstance(doc, dict):
                 out.append({"worker": name, "state": "unreadable"})
