@@ -224,6 +224,37 @@ def test_a_finding_that_needs_strided_inputs_gets_a_reproducer_that_hands_them_o
     _fails_the_same_way(script, result.case.world_size, tmp_path, "total")
 
 
+def test_a_script_names_every_wrong_output_of_a_rank_in_the_targets_order(tmp_path, monkeypatch):
+    """A rank's check lists every wrong output, in the target's order as the report does: it
+    stopped at the first, in alphabetical order (a new user's rank 1 said ``grad_k`` where the
+    report said ``out`` first). The check runs here on rank 1's expected pieces with two changed,
+    its script loaded as a module (its ``main`` is not run: no torchrun)."""
+    import importlib.util
+    import types
+
+    from shardfuzz.spec.registry import get_target
+
+    toy = str(Path(__file__).resolve().parent / "data" / "toy_target.py")
+    result, script = _standalone_of_a_finding(tmp_path, toy, "wrong_rank1")
+    spec = importlib.util.spec_from_file_location("repro_under_test", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    order = list(get_target(toy).outputs_for(result.case))
+    assert list(mod.OUTPUT_LAYOUTS) == order == ["total", "x2", "parts", "count"]
+    monkeypatch.setattr(mod.dist, "all_reduce", lambda tensor, group=None: None)  # "parts": one rank here
+    ctx = types.SimpleNamespace(rank=1, group_rank=1, group_size=result.case.world_size, group=None)
+    outputs = {
+        n: mod.piece(mod.EXPECTED[n], layout, 1, ctx.group_size) for n, layout in mod.OUTPUT_LAYOUTS.items()
+    }
+    mod.check(ctx, outputs)  # the oracle's own pieces pass
+    outputs["x2"], outputs["total"] = outputs["x2"] + 1, outputs["total"] + 1
+    with pytest.raises(AssertionError) as e:
+        mod.check(ctx, outputs)
+    text = str(e.value)
+    assert "output 'total':" in text and "output 'x2':" in text, text
+    assert text.index("output 'total':") < text.index("output 'x2':"), text
+
+
 # -- the harness template ------------------------------------------------------------------------
 def test_the_harness_template_reads_as_python():
     ast.parse(harness_template())  # its marks are comments, {{NAME}} values and a bare {{doc}}

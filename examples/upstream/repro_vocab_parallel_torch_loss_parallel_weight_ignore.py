@@ -4,7 +4,9 @@
 Run: torchrun --nproc-per-node=1 repro_vocab_parallel_torch_loss_parallel_weight_ignore.py    (add --backend nccl for GPUs)
 Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-04). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
-within the tolerance shardfuzz allowed; a wrong element or an error fails the run.
+within the tolerance shardfuzz allows a mismatch after its recheck (a report of a mismatch far
+past it shows the narrower bound before the recheck, which it skips there); every wrong output of
+a rank, or an error, fails the run.
 """
 
 import os
@@ -113,7 +115,7 @@ ALLOWED = {
     'grad_emb': torch.tensor([[5.869583787898591e-07], [1.2508724722692932e-08]], dtype=torch.float32),
     'grad_w_out': torch.tensor([[7.831068273844721e-07], [6.023026344337268e-07]], dtype=torch.float32),
 }
-OUTPUT_LAYOUTS = {'grad_emb': ('shard', 0, 'dtensor'), 'grad_w_out': ('shard', 0, 'dtensor'), 'loss': ('replicate',)}
+OUTPUT_LAYOUTS = {'loss': ('replicate',), 'grad_emb': ('shard', 0, 'dtensor'), 'grad_w_out': ('shard', 0, 'dtensor')}
 
 
 def split(size, parts, rule):
@@ -161,6 +163,7 @@ class Ctx:
 
 
 def check(ctx, outputs):
+    wrong = []  # every wrong output of this rank, in the target's order, as the report lists them
     for name, layout in OUTPUT_LAYOUTS.items():
         got = outputs[name]
         if hasattr(got, "full_tensor"):  # a DTensor: its local piece where it says, then the whole value
@@ -173,7 +176,8 @@ def check(ctx, outputs):
         if tuple(got.shape) != tuple(want.shape):  # a wrong shape would broadcast in the comparison
             raise AssertionError(f"rank {ctx.rank}: output {name!r} has shape {list(got.shape)}, expected {list(want.shape)}")
         if name not in ALLOWED:
-            assert torch.equal(got.cpu(), want), f"rank {ctx.rank}: {name} = {got}, expected {want}"
+            if not torch.equal(got.cpu(), want):
+                wrong.append(f"rank {ctx.rank}: {name} = {got}, expected {want}")
             continue
         allowed = piece(ALLOWED[name], ("replicate",) if hasattr(outputs[name], "full_tensor") else layout,
                         ctx.group_rank, ctx.group_size).double()
@@ -181,10 +185,12 @@ def check(ctx, outputs):
         bad = ~(err <= allowed)
         if bad.any():
             ratio = (err / allowed).nan_to_num(float("inf")).max().item()
-            raise AssertionError(
+            wrong.append(
                 f"rank {ctx.rank}: output {name!r}: {int(bad.sum())} of {err.numel()} elements wrong, "
                 f"worst {ratio:.3g}x the allowed error\n  got      {got}\n  expected {want}"
             )
+    if wrong:
+        raise AssertionError("\n".join(wrong))
     print(f"rank {ctx.rank}: all outputs within the allowed error", flush=True)
 
 

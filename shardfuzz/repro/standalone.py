@@ -321,7 +321,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
             "inputs": inputs_src,
             "expected": expected_src,
             "allowed": allowed_src,
-            "layouts": pprint.pformat(layouts, width=100),
+            "layouts": pprint.pformat(layouts, width=100, sort_dicts=False),  # checked in output order
             "input_layouts": pprint.pformat(in_layouts, width=100),
             "strided": repr(strided),
             "impl_name": fname,

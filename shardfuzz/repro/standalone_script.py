@@ -38,7 +38,9 @@ DOC = """Reproducer: {title}.
 Run: torchrun --nproc-per-node={world} {script}    (add --backend nccl for GPUs)
 Needs only torch (written with torch {torch} by shardfuzz {version} on {date}). Each rank runs the
 implementation below on its inputs and compares its outputs with {oracle},
-within the tolerance shardfuzz allowed; a wrong element or an error fails the run.
+within the tolerance shardfuzz allows a mismatch after its recheck (a report of a mismatch far
+past it shows the narrower bound before the recheck, which it skips there); every wrong output of
+a rank, or an error, fails the run.
 """
 
 
