@@ -135,6 +135,19 @@ def test_bad_failure_files_are_refused_naming_file_and_field(tmp_path, content, 
     assert str(bad) in out.stderr and message in out.stderr
 
 
+def test_an_implementation_of_another_builtin_target_is_refused(found, tmp_path):
+    """A tp_mlp record naming moe's reference ran moe's code on the tp_mlp case (KeyError on every
+    rank) and reported it as tp_mlp's finding "of a different cause", exit 1."""
+    rec = json.loads(open(found[1]).read())
+    rec["impl_ref"] = "shardfuzz.targets.moe:reference"
+    (tmp_path / "other.json").write_text(json.dumps(rec))
+    out = cli("replay", str(tmp_path / "other.json"))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert (
+        "field 'impl_ref': 'shardfuzz.targets.moe:reference' is code of another built-in target" in out.stderr
+    )
+
+
 def test_bad_case_field_is_named(found, tmp_path):
     rec = json.loads(open(found[1]).read())
     rec["case"]["mesh"] = [3]

@@ -26,7 +26,7 @@ from shardfuzz.errors import InvalidArgument
 from shardfuzz.protocol import ImplRef
 from shardfuzz.spec.bounds import check_in_bounds
 from shardfuzz.spec.refs import load_ref, ref_of_callable, relocate_ref, split_file_ref
-from shardfuzz.spec.registry import get_target
+from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 from shardfuzz.spec.target import Target
 from shardfuzz.verdict.oracle import check_case
 
@@ -81,11 +81,20 @@ def _invalid_case(where: str, check: Any, target: Target, case: Case) -> None:
 def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:
     """The implementation must take the rank's ``ctx`` and ``impl_kwargs``; ``bug=NAME`` of the
     target's own reference must name one of its planted bugs (an unknown one would run the
-    reference and pass)."""
+    reference and pass); a built-in target's record may not name another built-in target's code."""
     kwargs = dict(spec.kwargs)
-    bugs = sorted(
-        {dict(r.kwargs)["bug"] for r in _own_refs(target) if r.ref == spec.ref and "bug" in dict(r.kwargs)}
-    )
+    own = _own_refs(target)
+    modules = {r.ref.partition(":")[0] for r in own}
+    module = spec.ref.partition(":")[0]
+    if target.name in BUILTIN_TARGETS and module.startswith("shardfuzz.targets.") and module not in modules:
+        # another built-in target's code on this target's case: it ran, failed, and was reported
+        # as this implementation's finding "of a different cause"
+        raise InvalidArgument(
+            f"{where}: field 'impl_ref': {shown(spec.ref)} is code of another built-in target "
+            f"({module}), not of target {target.name!r}, whose implementations are in "
+            f"{', '.join(sorted(modules))}"
+        )
+    bugs = sorted({dict(r.kwargs)["bug"] for r in own if r.ref == spec.ref and "bug" in dict(r.kwargs)})
     if "bug" in kwargs and bugs and kwargs["bug"] not in bugs:
         raise InvalidArgument(
             f"{where}: field 'impl_kwargs' names the planted bug {shown(kwargs['bug'])}, which target "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ from shardfuzz.ranks.pool_cache import connect_rank_servers, discard_pool, get_p
 from shardfuzz.ranks.regroup import regroup
 from shardfuzz.ranks.secret import load_secret
 from shardfuzz.ranks.spawn import hard_cap, start_forkserver
-from shardfuzz.report.findings import Reporter
+from shardfuzz.report.findings import Reporter, shell_quote
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec import registry
 from shardfuzz.spec.bounds import bounds_of
@@ -156,7 +157,8 @@ class Runner:
             self.impl_name,
             str(self.impl_ref),
             self.config.backend,
-            f"shardfuzz case {self.target_spec} --impl {impl_arg}{backend}{overrides}",
+            # quoted for a shell: a bound implementation's "(bug='x')" or a path with a space
+            f"shardfuzz case {_for_shell(str(self.target_spec))} --impl {_for_shell(impl_arg)}{backend}{overrides}",
             self.tolerance,
             self_oracle=self.target.oracle == SELF,
             distinct=tuple(self.target.distinct),
@@ -379,3 +381,9 @@ class Runner:
             leaks=tuple(finding.leaks),
             planted=self.impl_name in self.target.planted,
         )
+
+
+def _for_shell(arg: str) -> str:
+    """``arg`` as is where a shell reads it so, else quoted (a bound implementation's ``(bug='x')``,
+    a path with a space): the rerun line is pasted into a shell."""
+    return arg if shlex.quote(arg) == arg else shell_quote(arg)
