@@ -152,6 +152,16 @@ def test_a_finding_whose_implementation_refuses_one_rank_has_no_one_rank_case(tm
     assert try_one_rank(Runner(TOY, impl), result.failures[0], 30.0) is None
 
 
+def test_a_mismatchs_distinct_options_read_as_options_in_the_summary():
+    """dtensor_ops' site ends with its distinct option (the op): it read "options on ranks
+    [('op', 'aten.cumsum.default')]" in the summary."""
+    from shardfuzz.errors import Mismatch
+
+    site = (("y0", (1,)), ("total", ()), ("options", (("op", "aten.cumsum.default"),)))
+    text = campaign._site(Mismatch("report", site=site))
+    assert text == "y0 on ranks [1], total assembled over the ranks, op=aten.cumsum.default", text
+
+
 def test_a_runner_with_other_hooks_names_the_implementation_as_its_user_did():
     """The runner that finishes a shrink writes the implementation's name as the campaign's runner
     does (it wrote the file path before: ``impl`` and the rerun line changed under the user)."""
@@ -170,7 +180,9 @@ def test_the_summary_names_why_cases_were_rejected_as_unsupported_or_excluded():
     }  # fmt: skip
     text = campaign.summary_table([row])
     assert "(7 unsupported cases rejected)" in text, text
-    assert "rejected as unsupported: rule x5; smoothing x1; and 1 more" in text, text
+    assert (
+        "rejected as unsupported: rule x5; smoothing x1; and 1 more cases, for reasons not shown" in text
+    ), text
     assert "excluded as known failures: options['smoothing'] > 0 x3" in text, text
     # a closest pass whose case gave a finding when judged again (it passed the first time)
     flaky = {

@@ -172,9 +172,14 @@ class Timeline(RunHooks):
 def _site(f: Finding) -> str:
     """A finding's site in words, for the summary (the wrong outputs and ranks, the exception...)."""
     if f.kind == "mismatch":
-        # an output compared assembled (Partial: the sum over ranks) is wrong on no rank of its own
+        # an output compared assembled (Partial: the sum over ranks) is wrong on no rank of its own;
+        # a target's distinct options (dtensor_ops' op) close the site: "op=aten.cumsum.default"
         return ", ".join(
-            f"{name} on ranks {list(ranks)}" if ranks else f"{name} assembled over the ranks"
+            ", ".join(f"{k}={v}" for k, v in ranks)
+            if name == "options"
+            else f"{name} on ranks {list(ranks)}"
+            if ranks
+            else f"{name} assembled over the ranks"
             for name, ranks in f.site
         )
     if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
@@ -568,7 +573,8 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
         if reasons:
             shown = "; ".join(f"{k} x{v}" for k, v in reasons.items())
             more = r.get(key, 0) - sum(reasons.values())
-            lines.append(f"{'':<16} {words}: {shown}" + (f"; and {more} more" if more > 0 else ""))
+            rest = f"; and {more} more cases, for reasons not shown" if more > 0 else ""  # cases, not reasons
+            lines.append(f"{'':<16} {words}: {shown}{rest}")
     for text, (key, n) in (r.get("exclude_missing") or {}).items():
         lines.append(f"{'':<16} --exclude {text!r} excluded nothing: {n} cases had no {key} (a misspelling?)")
     if r.get("leaks"):
