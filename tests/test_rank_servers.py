@@ -200,7 +200,7 @@ def test_a_node_that_never_joins_is_a_clear_error_after_the_stated_wait(tmp_path
     nodes = Nodes(tmp_path, driver, count=1, nnodes=2)  # the second node never starts
     try:
         t0 = time.monotonic()
-        with pytest.raises(InfrastructureError, match=r"0 of \? rank servers connected .* within 8 s"):
+        with pytest.raises(InfrastructureError, match=r"no rank server connected to .* within 8 s"):
             shardfuzz.run("tp_mlp", "reference", ranks=str(driver), max_examples=1, database=None)
         assert time.monotonic() - t0 < 20
     finally:

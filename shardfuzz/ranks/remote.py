@@ -187,11 +187,15 @@ class RemoteWorld:
     def _missing(self, channels: dict, wait_s: float) -> str:
         got = sorted({r for r, _ in channels})
         where = f"{self.address[0]}:{self.address[1]}"
-        size = self.world_size or "?"
         refused = f"; refused: {'; '.join(list(self.refused)[-3:])}" if self.refused else ""
+        # the world's size is known once a server has said it ("0 of ?" read as a broken message)
+        connected = (
+            f"{len(got)} of {self.world_size} rank servers connected to {where} within {wait_s:.0f} s (ranks {got})"
+            if got and self.world_size
+            else f"no rank server connected to {where} within {wait_s:.0f} s"
+        )
         return (
-            f"{len(got)} of {size} rank servers connected to {where} within {wait_s:.0f} s "
-            f"(ranks {got or 'none'}){refused}. Start them on every node with the same secret: "
+            f"{connected}{refused}. Start them on every node with the same secret: "
             f"torchrun --nnodes N --nproc-per-node K ... -m shardfuzz.ranks.serve --driver {where}"
         )
 
