@@ -547,3 +547,17 @@ def test_a_question_a_server_cannot_answer_is_answered_with_none(tmp_path, capsy
     assert "could not answer Control(what='bogus'" in capsys.readouterr().err
     (tmp_path / "rank0.out").write_text("hello\n")
     assert reply(Control("tail", "rank0.out", 0, seq=8), str(tmp_path)) == (8, "hello\n")
+
+
+def test_a_closed_world_lets_go_of_its_port_at_once():
+    """A world closed while its accept thread waits (a rebuild that failed, the pools stopped after
+    a deadline) left its port listening: the next world there failed "--ranks ...: cannot listen
+    there (Address already in use)", exit 3 (2 of 8 of a new user's fault-injection runs)."""
+    from shardfuzz.ranks.remote import RemoteWorld
+
+    first = RemoteWorld(("127.0.0.1", 0), b"s" * 32, "gloo", "cpu")
+    port = first.address[1]
+    time.sleep(0.2)  # its accept thread is blocked in accept()
+    first.close()
+    again = RemoteWorld(("127.0.0.1", port), b"s" * 32, "gloo", "cpu")
+    again.close()

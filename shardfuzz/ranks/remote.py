@@ -341,6 +341,10 @@ class RemoteWorld:
         """Stop listening and close every channel: the servers exit with 0, and torchrun ends."""
         self._closing = True
         with contextlib.suppress(OSError):
+            # shutdown first: a close alone leaves the port listening while the accept thread is
+            # blocked in accept(), and the next world on this port failed "Address already in use"
+            self.listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self.listener.close()
         while not self.arrivals.empty():  # connected, never part of a world
             with contextlib.suppress(Exception):
