@@ -409,3 +409,21 @@ def test_a_pinned_option_the_target_lacks_is_an_error_naming_it():
         shardfuzz.run(
             "ring_attention", "reference", max_examples=2, database=None, options={"lse_gradient": False}
         )
+
+
+def test_a_moved_file_is_found_beside_a_colleague_without_a_project_marker(tmp_path, monkeypatch):
+    """A failure file's target moved to a folder with no pyproject.toml, setup.* or .git above it:
+    the recorded relative path is looked up in the current folder, as documented (it was tried only
+    under a marked project root, so the replay failed "does not exist" beside the file)."""
+    from shardfuzz.errors import TargetError
+    from shardfuzz.spec.refs import _marked_root, resolve_file
+
+    colleague = tmp_path / "colleague"
+    colleague.mkdir()
+    (colleague / "col_linear.py").write_text("TARGET = None\n")
+    assert _marked_root(str(colleague)) is None, "a marker above the test's folder"
+    gone = str(tmp_path / "mytargets" / "col_linear.py")
+    monkeypatch.chdir(colleague)
+    assert resolve_file(gone, "target_ref", "col_linear.py") == str(colleague / "col_linear.py")
+    with pytest.raises(TargetError, match="does not exist"):
+        resolve_file(gone, "target_ref", "other.py")

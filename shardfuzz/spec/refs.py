@@ -129,7 +129,9 @@ def resolve_file(path: str, what: str, relative: str | None = None) -> str:
     rels = [r for r in (relative, None if os.path.isabs(path) else path) if r]
     cwd = _cwd()
     here = _marked_root(cwd) if cwd else None
-    bases = ([here] if here else []) + search_path()
+    # the current folder first, as the module says (it was tried only as a project root's, so a
+    # colleague's folder without pyproject.toml or .git never found the file beside them)
+    bases = list(dict.fromkeys([b for b in (cwd, here) if b] + search_path()))
     tried = [first]
     for base in bases:
         for rel in rels:
