@@ -561,3 +561,19 @@ def test_a_closed_world_lets_go_of_its_port_at_once():
     first.close()
     again = RemoteWorld(("127.0.0.1", port), b"s" * 32, "gloo", "cpu")
     again.close()
+
+
+def test_a_wait_for_rank_servers_says_so_then_names_what_is_missing(capsys):
+    """The driver's wait for its rank servers (300 s by default) printed nothing until its error: a
+    new user thought it hung. It says once what it waits for, then what never came."""
+    from shardfuzz.errors import InfrastructureError
+    from shardfuzz.ranks.remote import RemoteWorld
+
+    world = RemoteWorld(("127.0.0.1", 0), b"s" * 32, "gloo", "cpu", wait_s=3.0)
+    try:
+        with pytest.raises(InfrastructureError, match="no rank server connected to 127.0.0.1:.* within 3 s"):
+            world.start(10.0)
+    finally:
+        world.close()
+    err = capsys.readouterr().err
+    assert err.count("waiting up to 3 s for the rank servers to connect to 127.0.0.1:") == 1, err

@@ -66,6 +66,10 @@ class ServerGone(InfrastructureError):
     """A rank server's channel closed outside an example (the driver rebuilds the world)."""
 
 
+#: a wait for the rank servers longer than this says so, once
+NOTICE_S = 2.0
+
+
 @dataclasses.dataclass
 class Server:
     hello: Hello
@@ -159,10 +163,23 @@ class RemoteWorld:
         channels: dict[tuple[int, str], tuple[Hello, SealedConnection]] = {}
         wait_s = self.wait_s
         deadline = time.monotonic() + wait_s
+        said = False  # a wait of minutes said nothing at all (a new user thought it hung)
         while not self.world_size or len(channels) < 2 * self.world_size:
+            left = max(0.0, deadline - time.monotonic())
             try:
-                hello, conn = self.arrivals.get(timeout=max(0.0, deadline - time.monotonic()))
+                hello, conn = self.arrivals.get(timeout=left if said else min(left, NOTICE_S))
             except queue.Empty:
+                if not said and time.monotonic() < deadline:
+                    said = True
+                    where = f"{self.address[0]}:{self.address[1]}"
+                    print(
+                        f"shardfuzz: waiting up to {wait_s:.0f} s for the rank servers to connect to "
+                        f"{where} ({len(channels) // 2} so far; start them with torchrun ... -m "
+                        f"shardfuzz.ranks.serve --driver {where})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    continue
                 raise InfrastructureError(self._missing(channels, wait_s)) from None
             if self.world_size and hello.world_size != self.world_size:
                 raise InfrastructureError(
