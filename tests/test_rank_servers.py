@@ -571,7 +571,9 @@ def test_a_wait_for_rank_servers_says_so_then_names_what_is_missing(capsys):
 
     world = RemoteWorld(("127.0.0.1", 0), b"s" * 32, "gloo", "cpu", wait_s=3.0)
     try:
-        with pytest.raises(InfrastructureError, match="no rank server connected to 127.0.0.1:.* within 3 s"):
+        with pytest.raises(
+            InfrastructureError, match=r"no rank server connected to 127\.0\.0\.1:.* within 3 s"
+        ):
             world.start(10.0)
     finally:
         world.close()
