@@ -28,3 +28,23 @@ def test_the_leak_note_sits_above_the_rerun_line_as_before():
     assert leaky.report == head + note + "\n  rank 0 left x = 1\n  rank 1 left y = 2" + sep + tail
     assert leaky.args == (leaky.report,) and leaky.leaks == ("rank 0 left x = 1", "rank 1 left y = 2")
     assert "global state" not in plain.report and plain.leaks == ()
+
+
+def test_the_rerun_line_keeps_a_target_path_with_a_space_whole(tmp_path):
+    """The rerun line is pasted into a shell: a target file under a folder with a space was split
+    in two there. A plain name stays unquoted, as users type it."""
+    import os
+    import shlex
+    import shutil
+
+    from shardfuzz import Runner
+
+    folder = tmp_path / "my targets"
+    folder.mkdir()
+    toy = folder / "toy.py"
+    shutil.copy(os.path.join(os.path.dirname(__file__), "data", "toy_target.py"), toy)
+    words = shlex.split(Runner(str(toy), "wrong_rank1").reporter.rerun_prefix)
+    assert words == ["shardfuzz", "case", f"{toy}::toy", "--impl", "wrong_rank1"], words
+    assert Runner("tp_mlp", "missing_allreduce").reporter.rerun_prefix == (
+        "shardfuzz case tp_mlp --impl missing_allreduce"
+    )
