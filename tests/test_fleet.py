@@ -285,6 +285,9 @@ def test_a_stored_finding_is_untrusted_input(redis_server):
     client.set("shardfuzz:untrusted:finding:feedface", "[" * 100_000 + "]" * 100_000)
     with pytest.raises(InvalidArgument, match=r"not valid JSON \(maximum recursion depth"):
         store.findings()  # a RecursionError traceback before
+    client.set("shardfuzz:untrusted:worker:deep-1", "[" * 100_000 + "]" * 100_000)
+    assert {"worker": "deep-1", "state": "unreadable"} in store.workers()  # `status` goes on
+    client.delete("shardfuzz:untrusted:worker:deep-1")
     client.set("shardfuzz:untrusted:finding:feedface", json.dumps({"format": "other"}))
     with pytest.raises(InvalidArgument, match="field 'format'"):
         store.findings()
