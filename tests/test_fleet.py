@@ -138,6 +138,13 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
         "--report",
         dirs[0] / "report",
     )
+    # the doomed worker starts once both jobs are past replaying the (empty) store: a worker that
+    # replays a stored finding first stops there (Hypothesis' reuse phase), so a doomed worker
+    # that stored one before the jobs began could leave them nothing else to find (seen under load)
+    started: set[str] = set()
+    while len(started) < 2:
+        line = pair.wait_line(lambda line: re.search(r"\[job [12]\].*: [1-9][0-9]* examples", line), 120)
+        started.add(re.search(r"\[job ([12])\]", line).group(1))
     doomed = _worker(start_cli, url, fleet, dirs[2], "--duration", "300s")
     # killed once it has failing examples, while the pair still runs: the others go on without it
     doomed.wait_line(lambda line: re.search(r", [1-9][0-9]* failing", line), 120)
