@@ -111,6 +111,34 @@ def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
     assert out.returncode == 1 and "2 replayed: 1 fail, 1 pass" in out.stdout
 
 
+def test_replay_notes_a_change_in_a_helper_the_implementation_calls(tmp_path):
+    """The docs' way of writing an implementation keeps its logic in a helper (``off_by_one``
+    calls ``_toy_reference``): a fix there changes the file, not the function, and replay says so."""
+    for name in ("toy_target.py", "toy_impls.py"):
+        shutil.copy(os.path.join(os.path.dirname(TOY), name), tmp_path / name)
+    impls = tmp_path / "toy_impls.py"
+    runner = Runner(
+        str(tmp_path / "toy_target.py"), f"{impls}::off_by_one", hooks=[FailureRecorder(str(tmp_path))]
+    )
+    with pytest.raises(Mismatch):
+        runner.run_case(Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",)))
+    (path,) = tmp_path.glob("*.json")
+    assert len(json.loads(path.read_text())["impl_file_sha256"]) == 64
+    out = cli("replay", path, "--trust-refs")
+    assert out.returncode == 1 and "changed since" not in out.stdout, out.stdout + out.stderr
+    # an edit of the helper only (the modules this process and its ranks loaded stay as they were,
+    # so the case still fails: the note is about the file)
+    # the same lines (an edit that moves the function shows as a change of its own source)
+    edited = impls.read_text().replace("off by ``x2_offset``.", "off by x2_offset (edited).", 1)
+    assert edited != impls.read_text()
+    impls.write_text(edited)
+    out = cli("replay", path, "--trust-refs")
+    assert out.returncode == 1 and "(the file that defines the implementation changed since)" in out.stdout, (
+        out.stdout + out.stderr
+    )
+    assert "source or bound arguments changed" not in out.stdout  # the function itself did not
+
+
 @pytest.mark.slow  # a TORCH_DISTRIBUTED_DEBUG=DETAIL replay (~9 s)
 def test_replay_with_collective_checking(found):
     out = cli("replay", found[1], "--debug-collectives")

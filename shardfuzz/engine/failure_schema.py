@@ -52,6 +52,14 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def _sha256_or_null(value: Any) -> str | None:
+    return (
+        None
+        if value is None or (isinstance(value, str) and _HEX64.fullmatch(value))
+        else "must be 64 hex digits or null"
+    )
+
+
 def _plain_text(value: Any, limit: int = 1000) -> str | None:
     if not isinstance(value, str):
         return "must be a string"
@@ -167,14 +175,8 @@ SCHEMA: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
         True,
         lambda v: None if isinstance(v, str) and _HEX64.fullmatch(v) else "must be 64 hex digits",
     ),
-    "impl_source_sha256": (
-        False,
-        lambda v: (
-            None
-            if v is None or (isinstance(v, str) and _HEX64.fullmatch(v))
-            else "must be 64 hex digits or null"
-        ),
-    ),
+    "impl_source_sha256": (False, _sha256_or_null),
+    "impl_file_sha256": (False, _sha256_or_null),
     "tolerance": (False, _optional(_tolerance_problem)),
     "numerics": (False, _optional(lambda v: None if isinstance(v, dict) else "must be an object")),
     "versions": (False, _optional(_dict_of_str)),

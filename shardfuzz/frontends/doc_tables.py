@@ -344,6 +344,7 @@ FAILURE_FIELDS = {
     "trace": "each rank's collective trace",
     "inputs_sha256": "sha256 of the generated inputs (replay says when they changed)",
     "impl_source_sha256": "sha256 of the implementation's source (replay says when it changed)",
+    "impl_file_sha256": "sha256 of the file that defines the implementation (replay says when it changed: a helper the implementation calls may have)",
     "tolerance": "the tolerance policy and its overrides (`--tolerance`)",
     "numerics": "the numerics flags of the driver and of rank 0 (TF32, reduced-precision reductions, SDPA "
     "backends, deterministic algorithms)",

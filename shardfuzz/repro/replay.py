@@ -9,7 +9,7 @@ from typing import Any
 
 from shardfuzz.engine.config import RunConfig, default_device
 from shardfuzz.engine.failure_schema import printable
-from shardfuzz.engine.failures import record_impl, record_target, source_hash
+from shardfuzz.engine.failures import file_hash, record_impl, record_target, source_hash
 from shardfuzz.engine.finding import inputs_hash
 from shardfuzz.engine.runner import Runner
 from shardfuzz.errors import Finding
@@ -96,6 +96,9 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
     src = source_hash(runner.impl_ref)
     if record.get("impl_source_sha256") and src and src != record["impl_source_sha256"]:
         note = " (the implementation's source or bound arguments changed since)"
+    elif record.get("impl_file_sha256") and record["impl_file_sha256"] != file_hash(runner.impl_ref):
+        # the function is the same, its file is not: a helper it calls may have changed
+        note = " (the file that defines the implementation changed since)"
     try:
         runner.run_case(case)
         failed, kind, report, signature = False, None, "", None
