@@ -515,14 +515,18 @@ def _outcome_words(r: dict[str, Any]) -> str:
     return res
 
 
+def _cases(n: int) -> str:
+    return "case" if n == 1 else "cases"
+
+
 def _count_words(r: dict[str, Any]) -> str:
     """What a row counted beside its result: cases rejected or excluded, how close a clean run came
     to failing, how many distinct findings and how many of them were found before."""
     res = ""
     if r.get("unsupported"):
-        res += f" ({r['unsupported']} unsupported cases rejected)"
+        res += f" ({r['unsupported']} unsupported {_cases(r['unsupported'])} rejected)"
     if r.get("excluded"):
-        res += f" ({r['excluded']} cases excluded as known failures)"
+        res += f" ({r['excluded']} {_cases(r['excluded'])} excluded as known failures)"
     if not r["found"] and r["examples"]:
         res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
         res += " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
@@ -573,7 +577,9 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
         if reasons:
             shown = "; ".join(f"{k} x{v}" for k, v in reasons.items())
             more = r.get(key, 0) - sum(reasons.values())
-            rest = f"; and {more} more cases, for reasons not shown" if more > 0 else ""  # cases, not reasons
+            rest = (
+                f"; and {more} more {_cases(more)}, for reasons not shown" if more > 0 else ""
+            )  # cases, not reasons
             lines.append(f"{'':<16} {words}: {shown}{rest}")
     for text, (key, n) in (r.get("exclude_missing") or {}).items():
         lines.append(f"{'':<16} --exclude {text!r} excluded nothing: {n} cases had no {key} (a misspelling?)")
