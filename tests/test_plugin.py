@@ -137,6 +137,31 @@ def test_dev_profile_is_the_fallback(run):
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 
 
+def test_a_test_sets_its_own_dtypes_and_known_failures(inprocess):
+    """``test_for(dtypes=, exclude=)``: per test, beside the session's options (a new user fuzzing
+    torch past a known crash had to exclude it for every test of the session)."""
+    inprocess.makepyfile(
+        test_own=f"""
+import shardfuzz
+# wrong on rank 1: found unless the cases with a rank 1 are set aside
+test_found = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), dtypes="float64", max_examples=10)
+test_known = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), exclude="world_size == 2", max_examples=10)
+"""
+    )
+    result = inprocess.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--import-mode=importlib", "--hypothesis-profile=ci"
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_found*", "*dtype='float64'*"])
+    assert "test_known FAILED" not in result.stdout.str()
+    inprocess.makepyfile(
+        test_bad=f"import shardfuzz\ntest_bad = shardfuzz.test_for({TOY!r}, exclude='open(1)')\n"
+    )
+    result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_bad.py")
+    result.stdout.fnmatch_lines(["*exclude*open(1)*"])  # at collection, naming the argument
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")
 @pytest.mark.timing
 def test_ctrl_c_after_a_finding_reports_it_and_fails_the_run(pytester, procs, slack):

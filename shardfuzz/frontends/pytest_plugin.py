@@ -313,8 +313,14 @@ def test_for(
     world_sizes: tuple[int, ...] | None = None,
     timeout: float | None = None,
     max_examples: int | None = None,
+    dtypes: tuple[str, ...] | str | None = None,
+    exclude: tuple[str, ...] | str = (),
 ) -> Any:
     """A pytest test that fuzzes ``impl`` of ``target``: ``test_mine = shardfuzz.test_for("my_target.py")``.
+
+    ``dtypes`` restricts the dtypes drawn for this test (over ``--shardfuzz-dtypes``); ``exclude``
+    sets aside this test's known failures (case expressions, as ``--shardfuzz-exclude``, whose
+    expressions still apply): both are checked here, so a mistake fails at collection.
 
     The test is a Hypothesis test: its settings are the shardfuzz profile picked from
     ``--hypothesis-profile`` (or ``--shardfuzz-profile``), then what the active profile changes
@@ -330,12 +336,17 @@ def test_for(
     name = target if isinstance(target, str) else getattr(target, "name", "target")
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
+    own = RunConfig(  # checked now: the errors name the argument and its value
+        dtypes=(dtypes,) if isinstance(dtypes, str) else dtypes,
+        exclude=(exclude,) if isinstance(exclude, str) else tuple(exclude),
+    )
 
     def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
         from shardfuzz.frontends import pytest_compose as compose
 
-        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout)
+        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, dtypes=own.dtypes)
+        config = config.replace(exclude=(*config.exclude, *own.exclude))
         compose.run_target_test(
             test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
         )
