@@ -4,13 +4,14 @@ design, while a written oracle catches it; the oracle's inputs are the case's ro
 a self-oracle cannot do is refused by name. (The example's reference and planted bug are proved
 by ``tests/test_examples.py``.)"""
 
+import dataclasses
 import os
 
 import pytest
 import torch
 
 import shardfuzz
-from shardfuzz import Case, Runner, TargetError
+from shardfuzz import Case, Runner, TargetError, Unsupported
 from shardfuzz.engine.degenerate import degenerate
 from shardfuzz.frontends.testing import Expect, assert_planted_bug_found
 from shardfuzz.verdict.oracle import estimate_noise, evaluate_oracle
@@ -71,6 +72,20 @@ def test_the_oracle_is_the_implementation_in_float64_on_the_rounded_inputs():
             expected.low[name].double(), written.low[name].double(), rtol=0.05, atol=0.05
         )
     assert runner.run_case(case) <= 1.0
+
+
+def test_a_case_the_implementation_alone_overflows_in_its_dtype_is_not_judged():
+    """A float16 case at scale 3e4: ``y`` overflows at world size 1 too, where float64 does not.
+    It is rejected and counted (as for a written oracle), never a mismatch: the sharded code does
+    what the unsharded code does (a new user's false positive)."""
+    case = dataclasses.replace(
+        _case("row_parallel_self_bugs", dtype="float16", inner=8), profile="large", options={"scale": 30000.0}
+    )
+    with pytest.raises(Unsupported, match="overflows float16 where its float64 value is finite") as e:
+        Runner(SELF).run_case(case)
+    assert e.value.reason == "the oracle overflows the case dtype"
+    smaller = dataclasses.replace(case, options={"scale": 30.0})  # within range: judged, and passes
+    assert Runner(SELF).run_case(smaller) <= 1.0
 
 
 def test_its_noise_is_drawn_on_the_rank():
