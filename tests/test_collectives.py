@@ -217,6 +217,20 @@ def test_torch_all_reduce_and_padded_reduce_scatter_all_gather_pass_within_their
                 assert u.sent == pytest.approx(2 * (n - 1) / n * size * 4), (impl, numel)
 
 
+def test_a_run_whose_implementation_has_no_budget_says_its_bytes_went_unchecked():
+    """Budgets are per implementation: one the target has no budget for (torch's redistribute
+    here; a user's own implementation alike) is not checked, and the summary says so (a new user
+    took silence for a pass)."""
+    out = run_cli(
+        "fuzz", "redistribute", "--impl", "torch_redistribute", "--max-examples", "3", "--no-progress"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    note = "communication not checked: no budget for torch_redistribute; the target has one for reference"
+    assert note in out.stdout, out.stdout
+    out = run_cli("fuzz", "redistribute", "--max-examples", "3", "--no-progress")
+    assert out.returncode == 0 and "communication not checked" not in out.stdout, out.stdout
+
+
 def test_tp_mlp_comm_prints_counts_bytes_per_rank_and_both_estimates():
     sizes = {"batch": 2, "seq": 3, "d_model": 4, "hidden": 6, "d_out": 5}
     case = Case(target="tp_mlp", world_size=2, mesh=(2,), sizes=sizes, split=("hidden",))

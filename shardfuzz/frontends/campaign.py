@@ -40,6 +40,7 @@ from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report import plot
 from shardfuzz.report.findings import ONE_RANK_NOTE
+from shardfuzz.spec.budget import budget_for
 from shardfuzz.spec.triggers import PROGRESS
 
 
@@ -104,6 +105,12 @@ class Outcome:
             "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
             "unsupported_reasons": dict(s.unsupported.most_common(LEAKS_SHOWN)),
+            # a target with budgets for other implementations: this one's bytes went unchecked
+            "budgets_elsewhere": (
+                sorted(self.runner.target.comm)
+                if self.runner.target.comm and budget_for(self.runner.target, self.runner.impl_name) is None
+                else []
+            ),
             "excluded": sum(s.excluded.values()),
             "excluded_reasons": dict(s.excluded.most_common(LEAKS_SHOWN)),
             "exclude_missing": {text: list(v) for text, v in s.exclusions_on_absent_keys().items()},
@@ -527,6 +534,11 @@ def _count_words(r: dict[str, Any]) -> str:
         res += f" ({r['unsupported']} unsupported {_cases(r['unsupported'])} rejected)"
     if r.get("excluded"):
         res += f" ({r['excluded']} {_cases(r['excluded'])} excluded as known failures)"
+    if r.get("budgets_elsewhere"):
+        res += (
+            f" (communication not checked: no budget for {r['impl']}; the target has one for "
+            f"{', '.join(r['budgets_elsewhere'])})"
+        )
     if not r["found"] and r["examples"]:
         res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
         res += " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
