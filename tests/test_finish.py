@@ -204,6 +204,12 @@ def test_a_summary_names_an_assembled_outputs_mismatch_without_an_empty_rank_lis
 
     finding = types.SimpleNamespace(kind="mismatch", site=(("aux", ()), ("y", (0, 1))))
     assert campaign._site(finding) == "aux assembled over the ranks, y on ranks [0, 1]"
+    # a communication finding's and a hang's ranks are named as ranks ("over budget (0, 1)" read
+    # as a pair of numbers to a new user)
+    over = types.SimpleNamespace(kind="communication", site=("over budget", (0, 1)))
+    assert campaign._site(over) == "over budget on ranks [0, 1]"
+    stuck = types.SimpleNamespace(kind="hang", site=("stuck", (1,)))
+    assert campaign._site(stuck) == "stuck on ranks [1]"
 
 
 def test_the_closest_pass_is_measured_again_only_when_it_is_an_upper_bound_and_a_dead_rank_leaves_it_unmeasured():

@@ -191,6 +191,8 @@ def _site(f: Finding) -> str:
         )
     if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
         return f"{f.site[0]} in {f.site[1]}: {f.site[2]}"
+    if len(f.site) == 2 and f.site[0] in ("over budget", "stuck") and isinstance(f.site[1], tuple):
+        return f"{f.site[0]} on ranks {list(f.site[1])}"  # "over budget (0, 1)" read as a pair of numbers
     return " ".join(str(x) for x in f.site if x != ())
 
 
