@@ -336,17 +336,22 @@ def test_for(
     name = target if isinstance(target, str) else getattr(target, "name", "target")
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
-    own = RunConfig(  # checked now: the errors name the argument and its value
-        dtypes=(dtypes,) if isinstance(dtypes, str) else dtypes,
-        exclude=(exclude,) if isinstance(exclude, str) else tuple(exclude),
-    )
+    own_dtypes: tuple[str, ...] | None = None
+    own_exclude: tuple[str, ...] = ()
+    if dtypes is not None or exclude:  # checked now: the errors name the argument and its value
+        own = RunConfig(
+            dtypes=(dtypes,) if isinstance(dtypes, str) else dtypes,
+            exclude=(exclude,) if isinstance(exclude, str) else tuple(exclude),
+        )
+        own_dtypes, own_exclude = own.dtypes, own.exclude
 
     def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
         from shardfuzz.frontends import pytest_compose as compose
 
-        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, dtypes=own.dtypes)
-        config = config.replace(exclude=(*config.exclude, *own.exclude))
+        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, dtypes=own_dtypes)
+        if own_exclude:
+            config = config.replace(exclude=(*config.exclude, *own_exclude))
         compose.run_target_test(
             test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
         )
