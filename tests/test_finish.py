@@ -197,6 +197,20 @@ def test_the_summary_names_why_cases_were_rejected_as_unsupported_or_excluded():
     assert "its case gave a mismatch when run again: not deterministic?" in text, text
 
 
+def test_a_summary_row_names_every_kind_among_its_distinct_findings():
+    """A hang first and a mismatch second read "FOUND hang: 2 distinct findings" (a new user)."""
+    row = {
+        "target": "t", "impl": "i", "examples": 33, "per_second": 0.2, "runs": 1, "found": True,
+        "interrupted": False, "kind": "hang",
+        "findings": [{"kind": "hang", "case": "C1", "site": "stuck on ranks [1]"},
+                     {"kind": "mismatch", "case": "C2", "site": "y on ranks [0]"}],
+    }  # fmt: skip
+    text = campaign.summary_table([row])
+    assert "FOUND hang, mismatch: 2 distinct findings" in text, text
+    one = campaign.summary_table([dict(row, findings=row["findings"][:1])])
+    assert "FOUND hang" in one and "mismatch" not in one, one
+
+
 def test_a_summary_names_an_assembled_outputs_mismatch_without_an_empty_rank_list():
     """A Partial output is compared as the sum over ranks: its site has no ranks of its own (the
     summary said 'aux on ranks []')."""

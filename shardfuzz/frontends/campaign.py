@@ -514,7 +514,13 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
 def _outcome_words(r: dict[str, Any]) -> str:
     """What a row's search found and how it ended: whether its case is the smallest (shrinking cut
     short, or finished after the deadline) and whether an example was abandoned at the deadline."""
-    res = f"FOUND {r['kind']}" if r["found"] else ("interrupted" if r["interrupted"] else "nothing found")
+    # every kind among the distinct findings ("FOUND hang: 2 distinct findings" hid a mismatch)
+    kinds = [k for k in dict.fromkeys([r.get("kind"), *(f.get("kind") for f in r.get("findings", []))]) if k]
+    res = (
+        f"FOUND {', '.join(kinds)}"
+        if r["found"]
+        else ("interrupted" if r["interrupted"] else "nothing found")
+    )
     if r.get("cut_short"):
         res += " (shrinking cut short: the smallest case found so far)"
     elif r.get("finished"):
