@@ -224,6 +224,8 @@ def test_a_summary_names_an_assembled_outputs_mismatch_without_an_empty_rank_lis
     assert campaign._site(over) == "over budget on ranks [0, 1]"
     stuck = types.SimpleNamespace(kind="hang", site=("stuck", (1,)))
     assert campaign._site(stuck) == "stuck on ranks [1]"
+    with_op = types.SimpleNamespace(kind="hang", site=("stuck", (1,), ("options", (("op", "aten.sum"),))))
+    assert campaign._site(with_op) == "stuck on ranks [1], op=aten.sum"  # a target's distinct options
 
 
 def test_the_closest_pass_is_measured_again_only_when_it_is_an_upper_bound_and_a_dead_rank_leaves_it_unmeasured():

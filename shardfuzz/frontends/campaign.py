@@ -191,8 +191,12 @@ def _site(f: Finding) -> str:
         )
     if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
         return f"{f.site[0]} in {f.site[1]}: {f.site[2]}"
-    if len(f.site) == 2 and f.site[0] in ("over budget", "stuck") and isinstance(f.site[1], tuple):
-        return f"{f.site[0]} on ranks {list(f.site[1])}"  # "over budget (0, 1)" read as a pair of numbers
+    if f.kind in ("communication", "hang") and len(f.site) >= 2:  # (what, ranks[, ("options", ...)])
+        # "over budget (0, 1)" read as a pair of numbers; distinct options close it as above
+        what, ranks, *rest = f.site
+        return ", ".join(
+            [f"{what} on ranks {list(ranks)}", *(", ".join(f"{k}={v}" for k, v in o) for _, o in rest)]
+        )
     return " ".join(str(x) for x in f.site if x != ())
 
 
