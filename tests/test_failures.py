@@ -137,6 +137,10 @@ def test_replay_notes_a_change_in_a_helper_the_implementation_calls(tmp_path):
         out.stdout + out.stderr
     )
     assert "source or bound arguments changed" not in out.stdout  # the function itself did not
+    # a C function has no file to hash: no field, so no note (never a crash of the replay)
+    from shardfuzz.protocol import ImplRef
+
+    assert failures.file_hash(ImplRef.from_parts("math:sqrt", {})) is None
 
 
 @pytest.mark.slow  # a TORCH_DISTRIBUTED_DEBUG=DETAIL replay (~9 s)

@@ -70,16 +70,13 @@ def source_hash(impl: ImplRef) -> str | None:
 def file_hash(impl: ImplRef) -> str | None:
     """sha256 of the file that defines the implementation (None: no such file). The function's
     own source misses a fix in a helper it calls; the docs' examples keep the logic in one."""
-    try:
+    try:  # as source_hash: a C function has no file (TypeError), nor has a file gone since (OSError)
         path = inspect.getsourcefile(load_ref(impl.ref, "impl"))
-    except (TypeError, InvalidArgument):  # a builtin or a C function: no source file
-        return None
-    if path is None:
-        return None
-    try:
+        if path is None:
+            return None
         with open(path, "rb") as f:
             return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
+    except (OSError, TypeError, InvalidArgument):
         return None
 
 
