@@ -33,6 +33,9 @@ def write(directory, name, runner):
 
 def scenario(runner, directory, n, fsize=None):
     go_r, go_w = os.pipe()
+    # every writer lives until all have written: a writer that is gone (and reaped) is an earlier
+    # run to the others, whose file they may take over, and then the scenario is not concurrent
+    done_r, done_w = os.pipe()
     children = []
     for name in "ABC"[:n]:
         out_r, out_w = os.pipe()
@@ -50,6 +53,8 @@ def scenario(runner, directory, n, fsize=None):
                 result = {"crash": traceback.format_exc()}
             result["stderr"] = sys.stderr.getvalue()
             os.write(out_w, json.dumps(result).encode())
+            os.close(out_w)
+            os.read(done_r, 1)
             os._exit(0)
         os.close(out_w)
         children.append((pid, out_r))
@@ -58,9 +63,11 @@ def scenario(runner, directory, n, fsize=None):
     for pid, out_r in children:
         with os.fdopen(out_r, "rb") as f:
             results.append(json.loads(f.read()))
+    os.write(done_w, b"x" * n)
+    for pid, _ in children:
         os.waitpid(pid, 0)
-    os.close(go_r)
-    os.close(go_w)
+    for fd in (go_r, go_w, done_r, done_w):
+        os.close(fd)
     return results
 
 
