@@ -3,8 +3,10 @@ in PyTorch's ``loss_parallel`` (expected failures of ``vocab_parallel``).
 
 Each test takes the failure file of the search that proves the expected failure (the ``proof``
 fixture: the search of tests/test_targets.py, run once per session), writes the standalone script
-from it, runs it under torchrun and checks that it fails the same way while importing
-nothing but torch and the standard library. The scripts shipped in ``examples/upstream/`` must be
+from it, runs it on its ranks and checks that it fails the same way while importing
+nothing but torch and the standard library. One runs under real torchrun (``UNDER_TORCHRUN``);
+the others on ranks that tests/data/script_ranks.py forks with torchrun's environment (2.3 CPU-s
+less a launch: no agent, one import of torch). The scripts shipped in ``examples/upstream/`` must be
 what the tool writes today (the header's date and version aside).
 """
 
@@ -24,6 +26,10 @@ from shardfuzz.repro.codegen import fill_template
 from shardfuzz.repro.standalone_script import harness_template
 
 UPSTREAM = Path(__file__).resolve().parent.parent / "examples" / "upstream"
+SCRIPT_RANKS = Path(__file__).resolve().parent / "data" / "script_ranks.py"
+#: the reproducer that runs under real torchrun in the ci suite (the others run their ranks by
+#: tests/data/script_ranks.py, as torchrun starts them, without its agent)
+UNDER_TORCHRUN = "torch_scan_negative_dim"
 
 #: the modules a standalone script must not import
 FORBIDDEN = ("shardfuzz", "hypothesis", "pytest")
@@ -41,21 +47,20 @@ finally:  # what the script imported, whatever way it ended
 """
 
 
-def _torchrun(script: Path, n: int, out: Path) -> subprocess.CompletedProcess:
+def _torchrun(script: Path, n: int, out: Path, agent: bool = True) -> subprocess.CompletedProcess:
+    """``script`` on ``n`` ranks under torchrun (``agent``), or forked as torchrun would start them
+    by tests/data/script_ranks.py: the same environment, one import of torch instead of n + 1."""
     wrapper = out / "wrapper.py"
     wrapper.write_text(WRAPPER.format(forbidden=FORBIDDEN, out=str(out)))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COV_CORE_SOURCE")}
     env["OMP_NUM_THREADS"] = "1"
+    launcher = (
+        ["-m", "torch.distributed.run", f"--nproc-per-node={n}", "--standalone"]  # a free port on localhost
+        if agent
+        else [str(SCRIPT_RANKS), str(n)]
+    )
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc-per-node={n}",
-            "--standalone",  # a free port on localhost
-            str(wrapper),
-            str(script),
-        ],
+        [sys.executable, *launcher, str(wrapper), str(script)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -103,7 +108,7 @@ DTENSOR_OPS = {
                 "dtensor_ops",
                 record,
                 error,
-                marks=[] if record == "torch_scan_negative_dim" else pytest.mark.slow,
+                marks=[] if record == UNDER_TORCHRUN else pytest.mark.slow,
             )
             for record, error in DTENSOR_OPS.items()
         ),
@@ -123,7 +128,7 @@ def test_standalone_reproducer_of_a_found_failure_fails_the_same_way_with_torch_
         line for line in text.splitlines() if line.startswith(("import", "from"))
     )
     n = json.loads(Path(found).read_text())["case"]["world_size"]
-    res = _torchrun(script, n, tmp_path)
+    res = _torchrun(script, n, tmp_path, agent=record == UNDER_TORCHRUN)
     assert res.returncode != 0, res.stdout + res.stderr
     assert error in res.stderr, res.stderr[-4000:]
     lists = sorted(tmp_path.glob("modules-*.json"))  # a rank killed inside a collective writes none
@@ -156,9 +161,9 @@ def _standalone_of_a_finding(tmp_path: Path, target: str, impl: str, examples: i
 
 
 def _fails_the_same_way(script: Path, world_size: int, tmp_path: Path, output: str | None) -> None:
-    """The script, run under torchrun, fails with wrong elements (of ``output``, if named) and
-    imports none of shardfuzz, hypothesis or pytest on any rank."""
-    res = _torchrun(script, world_size, tmp_path)
+    """The script, run on its ranks as torchrun starts them, fails with wrong elements (of
+    ``output``, if named) and imports none of shardfuzz, hypothesis or pytest on any rank."""
+    res = _torchrun(script, world_size, tmp_path, agent=False)
     assert res.returncode != 0, res.stdout + res.stderr
     assert "elements wrong" in res.stderr, res.stderr[-4000:]
     assert output is None or f"output {output!r}:" in res.stderr, res.stderr[-4000:]

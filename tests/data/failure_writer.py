@@ -60,7 +60,7 @@ def scenario(runner, directory, n, fsize=None):
         children.append((pid, out_r))
     os.write(go_w, b"x" * n)  # all at once
     results = []
-    for pid, out_r in children:
+    for _pid, out_r in children:
         with os.fdopen(out_r, "rb") as f:
             results.append(json.loads(f.read()))
     os.write(done_w, b"x" * n)
