@@ -32,8 +32,8 @@ def test_list_shows_a_files_target_and_its_implementations():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "row_mean:",
-        "  reference                reference",
-        "  mean_of_means            implementation",
+        "  reference                reference (fuzzed when no --impl is given)",
+        "  mean_of_means            under test (no record: not a planted bug, an expected failure or verified to pass)",
     ]
     out = cli("list", "nope.py")
     assert out.returncode == 2 and "'nope.py' does not exist" in out.stderr, out.stderr

@@ -294,17 +294,17 @@ class Target:
         return getattr(impl, "__qualname__", repr(impl))
 
     def role(self, impl_name: str) -> str:
-        """``reference``, ``planted bug: ...``, ``expected failure: ...``, ``verified to pass: ...``
-        or ``implementation``."""
+        """``reference (...)``, ``planted bug: ...``, ``expected failure: ...``, ``verified to pass:
+        ...`` or ``under test (...)``: one with no record (what ``shardfuzz list`` prints)."""
         if impl_name == self.reference:
-            return "reference"
+            return "reference (fuzzed when no --impl is given)"
         if impl_name in self.planted:
             return f"planted bug: {self.planted[impl_name].description}"
         if impl_name in self.expected_failures:
             return f"expected failure: {self.expected_failures[impl_name].description}"
         if impl_name in self.verified:
             return f"verified to pass: {self.verified[impl_name].what}"
-        return "implementation"
+        return "under test (no record: not a planted bug, an expected failure or verified to pass)"
 
     def strategy(
         self,
