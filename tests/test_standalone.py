@@ -219,6 +219,42 @@ def test_a_self_oracle_target_gets_a_reproducer_with_the_values_of_its_one_rank_
     _fails_the_same_way(script, result.case.world_size, tmp_path, None)
 
 
+def test_an_implementation_written_with_import_shardfuzz_gets_a_reproducer_that_fails_the_same_way(tmp_path):
+    # `raise shardfuzz.Unsupported(...)` as the target spec writes it, and `shardfuzz.Shard(0)`: each
+    # `shardfuzz.NAME` becomes a plain NAME the script carries (it said "the implementation uses
+    # the module 'shardfuzz'" and wrote nothing)
+    here = Path(__file__).resolve().parent
+    impl = f"{here / 'data' / 'module_style_impls.py'}::wrong_rank1_module_style"
+    result, script = _standalone_of_a_finding(tmp_path, str(here / "data" / "toy_target.py"), impl)
+    assert result.kind == "mismatch", result.report
+    text = script.read_text()
+    assert 'raise Unsupported("one rank: nothing is split", reason="one rank")' in text, text
+    assert "start = Shard(0).global_index(" in text and "class Shard(" in text, text
+    assert "shardfuzz." not in "\n".join(
+        line for line in text.splitlines() if not line.lstrip().startswith("#")
+    )
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "x2")
+
+
+def test_a_standalone_script_says_what_it_cannot_carry_from_shardfuzz():
+    """The module itself handed on cannot be carried: the error says how to write it instead."""
+    from shardfuzz.repro.standalone import _Closure
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+    try:
+        import module_style_impls as m
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(
+        ShardfuzzError,
+        match=r"uses the module 'shardfuzz' itself .*from shardfuzz import NAME, or shardfuzz\.NAME",
+    ):
+        _Closure().add_object(m.passes_the_module_on, "passes_the_module_on")
+    closure = _Closure()
+    closure.add_object(m.uses_a_submodule, "uses_a_submodule")  # an alias of a module: its names carried
+    assert "split_sizes(ctx.inputs" in closure.defs[-1] and "def split_sizes(" in "\n".join(closure.defs)
+
+
 def test_a_finding_that_needs_strided_inputs_gets_a_reproducer_that_hands_them_over_strided(tmp_path):
     # tests/data/strided_target.py: all-reducing an input view in place fails only once the view is
     # non-contiguous (strided=True); a script that built contiguous pieces would pass instead

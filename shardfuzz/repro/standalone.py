@@ -92,12 +92,57 @@ class _Closure:
                     self._resolve(importlib.import_module(str(inner.module)), alias.name, alias.asname)
         decorators = getattr(node, "decorator_list", None)
         start = decorators[0].lineno if decorators else node.lineno
-        kept = [
-            line for i, line in enumerate(lines.splitlines(), start) if not any(a <= i <= b for a, b in drop)
-        ]
-        for name in _names_used(node):
+        text = lines.splitlines()
+        # `import shardfuzz` and then `shardfuzz.Unsupported(...)` (the target spec's way): each
+        # `shardfuzz.NAME` resolved as `from shardfuzz import NAME` is, and written as plain NAME
+        carried = self._carry_attributes(module, tree, node)
+        for lineno, col, end_col, name in sorted(carried, reverse=True):
+            row = text[lineno - start].encode()  # the AST's columns count UTF-8 bytes
+            text[lineno - start] = (row[:col] + name.encode() + row[end_col:]).decode()
+        kept = [line for i, line in enumerate(text, start) if not any(a <= i <= b for a, b in drop)]
+        through = {id(n) for n in carried.values()}  # those name nodes are written out
+        for name in _names_used(node, skip=through):
             self._use(module, tree, name)
         self.defs.append(textwrap.dedent("\n".join(kept)))
+
+    def _carry_attributes(
+        self, module: Any, tree: ast.Module, node: ast.stmt
+    ) -> dict[tuple[int, int, int, str], ast.Name]:
+        """The ``shardfuzz.NAME`` uses in ``node`` of a module-level ``import shardfuzz`` (or of one
+        of its modules, under any alias), each resolved: (line, start, end column, NAME) -> the
+        ``shardfuzz`` name node it reads through."""
+        aliases = {
+            # `import shardfuzz.x as y` binds y to shardfuzz.x; `import shardfuzz.x` binds shardfuzz
+            alias.asname or alias.name.split(".")[0]: alias.name if alias.asname else alias.name.split(".")[0]
+            for n in tree.body
+            if isinstance(n, ast.Import)
+            for alias in n.names
+            if alias.name.split(".")[0] == "shardfuzz"
+        }
+        carried: dict[tuple[int, int, int, str], ast.Name] = {}
+        for inner in ast.walk(node):
+            if not (
+                isinstance(inner, ast.Attribute)
+                and isinstance(inner.value, ast.Name)
+                and inner.value.id in aliases
+                and inner.end_lineno == inner.lineno
+            ):
+                continue
+            owner = importlib.import_module(aliases[inner.value.id])
+            obj = getattr(owner, inner.attr, None)
+            if obj is None and not hasattr(owner, inner.attr):
+                raise InvalidArgument(
+                    f"the implementation uses {owner.__name__}.{inner.attr}, which does not exist"
+                )
+            if inspect.ismodule(obj):
+                raise InvalidArgument(
+                    f"the implementation uses the module {obj.__name__} (line {inner.lineno} of "
+                    f"{module.__name__}); a standalone script carries names taken from shardfuzz "
+                    f"(from {obj.__name__} import NAME, or {inner.value.id}.NAME)"
+                )
+            self._resolve(owner, inner.attr, None)
+            carried[(inner.lineno, inner.col_offset, inner.end_col_offset or 0, inner.attr)] = inner.value
+        return carried
 
     def _use(self, module: Any, tree: ast.Module, name: str) -> None:
         for n in tree.body:
@@ -109,7 +154,11 @@ class _Closure:
                     if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("shardfuzz"):
                         self._resolve(importlib.import_module(str(n.module)), alias.name, alias.asname)
                     elif isinstance(n, ast.Import) and alias.name.startswith("shardfuzz"):
-                        raise InvalidArgument(f"the implementation uses the module {alias.name!r}")
+                        raise InvalidArgument(
+                            f"the implementation uses the module {alias.name!r} itself (as {bound!r}, not "
+                            f"only {bound}.NAME); a standalone script carries names taken from shardfuzz: "
+                            f"from {alias.name} import NAME, or {bound}.NAME"
+                        )
                     elif isinstance(n, ast.ImportFrom) and n.module == "__future__":
                         pass
                     else:
@@ -159,10 +208,11 @@ def _assigned(node: ast.stmt) -> list[str]:
     return names
 
 
-def _names_used(node: ast.AST) -> list[str]:
+def _names_used(node: ast.AST, skip: frozenset[int] | set[int] = frozenset()) -> list[str]:
+    """The names ``node`` reads, but for the name nodes in ``skip`` (by id)."""
     out: list[str] = []
     for n in ast.walk(node):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in out:
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in out and id(n) not in skip:
             out.append(n.id)
     return out
 
