@@ -67,6 +67,25 @@ def test_a_rank_that_stopped_early_and_a_shape_disagreement():
     assert describe_sequences(agree).startswith("collectives: every rank entered the same sequence")
 
 
+def test_an_all_to_all_whose_splits_do_not_pair_up_is_named():
+    """Every rank entered the same all_to_all_single, but rank 0 sends what rank 1 does not expect
+    (receive splits copied from the send splits: a new user's MoE bug)."""
+
+    def a2a(seq, sends, receives):
+        return Collective(
+            seq, "all_to_all_single", (0, 1), ((sum(sends),),), "float32", (), (sends, receives)
+        )
+
+    uneven = {0: [a2a(0, (1, 3), (1, 2))], 1: [a2a(0, (2, 0), (3, 0))]}  # rank 0 sends 3 to 1, 1 expects 3
+    assert first_divergence(uneven) is None
+    swapped = {0: [a2a(0, (1, 3), (1, 3))], 1: [a2a(0, (2, 0), (2, 0))]}
+    d = first_divergence(swapped)
+    assert (d.op, d.entered, d.others) == ("all_to_all_single", (0, 1), ())
+    assert "rank 0 sends 3 element(s) to rank 1, which expects 2 from rank 0" in d.text, d.text
+    line = describe_sequences(swapped)
+    assert "splits do not pair up" in line and "sequences differ" not in line, line
+
+
 def test_point_to_point_pairs_by_order_and_size():
     ok = {0: [_c(0, "send", (0, 1), [2, 3], peer=1)], 1: [_c(0, "recv", (0, 1), None, peer=0, out=((6,),))]}
     assert first_divergence(ok) is None  # same element count, another shape: gloo only sees bytes

@@ -5,7 +5,8 @@ members must enter the same collectives in the same order: the ``i``-th collecti
 (``#i``, counted from 1, like torch's sequence numbers) must be the same op, dtype and, where the
 op needs it, the same shapes on every member. Point-to-point operations pair up per (sender,
 receiver): the ``k``-th send from ``a`` to ``b`` meets the ``k``-th receive on ``b`` from ``a``,
-with as many elements of the same dtype.
+with as many elements of the same dtype. An all-to-all's members must also agree on what goes
+between each pair: what rank ``a`` sends to ``b`` is what ``b`` receives from ``a``.
 
 :func:`first_divergence` finds every place where that breaks and reports the one a rank reached
 first: a hang's or a rank error's report names it, and a mismatch's report says whether the
@@ -42,6 +43,8 @@ class Divergence:
     op: str
     entered: tuple[int, ...]
     others: tuple[int, ...]
+    #: False where every rank entered the same collective but an all-to-all's splits do not pair up
+    sequences_differ: bool = True
 
 
 def _agree_key(c: Collective) -> tuple:
@@ -75,7 +78,17 @@ def _group_divergences(traces: Traces) -> list[Divergence]:
             at = {r: per_rank[r][i] for r in members if i < len(per_rank[r])}
             keys = {_agree_key(c) for c in at.values()}
             if len(keys) == 1 and len(at) == len(members):
-                continue
+                unpaired = _unpaired_splits(group, at)
+                if unpaired is None:
+                    continue
+                first = next(iter(at.values()))
+                text = (
+                    f"{_ranks(members)} entered #{i + 1} {first.op} on group {list(group)}, but their "
+                    f"splits do not pair up: {unpaired}"
+                )
+                where = min(c.seq for c in at.values())
+                found.append(Divergence(int(where), text, first.op, tuple(sorted(members)), (), False))
+                break
             by_sig: dict[tuple, list[int]] = defaultdict(list)
             for r, c in at.items():
                 by_sig[_agree_key(c)].append(r)
@@ -103,6 +116,25 @@ def _group_divergences(traces: Traces) -> list[Divergence]:
             found.append(Divergence(int(where), "; ".join(parts), first.op, tuple(order[0]), others))
             break
     return found
+
+
+def _unpaired_splits(group: tuple[int, ...], at: Mapping[int, Collective]) -> str | None:
+    """Where an all-to-all's members disagree on what goes between two of them (None where every
+    pair agrees): what rank ``a`` sends to ``b`` must be what ``b`` receives from ``a``."""
+    splits = {r: c.splits for r, c in at.items() if c.splits is not None and len(c.splits[0]) == len(group)}
+    if len(splits) != len(at):
+        return None  # not an all-to-all, or one whose splits were not traced
+    index = {r: k for k, r in enumerate(group)}
+    for a, (sends, _) in sorted(splits.items()):
+        for b, (_, receives) in sorted(splits.items()):
+            sent, expected = sends[index[b]], receives[index[a]]
+            if sent != expected:
+                to, back = ("itself", "") if a == b else (f"rank {b}", f" from rank {a}")
+                return (
+                    f"rank {a} sends {sent} element(s) to {to}, which expects {expected}{back} (in "
+                    f"elements, rank {a} sends {list(sends)}, rank {b} receives {list(receives)})"
+                )
+    return None
 
 
 def _p2p_divergences(traces: Traces) -> list[Divergence]:
@@ -163,7 +195,8 @@ def describe_sequences(traces: Traces) -> str:
     counts = ", ".join(f"rank {r}: {len(t)}" for r, t in sorted(traces.items()))
     if d is None:
         return f"collectives: every rank entered the same sequence (collectives entered: {counts})"
-    return f"first divergent collective: {d.text}\n  (the ranks' sequences differ; collectives entered: {counts})"
+    differ = "the ranks' sequences differ; " if d.sequences_differ else ""
+    return f"first divergent collective: {d.text}\n  ({differ}collectives entered: {counts})"
 
 
 #: how many collectives with a non-contiguous tensor a report names (the rest are counted)
