@@ -212,6 +212,13 @@ def test_under_xdist_with_a_user_profile_settings_statistics_and_readable_failur
     # statistics: Hypothesis' own, then shardfuzz's, per test; the example counts show the layers
     sections = _sections(text)
     assert re.search(r"shardfuzz toy/reference/gloo: 6 examples \(6 passed", sections["test_profile"])
+    # Hypothesis counts the draws past the budget as passing test cases: they say so, and the
+    # covering rows before its run (its statistics are of one run) are counted by shardfuzz's line
+    assert "drawn, not run: past this run's share of the budget" in sections["test_profile"]
+    assert re.search(
+        r"run as \d+ covering rows?, then 1 Hypothesis run \(Hypothesis' statistics above are of the last run",
+        sections["test_profile"],
+    ), sections["test_profile"]
     assert re.search(r"shardfuzz toy/reference/gloo: 3 examples \(3 passed", sections["test_settings"])
     assert "Stopped because" in sections["test_settings"]  # Hypothesis' part of the section
     assert re.search(

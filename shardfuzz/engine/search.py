@@ -141,6 +141,12 @@ def stable_identity(runner: Runner) -> str:
 CHUNK = 30
 
 
+#: the event of a case drawn past its chunk's quota (Hypothesis counts it as a passing test case)
+NOT_RUN = (
+    f"drawn, not run: past this run's share of the budget (a derandomized budget runs as runs of {CHUNK})"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Chunk:
     """One Hypothesis run of a derandomized budget: its ``max_examples``, how many of its examples
@@ -211,6 +217,7 @@ def build_test(
 
     def test_case(case: Case) -> None:
         if quota.spent():  # past this chunk's share of the budget: drawn, not run (see CHUNK)
+            hypothesis.event(NOT_RUN)  # Hypothesis' statistics count it as a passing test case
             return
         try:
             # before a finding every case runs, so a budget's examples stay the same cases
@@ -242,6 +249,7 @@ def build_test(
         # the rows count toward the budget: Hypothesis gets what they left of max_examples
         quota.start(sys.maxsize)  # no quota: Hypothesis' own max_examples is the budget
         budget = type(s)(s, max_examples=max(1, s.max_examples - covering.examples))
+        runner.stats.hypothesis_runs += 1
         given_test(runner, test_case, budget, identity, [failing.choices] if failing else [])()
         if failing is not None:  # the row failed, but not when Hypothesis replayed it
             raise covering.not_reproduced(failing)
@@ -255,6 +263,7 @@ def run_chunks(runner: Runner, fn: Callable, s: Any, plan: list[Chunk], quota: Q
     """Hypothesis' runs of a derandomized budget, one per :class:`Chunk` (a finding raises out)."""
     for chunk in plan:
         quota.start(chunk.quota)
+        runner.stats.hypothesis_runs += 1
         given_test(runner, fn, type(s)(s, max_examples=chunk.max_examples), chunk.seed_key, [])()
         if quota.ran < chunk.quota:  # Hypothesis ran out of new cases: another seed draws the same
             return

@@ -56,6 +56,9 @@ class Stats:
     rows_refused: int = 0
     #: cases that came again after the first finding (shrinking), answered from their first run
     repeats: int = 0
+    #: Hypothesis runs the examples after the rows were split into (a derandomized budget of N runs
+    #: as runs of 30: :func:`shardfuzz.engine.search.chunks`); Hypothesis' statistics are per run
+    hypothesis_runs: int = 0
 
     def note_pass(self, ratio: float, case: Any, upper_bound: bool = False) -> None:
         """Count a passing example whose worst error/tolerance was ``ratio`` (``upper_bound``: judged

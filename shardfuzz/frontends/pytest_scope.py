@@ -41,6 +41,12 @@ def statistics(runner: Runner) -> str:
     """shardfuzz's statistics of one runner in one test, in the layout of Hypothesis' own."""
     s = runner.stats
     lines = [f"  - shardfuzz {runner.key}: {s.examples} examples ({s.passed} passed, {s.failures} failing)"]
+    if s.rows or s.hypothesis_runs > 1:  # Hypothesis' statistics above are of its last run only
+        runs = f"{s.hypothesis_runs} Hypothesis run{'s' if s.hypothesis_runs != 1 else ''}"
+        lines.append(
+            f"    - run as {s.rows} covering row{'s' if s.rows != 1 else ''}, then {runs} (Hypothesis' "
+            "statistics above are of the last run; these are of the whole test)"
+        )
     if s.examples and s.triggers:
         shares = ", ".join(
             f"{k} {100.0 * v / s.examples:.0f}%" for k, v in sorted(s.triggers.items()) if v > 0
