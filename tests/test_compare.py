@@ -92,6 +92,9 @@ def test_report_of_worst_elements_names_a_cancellation():
     assert rd.bad == 1 and len(rd.worst) == 1
     text = rd.worst[0].describe()
     assert "vs expected 1e-06" in text and "noise estimate" in text and "a cancellation" in text
+    # the note concludes: the rounding is in the bound, so it does not explain this element (a
+    # new user read "a cancellation" beside an element 1e5x past the bound as "only noise")
+    assert "so it does not explain this element (99.9x past it)" in text, text
     assert (
         "cancellation"
         not in compare_tensor(a, e * 0 + 1e-3 + 1, bound, 0, lambda i: i, noise, 2.0**-24).worst[0].describe()

@@ -63,8 +63,8 @@ class ElementDiff:
         if self.terms and abs(self.expected) < 0.1 * self.terms:
             text += (
                 f"; the expected value is small beside the terms it is made of (about {self.terms:.3g}, "
-                f"ratio {abs(self.expected) / self.terms:.2g}): a cancellation, whose rounding the "
-                "allowed difference already takes in"
+                f"ratio {abs(self.expected) / self.terms:.2g}): a cancellation, whose rounding is already "
+                f"in the allowed difference, so it does not explain this element ({self.ratio:.3g}x past it)"
             )
         return text
 
