@@ -123,7 +123,9 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
     # a sure pass skips the noise samples: its ratio, judged without the noise term, is an upper bound
     sure = shardfuzz.run(TOY, profile="shardfuzz-ci", database=None, max_examples=6)
     assert sure.stats.closest_pass is not None and sure.stats.closest_pass_upper_bound
-    assert "(an upper bound: judged without the noise term)" in sure.stats.summary()
+    assert re.search(
+        r"error/tolerance at most [\d.e+-]+ \(judged without the noise term\)", sure.stats.summary()
+    )
     # without a noise term (the dtype-rerun model) every ratio is exact
     exact = shardfuzz.run(
         TOY,
@@ -133,12 +135,13 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
         tolerance=Tolerance(noise_model="dtype-rerun"),
     )
     assert exact.stats.closest_pass is not None and not exact.stats.closest_pass_upper_bound
-    assert "upper bound" not in exact.stats.summary()
+    assert "at most" not in exact.stats.summary() and "without the noise term" not in exact.stats.summary()
 
     out = run_cli("fuzz", TOY, "--max-examples", "6", "--failures-dir", tmp_path)
     assert out.returncode == cli.EXIT_OK, out.stdout + out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("toy "))
     assert re.search(
-        r"nothing found; closest pass [\d.e+-]+ \(an upper bound: judged without the noise term\)", row
+        r"nothing found; closest pass at most [\d.e+-]+ \(judged without the noise term; its case measures",
+        row,
     )
     assert re.search(r"^ +closest pass at Case\(target='toy', .*\)$", out.stdout, re.M), out.stdout

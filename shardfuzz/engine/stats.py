@@ -7,6 +7,8 @@ import collections
 import dataclasses
 from typing import Any
 
+from shardfuzz.report.closest_pass import closest_pass_words
+
 
 @dataclasses.dataclass
 class Stats:
@@ -71,8 +73,7 @@ class Stats:
     @property
     def closest_pass_words(self) -> str:
         """The closest pass's ratio, and whether it is an upper bound, in words."""
-        bound = " (an upper bound: judged without the noise term)" if self.closest_pass_upper_bound else ""
-        return f"{self.worst_pass_ratio:.3g}{bound}"
+        return closest_pass_words(self.worst_pass_ratio, self.closest_pass_upper_bound)
 
     def count_finding(self, finding: Any) -> None:
         """One more failing example: the first failure's position, and a mismatch's margin."""

@@ -39,6 +39,7 @@ from shardfuzz.errors import ExternalFault, Finding, InvalidArgument
 from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report import plot
+from shardfuzz.report.closest_pass import closest_pass_words
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.budget import budget_for
 from shardfuzz.spec.triggers import PROGRESS
@@ -552,10 +553,11 @@ def _count_words(r: dict[str, Any]) -> str:
             f"{', '.join(r['budgets_elsewhere'])})"
         )
     if not r["found"] and r["examples"]:
-        res += f"; closest pass {r.get('closest_pass', 0.0):.3g}"
-        res += " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
-        if r.get("closest_pass_measured") is not None:
-            res += f"; its case measures {r['closest_pass_measured']:.3g} with the noise term"
+        res += "; closest pass " + closest_pass_words(
+            r.get("closest_pass", 0.0),
+            bool(r.get("closest_pass_upper_bound")),
+            r.get("closest_pass_measured"),
+        )
         if r.get("closest_pass_rerun_failed"):
             res += f"; its case gave a {r['closest_pass_rerun_failed']} when run again: not deterministic?"
     if len(r.get("findings", [])) > 1:

@@ -16,6 +16,8 @@ import re
 import uuid
 from typing import Any
 
+from shardfuzz.report.closest_pass import closest_pass_words
+
 #: the page's file name inside the report folder
 PAGE = "index.html"
 #: what an inline plot must be: base64 and nothing else (it goes into an attribute)
@@ -97,13 +99,10 @@ def _closest(r: dict[str, Any]) -> str:
         return '<p class="note">closest pass: not recorded</p>'
     if not r.get("closest_pass_case"):
         return '<p class="note">no example passed</p>'
-    bound = " (an upper bound: judged without the noise term)" if r.get("closest_pass_upper_bound") else ""
-    if r.get("closest_pass_measured") is not None:
-        bound += f"; its case measures {r['closest_pass_measured']:.3g} with the noise term"
-    return (
-        f"<p>closest pass: error/tolerance {r.get('closest_pass', 0.0):.3g}{_e(bound)} at "
-        f"<code>{_e(r['closest_pass_case'])}</code></p>"
+    words = closest_pass_words(
+        r.get("closest_pass", 0.0), bool(r.get("closest_pass_upper_bound")), r.get("closest_pass_measured")
     )
+    return f"<p>closest pass: error/tolerance {_e(words)} at <code>{_e(r['closest_pass_case'])}</code></p>"
 
 
 def _finding(f: dict[str, Any]) -> str:
