@@ -87,6 +87,21 @@ def test_the_verified_section_is_generated_from_the_records():
     assert "None recorded" in render(text.replace("tp_mlp", "moe"))
 
 
+def test_the_target_spec_names_everything_an_implementation_gets_in_ctx():
+    """Every field and public method of the rank context is in the target spec as ``ctx.NAME`` (a
+    new user looked for ``ctx.case`` to read a drawn option and did not find it)."""
+    import dataclasses
+
+    from shardfuzz.ranks.task import RankContext
+
+    names = {f.name for f in dataclasses.fields(RankContext)}
+    names |= {n for n in vars(RankContext) if not n.startswith("_") and callable(getattr(RankContext, n))}
+    names |= {n for n, v in vars(RankContext).items() if isinstance(v, property)}
+    spec = DOCS["docs/reference/target-spec.md"]
+    missing = sorted(n for n in names if f"`ctx.{n}" not in spec)
+    assert not missing, f"docs/reference/target-spec.md does not name ctx.{', ctx.'.join(missing)}"
+
+
 def test_every_environment_variable_the_source_reads_is_documented():
     from shardfuzz.limits import ENVIRONMENT, OTHER_ENVIRONMENT
 
