@@ -188,22 +188,22 @@ def seeded_database(inner: Any, seeds: Sequence[tuple]) -> Any:
 
 
 def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:
-    """Run one case (inside Hypothesis or not) and count the trigger conditions it reached; a case
-    rejected as unsupported or set aside as an external fault is counted as such, not as reached."""
+    """Run one case (inside Hypothesis or not) and count the trigger conditions it reached once it
+    is an example, passed or failed (as the runner counts examples: a progress line never counts
+    a case still running, or one rejected since); a case rejected as unsupported is counted as
+    such, an excluded one and an external fault by the runner."""
     reached = triggers_of(runner.target, case)
-    runner.stats.triggers.update(reached)
     try:
-        return runner.run_case(case), reached
-    except Excluded:  # counted by the runner
-        runner.stats.triggers.subtract(reached)
+        ratio = runner.run_case(case)
+    except Finding:
+        runner.stats.triggers.update(reached)
         raise
     except Unsupported as e:
-        runner.stats.triggers.subtract(reached)
-        runner.stats.unsupported[e.reason] += 1
+        if not isinstance(e, Excluded):  # an excluded case is counted by the runner
+            runner.stats.unsupported[e.reason] += 1
         raise
-    except ExternalFault:  # counted in the statistics; the case passed when rerun
-        runner.stats.triggers.subtract(reached)
-        raise
+    runner.stats.triggers.update(reached)
+    return ratio, reached
 
 
 def pool_for(

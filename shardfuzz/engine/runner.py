@@ -23,7 +23,7 @@ from shardfuzz.engine.finding import FindingContext, inputs_hash
 from shardfuzz.engine.hooks import RunHooks
 from shardfuzz.engine.selforacle import SELF, self_expected
 from shardfuzz.engine.stats import Stats
-from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
+from shardfuzz.errors import Finding, InvalidArgument, Unsupported
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply
 from shardfuzz.ranks.faults import ProcessState, confirm_death
 from shardfuzz.ranks.gpu import check_placement
@@ -211,18 +211,16 @@ class Runner:
         for hook in self.hooks:
             hook.before_example(self, case)
         self._admit(case)
-        self.stats.examples += 1
         try:
             ratio, elapsed = self._run_in_clean_driver(case)
         except Finding as f:
+            self.stats.examples += 1  # an example once it has a verdict (never one still running)
             self.stats.count_finding(f)
             f.context = self.finding_context(case, f)  # once, for every hook and the caller
             for hook in self.hooks:
                 hook.on_finding(f.context, f)
             raise
-        except (Unsupported, ExternalFault):
-            self.stats.examples -= 1
-            raise
+        self.stats.examples += 1
         upper_bound = self.last_verdict is not None and self.last_verdict.upper_bound
         self.stats.note_pass(ratio, case, upper_bound=upper_bound)
         if elapsed is not None:
