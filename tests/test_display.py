@@ -145,3 +145,35 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
         row,
     )
     assert re.search(r"^ +closest pass at Case\(target='toy', .*\)$", out.stdout, re.M), out.stdout
+
+
+def test_a_progress_line_counts_an_example_once_it_has_a_verdict():
+    """While a case runs, the counts a progress line reads are those of the finished examples: the
+    running case's trigger conditions are not in them yet, and a case then rejected never was."""
+    from shardfuzz import Case, Runner, Unsupported
+    from shardfuzz.engine.covering import counted_run
+
+    runner = Runner(TOY, "reference")
+    during: list[tuple[int, int]] = []
+    run = runner._run_in_clean_driver
+
+    def watched(case):
+        during.append((runner.stats.examples, sum(runner.stats.triggers.values())))
+        if case.seed == 7:
+            raise Unsupported("refused here", reason="refused")
+        return run(case)
+
+    runner._run_in_clean_driver = watched
+    cases = [
+        Case(target="toy", world_size=3, mesh=(3,), sizes={"n": n}, split=("n",), seed=s)
+        for n, s in ((4, 1), (2, 7), (5, 2))
+    ]
+    reached = [counted_run(runner, cases[0])[1]]
+    with pytest.raises(Unsupported):
+        counted_run(runner, cases[1])
+    reached.append(counted_run(runner, cases[2])[1])
+    assert reached[0], "the first case reaches some condition (else this test shows nothing)"
+    first = len(reached[0])
+    assert during == [(0, 0), (1, first), (1, first)]  # the rejected case counted nowhere
+    assert runner.stats.examples == 2 and sum(runner.stats.triggers.values()) == first + len(reached[1])
+    assert runner.stats.unsupported == {"refused": 1}
