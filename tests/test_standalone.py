@@ -255,6 +255,41 @@ def test_a_standalone_script_says_what_it_cannot_carry_from_shardfuzz():
     assert "split_sizes(ctx.inputs" in closure.defs[-1] and "def split_sizes(" in "\n".join(closure.defs)
 
 
+def test_a_zero_style_flat_buffer_gets_a_reproducer_that_compares_its_shards_without_the_padding(tmp_path):
+    # PaddedFlat() outputs (ZeRO's flat buffers, tests/data/flat_target.py): the script compares
+    # each rank's ceil(n / world) elements without the padding (it refused the layout)
+    target = str(Path(__file__).resolve().parent / "data" / "flat_target.py")
+    result, script = _standalone_of_a_finding(tmp_path, target, "padding_in_norm")
+    assert result.kind == "mismatch" and result.case.sizes["n"] % result.case.world_size, result.report
+    assert "OUTPUT_LAYOUTS = {'p': ('padded_flat',), 'norm': ('replicate',)}" in script.read_text()
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "norm")
+    # the reference's own values pass the script's check: the padding is never compared
+    ref = _torchrun(_with_impl(script, "reference"), result.case.world_size, tmp_path, agent=False)
+    assert (
+        ref.returncode == 0
+        and ref.stdout.count("all outputs within the allowed error") == result.case.world_size
+    ), ref.stdout + ref.stderr
+
+
+def _with_impl(script: Path, name: str) -> Path:
+    """The script with its call of the implementation under test replaced by ``name``, a function
+    of tests/data/flat_target.py that the script does not carry (copied in after the harness)."""
+    import inspect
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+    try:
+        import flat_target
+    finally:
+        sys.path.pop(0)
+    text = script.read_text()
+    helper = inspect.getsource(getattr(flat_target, name))  # its helper _step is carried already
+    text = text.replace("\ndef main():", f"\n{helper}\n\ndef main():", 1)
+    text = text.replace("check(ctx, padding_in_norm(ctx, **{}))", f"check(ctx, {name}(ctx, **{{}}))", 1)
+    out = script.with_name(f"with_{name}.py")
+    out.write_text(text)
+    return out
+
+
 def test_a_finding_that_needs_strided_inputs_gets_a_reproducer_that_hands_them_over_strided(tmp_path):
     # tests/data/strided_target.py: all-reducing an input view in place fails only once the view is
     # non-contiguous (strided=True); a script that built contiguous pieces would pass instead

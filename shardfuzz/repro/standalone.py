@@ -33,7 +33,7 @@ from shardfuzz.errors import InvalidArgument, Unsupported
 from shardfuzz.repro.codegen import check_script, docstring, fill_template
 from shardfuzz.repro.replay import record_config
 from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_names, harness_template
-from shardfuzz.spec.layouts import Layout, Partial, Replicate, Shard, strided_view
+from shardfuzz.spec.layouts import Layout, PaddedFlat, Partial, Replicate, Shard, strided_view
 from shardfuzz.spec.placements import AsDTensor, FromDTensor
 from shardfuzz.spec.refs import load_ref, split_file_ref
 from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
@@ -227,11 +227,17 @@ def _layout_spec(layout: Layout, name: str, what: str = "output") -> tuple:
         return ("partial",)
     if isinstance(layout, Shard):
         return ("shard", layout.dim, layout.rule)
+    if type(layout) is PaddedFlat:  # ZeRO's flat buffers (a subclass may lay values out otherwise)
+        return ("padded_flat",)
     if isinstance(layout, FromDTensor):  # the script compares the DTensor's full_tensor()
         return ("dtensor",)
     raise InvalidArgument(
-        f"{what} {name!r} has layout {layout!r}; a standalone script handles Replicate, Shard, Partial "
-        + ("and FromDTensor" if what == "output" else "and AsDTensor of Shard and Replicate")
+        f"{what} {name!r} has layout {layout!r}; a standalone script handles Replicate, Shard, Partial, "
+        + (
+            "PaddedFlat and FromDTensor"
+            if what == "output"
+            else "PaddedFlat and AsDTensor of Shard and Replicate"
+        )
     )
 
 
@@ -382,6 +388,9 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
             "Unsupported": bool(closure.shims),
             "inputs.pt": bool(saved),
             "outputs.dtensor": any(spec == ("dtensor",) for spec in layouts.values()),
+            "padded_flat": any(
+                spec == ("padded_flat",) for spec in (*layouts.values(), *in_layouts.values())
+            ),
             "inputs.strided": bool(strided),
             "inputs.dtensor": dtensor_inputs,
             **uses,
