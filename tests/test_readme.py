@@ -102,6 +102,16 @@ def test_the_target_spec_names_everything_an_implementation_gets_in_ctx():
     assert not missing, f"docs/reference/target-spec.md does not name ctx.{', ctx.'.join(missing)}"
 
 
+def test_the_strategies_reference_names_every_argument_of_sst_cases():
+    import inspect
+
+    import shardfuzz.strategies as sst
+
+    doc = DOCS["docs/reference/strategies.md"]
+    missing = [n for n in list(inspect.signature(sst.cases).parameters)[1:] if f"`{n}=`" not in doc]
+    assert not missing, f"docs/reference/strategies.md does not name sst.cases' {missing}"
+
+
 def test_every_environment_variable_the_source_reads_is_documented():
     from shardfuzz.limits import ENVIRONMENT, OTHER_ENVIRONMENT
 
