@@ -224,6 +224,8 @@ def test_failure_files_become_regression_tests_that_run_first(inprocess, found):
     rec = json.loads(open(path).read())
     (d / "still_broken.json").write_text(json.dumps(rec))
     (d / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
+    # a file the target's draws no longer admit (an option added since): its reason, no traceback
+    (d / "stale.json").write_text(json.dumps(dict(rec, case=dict(rec["case"], options={"added_since": 1}))))
     pytester.makepyfile(
         test_a="def test_plain():\n    pass\n",
         # a planted bug's files replay only when asked (planted=True): tp_mlp/missing_allreduce is one
@@ -231,11 +233,14 @@ def test_failure_files_become_regression_tests_that_run_first(inprocess, found):
     )
     # in this process: the order is pytest_collection_modifyitems' (under pytest-xdist it is not)
     result = pytester.runpytest_inprocess("-v", "-p", "no:cacheprovider", "--import-mode=importlib")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, failed=2)
     lines = [ln for ln in result.outlines if "PASSED" in ln or "FAILED" in ln]
-    assert "test_regressions[fixed]" in lines[0] and "test_regressions[still_broken]" in lines[1]
-    assert "test_plain" in lines[2]
+    assert "test_regressions[fixed]" in lines[0] and "test_regressions[stale]" in lines[1]
+    assert "test_regressions[still_broken]" in lines[2] and "test_plain" in lines[3]
     result.stdout.fnmatch_lines(["*STILL FAILS (mismatch; was mismatch)*"])
+    result.stdout.fnmatch_lines(["*stale.json cannot be replayed: *field 'case' is invalid*"])
+    stale = result.stdout.str().split("_ test_regressions[stale] _", 1)[1].split("\n_", 1)[0]
+    assert "Traceback" not in stale and "failure_load.py" not in stale, stale
 
 
 @pytest.mark.slow  # ~9 s; tests/test_interrupts.py checks --duration deadlines in the ci suite
