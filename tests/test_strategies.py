@@ -1,12 +1,13 @@
 """Strategies: pinned minimal examples, clear bound errors, and reach of every trigger condition."""
 
+import collections
 import dataclasses
 import itertools
 import math
 import os
 
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 import shardfuzz.strategies as sst
@@ -63,9 +64,39 @@ def test_mostly_draws_the_common_value_mostly_and_shrinks_to_it():
     assert minimal(sst.mostly(1.0, 30.0, 100.0)) == 1.0
     assert minimal(sst.mostly(1.0, 30.0, 100.0), lambda v: v > 1) == 30.0
     assert minimal(sst.mostly(1.0, 30.0, 100.0), lambda v: v > 30) == 100.0
-    # the share over every value of the uniform draw behind it (a derandomized example() would not vary)
-    values = [sst._mostly_value("a", ("b", "c"), 900, i) for i in range(1000)]
-    assert values.count("a") == 900 and values.count("b") == values.count("c") == 50
+    # the share over every value of the coin flips behind it (a derandomized example() would not vary)
+    flips = [[bool(i >> k & 1) for k in range(sst.MOSTLY_BITS)] for i in range(2**sst.MOSTLY_BITS)]
+    values = [sst._mostly_value("a", ("b", "c"), 922, f) for f in flips]
+    assert values.count("a") == 922 and values.count("b") == values.count("c") == 51
+
+
+def test_mostly_keeps_its_share_where_hypothesis_draws_it_inside_a_case():
+    """Hypothesis' own generation, as a search draws: within a case, integers(0, 999) fell below
+    600 in 89% of draws, so mostly(share=0.6)'s rare values came up 5-6% of the time each, not 20%."""
+    seen = collections.Counter()
+
+    @st.composite
+    def case_like(draw):
+        draw(st.integers(0, 5))
+        draw(st.lists(st.integers(0, 10), max_size=4))
+        value = draw(sst.mostly("common", "r1", "r2", share=0.6))
+        draw(st.integers(0, 2**31 - 1))
+        return value
+
+    @settings(
+        max_examples=1500,
+        database=None,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case_like())
+    def draw(value):
+        seen[value] += 1
+
+    draw()
+    n = sum(seen.values())
+    assert 0.5 < seen["common"] / n < 0.7 and min(seen["r1"], seen["r2"]) / n > 0.12, seen
 
 
 @given(st.integers(1, 4).flatmap(lambda p: st.tuples(st.just(p), sst.sharded_sizes(p))))
