@@ -121,6 +121,11 @@ class NoiseDraws:
         #: id -> (weak reference, |terms|) of matmul-like results and their views, for rules
         #: that need the terms behind an operand (:meth:`terms_of`); nothing keeps a result alive
         self._terms: dict[int, tuple[Any, torch.Tensor]] = {}
+        #: a softmax written by hand (:meth:`normalized`): id -> (weak reference, |terms| of its
+        #: argument) of ``exp`` results, and id -> (weak reference, weak reference to that ``exp``
+        #: result) of their sums and of what is computed from a sum alone (a clamp, an epsilon)
+        self._exps: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._sums: dict[int, tuple[Any, Any]] = {}
 
     def terms_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The |terms| behind ``t`` if a sum-like op (or a view of one) made it, else None."""
@@ -138,6 +143,60 @@ class NoiseDraws:
                 self._terms.pop(k, None)
 
             self._terms[key] = (weakref.ref(t, forget), terms)
+
+    def _keep(self, table: dict[int, tuple[Any, Any]], t: torch.Tensor, value: Any) -> None:
+        key = id(t)
+
+        def forget(_: Any, k: int = key) -> None:
+            table.pop(k, None)
+
+        table[key] = (weakref.ref(t, forget), value)
+
+    def note_hand_softmax(self, base: str, args: tuple, result: Any) -> None:
+        """Follow a softmax written by hand: ``exp`` of a difference with |terms|, its sum, and what
+        is computed from that sum alone, elementwise (``clamp_min``, ``+ eps``) or as a view."""
+        if not (args and isinstance(args[0], torch.Tensor) and isinstance(result, torch.Tensor)):
+            return
+        first = args[0]
+        if base == "exp":
+            terms = self.terms_of(first)
+            if terms is not None:
+                self._keep(self._exps, result, terms)
+            return
+        entry = self._exps.get(id(first))
+        if base == "sum" and entry is not None and entry[0]() is first:
+            self._keep(self._sums, result, weakref.ref(first))
+            return
+        entry = self._sums.get(id(first))
+        if entry is not None and entry[0]() is first and base != "div":
+            others = [a for a in args[1:] if isinstance(a, torch.Tensor) and a.dim() > 0]
+            if not others and (base in _SHAPE_OPS or result.dim() == first.dim()):  # of the sum alone
+                self._keep(self._sums, result, entry[1])
+
+    def normalized(self, args: tuple, result: Any) -> Any:
+        """``e / sum(e)`` after ``e = exp(x - m)``: a softmax written by hand. Its rows cancel the
+        roundings of ``e``'s leading term (``e_k / sum`` stays 1 where one term dominates), where
+        an implementation that takes ``exp(x - lse)`` from a stored logsumexp does not (a flash
+        kernel's backward recomputes the scores): the row error of :func:`torch.softmax`'s rule,
+        on the scale of ``|m|`` (here the least |terms| of the row's finite ``x - m``, between
+        ``|m|`` and ``2 |m|``), so the oracle's own softmax is judged as ``torch.softmax`` is."""
+        if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
+            return result
+        num, den = args[0], args[1]
+        entry = self._sums.get(id(den))
+        if (
+            entry is None
+            or entry[0]() is not den
+            or entry[1]() is not num
+            or not isinstance(result, torch.Tensor)
+        ):
+            return result
+        terms = self._exps[id(num)][1]
+        lead = num.dim() - den.dim()
+        dims = [d for d in range(num.dim()) if d < lead or (den.shape[d - lead] == 1 and num.shape[d] > 1)]
+        finite = torch.where(torch.isfinite(terms), terms, torch.full_like(terms, math.inf))
+        row = finite.amin(dims, keepdim=True).nan_to_num(0.0, 0.0, 0.0) if dims else terms
+        return result + result * self.noise(torch.nan_to_num(row, 0.0, 0.0, 0.0) * self.stat_ratio)
 
     def xi(self, like: torch.Tensor, u: float) -> torch.Tensor:
         """Uniform in [-u, u] (or +-u, see ``extreme``), shaped like ``like`` (drawn on the CPU
@@ -188,7 +247,12 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
         if written:  # in place: perturb what was written (the result aliases it)
             _perturb_written(self, written, scales, u)
             return out
-        return _perturb_result(self, out, scales, u)
+        result = _perturb_result(self, out, scales, u)
+        if kind.base in _HAND_SOFTMAX_OPS or (self._sums and args and id(args[0]) in self._sums):
+            if kind.base == "div":
+                result = self.normalized(args, result)
+            self.note_hand_softmax(kind.base, args, result)
+        return result
 
 
 def rounding_noise() -> type[RoundingNoise]:
@@ -208,11 +272,18 @@ TERMS_UNDEFINED = (RuntimeError, TypeError)
 
 
 def _exact_op(mode: Any, kind: OpKind, func: Any, args: tuple, kwargs: dict) -> Any:
-    """An op left alone; a view or copy of a result with |terms| keeps them (``terms_of``)."""
+    """An op left alone; a view or copy of a result with |terms| keeps them (``terms_of``), and
+    of a hand-written softmax's sum stays one (:meth:`NoiseDraws.note_hand_softmax`)."""
     out = func(*args, **kwargs)
     if kind.base in _SHAPE_OPS and args and mode.terms_of(args[0]) is not None:
         mode.remember(out, func(mode.terms_of(args[0]), *args[1:], **kwargs))
+    if mode._sums and args and id(args[0]) in mode._sums:
+        mode.note_hand_softmax(kind.base, args, out)
     return out
+
+
+#: the ops a softmax written by hand is made of (:meth:`NoiseDraws.note_hand_softmax`)
+_HAND_SOFTMAX_OPS = frozenset({"exp", "sum", "div"})
 
 
 def _by_rule(
