@@ -243,6 +243,27 @@ def test_failure_files_become_regression_tests_that_run_first(inprocess, found):
     assert "Traceback" not in stale and "failure_load.py" not in stale, stale
 
 
+def test_regressions_read_the_folder_that_shardfuzz_failures_dir_names(inprocess, found):
+    """``regressions()`` without a folder replays ``--shardfuzz-failures-dir``'s files, over
+    ``$SHARDFUZZ_FAILURES_DIR`` (it read only the variable: a new user's option was ignored)."""
+    from shardfuzz.frontends import pytest_plugin
+
+    pytester = inprocess
+    _, path = found
+    d = pytester.mkdir("named")
+    rec = json.loads(open(path).read())
+    (d / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
+    assert os.environ["SHARDFUZZ_FAILURES_DIR"] != str(d)  # the suite's own folder: not this one
+    pytester.makepyfile(test_c="import shardfuzz\ntest_regressions = shardfuzz.regressions(planted=True)\n")
+    outer = pytest_plugin._SESSION["failures_dir"]
+    result = pytester.runpytest_inprocess(
+        "-v", "-p", "no:cacheprovider", "--import-mode=importlib", f"--shardfuzz-failures-dir={d}"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_regressions?fixed? PASSED*"])
+    assert pytest_plugin._SESSION["failures_dir"] == outer  # the inner session gave it back
+
+
 @pytest.mark.slow  # ~9 s; tests/test_interrupts.py checks --duration deadlines in the ci suite
 def test_campaign_with_duration_progress_and_summary(tmp_path):
     out = cli(

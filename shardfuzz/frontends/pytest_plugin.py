@@ -196,6 +196,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 # order of plugins found by entry point differs between installs: CI ran ours first)
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    config._shardfuzz_outer_failures_dir = _SESSION["failures_dir"]  # type: ignore[attr-defined]  # a session inside a session (pytester)
     from shardfuzz.engine.settings import current_profile_name, profile_for, register_profiles
 
     register_profiles()
@@ -237,9 +238,20 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from None
     config._shardfuzz_options = options  # type: ignore[attr-defined]
     config._shardfuzz_targets = {}  # type: ignore[attr-defined]  # the targets tested: name -> Target
+    _SESSION["failures_dir"] = failures_dir
     config.addinivalue_line(
         "markers", "shardfuzz_regression: replays a failure file (runs before new searches)"
     )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # a session run inside another (pytester) hands the outer one its value back
+    _SESSION["failures_dir"] = getattr(config, "_shardfuzz_outer_failures_dir", None)
+
+
+#: what ``regressions()`` reads at collection time, when it has no config to ask: the session's
+#: ``--shardfuzz-failures-dir`` (None: ``$SHARDFUZZ_FAILURES_DIR`` or ``.shardfuzz/failures``)
+_SESSION: dict[str, str | None] = {"failures_dir": None}
 
 
 def pytest_collection_modifyitems(items: list) -> None:
@@ -392,7 +404,7 @@ def regressions(
     ``communication``) keep only the files that match; the files of planted bugs (deliberate runs
     of a target's ``planted`` implementations) are left out unless ``planted=True``.
     """
-    where = directory or default_dir()
+    where = directory or _SESSION["failures_dir"] or default_dir()
     files = (
         sorted(os.path.join(where, n) for n in os.listdir(where) if n.endswith(".json"))
         if os.path.isdir(where)
