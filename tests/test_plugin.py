@@ -100,9 +100,9 @@ def test_a_tolerance_for_no_output_of_the_targets_tested_is_a_usage_error(run):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stdout.fnmatch_lines(
         [
-            "*shardfuzz: error: --shardfuzz-tolerance names output 'maen', which target 'row_mean' does not have*"
+            "shardfuzz: error: --shardfuzz-tolerance names output 'maen', which target 'row_mean' does not have*"
         ]
-    )
+    )  # on a line of its own (it followed the progress line's "[100%]")
 
 
 def test_an_unregistered_hypothesis_profile_is_a_usage_error_that_says_what_to_use(run):

@@ -299,6 +299,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     except InvalidArgument as e:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
+            reporter.ensure_newline()  # after the progress line's "[100%]", not on it
             reporter.write_line(f"shardfuzz: error: {e}", red=True)
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
