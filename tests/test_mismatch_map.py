@@ -114,6 +114,22 @@ def test_a_diagonal_on_a_replicated_output():
     assert grid_of(text) == ["".join("#" if i == j else "." for j in range(6)) for i in range(6)]
 
 
+def test_a_replicated_output_wrong_on_different_elements_per_rank_says_on_which_rank():
+    """Rank 0's copy wrong at index 1, rank 1's at index 0: half the elements are wrong, and every
+    global element on some rank (a new user read "every element of the global value is wrong"
+    beside 50% wrong as a contradiction)."""
+    ref = torch.randn(2)
+    d = diff(Replicate(), ref, ref, 2)
+    for r, bad_at in ((0, 1), (1, 0)):
+        mine = ref.clone()
+        mine[bad_at] += 1
+        d.ranks[r] = compare_tensor(mine.double(), ref.double(), torch.full((2,), 1e-9), r, lambda i: i)
+    text = format_output_diff(d, LABEL)
+    assert "(every element of the global value is wrong on at least one rank: no grid)" in text, text
+    sharded = format_output_diff(diff(Shard(0), ref, ref + 1, 2), LABEL)
+    assert "(every element of the global value is wrong: no grid)" in sharded, sharded
+
+
 def test_a_zigzag_piece_maps_to_its_two_chunks():
     ref = torch.randn(8, 3)
     bad = ref.clone()

@@ -219,7 +219,9 @@ def _grid_lines(od: OutputDiff, pieces: list[Piece], sharded: list[int]) -> list
         return []
     v = views[0]
     if bool(v.wrong.all()):
-        return ["    (every element of the global value is wrong: no grid)"]
+        # a replicated output's view marks an element wrong on any rank (the ranks above say where)
+        some = " on at least one rank" if od.layout.startswith("Replicate") and len(v.ranks) > 1 else ""
+        return [f"    (every element of the global value is wrong{some}: no grid)"]
     shape = tuple(v.wrong.shape)
     rows, cols = grid_dims(shape, sharded)
     if rows is None:
