@@ -105,6 +105,17 @@ def test_a_tolerance_for_no_output_of_the_targets_tested_is_a_usage_error(run):
     )  # on a line of its own (it followed the progress line's "[100%]")
 
 
+def test_an_exclusion_that_excluded_nothing_for_a_misspelt_key_is_a_warning(run):
+    # the CLI's summary says so; pytest said nothing (a new user's sizes['innr'])
+    result = run("--hypothesis-profile=ci", "--shardfuzz-exclude=sizes['rowz'] > 100", "-k", "reference")
+    result.assert_outcomes(passed=1, deselected=2, warnings=1)
+    text = result.stdout.str()
+    assert "shardfuzz row_mean/reference/gloo: exclude \"sizes['rowz'] > 100\" excluded nothing: " in text, (
+        text
+    )
+    assert "had no 'rowz' (a misspelling?)" in text, text
+
+
 def test_an_unregistered_hypothesis_profile_is_a_usage_error_that_says_what_to_use(run):
     # Hypothesis registers only "default" and "ci": "fuzz" was Hypothesis' INTERNALERROR
     result = run("--hypothesis-profile=fuzz")

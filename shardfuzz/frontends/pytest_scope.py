@@ -10,6 +10,7 @@ module imports no engine module and neither torch nor Hypothesis.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +65,16 @@ def statistics(runner: Runner) -> str:
         lines.append(f"    - closest pass: error/tolerance {s.closest_pass_words} at {s.closest_pass!r}")
     if s.margin is not None:
         lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
+    lines += [f"    - {line}" for line in unused_exclusions(runner)]
     return "\n".join(lines)
+
+
+def unused_exclusions(runner: Runner) -> list[str]:
+    """An exclusion that excluded nothing because no case had a key it reads (as the CLI says it)."""
+    return [
+        f"exclude {text!r} excluded nothing: {n} case{'s' if n != 1 else ''} had no {key} (a misspelling?)"
+        for text, (key, n) in runner.stats.exclusions_on_absent_keys().items()
+    ]
 
 
 @contextlib.contextmanager
@@ -78,6 +88,9 @@ def test_scope(item: Any, config: RunConfig | None) -> Iterator[None]:
         yield
     finally:
         Scope.current = outer
+        for r in scope.runners:  # shown without --hypothesis-show-statistics too
+            for line in unused_exclusions(r):
+                warnings.warn(f"shardfuzz {r.key}: {line}", UserWarning, stacklevel=1)
         ours = "\n".join(statistics(r) for r in scope.runners)
         if ours:
             head = getattr(item, "hypothesis_statistics", None) or f"{item.nodeid}:\n"
