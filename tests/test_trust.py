@@ -128,6 +128,23 @@ def test_a_reference_outside_the_project_is_refused_before_it_is_imported(tmp_pa
     assert marker.exists()
 
 
+def test_a_link_in_the_project_to_code_outside_it_is_refused_naming_where_it_leads(tmp_path):
+    """A link committed in the project that leads out of it: the refusal names both ends (it named
+    only the path in the project, which read as inside it)."""
+    marker = tmp_path / "IMPORTED"
+    evil = evil_module(tmp_path / "elsewhere", marker)
+    project = tmp_path / "project"
+    (project / "vendored").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("")
+    (project / "vendored" / "helpers.py").symlink_to(evil)
+    linked = project / "vendored" / "helpers.py"
+    path = write(project / "f.json", record(impl="f", impl_ref=f"{linked}::f", impl_kwargs={}))
+    out = cli("replay", path, cwd=project)
+    assert out.returncode == 2 and not marker.exists(), out.stdout + out.stderr
+    assert f"would import and run the file {str(linked)!r}" in out.stderr, out.stderr
+    assert f"that code is a link to {str(evil)!r}, outside the current project" in out.stderr, out.stderr
+
+
 def test_an_installed_module_is_refused_before_it_is_imported(tmp_path, monkeypatch):
     """``target_ref: "this:s"`` imported ``this`` (its side effects ran) before anything was refused."""
     marker = tmp_path / "IMPORTED"

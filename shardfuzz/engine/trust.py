@@ -107,6 +107,11 @@ def check_trusted(record: dict[str, Any], source: str | None, *, trust_refs: boo
             why += ", so it may name only shardfuzz's own and registered targets and implementations"
         else:
             why = "that code is outside the current project and the search path"
+            if code is not None and os.path.realpath(code) != os.path.abspath(code):  # a link: where to
+                why = (
+                    f"that code is a link to {shown(os.path.realpath(code))}, outside the current project "
+                    "and the search path"
+                )
         raise InvalidArgument(
             f"{where}: field {field!r} = {shown(ref)} would import and run {what}; {why} "
             f"(trusted folders: {', '.join(map(repr, folders)) or 'none'}). Read that code first; then "
