@@ -13,7 +13,7 @@ from shardfuzz import Case, RankError, RankHang, RunConfig, Runner
 from shardfuzz.errors import CommunicationExceeded, InvalidArgument
 from shardfuzz.frontends.testing import run_cli
 from shardfuzz.ranks.trace import Collective
-from shardfuzz.report.divergence import describe_sequences, first_divergence
+from shardfuzz.report.divergence import describe_sequences, first_divergence, format_trace
 from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 from shardfuzz.verdict.comm import (
     CommBudget,
@@ -84,6 +84,9 @@ def test_an_all_to_all_whose_splits_do_not_pair_up_is_named():
     assert "rank 0 sends 3 element(s) to rank 1, which expects 2 from rank 0" in d.text, d.text
     line = describe_sequences(swapped)
     assert "splits do not pair up" in line and "sequences differ" not in line, line
+    assert "all_to_all_single(float32[4]) on group [0, 1] sends [1, 3] receives [1, 3]" in format_trace(
+        swapped
+    )
 
 
 def test_point_to_point_pairs_by_order_and_size():

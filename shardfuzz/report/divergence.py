@@ -265,7 +265,9 @@ def format_trace(traces: Traces, limit: int = 200) -> str:
         lines.append(f"--- rank {r}: {len(events)} collective(s) ---")
         for c in events[:limit]:
             extra = f" peer {c.peer}" if c.peer is not None else ""
-            extra += f" splits out {list(c.splits[0])} in {list(c.splits[1])}" if c.splits else ""
+            # elements to and from each group rank: torch's input_split_sizes and output_split_sizes
+            # times a row's elements ("out" read as torch's output: it was what the rank sent)
+            extra += f" sends {list(c.splits[0])} receives {list(c.splits[1])}" if c.splits else ""
             extra += f" non-contiguous: {_layout(c)}" if c.strides else ""
             lines.append(f"  {c.seq:4d} {c.signature()} on group {list(c.group)}{extra}  [{c.api}.{c.call}]")
         if len(events) > limit:
