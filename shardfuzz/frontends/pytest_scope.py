@@ -54,8 +54,8 @@ def statistics(runner: Runner) -> str:
         )
         lines.append(f"    - trigger conditions reached: {shares or 'none'}")
     for what, counts in (
-        ("rejected as unsupported", s.unsupported),
-        ("excluded as known failures", s.excluded),
+        ("rejected as unsupported (not examples)", s.unsupported),
+        ("excluded as known failures (not examples)", s.excluded),
     ):
         if counts:
             lines.append(f"    - {what}: " + ", ".join(f"{k} x{v}" for k, v in counts.most_common()))
