@@ -209,6 +209,9 @@ def test_a_summary_row_names_every_kind_among_its_distinct_findings():
     assert "FOUND hang, mismatch: 2 distinct findings" in text, text
     one = campaign.summary_table([dict(row, findings=row["findings"][:1])])
     assert "FOUND hang" in one and "mismatch" not in one, one
+    # the examples column counts the shrinking: when the search first failed is said apart
+    first = campaign.summary_table([dict(row, first_failure_at=7)])
+    assert "FOUND hang, mismatch: 2 distinct findings; first failing example: 7 of 33" in first, first
 
 
 def test_a_summary_names_an_assembled_outputs_mismatch_without_an_empty_rank_list():

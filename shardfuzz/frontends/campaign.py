@@ -98,6 +98,8 @@ class Outcome:
             "kind": self.result.kind if self.result and self.result.found else None,
             "case": repr(self.result.case) if self.result and self.result.found else None,
             "runs": self.runs,
+            # the examples column counts shrinking too: when the search first failed
+            "first_failure_at": s.first_failure_at,
             "seconds": self.elapsed,
             "failure_files": self.failure_files,
             "interrupted": self.interrupted,
@@ -564,6 +566,8 @@ def _count_words(r: dict[str, Any]) -> str:
         res += f": {len(r['findings'])} distinct findings"
     if r.get("rediscovered"):
         res += f" ({r['rediscovered']} found again)"
+    if r["found"] and r.get("first_failure_at"):  # the examples column counts the shrinking too
+        res += f"; first failing example: {r['first_failure_at']} of {r['examples']}"
     return res
 
 
