@@ -191,6 +191,8 @@ class NoiseDraws:
             or not isinstance(result, torch.Tensor)
         ):
             return result
+        if not _perturbable(result):  # empty: its exp was never tagged (an empty op keeps no terms)
+            return result
         terms = self._exps[id(num)][1]
         lead = num.dim() - den.dim()
         dims = [d for d in range(num.dim()) if d < lead or (den.shape[d - lead] == 1 and num.shape[d] > 1)]
