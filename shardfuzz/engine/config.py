@@ -132,19 +132,28 @@ def check_tolerance_outputs(targets: Iterable[Any], tolerance: Tolerance, where:
     """InvalidArgument for a per-output tolerance that names no output of any of ``targets`` (the
     targets of one command: a name may be meant for one of them). A target whose outputs depend on
     the case (``outputs=callable``) could have any output, so nothing is checked against it."""
-    declared: dict[str, list[str]] = {}
-    for t in targets:
-        if callable(t.outputs):
-            return
-        declared[t.name] = sorted(t.outputs)
+    check_tolerance_names(declared_outputs(targets), tolerance, where)
+
+
+def declared_outputs(targets: Iterable[Any]) -> dict[str, list[str] | None]:
+    """Each target's output names (None: ``outputs=callable``, any name may be one), as plain data
+    (pytest-xdist's workers send it to the controller)."""
+    return {t.name: None if callable(t.outputs) else sorted(t.outputs) for t in targets}
+
+
+def check_tolerance_names(declared: dict[str, list[str] | None], tolerance: Tolerance, where: str) -> None:
+    """:func:`check_tolerance_outputs` on :func:`declared_outputs`."""
+    known = {t: outs for t, outs in declared.items() if outs is not None}
+    if len(known) < len(declared):  # a target whose outputs depend on the case: any name may be one
+        return
     for name, _ in tolerance.per_output:
-        if declared and not any(name in outs for outs in declared.values()):
-            if len(declared) == 1:
-                tname, outs = next(iter(declared.items()))
+        if known and not any(name in outs for outs in known.values()):
+            if len(known) == 1:
+                tname, outs = next(iter(known.items()))
                 raise InvalidArgument(
                     f"{where} names output {name!r}, which target {tname!r} does not have; its outputs are {outs}"
                 )
-            have = "; ".join(f"{t}: {outs}" for t, outs in declared.items())
+            have = "; ".join(f"{t}: {outs}" for t, outs in known.items())
             raise InvalidArgument(
                 f"{where} names output {name!r}, which none of the targets has; outputs: {have}"
             )

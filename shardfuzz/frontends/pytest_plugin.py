@@ -34,7 +34,8 @@ from shardfuzz.engine.config import (
     DEVICES,
     PROFILES,
     RunConfig,
-    check_tolerance_outputs,
+    check_tolerance_names,
+    declared_outputs,
     format_tolerance,
 )
 from shardfuzz.engine.filewriter import check_failures_dir, default_dir
@@ -289,19 +290,39 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A ``--shardfuzz-tolerance`` output that none of the targets tested has is a usage error
-    (each test's target alone cannot tell: the option applies to every shardfuzz test)."""
-    o: Options | None = getattr(session.config, "_shardfuzz_options", None)
-    targets = getattr(session.config, "_shardfuzz_targets", {})
-    if o is None or not o.tolerance or not targets:
+    (each test's target alone cannot tell: the option applies to every shardfuzz test). Under
+    pytest-xdist the workers tested the targets: each hands their outputs to the controller."""
+    config = session.config
+    o: Options | None = getattr(config, "_shardfuzz_options", None)
+    if o is None or not o.tolerance:
         return
+    declared = declared_outputs(getattr(config, "_shardfuzz_targets", {}).values())
+    if hasattr(config, "workeroutput"):  # an xdist worker: the controller decides
+        config.workeroutput["shardfuzz_outputs"] = declared
+        return
+    declared.update(getattr(config, "_shardfuzz_worker_outputs", {}))
     try:
-        check_tolerance_outputs(targets.values(), Tolerance(per_output=o.tolerance), "--shardfuzz-tolerance")
+        check_tolerance_names(declared, Tolerance(per_output=o.tolerance), "--shardfuzz-tolerance")
     except InvalidArgument as e:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.ensure_newline()  # after the progress line's "[100%]", not on it
-            reporter.write_line(f"shardfuzz: error: {e}", red=True)
+        config._shardfuzz_usage_error = str(e)  # type: ignore[attr-defined]  # printed in the summary
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: on the controller, as each worker ends
+def pytest_testnodedown(node: Any) -> None:
+    outputs = getattr(node, "workeroutput", {}).get("shardfuzz_outputs")
+    if outputs:
+        node.config._shardfuzz_worker_outputs = {
+            **getattr(node.config, "_shardfuzz_worker_outputs", {}),
+            **outputs,
+        }
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # here, not in pytest_sessionfinish: after the progress line ("[100%]"), on a line of its own
+    error = getattr(terminalreporter.config, "_shardfuzz_usage_error", None)
+    if error:
+        terminalreporter.write_line(f"shardfuzz: error: {error}", red=True)
 
 
 @pytest.hookimpl(wrapper=True)
