@@ -212,7 +212,7 @@ MOSTLY_BITS = 10
 
 def _mostly_value(common: Any, rare: tuple[Any, ...], cut: int, bits: Sequence[bool]) -> Any:
     """``mostly``'s value for the coin flips ``bits`` (a number in ``[0, 2**len(bits))``, the last
-    flip the highest bit, so all tails shrinks to 0): ``common`` below ``cut``."""
+    flip the highest bit, so all False is 0, where it shrinks): ``common`` below ``cut``."""
     i = sum(int(b) << k for k, b in enumerate(bits))
     return common if i < cut else rare[(i - cut) * len(rare) // (2 ** len(bits) - cut)]
 
