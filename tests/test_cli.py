@@ -223,3 +223,18 @@ def test_progress_line_shows_batch_only_for_a_target_with_a_batch(target, batche
     from shardfuzz.frontends.campaign import progress_triggers
 
     assert ("batch>1" in progress_triggers(Runner(target))) == batched
+
+
+@pytest.mark.parametrize(
+    "dtypes,shown,hidden",
+    [(None, "bfloat16", "float16"), (("float16",), "float16", "bfloat16"), (("float32",), None, "bfloat16")],
+)
+def test_progress_line_shows_the_low_precision_dtypes_the_run_draws(dtypes, shown, hidden):
+    """A ``--dtypes float16`` run's line showed ``bfloat16 0%`` and not its own dtype's share."""
+    from shardfuzz import Runner
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.frontends.campaign import progress_triggers
+
+    conditions = progress_triggers(Runner("tp_mlp", "reference", RunConfig(dtypes=dtypes)))
+    assert shown is None or shown in conditions, conditions
+    assert hidden not in conditions, conditions

@@ -42,7 +42,7 @@ from shardfuzz.report import plot
 from shardfuzz.report.closest_pass import closest_pass_words
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.budget import budget_for
-from shardfuzz.spec.triggers import PROGRESS
+from shardfuzz.spec.triggers import DTYPE_CONDITIONS, PROGRESS
 
 
 @dataclasses.dataclass
@@ -205,14 +205,21 @@ def _site(f: Finding) -> str:
 
 def progress_triggers(runner: Runner) -> tuple[str, ...]:
     """The progress line's conditions: the usual generic ones (``backward`` only for a target that
-    declares gradients, ``batch>1`` only for one whose cases have a ``batch`` size: a condition
-    that cannot apply read as a blind spot), then the target's own declared triggers that are not
-    among them (ddp_buckets declares ``backward`` too, which the line showed twice)."""
+    declares gradients, ``batch>1`` only for one whose cases have a ``batch`` size, a low-precision
+    dtype only for a run that draws it: a condition that cannot apply read as a blind spot, and a
+    ``--dtypes float16`` run showed bfloat16's 0%, not its own dtype's share), then the target's own
+    declared triggers that are not among them (ddp_buckets declares ``backward`` too, which the
+    line showed twice)."""
     c = runner.config  # the pool the first run's covering rows come from (drawn once, cached)
     pool = covering.pool_for(runner.target, runner.world_sizes(), c.dtypes, c.options)
     batched = any("batch" in case.sizes for case, _ in pool)
+    drawn = {case.dtype for case, _ in pool}
     generic = tuple(
-        t for t in PROGRESS if (t != "backward" or runner.target.gradients) and (t != "batch>1" or batched)
+        t
+        for t in PROGRESS
+        if (t != "backward" or runner.target.gradients)
+        and (t != "batch>1" or batched)
+        and (t not in DTYPE_CONDITIONS or t in drawn)
     )
     return generic + tuple(t for t in runner.target.triggers if t not in generic)
 

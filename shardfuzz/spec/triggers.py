@@ -34,7 +34,9 @@ GENERIC = (
     "float16",
 )
 #: shown in campaign progress lines, in this order (when reached by the target at all)
-PROGRESS = ("uneven", "world>=3", "2-D mesh", "group<world", "batch>1", "backward", "bfloat16")
+PROGRESS = ("uneven", "world>=3", "2-D mesh", "group<world", "batch>1", "backward", "bfloat16", "float16")
+#: the conditions of :data:`PROGRESS` that name a dtype: shown only for a run that draws it
+DTYPE_CONDITIONS = frozenset({"bfloat16", "float16"})
 
 
 def generic_triggers(case: Case) -> set[str]:
