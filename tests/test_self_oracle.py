@@ -42,6 +42,17 @@ def test_a_bug_that_needs_two_ranks_is_found_and_shrunk():
     assert "oracle: the implementation itself at world size 1" in result.report
 
 
+def test_an_expect_the_shrunk_case_does_not_bear_out_says_which_check_failed():
+    """A new user's ``Expect(world_size=...)`` that the shrunk case missed got only the report."""
+    with pytest.raises(AssertionError) as e:
+        assert_planted_bug_found(
+            SELF, "w_offset_zero", Expect(kind="mismatch", world_size=3, mesh=None), p95=5
+        )
+    first = str(e.value).splitlines()[0]
+    assert first.endswith("has world_size=2, mesh=(2,); Expect allows world_size in (3,), mesh=(2,)"), first
+    assert "was found, but the shrunk case" in first, first
+
+
 def test_a_bug_at_world_size_1_too_passes_a_self_oracle_and_fails_a_written_one():
     hidden = shardfuzz.run(SELF, "bias_twice", profile="shardfuzz-ci", database=None, max_examples=40)
     assert not hidden.found and hidden.stats.passed >= 40, hidden.report  # by design

@@ -63,16 +63,25 @@ def assert_planted_bug_found(
     )
     name = f"{get_target(target).name}/{impl}"
     assert result.found, f"{name} not found in {budget(p95)} examples: {result.stats.summary()}"
-    assert result.kind in expect.kinds, result.report
+    shrunk = f"{name} was found, but the shrunk case"
+    assert result.kind in expect.kinds, (
+        f"{shrunk} is a {result.kind!r} finding; Expect(kind=...) allows {sorted(expect.kinds)}\n{result.report}"
+    )
     case = result.case
     assert case is not None, result.report  # set whenever something was found
     worlds = expect.world_size if isinstance(expect.world_size, tuple) else (expect.world_size,)
     mesh = expect.mesh if expect.mesh is not None else (case.world_size,)
-    assert case.world_size in worlds and case.mesh == mesh, result.report
+    assert case.world_size in worlds and case.mesh == mesh, (
+        f"{shrunk} has world_size={case.world_size}, mesh={case.mesh}; Expect allows world_size in "
+        f"{worlds}, mesh={mesh}\n{result.report}"
+    )
     if expect.uneven is not None:
-        assert uneven_sizes(case) == tuple(expect.uneven), result.report
+        assert uneven_sizes(case) == tuple(expect.uneven), (
+            f"{shrunk} has uneven sizes {uneven_sizes(case)}; Expect(uneven=...) is "
+            f"{tuple(expect.uneven)}\n{result.report}"
+        )
     if expect.check is not None:
-        assert expect.check(case), result.report
+        assert expect.check(case), f"{shrunk} {case!r} fails Expect(check=...)\n{result.report}"
     contradicted = note_contradictions(expect.note, case)  # the note says what check asks: it holds
     assert not contradicted, (
         f"note {expect.note!r} says {contradicted}, which the shrunk case {case!r} does not bear out"
@@ -88,7 +97,9 @@ def assert_planted_bug_found(
         assert isinstance(first, Mismatch), result.report  # only mismatches name wrong outputs
         wrong = tuple(first.outputs)
         ok = expect.outputs(wrong) if callable(expect.outputs) else wrong == tuple(expect.outputs)
-        assert ok, result.report
+        assert ok, (
+            f"{shrunk} has wrong outputs {wrong}, which Expect(outputs=...) does not allow\n{result.report}"
+        )
     if result.stats.margin is not None:
         print(f"{name}: {case!r}, margin {result.stats.margin:.3g}x")
     return result
