@@ -217,6 +217,23 @@ def test_concurrent_campaigns_never_overwrite_each_others_failure_files(writers,
         assert record["report"] == f"bug of writer {name}, update 12" and record["updates"] == 12
 
 
+def test_writers_of_one_process_keep_each_distinct_finding_and_update_the_same_one(tmp_path):
+    """One serial pytest session: each test_for test records through its own writer, in one process.
+    The second test's distinct finding took over the first's file (pytest-xdist kept both)."""
+    from shardfuzz.engine.failures import FailureRecorder
+    from shardfuzz.engine.filewriter import read_record
+
+    first, second, again = (FailureRecorder(str(tmp_path)).writer for _ in range(3))
+    stem = "t-i-gloo-mismatch"
+    a = first.write(stem, ".json", {"signature": "4 of 6 outputs", "report": "fp32"})
+    b = second.write(stem, ".json", {"signature": "2 of 6 outputs", "report": "bf16"})
+    assert (os.path.basename(a), os.path.basename(b)) == (f"{stem}.json", f"{stem}-2.json")
+    assert read_record(a)["report"] == "fp32"
+    c = again.write(stem, ".json", {"signature": "4 of 6 outputs", "report": "fp32, again"})
+    assert c == a and read_record(a)["updates"] == 1  # the same finding: its file, updated
+    assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
+
+
 @linux
 def test_a_full_disk_leaves_no_partial_file_and_warns_once(writers):
     """RLIMIT_FSIZE of 1000 bytes: every write of a ~2.3 kB failure file fails part way."""

@@ -104,7 +104,7 @@ class FailureRecorder(RunHooks):
         if not directory and not os.environ.get("SHARDFUZZ_FAILURES_DIR"):
             what = "the default failures directory"
         #: writes safely beside other writers of the folder (see :mod:`shardfuzz.engine.filewriter`)
-        self.writer = FileWriter(check_failures_dir(directory or default_dir(), what))
+        self.writer = FileWriter(check_failures_dir(directory or default_dir(), what), same="signature")
         self.written: dict[str, str] = {}  # path -> kind, in order
         #: failure files that could not be written (path -> why); the finding is reported anyway
         self.errors: dict[str, str] = {}

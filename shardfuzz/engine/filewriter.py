@@ -7,8 +7,11 @@ target, ``--jobs``, a CI matrix on one disk), and when the disk is full.
   fails when the name exists, and the file appears whole): the first writer of a key gets
   ``{stem}.json``, the next ``{stem}-2.json``, and so on.
 * A file that exists is taken over (updated in place, as one campaign does while Hypothesis shrinks)
-  only when its recorded writer (``"writer"``: host, pid, recorder) is this process or a process
-  of this host that is gone: a file of a live writer is never replaced. Before each update the
+  only when its recorded writer (``"writer"``: host, pid, recorder) is a process of this host that
+  is gone, or another writer of this process whose record is about the same thing (``same``: the
+  finding's signature). A file of a live writer is never replaced, and neither is another finding
+  of this process: one pytest session's tests of one target each write through their own writer,
+  and a serial session kept only the last test's finding where pytest-xdist kept them all. Before each update the
   writer compares the file's ``writer`` with its own, so a file taken over is left alone.
 * Each record is stamped with ``created`` (kept across updates), ``updated`` and ``updates``.
 * A write that fails (a full disk) removes its partial temporary file and raises; the caller warns
@@ -66,8 +69,11 @@ def check_failures_dir(path: str, what: str = "--failures-dir") -> str:
 class FileWriter:
     """Writes JSON records to files of one directory, one claimed file per key."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, same: str | None = None) -> None:
         self.directory = directory
+        #: the record field that says what a record is about: another writer of this process takes
+        #: over only a file whose record has the same value there (None: never)
+        self.same = same
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.token = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self.owned: dict[tuple[str, str], str] = {}  # (stem, suffix) -> the path claimed for it
@@ -124,9 +130,10 @@ class FileWriter:
 
     def _claim(self, path: str, make: Callable[[dict | None], dict]) -> bool:
         old = read_record(path) if os.path.lexists(path) else None
-        if os.path.lexists(path) and (old is None or not self._may_take_over(old)):
+        record = make(old)
+        if os.path.lexists(path) and (old is None or not self._may_take_over(old, record)):
             return False  # another live writer's file, or not a record of ours: never replaced
-        tmp = self._temporary(path, make(old))
+        tmp = self._temporary(path, record)
         stale = None
         try:
             if old is not None:  # move the stale file out of the way: one taker only
@@ -141,7 +148,7 @@ class FileWriter:
                 if leftover is not None and os.path.lexists(leftover):
                     os.remove(leftover)
 
-    def _may_take_over(self, record: dict[str, Any]) -> bool:
+    def _may_take_over(self, record: dict[str, Any], new: dict[str, Any]) -> bool:
         writer = record.get("writer")
         if writer == self.token:
             return False  # this writer's own file of another key
@@ -152,7 +159,9 @@ class FileWriter:
         host, pid, _ = writer.rsplit(":", 2)
         if host != self.host or not pid.isdigit():
             return False  # another machine's writer may be alive: leave its file
-        return int(pid) == self.pid or not _alive(int(pid))
+        if int(pid) == self.pid:  # another writer of this process: its file only if about the same
+            return self.same is not None and record.get(self.same) == new.get(self.same) is not None
+        return not _alive(int(pid))
 
     def _temporary(self, path: str, record: dict[str, Any]) -> str:
         """A complete temporary file next to ``path`` (removed again when the write fails)."""
