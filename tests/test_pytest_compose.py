@@ -137,6 +137,35 @@ def test_regressions_collects_only_the_files_its_filters_keep(pytester, tmp_path
     ]  # fmt: skip
 
 
+def test_regressions_finds_a_relative_folder_from_any_start_folder_and_says_why_when_none(
+    pytester, monkeypatch
+):
+    """The docs' CI recipe ``regressions("tests/failures")`` read the folder against the current
+    one: started from ``tests/`` it silently collected nothing ("got empty parameter set")."""
+    pytester.makepyprojecttoml("[project]\nname = 'user-project'\n")  # pytest's rootdir: the project's
+    tests = pytester.path / "tests"
+    (tests / "failures").mkdir(parents=True)
+    _record(tests / "failures", "mine")
+    (tests / "test_reg.py").write_text(
+        "import shardfuzz\n"
+        "test_kept = shardfuzz.regressions('tests/failures')\n"
+        "test_hangs = shardfuzz.regressions('tests/failures', kind='hang')\n"
+        "test_typo = shardfuzz.regressions('tests/failure')\n"
+    )
+    for start in (pytester.path, tests):
+        monkeypatch.chdir(start)
+        result = pytester.runpytest_inprocess(str(tests / "test_reg.py"), "-rs", "-k", "not test_kept")
+        result.assert_outcomes(skipped=2)
+        result.stdout.fnmatch_lines(
+            [
+                f"*shardfuzz.regressions(): none of the 1 failure file(s) in {tests / 'failures'} is selected",
+                f"*shardfuzz.regressions(): no folder {tests / 'tests' / 'failure'} or {tests / 'failure'}",
+            ]
+        )
+        collected = pytester.runpytest_inprocess(str(tests / "test_reg.py"), "--collect-only", "-q")
+        assert any("test_kept[mine]" in line for line in collected.outlines), collected.outlines
+
+
 def test_new_options_are_checked_and_echoed(pytester):
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
     result = pytester.runpytest_inprocess("--shardfuzz-max-examples=0")

@@ -198,6 +198,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config._shardfuzz_outer_failures_dir = _SESSION["failures_dir"]  # type: ignore[attr-defined]  # a session inside a session (pytester)
+    config._shardfuzz_outer_rootdir = _SESSION["rootdir"]  # type: ignore[attr-defined]
     from shardfuzz.engine.settings import current_profile_name, profile_for, register_profiles
 
     register_profiles()
@@ -240,6 +241,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config._shardfuzz_options = options  # type: ignore[attr-defined]
     config._shardfuzz_targets = {}  # type: ignore[attr-defined]  # the targets tested: name -> Target
     _SESSION["failures_dir"] = failures_dir
+    _SESSION["rootdir"] = str(config.rootpath)
     config.addinivalue_line(
         "markers", "shardfuzz_regression: replays a failure file (runs before new searches)"
     )
@@ -248,11 +250,34 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     # a session run inside another (pytester) hands the outer one its value back
     _SESSION["failures_dir"] = getattr(config, "_shardfuzz_outer_failures_dir", None)
+    _SESSION["rootdir"] = getattr(config, "_shardfuzz_outer_rootdir", None)
 
 
 #: what ``regressions()`` reads at collection time, when it has no config to ask: the session's
-#: ``--shardfuzz-failures-dir`` (None: ``$SHARDFUZZ_FAILURES_DIR`` or ``.shardfuzz/failures``)
-_SESSION: dict[str, str | None] = {"failures_dir": None}
+#: ``--shardfuzz-failures-dir`` (None: ``$SHARDFUZZ_FAILURES_DIR`` or ``.shardfuzz/failures``) and
+#: pytest's rootdir (where a relative folder given to it is looked for after the test file's own)
+_SESSION: dict[str, str | None] = {"failures_dir": None, "rootdir": None}
+
+
+def _regressions_dir(directory: str | None, test_dir: str) -> tuple[str, list[str]]:
+    """The folder ``regressions(directory)`` reads, and the places a relative one was looked for:
+    next to the calling test file, in pytest's rootdir, in the current folder (the first that
+    holds it; as ``test_for`` finds a relative target file next to the test file first). A
+    folder it does not find is read nowhere: its test is skipped saying where it looked."""
+    if directory is None:
+        return _SESSION["failures_dir"] or default_dir(), []
+    if os.path.isabs(directory):
+        return directory, [directory]
+    looked = []
+    for root in (test_dir, _SESSION["rootdir"], os.getcwd()):
+        if root is None:
+            continue
+        candidate = os.path.normpath(os.path.join(root, directory))
+        if os.path.isdir(candidate):
+            return candidate, [candidate]
+        if candidate not in looked:
+            looked.append(candidate)
+    return directory, looked
 
 
 def pytest_collection_modifyitems(items: list) -> None:
@@ -419,19 +444,22 @@ def regressions(
     fails with the report while the bug is still there. They run before any new search.
 
     ``directory`` defaults to ``--shardfuzz-failures-dir``, ``$SHARDFUZZ_FAILURES_DIR`` or
-    ``.shardfuzz/failures``; it is read at collection time. Files in the project (or on the search
+    ``.shardfuzz/failures``; it is read at collection time. A relative ``directory`` is looked for
+    next to the calling test file, then in pytest's rootdir, then in the current folder; with no
+    file to replay there is one skipped test that says why (no such folder, where it looked). Files in the project (or on the search
     path) replay as they are; ``trust_refs=True`` also imports code a file names outside them
     (``docs/trust.md``). ``target``, ``impl`` and ``kind`` (each a name or a list of names;
     ``kind`` one of ``mismatch``, ``layout``, ``rank-error``, ``hang``, ``ignored-collective``,
     ``communication``) keep only the files that match; the files of planted bugs (deliberate runs
     of a target's ``planted`` implementations) are left out unless ``planted=True``.
     """
-    where = directory or _SESSION["failures_dir"] or default_dir()
+    where, looked = _regressions_dir(directory, caller_dir())
     files = (
         sorted(os.path.join(where, n) for n in os.listdir(where) if n.endswith(".json"))
         if os.path.isdir(where)
         else []
     )
+    on_disk = len(files)
     if files:  # replays will run: the forkserver's preload overlaps with the engine's import
         start_forkserver()
     from shardfuzz.engine import failures
@@ -439,9 +467,22 @@ def regressions(
     from shardfuzz.repro.replay import replay_one
 
     files = compose.select_failure_files(files, target=target, impl=impl, kind=kind, planted=planted)
+    params: list[Any] = files
+    if not files:  # one skipped test that says why (pytest's own: "got empty parameter set")
+        if not os.path.isdir(where):
+            why = f"no folder {' or '.join(looked) if looked else os.path.abspath(where)}"
+        elif on_disk:
+            why = f"none of the {on_disk} failure file(s) in {os.path.abspath(where)} is selected"
+        else:
+            why = f"no failure files in {os.path.abspath(where)}"
+        params = [pytest.param(None, marks=pytest.mark.skip(reason=f"shardfuzz.regressions(): {why}"))]
 
     @pytest.mark.shardfuzz_regression
-    @pytest.mark.parametrize("failure_file", files, ids=[os.path.basename(f)[: -len(".json")] for f in files])
+    @pytest.mark.parametrize(
+        "failure_file",
+        params,
+        ids=[os.path.basename(f)[: -len(".json")] for f in files] if files else ["no-failure-files"],
+    )
     def test(failure_file: str, shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
         try:
             record = failures.load(failure_file, trust_refs=trust_refs)
