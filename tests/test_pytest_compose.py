@@ -258,7 +258,8 @@ def test_under_xdist_with_a_user_profile_settings_statistics_and_readable_failur
     assert re.search(r"shardfuzz toy/reference/gloo: 3 examples \(3 passed", sections["test_settings"])
     assert "Stopped because" in sections["test_settings"]  # Hypothesis' part of the section
     assert re.search(
-        r"closest pass: error/tolerance (at most \S+ \(judged without the noise term\)|\S+) at Case\(target='toy'",
+        r"closest pass: error/tolerance (at most \S+ \(judged without the noise term; its case measures "
+        r"\S+ with it\)|\S+) at Case\(target='toy'",
         sections["test_settings"],
     )
     assert "trigger conditions reached: group<world" in sections["test_bug"]

@@ -50,7 +50,9 @@ else:  # pragma: no cover; Hypothesis brings the backport on 3.10
 def check(
     runner: Runner,
     case: Case,
-    label: str = "error/tolerance",
+    #: Hypothesis prints the highest score under this label, a failing test too: only passing
+    #: examples have one (a failing one raises first), so the label says so
+    label: str = "error/tolerance of a passing example",
     repeats: RepeatedCases | None = None,
     answer: bool = False,
 ) -> float:

@@ -476,17 +476,25 @@ def _measure_closest_pass(out: Outcome, runner: Runner) -> None:
     judged again with the noise term, once, on a runner of its own (the run's statistics stay as
     they are): the summary then says what that case really measures. The bound over all passes
     stays the upper bound; this is the one case it came from."""
+    out.closest_measured, out.closest_rerun_failed = measure_closest_pass(runner)
+
+
+def measure_closest_pass(runner: Runner) -> tuple[float | None, str | None]:
+    """(the ratio with the noise term, None) of a clean run's closest pass that is an upper bound,
+    judged again once on a runner of its own; (None, the finding's kind) when it fails now (it
+    passed once: nondeterminism, which the summary says); (None, None) when there is nothing to
+    measure (a failing run, a true ratio) or a rank was killed from outside meanwhile."""
     s = runner.stats
     if s.failures or s.closest_pass is None or not s.closest_pass_upper_bound:
-        return
+        return None, None
     again = runner.with_hooks([])
     again.always_noise = True
     try:
-        out.closest_measured = again.run_case(s.closest_pass)
-    except Finding as f:  # it passed once: failing now is nondeterminism, which the summary says
-        out.closest_rerun_failed = f.kind
-    except ExternalFault:  # a rank killed from outside meanwhile: no measure; the bound still stands
-        out.closest_measured = None
+        return again.run_case(s.closest_pass), None
+    except Finding as f:
+        return None, f.kind
+    except ExternalFault:  # no measure; the bound still stands
+        return None, None
 
 
 def runner_recorder(runner: Runner) -> FailureRecorder | None:

@@ -36,7 +36,7 @@ def run_case(
 
     Inside a Hypothesis test it also does what ``test_for``'s own test does: the trigger conditions
     the case reaches become ``event()``\\ s, a case the target does not support (or an excluded
-    one) is ``reject()``\\ ed, and ``target(ratio, label="error/tolerance <target/impl/backend>")``
+    one) is ``reject()``\\ ed, and ``target(ratio, label="error/tolerance of a passing example <target/impl/backend>")``
     steers the search towards failures. Under pytest the ``--shardfuzz-*`` options apply, failure
     files go to the failures folder, and ``--hypothesis-show-statistics`` shows shardfuzz's
     statistics for the test.
@@ -66,7 +66,7 @@ def run_case(
         scope.add(runner)
 
     if currently_in_test_context():
-        return check(runner, case, label=f"error/tolerance {runner.key}")
+        return check(runner, case, label=f"error/tolerance of a passing example {runner.key}")
     return counted_run(runner, case)[0]
 
 

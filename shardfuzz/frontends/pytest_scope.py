@@ -38,8 +38,10 @@ class Scope:
             self.runners.append(runner)
 
 
-def statistics(runner: Runner) -> str:
-    """shardfuzz's statistics of one runner in one test, in the layout of Hypothesis' own."""
+def statistics(runner: Runner, measure: bool = False) -> str:
+    """shardfuzz's statistics of one runner in one test, in the layout of Hypothesis' own;
+    ``measure``: a closest pass judged without the noise term is judged once with it (as the CLI's
+    summary does), so the line says what its case measures."""
     s = runner.stats
     lines = [f"  - shardfuzz {runner.key}: {s.examples} examples ({s.passed} passed, {s.failures} failing)"]
     if s.rows or s.hypothesis_runs > 1:  # Hypothesis' statistics above are of its last run only
@@ -62,7 +64,16 @@ def statistics(runner: Runner) -> str:
     if s.external_faults:
         lines.append(f"    - external faults set aside (rank killed from outside): {s.external_faults}")
     if s.closest_pass is not None:
-        lines.append(f"    - closest pass: error/tolerance {s.closest_pass_words} at {s.closest_pass!r}")
+        words = s.closest_pass_words
+        if measure and s.closest_pass_upper_bound:
+            from shardfuzz.frontends.campaign import measure_closest_pass  # the engine: loaded by now
+            from shardfuzz.report.closest_pass import closest_pass_words
+
+            measured, failed = measure_closest_pass(runner)
+            words = closest_pass_words(s.worst_pass_ratio, True, measured)
+            if failed:
+                words += f"; its case now fails ({failed}): nondeterministic"
+        lines.append(f"    - closest pass: error/tolerance {words} at {s.closest_pass!r}")
     if s.margin is not None:
         lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
     lines += [f"    - {line}" for line in unused_exclusions(runner)]
@@ -91,7 +102,8 @@ def test_scope(item: Any, config: RunConfig | None) -> Iterator[None]:
         for r in scope.runners:  # shown without --hypothesis-show-statistics too
             for line in unused_exclusions(r):
                 warnings.warn(f"shardfuzz {r.key}: {line}", UserWarning, stacklevel=1)
-        ours = "\n".join(statistics(r) for r in scope.runners)
+        shown = bool(item.config.getoption("hypothesis_show_statistics", False))
+        ours = "\n".join(statistics(r, measure=shown) for r in scope.runners)
         if ours:
             head = getattr(item, "hypothesis_statistics", None) or f"{item.nodeid}:\n"
             item.hypothesis_statistics = f"{head.rstrip()}\n{ours}"
