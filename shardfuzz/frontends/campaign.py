@@ -35,11 +35,11 @@ from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp
 from shardfuzz.engine.runner import Runner, Stats
 from shardfuzz.engine.search import Result, search, settings_for, stable_identity
 from shardfuzz.engine.shared_db import save_only
-from shardfuzz.errors import ExternalFault, Finding, InvalidArgument
+from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report import plot
-from shardfuzz.report.closest_pass import closest_pass_words
+from shardfuzz.report.closest_pass import closest_pass_words, measure_closest_pass
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.budget import budget_for
 from shardfuzz.spec.triggers import DTYPE_CONDITIONS, PROGRESS
@@ -477,24 +477,6 @@ def _measure_closest_pass(out: Outcome, runner: Runner) -> None:
     they are): the summary then says what that case really measures. The bound over all passes
     stays the upper bound; this is the one case it came from."""
     out.closest_measured, out.closest_rerun_failed = measure_closest_pass(runner)
-
-
-def measure_closest_pass(runner: Runner) -> tuple[float | None, str | None]:
-    """(the ratio with the noise term, None) of a clean run's closest pass that is an upper bound,
-    judged again once on a runner of its own; (None, the finding's kind) when it fails now (it
-    passed once: nondeterminism, which the summary says); (None, None) when there is nothing to
-    measure (a failing run, a true ratio) or a rank was killed from outside meanwhile."""
-    s = runner.stats
-    if s.failures or s.closest_pass is None or not s.closest_pass_upper_bound:
-        return None, None
-    again = runner.with_hooks([])
-    again.always_noise = True
-    try:
-        return again.run_case(s.closest_pass), None
-    except Finding as f:
-        return None, f.kind
-    except ExternalFault:  # no measure; the bound still stands
-        return None, None
 
 
 def runner_recorder(runner: Runner) -> FailureRecorder | None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.engine.stats import Stats
+from shardfuzz.report.closest_pass import closest_pass_words, measure_closest_pass
 
 if TYPE_CHECKING:
     from shardfuzz.engine.config import RunConfig
@@ -66,9 +67,6 @@ def statistics(runner: Runner, measure: bool = False) -> str:
     if s.closest_pass is not None:
         words = s.closest_pass_words
         if measure and s.closest_pass_upper_bound:
-            from shardfuzz.frontends.campaign import measure_closest_pass  # the engine: loaded by now
-            from shardfuzz.report.closest_pass import closest_pass_words
-
             measured, failed = measure_closest_pass(runner)
             words = closest_pass_words(s.worst_pass_ratio, True, measured)
             if failed:
