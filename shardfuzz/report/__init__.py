@@ -3,7 +3,7 @@
 What a finding says: its text and one raise site per kind, the mismatch map, the plot and the
 first divergent collective. Imports core, spec, ranks and verdict.
 
-- ``closest_pass.py``: a clean run's closest pass in words (summary line, statistics, page).
+- ``closest_pass.py``: a clean run's closest pass in words (summary line, statistics, page), and measured with the noise term.
 - ``divergence.py``: the first divergent collective of the ranks' traces (per group and per
   point-to-point pair), and the trace as text.
 - ``findings.py``: the report text, and one raise site per finding kind.
