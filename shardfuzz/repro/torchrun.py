@@ -159,7 +159,9 @@ Run one process per rank with torchrun (on one machine or several):
     torchrun --nproc-per-node={world} {name} [--backend nccl] [--device cuda]
 
 It needs shardfuzz installed and the implementation importable as {impl_ref!r} on every node
-(a moved checkout: set SHARDFUZZ_PATH to its new folder); it does not use Hypothesis. Rank 0 prints the comparison; every rank exits 0 (passes) or 1 (fails).
+(a moved checkout: set SHARDFUZZ_PATH to its new folder); it does not use Hypothesis. Rank 0 prints the comparison; every rank exits 0 when the case passes
+and 1 when it fails (torchrun then stops the ranks still running, SIGTERM, and exits 1 with its
+own ChildFailedError summary after the report).
 """
 
 #: the script; every value in it is a literal (codegen.docstring, repr): no field becomes code
