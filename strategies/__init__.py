@@ -111,12 +111,17 @@ def meshes(
 def sharded_sizes(draw: Any, parts: int, spec: Split = Split()) -> int:
     """A global size for a dim split over ``parts`` ranks, built as ``per_rank * parts + remainder``.
 
-    Shrinks toward ``spec.min_per_rank * parts`` (even). A non-zero remainder makes it uneven; the
-    smallest uneven size is ``min_per_rank * parts + 1``.
+    Shrinks toward ``spec.min_per_rank * parts`` (even), or with ``allow_empty`` toward fewer rows
+    than ranks. A non-zero remainder makes it uneven; the smallest uneven size is
+    ``min_per_rank * parts + 1``.
     """
     check_int("parts", parts, 1)
-    lo = spec.min_per_rank if spec.min_per_rank > 0 or not spec.allow_empty else 0
-    per_rank = draw(st.integers(lo, spec.max_per_rank))
+    if spec.allow_empty and spec.min_per_rank > 0:  # one more value below the range: the empty one
+        below = spec.min_per_rank - 1
+        per_rank = draw(st.integers(below, spec.max_per_rank))
+        per_rank = 0 if per_rank == below else per_rank
+    else:  # min_per_rank 0 needs allow_empty (Split checks it): the same draw as ever
+        per_rank = draw(st.integers(spec.min_per_rank, spec.max_per_rank))
     if per_rank == 0:  # only under allow_empty: fewer rows than ranks, but never a global size of 0
         size = draw(st.integers(1, parts - 1)) if parts > 1 else 1
     else:

@@ -54,6 +54,20 @@ def test_sharded_sizes_shrink_even_then_uneven_never_empty_without_flag():
     assert minimal(sst.sharded_sizes(3, sst.Split(allow_empty=True, min_per_rank=0)), lambda n: n < 3) == 1
 
 
+@pytest.mark.parametrize("min_per_rank", [1, 2])
+def test_allow_empty_draws_fewer_rows_than_ranks_whatever_min_per_rank_is(min_per_rank):
+    """Five new users wrote ``Split(allow_empty=True)`` for empty shards: with the default
+    ``min_per_rank=1`` it drew none (only ``min_per_rank=0`` did), and the bounds refused them."""
+    spec = sst.Split(min_per_rank=min_per_rank, max_per_rank=3, allow_empty=True)
+    assert minimal(sst.sharded_sizes(3, spec), lambda n: n < 3) == 1
+    assert minimal(sst.sharded_sizes(3, spec)) == 1  # opted in: it shrinks toward the empty shard
+    assert minimal(sst.sharded_sizes(3, spec), lambda n: n >= 3) == 3 * min_per_rank  # never 1 a rank below
+    assert spec.admits(2, 3) and spec.admits(3 * min_per_rank + 2, 3)
+    assert not spec.admits(3 * min_per_rank - 1, 3) or min_per_rank == 1
+    assert spec.describe(3).startswith("1..2 or ")
+    assert not sst.Split(min_per_rank=min_per_rank).admits(2, 3)  # without the flag: never empty
+
+
 def test_min_size_raises_the_global_size_and_keeps_empty_shards_reachable():
     spec = sst.Split(allow_empty=True, min_per_rank=0, min_size=2)
     assert minimal(sst.sharded_sizes(1, spec)) == 2
@@ -289,7 +303,8 @@ def test_an_unknown_role_is_refused():
 def _drawable(spec, group):
     """Every size ``sharded_sizes(group, spec)`` can draw, by its construction."""
     out = set()
-    for per_rank in range(spec.min_per_rank, spec.max_per_rank + 1):
+    per_ranks = set(range(spec.min_per_rank, spec.max_per_rank + 1)) | ({0} if spec.allow_empty else set())
+    for per_rank in sorted(per_ranks):
         if per_rank == 0:
             raws = range(1, group) if group > 1 else [1]
         else:

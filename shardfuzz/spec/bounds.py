@@ -98,9 +98,11 @@ class Split:
 
     ``per_rank`` is drawn in ``[min_per_rank, max_per_rank]`` and the remainder in
     ``[0, group - 1]`` when ``uneven`` (else 0). Fewer rows than ranks need ``allow_empty``: it
-    lets ``per_rank`` be 0 (the global size still stays >= 1), so "uneven" never shrinks into
-    "empty". DTensor's ``Shard`` rule (``ceil(n / g)`` rows a rank) leaves trailing shards empty
-    for some larger sizes too (4 on 3 ranks: ``[2, 2, 0]``), whatever ``allow_empty`` says.
+    adds ``per_rank`` 0 to the draw, whatever ``min_per_rank`` is (the global size still stays
+    >= 1), so "uneven" never shrinks into "empty" unless asked. (Until stop 51 it did so only with
+    ``min_per_rank=0``: ``Split(allow_empty=True)`` alone drew no empty shard, silently.)
+    DTensor's ``Shard`` rule (``ceil(n / g)`` rows a rank) leaves trailing shards empty for some
+    larger sizes too (4 on 3 ranks: ``[2, 2, 0]``), whatever ``allow_empty`` says.
     ``min_size`` is the smallest global size, for a dim that is degenerate below it (a router over
     one expert has a softmax of one element: its gradient is exactly 0); a smaller draw is raised
     to it. ``over="replicas"``: drawn for the data-parallel axis instead, the ``world / group``
@@ -140,10 +142,10 @@ class Split:
         """Whether ``shardfuzz.strategies.sharded_sizes(group, self)`` can draw ``size``."""
         if size < self.min_size:
             return False
-        smallest = 1 if self.min_per_rank == 0 else self.min_per_rank * group
+        smallest = 1 if self.allow_empty else self.min_per_rank * group
         if size == self.min_size and smallest <= size:  # a smaller draw raised to min_size
             return True
-        if self.min_per_rank == 0 and 1 <= size <= max(group - 1, 1):  # fewer rows than ranks
+        if self.allow_empty and 1 <= size <= max(group - 1, 1):  # fewer rows than ranks
             return True
         per_rank, rest = divmod(size, group)
         return max(self.min_per_rank, 1) <= per_rank <= self.max_per_rank and (rest == 0 or self.uneven)
@@ -151,7 +153,7 @@ class Split:
     def describe(self, group: int) -> str:
         """The sizes :meth:`admits` on ``group`` ranks, in words."""
         parts = []
-        if self.min_per_rank == 0:
+        if self.allow_empty:
             parts.append("1" if group == 1 else f"1..{group - 1}")
         lo = max(self.min_per_rank, 1)
         if self.max_per_rank >= lo:
