@@ -111,6 +111,20 @@ def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
     assert out.returncode == 1 and "2 replayed: 1 fail, 1 pass" in out.stdout
 
 
+def test_replay_says_which_file_it_runs_and_which_case_ran_when_case_repr_was_edited(found, tmp_path):
+    """A new user's edited file: case_repr said batch 4, field 'case' (what runs) batch 2, and
+    nothing said so; a replay that ran long printed nothing at all until it ended."""
+    _, path = found
+    rec = json.loads(open(path).read())
+    edited = dict(rec, case_repr=rec["case_repr"].replace("seed=", "seed=99"))
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    out = cli("replay", str(tmp_path / "edited.json"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "shardfuzz: replaying edited.json ..." in out.stderr
+    assert f"(the file's case_repr reads {edited['case_repr']}: that is not the case that ran" in out.stdout
+    assert "case_repr reads" not in cli("replay", path).stdout  # an unedited file says nothing
+
+
 def test_replay_notes_a_change_in_a_helper_the_implementation_calls(tmp_path):
     """The docs' way of writing an implementation keeps its logic in a helper (``off_by_one``
     calls ``_toy_reference``): a fix there changes the file, not the function, and replay says so."""

@@ -323,6 +323,7 @@ def _cmd_replay(args: Any) -> int:
         raise InvalidArgument(f"--finding={args.finding!r} names a fleet finding: give a redis://... URL")
     start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
     from shardfuzz.engine import failures
+    from shardfuzz.engine.failure_schema import printable
     from shardfuzz.frontends import fleet_view
     from shardfuzz.repro.replay import replay_one
 
@@ -338,6 +339,10 @@ def _cmd_replay(args: Any) -> int:
     check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
     still = 0
     for rec in records:
+        # on stderr, before it runs: a case that takes long (the oracle in this process has no
+        # timeout) shows which file it is
+        where = printable(os.path.basename(rec["path"])) if rec.get("path") else "a fleet finding"
+        print(f"shardfuzz: replaying {where} ...", file=sys.stderr, flush=True)
         res = replay_one(
             rec,
             backend=args.backend,

@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=_positive_float,
         default=None,
-        help="fixed per-example timeout in seconds (default: adaptive)",
+        help="fixed per-example timeout in seconds, for the ranks' work (default: adaptive); the "
+        "oracle, which runs in this process, has none",
     )
     where.add_argument(
         "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True) on every rank"

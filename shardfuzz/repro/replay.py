@@ -38,7 +38,14 @@ class Replayed:
             what = f"STILL FAILS ({self.kind}; was {self.record['kind']}){_same_cause(self)}"
         else:
             what = "now passes"
-        return f"{head} {what}{self.note}\n  {case!r}"
+        line = f"{head} {what}{self.note}\n  {case!r}"
+        shown = self.record.get("case_repr")
+        if isinstance(shown, str) and shown != repr(case):  # an edited file: say which case ran
+            line += (
+                f"\n  (the file's case_repr reads {printable(shown)}: that is not the case that ran, which "
+                "is its field 'case', above)"
+            )
+        return line
 
 
 def _same_cause(replayed: Replayed) -> str:
