@@ -101,6 +101,12 @@ def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
     out = cli("replay", str(tmp_path / "fixed.json"))
     assert out.returncode == 0 and "now passes" in out.stdout
     assert "source or bound arguments changed" in out.stdout
+    # what ran is said: the file's impl_ref, not the implementation the target calls by that name
+    # (a new user's edited impl_ref read as "double_divide now passes")
+    assert (
+        "(what ran is the file's impl_ref shardfuzz.targets.tp_mlp:reference, not the target's "
+        "implementation missing_allreduce, which is shardfuzz.targets.tp_mlp:reference(bug='missing_allreduce'))"
+    ) in out.stdout, out.stdout
 
     moved = dict(rec, inputs_sha256="0" * 64)
     (tmp_path / "moved.json").write_text(json.dumps(moved))

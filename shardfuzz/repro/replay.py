@@ -106,6 +106,13 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
     elif record.get("impl_file_sha256") and record["impl_file_sha256"] != file_hash(runner.impl_ref):
         # the function is the same, its file is not: a helper it calls may have changed
         note = " (the file that defines the implementation changed since)"
+    name = record["impl"]
+    if name in target.implementations and target.impl_ref(name) != record["impl_spec"]:
+        # the file's impl_ref ran, not what the target calls by that name now (moved, or edited)
+        note += (
+            f" (what ran is the file's impl_ref {printable(str(record['impl_spec']))}, not the target's "
+            f"implementation {printable(name)}, which is {printable(str(target.impl_ref(name)))})"
+        )
     try:
         runner.run_case(case)
         failed, kind, report, signature = False, None, "", None
