@@ -427,3 +427,16 @@ def test_a_moved_file_is_found_beside_a_colleague_without_a_project_marker(tmp_p
     assert resolve_file(gone, "target_ref", "col_linear.py") == str(colleague / "col_linear.py")
     with pytest.raises(TargetError, match="does not exist"):
         resolve_file(gone, "target_ref", "other.py")
+
+
+def test_a_failure_file_field_is_named_once_in_its_error():
+    """'field 'target_ref': target_ref: file ... does not exist': the check named it a second time."""
+    from shardfuzz.engine import failure_load
+    from shardfuzz.spec.refs import resolve_file
+
+    with pytest.raises(InvalidArgument) as e:
+        failure_load._field(
+            "failure file 'f.json'", "target_ref", resolve_file, "/gone/t.py", "target_ref", "t.py"
+        )
+    assert str(e.value).startswith("failure file 'f.json': field 'target_ref': file "), str(e.value)
+    assert str(e.value).count("target_ref") == 1, str(e.value)

@@ -68,7 +68,8 @@ def _field(where: str, field: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except InvalidArgument as e:
-        raise InvalidArgument(f"{where}: field {field!r}: {e}") from None
+        said = str(e).removeprefix(f"{field}: ")  # a check that names the field itself: once is enough
+        raise InvalidArgument(f"{where}: field {field!r}: {said}") from None
 
 
 def _invalid_case(where: str, check: Any, target: Target, case: Case) -> None:
