@@ -114,6 +114,19 @@ def test_a_diagonal_on_a_replicated_output():
     assert grid_of(text) == ["".join("#" if i == j else "." for j in range(6)) for i in range(6)]
 
 
+def test_a_replicated_output_says_whether_its_ranks_hold_different_values():
+    """A new user's FSDP2 bias left out of the all-reduce: -1.106 on rank 0, -0.206 on rank 1, and
+    the report said only "every rank holds the whole value"; ranks that disagree are the clue."""
+    ref = torch.randn(6, 6)
+    d = diff(Replicate(), ref, ref + torch.eye(6), 2)
+    d.ranks[0] = compare_tensor(ref, ref, torch.full_like(ref, 1e-9), 0, lambda i: i)  # rank 0 right
+    assert "    the ranks hold different values: against rank 0, rank 1 by up to 1\n" in format_output_diff(
+        d, LABEL
+    )
+    same = format_output_diff(diff(Replicate(), ref, ref + torch.eye(6), 2), LABEL)  # wrong alike
+    assert "every rank holds the whole value" in same and "different values" not in same, same
+
+
 def test_a_replicated_output_wrong_on_different_elements_per_rank_says_on_which_rank():
     """Rank 0's copy wrong at index 1, rank 1's at index 0: half the elements are wrong, and every
     global element on some rank (a new user read "every element of the global value is wrong"

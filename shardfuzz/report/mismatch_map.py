@@ -210,7 +210,28 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
         lines.append(f"    {who}: wrong at " + "; ".join(where))
     if clean:
         lines.append(f"    clean: rank{'s' if len(clean) > 1 else ''} {', '.join(clean)}")
+    lines += _disagreement(pieces, rank_label, replicated=head.startswith("every rank holds"))
     return lines + _grid_lines(od, pieces, sharded)
+
+
+def _disagreement(pieces: list[Any], rank_label: Callable[[int], str], replicated: bool) -> list[str]:
+    """Whether the ranks of a ``replicated`` value hold the same values: ranks that disagree point
+    at a value each computed apart (a gradient never all-reduced), not at a wrong shared computation."""
+    if not replicated:
+        return []
+    first = pieces[0]
+    apart = []
+    for p in pieces[1:]:
+        if p.local.shape != first.local.shape or not (
+            p.local.is_floating_point() and first.local.is_floating_point()
+        ):
+            continue
+        gap = (p.local.double() - first.local.double()).abs().nan_to_num(nan=float("inf"))
+        if gap.numel() and float(gap.max()) > 0:
+            apart.append(f"{rank_label(p.rank)} by up to {float(gap.max()):.3g}")
+    if not apart:
+        return []
+    return [f"    the ranks hold different values: against {rank_label(first.rank)}, " + ", ".join(apart)]
 
 
 def _grid_lines(od: OutputDiff, pieces: list[Piece], sharded: list[int]) -> list[str]:
