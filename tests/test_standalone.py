@@ -41,9 +41,14 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 try:
     runpy.run_path(sys.argv[1], run_name="__main__")
 finally:  # what the script imported, whatever way it ended
+    # a SIGTERM while writing left an empty list (seen once under load): ignored from here, and
+    # the list appears whole or not at all
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     bad = sorted(m for m in sys.modules if m.split(".")[0] in {forbidden!r})
-    with open(os.path.join({out!r}, "modules-" + os.environ["RANK"] + ".json"), "w") as f:
+    path = os.path.join({out!r}, "modules-" + os.environ["RANK"] + ".json")
+    with open(path + ".tmp", "w") as f:
         json.dump(bad, f)
+    os.replace(path + ".tmp", path)
 """
 
 
