@@ -232,6 +232,15 @@ def test_writers_of_one_process_keep_each_distinct_finding_and_update_the_same_o
     c = again.write(stem, ".json", {"signature": "4 of 6 outputs", "report": "fp32, again"})
     assert c == a and read_record(a)["updates"] == 1  # the same finding: its file, updated
     assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
+    # a test whose first, larger example had another signature took the next name, then shrank to
+    # the first test's finding: one file of it (two were left, a new user's DTensor audit)
+    late = FailureRecorder(str(tmp_path)).writer
+    d = late.write(stem, ".json", {"signature": "3 of 6 outputs", "report": "larger example"})
+    assert os.path.basename(d) == f"{stem}-3.json"
+    e = late.write(stem, ".json", {"signature": "2 of 6 outputs", "report": "shrunk"})
+    assert e == b and read_record(b)["report"] == "shrunk" and not os.path.exists(d)
+    assert late.write(stem, ".json", {"signature": "2 of 6 outputs", "report": "again"}) == b  # its own now
+    assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
 
 
 @linux

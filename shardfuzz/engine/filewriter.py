@@ -87,6 +87,15 @@ class FileWriter:
         updates), ``updated`` and ``updates``; returns its path. Raises OSError when it cannot be
         written (nothing partial is left behind)."""
         mine = self.owned.get((stem, suffix))
+        same = self._same_elsewhere(stem, suffix, record, mine)
+        if same is not None and self._claim(same, lambda old: _stamped(record, old)):
+            # another writer of this process holds this very finding (this one's first, larger
+            # example had another signature, and took the next name): one file of it, not two
+            if mine is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(mine)
+            self.owned[(stem, suffix)] = same
+            return same
         if mine is not None:
             old = read_record(mine)
             if old is not None and old.get("writer") == self.token:  # compare before replacing
@@ -95,6 +104,31 @@ class FileWriter:
         path = self._claim_free(stem, suffix, lambda old: _stamped(record, old))
         self.owned[(stem, suffix)] = path
         return path
+
+    def _same_elsewhere(self, stem: str, suffix: str, record: dict[str, Any], mine: str | None) -> str | None:
+        """A file of the key, other than ``mine``, that another writer of this process wrote about
+        the same thing (:attr:`same`): the one to update instead. Names are claimed in order, so
+        the first free one ends the search."""
+        if self.same is None or record.get(self.same) is None:
+            return None
+        held = set(self.owned.values())
+        for n in range(1, 10_000):
+            path = os.path.join(self.directory, f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+            if not os.path.lexists(path):
+                return None
+            if path == mine or path in held:
+                continue
+            old = read_record(path)
+            writer = old.get("writer") if old is not None else None
+            if (
+                isinstance(writer, str)
+                and writer != self.token
+                and writer.rsplit(":", 2)[:2] == [self.host, str(self.pid)]
+                and old is not None
+                and old.get(self.same) == record[self.same]
+            ):
+                return path
+        return None
 
     def rewrite(self, path: str, record: dict[str, Any]) -> str:
         """Write ``record`` over ``path``, a file this writer wrote (under any key, or moved: a
