@@ -238,3 +238,30 @@ def test_progress_line_shows_the_low_precision_dtypes_the_run_draws(dtypes, show
     conditions = progress_triggers(Runner("tp_mlp", "reference", RunConfig(dtypes=dtypes)))
     assert shown is None or shown in conditions, conditions
     assert hidden not in conditions, conditions
+
+
+def test_a_job_killed_before_its_summary_is_named_beside_a_finding():
+    """A `--workers 2` child killed with SIGKILL vanished: no line, no row, and the exit code said
+    only the other job's finding."""
+    import io
+    import sys
+    import textwrap
+
+    from shardfuzz.frontends.jobs import run_jobs
+
+    child = textwrap.dedent(
+        """
+        import json, os, signal, sys
+        if sys.argv[1] == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        out = sys.argv[sys.argv.index("--summary-json") + 1]
+        json.dump([{"target": "t", "found": True}], open(out, "w"))
+        sys.exit(1)
+        """
+    )
+    out = io.StringIO()
+    jobs = [[sys.executable, "-c", child, "die"], [sys.executable, "-c", child, "find"]]
+    rows, codes, interrupted = run_jobs(jobs, [1, 1], budget=2, parallel=2, stream=out)
+    assert codes == [-9, 1] and not interrupted
+    assert rows == [{"target": "t", "found": True, "job": 2}]
+    assert "[job 1] ended killed by signal 9 with no summary" in out.getvalue(), out.getvalue()

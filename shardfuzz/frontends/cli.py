@@ -41,7 +41,7 @@ from shardfuzz.frontends.cli_args import (
     EXIT_USAGE,
     build_parser,
 )
-from shardfuzz.frontends.jobs import die_with_parent, job_cost, run_jobs, sigterm_interrupts
+from shardfuzz.frontends.jobs import die_with_parent, how_it_ended, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.ranks.fast_exit import exit_without_teardown
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.divergence import format_trace
@@ -255,9 +255,10 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
     if interrupted:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
         return EXIT_FOUND if found else EXIT_INTERRUPTED
-    failed = [f"job {i + 1} exited with code {c}" for i, c in enumerate(codes) if c not in (0, 1)]
-    if failed and not found:
+    failed = [f"job {i + 1} ended {how_it_ended(c)}" for i, c in enumerate(codes) if c not in (0, 1)]
+    if failed:  # said beside a finding too (which decides the exit code): its row may be missing
         print(f"shardfuzz: the fuzzer itself failed: {', '.join(failed)} (output above)", file=sys.stderr)
+    if failed and not found:
         return EXIT_INFRA
     return EXIT_FOUND if found else EXIT_OK
 

@@ -89,6 +89,8 @@ def run_jobs(
     def finish(i: int) -> None:
         codes[i], job_rows = _finish_job(*running.pop(i))
         rows[i] = [{**row, "job": i + 1} for row in job_rows]  # its lines' "[job N]" prefix
+        if not job_rows:  # killed (kill -9, the OOM killer), or it failed first: it has no row
+            print(f"[job {i + 1}] ended {how_it_ended(codes[i])} with no summary", file=stream, flush=True)
 
     try:
         while pending or running:
@@ -108,6 +110,11 @@ def run_jobs(
         with contextlib.suppress(OSError):
             os.rmdir(tmp)
     return [row for i in sorted(rows) for row in rows[i]], [codes[i] for i in sorted(codes)], interrupted
+
+
+def how_it_ended(code: int) -> str:
+    """A child's exit code in words: ``killed by signal 9``, ``with exit code 3``."""
+    return f"killed by signal {-code}" if code < 0 else f"with exit code {code}"
 
 
 def _jobs_to_start(
