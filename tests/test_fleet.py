@@ -338,6 +338,14 @@ def test_bad_database_url_exits_2_naming_it_without_the_password(url, message):
     assert message in out.stderr and "hunter2" not in out.stdout + out.stderr
 
 
+def test_a_bad_fleet_url_given_to_status_is_named_as_the_url_it_is():
+    """``status`` has no --database option; its error named one."""
+    out = run_cli("status", "redis://127.0.0.1:notaport/0")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "URL='redis://127.0.0.1:notaport/0' is not a valid Redis URL" in out.stderr, out.stderr
+    assert "--database" not in out.stderr, out.stderr
+
+
 def test_wrong_password_exits_2(tmp_path):
     server = RedisServer(tmp_path, "--requirepass", "s3cret")
     try:
@@ -450,3 +458,35 @@ def test_a_finding_its_finder_shrank_further_replaces_the_fleets_copy(redis_serv
     # another signature: another finding, never written over this one
     assert not worker.improve(campaign.stable_identity(runner), crash, None, note["id"], 0.0)
     assert store.findings()[0]["case"] == repr(small.case)
+
+
+def test_replay_of_an_empty_fleet_names_the_fleet(redis_server):
+    """'no failure files (*.json) or findings in ['redis://...']': a Python list, and no fleet."""
+    out = run_cli("replay", redis_server.url, "--fleet", "nosuch")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"or findings in fleet 'nosuch' at {redis_server.url}" in out.stderr, out.stderr
+
+
+def test_the_fleet_page_shows_a_worker_that_rediscovered_a_finding_as_finding_it(redis_server):
+    """A worker that printed 'FOUND mismatch' (a rediscovery) was shown as 'nothing found'."""
+    from shardfuzz.engine.fleet import FORMAT, FleetStore
+    from shardfuzz.frontends.fleet_view import fleet_rows
+
+    store = FleetStore(redis_server.url, "again")
+    doc = {
+        "format": FORMAT, "id": "0123456789abcdef", "signature_version": 1, "signature": "('x',)",
+        "identity": "t/i/gloo", "kind": "mismatch", "target": "t", "impl": "i", "backend": "gloo",
+        "case": "Case()", "found_by": "first", "found_at": "now", "shrink_seconds": 0.0, "versions": {},
+        "failure_file": None,
+    }  # fmt: skip
+    assert store.publish(doc) is None
+    for worker in ("first", "second", "idle"):
+        store.heartbeat(worker, {"target": "t", "impl": "i", "examples": 5, "state": "running"}, 60.0)
+    store.rediscovered(doc["id"], "second", 1.5)
+    rows = {r["impl"].split("(worker ")[1].split(",")[0]: r for r in fleet_rows(redis_server.url, "again")}
+    assert rows["first"]["found"] and "(no failure record)" in rows["first"]["findings"][0]["report"]
+    assert rows["second"]["found"], rows["second"]
+    assert rows["second"]["findings"][0]["report"].startswith(
+        "a rediscovery (1 time(s)) of fleet finding 0123456789abcdef, first found by first"
+    )
+    assert not rows["idle"]["found"] and rows["idle"]["findings"] == []

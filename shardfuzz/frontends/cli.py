@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_tolerance_outputs, format_tolerance
 from shardfuzz.engine.hooks import grace_seconds
-from shardfuzz.engine.shared_db import RedisLost, is_redis_url, redact
+from shardfuzz.engine.shared_db import RedisLost, env_fleet, is_redis_url, redact
 from shardfuzz.errors import (
     Finding,
     InfrastructureError,
@@ -334,7 +334,14 @@ def _cmd_replay(args: Any) -> int:
     for url in filter(is_redis_url, args.paths):  # a fleet's findings: untrusted records of a store
         records += fleet_view.fleet_records(url, args.fleet, args.finding, trust_refs=args.trust_refs)
     if not records:
-        print(f"shardfuzz: error: no failure files (*.json) or findings in {args.paths}", file=sys.stderr)
+        fleet = args.fleet or env_fleet()
+        where = [
+            f"fleet {fleet!r} at {redact(p)}" if is_redis_url(p) else repr(printable(p)) for p in args.paths
+        ]
+        print(
+            f"shardfuzz: error: no failure files (*.json) or findings in {' or '.join(where)}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     tolerance = _tolerance(args)
     check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
@@ -342,8 +349,8 @@ def _cmd_replay(args: Any) -> int:
     for rec in records:
         # on stderr, before it runs: a case that takes long (the oracle in this process has no
         # timeout) shows which file it is
-        where = printable(os.path.basename(rec["path"])) if rec.get("path") else "a fleet finding"
-        print(f"shardfuzz: replaying {where} ...", file=sys.stderr, flush=True)
+        named = printable(os.path.basename(rec["path"])) if rec.get("path") else "a fleet finding"
+        print(f"shardfuzz: replaying {named} ...", file=sys.stderr, flush=True)
         res = replay_one(
             rec,
             backend=args.backend,

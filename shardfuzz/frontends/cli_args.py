@@ -152,9 +152,13 @@ def _database(text: str) -> str:
 
 
 def _redis_url(text: str) -> str:
+    """A positional fleet URL (``status``, ``findings``): its errors name no ``--database``."""
     if not is_redis_url(text):
         raise argparse.ArgumentTypeError(f"{redact(text)!r} is not a redis://HOST:PORT/N URL")
-    return _database(text)
+    try:
+        return str(check_database(text, "URL"))
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _fleet(text: str) -> str:

@@ -27,7 +27,9 @@ def rerun_command(url: str, fleet: str, fid: str) -> str:
 
 
 def format_findings(store: FleetStore, docs: list[dict[str, Any]]) -> str:
-    lines = [f"fleet {store.fleet!r} at {store.shown_url}: {len(docs)} findings"]
+    lines = [
+        f"fleet {store.fleet!r} at {store.shown_url}: {len(docs)} finding{'' if len(docs) == 1 else 's'}"
+    ]
     for d in docs:
         margin = f", margin {d['margin']:.3g}x" if isinstance(d.get("margin"), (int, float)) else ""
         again = sum(d["seen"].values())
@@ -79,6 +81,7 @@ def fleet_rows(url: str, fleet: str | None) -> list[dict[str, Any]]:
              "per_second": 0.0, "found": False, "findings": []},
         )  # fmt: skip
         record = d.get("failure_file") or {}
+        rerun = f"fleet finding {d['id']}: {rerun_command(store.url, store.fleet, d['id'])}"
         row["found"] = True
         row["findings"].append(
             {
@@ -86,9 +89,22 @@ def fleet_rows(url: str, fleet: str | None) -> list[dict[str, Any]]:
                 "margin": d.get("margin"),
                 "case": d["case"],
                 "report": record.get("report", "(no failure record)"),
-                "file": f"fleet finding {d['id']}: {rerun_command(store.url, store.fleet, d['id'])}",
+                "file": rerun,
             }
         )
+        for worker, times in (d.get("seen") or {}).items():  # a worker that found it again found it
+            if worker in rows and worker != d["found_by"]:
+                rows[worker]["found"] = True
+                rows[worker]["findings"].append(
+                    {
+                        "kind": d["kind"],
+                        "margin": d.get("margin"),
+                        "case": d["case"],
+                        "report": f"a rediscovery ({times:g} time(s)) of fleet finding {d['id']}, first found "
+                        f"by {d['found_by']}: its report is under that worker",
+                        "file": rerun,
+                    }
+                )
     return list(rows.values())
 
 
