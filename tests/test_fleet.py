@@ -267,16 +267,23 @@ def test_redis_lost_mid_campaign_keeps_findings_locally(tmp_path):
     assert not list(pathlib.Path.cwd().glob("<hypothesis*")), "a local database named by an object's repr"
 
 
-def test_two_fleets_never_mix_and_a_finding_is_stored_exactly_once(redis_server):
-    from shardfuzz.engine.fleet import FORMAT, FleetStore
+def _finding_doc(found_by: str = "w") -> dict:
+    """A fleet finding's stored document, every field valid, no failure record."""
+    from shardfuzz.engine.fleet import FORMAT
 
-    a, b = FleetStore(redis_server.url, "race-a"), FleetStore(redis_server.url, "race-b")
-    doc = {
+    return {
         "format": FORMAT, "id": "0123456789abcdef", "signature_version": 1, "signature": "('x',)",
         "identity": "t/i/gloo", "kind": "mismatch", "target": "t", "impl": "i", "backend": "gloo",
-        "case": "Case()", "found_by": "w", "found_at": "now", "shrink_seconds": 0.0, "versions": {},
+        "case": "Case()", "found_by": found_by, "found_at": "now", "shrink_seconds": 0.0, "versions": {},
         "failure_file": None,
     }  # fmt: skip
+
+
+def test_two_fleets_never_mix_and_a_finding_is_stored_exactly_once(redis_server):
+    from shardfuzz.engine.fleet import FleetStore
+
+    a, b = FleetStore(redis_server.url, "race-a"), FleetStore(redis_server.url, "race-b")
+    doc = _finding_doc()
     results: list = []
     threads = [threading.Thread(target=lambda: results.append(a.publish(dict(doc)))) for _ in range(8)]
     for t in threads:
@@ -471,16 +478,11 @@ def test_replay_of_an_empty_fleet_names_the_fleet(redis_server):
 
 def test_the_fleet_page_shows_a_worker_that_rediscovered_a_finding_as_finding_it(redis_server):
     """A worker that printed 'FOUND mismatch' (a rediscovery) was shown as 'nothing found'."""
-    from shardfuzz.engine.fleet import FORMAT, FleetStore
+    from shardfuzz.engine.fleet import FleetStore
     from shardfuzz.frontends.fleet_view import fleet_rows
 
     store = FleetStore(redis_server.url, "again")
-    doc = {
-        "format": FORMAT, "id": "0123456789abcdef", "signature_version": 1, "signature": "('x',)",
-        "identity": "t/i/gloo", "kind": "mismatch", "target": "t", "impl": "i", "backend": "gloo",
-        "case": "Case()", "found_by": "first", "found_at": "now", "shrink_seconds": 0.0, "versions": {},
-        "failure_file": None,
-    }  # fmt: skip
+    doc = _finding_doc(found_by="first")
     assert store.publish(doc) is None
     for worker in ("first", "second", "idle"):
         store.heartbeat(worker, {"target": "t", "impl": "i", "examples": 5, "state": "running"}, 60.0)
