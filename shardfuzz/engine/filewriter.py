@@ -28,7 +28,7 @@ import os
 import socket
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardfuzz.errors import InvalidArgument
@@ -112,21 +112,14 @@ class FileWriter:
         if self.same is None or record.get(self.same) is None:
             return None
         held = set(self.owned.values())
-        for n in range(1, 10_000):
-            path = os.path.join(self.directory, f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+        for path in self._names(stem, suffix):
             if not os.path.lexists(path):
                 return None
             if path == mine or path in held:
                 continue
             old = read_record(path)
-            writer = old.get("writer") if old is not None else None
-            if (
-                isinstance(writer, str)
-                and writer != self.token
-                and writer.rsplit(":", 2)[:2] == [self.host, str(self.pid)]
-                and old is not None
-                and old.get(self.same) == record[self.same]
-            ):
+            # of this process, and takeable: another writer's, about the same (_may_take_over)
+            if old is not None and self._of_this_process(old) and self._may_take_over(old, record):
                 return path
         return None
 
@@ -154,10 +147,14 @@ class FileWriter:
         self.owned.pop((stem, suffix), None)
 
     # -- claiming -------------------------------------------------------------------------
+    def _names(self, stem: str, suffix: str) -> Iterator[str]:
+        """The key's file names in the order they are claimed: ``{stem}.json``, ``{stem}-2.json``..."""
+        for n in range(1, 10_000):
+            yield os.path.join(self.directory, f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+
     def _claim_free(self, stem: str, suffix: str, make: Callable[[dict | None], dict]) -> str:
         held = set(self.owned.values())
-        for n in range(1, 10_000):
-            path = os.path.join(self.directory, f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+        for path in self._names(stem, suffix):
             if path not in held and self._claim(path, make):
                 return path
         raise OSError(errno.EEXIST, f"no free file name for {stem}{suffix} in {self.directory}")
@@ -181,6 +178,10 @@ class FileWriter:
             for leftover in (tmp, stale):
                 if leftover is not None and os.path.lexists(leftover):
                     os.remove(leftover)
+
+    def _of_this_process(self, record: dict[str, Any]) -> bool:
+        writer = record.get("writer")
+        return isinstance(writer, str) and writer.rsplit(":", 2)[:2] == [self.host, str(self.pid)]
 
     def _may_take_over(self, record: dict[str, Any], new: dict[str, Any]) -> bool:
         writer = record.get("writer")

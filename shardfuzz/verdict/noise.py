@@ -137,14 +137,10 @@ class NoiseDraws:
     def remember(self, t: Any, terms: Any) -> None:
         """Keep ``terms`` as the |terms| behind ``t`` while ``t`` lives (see :meth:`terms_of`)."""
         if isinstance(t, torch.Tensor) and isinstance(terms, torch.Tensor) and terms.shape == t.shape:
-            key = id(t)
-
-            def forget(_: Any, k: int = key) -> None:
-                self._terms.pop(k, None)
-
-            self._terms[key] = (weakref.ref(t, forget), terms)
+            self._keep(self._terms, t, terms)
 
     def _keep(self, table: dict[int, tuple[Any, Any]], t: torch.Tensor, value: Any) -> None:
+        """``table[id(t)] = (a weak reference to t, value)``, dropped when ``t`` dies."""
         key = id(t)
 
         def forget(_: Any, k: int = key) -> None:
