@@ -556,9 +556,8 @@ def _count_words(r: dict[str, Any]) -> str:
             r.get("closest_pass", 0.0),
             bool(r.get("closest_pass_upper_bound")),
             r.get("closest_pass_measured"),
+            r.get("closest_pass_rerun_failed"),
         )
-        if r.get("closest_pass_rerun_failed"):
-            res += f"; its case gave a {r['closest_pass_rerun_failed']} when run again: not deterministic?"
     if len(r.get("findings", [])) > 1:
         res += f": {len(r['findings'])} distinct findings"
     if r.get("rediscovered"):

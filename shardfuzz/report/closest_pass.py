@@ -9,14 +9,20 @@ from typing import Any
 from shardfuzz.errors import ExternalFault, Finding
 
 
-def closest_pass_words(ratio: float, upper_bound: bool, measured: float | None = None) -> str:
+def closest_pass_words(
+    ratio: float, upper_bound: bool, measured: float | None = None, rerun_failed: str | None = None
+) -> str:
     """``0.405``; a ratio judged without the noise term (a sure pass, so the true one is lower):
     ``at most 1 (judged without the noise term; its case measures 0.155 with it)``. A bound reads
-    as one: "closest pass 1" read as a run at the edge of its tolerance."""
-    if not upper_bound:
-        return f"{ratio:.3g}"
-    with_noise = f"; its case measures {measured:.3g} with it" if measured is not None else ""
-    return f"at most {ratio:.3g} (judged without the noise term{with_noise})"
+    as one: "closest pass 1" read as a run at the edge of its tolerance. ``rerun_failed``: the kind
+    of finding its case gave when measured (:func:`measure_closest_pass`)."""
+    words = f"{ratio:.3g}"
+    if upper_bound:
+        with_noise = f"; its case measures {measured:.3g} with it" if measured is not None else ""
+        words = f"at most {words} (judged without the noise term{with_noise})"
+    if rerun_failed:
+        words += f"; its case gave a {rerun_failed} when run again: not deterministic?"
+    return words
 
 
 def measure_closest_pass(runner: Any) -> tuple[float | None, str | None]:

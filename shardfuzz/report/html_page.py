@@ -100,7 +100,10 @@ def _closest(r: dict[str, Any]) -> str:
     if not r.get("closest_pass_case"):
         return '<p class="note">no example passed</p>'
     words = closest_pass_words(
-        r.get("closest_pass", 0.0), bool(r.get("closest_pass_upper_bound")), r.get("closest_pass_measured")
+        r.get("closest_pass", 0.0),
+        bool(r.get("closest_pass_upper_bound")),
+        r.get("closest_pass_measured"),
+        r.get("closest_pass_rerun_failed"),
     )
     return f"<p>closest pass: error/tolerance {_e(words)} at <code>{_e(r['closest_pass_case'])}</code></p>"
 
