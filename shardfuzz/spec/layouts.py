@@ -17,6 +17,8 @@ rebuild the global value from the locals.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 from typing import Any
 
 from shardfuzz.errors import InvalidArgument
@@ -29,23 +31,31 @@ SPLIT_RULES = ("dtensor", "tensor_split")
 
 def split_sizes(size: int, parts: int, rule: str = "dtensor") -> list[int]:
     """Sizes of the ``parts`` shards of a dim of length ``size`` under ``rule``."""
+    return list(_split(size, parts, rule)[0])
+
+
+def split_offsets(size: int, parts: int, rule: str = "dtensor") -> list[int]:
+    """Start offset of each shard."""
+    return list(_split(size, parts, rule)[1])
+
+
+@functools.lru_cache(maxsize=4096)
+def _split(size: int, parts: int, rule: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The sizes and offsets of a split, once per (size, parts, rule): the judge asks for them for
+    every rank's piece of every output, tens of times an example."""
     if parts < 1:
         raise InvalidArgument(f"parts={parts!r}; must be >= 1")
     if size < 0:
         raise InvalidArgument(f"size={size!r}; must be >= 0")
     if rule == "dtensor":
         chunk = -(-size // parts)
-        return [max(0, min(chunk, size - i * chunk)) for i in range(parts)]
-    if rule == "tensor_split":
+        sizes = [max(0, min(chunk, size - i * chunk)) for i in range(parts)]
+    elif rule == "tensor_split":
         base, rem = divmod(size, parts)
-        return [base + (1 if i < rem else 0) for i in range(parts)]
-    raise InvalidArgument(f"rule={rule!r}; allowed: {', '.join(map(repr, SPLIT_RULES))}")
-
-
-def split_offsets(size: int, parts: int, rule: str = "dtensor") -> list[int]:
-    """Start offset of each shard."""
-    sizes = split_sizes(size, parts, rule)
-    return [sum(sizes[:i]) for i in range(parts)]
+        sizes = [base + (1 if i < rem else 0) for i in range(parts)]
+    else:
+        raise InvalidArgument(f"rule={rule!r}; allowed: {', '.join(map(repr, SPLIT_RULES))}")
+    return tuple(sizes), tuple(itertools.accumulate(sizes[:-1], initial=0))
 
 
 class Layout:
@@ -132,9 +142,8 @@ class Shard(Layout):
 
     def piece(self, value: Any, rank: int, parts: int) -> Any:
         d = _norm_dim(self.dim, value.ndim, self)
-        n = value.shape[d]
-        off = split_offsets(n, parts, self.rule)[rank]
-        return value.narrow(d, off, split_sizes(n, parts, self.rule)[rank])
+        sizes, offsets = _split(value.shape[d], parts, self.rule)
+        return value.narrow(d, offsets[rank], sizes[rank])
 
     def assemble(self, locals_: list[Any]) -> Any:
         import torch

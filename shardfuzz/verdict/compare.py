@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -146,6 +147,9 @@ def compare_tensor(
     """Elementwise comparison with the NaN/Inf policy. ``to_global`` maps a local index to a global
     one; ``noise`` (the noise model's estimate) and ``u`` (the case dtype's unit roundoff) only
     enrich the description of the worst elements."""
+    passing = _passing(actual, expected, bound, rank, to_global)
+    if passing is not None:
+        return passing
     a = actual.detach().double()
     e = expected.double()
     n = e.numel()
@@ -202,6 +206,44 @@ def compare_tensor(
                     sigma / u if sigma is not None and u else None,
                 )
             )
+    return rd
+
+
+def _passing(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    bound: torch.Tensor,
+    rank: int | None,
+    to_global: Callable[[tuple[int, ...]], tuple[int, ...]],
+) -> RankDiff | None:
+    """The usual case, a piece that passes with finite values on both sides, in numpy: the same
+    float64 arithmetic as :func:`compare_tensor`'s, at a third of its cost (a dozen small ops, each
+    ~2 us in torch's dispatcher, on ~18 pieces an example); None for anything else, which
+    :func:`compare_tensor` then describes."""
+    if not (
+        actual.is_floating_point()
+        and expected.is_floating_point()
+        and bound.is_floating_point()
+        and actual.device.type == expected.device.type == bound.device.type == "cpu"
+        and actual.shape == expected.shape == bound.shape
+        and expected.numel() > 0
+    ):
+        return None
+    a = actual.detach().double().numpy()
+    e = expected.detach().double().numpy()
+    b = bound.detach().double().numpy()
+    diff = np.abs(a - e)
+    if not np.isfinite(diff).all():
+        return None
+    ratio = diff / np.maximum(b, 1e-300)  # a zero bound (atol=rtol=0) allows exactly 0
+    worst = float(ratio.max())
+    if not worst <= 1:  # a wrong element (or a NaN bound): compare_tensor describes it
+        return None
+    rd = RankDiff(rank, diff.size, 0, local=actual, to_global=to_global, max_ratio=worst)
+    i = int(diff.argmax())
+    rd.max_abs = float(diff.reshape(-1)[i])
+    rd.max_abs_at = to_global(tuple(int(v) for v in _unravel(i, e.shape)))
+    rd.max_abs_allowed = float(b.reshape(-1)[i])
     return rd
 
 
