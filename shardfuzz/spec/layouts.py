@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from typing import Any
 
 from shardfuzz.errors import InvalidArgument
@@ -31,31 +30,30 @@ SPLIT_RULES = ("dtensor", "tensor_split")
 
 def split_sizes(size: int, parts: int, rule: str = "dtensor") -> list[int]:
     """Sizes of the ``parts`` shards of a dim of length ``size`` under ``rule``."""
-    return list(_split(size, parts, rule)[0])
-
-
-def split_offsets(size: int, parts: int, rule: str = "dtensor") -> list[int]:
-    """Start offset of each shard."""
-    return list(_split(size, parts, rule)[1])
-
-
-@functools.lru_cache(maxsize=4096)
-def _split(size: int, parts: int, rule: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The sizes and offsets of a split, once per (size, parts, rule): the judge asks for them for
-    every rank's piece of every output, tens of times an example."""
     if parts < 1:
         raise InvalidArgument(f"parts={parts!r}; must be >= 1")
     if size < 0:
         raise InvalidArgument(f"size={size!r}; must be >= 0")
     if rule == "dtensor":
         chunk = -(-size // parts)
-        sizes = [max(0, min(chunk, size - i * chunk)) for i in range(parts)]
-    elif rule == "tensor_split":
+        return [max(0, min(chunk, size - i * chunk)) for i in range(parts)]
+    if rule == "tensor_split":
         base, rem = divmod(size, parts)
-        sizes = [base + (1 if i < rem else 0) for i in range(parts)]
-    else:
-        raise InvalidArgument(f"rule={rule!r}; allowed: {', '.join(map(repr, SPLIT_RULES))}")
-    return tuple(sizes), tuple(itertools.accumulate(sizes[:-1], initial=0))
+        return [base + (1 if i < rem else 0) for i in range(parts)]
+    raise InvalidArgument(f"rule={rule!r}; allowed: {', '.join(map(repr, SPLIT_RULES))}")
+
+
+def split_offsets(size: int, parts: int, rule: str = "dtensor") -> list[int]:
+    """Start offset of each shard."""
+    sizes = split_sizes(size, parts, rule)
+    return [sum(sizes[:i]) for i in range(parts)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _split(size: int, parts: int, rule: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The sizes and offsets of a split, once per (size, parts, rule): the judge cuts every rank's
+    piece of every output, tens of times an example."""
+    return tuple(split_sizes(size, parts, rule)), tuple(split_offsets(size, parts, rule))
 
 
 class Layout:
