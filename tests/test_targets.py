@@ -16,6 +16,8 @@ tests, so a new built-in target needs no test file of its own:
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import find, settings
 
@@ -169,6 +171,30 @@ def test_an_expect_record_is_keyword_only_and_names_a_known_kind():
     with pytest.raises(shardfuzz.TargetError, match=r"Expect\(kind='wrong'\); allowed: mismatch"):
         Expect(kind="wrong", world_size=2, mesh=(2,))
     assert Expect(kind="mismatch", world_size=2, mesh=(2,)).kinds == ("mismatch",)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("uneven", True, r"expected a tuple of the split sizes that must be uneven .*e.g. \('batch',\)"),
+        ("uneven", "seq", "expected a tuple of the split sizes"),  # not the letters s, e, q
+        ("world_size", 0, "expected a world size >= 1, or a tuple of them"),
+        ("world_size", (), "expected a world size >= 1"),
+        ("mesh", 2, r"expected a mesh shape such as \(2,\)"),
+        ("outputs", "grad_x", "expected a tuple of output names"),
+        ("check", "bfloat16", "expected a predicate on the case"),
+        ("needs", "uneven", "expected a tuple of strings"),
+        ("timeout", 0, "expected seconds > 0"),
+    ],
+)
+def test_an_expect_field_of_the_wrong_type_is_refused_when_made(field, value, message):
+    # found by a new user: Expect(uneven=True) was accepted, and the proof crashed with a TypeError
+    # after its whole search
+    from shardfuzz.spec.records import Expect
+
+    fields = dict(kind="mismatch", world_size=2, mesh=(2,), note="says what check asks for")
+    with pytest.raises(shardfuzz.TargetError, match=re.escape(f"Expect({field}={value!r}); ") + message):
+        Expect(**{**fields, field: value})
 
 
 def test_a_check_needs_a_note_and_a_known_failure_is_checked_whole_when_made():

@@ -95,12 +95,52 @@ class Expect:
             raise TargetError(
                 f"Expect(note={self.note!r}); expected a string (what check asks for, in words)"
             )
+        self._check_fields()
         if self.check is not None and not self.note.strip():
             # the docs show the note, not the lambda: a check nobody can read is a spec nobody can check
             raise TargetError(
                 f"Expect(check={self.check!r}, note={self.note!r}): a check needs a note saying in words "
                 "what it asks for (shown in the minimal-case column, confirmed on the shrunk case)"
             )
+
+    def _check_fields(self) -> None:
+        """Each structural field has the type the proof reads it as, checked now: a bare
+        ``uneven=True`` or ``uneven="seq"`` was only found out after a whole search, by a
+        TypeError (or a check of the letters s, e, q)."""
+
+        def count(v: Any, least: int) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+        def names(v: Any) -> bool:
+            return isinstance(v, tuple) and all(isinstance(x, str) and x for x in v)
+
+        ws = self.world_size
+        if not (count(ws, 1) or (isinstance(ws, tuple) and ws and all(count(w, 1) for w in ws))):
+            raise TargetError(f"Expect(world_size={ws!r}); expected a world size >= 1, or a tuple of them")
+        if self.mesh is not None and not (
+            isinstance(self.mesh, tuple) and self.mesh and all(count(m, 1) for m in self.mesh)
+        ):
+            raise TargetError(
+                f"Expect(mesh={self.mesh!r}); expected a mesh shape such as (2,) or (2, 2), or None"
+            )
+        if self.uneven is not None and not names(self.uneven):
+            raise TargetError(
+                f"Expect(uneven={self.uneven!r}); expected a tuple of the split sizes that must be uneven "
+                "in the minimal case, e.g. ('batch',), () for all even, or None (not checked)"
+            )
+        if self.outputs is not None and not (callable(self.outputs) or names(self.outputs)):
+            raise TargetError(
+                f"Expect(outputs={self.outputs!r}); expected a tuple of output names, e.g. ('grad_x',), "
+                "a predicate on the tuple of wrong outputs, or None (not checked)"
+            )
+        if self.check is not None and not callable(self.check):
+            raise TargetError(f"Expect(check={self.check!r}); expected a predicate on the case, or None")
+        for field in ("needs", "exclude"):
+            if not names(getattr(self, field)):
+                raise TargetError(f"Expect({field}={getattr(self, field)!r}); expected a tuple of strings")
+        t = self.timeout
+        if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0):
+            raise TargetError(f"Expect(timeout={t!r}); expected seconds > 0, or None")
 
     @property
     def kinds(self) -> tuple[str, ...]:
