@@ -260,6 +260,22 @@ def test_a_standalone_script_says_what_it_cannot_carry_from_shardfuzz():
     assert "split_sizes(ctx.inputs" in closure.defs[-1] and "def split_sizes(" in "\n".join(closure.defs)
 
 
+def test_a_statement_that_binds_several_names_is_copied_once(tmp_path, monkeypatch):
+    # found by a new user: `LR, B1, B2, EPS = ...` came out four times, once a name
+    from shardfuzz.repro.standalone import _Closure
+
+    (tmp_path / "several_names.py").write_text(
+        "LR, B1, B2 = 1e-2, 0.9, 0.999\n\n\ndef step(x):\n    return x * LR * B1 * B2\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import several_names
+
+    closure = _Closure()
+    closure.add_object(several_names.step, "step")
+    assert [d for d in closure.defs if d.startswith("LR, B1, B2 =")] == ["LR, B1, B2 = 1e-2, 0.9, 0.999"]
+    assert closure.defined() == ["LR", "B1", "B2", "step"]
+
+
 def test_a_zero_style_flat_buffer_gets_a_reproducer_that_compares_its_shards_without_the_padding(tmp_path):
     # PaddedFlat() outputs (ZeRO's flat buffers, tests/data/flat_target.py): the script compares
     # each rank's ceil(n / world) elements without the padding (it refused the layout)

@@ -172,7 +172,8 @@ class _Closure:
                     return
             names = [n.name] if isinstance(n, (ast.FunctionDef, ast.ClassDef)) else _assigned(n)
             if name in names and (module.__name__, name) not in self.seen:
-                self.seen.add((module.__name__, name))
+                # every name the statement binds: `LR, B1 = ...` is copied once, not once a name
+                self.seen.update((module.__name__, bound) for bound in names)
                 self._add_node(module, tree, n)
                 return
 
