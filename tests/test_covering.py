@@ -1,7 +1,9 @@
 """Campaigns that find more per minute: covering rows first, seeds from the resolved implementation,
 distinct findings after the first, known failures set aside, warm spares after a failure."""
 
+import json
 import os
+import re
 
 import pytest
 
@@ -266,6 +268,25 @@ def test_campaign_reports_two_distinct_findings_each_shrunk_and_exclude_sets_one
     assert "FOUND mismatch" in out.stdout and "rank-error" not in out.stdout
     assert "cases excluded as known failures" in out.stdout, out.stdout
     assert "excluding world_size >= 3" in out.stdout
+
+
+def test_two_distinct_findings_of_one_kind_keep_a_failure_file_each(tmp_path):
+    # found by a new user: two rank errors of one run were both reported with one file, which held
+    # only one of them
+    out = cli("fuzz", TOY, "--impl", "two_crashes", "--max-examples", "60", "--failures-dir", str(tmp_path))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "2 distinct findings" in out.stdout, out.stdout
+    named = re.findall(r"failure file: (\S+)", out.stdout)
+    assert sorted(os.path.basename(p) for p in named) == [
+        "toy-two_crashes-gloo-rank-error-2.json",
+        "toy-two_crashes-gloo-rank-error.json",
+    ], out.stdout
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(os.path.basename(p) for p in named)
+    held = {json.loads(open(p).read())["case"]["world_size"] for p in named}
+    assert held == {2, 3}, held  # each file holds its own finding
+    for path in named:
+        record = json.loads(open(path).read())
+        assert record["case_repr"] in out.stdout.split(path)[0].rsplit("- rank-error", 1)[1], path
 
 
 def test_known_failures_on_the_target_are_counted_never_passed():

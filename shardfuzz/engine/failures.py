@@ -34,7 +34,7 @@ import shardfuzz
 from shardfuzz.engine.config import run_origin
 from shardfuzz.engine.failure_load import load, prepare, record_impl, record_target
 from shardfuzz.engine.failure_schema import FORMAT, VERSION
-from shardfuzz.engine.filewriter import FileWriter, WriteFailed, check_failures_dir, default_dir
+from shardfuzz.engine.filewriter import FileWriter, WriteFailed, check_failures_dir, default_dir, read_record
 from shardfuzz.engine.finding import FindingContext
 from shardfuzz.engine.hooks import RunHooks, example_order
 from shardfuzz.errors import Finding, InvalidArgument
@@ -114,6 +114,9 @@ class FailureRecorder(RunHooks):
         #: a campaign's run (1 first): runs after the first write their findings to files of their
         #: own until :meth:`settle` knows whether each is a new finding or one found before
         self.run = 1
+        #: the files :meth:`settle` gave a finding of this run: a second distinct finding of the
+        #: same key gets a file of its own
+        self._settled: set[str] = set()
 
     @property
     def directory(self) -> str:
@@ -132,17 +135,29 @@ class FailureRecorder(RunHooks):
 
     def begin_run(self, run: int) -> None:
         self.run = run
+        self._settled = set()
 
     def settle(self, finding: Finding, distinct: bool) -> str | None:
         """After a campaign run: keep ``finding``'s file (it is a distinct finding: the first of its
         kind keeps the plain name, later ones get ``-2``, ``-3``...) or remove it (a finding seen
-        before). Returns the path kept."""
+        before). Returns the path kept.
+
+        One file is written per key while Hypothesis searches and shrinks: two distinct findings
+        of one kind in one run (a crash on 3 ranks, another on 2) wrote over each other, and both
+        were reported with the one file. Each now gets a file that holds it."""
         path = self.path_for(finding.context, finding.kind)
+        if path in self._settled:  # the key's file is another finding's of this run
+            return self._file_of_its_own(finding) if distinct else None
         if self.run == 1 or path not in self.written:
-            return path if distinct and path in self.written else None
+            if not (distinct and path in self.written):
+                return None
+            self._settled.add(path)
+            self._hold(path, finding)
+            return path
         kind = self.written.pop(path)
         stem, suffix = self.key(finding.context, finding.kind)
         self.writer.forget(stem, suffix)
+        self._settled.add(path)
         if not distinct:
             with contextlib.suppress(OSError):
                 os.remove(path)
@@ -153,7 +168,28 @@ class FailureRecorder(RunHooks):
             self.errors[path] = str(e)
             return None
         self.written[final] = kind
+        self._hold(final, finding)
         return final
+
+    def _hold(self, path: str, finding: Finding) -> None:
+        """Make the file ``path`` hold ``finding``'s case: the key's last write may have been
+        another finding's of the same run (or a case Hypothesis went on to replace)."""
+        record = read_record(path) or {}
+        held = {k: record.get(k) for k in ("case_repr", *signature_fields(finding))}
+        if held != {"case_repr": repr(finding.case), **signature_fields(finding)}:
+            self.write(path, finding.context, finding)
+
+    def _file_of_its_own(self, finding: Finding) -> str | None:
+        """A new file (``-2``, ``-3``...) holding ``finding``, a distinct finding of a key whose
+        file another finding of this run holds."""
+        stem, _ = self.key(finding.context, finding.kind)
+        try:
+            path = self.writer.claim_new(stem, ".json", self._record(finding.context, finding))
+        except OSError as e:  # never lose the finding over its file (as on_finding)
+            self.errors[os.path.join(self.directory, stem + ".json")] = str(e)
+            return None
+        self.written[path] = finding.kind
+        return path
 
     def on_finding(self, context: FindingContext, finding: Finding) -> None:
         key = self.key(context, finding.kind)

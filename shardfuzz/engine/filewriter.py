@@ -143,6 +143,11 @@ class FileWriter:
         os.remove(src)
         return path
 
+    def claim_new(self, stem: str, suffix: str, record: dict[str, Any]) -> str:
+        """Write ``record`` to the key's first free name (never one this writer holds), a file of
+        no key: a second finding of a key's run. Returns its path."""
+        return self._claim_free(stem, suffix, lambda old: _stamped(record, old))
+
     def forget(self, stem: str, suffix: str) -> None:
         self.owned.pop((stem, suffix), None)
 

@@ -96,6 +96,14 @@ def two_bugs(ctx):
     return wrong_rank1(ctx)
 
 
+def two_crashes(ctx):
+    """Two bugs of one kind: rank 1 dies on exactly 2 ranks, rank 2 raises on 3 ranks or more (two
+    distinct rank errors, each with a failure file of its own)."""
+    if ctx.group_rank == 1 and ctx.group_size == 2:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return two_bugs(ctx) if ctx.group_rank == 2 else reference(ctx)
+
+
 def wrong_shape(ctx):
     out = reference(ctx)
     out["x2"] = torch.cat([out["x2"], out["x2"][:1]])
@@ -303,6 +311,7 @@ TOY = Target(
         "wrong_rank1": "wrong_rank1",
         "wrong_shape": "wrong_shape",
         "two_bugs": "two_bugs",
+        "two_crashes": "two_crashes",
         "wrong_count": "wrong_count",
         "via_device_mesh": bind("reference", use_device_mesh=True),
         "killed_from_outside_once": "killed_from_outside_once",
