@@ -1,6 +1,8 @@
 """A shrink cut by a campaign's deadline is finished at the end of the campaign (shardfuzz.engine.finish)."""
 
 import argparse
+import copy
+import dataclasses
 import io
 import json
 import os
@@ -76,6 +78,25 @@ def _finding(tmp_path):
     )  # fmt: skip
     assert result.found, result.report
     return result.failures[0]
+
+
+def test_a_settled_finding_s_file_holds_the_case_it_is_reported_with(tmp_path):
+    """The key's last write during a run may be another case (a hang's file held a larger case than
+    its report): when the run settles, the file holds the finding's own case, and only then is it
+    written again."""
+    finding = _finding(tmp_path)
+    larger = copy.copy(finding)
+    larger.case = dataclasses.replace(finding.case, seed=finding.case.seed + 7)
+    larger.context = dataclasses.replace(finding.context, case=larger.case)
+    recorder = FailureRecorder(str(tmp_path / "failures"))
+    recorder.on_finding(larger.context, larger)  # the last write of the key: another case
+    path = recorder.settle(finding, distinct=True)
+    record = json.loads(open(path).read())
+    assert record["case_repr"] == repr(finding.case) and record["updates"] == 1, record["case_repr"]
+    assert recorder.settle(finding, distinct=True) != path  # a second distinct finding: its own file
+    recorder.begin_run(1)
+    assert recorder.settle(finding, distinct=True) == path
+    assert json.loads(open(path).read())["updates"] == 1  # it held it already: not written again
 
 
 def test_a_finished_shrink_rewrites_a_later_runs_file_in_place_and_a_repeat_is_kept_once(tmp_path):

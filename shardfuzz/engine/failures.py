@@ -176,7 +176,7 @@ class FailureRecorder(RunHooks):
         another finding's of the same run (or a case Hypothesis went on to replace)."""
         record = read_record(path) or {}
         held = {k: record.get(k) for k in ("case_repr", *signature_fields(finding))}
-        if held != {"case_repr": repr(finding.case), **signature_fields(finding)}:
+        if held != {"case_repr": repr(finding.context.case), **signature_fields(finding)}:
             self.write(path, finding.context, finding)
 
     def _file_of_its_own(self, finding: Finding) -> str | None:
