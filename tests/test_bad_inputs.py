@@ -405,10 +405,16 @@ def test_a_pinned_option_the_target_lacks_is_an_error_naming_it():
     with pytest.raises(
         InvalidArgument,
         match="option 'lse_gradient' pinned, but target 'ring_attention' has no such option",
-    ):
+    ) as info:
         shardfuzz.run(
             "ring_attention", "reference", max_examples=2, database=None, options={"lse_gradient": False}
         )
+    # the target's own options first; a value profile's (scale, grid) said to be the profiles'
+    # (a new user read grid and scale as options of their target)
+    listed = str(info.value).split("its options: ")[1]
+    own, profiles = listed.split(" (and ")
+    assert own == "logit_scale, lse_grad, variant", listed
+    assert profiles == "grid, scale, set by its value profiles)", listed
 
 
 def test_a_moved_file_is_found_beside_a_colleague_without_a_project_marker(tmp_path, monkeypatch):

@@ -129,6 +129,14 @@ def test_replay_says_which_file_it_runs_and_which_case_ran_when_case_repr_was_ed
     assert "shardfuzz: replaying edited.json ..." in out.stderr
     assert f"(the file's case_repr reads {edited['case_repr']}: that is not the case that ran" in out.stdout
     assert "case_repr reads" not in cli("replay", path).stdout  # an unedited file says nothing
+    # and so does a reproducer written from it (a new user's edit went by without a word there)
+    out = cli("repro", str(tmp_path / "edited.json"), "-o", str(tmp_path / "repro.py"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        f"shardfuzz: the file's case_repr reads {edited['case_repr']}: that is not the case that the script runs"
+        in out.stderr
+    )
+    assert "case_repr reads" not in cli("repro", path, "-o", str(tmp_path / "plain.py")).stderr
 
 
 def test_replay_notes_a_change_in_a_helper_the_implementation_calls(tmp_path):

@@ -372,10 +372,15 @@ def _cmd_replay(args: Any) -> int:
 
 def _cmd_repro(args: Any) -> int:
     from shardfuzz.engine import failures
+    from shardfuzz.repro.replay import case_repr_note, impl_note, record_target
     from shardfuzz.repro.standalone import write_standalone
     from shardfuzz.repro.torchrun import write_repro
 
     record = failures.load(args.file, trust_refs=args.trust_refs)
+    target, _ = record_target(record)
+    for note in (case_repr_note(record), impl_note(record, target)):  # an edited file: what is written
+        if note:
+            print(f"shardfuzz: {note.replace(' ran', ' the script runs', 1)}", file=sys.stderr)
     if args.standalone:
         path = write_standalone(record, args.output or "repro")
     else:

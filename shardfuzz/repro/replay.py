@@ -39,13 +39,29 @@ class Replayed:
         else:
             what = "now passes"
         line = f"{head} {what}{self.note}\n  {case!r}"
-        shown = self.record.get("case_repr")
-        if isinstance(shown, str) and shown != repr(case):  # an edited file: say which case ran
-            line += (
-                f"\n  (the file's case_repr reads {printable(shown)}: that is not the case that ran, which "
-                "is its field 'case', above)"
-            )
-        return line
+        edited = case_repr_note(self.record)
+        return line + f"\n  ({edited}, above)" if edited else line
+
+
+def case_repr_note(record: dict[str, Any]) -> str:
+    """What an edited file's ``case_repr`` says, where it is not its ``case`` (what runs); ""
+    where it is."""
+    shown = record.get("case_repr")
+    if isinstance(shown, str) and shown != repr(record["case"]):
+        return f"the file's case_repr reads {printable(shown)}: that is not the case that ran, which is its field 'case'"
+    return ""
+
+
+def impl_note(record: dict[str, Any], target: Any) -> str:
+    """What runs where the file's ``impl_ref`` is not what the target calls its ``impl`` now (moved,
+    or edited); "" where it is."""
+    name = record["impl"]
+    if name in target.implementations and target.impl_ref(name) != record["impl_spec"]:
+        return (
+            f"what ran is the file's impl_ref {printable(str(record['impl_spec']))}, not the target's "
+            f"implementation {printable(name)}, which is {printable(str(target.impl_ref(name)))}"
+        )
+    return ""
 
 
 def _same_cause(replayed: Replayed) -> str:
@@ -106,13 +122,9 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
     elif record.get("impl_file_sha256") and record["impl_file_sha256"] != file_hash(runner.impl_ref):
         # the function is the same, its file is not: a helper it calls may have changed
         note = " (the file that defines the implementation changed since)"
-    name = record["impl"]
-    if name in target.implementations and target.impl_ref(name) != record["impl_spec"]:
-        # the file's impl_ref ran, not what the target calls by that name now (moved, or edited)
-        note += (
-            f" (what ran is the file's impl_ref {printable(str(record['impl_spec']))}, not the target's "
-            f"implementation {printable(name)}, which is {printable(str(target.impl_ref(name)))})"
-        )
+    ran = impl_note(record, target)
+    if ran:
+        note += f" ({ran})"
     try:
         runner.run_case(case)
         failed, kind, report, signature = False, None, "", None

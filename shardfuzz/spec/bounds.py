@@ -99,8 +99,7 @@ class Split:
     ``per_rank`` is drawn in ``[min_per_rank, max_per_rank]`` and the remainder in
     ``[0, group - 1]`` when ``uneven`` (else 0). Fewer rows than ranks need ``allow_empty``: it
     adds ``per_rank`` 0 to the draw, whatever ``min_per_rank`` is (the global size still stays
-    >= 1), so "uneven" never shrinks into "empty" unless asked. (Until stop 51 it did so only with
-    ``min_per_rank=0``: ``Split(allow_empty=True)`` alone drew no empty shard, silently.)
+    >= 1), so "uneven" never shrinks into "empty" unless asked.
     DTensor's ``Shard`` rule (``ceil(n / g)`` rows a rank) leaves trailing shards empty for some
     larger sizes too (4 on 3 ranks: ``[2, 2, 0]``), whatever ``allow_empty`` says.
     ``min_size`` is the smallest global size, for a dim that is degenerate below it (a router over

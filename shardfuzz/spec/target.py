@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from shardfuzz.case import Case, pin_options
 from shardfuzz.errors import InvalidArgument, TargetCodeError, TargetError
 from shardfuzz.protocol import ImplRef
-from shardfuzz.spec.bounds import CaseBounds, bounds_of, branches_drawing, declare
+from shardfuzz.spec.bounds import PROFILE_PARAMS, CaseBounds, bounds_of, branches_drawing, declare
 from shardfuzz.spec.budget import check_budgets
 from shardfuzz.spec.exclude import known_failures
 from shardfuzz.spec.layouts import Layout, Replicate, check_layout
@@ -356,9 +356,14 @@ class Target:
             known = sorted(frozenset().union(*every))
             missing = sorted(names - frozenset(known))
             if missing:
+                # a value profile's parameters (scale, grid) are options of a case, not the target's
+                profiles = frozenset().union(*map(frozenset, PROFILE_PARAMS.values()))
+                own = [k for k in known if k not in profiles]
+                set_by = [k for k in known if k in profiles]
                 raise InvalidArgument(
                     f"option {missing[0]!r} pinned, but target {self.name!r} has no such option; "
-                    f"its options: {', '.join(known) or 'none'}"
+                    f"its options: {', '.join(own) or 'none'}"
+                    + (f" (and {', '.join(set_by)}, set by its value profiles)" if set_by else "")
                 )
             shown = "; ".join("{" + ", ".join(sorted(o)) + "}" for o in every)
             raise InvalidArgument(
