@@ -509,7 +509,8 @@ def test_an_option_of_one_branch_pins_by_selecting_the_branches_that_have_it():
     both = {bool(c.options.get("sequence_parallel")) for c, _ in sampling.draw_pool(t.strategy(), 7, 60)}
     assert both == {False, True}
     with pytest.raises(
-        InvalidArgument, match=r"no such option; its options: grid, scale, sequence_parallel$"
+        InvalidArgument,
+        match=r"no such option; its options: sequence_parallel \(and grid, scale, set by its value profiles\)$",
     ):
         t.strategy(options=(("sequence_paralel", True),))
     # a derived target (TARGET.derive) selects the base's branches too
