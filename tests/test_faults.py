@@ -243,6 +243,36 @@ def test_writers_of_one_process_keep_each_distinct_finding_and_update_the_same_o
     assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
 
 
+def test_a_later_run_updates_an_earlier_runs_file_of_its_finding_and_keeps_one_of_another(tmp_path):
+    """An earlier run's writer is gone: its file of the same finding is updated in place, one of
+    another finding is kept (a new user's later run wrote its cumprod finding over the cummax one)."""
+    import socket
+    import subprocess
+
+    from shardfuzz.engine.failures import FailureRecorder
+    from shardfuzz.engine.filewriter import read_record
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stem = "t-i-gloo-rank-error"
+    earlier = {
+        "signature": "cummax backward",
+        "report": "run 1",
+        "writer": f"{socket.gethostname()}:{gone.pid}:abc",
+    }
+    (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
+    later = FailureRecorder(str(tmp_path)).writer
+    other = later.write(stem, ".json", {"signature": "cumprod backward", "report": "run 2"})
+    assert os.path.basename(other) == f"{stem}-2.json"
+    assert read_record(str(tmp_path / f"{stem}.json"))["report"] == "run 1"  # kept
+    (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
+    same = FailureRecorder(str(tmp_path)).writer.write(
+        stem, ".json", {"signature": "cummax backward", "report": "run 3"}
+    )
+    assert os.path.basename(same) == f"{stem}.json" and read_record(same)["report"] == "run 3"
+    assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
+
+
 @linux
 def test_a_full_disk_leaves_no_partial_file_and_warns_once(writers):
     """RLIMIT_FSIZE of 1000 bytes: every write of a ~2.3 kB failure file fails part way."""

@@ -118,8 +118,8 @@ class FileWriter:
             if path == mine or path in held:
                 continue
             old = read_record(path)
-            # of this process, and takeable: another writer's, about the same (_may_take_over)
-            if old is not None and self._of_this_process(old) and self._may_take_over(old, record):
+            # takeable, and about the same: another writer's of this process, or an earlier run's
+            if old is not None and self._may_take_over(old, record) and self._about_the_same(old, record):
                 return path
         return None
 
@@ -200,8 +200,13 @@ class FileWriter:
         if host != self.host or not pid.isdigit():
             return False  # another machine's writer may be alive: leave its file
         if int(pid) == self.pid:  # another writer of this process: its file only if about the same
-            return self.same is not None and record.get(self.same) == new.get(self.same) is not None
-        return not _alive(int(pid))
+            return self.same is not None and self._about_the_same(record, new)
+        # an earlier run's (its writer is gone): only if about the same, where records say what
+        # they are about (a later run wrote its other finding over it, silently: one was lost)
+        return not _alive(int(pid)) and (self.same is None or self._about_the_same(record, new))
+
+    def _about_the_same(self, record: dict[str, Any], new: dict[str, Any]) -> bool:
+        return self.same is not None and record.get(self.same) == new.get(self.same) is not None
 
     def _temporary(self, path: str, record: dict[str, Any]) -> str:
         """A complete temporary file next to ``path`` (removed again when the write fails)."""
