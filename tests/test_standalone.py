@@ -292,6 +292,25 @@ def test_a_zero_style_flat_buffer_gets_a_reproducer_that_compares_its_shards_wit
     ), ref.stdout + ref.stderr
 
 
+def test_two_scripts_in_one_folder_keep_their_own_names_and_inputs(tmp_path, monkeypatch):
+    """A second script of the same implementation (another finding) was written over the first,
+    and every script of a folder read one ``inputs.pt``: each now has its own name and inputs."""
+    import shardfuzz.repro.standalone as standalone
+
+    monkeypatch.setattr(standalone, "INLINE_NUMEL", 0)  # every tensor to the file beside the script
+    target = str(Path(__file__).resolve().parent / "data" / "flat_target.py")
+    result, first = _standalone_of_a_finding(tmp_path, target, "padding_in_norm")
+    (found,) = glob.glob(str(tmp_path / "failures" / "*.json"))
+    assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(first.parent)]) == cli.EXIT_OK
+    second = first.with_name(first.stem + "_2.py")
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted(
+        [first.name, first.stem + ".pt", second.name, second.stem + ".pt"]
+    )
+    assert 'os.path.splitext(os.path.abspath(__file__))[0] + ".pt"' in second.read_text()
+    (first.with_suffix(".pt")).unlink()  # the second reads its own inputs, not the first's
+    _fails_the_same_way(second, result.case.world_size, tmp_path, "norm")
+
+
 def _with_impl(script: Path, name: str) -> Path:
     """The script with its call of the implementation under test replaced by ``name``, a function
     of tests/data/flat_target.py that the script does not carry (copied in after the harness)."""

@@ -1,7 +1,7 @@
 """Reproducers to file upstream: ``shardfuzz repro FILE --standalone -o DIR`` writes a script that
 needs nothing but torch.
 
-The script carries the case's inputs (inlined, or ``inputs.pt`` beside it when large), the
+The script carries the case's inputs (inlined, or ``SCRIPT.pt`` beside it when large), the
 implementation's source with what it uses from its own module (shardfuzz's ``Unsupported`` and
 constants are inlined, other shardfuzz code is copied from its module), the oracle's float64
 values with the tolerance the engine allowed, and a ``ctx`` cut down to this case. It runs under
@@ -38,7 +38,7 @@ from shardfuzz.spec.placements import AsDTensor, FromDTensor
 from shardfuzz.spec.refs import load_ref, split_file_ref
 from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
 
-#: larger tensors go to ``inputs.pt`` beside the script
+#: larger tensors go to ``SCRIPT.pt`` beside the script (``repro_x.pt`` for ``repro_x.py``)
 INLINE_NUMEL = 512
 
 
@@ -274,7 +274,7 @@ def _tensors(values: dict[str, Any], key: str, saved: dict[str, Any]) -> str:
 
 
 def write_standalone(record: dict[str, Any], directory: str) -> str:
-    """Write ``DIR/repro_<target>_<impl>.py`` (and ``DIR/inputs.pt`` when needed) for one failure
+    """Write ``DIR/repro_<target>_<impl>.py`` (``_2``, ``_3``... where that name is taken; and the same name ``.pt`` when needed) for one failure
     record; returns the script's path."""
     target, _ = record_target(record)
     case = record["case"]
@@ -344,6 +344,10 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     shown_impl = f"{os.path.basename(in_file[0])}::{fname}" if in_file is not None else record["impl"]
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name + ".py")
+    taken = 2
+    while os.path.lexists(path):  # another finding's script of this implementation: kept, never replaced
+        path = os.path.join(directory, f"{name}_{taken}.py")
+        taken += 1
     sizes = ", ".join(f"{k}={v}" for k, v in case.sizes.items())
     doc = DOC.format(
         title=f"{target.name} / {shown_impl} ({record['kind']})",
@@ -402,7 +406,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         text, doc, {"CASE": case_data, "OUTPUT_LAYOUTS": layouts, **({"STRIDED": strided} if strided else {})}
     )
     if saved:
-        torch.save(saved, os.path.join(directory, "inputs.pt"))
+        torch.save(saved, os.path.splitext(path)[0] + ".pt")  # its own: scripts share a folder
     with open(path, "w") as f:
         f.write(text)
     return path

@@ -10,7 +10,7 @@
 #@                        a part of the harness written only when the case needs it: `ctx.mesh` and
 #@                        the like when the implementation's code uses them (`ctx.extras`: any of
 #@                        them), `Unsupported` when it raises shardfuzz's Unsupported, `inputs.pt`
-#@                        when the inputs are too large to inline (they go to inputs.pt beside it),
+#@                        when the inputs are too large to inline (they go to SCRIPT.pt beside it),
 #@                        `inputs.strided` when the case hands layout-free inputs over as strided
 #@                        views (shardfuzz's strided_view is then copied in with the implementation)
 #@ The scripts written from it are compared byte for byte with examples/upstream/, blank lines
@@ -36,7 +36,7 @@ class Unsupported(Exception):
 # -- the case, its inputs, the oracle's values and the allowed error ----------------------------
 CASE = {{case}}
 #@ if inputs.pt
-DATA = torch.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "inputs.pt"))
+DATA = torch.load(os.path.splitext(os.path.abspath(__file__))[0] + ".pt")
 #@ else
 DATA = {}
 #@ end
