@@ -452,6 +452,24 @@ def dtensor_ops_generated() -> str:
     )
 
 
+def dtensor_ops_known() -> str:
+    """``dtensor_ops``' known failures of ``torch_dtensor`` (its ``KNOWN``) by name, and as the
+    ``--exclude`` flags of a campaign that sets them all aside, ready to paste."""
+    module = sys.modules[get_target("dtensor_ops").inputs.__module__]
+    names = "".join(f"- {name}: `{expr}`\n" for name, expr in module.KNOWN.items())
+    flags = " \\\n".join(f"  --exclude {_double_quoted(expr)}" for expr in module.KNOWN.values())
+    command = "shardfuzz fuzz dtensor_ops --impl torch_dtensor --duration 30m \\\n" + flags
+    return f"{names}\n```bash\n{command}\n```\n"
+
+
+def _double_quoted(text: str) -> str:
+    """``text`` as one shell word: in double quotes where nothing in it is special there (the
+    expressions' single quotes read as they are), else as :func:`shlex.quote` writes it."""
+    import shlex
+
+    return f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
+
+
 #: key of ``<!-- shardfuzz:gen KEY -->`` -> its generator, given the folder of the file it is in
 GENERATORS: dict[str, Callable[[pathlib.Path], str]] = {
     "cli": lambda _base: cli_options(),
@@ -463,6 +481,7 @@ GENERATORS: dict[str, Callable[[pathlib.Path], str]] = {
     "targets": targets,
     "contributing-proofs": lambda _base: contributing_proofs(),
     "dtensor-ops-generated": lambda _base: dtensor_ops_generated(),
+    "dtensor-ops-known": lambda _base: dtensor_ops_known(),
 }
 
 
