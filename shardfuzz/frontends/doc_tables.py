@@ -26,6 +26,7 @@ import ast
 import os
 import pathlib
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -465,8 +466,6 @@ def dtensor_ops_known() -> str:
 def _double_quoted(text: str) -> str:
     """``text`` as one shell word: in double quotes where nothing in it is special there (the
     expressions' single quotes read as they are), else as :func:`shlex.quote` writes it."""
-    import shlex
-
     return f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
 
 
