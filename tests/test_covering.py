@@ -289,6 +289,16 @@ def test_two_distinct_findings_of_one_kind_keep_a_failure_file_each(tmp_path):
         assert record["case_repr"] in out.stdout.split(path)[0].rsplit("- rank-error", 1)[1], path
 
 
+def test_two_distinct_findings_of_one_kind_keep_a_file_each_from_python_too(tmp_path):
+    # shardfuzz.run and test_for settle their findings as the CLI does
+    result = shardfuzz.run(
+        TOY, "two_crashes", max_examples=60, database=None, profile="shardfuzz-ci", failures_dir=str(tmp_path)
+    )
+    assert len(result.failures) == 2, result.report
+    held = sorted(json.loads(p.read_text())["case"]["world_size"] for p in tmp_path.glob("*.json"))
+    assert held == [2, 3], held
+
+
 def test_known_failures_on_the_target_are_counted_never_passed():
     res = shardfuzz.run(
         os.path.join(HERE, "data", "toy_known.py") + "::TOY_KNOWN",

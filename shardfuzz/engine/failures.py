@@ -41,7 +41,7 @@ from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.protocol import RANK_RULE, ImplRef
 from shardfuzz.ranks.pool_cache import remote_world
 from shardfuzz.ranks.task import numerics_flags
-from shardfuzz.signature import signature_fields
+from shardfuzz.signature import finding_signature, signature_fields
 from shardfuzz.spec.refs import file_entries, load_ref
 
 __all__ = [
@@ -171,12 +171,22 @@ class FailureRecorder(RunHooks):
         self._hold(final, finding)
         return final
 
+    def settle_run(self, findings: Iterable[Finding]) -> None:
+        """After a run that is not a campaign's (``shardfuzz.run``, a ``test_for`` test): settle
+        its findings as a campaign's first run does, each distinct one (by signature) in a file
+        that holds it; a test's two crashes of one kind kept only one file too."""
+        seen: set[str] = set()
+        for finding in findings:
+            if finding.context is not None:  # a finding this recorder never saw has no file
+                self.settle(finding, distinct=finding_signature(finding) not in seen)
+                seen.add(finding_signature(finding))
+
     def _hold(self, path: str, finding: Finding) -> None:
         """Make the file ``path`` hold ``finding``'s case: the key's last write may have been
         another finding's of the same run (or a case Hypothesis went on to replace)."""
         record = read_record(path) or {}
-        held = {k: record.get(k) for k in ("case_repr", *signature_fields(finding))}
-        if held != {"case_repr": repr(finding.context.case), **signature_fields(finding)}:
+        want = {"case_repr": repr(finding.context.case), **signature_fields(finding)}
+        if {k: record.get(k) for k in want} != want:
             self.write(path, finding.context, finding)
 
     def _file_of_its_own(self, finding: Finding) -> str | None:

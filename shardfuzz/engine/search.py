@@ -496,12 +496,16 @@ def run(
                 "profile, budget and derandomize flag; give one or the other"
             )
     all_hooks = list(hooks)
-    if cfg.failures_dir is not None:
-        all_hooks.append(FailureRecorder(cfg.failures_dir))
+    recorder = FailureRecorder(cfg.failures_dir) if cfg.failures_dir is not None else None
+    if recorder is not None:
+        all_hooks.append(recorder)
     if cfg.deadline is not None:
         all_hooks.append(Deadline.after(cfg.deadline))
     runner = Runner(target, impl, cfg, hooks=all_hooks)
     check_tolerance_outputs([runner.target], cfg.tolerance, "tolerance")
-    return search(
+    result = search(
         runner, settings if settings is not None else settings_for(cfg, quiet=True), database=database
     )
+    if recorder is not None:
+        recorder.settle_run(result.failures)
+    return result

@@ -58,7 +58,8 @@ def run_target_test(
     """The body of a ``test_for`` test: the covering rows and the Hypothesis search over ``target``'s
     cases with :func:`test_settings`; an expected failure becomes a strict xfail. ``tested`` is
     told the target first. Returns the runner."""
-    runner = Runner(target, impl, config, hooks=[FailureRecorder(config.failures_dir)])
+    recorder = FailureRecorder(config.failures_dir)
+    runner = Runner(target, impl, config, hooks=[recorder])
     tested(runner.target)
     if Scope.current is not None:
         Scope.current.add(runner)
@@ -71,6 +72,7 @@ def run_target_test(
         run_test(test)  # a deadline or Ctrl-C after a finding raises that finding
     except BaseException as e:
         found = findings_of(e)
+        recorder.settle_run(found)  # each distinct finding in a file that holds it
         if found and getattr(found[0], "cut_short", None) == "interrupted":
             pytest.exit(f"{found[0].report}\nshardfuzz: interrupted", returncode=1)
         if found and expected is None and Scope.current is not None and not Scope.current.full_trace:
