@@ -378,9 +378,10 @@ def _cmd_repro(args: Any) -> int:
 
     record = failures.load(args.file, trust_refs=args.trust_refs)
     target, _ = record_target(record)
-    for note in (case_repr_note(record), impl_note(record, target)):  # an edited file: what is written
+    runs = "the script runs"
+    for note in (case_repr_note(record, runs), impl_note(record, target, runs)):  # an edited file
         if note:
-            print(f"shardfuzz: {note.replace(' ran', ' the script runs', 1)}", file=sys.stderr)
+            print(f"shardfuzz: {note}", file=sys.stderr)
     if args.standalone:
         path = write_standalone(record, args.output or "repro")
     else:

@@ -43,22 +43,22 @@ class Replayed:
         return line + f"\n  ({edited}, above)" if edited else line
 
 
-def case_repr_note(record: dict[str, Any]) -> str:
+def case_repr_note(record: dict[str, Any], ran: str = "ran") -> str:
     """What an edited file's ``case_repr`` says, where it is not its ``case`` (what runs); ""
-    where it is."""
+    where it is. ``ran``: the verb (a replay ran it, a reproducer's script runs it)."""
     shown = record.get("case_repr")
     if isinstance(shown, str) and shown != repr(record["case"]):
-        return f"the file's case_repr reads {printable(shown)}: that is not the case that ran, which is its field 'case'"
+        return f"the file's case_repr reads {printable(shown)}: that is not the case that {ran}, which is its field 'case'"
     return ""
 
 
-def impl_note(record: dict[str, Any], target: Any) -> str:
+def impl_note(record: dict[str, Any], target: Any, ran: str = "ran") -> str:
     """What runs where the file's ``impl_ref`` is not what the target calls its ``impl`` now (moved,
-    or edited); "" where it is."""
+    or edited); "" where it is. ``ran``: as :func:`case_repr_note`'s."""
     name = record["impl"]
     if name in target.implementations and target.impl_ref(name) != record["impl_spec"]:
         return (
-            f"what ran is the file's impl_ref {printable(str(record['impl_spec']))}, not the target's "
+            f"what {ran} is the file's impl_ref {printable(str(record['impl_spec']))}, not the target's "
             f"implementation {printable(name)}, which is {printable(str(target.impl_ref(name)))}"
         )
     return ""
