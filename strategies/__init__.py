@@ -252,8 +252,11 @@ def cases(
     ``mesh_2d_share``: about this share of the cases (0 to 1) is drawn on a mesh whose two axes
     both exceed 1 (dp x tp: ``(2, 2)`` on 4 ranks), from the world sizes that have one; the rest as
     usual, where a world of 4 draws ``(2, 2)`` one time in four. For a dp x tp target, whose bugs
-    live where both axes are real. It costs one more choice per case, drawn first (none at 0, the
-    default: cases are then the same as without it); it shrinks toward the usual draw.
+    live where both axes are real. It costs three more choices per case, drawn first (none at 0,
+    the default: cases are then the same as without it): whether the case is a dp x tp one, and
+    whether each of its two axes is kept (each in 95% of them; one axis alone gives ``(w, 1)`` or
+    ``(w,)`` on the smallest world of 2+ ranks from the drawn one). It shrinks toward the usual
+    draw, and a bug that needs only one axis shrinks from ``(2, 2)`` to ``(2, 1)`` or ``(2,)``.
 
     ``strided_inputs``: also draw the option ``strided`` (False or True, last of the late
     options; shrinks to False): True hands the target's ``layout_free`` inputs to the
@@ -307,6 +310,7 @@ def cases(
         value_profiles(allowed=profiles),
         round(100 * mesh_2d_share) if dp_tp else 0,
         dp_tp,
+        tuple(drawn_worlds),
     )
     return declare(strategy, [bounds])
 
@@ -334,17 +338,29 @@ def _cases(
     profile_s: Any,
     dp_tp_percent: int = 0,
     dp_tp_worlds: tuple[int, ...] = (),
+    all_worlds: tuple[int, ...] = (),
 ) -> Case:
     # first, only with mesh_2d_share: 0 (what it shrinks to) draws as usual
-    dp_tp = dp_tp_percent > 0 and draw(_PERCENT) >= 100 - dp_tp_percent
+    dp_tp = keep_dp = keep_tp = False
+    if dp_tp_percent > 0:
+        dp_tp = draw(_PERCENT) >= 100 - dp_tp_percent
+        # each axis of a dp x tp draw stays real in 95% of them and shrinks to not real: without
+        # these, the world and mesh choices that a dp x tp draw overrides shrink to their minimum,
+        # and a bug that needs only the dp axis (or only the tp one) stayed on (2, 2) when (2, 1)
+        # (or (2,)) fails too. Drawn in every case, so that turning the dp x tp draw off leaves
+        # the later choices where they were
+        keep_dp, keep_tp = draw(_PERCENT) >= 5, draw(_PERCENT) >= 5
     opts = {k: draw(v) for k, v in options_s.items()}
     world = draw(worlds)
-    if dp_tp:  # the drawn world, up to the next one with a dp x tp mesh: the draws stay as long
-        # as the usual ones, so the shrinker (shorter choice sequences first) can go back to those
+    mesh = draw(_meshes_of(world, max_dims))  # in every case: the same choices as the usual draw
+    if dp_tp and keep_dp and keep_tp:  # the drawn world, up to the next one with a dp x tp mesh
         world = next((w for w in dp_tp_worlds if w >= world), dp_tp_worlds[-1])
         mesh = draw(st.sampled_from(dp_tp_meshes(world)))
-    else:
-        mesh = draw(_meshes_of(world, max_dims))
+    elif dp_tp and (
+        keep_dp or keep_tp
+    ):  # one real axis, on the smallest world of 2+ ranks from the drawn one
+        world = next(w for w in all_worlds if w >= max(world, 2))
+        mesh = (world, 1) if keep_dp else (world,)
     group = mesh[-1]
     drawn: dict[str, int] = {}
     split: list[str] = []
