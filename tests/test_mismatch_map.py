@@ -359,10 +359,22 @@ def test_an_exact_output_counts_its_wrong_elements_and_shows_them():
     od = OutputDiff("index", "Replicate()", "int64", (3,), rds, [[0, 1]], ref, None)
     text = format_output_diff(od, LABEL)
     assert "mismatched elements: 2 / 6 (33.3%), on 2 of 2 ranks" in text, text
-    assert "rank 0: 1 / 3 elements wrong: got [0, 1, 5], expected [0, 2, 5]" in text, text
-    assert "greatest difference: 1 at index (1,) (compared exactly)" in text, text
+    # both ranks hold the same wrong copy: told once, for both
+    assert "ranks 0, 1 (the same on each): 1 / 3 elements wrong: got [0, 1, 5], expected [0, 2, 5]" in text
+    assert text.count("greatest difference: 1 at index (1,) (compared exactly)") == 1, text
     assert "      [1]: 1 vs expected 2" in text, text
     assert "tolerance" not in text and "inf" not in text, text
+    # a rank whose copy is wrong otherwise has its own account, and a clean rank its own line
+    other = compare_exact(1, torch.tensor([0, 2, 4]), ref, lambda idx: idx, "got")
+    clean = compare_exact(2, ref.clone(), ref, lambda idx: idx, "got")
+    again = compare_exact(3, got, ref, lambda idx: idx, "got")
+    od = OutputDiff(
+        "index", "Replicate()", "int64", (3,), [rds[0], other, clean, again], [[0, 1, 2, 3]], ref, None
+    )
+    text = format_output_diff(od, LABEL)
+    assert "ranks 0, 3 (the same on each): 1 / 3 elements wrong: got [0, 1, 5]" in text, text
+    assert "rank 1: 1 / 3 elements wrong: got [0, 2, 4]" in text and "rank 2: ok" in text, text
+    assert text.count("greatest difference") == 2, text
     right = compare_exact(0, ref, ref, lambda idx: idx, "got")
     assert (right.n, right.bad, right.max_ratio) == (3, 0, 0.0)
     other_shape = compare_exact(0, ref[:2], ref, lambda idx: idx, "got")

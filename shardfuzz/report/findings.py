@@ -271,31 +271,45 @@ def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
             else mismatch_map.assembled(od.layout)
         )
     )
+    # wrong ranks whose account reads the same (a Replicate output every rank got equally wrong)
+    # are told once: on 8 ranks that is 8 identical blocks otherwise (a clean rank is one line)
+    alike: dict[tuple, tuple[list[str], list[int | None]]] = {}
     for r in od.ranks:
-        who = (
-            rank_label(r.rank)
-            if r.rank is not None
-            else mismatch_map.assembled(od.layout).removeprefix("the ")
-        )
-        if not r.bad:
-            lines.append(f"  {who}: ok (worst error/tolerance {r.max_ratio:.3g})")
-            continue
-        lines.append(f"  {who}: {r.bad} / {r.n} elements wrong{r.note}")
-        if od.bound is None:  # compared exactly: no tolerance, so no ratio to it
-            if r.max_abs:
-                lines.append(
-                    f"    greatest difference: {r.max_abs:.6g} at index {r.max_abs_at} (compared exactly)"
-                )
-            lines += [f"    {line}" for line in _exact_worst(od, r)]
-            continue
-        lines.append(
-            f"    greatest absolute difference: {r.max_abs:.6g} at index {r.max_abs_at} "
-            f"(up to {r.max_abs_allowed:.3g} allowed, {r.max_ratio:.3g}x the tolerance at worst)"
-        )
-        zero = " (expected 0 there)" if r.max_rel_expected == 0 else ""
-        lines.append(f"    greatest relative difference: {r.max_rel:.6g} at index {r.max_rel_at}{zero}")
-        if r.worst:
-            lines.append("    worst elements (actual vs expected, allowed = the tolerance there):")
-            lines.extend(f"      {w.describe()}" for w in r.worst)
+        account = _rank_account(od, r)
+        key = tuple(account) if r.bad else (r.rank,)
+        alike.setdefault(key, (account, []))[1].append(r.rank)
+    for account, ranks in alike.values():
+        if ranks[0] is None:
+            who = mismatch_map.assembled(od.layout).removeprefix("the ")
+        elif len(ranks) == 1:
+            who = rank_label(ranks[0])
+        else:
+            who = f"ranks {', '.join(map(str, ranks))} (the same on each)"
+        lines.append(f"  {who}: {account[0]}")
+        lines.extend(account[1:])
     lines += mismatch_map.describe(od, rank_label)
     return "\n".join(lines)
+
+
+def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
+    """What one rank's piece of a mismatching output shows: the first line (after the rank's
+    name), then the lines below it."""
+    if not r.bad:
+        return [f"ok (worst error/tolerance {r.max_ratio:.3g})"]
+    lines = [f"{r.bad} / {r.n} elements wrong{r.note}"]
+    if od.bound is None:  # compared exactly: no tolerance, so no ratio to it
+        if r.max_abs:
+            lines.append(
+                f"    greatest difference: {r.max_abs:.6g} at index {r.max_abs_at} (compared exactly)"
+            )
+        return lines + [f"    {line}" for line in _exact_worst(od, r)]
+    lines.append(
+        f"    greatest absolute difference: {r.max_abs:.6g} at index {r.max_abs_at} "
+        f"(up to {r.max_abs_allowed:.3g} allowed, {r.max_ratio:.3g}x the tolerance at worst)"
+    )
+    zero = " (expected 0 there)" if r.max_rel_expected == 0 else ""
+    lines.append(f"    greatest relative difference: {r.max_rel:.6g} at index {r.max_rel_at}{zero}")
+    if r.worst:
+        lines.append("    worst elements (actual vs expected, allowed = the tolerance there):")
+        lines.extend(f"      {w.describe()}" for w in r.worst)
+    return lines
