@@ -13,6 +13,9 @@ target, ``--jobs``, a CI matrix on one disk), and when the disk is full.
   of this process: one pytest session's tests of one target each write through their own writer,
   and a serial session kept only the last test's finding where pytest-xdist kept them all. Before each update the
   writer compares the file's ``writer`` with its own, so a file taken over is left alone.
+* A file taken over holds a finding that must not be lost: when the writer goes on to write
+  something else there (its shrink drifted to another signature), the record the file held is put
+  back first, under the key's next free name.
 * Each record is stamped with ``created`` (kept across updates), ``updated`` and ``updates``.
 * A write that fails (a full disk) removes its partial temporary file and raises; the caller warns
   once, with the path and the size that did not fit.
@@ -77,6 +80,9 @@ class FileWriter:
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.token = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self.owned: dict[tuple[str, str], str] = {}  # (stem, suffix) -> the path claimed for it
+        #: path -> (stem, suffix, the record it held) of the files this writer took over: the record
+        #: is put back before the file is written with something else (:meth:`_give_back`)
+        self.taken: dict[str, tuple[str, str, dict[str, Any]]] = {}
 
     def path(self, stem: str, suffix: str) -> str:
         """The file claimed for the key, or the name it would try first."""
@@ -88,10 +94,13 @@ class FileWriter:
         written (nothing partial is left behind)."""
         mine = self.owned.get((stem, suffix))
         same = self._same_elsewhere(stem, suffix, record, mine)
-        if same is not None and self._claim(same, lambda old: _stamped(record, old)):
+        if same is not None and self._claim(same, lambda old: _stamped(record, old), (stem, suffix)):
             # another writer of this process holds this very finding (this one's first, larger
             # example had another signature, and took the next name): one file of it, not two
-            if mine is not None:
+            if mine is not None and mine in self.taken:  # the finding it held goes back, as it was
+                _, _, before = self.taken.pop(mine)
+                os.replace(self._temporary(mine, dict(before), writer=before.get("writer")), mine)
+            elif mine is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(mine)
             self.owned[(stem, suffix)] = same
@@ -99,6 +108,7 @@ class FileWriter:
         if mine is not None:
             old = read_record(mine)
             if old is not None and old.get("writer") == self.token:  # compare before replacing
+                self._give_back(mine, record)
                 os.replace(self._temporary(mine, _stamped(record, old)), mine)
                 return mine
         path = self._claim_free(stem, suffix, lambda old: _stamped(record, old))
@@ -130,8 +140,31 @@ class FileWriter:
         old = read_record(path)
         if old is None or old.get("writer") != self.token:
             raise OSError(errno.EPERM, f"{path} is not a file this writer holds")
+        self._give_back(path, record)
         os.replace(self._temporary(path, _stamped(record, old)), path)
         return path
+
+    def _give_back(self, path: str, record: dict[str, Any]) -> None:
+        """Before ``path`` is written with ``record``: if this writer took the file over and it held
+        another finding (an earlier run's, or another writer's of this process), that finding goes
+        back on disk as it was, under the key's next free name. Without this, a run that took over
+        an earlier run's file of its first failing example and then shrank to another signature
+        wrote over that earlier finding. Raises OSError when it cannot be put back (nothing is
+        written over it then)."""
+        held = self.taken.get(path)
+        if held is None or self._about_the_same(held[2], record):
+            return
+        stem, suffix, before = held
+        for name in self._names(stem, suffix):
+            if name != path and name not in self.owned.values():
+                tmp = self._temporary(name, dict(before), writer=before.get("writer"))
+                try:
+                    if _create_exclusive(tmp, name):
+                        del self.taken[path]
+                        return
+                finally:
+                    os.remove(tmp)
+        raise OSError(errno.EEXIST, f"no free file name to keep {path}'s earlier finding in {self.directory}")
 
     def move(self, src: str, stem: str, suffix: str) -> str:
         """Give the file ``src`` of this writer the key's first free name (never one this writer
@@ -160,11 +193,11 @@ class FileWriter:
     def _claim_free(self, stem: str, suffix: str, make: Callable[[dict | None], dict]) -> str:
         held = set(self.owned.values())
         for path in self._names(stem, suffix):
-            if path not in held and self._claim(path, make):
+            if path not in held and self._claim(path, make, (stem, suffix)):
                 return path
         raise OSError(errno.EEXIST, f"no free file name for {stem}{suffix} in {self.directory}")
 
-    def _claim(self, path: str, make: Callable[[dict | None], dict]) -> bool:
+    def _claim(self, path: str, make: Callable[[dict | None], dict], key: tuple[str, str]) -> bool:
         old = read_record(path) if os.path.lexists(path) else None
         record = make(old)
         if os.path.lexists(path) and (old is None or not self._may_take_over(old, record)):
@@ -178,7 +211,10 @@ class FileWriter:
                     os.rename(path, stale)
                 except FileNotFoundError:
                     stale = None
-            return _create_exclusive(tmp, path)
+            claimed = _create_exclusive(tmp, path)
+            if claimed and old is not None and self.same is not None:  # taken over: keep what it held
+                self.taken.setdefault(path, (*key, old))
+            return claimed
         finally:
             for leftover in (tmp, stale):
                 if leftover is not None and os.path.lexists(leftover):
@@ -208,9 +244,15 @@ class FileWriter:
     def _about_the_same(self, record: dict[str, Any], new: dict[str, Any]) -> bool:
         return self.same is not None and record.get(self.same) == new.get(self.same) is not None
 
-    def _temporary(self, path: str, record: dict[str, Any]) -> str:
-        """A complete temporary file next to ``path`` (removed again when the write fails)."""
-        record["writer"] = self.token
+    def _temporary(self, path: str, record: dict[str, Any], writer: Any = "") -> str:
+        """A complete temporary file next to ``path`` (removed again when the write fails), stamped
+        with this writer's token (or ``writer``: a record put back as it was; None: none)."""
+        if writer == "":
+            record["writer"] = self.token
+        elif writer is None:
+            record.pop("writer", None)
+        else:
+            record["writer"] = writer
         data = (json.dumps(record, indent=2) + "\n").encode()
         tmp = os.path.join(self.directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:16]}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies (mkstemp: 0600)
