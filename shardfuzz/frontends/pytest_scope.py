@@ -42,20 +42,29 @@ class Scope:
 def statistics(runner: Runner, measure: bool = False) -> str:
     """shardfuzz's statistics of one runner in one test, in the layout of Hypothesis' own;
     ``measure``: a closest pass judged without the noise term is judged once with it (as the CLI's
-    summary does), so the line says what its case measures."""
+    summary does), so the line says what its case measures, and the conditions the run never
+    reached are named (they read the target's covering pool: drawn once, only when shown)."""
     s = runner.stats
-    lines = [f"  - shardfuzz {runner.key}: {s.examples} examples ({s.passed} passed, {s.failures} failing)"]
+    lines = [
+        f"  - shardfuzz {runner.key}{_restricted(runner)}: {s.examples} examples ({s.passed} passed, "
+        f"{s.failures} failing)"
+    ]
     if s.rows or s.hypothesis_runs > 1:  # Hypothesis' statistics above are of its last run only
         runs = f"{s.hypothesis_runs} Hypothesis run{'s' if s.hypothesis_runs != 1 else ''}"
         lines.append(
             f"    - run as {s.rows} covering row{'s' if s.rows != 1 else ''}, then {runs} (Hypothesis' "
             "statistics above are of the last run; these are of the whole test)"
         )
-    if s.examples and s.triggers:
+    if s.examples:
         shares = ", ".join(
             f"{k} {100.0 * v / s.examples:.0f}%" for k, v in sorted(s.triggers.items()) if v > 0
         )
-        lines.append(f"    - trigger conditions reached: {shares or 'none'}")
+        # a condition at 0% is a blind spot of this test (the CLI's progress line shows it as 0%)
+        never = [t for t in _progress_triggers(runner) if not s.triggers.get(t)] if measure else []
+        lines.append(
+            f"    - trigger conditions reached: {shares or 'none'}"
+            + (f"; never reached: {', '.join(never)}" if never else "")
+        )
     for what, counts in (
         ("rejected as unsupported (not examples)", s.unsupported),
         ("excluded as known failures (not examples)", s.excluded),
@@ -73,6 +82,27 @@ def statistics(runner: Runner, measure: bool = False) -> str:
         lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
     lines += [f"    - {line}" for line in unused_exclusions(runner)]
     return "\n".join(lines)
+
+
+def _progress_triggers(runner: Runner) -> tuple[str, ...]:
+    from shardfuzz.frontends.campaign import progress_triggers  # the engine: imported once a runner ran
+
+    return progress_triggers(runner)
+
+
+def _restricted(runner: Runner) -> str:
+    """The restrictions of the runner's configuration, so that two tests of one implementation
+    (all dtypes, and bfloat16 only) read apart: `` (dtypes bfloat16; world sizes 1, 2, 4)``."""
+    c = runner.config
+    parts = []
+    if c.world_sizes:
+        parts.append("world sizes " + ", ".join(map(str, c.world_sizes)))
+    if c.dtypes:
+        parts.append("dtypes " + ", ".join(c.dtypes))
+    parts += [f"{k}={v!r}" for k, v in c.options]
+    if c.exclude:
+        parts.append(f"{len(c.exclude)} exclusion{'s' if len(c.exclude) != 1 else ''}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def unused_exclusions(runner: Runner) -> list[str]:
