@@ -207,10 +207,9 @@ def test_dtypes_and_tolerance_flags_reach_the_run_and_replay(tmp_path):
 def test_progress_line_names_each_condition_once(target):
     """A condition both generic and declared by the target (ddp_buckets' ``backward``) is shown once."""
     from shardfuzz import Runner
-    from shardfuzz.frontends.campaign import progress_triggers
 
     runner = Runner(target)
-    shown = progress_triggers(runner)
+    shown = runner.progress_conditions()
     assert len(shown) == len(set(shown)), shown
     assert set(runner.target.triggers) <= set(shown)
 
@@ -220,9 +219,8 @@ def test_progress_line_shows_batch_only_for_a_target_with_a_batch(target, batche
     """``batch>1 0%`` on a target whose cases have no ``batch`` size read as a blind spot (a new
     user's MoE target): the line shows it only where a case can have one."""
     from shardfuzz import Runner
-    from shardfuzz.frontends.campaign import progress_triggers
 
-    assert ("batch>1" in progress_triggers(Runner(target))) == batched
+    assert ("batch>1" in Runner(target).progress_conditions()) == batched
 
 
 @pytest.mark.parametrize(
@@ -233,9 +231,8 @@ def test_progress_line_shows_the_low_precision_dtypes_the_run_draws(dtypes, show
     """A ``--dtypes float16`` run's line showed ``bfloat16 0%`` and not its own dtype's share."""
     from shardfuzz import Runner
     from shardfuzz.engine.config import RunConfig
-    from shardfuzz.frontends.campaign import progress_triggers
 
-    conditions = progress_triggers(Runner("tp_mlp", "reference", RunConfig(dtypes=dtypes)))
+    conditions = Runner("tp_mlp", "reference", RunConfig(dtypes=dtypes)).progress_conditions()
     assert shown is None or shown in conditions, conditions
     assert hidden not in conditions, conditions
 

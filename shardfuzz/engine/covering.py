@@ -34,7 +34,7 @@ from shardfuzz.errors import ExternalFault, Finding, Unsupported
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.exclude import Excluded
 from shardfuzz.spec.sampling import POOL_SIZE, Draws, distinct_cases, draw_pool, stable_seed
-from shardfuzz.spec.triggers import is_effective, triggers_of
+from shardfuzz.spec.triggers import DTYPE_CONDITIONS, PROGRESS, is_effective, triggers_of
 
 #: an option with at most this many distinct values in the pool is categorical: each value is a condition
 MAX_CATEGORIES = 6
@@ -233,6 +233,28 @@ def _draws_for(target: Any, world_sizes: Any, option_names: frozenset[str] = fro
 @functools.lru_cache(maxsize=64)
 def _rows_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[Row, ...]:
     return tuple(rows_from_pool(target, pool_for(target, world_sizes, dtypes, options)))
+
+
+def progress_conditions(runner: Any) -> tuple[str, ...]:
+    """The conditions a run's progress line and its pytest statistics show, each at its share, 0%
+    included: the usual generic ones (``backward`` only for a target that declares gradients,
+    ``batch>1`` only for one whose cases have a ``batch`` size, a low-precision dtype only for a
+    run that draws it: a condition that cannot apply read as a blind spot, and a ``--dtypes
+    float16`` run showed bfloat16's 0%, not its own dtype's share), then the target's own declared
+    triggers that are not among them (ddp_buckets declares ``backward`` too, which the line showed
+    twice). Read from the pool the run's covering rows come from (drawn once, cached)."""
+    c = runner.config
+    pool = pool_for(runner.target, runner.world_sizes(), c.dtypes, c.options)
+    batched = any("batch" in case.sizes for case, _ in pool)
+    drawn = {case.dtype for case, _ in pool}
+    generic = tuple(
+        t
+        for t in PROGRESS
+        if (t != "backward" or runner.target.gradients)
+        and (t != "batch>1" or batched)
+        and (t not in DTYPE_CONDITIONS or t in drawn)
+    )
+    return generic + tuple(t for t in runner.target.triggers if t not in generic)
 
 
 def rows_for(runner: Any) -> tuple[Row, ...]:

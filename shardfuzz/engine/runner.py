@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from shardfuzz.case import Case
+from shardfuzz.engine import covering
 from shardfuzz.engine.config import RunConfig, bind_address, check_world_size, env_int, format_tolerance
 from shardfuzz.engine.finding import FindingContext, inputs_hash
 from shardfuzz.engine.hooks import RunHooks
@@ -199,6 +200,11 @@ class Runner:
                 f"{self.target.name} draws world sizes {drawn}"
             )
         return fit
+
+    def progress_conditions(self) -> tuple[str, ...]:
+        """The trigger conditions a run's progress line and statistics show, 0% included
+        (:func:`shardfuzz.engine.covering.progress_conditions`)."""
+        return covering.progress_conditions(self)
 
     def rerun_command(self, case: Case) -> str:
         return self.reporter.rerun_command(case)

@@ -25,7 +25,6 @@ import tempfile
 import time
 from typing import Any, TextIO
 
-from shardfuzz.engine import covering
 from shardfuzz.engine.config import RunConfig
 from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.finish import ONE_RANK_S, Finished, finish_budget, finish_shrink, try_one_rank
@@ -42,7 +41,6 @@ from shardfuzz.report import plot
 from shardfuzz.report.closest_pass import closest_pass_words, measure_closest_pass
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.budget import budget_for
-from shardfuzz.spec.triggers import DTYPE_CONDITIONS, PROGRESS
 
 
 @dataclasses.dataclass
@@ -203,27 +201,6 @@ def _site(f: Finding) -> str:
     return " ".join(str(x) for x in f.site if x != ())
 
 
-def progress_triggers(runner: Runner) -> tuple[str, ...]:
-    """The progress line's conditions: the usual generic ones (``backward`` only for a target that
-    declares gradients, ``batch>1`` only for one whose cases have a ``batch`` size, a low-precision
-    dtype only for a run that draws it: a condition that cannot apply read as a blind spot, and a
-    ``--dtypes float16`` run showed bfloat16's 0%, not its own dtype's share), then the target's own
-    declared triggers that are not among them (ddp_buckets declares ``backward`` too, which the
-    line showed twice)."""
-    c = runner.config  # the pool the first run's covering rows come from (drawn once, cached)
-    pool = covering.pool_for(runner.target, runner.world_sizes(), c.dtypes, c.options)
-    batched = any("batch" in case.sizes for case, _ in pool)
-    drawn = {case.dtype for case, _ in pool}
-    generic = tuple(
-        t
-        for t in PROGRESS
-        if (t != "backward" or runner.target.gradients)
-        and (t != "batch>1" or batched)
-        and (t not in DTYPE_CONDITIONS or t in drawn)
-    )
-    return generic + tuple(t for t in runner.target.triggers if t not in generic)
-
-
 def fuzz_one(
     target: Any,
     impl: Any,
@@ -250,7 +227,7 @@ def fuzz_one(
     hooks.append(timeline)
     runner = Runner(target, impl, config, hooks=hooks)
     label = f"{runner.target.name}/{runner.impl_name}"
-    shown = progress_triggers(runner)
+    shown = runner.progress_conditions()
     out = Outcome(label, runner, shown=shown, timeline=timeline.samples)
 
     budget = settings_for(config, quiet=True).max_examples  # the examples a run without a deadline has

@@ -60,7 +60,7 @@ def statistics(runner: Runner, measure: bool = False) -> str:
             f"{k} {100.0 * v / s.examples:.0f}%" for k, v in sorted(s.triggers.items()) if v > 0
         )
         # a condition at 0% is a blind spot of this test (the CLI's progress line shows it as 0%)
-        never = [t for t in _progress_triggers(runner) if not s.triggers.get(t)] if measure else []
+        never = [t for t in runner.progress_conditions() if not s.triggers.get(t)] if measure else []
         lines.append(
             f"    - trigger conditions reached: {shares or 'none'}"
             + (f"; never reached: {', '.join(never)}" if never else "")
@@ -82,12 +82,6 @@ def statistics(runner: Runner, measure: bool = False) -> str:
         lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
     lines += [f"    - {line}" for line in unused_exclusions(runner)]
     return "\n".join(lines)
-
-
-def _progress_triggers(runner: Runner) -> tuple[str, ...]:
-    from shardfuzz.frontends.campaign import progress_triggers  # the engine: imported once a runner ran
-
-    return progress_triggers(runner)
 
 
 def _restricted(runner: Runner) -> str:
