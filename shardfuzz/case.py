@@ -237,11 +237,40 @@ class Case:
 
 
 def pin_options(target: str, pinned: dict[str, Any], case: Case) -> Case:
-    """``case`` with the ``pinned`` options (``RunConfig.options``); an unknown name is an error."""
+    """``case`` with the ``pinned`` options (``RunConfig.options``); an unknown name is an error,
+    and so is a value of another kind than the one drawn (a string for a number: ``steps="2"``
+    reached the target's ``inputs()`` and crashed there, as if the target were at fault)."""
     unknown = sorted(set(pinned) - set(case.options))
     if unknown:
         raise InvalidArgument(
             f"option {unknown[0]!r} pinned, but target {target!r} has no such option; "
             f"its options: {', '.join(sorted(case.options)) or 'none'}"
         )
+    for name, value in pinned.items():
+        drawn = case.options[name]
+        kind = _kind(drawn)
+        if kind is not None and value is not None and _kind(value) not in _TAKES[kind]:
+            raise InvalidArgument(
+                f"option {name!r}={value!r} pinned, but target {target!r} draws {name} as "
+                f"{_A[kind]} (e.g. {drawn!r}); pin {_A[kind]}"
+            )
     return dataclasses.replace(case, options={**case.options, **pinned})
+
+
+#: the kinds of pinned value each kind of drawn option value takes (None is taken by any: an
+#: option may be optional; a drawn None says nothing)
+_TAKES = {"bool": ("bool",), "int": ("int",), "float": ("float", "int"), "string": ("string",)}
+_A = {"bool": "a bool", "int": "an int", "float": "a float", "string": "a string"}
+
+
+def _kind(value: Any) -> str | None:
+    """A JSON-like value's kind, for :func:`pin_options`; None for anything else."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    return None

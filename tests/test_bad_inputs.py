@@ -5,15 +5,19 @@ issue), most through the CLI, plus inputs of the same kinds that were not on the
 
 import json
 import os
+import re
 
 import pytest
 
 import shardfuzz
 from shardfuzz import Case, InvalidArgument, Runner, TargetError
+from shardfuzz.case import pin_options
 from shardfuzz.engine.config import check_world_size, env_int, max_world_size
+from shardfuzz.engine.covering import pool_for
 from shardfuzz.engine.failures import FailureRecorder, check_failures_dir
 from shardfuzz.errors import TargetCodeError
 from shardfuzz.frontends.testing import run_cli
+from shardfuzz.spec.registry import get_target
 
 pytest_plugins = ["pytester"]
 
@@ -415,6 +419,29 @@ def test_a_pinned_option_the_target_lacks_is_an_error_naming_it():
     own, profiles = listed.split(" (and ")
     assert own == "logit_scale, lse_grad, variant", listed
     assert profiles == "grid, scale, set by its value profiles)", listed
+
+
+@pytest.mark.parametrize(
+    "target,pinned,message",
+    [  # a string for a number reached the target's inputs() and crashed there, blamed on the target
+        (
+            "zero_adamw",
+            {"steps": "2"},
+            "option 'steps'='2' pinned, but target 'zero_adamw' draws steps as an int",
+        ),
+        ("ring_attention", {"lse_grad": 1}, "draws lse_grad as a bool (e.g. "),
+        ("ring_attention", {"variant": 2}, "draws variant as a string (e.g. "),
+        ("ring_attention", {"logit_scale": "big"}, "draws logit_scale as a float (e.g. "),
+    ],
+)
+def test_a_pinned_option_value_of_another_kind_than_drawn_is_an_error_naming_it(target, pinned, message):
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        shardfuzz.run(target, "reference", max_examples=2, database=None, options=pinned)
+    case = next(c for c, _ in pool_for(get_target(target)) if set(pinned) <= set(c.options))
+    (name,) = pinned
+    fine = 3 if name == "logit_scale" else case.options[name]  # an int for a float is fine
+    assert pin_options(target, {name: fine}, case).options[name] == fine
+    assert pin_options(target, {name: None}, case).options[name] is None  # an option may be optional
 
 
 def test_a_moved_file_is_found_beside_a_colleague_without_a_project_marker(tmp_path, monkeypatch):

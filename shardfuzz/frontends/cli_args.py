@@ -304,8 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="pin a target option, e.g. lse_grad=False (a Python literal; repeatable): the contract "
-        "choice of an implementation that supports only that value",
+        help="pin a target option, e.g. lse_grad=False (a Python literal of the kind the target draws "
+        "there; repeatable): the contract choice of an implementation that supports only that value",
     )
     f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
     f.add_argument(
