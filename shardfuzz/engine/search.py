@@ -84,31 +84,14 @@ class RepeatedCases:
     0.2-0.7 s a repeat). A case's inputs and noise draws are seeded from it and its kernels are
     deterministic, so its first verdict stands: a pass, a rejection, a finding. Not a hang, which
     may be the machine's load: that case runs again. Hypothesis' final replay of the minimal case
-    always runs, so a failure that does not reproduce is still reported as flaky. Before a
-    finding, a case that already passed is rejected when drawn again (each Hypothesis run of a
-    derandomized budget starts with the same simplest cases). Repeats are counted
-    (``Stats.repeats``), not run and not counted as examples."""
+    always runs, so a failure that does not reproduce is still reported as flaky. Repeats are
+    counted (``Stats.repeats``), not run and not counted as examples."""
 
     #: verdicts kept at most (a long campaign goes on searching after its first finding)
     LIMIT = 4096
 
     def __init__(self) -> None:
         self.verdicts: dict[str, tuple[float, set[str]] | tuple[BaseException, Any]] = {}
-        #: the cases that passed before a finding (each Hypothesis run of a derandomized budget
-        #: starts with the same simplest cases: 2 of every 30 examples ran again for nothing)
-        self.passed: set[str] = set()
-
-    def reject_passed(self, runner: Runner, case: Case, found: bool) -> None:
-        """Before a finding, reject ``case`` if it already passed in this search: its verdict
-        stands, so it is not run again and is no example (Hypothesis draws another)."""
-        if not found and repr(case) in self.passed:
-            runner.stats.repeats += 1
-            hypothesis.event(PASSED_BEFORE)
-            hypothesis.reject()
-
-    def note_pass(self, case: Case, found: bool) -> None:
-        if not found and len(self.passed) < self.LIMIT:
-            self.passed.add(repr(case))
 
     def run(self, runner: Runner, case: Case, *, answer: bool) -> tuple[float, set[str]]:
         """Run ``case``, or with ``answer`` (a finding was made) hand back its first verdict. Before
@@ -164,10 +147,6 @@ CHUNK = 30
 NOT_RUN = (
     f"drawn, not run: past this run's share of the budget (a derandomized budget runs as runs of {CHUNK})"
 )
-
-
-#: the event of a case that already passed in this search (not run again, not an example)
-PASSED_BEFORE = "passed earlier in this search: not run again (its cases are deterministic)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +221,6 @@ def build_test(
         if quota.spent():  # past this chunk's share of the budget: drawn, not run (see CHUNK)
             hypothesis.event(NOT_RUN)  # Hypothesis' statistics count it as a passing test case
             return
-        repeats.reject_passed(runner, case, quota.found)
         try:
             # before a finding every case runs, so a budget's examples stay the same cases
             check(runner, case, repeats=repeats, answer=quota.found)
@@ -256,7 +234,6 @@ def build_test(
                 smallest.on_finding(e.context, e)
             raise
         quota.count()
-        repeats.note_pass(case, quota.found)
 
     ident = "".join(c if c.isalnum() else "_" for c in runner.key)
     test_case.__name__ = test_case.__qualname__ = f"shardfuzz_{ident}"
