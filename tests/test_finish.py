@@ -12,6 +12,7 @@ import pytest
 
 import shardfuzz
 from shardfuzz import InvalidArgument, RunConfig, Runner
+from shardfuzz.engine import finish
 from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.engine.finish import finish_budget, kept_features, simplest_case, try_one_rank
 from shardfuzz.engine.hooks import Deadline
@@ -171,6 +172,45 @@ def test_a_finding_whose_implementation_refuses_one_rank_has_no_one_rank_case(tm
     )  # fmt: skip
     assert result.found and result.case.world_size == 2, result.report
     assert try_one_rank(Runner(TOY, impl), result.failures[0], 30.0) is None
+
+
+def test_a_1_rank_try_replays_its_finding_only_never_the_example_database(tmp_path, monkeypatch):
+    """``database=None`` given to ``settings_for`` was dropped as "not set": a 1-rank try (and a
+    finished shrink) replayed the profile's example database (``.hypothesis`` in the current
+    folder, under a key every target shares), met another failure of the same kind on 2 ranks
+    there, and wrote it over the file of the finding it did not replace (a new user's two-bug
+    ZeRO-3 target: the summary's case was in no file). It runs with no database but its seed, and
+    its file keeps only failures on 1 rank."""
+    from shardfuzz.engine.search import search
+
+    impl = f"{CAUSES}::wrong_from_three_rows"
+    runner = Runner(TOY, impl, RunConfig(profile="shardfuzz-dev", world_sizes=(1, 2)))
+    found = search(
+        Runner(TOY, impl, RunConfig(profile="shardfuzz-ci", world_sizes=(1, 2))), None, database=None
+    )
+    finding = found.failures[0]
+    assert finding.case.world_size == 2 and finding.case.sizes["n"] == 3, finding.case
+    used = []
+    real = finish.given_test
+    monkeypatch.setattr(
+        finish, "given_test", lambda r, fn, s, *a: used.append(s.database) or real(r, fn, s, *a)
+    )
+    ran = []
+    real_run = Runner.run_case
+    monkeypatch.setattr(Runner, "run_case", lambda self, case: ran.append(case) or real_run(self, case))
+    one = try_one_rank(runner, finding, 30.0)
+    assert used == [None]  # the dev profile has a database; the try reads none of it
+    assert one is not None and one.case.world_size == 1, one
+    assert ran[0].world_size == 1 and ran[0].sizes == finding.case.sizes, ran  # the finding, on 1 rank
+    # the file of a finding keeps only what the try returns: failures on 1 rank
+    recorder = FailureRecorder(str(tmp_path / "failures"))
+    recorder.on_finding(finding.context, finding)
+    (path,) = recorder.written
+    hook = finish._Rewrite(recorder, path, lambda f: f.case.world_size == 1)
+    hook.on_finding(finding.context, finding)  # on 2 ranks: not taken
+    assert load(path, trust_refs=True)["case"] == finding.case
+    hook.on_finding(one.context, one)
+    assert load(path, trust_refs=True)["case"] == one.case
 
 
 def test_a_mismatchs_distinct_options_read_as_options_in_the_summary():

@@ -152,7 +152,7 @@ class FailureRecorder(RunHooks):
             if not (distinct and path in self.written):
                 return None
             self._settled.add(path)
-            self._hold(path, finding)
+            self.hold(path, finding)
             return path
         kind = self.written.pop(path)
         stem, suffix = self.key(finding.context, finding.kind)
@@ -168,7 +168,7 @@ class FailureRecorder(RunHooks):
             self.errors[path] = str(e)
             return None
         self.written[final] = kind
-        self._hold(final, finding)
+        self.hold(final, finding)
         return final
 
     def settle_run(self, findings: Iterable[Finding]) -> None:
@@ -181,9 +181,10 @@ class FailureRecorder(RunHooks):
                 self.settle(finding, distinct=finding_signature(finding) not in seen)
                 seen.add(finding_signature(finding))
 
-    def _hold(self, path: str, finding: Finding) -> None:
+    def hold(self, path: str, finding: Finding) -> None:
         """Make the file ``path`` hold ``finding``'s case: the key's last write may have been
-        another finding's of the same run (or a case Hypothesis went on to replace)."""
+        another finding's of the same run (or a case Hypothesis went on to replace, or a failure a
+        later shrink or 1-rank try met)."""
         record = read_record(path) or {}
         want = {"case_repr": repr(finding.context.case), **signature_fields(finding)}
         if {k: record.get(k) for k in want} != want:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import Phase, find, settings
@@ -107,13 +108,17 @@ def kept_features(case: Case, simplest: Case) -> list[str]:
 
 
 class _Rewrite(RunHooks):
-    """Writes each smaller failing case over the finding's failure file (as the recorder does)."""
+    """Writes each smaller failing case that ``keep`` takes over the finding's failure file (as the
+    recorder does). Only those: a 1-rank try's Hypothesis run also meets failures on 2 ranks, of
+    another bug of the same kind, and wrote them over the file of a finding it did not replace."""
 
-    def __init__(self, recorder: Any, path: str) -> None:
-        self.recorder, self.path = recorder, path
+    def __init__(self, recorder: Any, path: str, keep: Callable[[Finding], bool]) -> None:
+        self.recorder, self.path, self.keep = recorder, path, keep
         self.order: tuple | None = None
 
     def on_finding(self, context: FindingContext, finding: Finding) -> None:
+        if not self.keep(finding):
+            return
         order = example_order()
         if order is not None and self.order is not None and order > self.order:
             return
@@ -122,17 +127,24 @@ class _Rewrite(RunHooks):
 
 
 def _replay_and_shrink(
-    runner: Runner, finding: Finding, budget: float, seed: tuple, recorder: Any, path: str | None
+    runner: Runner,
+    finding: Finding,
+    budget: float,
+    seed: tuple,
+    recorder: Any,
+    path: str | None,
+    keep: Callable[[Finding], bool],
 ) -> tuple[Finding | None, bool, int]:
     """One Hypothesis run whose only example is the choice sequence ``seed`` (through the example
     database; reuse and shrink phases), within ``budget`` seconds, on fresh hooks: a
-    :class:`Deadline` of its own and a rewrite of the failure file at ``path``. Returns the smallest
+    :class:`Deadline` of its own and a rewrite of the failure file at ``path`` with the failures
+    ``keep`` takes (what the caller would return). Returns the smallest
     failure of ``finding``'s kind (None: it did not fail so within the budget), whether Hypothesis
     finished shrinking it, and the examples run."""
     deadline = Deadline(time.perf_counter() + budget)
     hooks: list[RunHooks] = [deadline]
     if recorder is not None and path is not None:
-        hooks.append(_Rewrite(recorder, path))
+        hooks.append(_Rewrite(recorder, path, keep))
     fresh = runner.with_hooks(hooks)
     smallest = SmallestFindings()
 
@@ -143,7 +155,11 @@ def _replay_and_shrink(
             smallest.on_finding(f.context, f)
             raise
 
-    s = settings_for(fresh.config, quiet=True, database=None, phases=(Phase.reuse, Phase.shrink))
+    s = settings_for(fresh.config, quiet=True, phases=(Phase.reuse, Phase.shrink))
+    # no example database: only the seed is replayed (``database=None`` given to settings_for is
+    # dropped as "not set", and the run replayed the profile's database: another failure of the
+    # same kind, on 2 ranks, written over a finding's file by a 1-rank try)
+    s = type(s)(s, database=None)
     test: Any = given_test(fresh, test_case, s, stable_identity(fresh), [seed])
     test.shardfuzz_smallest = smallest
     try:
@@ -173,7 +189,13 @@ def finish_shrink(
     if budget <= 0 or not choices:
         kept = kept_features(finding.case, simplest)
         return Finished(finding, False, 0.0, budget, 0, kept, True, finding.case)
-    shrunk, complete, examples = _replay_and_shrink(runner, finding, budget, choices, recorder, path)
+
+    def same_kind(f: Finding) -> bool:  # what it returns: the shrink may reach another signature
+        return f.kind == finding.kind
+
+    shrunk, complete, examples = _replay_and_shrink(
+        runner, finding, budget, choices, recorder, path, same_kind
+    )
     found = shrunk if shrunk is not None else finding
     spent, kept = time.perf_counter() - t0, kept_features(found.case, simplest)
     result = Finished(found, complete, spent, budget, examples, kept, shrunk is not None, finding.case)
@@ -198,7 +220,11 @@ def try_one_rank(
     if budget <= 0 or not choices or finding.case is None or finding.case.world_size == 1:
         return None
     with one_rank_path():  # the choice after the finding's own: 0, run it on 1 rank
-        found, _, _ = _replay_and_shrink(runner, finding, budget, (*choices, 0), recorder, path)
+
+        def on_one_rank(f: Finding) -> bool:  # what it returns
+            return f.kind == finding.kind and f.case is not None and f.case.world_size == 1
+
+        found, _, _ = _replay_and_shrink(runner, finding, budget, (*choices, 0), recorder, path, on_one_rank)
     if found is None or found.case.world_size != 1:
         return None
     found.report = (

@@ -260,6 +260,10 @@ def fuzz_one(
         spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
         _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
         _drop_repeats(out, recorder)
+        if recorder is not None:  # each file holds the case its finding is reported with
+            for finding, path in out.findings:
+                if path is not None and finding.context is not None:
+                    recorder.hold(path, finding)
         _improve_fleet_copies(out, runner, fleet, spent)
         _measure_closest_pass(out, runner)
     if recorder is not None:
