@@ -96,6 +96,9 @@ def test_report_of_worst_elements_names_a_cancellation():
     # the note concludes: the rounding is in the bound, so it does not explain this element (a
     # new user read "a cancellation" beside an element 1e5x past the bound as "only noise")
     assert "so it does not explain this element (99.9x past it)" in text, text
+    # far past the bound (a whole contribution missing) the note on every element was only noise
+    far = compare_tensor(a * 100, e, bound, 0, lambda i: i, noise, 2.0**-24).worst[0]
+    assert far.ratio > 100 and "cancellation" not in far.describe(), far.describe()
     assert (
         "cancellation"
         not in compare_tensor(a, e * 0 + 1e-3 + 1, bound, 0, lambda i: i, noise, 2.0**-24).worst[0].describe()

@@ -42,6 +42,10 @@ class RankDiff:
     )
 
 
+#: an element at least this many times past its bound gets no cancellation note
+CANCELLATION_NOTE_BELOW = 100.0
+
+
 @dataclasses.dataclass
 class ElementDiff:
     """One element of a failing output, for a reader telling a cancellation from a wrong result."""
@@ -61,7 +65,9 @@ class ElementDiff:
         )
         if self.noise is not None:
             text += f"; noise estimate {self.noise:.3g}"
-        if self.terms and abs(self.expected) < 0.1 * self.terms:
+        # near the bound a reader may wonder whether rounding explains it; far past it (a whole
+        # contribution missing, 1e4x) the note on every element was only noise
+        if self.terms and abs(self.expected) < 0.1 * self.terms and self.ratio < CANCELLATION_NOTE_BELOW:
             text += (
                 f"; the expected value is small beside the terms it is made of (about {self.terms:.3g}, "
                 f"ratio {abs(self.expected) / self.terms:.2g}): a cancellation, whose rounding is already "
