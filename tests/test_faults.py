@@ -273,11 +273,12 @@ def test_a_later_run_updates_an_earlier_runs_file_of_its_finding_and_keeps_one_o
     assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
 
 
-def test_a_run_that_took_over_an_earlier_file_and_shrank_to_another_finding_puts_the_earlier_back(tmp_path):
+def test_a_run_that_took_over_an_earlier_file_and_shrank_to_another_finding_gives_it_back(tmp_path):
     """A run's first failing example had the signature of an earlier run's file, so the run took
     that file over; its shrink then reached another signature. The earlier finding was written over
-    in place, silently; it now goes back on disk as it was, under the next free name (or, when the
-    run moves on to another file of its new finding, at its own name)."""
+    in place, silently. The file now gets it back, as it was, and the run goes on under the next
+    name; coming back to the earlier finding, it takes that file over again (one file of a
+    finding, never two: a new user's second campaign left two files of one finding)."""
     import socket
     import subprocess
 
@@ -287,25 +288,32 @@ def test_a_run_that_took_over_an_earlier_file_and_shrank_to_another_finding_puts
     gone = subprocess.Popen(["true"])
     gone.wait()
     stem = "t-i-gloo-rank-error"
+    first, second = str(tmp_path / f"{stem}.json"), str(tmp_path / f"{stem}-2.json")
     dead = f"{socket.gethostname()}:{gone.pid}:abc"
     earlier = {"signature": "cummax backward", "report": "run 1", "writer": dead}
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
     run = FailureRecorder(str(tmp_path)).writer
-    took = run.write(stem, ".json", {"signature": "cummax backward", "report": "first example"})
-    assert os.path.basename(took) == f"{stem}.json"  # the same finding: its file, taken over
+    assert run.write(stem, ".json", {"signature": "cummax backward", "report": "first example"}) == first
+    assert read_record(first)["report"] == "first example"  # the same finding: its file, taken over
     drifted = run.write(stem, ".json", {"signature": "cumprod backward", "report": "shrunk"})
-    assert drifted == took and read_record(took)["report"] == "shrunk"
-    back = read_record(str(tmp_path / f"{stem}-2.json"))
-    assert back == earlier  # as it was: its writer too, so a later run of it updates it again
-    assert run.write(stem, ".json", {"signature": "cumprod backward", "report": "smaller"}) == took
-    assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
-    # the recorder's rewrite (a finished shrink) puts it back the same way
+    assert drifted == second and read_record(second)["report"] == "shrunk"
+    assert read_record(first) == earlier  # as it was: its writer too, so a later run of it updates it
+    assert run.write(stem, ".json", {"signature": "cumprod backward", "report": "smaller"}) == second
+    back = run.write(stem, ".json", {"signature": "cummax backward", "report": "shrunk back"})
+    assert back == first and read_record(first)["report"] == "shrunk back"
+    assert sorted(os.listdir(tmp_path)) == [f"{stem}.json"]
+    # the recorder's rewrite (a finished shrink, a file held at the end of a run) does the same,
+    # and the recorder follows the finding to its file
+    for name in os.listdir(tmp_path):
+        os.remove(tmp_path / name)
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
-    os.remove(tmp_path / f"{stem}-2.json")
-    run = FailureRecorder(str(tmp_path)).writer
-    took = run.write(stem, ".json", {"signature": "cummax backward", "report": "first example"})
-    assert run.rewrite(took, {"signature": "cumprod backward", "report": "finished"}) == took
-    assert read_record(str(tmp_path / f"{stem}-2.json")) == earlier
+    recorder = FailureRecorder(str(tmp_path))
+    run = recorder.writer
+    assert run.write(stem, ".json", {"signature": "cummax backward", "report": "first example"}) == first
+    assert run.rewrite(first, {"signature": "cumprod backward", "report": "finished"}) == second
+    assert read_record(first) == earlier and read_record(second)["report"] == "finished"
+    recorder.moved[first] = second
+    assert recorder.where(first) == second
     # a shrink that reaches the finding of another earlier file moves there: the first one is
     # restored in place
     other = {"signature": "cumsum backward", "report": "run 0", "writer": dead}
@@ -314,12 +322,10 @@ def test_a_run_that_took_over_an_earlier_file_and_shrank_to_another_finding_puts
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
     (tmp_path / f"{stem}-2.json").write_text(json.dumps(other))
     run = FailureRecorder(str(tmp_path)).writer
-    assert run.write(stem, ".json", {"signature": "cummax backward", "report": "first"}).endswith(
-        f"{stem}.json"
-    )
+    assert run.write(stem, ".json", {"signature": "cummax backward", "report": "first"}) == first
     moved = run.write(stem, ".json", {"signature": "cumsum backward", "report": "shrunk"})
-    assert os.path.basename(moved) == f"{stem}-2.json" and read_record(moved)["report"] == "shrunk"
-    assert read_record(str(tmp_path / f"{stem}.json")) == earlier
+    assert moved == second and read_record(moved)["report"] == "shrunk"
+    assert read_record(first) == earlier
     assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
 
 

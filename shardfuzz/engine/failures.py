@@ -117,6 +117,8 @@ class FailureRecorder(RunHooks):
         #: the files :meth:`settle` gave a finding of this run: a second distinct finding of the
         #: same key gets a file of its own
         self._settled: set[str] = set()
+        #: path -> where its finding's writes went on (a file taken over gives its own finding back)
+        self.moved: dict[str, str] = {}
 
     @property
     def directory(self) -> str:
@@ -152,8 +154,7 @@ class FailureRecorder(RunHooks):
             if not (distinct and path in self.written):
                 return None
             self._settled.add(path)
-            self.hold(path, finding)
-            return path
+            return self.hold(path, finding)
         kind = self.written.pop(path)
         stem, suffix = self.key(finding.context, finding.kind)
         self.writer.forget(stem, suffix)
@@ -168,8 +169,7 @@ class FailureRecorder(RunHooks):
             self.errors[path] = str(e)
             return None
         self.written[final] = kind
-        self.hold(final, finding)
-        return final
+        return self.hold(final, finding)
 
     def settle_run(self, findings: Iterable[Finding]) -> None:
         """After a run that is not a campaign's (``shardfuzz.run``, a ``test_for`` test): settle
@@ -181,14 +181,24 @@ class FailureRecorder(RunHooks):
                 self.settle(finding, distinct=finding_signature(finding) not in seen)
                 seen.add(finding_signature(finding))
 
-    def hold(self, path: str, finding: Finding) -> None:
-        """Make the file ``path`` hold ``finding``'s case: the key's last write may have been
-        another finding's of the same run (or a case Hypothesis went on to replace, or a failure a
-        later shrink or 1-rank try met)."""
+    def hold(self, path: str, finding: Finding) -> str:
+        """Make the file ``path`` (or where its writes went on) hold ``finding``'s case: the key's
+        last write may have been another finding's of the same run (or a case Hypothesis went on
+        to replace, or a failure a later shrink or 1-rank try met). Returns the file."""
+        path = self.where(path)
         record = read_record(path) or {}
         want = {"case_repr": repr(finding.context.case), **signature_fields(finding)}
         if {k: record.get(k) for k in want} != want:
-            self.write(path, finding.context, finding)
+            return self.write(path, finding.context, finding) or path
+        return path
+
+    def where(self, path: str) -> str:
+        """The file a finding first written to ``path`` is in now."""
+        seen = {path}
+        while path in self.moved and self.moved[path] not in seen:
+            path = self.moved[path]
+            seen.add(path)
+        return path
 
     def _file_of_its_own(self, finding: Finding) -> str | None:
         """A new file (``-2``, ``-3``...) holding ``finding``, a distinct finding of a key whose
@@ -221,16 +231,23 @@ class FailureRecorder(RunHooks):
                 )
             self.errors[path] = str(e)
 
-    def write(self, path: str, context: FindingContext, finding: Finding) -> None:
+    def write(self, path: str, context: FindingContext, finding: Finding) -> str | None:
         """Write ``finding`` of ``context`` over ``path``, a failure file this recorder wrote (a
         finished shrink: :mod:`shardfuzz.engine.finish`), whatever its name now (a campaign's
-        second distinct finding of a kind was moved to ``-2``)."""
+        second distinct finding of a kind was moved to ``-2``). Returns the file it is in (another
+        one when ``path`` was taken over from an earlier run and holds another finding); None when
+        it could not be written."""
+        path = self.where(path)
         try:
-            self.writer.rewrite(path, self._record(context, finding))
+            final = self.writer.rewrite(path, self._record(context, finding))
         except OSError as e:  # never lose the finding over its file (as on_finding)
             self.errors[path] = str(e)
-            return
-        self.written[path] = finding.kind
+            return None
+        if final != path:
+            self.written.pop(path, None)
+            self.moved[path] = final
+        self.written[final] = finding.kind
+        return final
 
     def discard(self, path: str) -> None:
         """Remove ``path``, a failure file of this recorder whose finding turned out to be one

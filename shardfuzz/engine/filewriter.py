@@ -14,8 +14,9 @@ target, ``--jobs``, a CI matrix on one disk), and when the disk is full.
   and a serial session kept only the last test's finding where pytest-xdist kept them all. Before each update the
   writer compares the file's ``writer`` with its own, so a file taken over is left alone.
 * A file taken over holds a finding that must not be lost: when the writer goes on to write
-  something else there (its shrink drifted to another signature), the record the file held is put
-  back first, under the key's next free name.
+  something else (its shrink drifted to another signature), the file gets back the record it held,
+  as it was, and the writer goes on under the key's next free name; should it come back to that
+  finding, it takes that file over again (one file of a finding, never two).
 * Each record is stamped with ``created`` (kept across updates), ``updated`` and ``updates``.
 * A write that fails (a full disk) removes its partial temporary file and raises; the caller warns
   once, with the path and the size that did not fit.
@@ -80,9 +81,11 @@ class FileWriter:
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.token = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self.owned: dict[tuple[str, str], str] = {}  # (stem, suffix) -> the path claimed for it
-        #: path -> (stem, suffix, the record it held) of the files this writer took over: the record
-        #: is put back before the file is written with something else (:meth:`_give_back`)
-        self.taken: dict[str, tuple[str, str, dict[str, Any]]] = {}
+        #: path -> the record it held, of the files this writer took over: the file gets it back
+        #: before this writer writes something else (:meth:`_update`)
+        self.taken: dict[str, dict[str, Any]] = {}
+        #: path -> (stem, suffix) of every file this writer claimed
+        self.keys: dict[str, tuple[str, str]] = {}
 
     def path(self, stem: str, suffix: str) -> str:
         """The file claimed for the key, or the name it would try first."""
@@ -93,27 +96,51 @@ class FileWriter:
         updates), ``updated`` and ``updates``; returns its path. Raises OSError when it cannot be
         written (nothing partial is left behind)."""
         mine = self.owned.get((stem, suffix))
-        same = self._same_elsewhere(stem, suffix, record, mine)
-        if same is not None and self._claim(same, lambda old: _stamped(record, old), (stem, suffix)):
-            # another writer of this process holds this very finding (this one's first, larger
-            # example had another signature, and took the next name): one file of it, not two
-            if mine is not None and mine in self.taken:  # the finding it held goes back, as it was
-                _, _, before = self.taken.pop(mine)
-                os.replace(self._temporary(mine, dict(before), writer=before.get("writer")), mine)
-            elif mine is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(mine)
-            self.owned[(stem, suffix)] = same
-            return same
         if mine is not None:
             old = read_record(mine)
             if old is not None and old.get("writer") == self.token:  # compare before replacing
-                self._give_back(mine, record)
-                os.replace(self._temporary(mine, _stamped(record, old)), mine)
-                return mine
+                return self._update(mine, record, old)
+        same = self._same_elsewhere(stem, suffix, record, mine)
+        if same is not None and self._claim(same, lambda old: _stamped(record, old), (stem, suffix)):
+            self.owned[(stem, suffix)] = same  # an earlier writer's file of this very finding
+            return same
         path = self._claim_free(stem, suffix, lambda old: _stamped(record, old))
         self.owned[(stem, suffix)] = path
         return path
+
+    def _update(self, path: str, record: dict[str, Any], old: dict[str, Any]) -> str:
+        """Write ``record`` over ``path``, a file this writer holds; returns where it went. Another
+        file of the key that holds this very finding, and may be taken over (another writer's of
+        this process, whose first, larger example had another signature; or one this writer gave
+        back), is updated instead: one file of a finding, not two. A file this writer took over
+        keeps the finding it held: ``record`` about something else goes to the next free name."""
+        key = self.keys.get(path)
+        if key is not None:
+            same = self._same_elsewhere(*key, record, path)
+            taken = self.taken.get(path)
+            if same is not None and self._claim(same, lambda o: _stamped(record, o), key):
+                self._leave(path, same)
+                return same
+            if taken is not None and not self._about_the_same(taken, record):
+                fresh = self._claim_free(*key, lambda o: _stamped(record, o))
+                self._leave(path, fresh)
+                return fresh
+        os.replace(self._temporary(path, _stamped(record, old)), path)
+        return path
+
+    def _leave(self, path: str, to: str) -> None:
+        """This writer goes on at ``to``: ``path`` gets back the record it held when this writer
+        took it over (as it was, its writer too), or is removed when it was this writer's own."""
+        before = self.taken.pop(path, None)
+        if before is not None:
+            os.replace(self._temporary(path, dict(before), writer=before.get("writer")), path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        self.keys.pop(path, None)
+        for key, owned in list(self.owned.items()):
+            if owned == path:
+                self.owned[key] = to
 
     def _same_elsewhere(self, stem: str, suffix: str, record: dict[str, Any], mine: str | None) -> str | None:
         """A file of the key, other than ``mine``, that another writer of this process wrote about
@@ -135,36 +162,13 @@ class FileWriter:
 
     def rewrite(self, path: str, record: dict[str, Any]) -> str:
         """Write ``record`` over ``path``, a file this writer wrote (under any key, or moved: a
-        finding shrunk further after its run); stamped as :meth:`write` does. Raises OSError when
-        the file is not this writer's any more (another writer took it over)."""
+        finding shrunk further after its run); stamped as :meth:`write` does. Returns where it
+        went (another file of the key, see :meth:`_update`). Raises OSError when the file is not
+        this writer's any more (another writer took it over)."""
         old = read_record(path)
         if old is None or old.get("writer") != self.token:
             raise OSError(errno.EPERM, f"{path} is not a file this writer holds")
-        self._give_back(path, record)
-        os.replace(self._temporary(path, _stamped(record, old)), path)
-        return path
-
-    def _give_back(self, path: str, record: dict[str, Any]) -> None:
-        """Before ``path`` is written with ``record``: if this writer took the file over and it held
-        another finding (an earlier run's, or another writer's of this process), that finding goes
-        back on disk as it was, under the key's next free name. Without this, a run that took over
-        an earlier run's file of its first failing example and then shrank to another signature
-        wrote over that earlier finding. Raises OSError when it cannot be put back (nothing is
-        written over it then)."""
-        held = self.taken.get(path)
-        if held is None or self._about_the_same(held[2], record):
-            return
-        stem, suffix, before = held
-        for name in self._names(stem, suffix):
-            if name != path and name not in self.owned.values():
-                tmp = self._temporary(name, dict(before), writer=before.get("writer"))
-                try:
-                    if _create_exclusive(tmp, name):
-                        del self.taken[path]
-                        return
-                finally:
-                    os.remove(tmp)
-        raise OSError(errno.EEXIST, f"no free file name to keep {path}'s earlier finding in {self.directory}")
+        return self._update(path, record, old)
 
     def move(self, src: str, stem: str, suffix: str) -> str:
         """Give the file ``src`` of this writer the key's first free name (never one this writer
@@ -212,8 +216,10 @@ class FileWriter:
                 except FileNotFoundError:
                     stale = None
             claimed = _create_exclusive(tmp, path)
-            if claimed and old is not None and self.same is not None:  # taken over: keep what it held
-                self.taken.setdefault(path, (*key, old))
+            if claimed:
+                self.keys[path] = key
+                if old is not None and self.same is not None:  # taken over: keep what it held
+                    self.taken.setdefault(path, old)
             return claimed
         finally:
             for leftover in (tmp, stale):

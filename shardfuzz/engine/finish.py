@@ -123,7 +123,7 @@ class _Rewrite(RunHooks):
         if order is not None and self.order is not None and order > self.order:
             return
         self.order = order
-        self.recorder.write(self.path, context, finding)
+        self.path = self.recorder.write(self.path, context, finding) or self.path
 
 
 def _replay_and_shrink(

@@ -261,9 +261,10 @@ def fuzz_one(
         _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
         _drop_repeats(out, recorder)
         if recorder is not None:  # each file holds the case its finding is reported with
-            for finding, path in out.findings:
-                if path is not None and finding.context is not None:
-                    recorder.hold(path, finding)
+            out.findings = [
+                (f, recorder.hold(path, f) if path is not None and f.context is not None else path)
+                for f, path in out.findings
+            ]
         _improve_fleet_copies(out, runner, fleet, spent)
         _measure_closest_pass(out, runner)
     if recorder is not None:
