@@ -12,7 +12,7 @@ import contextvars
 import dataclasses
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from shardfuzz.errors import InvalidArgument
@@ -247,14 +247,20 @@ def pin_options(target: str, pinned: dict[str, Any], case: Case) -> Case:
             f"its options: {', '.join(sorted(case.options)) or 'none'}"
         )
     for name, value in pinned.items():
-        drawn = case.options[name]
-        kind = _kind(drawn)
-        if kind is not None and value is not None and _kind(value) not in _TAKES[kind]:
-            raise InvalidArgument(
-                f"option {name!r}={value!r} pinned, but target {target!r} draws {name} as "
-                f"{_A[kind]} (e.g. {drawn!r}); pin {_A[kind]}"
-            )
+        problem = option_kind_problem(target, name, value, [case.options[name]])
+        if problem:
+            raise InvalidArgument(f"option {name!r}={value!r} pinned, but {problem}")
     return dataclasses.replace(case, options={**case.options, **pinned})
+
+
+def option_kind_problem(target: str, name: str, value: Any, drawn: Sequence[Any]) -> str | None:
+    """Why ``value`` cannot be option ``name`` of ``target``, whose strategy drew ``drawn`` for it:
+    a value of another kind than every drawn one (a string for a number); None when it can."""
+    kinds = {k: v for v in drawn if (k := _kind(v)) is not None}
+    if value is None or not kinds or any(_kind(value) in _TAKES[k] for k in kinds):
+        return None
+    kind, example = next(iter(kinds.items()))
+    return f"target {target!r} draws {name} as {_A[kind]} (e.g. {example!r}); give {_A[kind]}"
 
 
 #: the kinds of pinned value each kind of drawn option value takes (None is taken by any: an

@@ -349,6 +349,23 @@ def test_a_record_with_a_string_seed_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["replay", "repro"])
+def test_a_record_with_an_option_value_of_another_kind_than_drawn_is_refused(tmp_path, command):
+    """A string for a number reached the target's oracle and failed there, named as the target's
+    error (a new user's hand-edited ``"steps": "2"``)."""
+    path = failure_record(
+        tmp_path, "case-scale-str.json", case={"profile": "large", "options": {"scale": "10"}}
+    )
+    extra = ["-o", str(tmp_path / "out.py")] if command == "repro" else []
+    out = cli(command, path, *extra)
+    refused(
+        out, 2, path, "field 'case' is invalid: options['scale']='10': target 'tp_mlp' draws scale as a float"
+    )
+    assert not (tmp_path / "out.py").exists()
+    ok = failure_record(tmp_path, "case-scale-int.json", case={"profile": "large", "options": {"scale": 10}})
+    assert "field 'case'" not in cli("replay", ok).stderr  # an int for a float is taken
+
+
+@pytest.mark.parametrize("command", ["replay", "repro"])
 def test_a_record_whose_implementation_cannot_be_imported_is_refused(tmp_path, command):
     path = failure_record(tmp_path, "unknown-impl.json", impl="func", impl_ref="no_such_mod:func")
     extra = ["-o", str(tmp_path / "out.py")] if command == "repro" else []

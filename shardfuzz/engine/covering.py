@@ -28,9 +28,9 @@ from typing import Any
 
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choices_to_bytes
 
-from shardfuzz.case import Case
+from shardfuzz.case import Case, option_kind_problem
 from shardfuzz.engine.hooks import StickyInterrupt
-from shardfuzz.errors import ExternalFault, Finding, Unsupported
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.exclude import Excluded
 from shardfuzz.spec.sampling import POOL_SIZE, Draws, distinct_cases, draw_pool, stable_seed
@@ -255,6 +255,19 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
         and (t not in DTYPE_CONDITIONS or t in drawn)
     )
     return generic + tuple(t for t in runner.target.triggers if t not in generic)
+
+
+def check_option_kinds(target: Any, case: Case) -> None:
+    """Each option value of ``case`` (a failure file's, by hand) against the kinds the target's
+    strategy draws there (its covering pool): ``"steps": "2"`` reached the oracle and failed in it,
+    as if the target were at fault. Option values are not bounds (any value of the right kind is
+    taken); an option no case of the pool has is left to the bounds check."""
+    pool = pool_for(target)
+    for name, value in case.options.items():
+        drawn = [c.options[name] for c, _ in pool if name in c.options]
+        problem = option_kind_problem(target.name, name, value, drawn)
+        if problem:
+            raise InvalidArgument(f"options[{name!r}]={value!r}: {problem}")
 
 
 def rows_for(runner: Any) -> tuple[Row, ...]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from shardfuzz.case import Case
 from shardfuzz.engine.config import check_world_size
+from shardfuzz.engine.covering import check_option_kinds
 from shardfuzz.engine.failure_schema import load_failure_file, shown, validate_failure_record, where_of
 from shardfuzz.engine.input_bounds import check_input_size
 from shardfuzz.engine.trust import check_trusted
@@ -59,6 +60,7 @@ def prepare(
         _field(where, "impl_ref", ref_of_callable, data["impl_ref"], "impl")
         _check_kwargs(where, target, data["impl_spec"], fn)
         _invalid_case(where, check_in_bounds, target, case)  # before anything is built from it
+        _invalid_case(where, check_option_kinds, target, case)
         _field(where, "case", check_input_size, target, case)
         _invalid_case(where, check_case, target, case)
     return data
