@@ -56,6 +56,10 @@ def test_hang_gives_every_ranks_stack():
     report = e.value.report
     assert "--- rank 0 stack ---" in report and "--- rank 1 stack ---" in report
     assert "hang_rank0" in report  # rank 0's stack shows where it is stuck
+    # the implementation's frames, not shardfuzz's watchdog thread nor the harness under them (a
+    # new user read those 20 lines a rank as noise)
+    assert "_watchdog" not in report and "forkserver.py" not in report, report
+    assert report.count("... (shardfuzz's rank harness below") == 2, report
     assert raise_site(e.value) == "raise_hang"
     assert runner("reference").run_case(case()) < 1
 

@@ -23,6 +23,7 @@ from shardfuzz.protocol import Hung, RankDied, RankFailed
 from shardfuzz.report import mismatch_map
 from shardfuzz.report.divergence import Traces, describe_layouts, describe_sequences
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
+from shardfuzz.report.tracebacks import rank_stack
 from shardfuzz.signature import cause_of
 from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.comm import CommBudget, format_comm
@@ -190,7 +191,7 @@ class Reporter:
             text = "\n".join(f"rank {r}:\n{tb}" for r, tb in sorted(o.timed_out.items()))
             parts.append("Collectives that timed out inside ranks:\n" + text.rstrip())
         for r, stack in sorted(o.stacks.items()):
-            parts.append(f"--- rank {r} stack ---\n{stack.rstrip()}")
+            parts.append(f"--- rank {r} stack ---\n{rank_stack(stack).rstrip()}")
         parts += [t for t in o.output.values() if t]
         parts.append(self._footer(case))
         err = RankHang("\n".join(parts), case=case, site=self._site(case, ("stuck", tuple(o.stuck))))
