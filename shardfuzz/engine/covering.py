@@ -195,8 +195,9 @@ def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:
     reached = triggers_of(runner.target, case)
     try:
         ratio = runner.run_case(case)
-    except Finding:
+    except Finding as f:
         runner.stats.triggers.update(reached)
+        f.reached = reached  # type: ignore[attr-defined]  # Hypothesis' events of a failing example too
         raise
     except Unsupported as e:
         if not isinstance(e, Excluded):  # an excluded case is counted by the runner

@@ -69,6 +69,10 @@ def check(
         else:
             hypothesis.event(f"external fault: {str(e).split(' from outside')[0]}")
         hypothesis.reject()
+    except Finding as f:  # its conditions are events too: Hypothesis' shares read as shardfuzz's
+        for t in sorted(getattr(f, "reached", ())):
+            hypothesis.event(t)
+        raise
     for t in reached:
         hypothesis.event(t)
     hypothesis.target(min(ratio, 1.0), label=label)
