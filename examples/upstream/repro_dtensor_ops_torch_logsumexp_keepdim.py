@@ -2,16 +2,18 @@
 
 2 rank(s), mesh (1, 2); sizes d0=1, d1=1, d2=1; float32; options {'op': 'aten.logsumexp.default', 'ndim': 2, 'place': 'R,S1', 'other_place': 'R,R', 'backward': False, 'dim': 0, 'dim2': 0, 'dims': '[0]', 'all_dims': False, 'flag0': True, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 0.5, 'small_int': 0, 'perm': '[0, 1]', 'result_dtype': None}.
 Run: torchrun --nproc-per-node=2 repro_dtensor_ops_torch_logsumexp_keepdim.py    (add --backend nccl for GPUs)
-Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-04). Each rank runs the
+Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-05). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
 within the tolerance shardfuzz allows a mismatch after its recheck (a report of a mismatch far
 past it shows the narrower bound before the recheck, which it skips there); every wrong output of
-a rank, or an error, fails the run.
+a rank, or an error, fails the run. A rank stuck in a collective (a hang) fails after
+COLLECTIVE_TIMEOUT_S seconds instead of waiting forever.
 """
 
 from typing import Any
 import collections
 import dataclasses
+import datetime
 import functools
 import json
 import math
@@ -548,9 +550,13 @@ def check(ctx, outputs):
     print(f"rank {ctx.rank}: all outputs within the allowed error", flush=True)
 
 
+# a rank stuck in a collective (a hang) fails after this instead of waiting for the default timeout
+COLLECTIVE_TIMEOUT_S = 120
+
+
 def main():
     backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "gloo"
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -2,13 +2,15 @@
 
 3 rank(s), mesh (3,); sizes batch=1, seq=1, d_model=1, vocab=2; float32; options {'smoothing': 0.0, 'rule': 'dtensor', 'class_weight': False, 'ignore_index': False, 'reduction': 'none'}.
 Run: torchrun --nproc-per-node=3 repro_vocab_parallel_torch_loss_parallel_no_class.py    (add --backend nccl for GPUs)
-Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-04). Each rank runs the
+Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-05). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
 within the tolerance shardfuzz allows a mismatch after its recheck (a report of a mismatch far
 past it shows the narrower bound before the recheck, which it skips there); every wrong output of
-a rank, or an error, fails the run.
+a rank, or an error, fails the run. A rank stuck in a collective (a hang) fails after
+COLLECTIVE_TIMEOUT_S seconds instead of waiting forever.
 """
 
+import datetime
 import os
 import random
 import sys
@@ -193,9 +195,13 @@ def check(ctx, outputs):
     print(f"rank {ctx.rank}: all outputs within the allowed error", flush=True)
 
 
+# a rank stuck in a collective (a hang) fails after this instead of waiting for the default timeout
+COLLECTIVE_TIMEOUT_S = 120
+
+
 def main():
     backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "gloo"
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)

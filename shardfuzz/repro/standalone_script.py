@@ -14,6 +14,7 @@ HARNESS = ("templates", "standalone_harness.py")
 
 #: the harness's own imports, written in one sorted block with those the implementation needs
 HARNESS_IMPORTS = (
+    "import datetime",
     "import os",
     "import random",
     "import sys",
@@ -40,7 +41,8 @@ Needs only torch (written with torch {torch} by shardfuzz {version} on {date}). 
 implementation below on its inputs and compares its outputs with {oracle},
 within the tolerance shardfuzz allows a mismatch after its recheck (a report of a mismatch far
 past it shows the narrower bound before the recheck, which it skips there); every wrong output of
-a rank, or an error, fails the run.
+a rank, or an error, fails the run. A rank stuck in a collective (a hang) fails after
+COLLECTIVE_TIMEOUT_S seconds instead of waiting forever.
 """
 
 

@@ -227,9 +227,13 @@ def check(ctx, outputs):
     print(f"rank {ctx.rank}: all outputs within the allowed error", flush=True)
 
 
+# a rank stuck in a collective (a hang) fails after this instead of waiting for the default timeout
+COLLECTIVE_TIMEOUT_S = 120
+
+
 def main():
     backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "gloo"
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
