@@ -55,6 +55,20 @@ def test_a_shrink_cut_by_the_deadline_is_finished_within_the_extra_budget(tmp_pa
     assert "then finished" in campaign.summary_table([row])
 
 
+def test_a_finished_shrink_then_found_on_1_rank_says_what_the_1_rank_finding_needs(tmp_path, monkeypatch):
+    """The summary's case was on 1 rank ("fails on 1 rank too") and the line under it said "this
+    finding ... needs world size 2": the finished shrink's account of the finding the 1-rank try
+    replaced (a new user's MoE campaign)."""
+    monkeypatch.setattr(campaign, "Deadline", DeadlineAtFirstFinding)
+    config = RunConfig(deadline=120, finish_shrink=60, world_sizes=(1, 2), failures_dir=str(tmp_path))
+    out = campaign.fuzz_one(TOY, f"{CAUSES}::wrong_from_three_rows", config, stream=io.StringIO())
+    [(finding, _)] = out.findings
+    [done] = out.finished
+    assert finding.case.world_size == 1 and done.finding is finding, (finding.case, done.describe())
+    assert "world size" not in done.describe(), done.describe()  # 1 rank is the simplest world
+    assert "n 3" in done.describe(), done.describe()  # what it needs: 3 rows
+
+
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, False, "30s"])
 def test_a_bad_extra_budget_is_refused_naming_it(value):
     with pytest.raises(InvalidArgument, match="finish_shrink="):

@@ -27,7 +27,15 @@ from typing import Any, TextIO
 
 from shardfuzz.engine.config import RunConfig
 from shardfuzz.engine.failures import FailureRecorder
-from shardfuzz.engine.finish import ONE_RANK_S, Finished, finish_budget, finish_shrink, try_one_rank
+from shardfuzz.engine.finish import (
+    ONE_RANK_S,
+    Finished,
+    finish_budget,
+    finish_shrink,
+    kept_features,
+    simplest_case,
+    try_one_rank,
+)
 from shardfuzz.engine.fleet import signature_of
 from shardfuzz.engine.fleet_worker import FleetWorker, NoFleet
 from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp
@@ -415,6 +423,9 @@ def _try_one_rank(out: Outcome, runner: Runner, budget: float) -> None:
         one = try_one_rank(runner, finding, left, recorder=recorder, path=path)
         if one is not None:
             out.findings[i] = (one, path)
+            for done in out.finished:  # its "needs world size 2" line spoke of the replaced finding
+                if done.finding is finding:
+                    done.finding, done.kept = one, kept_features(one.case, simplest_case(runner))
             if out.result is not None and out.result.failures and out.result.failures[0] is finding:
                 out.result.case, out.result.report = one.case, one.report
     out.elapsed += time.perf_counter() - t0
