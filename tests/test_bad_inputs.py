@@ -438,6 +438,14 @@ def test_a_pinned_option_the_target_lacks_is_an_error_naming_it():
     assert profiles == "grid, scale, set by its value profiles)", listed
 
 
+def test_a_second_impl_is_a_usage_error_not_a_silent_replacement():
+    """``--impl reference --impl offset_floor`` fuzzed only the second, saying nothing."""
+    out = cli("fuzz", "tp_mlp", "--impl", "reference", "--impl", "missing_f_backward", "--max-examples", "1")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--impl given twice ('reference', 'missing_f_backward'); one implementation per run" in out.stderr
+    assert "fuzzing" not in out.stdout  # before any fuzzing
+
+
 @pytest.mark.parametrize(
     "target,pinned,message",
     [  # a string for a number reached the target's inputs() and crashed there, blamed on the target

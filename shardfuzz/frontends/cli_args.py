@@ -183,6 +183,20 @@ def _finish_time(text: str) -> float:
         ) from None
 
 
+class _Once(argparse.Action):
+    """An option given at most once: a second ``--impl`` silently replaced the first (a new user's
+    ``--impl reference --impl offset_floor`` fuzzed only the bug)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != values:
+            parser.error(
+                f"{option_string} given twice ({before!r}, {values!r}); one implementation per run: "
+                f"run shardfuzz once for each"
+            )
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="shardfuzz",
@@ -244,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     impl.add_argument(
         "--impl",
         default=None,
-        help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference)",
+        action=_Once,
+        help="implementation name, 'pkg.mod:func' or 'file.py::NAME' (default: the reference); one per run",
     )
 
     f = sub.add_parser(
