@@ -417,11 +417,19 @@ def backward_of(case) -> bool:
 
 
 def supports(case) -> str | None:
-    """Why a case cannot run: its op is not one this torch draws, or the plain op refuses its
+    """Why a case cannot run: its op is not one this torch draws (or is named without its overload,
+    which an exclusion by its full name would miss), a placement is not one for its tensor and mesh
+    (a pinned ``place=X3``: DTensor's own crash read as a finding), or the plain op refuses its
     arguments on a tensor of its shape (``t()`` of a 3-d tensor, topk's ``k`` past the dim)."""
     spec = spec_named(case.options["op"])
     if isinstance(spec, str):
-        return "op not drawn"
+        return f"op not drawn: {spec}"
+    if spec.name != case.options["op"]:
+        return f"op named without its overload: {spec.name}"
+    allowed = _placements_for(case.options["ndim"])
+    for key in ("place", "other_place"):
+        if len(places(case, key)) != len(case.mesh) or not set(places(case, key)) <= set(allowed):
+            return f"{key} not one of R, S<dim of the tensor>, {', '.join(PARTIALS)} for each mesh axis"
     x = torch.zeros(shape_of(case))
     try:
         call(spec, x.clone() if spec.inplace else x, x.clone(), values_of(case))

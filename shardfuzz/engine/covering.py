@@ -223,7 +223,24 @@ def _pool_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple
     # drawn once for all
     through = target.restrict(dtypes, options)
     names = frozenset(name for name, _ in options)
-    return tuple(distinct_cases(_draws_for(target, world_sizes, names), POOL_SIZE, through))
+    pool = tuple(distinct_cases(_draws_for(target, world_sizes, names), POOL_SIZE, through))
+    if options and target.supports is not None:
+        _check_pinned_supported(target, options, pool)
+    return pool
+
+
+def _check_pinned_supported(target: Any, options: Any, pool: Sequence[tuple[Case, tuple]]) -> None:
+    """Pinned options with which the target supports none of the pool's cases are a usage error:
+    a ``place=X3`` that DTensor crashed on was reported as a finding, and ``op=aten.cumsum``
+    (no overload) ran past an exclusion by the op's full name."""
+    reasons = collections.Counter(target.supports(c) for c, _ in pool)
+    if pool and None not in reasons:
+        pinned = ", ".join(f"{k}={v!r}" for k, v in options)
+        why = "; ".join(f"{r} (x{n})" for r, n in reasons.most_common(3))
+        raise InvalidArgument(
+            f"options {pinned} pinned, but target {target.name!r} supports none of the "
+            f"{len(pool)} cases drawn with them: {why}"
+        )
 
 
 @functools.lru_cache(maxsize=64)
