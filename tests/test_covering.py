@@ -323,6 +323,9 @@ def test_known_failures_on_the_target_are_counted_never_passed():
         ("[x for x in sizes]", "ListComp is not allowed"),
         ("wrld_size > 2", "unknown name 'wrld_size'; allowed: case, world_size"),
         ("9**9**9 > 0", "** takes a constant exponent from 0 to 64 here"),  # minutes to compute
+        # a mapping's key read as an attribute excluded nothing, silently (a new user's options.op)
+        ("options.op == 1", "options is a mapping; write options['op'], not options.op"),
+        ("sizes.d0 > 1", "sizes is a mapping; write sizes['d0'], not sizes.d0"),
     ],
 )
 def test_a_bad_exclude_expression_is_a_usage_error_naming_it(text, needle):

@@ -47,6 +47,10 @@ _NODES = (
 )  # fmt: skip
 
 
+#: the case's fields that are mappings: read by key, never by attribute
+_MAPS = ("sizes", "options")
+
+
 class Excluded(Unsupported):
     """A case set aside as a known failure (counted in ``stats.excluded``, not as unsupported)."""
 
@@ -95,6 +99,16 @@ class CaseExpression:
                 )
             if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
                 raise InvalidArgument(f"{self.what}={self.text!r}: attribute {node.attr!r} is not allowed")
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in _MAPS
+            ):
+                # a mapping has no such attribute: every case read as "not excluded", silently
+                raise InvalidArgument(
+                    f"{self.what}={self.text!r}: {node.value.id} is a mapping; write "
+                    f"{node.value.id}[{node.attr!r}], not {node.value.id}.{node.attr}"
+                )
         object.__setattr__(self, "_code", compile(tree, f"<{self.what}>", "eval"))
 
     def __call__(self, case: Case) -> bool:
