@@ -84,6 +84,40 @@ def test_what_a_run_wrote_is_escaped_on_the_page():
     assert "t&lt;b&gt;" in page and "Case(&lt;x&gt;)" in page and "&#x27;&lt;t&gt;&#x27;" in page
 
 
+def test_the_page_says_what_was_set_aside_and_that_a_run_was_interrupted():
+    """A new user's page of a campaign stopped by Ctrl-C read as a finished one, and showed none of
+    the cases excluded as known failures or rejected as unsupported that the summary table lists."""
+    from shardfuzz.report.html_page import render
+
+    row = {
+        "target": "t", "impl": "i", "examples": 3, "per_second": 1.0, "found": False, "seconds": 3.0,
+        "interrupted": True, "excluded": 5, "excluded_reasons": {"options['op'] == 'x'": 5, "dim < 0": 0},
+        "unsupported": 7, "unsupported_reasons": {"plain op refuses": 4},
+    }  # fmt: skip
+    page = render([row], "shardfuzz fuzz t")
+    assert "interrupted (Ctrl-C)" in page
+    assert (
+        "5 cases excluded as known failures" in page
+        and "options[&#x27;op&#x27;] == &#x27;x&#x27;</code> x5" in page
+    )
+    assert "dim &lt; 0</code> x0" in page  # every expression, with its count
+    assert "7 cases rejected as unsupported" in page and "3 more, for reasons not shown" in page
+    clean = render(
+        [
+            {
+                **row,
+                "interrupted": False,
+                "excluded": 0,
+                "excluded_reasons": {},
+                "unsupported": 0,
+                "unsupported_reasons": {},
+            }
+        ],
+        "x",
+    )
+    assert "interrupted" not in clean and "excluded as known" not in clean
+
+
 def test_the_page_never_shows_a_database_password():
     line = cli.command_line(["findings", "redis://:s3cret@db.example:6379/0", "--report", "out dir"])
     assert "s3cret" not in line and "redis://" in line and "'out dir'" in line, line

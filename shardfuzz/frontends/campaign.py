@@ -121,7 +121,11 @@ class Outcome:
                 else []
             ),
             "excluded": sum(s.excluded.values()),
-            "excluded_reasons": dict(s.excluded.most_common(LEAKS_SHOWN)),
+            # every expression the run was given, each with its count (0 too: the docs promise each)
+            "excluded_reasons": {
+                **dict(s.excluded.most_common()),
+                **{e: 0 for e in self.runner.config.exclude if e not in s.excluded},
+            },
             "exclude_missing": {text: list(v) for text, v in s.exclusions_on_absent_keys().items()},
             "closest_pass": s.worst_pass_ratio,
             "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,

@@ -87,11 +87,35 @@ def _section(i: int, r: dict[str, Any]) -> str:
     parts.append(
         f"<p>{r['examples']} examples{took} ({r['per_second']:.1f}/s), {r.get('runs', 1)} run(s)</p>"
     )
+    if r.get("interrupted"):  # a page of an interrupted campaign read as a finished one
+        parts.append('<p class="note">interrupted (Ctrl-C): the examples above are those run before it</p>')
+    if r.get("cut_short"):
+        parts.append('<p class="note">shrinking cut short: a finding may not be minimal</p>')
     parts.append(_closest(r))
     parts += [_finding(f) for f in r.get("findings", [])]
+    parts.append(_set_aside(r))
     parts.append("<h3>Trigger conditions reached</h3>" + _coverage(r))
     parts.append("<h3>Throughput</h3>" + _throughput(r.get("timeline", [])))
     return "\n".join(parts)
+
+
+def _set_aside(r: dict[str, Any]) -> str:
+    """The cases excluded as known failures and rejected as unsupported, by reason (as the summary
+    table gives them): not examples, and never passed silently."""
+    out = []
+    for key, words in (
+        ("excluded", "excluded as known failures"),
+        ("unsupported", "rejected as unsupported"),
+    ):
+        reasons = r.get(f"{key}_reasons") or {}
+        total = r.get(key) or 0
+        if not total and not reasons:
+            continue
+        items = "".join(f"<li><code>{_e(k)}</code> x{v}</li>" for k, v in reasons.items())
+        more = total - sum(reasons.values())
+        items += f"<li>{more} more, for reasons not shown</li>" if more > 0 else ""
+        out.append(f"<p>{total} cases {words} (not examples):</p><ul>{items}</ul>")
+    return "\n".join(out)
 
 
 def _closest(r: dict[str, Any]) -> str:
