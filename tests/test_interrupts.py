@@ -1,6 +1,7 @@
 """A verdict survives deadlines, Ctrl-C and SIGTERM, and ``--duration`` is a bound; ``--jobs``
 children die with their parent. Every wait here has a deadline."""
 
+import json
 import os
 import re
 import signal
@@ -109,7 +110,11 @@ def test_ctrl_c_after_a_finding_prints_it_and_exits_1(procs, start_cli, tmp_path
     assert code == 1, out + err
     assert "Rerun this case: shardfuzz case" in out and "(interrupted)" in out
     assert "FOUND hang (shrinking cut short" in out and "interrupted" in err
-    assert list(tmp_path.glob("toy-hang_rank0-gloo-hang.json"))
+    # the finding's own lines and its failure file say so too (a new user's later run's finding,
+    # cut by Ctrl-C, read as a distinct minimal one)
+    assert "shrinking cut short (interrupted): the smallest case found so far" in out, out
+    (path,) = tmp_path.glob("toy-hang_rank0-gloo-hang.json")
+    assert "shrinking was cut short" in json.loads(path.read_text())["report"]
     assert procs.wait_gone(everything) == []
 
 

@@ -187,7 +187,12 @@ class FailureRecorder(RunHooks):
         to replace, or a failure a later shrink or 1-rank try met). Returns the file."""
         path = self.where(path)
         record = read_record(path) or {}
-        want = {"case_repr": repr(finding.context.case), **signature_fields(finding)}
+        # the report too: a finding cut short by Ctrl-C says so in it (its file did not)
+        want = {
+            "case_repr": repr(finding.context.case),
+            "report": finding.report,
+            **signature_fields(finding),
+        }
         if {k: record.get(k) for k in want} != want:
             return self.write(path, finding.context, finding) or path
         return path

@@ -109,7 +109,8 @@ class Outcome:
             "seconds": self.elapsed,
             "failure_files": self.failure_files,
             "interrupted": self.interrupted,
-            "cut_short": bool(self.result and self.result.shrink_cut_short),
+            "cut_short": bool(self.result and self.result.shrink_cut_short)
+            or any(getattr(f, "cut_short", None) for f, _ in self.findings),
             "finished": [f.describe() for f in self.finished],
             "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
@@ -144,6 +145,8 @@ class Outcome:
                     "file": path,
                     "site": _site(f),
                     "one_rank": f.kind != "communication" and getattr(f.case, "world_size", 0) == 1,
+                    # a later run's finding cut by Ctrl-C read as a distinct, minimal one
+                    "cut_short": getattr(f, "cut_short", None),
                 }
                 | (self.fleet[i] if i < len(self.fleet) else {})
                 for i, (f, path) in enumerate(self.findings)
@@ -570,6 +573,8 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
     margin = f", margin {f['margin']:.3g}x" if f.get("margin") is not None else ""
     site = f" ({f['site']})" if f.get("site") else ""
     lines = [f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}"]
+    if f.get("cut_short"):
+        lines.append(f"{'':<16}   shrinking cut short ({f['cut_short']}): the smallest case found so far")
     if f.get("one_rank"):
         lines.append(f"{'':<16}   {ONE_RANK_NOTE}")
     if f.get("fleet"):
