@@ -228,7 +228,7 @@ def test_the_committed_file_replays_in_the_project_and_is_refused_outside(tmp_pa
         ({"deterministic": "yes"}, "field 'deterministic' is 'yes'; must be true or false"),
         (
             {"impl_kwargs": {"bug": "no_such_bug"}},
-            "planted bug 'no_such_bug', which target 'tp_mlp' does not have",
+            "bug='no_such_bug', which no implementation of target 'tp_mlp' binds; they bind bug= ",
         ),
         ({"impl_kwargs": {"bug": "missing_allreduce", "speed": 3}}, "field 'impl_kwargs'"),
         ({"version": 99}, "format version 99 is newer"),

@@ -99,9 +99,11 @@ def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:
         )
     bugs = sorted({dict(r.kwargs)["bug"] for r in own if r.ref == spec.ref and "bug" in dict(r.kwargs)})
     if "bug" in kwargs and bugs and kwargs["bug"] not in bugs:
+        # the target's implementations bind these bug= values (planted bugs, or a user's own
+        # variants that `shardfuzz list` calls no planted bug: the words said "planted bugs")
         raise InvalidArgument(
-            f"{where}: field 'impl_kwargs' names the planted bug {shown(kwargs['bug'])}, which target "
-            f"{target.name!r} does not have; its planted bugs: {', '.join(bugs)}"
+            f"{where}: field 'impl_kwargs' has bug={shown(kwargs['bug'])}, which no implementation of "
+            f"target {target.name!r} binds; they bind bug= {', '.join(bugs)}"
         )
     try:  # an implementation takes the rank's ctx (and the record's keyword arguments)
         inspect.signature(fn).bind(None, **kwargs)
