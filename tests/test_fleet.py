@@ -369,6 +369,46 @@ def test_wrong_password_exits_2(tmp_path):
     assert anonymous.returncode == 2 and "Redis asks for a password" in anonymous.stderr, anonymous.stderr
 
 
+def test_workers_get_the_database_url_through_the_environment_never_the_command_line(tmp_path, monkeypatch):
+    """Each ``--workers`` job's start line and ``ps`` showed the URL, password and all."""
+    from shardfuzz.frontends import cli
+
+    server = RedisServer(tmp_path, "--requirepass", "s3cret")
+    jobs = []
+    monkeypatch.setattr(cli, "run_jobs", lambda js, *a, **k: (jobs.extend(js), ([], [], False))[1])
+    monkeypatch.setenv("SHARDFUZZ_DATABASE", "")  # so that what the run sets is undone after the test
+    monkeypatch.delenv("SHARDFUZZ_DATABASE")
+    url = f"redis://:s3cret@127.0.0.1:{server.port}/0"
+    try:
+        out = run_cli("fuzz", TOY, "--workers", "2", "--duration", "1s",
+                      "--database", url, "--failures-dir", str(tmp_path / "f"))  # fmt: skip
+    finally:
+        server.stop()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert len(jobs) == 2 and not any("s3cret" in arg for job in jobs for arg in job), jobs
+    assert os.environ.get("SHARDFUZZ_DATABASE") == url  # what the children read
+
+
+@pytest.mark.parametrize(
+    "command,url,said",
+    [  # an unknown scheme said "does not exist" with the password; a query string crashed
+        ("replay", "redi://:pw42@127.0.0.1:1/0", "unknown scheme 'redi'"),
+        ("status", "redis://:pw42@127.0.0.1:1/0?foo=bar", "unknown parameter 'foo'"),
+        (
+            "findings",
+            "redis://:pw42@127.0.0.1:1/0?socket_timeout=abc",
+            "socket_timeout='abc' is not a number",
+        ),
+        ("status", "unix:///tmp/no.sock?db=0&password=pw42", "cannot connect"),
+    ],
+)
+def test_a_bad_url_is_a_usage_error_that_never_shows_its_password(command, url, said):
+    out = run_cli(command, url)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert said in out.stderr and "pw42" not in out.stdout + out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 def test_missing_redis_client_names_the_extra(monkeypatch):
     from shardfuzz.engine import shared_db
 

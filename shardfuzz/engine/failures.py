@@ -37,6 +37,7 @@ from shardfuzz.engine.failure_schema import FORMAT, VERSION
 from shardfuzz.engine.filewriter import FileWriter, WriteFailed, check_failures_dir, default_dir, read_record
 from shardfuzz.engine.finding import FindingContext
 from shardfuzz.engine.hooks import RunHooks, example_order
+from shardfuzz.engine.shared_db import check_database, redact
 from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.protocol import RANK_RULE, ImplRef
 from shardfuzz.ranks.pool_cache import remote_world
@@ -327,6 +328,9 @@ def find_files(paths: Iterable[str]) -> list[str]:
             out += sorted(os.path.join(p, n) for n in os.listdir(p) if n.endswith(".json"))
         elif os.path.exists(p):
             out.append(p)
+        elif "://" in p:  # a URL of another scheme (redi://): said as such, its password hidden
+            check_database(p, "FILE|DIR")
+            raise InvalidArgument(f"FILE|DIR={redact(p)!r} does not exist")
         else:
             raise InvalidArgument(f"FILE|DIR={p!r} does not exist")
     return out

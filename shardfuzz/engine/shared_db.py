@@ -50,7 +50,9 @@ def is_redis_url(text: str | None) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (messages never show a password)."""
+    """The URL with any password replaced by ``***`` (messages never show a password): in the
+    user part, and a ``password=`` query parameter (``unix:///PATH?db=0&password=...``)."""
+    url = _PASSWORD_PARAM.sub(r"\1***", url)
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
@@ -62,6 +64,16 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+#: the query parameters of a Redis URL that redis-py's ``from_url`` takes (any other is a TypeError
+#: from deep inside the client, or a ValueError for a bad value: a traceback)
+URL_PARAMS = frozenset(
+    """db password username socket_timeout socket_connect_timeout socket_keepalive retry_on_timeout
+    health_check_interval max_connections client_name ssl_cert_reqs ssl_ca_certs ssl_certfile
+    ssl_keyfile ssl_check_hostname""".split()
+)
+
+
 def check_database(value: Any, what: str = "database") -> str | None:
     """``value`` if it is None, a directory path or a well-formed Redis URL; else InvalidArgument
     naming ``what`` and the URL (without its password)."""
@@ -70,14 +82,7 @@ def check_database(value: Any, what: str = "database") -> str | None:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgument(f"{what}={value!r}; must be a directory path or a redis://HOST:PORT/N URL")
     if "://" not in value:
-        scheme = value.split(":", 1)[0].lower() if ":" in value else ""
-        if scheme in REDIS_SCHEMES:  # redis:/x or redis:host:6379 would become a folder of that name
-            shown = re.sub(r"^([^:]*:)[^@]*@", r"\1***@", value)  # a password before an @, hidden
-            raise InvalidArgument(
-                f"{what}={shown!r}: a Redis URL is {scheme}://HOST:PORT/N (two slashes); "
-                "a directory path does not start with a Redis scheme"
-            )
-        return value  # a directory: Hypothesis creates it on first save
+        return _directory(value, what)
     scheme = value.split(":", 1)[0].lower()
     shown = redact(value)
     if scheme not in REDIS_SCHEMES:
@@ -102,8 +107,37 @@ def check_database(value: Any, what: str = "database") -> str | None:
     )
     if db and not db.isdigit():
         raise InvalidArgument(f"{what}={shown!r}: database {db!r} is not a number; expected /N, e.g. /0")
+    _check_params(parts.query, what, shown)
     del port
     return value
+
+
+def _directory(value: str, what: str) -> str:
+    """``value``, a directory (Hypothesis creates it on first save), unless it starts with a Redis
+    scheme: ``redis:/x`` or ``redis:host:6379`` would become a folder of that name."""
+    scheme = value.split(":", 1)[0].lower() if ":" in value else ""
+    if scheme in REDIS_SCHEMES:
+        shown = re.sub(r"^([^:]*:)[^@]*@", r"\1***@", value)  # a password before an @, hidden
+        raise InvalidArgument(
+            f"{what}={shown!r}: a Redis URL is {scheme}://HOST:PORT/N (two slashes); "
+            "a directory path does not start with a Redis scheme"
+        )
+    return value
+
+
+def _check_params(query: str, what: str, shown: str) -> None:
+    """The URL's query parameters are ones redis-py takes (``?foo=bar`` crashed inside the client,
+    ``?socket_timeout=abc`` too), a timeout a number."""
+    for key, v in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if key not in URL_PARAMS:
+            raise InvalidArgument(
+                f"{what}={shown!r}: unknown parameter {key!r}; allowed: {', '.join(sorted(URL_PARAMS))}"
+            )
+        try:
+            if key.endswith("timeout"):
+                float(v)
+        except ValueError:
+            raise InvalidArgument(f"{what}={shown!r}: {key}={v!r} is not a number of seconds") from None
 
 
 def check_fleet(value: Any, what: str = "fleet") -> str:

@@ -231,7 +231,12 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
     from shardfuzz.frontends import campaign, display
 
     base = [sys.executable, "-m", "shardfuzz.frontends.cli", "fuzz"]
-    opts = ["--config-json", config.to_json(), "--progress-every", str(args.progress_every)]
+    settings = json.loads(config.to_json())
+    if is_redis_url(settings.get("database")):
+        # through the environment, not the command line: each job's start line and `ps` showed
+        # the URL, password and all (the children read $SHARDFUZZ_DATABASE when none is given)
+        os.environ["SHARDFUZZ_DATABASE"] = settings.pop("database")
+    opts = ["--config-json", json.dumps(settings), "--progress-every", str(args.progress_every)]
     opts += ["--pictures"] if args.report else []  # the parent writes the page from their rows
     if args.impl is not None:
         opts += ["--impl", args.impl]
