@@ -216,6 +216,7 @@ def test_three_workers_share_two_findings_and_a_killed_worker_is_gone(redis_serv
     assert "2 replayed: 2 fail, 0 pass" in replayed.stdout
     one = run_cli("replay", url, "--fleet", fleet, "--finding", stored[0], "--trust-refs")
     assert "1 replayed: 1 fail, 0 pass" in one.stdout, one.stdout + one.stderr
+    assert f"replaying fleet finding {stored[0]} ..." in one.stderr, one.stderr  # which one, by its id
 
     # "gone" means no heartbeat for 3 intervals (1 s here): with warm pools everything above can
     # take less than that, and the last beat before the kill would still read as running

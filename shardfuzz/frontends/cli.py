@@ -354,7 +354,11 @@ def _cmd_replay(args: Any) -> int:
     for rec in records:
         # on stderr, before it runs: a case that takes long (the oracle in this process has no
         # timeout) shows which file it is
-        named = printable(os.path.basename(rec["path"])) if rec.get("path") else "a fleet finding"
+        named = (
+            printable(os.path.basename(rec["path"]))
+            if rec.get("path")
+            else f"fleet finding {printable(str(rec.get('fleet_id', '?')))}"
+        )
         print(f"shardfuzz: replaying {named} ...", file=sys.stderr, flush=True)
         res = replay_one(
             rec,

@@ -165,7 +165,9 @@ def fleet_records(
             print(f"shardfuzz: fleet finding {d['id']} has no failure record (not replayed)", file=sys.stderr)
             continue
         try:
-            out.append(prepare(copy.deepcopy(d["failure_file"]), None, trust_refs=trust_refs))
+            record = prepare(copy.deepcopy(d["failure_file"]), None, trust_refs=trust_refs)
+            record["fleet_id"] = d["id"]  # named when it is replayed ("replaying a fleet finding" was all)
+            out.append(record)
         except InvalidArgument as e:
             raise InvalidArgument(f"fleet finding {d['id']} in {store.shown_url}: {e}") from None
     return out
