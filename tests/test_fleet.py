@@ -449,6 +449,12 @@ def test_workers_need_a_shared_database(monkeypatch, capsys):
     assert "--workers 2: fleet workers share their examples and findings through a Redis database" in (
         capsys.readouterr().err
     )
+    # one that cannot be reached is a usage error before any worker starts (each worker's exit 2
+    # read as "the fuzzer itself failed", exit 3)
+    monkeypatch.setattr(cli, "_fuzz_jobs", lambda *a: pytest.fail("a worker started"))
+    assert cli.main(["fuzz", "tp_mlp", "--workers", "2", "--database", "redis://:pw9@127.0.0.1:1/0"]) == 2
+    err = capsys.readouterr().err
+    assert "--database='redis://:***@127.0.0.1:1/0': cannot connect to Redis" in err and "pw9" not in err, err
 
 
 def test_workers_draw_fresh_seeds_even_under_a_derandomized_profile(redis_server, monkeypatch, tmp_path):

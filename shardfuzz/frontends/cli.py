@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_tolerance_outputs, format_tolerance
 from shardfuzz.engine.hooks import grace_seconds
-from shardfuzz.engine.shared_db import RedisLost, env_fleet, is_redis_url, redact
+from shardfuzz.engine.shared_db import RedisLost, connect, env_fleet, is_redis_url, redact
 from shardfuzz.errors import (
     Finding,
     InfrastructureError,
@@ -220,11 +220,15 @@ def _write_summary(path: str | None, rows: list[dict[str, Any]]) -> None:
 def _check_workers(workers: int, config: RunConfig) -> None:
     """Fleet workers share one Redis database (examples and findings); on a local directory each
     would find and shrink the same bugs alone."""
-    if not is_redis_url(config.database):
+    url = config.database
+    if url is None or not is_redis_url(url):
         raise InvalidArgument(
             f"--workers {workers}: fleet workers share their examples and findings through a Redis "
             f"database; give --database redis://HOST:PORT/N (or set $SHARDFUZZ_DATABASE)"
         )
+    # reachable, with the right password, before any worker starts: each worker's own usage error
+    # (exit 2) read as "the fuzzer itself failed" (exit 3) in the parent
+    connect(url).close()
 
 
 def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
