@@ -133,7 +133,7 @@ def driver(monkeypatch) -> Iterator[int]:
         world.close()
 
 
-def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, driver):
+def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, driver, capsys):
     bug = get_target("tp_mlp").planted["missing_allreduce"]
     nodes = Nodes(tmp_path, driver)
     try:
@@ -143,6 +143,7 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
         )
         remote = shardfuzz.run("tp_mlp", "missing_allreduce", ranks=str(driver), **kwargs)
         assert remote.found and remote.kind == "mismatch", remote.stats.summary()
+        assert "shardfuzz: 4 rank servers joined from " in capsys.readouterr().err  # the driver says so
         local = shardfuzz.run("tp_mlp", "missing_allreduce", **{**kwargs, "failures_dir": None})
         assert remote.case == local.case, (remote.case, local.case)  # shrunk to the same minimal case
         (path,) = failures.find_files([str(tmp_path)])

@@ -199,6 +199,15 @@ class RemoteWorld:
         for s in self.servers:
             s.task.send(config)
         self._expect_all(lambda m: isinstance(m, Ready), JOIN_S, "join the torchrun world's group")
+        # said once a world is up (and again after torchrun restarts it): the driver said nothing,
+        # and the world's size was only in the failure files
+        hosts = sorted({s.hello.host for s in self.servers})
+        again = f" (restarted by torchrun: world {self.rebuilds + 1})" if self.rebuilds else ""
+        print(
+            f"shardfuzz: {self.world_size} rank servers joined from {', '.join(hosts)}{again}",
+            file=sys.stderr,
+            flush=True,
+        )
         return self
 
     def _missing(self, channels: dict, wait_s: float) -> str:
