@@ -155,11 +155,9 @@ def _replay_and_shrink(
             smallest.on_finding(f.context, f)
             raise
 
-    s = settings_for(fresh.config, quiet=True, phases=(Phase.reuse, Phase.shrink))
-    # no example database: only the seed is replayed (``database=None`` given to settings_for is
-    # dropped as "not set", and the run replayed the profile's database: another failure of the
-    # same kind, on 2 ranks, written over a finding's file by a 1-rank try)
-    s = type(s)(s, database=None)
+    # no example database: only the seed is replayed (the profile's database held another failure
+    # of the same kind, on 2 ranks, that a 1-rank try wrote over a finding's file)
+    s = settings_for(fresh.config, quiet=True, database=None, phases=(Phase.reuse, Phase.shrink))
     test: Any = given_test(fresh, test_case, s, stable_identity(fresh), [seed])
     test.shardfuzz_smallest = smallest
     try:

@@ -383,7 +383,12 @@ def settings_for(config: RunConfig, *, quiet: bool = False, **overrides: Any) ->
     kw["verbosity"] = hypothesis.Verbosity.quiet if quiet else None
     kw["database"] = hypothesis_database(config.database, config.fleet) if config.database else None
     kw.update(overrides)
-    return build_settings(config.profile, **kw)
+    built = build_settings(config.profile, **kw)
+    # build_settings reads None as "not set" (the profile's value); a caller's explicit
+    # database=None means no database (a 1-rank try read the profile's .hypothesis instead)
+    if "database" in overrides and overrides["database"] is None:
+        built = hypothesis.settings(built, database=None)
+    return built
 
 
 @dataclasses.dataclass
