@@ -290,6 +290,17 @@ class RunConfig:
                 raise InvalidArgument(f"options={self.options!r}; names must be str, values JSON scalars")
         object.__setattr__(self, "options", pairs)
 
+    def restrictions(self) -> str:
+        """What the run restricts, in words (`` (world sizes 1, 2; dtypes bfloat16; option
+        steps=2)``; empty when nothing): the CLI's "fuzzing ..." line and a pytest test's
+        statistics header, so that two tests of one implementation read apart."""
+        parts = [f"world sizes {', '.join(map(str, self.world_sizes))}"] if self.world_sizes else []
+        parts += [f"dtypes {', '.join(self.dtypes)}"] if self.dtypes else []
+        parts += [f"tolerance {format_tolerance(n, t)}" for n, t in self.tolerance.per_output]
+        parts += [f"excluding {e}" for e in self.exclude]
+        parts += [f"option {n}={v!r}" for n, v in self.options]
+        return f" ({'; '.join(parts)})" if parts else ""
+
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with ``changes`` (validated again); unknown names are an error."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from shardfuzz.case import Case
-from shardfuzz.engine.config import RunConfig, check_tolerance_outputs, format_tolerance
+from shardfuzz.engine.config import RunConfig, check_tolerance_outputs
 from shardfuzz.engine.hooks import grace_seconds
 from shardfuzz.engine.shared_db import RedisLost, connect, env_fleet, is_redis_url, redact
 from shardfuzz.errors import (
@@ -78,15 +78,6 @@ def _config(args: Any, **extra: Any) -> RunConfig:
         secret_file=args.secret_file,
         **extra,
     )
-
-
-def _drawn(config: RunConfig) -> str:
-    """What the run restricts, for the 'fuzzing ...' line."""
-    parts = [f"dtypes {','.join(config.dtypes)}"] if config.dtypes else []
-    parts += [f"tolerance {format_tolerance(n, t)}" for n, t in config.tolerance.per_output]
-    parts += [f"excluding {e}" for e in config.exclude]
-    parts += [f"option {n}={v!r}" for n, v in config.options]
-    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _fuzz_config(args: Any) -> RunConfig:
@@ -148,7 +139,7 @@ def _cmd_fuzz(args: Any) -> int:
     for spec in targets:
         print(
             f"fuzzing {spec} ({get_target(spec).impl_name(args.impl)}) on {config.backend}/{config.device}"
-            f"{_drawn(config)} ...",
+            f"{config.restrictions()} ...",
             flush=True,
         )
         out = campaign.fuzz_one(

@@ -46,7 +46,7 @@ def statistics(runner: Runner, measure: bool = False) -> str:
     reached are named (they read the target's covering pool: drawn once, only when shown)."""
     s = runner.stats
     lines = [
-        f"  - shardfuzz {runner.key}{_restricted(runner)}: {s.examples} examples ({s.passed} passed, "
+        f"  - shardfuzz {runner.key}{runner.config.restrictions()}: {s.examples} examples ({s.passed} passed, "
         f"{s.failures} failing)"
     ]
     if s.rows or s.hypothesis_runs > 1:  # Hypothesis' statistics above are of its last run only
@@ -82,21 +82,6 @@ def statistics(runner: Runner, measure: bool = False) -> str:
         lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
     lines += [f"    - {line}" for line in unused_exclusions(runner)]
     return "\n".join(lines)
-
-
-def _restricted(runner: Runner) -> str:
-    """The restrictions of the runner's configuration, so that two tests of one implementation
-    (all dtypes, and bfloat16 only) read apart: `` (dtypes bfloat16; world sizes 1, 2, 4)``."""
-    c = runner.config
-    parts = []
-    if c.world_sizes:
-        parts.append("world sizes " + ", ".join(map(str, c.world_sizes)))
-    if c.dtypes:
-        parts.append("dtypes " + ", ".join(c.dtypes))
-    parts += [f"{k}={v!r}" for k, v in c.options]
-    if c.exclude:
-        parts.append(f"{len(c.exclude)} exclusion{'s' if len(c.exclude) != 1 else ''}")
-    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def unused_exclusions(runner: Runner) -> list[str]:
