@@ -149,3 +149,28 @@ def test_the_numpy_path_of_a_passing_piece_describes_it_as_the_torch_path_does(m
         described = {k: v for k, v in dataclasses.asdict(fast).items() if k not in ("local", "wrong")}
         assert described == {k: v for k, v in dataclasses.asdict(slow).items() if k not in ("local", "wrong")}
     assert passing > 200 and declined > 100, (passing, declined)
+
+
+def test_a_nan_is_printed_as_nan_where_it_is_the_greatest_difference():
+    """A NaN beside a finite oracle value is ranked as infinitely wrong, and the report's greatest
+    differences say nan there, as its worst-element line does (a new user read "inf" above "nan")."""
+    from shardfuzz.report.findings import format_output_diff
+    from shardfuzz.verdict.compare import OutputDiff
+
+    e = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    bound = torch.full_like(e, 1e-6)
+    nan = compare_tensor(torch.tensor([float("nan"), 2.0]), e, bound, 0, lambda i: i)
+    assert nan.bad == 1 and nan.max_abs == math.inf and nan.max_abs_nan and nan.max_rel_nan
+    od = OutputDiff("y", "Shard(0)", "float32", (2,), [nan], bound=bound)
+    text = format_output_diff(od, lambda r: f"rank {r}")
+    assert "greatest absolute difference: nan (a NaN on one side) at index (0,)" in text, text
+    assert "greatest relative difference: nan (a NaN on one side) at index (0,)" in text, text
+    # an infinity stays an infinity, and a finite difference its value
+    inf = compare_tensor(torch.tensor([float("inf"), 2.0]), e, bound, 0, lambda i: i)
+    assert inf.max_abs == math.inf and not inf.max_abs_nan and not inf.max_rel_nan
+    text = format_output_diff(OutputDiff("y", "Shard(0)", "float32", (2,), [inf], bound=bound), str)
+    assert "greatest absolute difference: inf at index (0,)" in text, text
+    both = compare_tensor(
+        torch.tensor([float("nan"), 5.0]), torch.tensor([float("nan"), 2.0]).double(), bound, 0, str
+    )
+    assert both.bad == 1 and not both.max_abs_nan and both.max_abs == 3.0  # NaN matching NaN is right

@@ -292,6 +292,12 @@ def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
     return "\n".join(lines)
 
 
+def _difference(value: float, nan: bool) -> str:
+    """A greatest difference as printed: a NaN on one side is ranked as infinitely wrong, and
+    printed as what it is."""
+    return "nan (a NaN on one side)" if nan else f"{value:.6g}"
+
+
 def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
     """What one rank's piece of a mismatching output shows: the first line (after the rank's
     name), then the lines below it."""
@@ -305,11 +311,12 @@ def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
             )
         return lines + [f"    {line}" for line in _exact_worst(od, r)]
     lines.append(
-        f"    greatest absolute difference: {r.max_abs:.6g} at index {r.max_abs_at} "
+        f"    greatest absolute difference: {_difference(r.max_abs, r.max_abs_nan)} at index {r.max_abs_at} "
         f"(up to {r.max_abs_allowed:.3g} allowed, {r.max_ratio:.3g}x the tolerance at worst)"
     )
     zero = " (expected 0 there)" if r.max_rel_expected == 0 else ""
-    lines.append(f"    greatest relative difference: {r.max_rel:.6g} at index {r.max_rel_at}{zero}")
+    rel = _difference(r.max_rel, r.max_rel_nan)
+    lines.append(f"    greatest relative difference: {rel} at index {r.max_rel_at}{zero}")
     if r.worst:
         lines.append("    worst elements (actual vs expected, allowed = the tolerance there):")
         lines.extend(f"      {w.describe()}" for w in r.worst)

@@ -31,6 +31,9 @@ class RankDiff:
     #: the expected value where the relative difference is greatest (0: it is infinite there)
     max_rel_expected: float = 1.0
     max_ratio: float = 0.0
+    #: the greatest differences are NaN (a NaN on one side): ranked as infinite, printed as nan
+    max_abs_nan: bool = False
+    max_rel_nan: bool = False
     note: str = ""
     worst: list[ElementDiff] = dataclasses.field(default_factory=list)  # the worst elements, worst first
     # for the map and the plot of a mismatch (shardfuzz.report.mismatch_map, shardfuzz.report.plot): the compared
@@ -184,6 +187,7 @@ def compare_tensor(
         )
     i = int(d.argmax())
     rd.max_abs = float(d.flatten()[i])
+    rd.max_abs_nan = rd.max_abs > 0 and math.isnan(float(diff.flatten()[i]))
     rd.max_abs_at = to_global(tuple(int(v) for v in _unravel(i, e.shape)))
     rd.max_abs_allowed = float(bound.flatten()[i])
     if not rd.bad:  # a passing piece is described by its worst ratio and its largest difference
@@ -194,6 +198,7 @@ def compare_tensor(
     rel = torch.where(e != 0, d / e.abs(), torch.where(d > 0, math.inf, 0.0))
     j = int(rel.argmax())
     rd.max_rel = float(rel.flatten()[j])
+    rd.max_rel_nan = rd.max_rel > 0 and math.isnan(float(diff.flatten()[j]))
     rd.max_rel_at = to_global(tuple(int(v) for v in _unravel(j, e.shape)))
     rd.max_rel_expected = float(e.flatten()[j])
     if rd.bad:
