@@ -6,6 +6,7 @@ import re
 import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -76,6 +77,12 @@ def test_failure_file_holds_the_shrunk_case_and_everything_to_replay_it(found):
     assert sorted(trace) == list(range(res.case.world_size))
     assert all([c.op for c in t] == ["all_reduce"] for t in trace.values()), trace
     assert "collectives: every rank entered the same sequence" in rec["report"]
+    # every field written is one the schema checks and the reference documents (a new user found an
+    # undocumented one naming their machine)
+    from shardfuzz.engine.failure_schema import SCHEMA
+
+    assert set(rec) <= set(SCHEMA), set(rec) - set(SCHEMA)
+    assert socket.gethostname() not in rec["writer"].split(":"), rec["writer"]
 
 
 def test_file_is_written_at_the_first_failure(tmp_path):

@@ -243,6 +243,40 @@ def test_writers_of_one_process_keep_each_distinct_finding_and_update_the_same_o
     assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
 
 
+def test_a_failure_file_names_no_machine_and_a_later_run_still_knows_its_writer_is_gone(tmp_path):
+    """A failure file is shared with others: its ``writer`` names this host by a hash of its name
+    and boot, not by its name (a new user found their host name in a file they were about to share).
+    A later run on this host still tells that the writer is gone, and updates its file of the same
+    finding in place; on another host (another hash) it leaves it alone."""
+    import socket
+    import subprocess
+
+    from shardfuzz.engine.failures import FailureRecorder
+    from shardfuzz.engine.filewriter import host_id, read_record
+
+    stem = "t-i-gloo-mismatch"
+    run = FailureRecorder(str(tmp_path)).writer
+    path = run.write(stem, ".json", {"signature": "2 of 6 outputs", "report": "run 1"})
+    host, pid, _ = read_record(path)["writer"].split(":")
+    assert host == host_id() != socket.gethostname() and len(host) == 12 and pid == str(os.getpid())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for writer_host, taken in ((host_id(), True), ("0123456789ab", False)):
+        earlier = {
+            "signature": "2 of 6 outputs",
+            "report": "run 1",
+            "writer": f"{writer_host}:{gone.pid}:abc",
+        }
+        (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
+        later = FailureRecorder(str(tmp_path)).writer.write(
+            stem, ".json", {"signature": "2 of 6 outputs", "report": "run 2"}
+        )
+        assert (later == path) is taken, (writer_host, later)
+        assert read_record(path)["report"] == ("run 2" if taken else "run 1")
+        for extra in tmp_path.glob(f"{stem}-*.json"):
+            extra.unlink()
+
+
 def test_a_later_run_updates_an_earlier_runs_file_of_its_finding_and_keeps_one_of_another(tmp_path):
     """An earlier run's writer is gone: its file of the same finding is updated in place, one of
     another finding is kept (a new user's later run wrote its cumprod finding over the cummax one)."""

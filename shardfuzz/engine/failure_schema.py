@@ -189,6 +189,7 @@ SCHEMA: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
         _optional(lambda v: None if type(v) is int and v >= 1 else "must be an int >= 1"),
     ),
     "site": (False, _optional(lambda v: None if isinstance(v, list) else "must be a list")),
+    "writer": (False, _optional(_plain_text)),  # shardfuzz.engine.filewriter: which process wrote it
     "created": (False, _optional(_plain_text)),
     "updated": (False, _optional(_plain_text)),
     "updates": (

@@ -7,7 +7,8 @@ target, ``--jobs``, a CI matrix on one disk), and when the disk is full.
   fails when the name exists, and the file appears whole): the first writer of a key gets
   ``{stem}.json``, the next ``{stem}-2.json``, and so on.
 * A file that exists is taken over (updated in place, as one campaign does while Hypothesis shrinks)
-  only when its recorded writer (``"writer"``: host, pid, recorder) is a process of this host that
+  only when its recorded writer (``"writer"``: host, pid, recorder; the host as :func:`host_id`, so
+  a shared file names no machine) is a process of this host that
   is gone, or another writer of this process whose record is about the same thing (``same``: the
   finding's signature). A file of a live writer is never replaced, and neither is another finding
   of this process: one pytest session's tests of one target each write through their own writer,
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import hashlib
 import json
 import os
 import socket
@@ -78,8 +80,10 @@ class FileWriter:
         #: the record field that says what a record is about: another writer of this process takes
         #: over only a file whose record has the same value there (None: never)
         self.same = same
-        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.host, self.pid = host_id(), os.getpid()
         self.token = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
+        #: how earlier writers named this host in their files (its name): still this host
+        self.named_host = socket.gethostname()
         self.owned: dict[tuple[str, str], str] = {}  # (stem, suffix) -> the path claimed for it
         #: path -> the record it held, of the files this writer took over: the file gets it back
         #: before this writer writes something else (:meth:`_update`)
@@ -239,7 +243,7 @@ class FileWriter:
         if not isinstance(writer, str) or writer.count(":") < 2:
             return False
         host, pid, _ = writer.rsplit(":", 2)
-        if host != self.host or not pid.isdigit():
+        if host not in (self.host, self.named_host) or not pid.isdigit():
             return False  # another machine's writer may be alive: leave its file
         if int(pid) == self.pid:  # another writer of this process: its file only if about the same
             return self.same is not None and self._about_the_same(record, new)
@@ -324,6 +328,16 @@ def read_record(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def host_id() -> str:
+    """This machine and boot, as a failure file's ``writer`` names them: a hash of the host name and
+    the boot id (a pid means something only within one boot), so a file shared with others names no
+    machine."""
+    boot = ""
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:  # Linux only
+        boot = f.read().strip()
+    return hashlib.sha256(f"{socket.gethostname()}\0{boot}".encode()).hexdigest()[:12]
 
 
 def _alive(pid: int) -> bool:
