@@ -141,7 +141,8 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
     assert out.returncode == cli.EXIT_OK, out.stdout + out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("toy "))
     assert re.search(
-        r"nothing found; closest pass at most [\d.e+-]+ \(judged without the noise term; its case measures",
+        r"nothing found; closest pass [\d.e+-]+ with the noise term, on the case nearest the bound "
+        r"without it \([\d.e+-]+ judged without the noise term: an upper bound for every case\)",
         row,
     )
     assert re.search(r"^ +closest pass at Case\(target='toy', .*\)$", out.stdout, re.M), out.stdout

@@ -13,13 +13,20 @@ def closest_pass_words(
     ratio: float, upper_bound: bool, measured: float | None = None, rerun_failed: str | None = None
 ) -> str:
     """``0.405``; a ratio judged without the noise term (a sure pass, so the true one is lower):
-    ``at most 1 (judged without the noise term; its case measures 0.155 with it)``. A bound reads
-    as one: "closest pass 1" read as a run at the edge of its tolerance. ``rerun_failed``: the kind
-    of finding its case gave when measured (:func:`measure_closest_pass`)."""
+    ``at most 1 (judged without the noise term)``, and once its case is measured with it, that
+    measure first: ``0.155 with the noise term, on the case nearest the bound without it (1 judged
+    without the noise term: an upper bound for every case)``. Three new users read "closest pass at
+    most 1 (...; its case measures 0.155 with it)" as a run at the edge of its tolerance, and could
+    not tell which number was the margin. ``rerun_failed``: the kind of finding its case gave when
+    measured (:func:`measure_closest_pass`)."""
     words = f"{ratio:.3g}"
-    if upper_bound:
-        with_noise = f"; its case measures {measured:.3g} with it" if measured is not None else ""
-        words = f"at most {words} (judged without the noise term{with_noise})"
+    if upper_bound and measured is not None:
+        words = (
+            f"{measured:.3g} with the noise term, on the case nearest the bound without it "
+            f"({words} judged without the noise term: an upper bound for every case)"
+        )
+    elif upper_bound:
+        words = f"at most {words} (judged without the noise term)"
     if rerun_failed:
         words += f"; its case gave a {rerun_failed} when run again: not deterministic?"
     return words
