@@ -23,6 +23,11 @@ class ShardfuzzError(Exception):
     """Base class for errors of the fuzzer itself (not findings)."""
 
 
+class ShardfuzzWarning(UserWarning):
+    """Something a run was given that is allowed but likely not meant (a pinned option value the
+    target never draws: a misspelling?). The CLI prints it as ``shardfuzz: warning: ...``."""
+
+
 class InvalidArgument(ShardfuzzError, ValueError):
     """An argument is invalid. The message names the argument, its value and what is allowed."""
 

@@ -69,6 +69,22 @@ def test_an_option_that_only_one_branch_of_the_cases_has_can_be_pinned():
     assert "sequence parallel 100%" in out.stdout, out.stdout
 
 
+def test_a_pinned_value_the_target_never_draws_is_warned_about_with_the_closest_drawn_one():
+    """--option kind=1f1bb ran as a clean run of a value the target never draws (a new user's
+    norm=rmss); a target may take values it does not draw, so the run goes on, with a warning."""
+    out = cli("fuzz", "pipeline_1f1b", "--option", "kind=1F1B", "--max-examples", "3", "--world-sizes", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        "shardfuzz: warning: option kind='1F1B' pinned, but target 'pipeline_1f1b' draws kind only as "
+        "'1f1b', 'gpipe' (in "
+    ) in out.stderr, out.stderr
+    assert "did you mean '1f1b'?" in out.stderr, out.stderr
+    # a drawn value, and a value of another kind than strings, get none
+    for pin in ("kind=gpipe", "microbatches=9"):
+        quiet = cli("fuzz", "pipeline_1f1b", "--option", pin, "--max-examples", "3", "--world-sizes", "2")
+        assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+
+
 def test_fuzz_finding_exits_1_and_prints_the_report_and_rerun_line():
     out = cli("fuzz", EXAMPLE, "--impl", "mean_of_means", "--max-examples", "100")
     assert out.returncode == 1, out.stdout + out.stderr

@@ -394,3 +394,20 @@ def test_a_pool_discarded_after_a_failure_is_replaced_by_a_warm_spare(monkeypatc
     assert pools.get_pool("gloo", 2, 120.0) is spare  # the next example runs on it
     ok = Runner(TOY, None, RunConfig())
     assert ok.run_case(crash) >= 0
+
+
+def test_a_pinned_string_the_target_never_draws_warns_from_the_python_api_too():
+    import shardfuzz
+
+    with pytest.warns(
+        shardfuzz.ShardfuzzWarning, match=r"option kind='GPipe' pinned.*did you mean 'gpipe'\?"
+    ):
+        result = shardfuzz.run(
+            "pipeline_1f1b",
+            profile="shardfuzz-ci",
+            database=None,
+            max_examples=3,
+            world_sizes=(2,),
+            options={"kind": "GPipe"},
+        )
+    assert not result.found, result.report

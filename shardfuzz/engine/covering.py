@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import difflib
 import functools
 import itertools
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,7 +32,7 @@ from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choice
 
 from shardfuzz.case import Case, option_kind_problem
 from shardfuzz.engine.hooks import StickyInterrupt
-from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, Unsupported
+from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, ShardfuzzWarning, Unsupported
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.exclude import Excluded
 from shardfuzz.spec.sampling import POOL_SIZE, Draws, distinct_cases, draw_pool, stable_seed
@@ -243,6 +245,42 @@ def _check_pinned_supported(target: Any, options: Any, pool: Sequence[tuple[Case
         )
 
 
+#: a string option drawn from at most this many values is an enumeration: a pinned value outside
+#: it is likely a misspelling (dtensor_ops draws ~100 op names, rare ones not in every pool)
+ENUM_VALUES = 12
+
+
+def pin_notes(runner: Any) -> tuple[str, ...]:
+    """Warnings for a run's pinned string options whose value the target never draws, where it draws
+    that option from a few strings only (``norm='rmss'`` where it draws 'ln' and 'rms'): the run
+    goes on (a target may take values it does not draw), but a misspelled value read as a clean
+    run. Values of other kinds are left alone (``steps=5`` beyond a drawn 1-2 is a choice)."""
+    c = runner.config
+    if not c.options:
+        return ()
+    pool_for(runner.target, runner.world_sizes(), c.dtypes, c.options)  # checks the pins first
+    names = frozenset(name for name, _ in c.options)
+    draws = _draws_for(runner.target, runner.world_sizes(), names)
+    notes = []
+    for name, value in c.options:
+        drawn = collections.Counter(
+            case.options[name] for case, _ in draws.attempts if case is not None and name in case.options
+        )
+        if not isinstance(value, str) or not drawn or len(drawn) > ENUM_VALUES or value in drawn:
+            continue
+        if not all(isinstance(v, str) for v in drawn):
+            continue
+        close = difflib.get_close_matches(value, list(drawn), n=1, cutoff=0.6)
+        close += [v for v in drawn if v.lower() == value.lower() and v not in close]
+        values = ", ".join(repr(v) for v in sorted(drawn))
+        guess = f"; did you mean {close[0]!r}?" if close else "; a misspelling?"
+        notes.append(
+            f"option {name}={value!r} pinned, but target {runner.target.name!r} draws {name} only as "
+            f"{values} (in {sum(drawn.values())} drawn cases){guess}"
+        )
+    return tuple(notes)
+
+
 @functools.lru_cache(maxsize=64)
 def _draws_for(target: Any, world_sizes: Any, option_names: frozenset[str] = frozenset()) -> Draws:
     return Draws(target.drawn(world_sizes, option_names), stable_seed(f"{target.name}/covering"))
@@ -323,6 +361,8 @@ class CoveringRun:
             return None
         self.done = True
         queue = list(rows_for(self.runner))
+        for note in pin_notes(self.runner):
+            warnings.warn(note, ShardfuzzWarning, stacklevel=2)
         replace = Replacements(self.runner, queue)
         try:
             while queue:

@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -31,6 +32,7 @@ from shardfuzz.errors import (
     InvalidArgument,
     Mismatch,
     ShardfuzzError,
+    ShardfuzzWarning,
     Unsupported,
 )
 from shardfuzz.frontends.cli_args import (
@@ -401,8 +403,26 @@ def command_line(argv: Sequence[str]) -> str:
     return "shardfuzz " + " ".join(shlex.quote(redact(str(a))) for a in argv)
 
 
+class _OneLineWarnings:
+    """``warnings.showwarning`` for the command: shardfuzz's own warnings as one line, as its errors
+    are printed; any other as ``show`` (the one it replaces) shows it."""
+
+    def __init__(self, show: Any) -> None:
+        self.show = show
+
+    def __call__(
+        self, message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        if issubclass(category, ShardfuzzWarning):
+            print(f"shardfuzz: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            self.show(message, category, filename, lineno, file, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if not isinstance(warnings.showwarning, _OneLineWarnings):
+        warnings.showwarning = _OneLineWarnings(warnings.showwarning)
     args = build_parser().parse_args(argv)
     args.command_line = command_line(sys.argv[1:] if argv is None else argv)
     if getattr(args, "parent_pid", None):

@@ -320,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=VALUE",
         help="pin a target option, e.g. lse_grad=False (a Python literal of the kind the target draws "
-        "there; repeatable): the contract choice of an implementation that supports only that value",
+        "there, a bare word is a string; repeatable): the contract choice of an implementation that "
+        "supports only that value. A string the target never draws, where it draws a few, is warned about",
     )
     f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
     f.add_argument(
