@@ -171,6 +171,18 @@ test_known = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), excl
     result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_bad.py")
     result.stdout.fnmatch_lines(["*exclude*open(1)*"])  # at collection, naming the argument
     assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
+    # every argument (world_sizes=[0, 2] failed only when its test ran, a new user's audit)
+    for arg, shown in (
+        ("world_sizes=[0, 2]", "*world_sizes=*0, 2*"),
+        ("timeout=-1", "*timeout=-1*"),
+        ("max_examples=0", "*max_examples=0*"),
+    ):
+        inprocess.makepyfile(test_bad=f"import shardfuzz\ntest_bad = shardfuzz.test_for({TOY!r}, {arg})\n")
+        result = inprocess.runpytest_inprocess(
+            "-p", "no:cacheprovider", "--import-mode=importlib", "test_bad.py"
+        )
+        result.stdout.fnmatch_lines(["*ERROR collecting*", shown])
+        assert result.ret == pytest.ExitCode.INTERRUPTED, arg
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")

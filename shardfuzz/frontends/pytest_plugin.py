@@ -379,7 +379,7 @@ def test_for(
 
     ``dtypes`` restricts the dtypes drawn for this test (over ``--shardfuzz-dtypes``); ``exclude``
     sets aside this test's known failures (case expressions, as ``--shardfuzz-exclude``, whose
-    expressions still apply): both are checked here, so a mistake fails at collection.
+    expressions still apply). Every argument is checked here, so a mistake fails at collection.
 
     The test is a Hypothesis test: its settings are the shardfuzz profile picked from
     ``--hypothesis-profile`` (or ``--shardfuzz-profile``), then what the active profile changes
@@ -395,14 +395,16 @@ def test_for(
     name = target if isinstance(target, str) else getattr(target, "name", "target")
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
-    own_dtypes: tuple[str, ...] | None = None
-    own_exclude: tuple[str, ...] = ()
-    if dtypes is not None or exclude:  # checked now: the errors name the argument and its value
-        own = RunConfig(
-            dtypes=(dtypes,) if isinstance(dtypes, str) else dtypes,
-            exclude=(exclude,) if isinstance(exclude, str) else tuple(exclude),
-        )
-        own_dtypes, own_exclude = own.dtypes, own.exclude
+    # every argument checked now, so a mistake fails the file's collection naming the argument and
+    # its value (world_sizes=[0, 2] failed only when the test ran, through shardfuzz's frames)
+    own = RunConfig(
+        world_sizes=world_sizes,
+        timeout=timeout,
+        max_examples=max_examples,
+        dtypes=(dtypes,) if isinstance(dtypes, str) else dtypes,
+        exclude=(exclude,) if isinstance(exclude, str) else tuple(exclude),
+    )
+    own_dtypes, own_exclude = own.dtypes, own.exclude
 
     def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
