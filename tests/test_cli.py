@@ -85,6 +85,23 @@ def test_a_pinned_value_the_target_never_draws_is_warned_about_with_the_closest_
         assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
 
 
+def test_a_usage_error_is_the_message_first_and_a_misspelled_option_gets_the_closest_one():
+    """A new user's --max-exmaples got the top-level usage and no hint; a bad --world-sizes printed
+    its message under fuzz's 15-line usage, where it was easy to miss."""
+    out = cli("fuzz", "tp_mlp", "--max-exmaples", "10")
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "shardfuzz fuzz: error: unrecognized arguments: --max-exmaples (did you mean --max-examples?) 10",
+        "(see 'shardfuzz fuzz --help' for its usage)",
+    ], out.stderr
+    out = cli("fuzz", "tp_mlp", "--world-sizes", "0")
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[0].startswith("shardfuzz fuzz: error: argument --world-sizes: "), (
+        out.stderr
+    )
+    assert len(out.stderr.splitlines()) == 2, out.stderr
+
+
 def test_fuzz_finding_exits_1_and_prints_the_report_and_rerun_line():
     out = cli("fuzz", EXAMPLE, "--impl", "mean_of_means", "--max-examples", "100")
     assert out.returncode == 1, out.stdout + out.stderr

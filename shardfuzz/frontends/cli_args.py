@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import math
-import sys
 from typing import Any, NoReturn
 
 from shardfuzz.engine.config import (
@@ -30,9 +30,29 @@ EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with usage errors a user can read: the message and where the options are
+    listed, not the whole usage first (``fuzz``'s is 15 lines, above the message); an unknown
+    option is the command's error, with the closest option it has."""
+
+    #: the subcommands' parsers, by name (on the top-level parser)
+    commands: dict[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see '{self.prog} --help' for its usage)\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(getattr(parsed, "command", None) or "", self)
+            known = [o for action in command._actions for o in action.option_strings]
+            guesses = [
+                f"{e} (did you mean {close[0]}?)"
+                if (close := difflib.get_close_matches(e.split("=")[0], known, n=1))
+                else e
+                for e in extras
+            ]
+            command.error(f"unrecognized arguments: {' '.join(guesses)}")
+        return parsed
 
 
 def parse_duration(text: str) -> float:
@@ -446,4 +466,5 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write DIR/index.html: the fleet's page (its workers and every finding with its report)",
     )
+    p.commands = dict(sub.choices)
     return p
