@@ -40,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see '{self.prog} --help' for its usage)\n")
 
-    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = self.commands.get(getattr(parsed, "command", None) or "", self)
