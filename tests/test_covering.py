@@ -23,6 +23,7 @@ from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "data", "toy_target.py")
 TOY_IMPLS = os.path.join(HERE, "data", "toy_impls.py")
+UNDECLARED = os.path.join(HERE, "data", "unread_choice_target.py")  # a strategy that declares no bounds
 
 
 class Order(RunHooks):
@@ -353,10 +354,23 @@ def test_an_exclude_expression_that_raises_on_a_case_is_a_usage_error_not_a_find
     assert "Traceback" not in out.stderr
 
 
-def test_an_exclude_that_excludes_nothing_because_no_case_has_its_key_is_named():
-    # a misspelling (the toy's size is 'n'): not an error (a key may belong to another branch's
-    # cases), but the summary says it excluded nothing and why
+def test_an_exclude_that_reads_a_key_no_case_of_the_target_has_is_a_usage_error():
+    # a misspelling (the toy's size is 'n'): the run excluded nothing and exited 0, with a line in
+    # its summary only (a new user's sizes['hedas']). Every branch's names are declared, so a key
+    # of another branch is no reason to let it pass
     out = cli("fuzz", TOY, "--max-examples", "5", "--exclude", "sizes['m'] > 0")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith(
+        "shardfuzz: error: --exclude=\"sizes['m'] > 0\" reads sizes['m'], which no case of target 'toy' "
+        "has (a misspelling?); its sizes: n"
+    ), out.stderr
+    with pytest.raises(InvalidArgument, match=r"exclude=\"sizes\['m'\] > 0\" reads sizes\['m'\]"):
+        shardfuzz.run(TOY, exclude="sizes['m'] > 0", max_examples=1, database=None)  # the Python API too
+    # a key of one of the command's targets is taken: the expression may be meant for that one
+    out = cli("fuzz", TOY, "tp_mlp", "--max-examples", "2", "--exclude", "sizes['hidden'] > 99")
+    assert out.returncode == 0, out.stdout + out.stderr
+    # a target whose strategy declares nothing could draw any key: the summary says what it lacked
+    out = cli("fuzz", UNDECLARED, "--max-examples", "5", "--exclude", "sizes['m'] > 0")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "--exclude \"sizes['m'] > 0\" excluded nothing: " in out.stdout, out.stdout
     assert "cases had no 'm' (a misspelling?)" in out.stdout, out.stdout

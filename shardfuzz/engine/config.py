@@ -27,6 +27,7 @@ from shardfuzz.limits import check_world_size as check_world_size
 from shardfuzz.limits import default_device as default_device
 from shardfuzz.limits import env_int as env_int
 from shardfuzz.limits import max_world_size as max_world_size
+from shardfuzz.spec.bounds import PROFILE_PARAMS
 from shardfuzz.spec.exclude import CaseExpression
 from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
 
@@ -133,6 +134,40 @@ def check_tolerance_outputs(targets: Iterable[Any], tolerance: Tolerance, where:
     targets of one command: a name may be meant for one of them). A target whose outputs depend on
     the case (``outputs=callable``) could have any output, so nothing is checked against it."""
     check_tolerance_names(declared_outputs(targets), tolerance, where)
+
+
+def check_exclude_keys(targets: Iterable[Any], exclude: Iterable[str], where: str) -> None:
+    """InvalidArgument for an exclusion that reads ``sizes[K]`` or ``options[K]`` where no case of any
+    of ``targets`` (the targets of one command: an expression may be meant for one of them) can
+    have ``K``: ``sizes['hedas'] > 1`` excluded nothing, and the run exited 0, with a line in the
+    summary only. A target whose strategy declares nothing (:meth:`~shardfuzz.Target.case_bounds`)
+    could draw any key, so nothing is checked then."""
+    declared: dict[str, dict[str, set[str]]] = {}
+    for t in targets:
+        bounds = t.case_bounds()
+        if bounds is None:
+            return
+        declared[t.name] = {
+            "sizes": {n for b in bounds for n, _ in b.sizes},
+            "options": {o for b in bounds for o in b.options}
+            | {p for b in bounds for profile in b.profiles for p in PROFILE_PARAMS.get(profile, ())},
+        }
+    for text in exclude:
+        expression = CaseExpression(text, where)
+        for kind, keys in expression.keys_read.items():
+            for key in sorted(keys):
+                if declared and not any(key in d[kind] for d in declared.values()):
+                    names = {n: ", ".join(sorted(d[kind])) or "none" for n, d in declared.items()}
+                    have = (
+                        f"its {kind}: {next(iter(names.values()))}"
+                        if len(names) == 1
+                        else f"their {kind}: " + "; ".join(f"{n}: {v}" for n, v in names.items())
+                    )
+                    raise InvalidArgument(
+                        f"{where}={text!r} reads {kind}[{key!r}], which no case of "
+                        f"{'target' if len(names) == 1 else 'targets'} {', '.join(map(repr, declared))} "
+                        f"has (a misspelling?); {have}"
+                    )
 
 
 def declared_outputs(targets: Iterable[Any]) -> dict[str, list[str] | None]:

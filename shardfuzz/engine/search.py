@@ -21,7 +21,7 @@ from hypothesis.control import current_build_context
 from hypothesis.errors import Flaky, UnsatisfiedAssumption
 
 from shardfuzz.case import Case
-from shardfuzz.engine.config import RunConfig, check_tolerance_outputs
+from shardfuzz.engine.config import RunConfig, check_exclude_keys, check_tolerance_outputs
 from shardfuzz.engine.covering import CoveringRun, counted_run, seeded_database
 from shardfuzz.engine.database import keyed_database
 from shardfuzz.engine.failures import FailureRecorder
@@ -512,6 +512,7 @@ def run(
         all_hooks.append(Deadline.after(cfg.deadline))
     runner = Runner(target, impl, cfg, hooks=all_hooks)
     check_tolerance_outputs([runner.target], cfg.tolerance, "tolerance")
+    check_exclude_keys([runner.target], cfg.exclude, "exclude")
     result = search(
         runner, settings if settings is not None else settings_for(cfg, quiet=True), database=database
     )

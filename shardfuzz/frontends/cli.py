@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from shardfuzz.case import Case
-from shardfuzz.engine.config import RunConfig, check_tolerance_outputs
+from shardfuzz.engine.config import RunConfig, check_exclude_keys, check_tolerance_outputs
 from shardfuzz.engine.hooks import grace_seconds
 from shardfuzz.engine.shared_db import RedisLost, connect, env_fleet, is_redis_url, redact
 from shardfuzz.errors import (
@@ -128,6 +128,7 @@ def _cmd_fuzz(args: Any) -> int:
     runners = [Runner(spec, args.impl, config) for spec in targets]
     if not args.config_json:  # a child job's parent checked every target
         check_tolerance_outputs([r.target for r in runners], config.tolerance, "--tolerance")
+        check_exclude_keys([r.target for r in runners], config.exclude, "--exclude")
     recorder = FailureRecorder(config.failures_dir)  # checks the directory before any fuzzing
     if args.workers > 1:
         # fresh seeds in every worker: derandomized ones (the ci profile, or any profile under

@@ -61,6 +61,8 @@ class CaseExpression:
 
     text: str
     what: str = "--exclude"
+    #: the keys it reads by name from ``sizes`` and ``options`` (``sizes['heads']``), set when made
+    keys_read: dict[str, frozenset[str]] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -110,6 +112,18 @@ class CaseExpression:
                     f"{node.value.id}[{node.attr!r}], not {node.value.id}.{node.attr}"
                 )
         object.__setattr__(self, "_code", compile(tree, f"<{self.what}>", "eval"))
+        keys: dict[str, frozenset[str]] = {}
+        for m in _MAPS:  # the keys it reads by name, as sizes['heads']: checked against a target
+            keys[m] = frozenset(
+                node.slice.value
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Subscript)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == m
+                and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str)
+            )
+        object.__setattr__(self, "keys_read", keys)
 
     def __call__(self, case: Case) -> bool:
         return self.evaluate(case)[0]
