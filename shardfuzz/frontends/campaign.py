@@ -542,10 +542,11 @@ def _count_words(r: dict[str, Any]) -> str:
     """What a row counted beside its result: cases rejected or excluded, how close a clean run came
     to failing, how many distinct findings and how many of them were found before."""
     res = ""
+    # "more": not among the examples counted (a new user could not tell whether they were)
     if r.get("unsupported"):
-        res += f" ({r['unsupported']} unsupported {_cases(r['unsupported'])} rejected)"
+        res += f" ({r['unsupported']} more {_cases(r['unsupported'])} drawn, rejected as unsupported)"
     if r.get("excluded"):
-        res += f" ({r['excluded']} {_cases(r['excluded'])} excluded as known failures)"
+        res += f" ({r['excluded']} more {_cases(r['excluded'])} drawn, excluded as known failures)"
     if r.get("budgets_elsewhere"):
         res += (
             f" (communication not checked: no budget for {r['impl']}; the target has one for "
