@@ -358,7 +358,7 @@ def test_an_exact_output_counts_its_wrong_elements_and_shows_them():
     assert [(rd.n, rd.bad, rd.max_abs, rd.max_abs_at) for rd in rds] == [(3, 1, 1.0, (1,))] * 2
     od = OutputDiff("index", "Replicate()", "int64", (3,), rds, [[0, 1]], ref, None)
     text = format_output_diff(od, LABEL)
-    assert "mismatched elements: 2 / 6 (33.3%), on 2 of 2 ranks" in text, text
+    assert "mismatched elements: 2 / 6 of the ranks' copies (33.3%), on 2 of 2 ranks" in text, text
     # both ranks hold the same wrong copy: told once, for both
     assert "ranks 0, 1 (the same on each): 1 / 3 elements wrong: got [0, 1, 5], expected [0, 2, 5]" in text
     assert text.count("greatest difference: 1 at index (1,) (compared exactly)") == 1, text

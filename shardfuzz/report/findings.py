@@ -7,6 +7,7 @@ from its own method below; a shared raise site lets a shrink drift from one bug 
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 from collections.abc import Callable, Sequence
 
@@ -263,9 +264,12 @@ def format_output_diff(od: OutputDiff, rank_label: Callable[[int], str]) -> str:
     total = sum(r.n for r in od.ranks)
     bad_ranks = [r for r in od.ranks if r.bad]
     pct = 100.0 * od.bad / total if total else 0.0
+    # a replicated output is compared on every rank's copy: 4 / 4 of a 2-element value read as
+    # a miscount (a new user's DTensor audit)
+    copies = " of the ranks' copies" if od.ranks[0].rank is not None and total > math.prod(od.shape) else ""
     lines.append(
         f"output {od.name!r} ({od.layout}, {od.dtype}, global shape {list(od.shape)}): "
-        f"mismatched elements: {od.bad} / {total} ({pct:.1f}%), on "
+        f"mismatched elements: {od.bad} / {total}{copies} ({pct:.1f}%), on "
         + (
             f"{len(bad_ranks)} of {len(od.ranks)} ranks"
             if od.ranks[0].rank is not None
