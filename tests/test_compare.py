@@ -173,4 +173,12 @@ def test_a_nan_is_printed_as_nan_where_it_is_the_greatest_difference():
     both = compare_tensor(
         torch.tensor([float("nan"), 5.0]), torch.tensor([float("nan"), 2.0]).double(), bound, 0, str
     )
-    assert both.bad == 1 and not both.max_abs_nan and both.max_abs == 3.0  # NaN matching NaN is right
+    # NaN matching NaN is right: the greatest differences are the wrong element's (the relative
+    # one read the matched NaNs' nan), and an infinity expected is inf on both lines
+    assert both.bad == 1 and not both.max_abs_nan and both.max_abs == 3.0 and both.max_abs_at == "(1,)"
+    assert both.max_rel == 1.5 and both.max_rel_at == "(1,)" and not both.max_rel_nan
+    inf_expected = compare_tensor(
+        torch.tensor([5.0, 2.0]), torch.tensor([math.inf, 2.0]).double(), bound, 0, str
+    )
+    assert inf_expected.max_abs == inf_expected.max_rel == math.inf
+    assert not inf_expected.max_abs_nan and not inf_expected.max_rel_nan

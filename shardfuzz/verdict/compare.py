@@ -185,9 +185,11 @@ def compare_tensor(
         d = torch.where(
             fin_e, diff.nan_to_num(nan=math.inf, posinf=math.inf), torch.where(ok_nonfinite, 0.0, math.inf)
         )
+    # a NaN on one side only (both NaN is a match): ranked as infinitely wrong, printed as nan
+    one_nan = None if fin_e is None else torch.isnan(a) ^ torch.isnan(e)
     i = int(d.argmax())
     rd.max_abs = float(d.flatten()[i])
-    rd.max_abs_nan = rd.max_abs > 0 and math.isnan(float(diff.flatten()[i]))
+    rd.max_abs_nan = one_nan is not None and bool(one_nan.flatten()[i])
     rd.max_abs_at = to_global(tuple(int(v) for v in _unravel(i, e.shape)))
     rd.max_abs_allowed = float(bound.flatten()[i])
     if not rd.bad:  # a passing piece is described by its worst ratio and its largest difference
@@ -196,9 +198,11 @@ def compare_tensor(
     # where the expected value is 0, any difference is infinitely large relative to it (dividing
     # by a clamp printed "1.25e+299")
     rel = torch.where(e != 0, d / e.abs(), torch.where(d > 0, math.inf, 0.0))
+    if fin_e is not None:  # a non-finite expected value: 0 where matched (NaN and NaN), else inf
+        rel = torch.where(fin_e, rel, d)
     j = int(rel.argmax())
     rd.max_rel = float(rel.flatten()[j])
-    rd.max_rel_nan = rd.max_rel > 0 and math.isnan(float(diff.flatten()[j]))
+    rd.max_rel_nan = one_nan is not None and bool(one_nan.flatten()[j])
     rd.max_rel_at = to_global(tuple(int(v) for v in _unravel(j, e.shape)))
     rd.max_rel_expected = float(e.flatten()[j])
     if rd.bad:
