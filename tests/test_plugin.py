@@ -148,7 +148,7 @@ def test_dev_profile_is_the_fallback(run):
 TOY = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
 
 
-def test_a_test_sets_its_own_dtypes_and_known_failures(inprocess):
+def test_a_test_sets_its_own_dtypes_and_known_failures(inprocess, monkeypatch):
     """``test_for(dtypes=, exclude=)``: per test, beside the session's options (a new user fuzzing
     torch past a known crash had to exclude it for every test of the session)."""
     inprocess.makepyfile(
@@ -183,6 +183,16 @@ test_known = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), excl
         )
         result.stdout.fnmatch_lines(["*ERROR collecting*", shown])
         assert result.ret == pytest.ExitCode.INTERRUPTED, arg
+    # a world size above this machine's limit is the test's to meet when it runs: the file still
+    # collects, and its other tests run (a suite written for a larger machine)
+    inprocess.makepyfile(
+        test_big=f"import shardfuzz\ntest_big = shardfuzz.test_for({TOY!r}, world_sizes=(2, 9))\n"
+        "def test_other():\n    pass\n"
+    )
+    monkeypatch.setenv("SHARDFUZZ_MAX_WORLD", "8")
+    result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_big.py")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*world_sizes=9 is above the largest world size allowed here, 8*"])
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find leftover processes")

@@ -136,6 +136,16 @@ def check_tolerance_outputs(targets: Iterable[Any], tolerance: Tolerance, where:
     check_tolerance_names(declared_outputs(targets), tolerance, where)
 
 
+def world_sizes_form(world_sizes: Any) -> tuple[int, ...]:
+    """``world_sizes`` as a tuple, checked for its form only (a non-empty list of ints >= 1), not
+    against this machine's limit (:func:`check_world_size`): a test file's ``test_for`` is checked
+    when it is collected, and a suite written for a larger machine must still collect here."""
+    sizes = tuple(world_sizes) if isinstance(world_sizes, Iterable) else ()
+    if not sizes or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in sizes):
+        raise InvalidArgument(f"world_sizes={world_sizes!r}; must be a non-empty list of ints >= 1")
+    return sizes
+
+
 def check_exclude_keys(targets: Iterable[Any], exclude: Iterable[str], where: str) -> None:
     """InvalidArgument for an exclusion that reads ``sizes[K]`` or ``options[K]`` where no case of any
     of ``targets`` (the targets of one command: an expression may be meant for one of them) can
@@ -297,11 +307,7 @@ class RunConfig:
     def _check_world_sizes_and_dtypes(self) -> None:
         """world_sizes: ints >= 1 within the limits; dtypes: among DTYPES (a str for one)."""
         if self.world_sizes is not None:
-            sizes = tuple(self.world_sizes) if isinstance(self.world_sizes, Iterable) else ()
-            if not sizes or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in sizes):
-                raise InvalidArgument(
-                    f"world_sizes={self.world_sizes!r}; must be a non-empty list of ints >= 1"
-                )
+            sizes = world_sizes_form(self.world_sizes)
             for w in sizes:
                 check_world_size(w, "world_sizes")
             object.__setattr__(self, "world_sizes", sizes)

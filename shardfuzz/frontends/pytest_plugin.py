@@ -37,6 +37,7 @@ from shardfuzz.engine.config import (
     check_tolerance_names,
     declared_outputs,
     format_tolerance,
+    world_sizes_form,
 )
 from shardfuzz.engine.filewriter import check_failures_dir, default_dir
 from shardfuzz.engine.shared_db import database_options
@@ -396,9 +397,12 @@ def test_for(
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
     # every argument checked now, so a mistake fails the file's collection naming the argument and
-    # its value (world_sizes=[0, 2] failed only when the test ran, through shardfuzz's frames)
+    # its value (world_sizes=[0, 2] failed only when the test ran, through shardfuzz's frames); the
+    # world sizes' form only: this machine's limit is the test's to meet when it runs (a suite
+    # written for a larger machine must still collect, and run its other tests)
+    if world_sizes is not None:
+        world_sizes_form(world_sizes)
     own = RunConfig(
-        world_sizes=world_sizes,
         timeout=timeout,
         max_examples=max_examples,
         dtypes=(dtypes,) if isinstance(dtypes, str) else dtypes,
