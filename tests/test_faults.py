@@ -244,34 +244,40 @@ def test_writers_of_one_process_keep_each_distinct_finding_and_update_the_same_o
 
 
 def test_a_failure_file_names_no_machine_and_a_later_run_still_knows_its_writer_is_gone(tmp_path):
-    """A failure file is shared with others: its ``writer`` names this host by a hash of its name
-    and boot, not by its name (a new user found their host name in a file they were about to share).
-    A later run on this host still tells that the writer is gone, and updates its file of the same
-    finding in place; on another host (another hash) it leaves it alone."""
+    """A failure file is shared with others: its ``writer`` names this host and its boot by hashes,
+    not by its name (a new user found their host name in a file they were about to share). A later
+    run on this host still tells that the writer is gone (no longer alive, or of an earlier boot:
+    a reboot left a second file of one finding), and updates its file of the same finding in
+    place; a writer of another host (another hash), or alive in this boot, keeps its file."""
     import socket
     import subprocess
 
     from shardfuzz.engine.failures import FailureRecorder
-    from shardfuzz.engine.filewriter import host_id, read_record
+    from shardfuzz.engine.filewriter import boot_id, host_id, read_record
 
     stem = "t-i-gloo-mismatch"
     run = FailureRecorder(str(tmp_path)).writer
     path = run.write(stem, ".json", {"signature": "2 of 6 outputs", "report": "run 1"})
-    host, pid, _ = read_record(path)["writer"].split(":")
+    host, boot, pid, _ = read_record(path)["writer"].split(":")
     assert host == host_id() != socket.gethostname() and len(host) == 12 and pid == str(os.getpid())
+    assert boot == boot_id()
     gone = subprocess.Popen(["true"])
     gone.wait()
-    for writer_host, taken in ((host_id(), True), ("0123456789ab", False)):
-        earlier = {
-            "signature": "2 of 6 outputs",
-            "report": "run 1",
-            "writer": f"{writer_host}:{gone.pid}:abc",
-        }
+    alive = os.getppid()  # this boot, alive: its file is kept
+    for writer, taken in (
+        (f"{host_id()}:{boot_id()}:{gone.pid}:abc", True),
+        (f"{host_id()}:00000000:{alive}:abc", True),  # an earlier boot's pid means nothing now
+        (f"{host_id()}:{boot_id()}:{alive}:abc", False),
+        (f"{socket.gethostname()}:{alive}:abc", False),  # an earlier version's file, alive writer
+        (f"{socket.gethostname()}:{gone.pid}:abc", True),
+        (f"0123456789ab:{boot_id()}:{gone.pid}:abc", False),
+    ):
+        earlier = {"signature": "2 of 6 outputs", "report": "run 1", "writer": writer}
         (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
         later = FailureRecorder(str(tmp_path)).writer.write(
             stem, ".json", {"signature": "2 of 6 outputs", "report": "run 2"}
         )
-        assert (later == path) is taken, (writer_host, later)
+        assert (later == path) is taken, (writer, later)
         assert read_record(path)["report"] == ("run 2" if taken else "run 1")
         for extra in tmp_path.glob(f"{stem}-*.json"):
             extra.unlink()

@@ -7,9 +7,9 @@ target, ``--jobs``, a CI matrix on one disk), and when the disk is full.
   fails when the name exists, and the file appears whole): the first writer of a key gets
   ``{stem}.json``, the next ``{stem}-2.json``, and so on.
 * A file that exists is taken over (updated in place, as one campaign does while Hypothesis shrinks)
-  only when its recorded writer (``"writer"``: host, pid, recorder; the host as :func:`host_id`, so
-  a shared file names no machine) is a process of this host that
-  is gone, or another writer of this process whose record is about the same thing (``same``: the
+  only when its recorded writer (``"writer"``: ``HOST:BOOT:PID:RECORDER``, the host and its boot
+  as hashes (:func:`host_id`, :func:`boot_id`), so a shared file names no machine) is a process of
+  this host that is gone (or of an earlier boot of it), or another writer of this process whose record is about the same thing (``same``: the
   finding's signature). A file of a live writer is never replaced, and neither is another finding
   of this process: one pytest session's tests of one target each write through their own writer,
   and a serial session kept only the last test's finding where pytest-xdist kept them all. Before each update the
@@ -80,8 +80,8 @@ class FileWriter:
         #: the record field that says what a record is about: another writer of this process takes
         #: over only a file whose record has the same value there (None: never)
         self.same = same
-        self.host, self.pid = host_id(), os.getpid()
-        self.token = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
+        self.host, self.boot, self.pid = host_id(), boot_id(), os.getpid()
+        self.token = f"{self.host}:{self.boot}:{self.pid}:{uuid.uuid4().hex[:12]}"
         #: how earlier writers named this host in their files (its name): still this host
         self.named_host = socket.gethostname()
         self.owned: dict[tuple[str, str], str] = {}  # (stem, suffix) -> the path claimed for it
@@ -232,7 +232,7 @@ class FileWriter:
 
     def _of_this_process(self, record: dict[str, Any]) -> bool:
         writer = record.get("writer")
-        return isinstance(writer, str) and writer.rsplit(":", 2)[:2] == [self.host, str(self.pid)]
+        return isinstance(writer, str) and writer.rsplit(":", 1)[0] == f"{self.host}:{self.boot}:{self.pid}"
 
     def _may_take_over(self, record: dict[str, Any], new: dict[str, Any]) -> bool:
         writer = record.get("writer")
@@ -242,14 +242,19 @@ class FileWriter:
             return True  # written before writers were recorded: an earlier run's file
         if not isinstance(writer, str) or writer.count(":") < 2:
             return False
-        host, pid, _ = writer.rsplit(":", 2)
+        head, pid, _ = writer.rsplit(":", 2)
+        # HOST:BOOT, or an earlier version's host name alone (its boot unknown: read as this one)
+        host, _, boot = head.partition(":") if head.count(":") == 1 else (head, "", "")
         if host not in (self.host, self.named_host) or not pid.isdigit():
             return False  # another machine's writer may be alive: leave its file
-        if int(pid) == self.pid:  # another writer of this process: its file only if about the same
+        this_boot = boot in ("", self.boot)
+        if this_boot and int(pid) == self.pid:  # another writer of this process: only if about the same
             return self.same is not None and self._about_the_same(record, new)
-        # an earlier run's (its writer is gone): only if about the same, where records say what
-        # they are about (a later run wrote its other finding over it, silently: one was lost)
-        return not _alive(int(pid)) and (self.same is None or self._about_the_same(record, new))
+        # an earlier run's (its writer is gone: of an earlier boot, or no longer alive): only if
+        # about the same, where records say what they are about (a later run wrote its other
+        # finding over it, silently: one was lost)
+        gone = not this_boot or not _alive(int(pid))
+        return gone and (self.same is None or self._about_the_same(record, new))
 
     def _about_the_same(self, record: dict[str, Any], new: dict[str, Any]) -> bool:
         return self.same is not None and record.get(self.same) == new.get(self.same) is not None
@@ -331,13 +336,21 @@ def read_record(path: str) -> dict[str, Any] | None:
 
 
 def host_id() -> str:
-    """This machine and boot, as a failure file's ``writer`` names them: a hash of the host name and
-    the boot id (a pid means something only within one boot), so a file shared with others names no
-    machine."""
-    boot = ""
+    """This machine, as a failure file's ``writer`` names it: a hash of its machine id (where the
+    system has one: a random id, so the hash cannot be matched against guessed host names) and
+    host name, so a file shared with others names no machine."""
+    machine = ""
+    with contextlib.suppress(OSError), open("/etc/machine-id") as f:  # systemd's; Linux only
+        machine = f.read().strip()
+    return hashlib.sha256(f"{machine}\0{socket.gethostname()}".encode()).hexdigest()[:12]
+
+
+def boot_id() -> str:
+    """This boot of the machine, as a hash ("" where the system does not say): a pid means something
+    only within one boot, and a file an earlier boot wrote has a writer that is gone."""
     with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:  # Linux only
-        boot = f.read().strip()
-    return hashlib.sha256(f"{socket.gethostname()}\0{boot}".encode()).hexdigest()[:12]
+        return hashlib.sha256(f.read().strip().encode()).hexdigest()[:8]
+    return ""
 
 
 def _alive(pid: int) -> bool:

@@ -355,8 +355,9 @@ FAILURE_FIELDS = {
     "signature": "the finding's signature (what tells it from another finding)",
     "signature_version": "the version of the signature rule it was made with",
     "site": "the finding's site (wrong outputs and ranks, or the cause frame and message)",
-    "writer": "the process that wrote it, as `HOST:PID:RANDOM` where HOST is a hash of the host's name and "
-    "boot (no machine is named): a later run updates the file only when that process is gone",
+    "writer": "the process that wrote it, as `HOST:BOOT:PID:RANDOM` where HOST and BOOT are hashes of the "
+    "machine's id and name and of its boot (no machine is named): a later run updates the file only "
+    "when that process is gone (or of an earlier boot)",
     "created": "when the file was first written",
     "updated": "when it was last rewritten (while shrinking)",
     "updates": "how many times it was rewritten",
