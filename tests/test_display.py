@@ -116,6 +116,24 @@ def test_a_log_gets_plain_lines_without_escape_codes(tmp_path, terminal_env):
     assert "distinct findings" not in out.stdout
 
 
+def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
+    """A pass judged with the noise term at 0.9, then a sure pass bounded at 0.95 whose case
+    measures 0.2: the closest pass is between 0.9 and 0.95, not 0.2 (a reviewer's case)."""
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.report.closest_pass import closest_pass_words
+
+    s = Stats()
+    s.note_pass(0.9, "a", upper_bound=False)
+    s.note_pass(0.95, "b", upper_bound=True)
+    assert s.closest_pass == "b" and s.measured_pass_ratio == 0.9
+    bounded = "at most 0.95 (passes judged without the noise term are bounded, not measured)"
+    assert closest_pass_words(0.95, True, 0.2, None, s.measured_pass_ratio) == f"0.9 measured, {bounded}"
+    assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"0.3 measured, {bounded}"
+    assert s.closest_pass_words == f"0.9 measured, {bounded}"  # before the bound's case is measured
+    assert closest_pass_words(0.95, True) == "at most 0.95 (judged without the noise term)"
+    assert closest_pass_words(0.95, False, None, None, 0.5) == "0.95"  # measured itself
+
+
 def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp_path):
     import shardfuzz
     from shardfuzz.spec.tolerance import Tolerance
@@ -141,8 +159,8 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
     assert out.returncode == cli.EXIT_OK, out.stdout + out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("toy "))
     assert re.search(
-        r"nothing found; closest pass [\d.e+-]+ with the noise term, on the case nearest the bound "
-        r"without it \([\d.e+-]+ judged without the noise term: an upper bound for every case\)",
+        r"nothing found; closest pass [\d.e+-]+ measured, at most [\d.e+-]+ \(passes judged without the "
+        r"noise term are bounded, not measured\)",
         row,
     )
     assert re.search(r"^ +closest pass at Case\(target='toy', .*\)$", out.stdout, re.M), out.stdout

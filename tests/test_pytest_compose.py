@@ -264,8 +264,8 @@ def test_under_xdist_with_a_user_profile_settings_statistics_and_readable_failur
     )
     assert "Stopped because" in sections["test_settings"]  # Hypothesis' part of the section
     assert re.search(
-        r"closest pass: error/tolerance (\S+ with the noise term, on the case nearest the bound without "
-        r"it \(\S+ judged without the noise term: an upper bound for every case\)|\S+) at Case\(target='toy'",
+        r"closest pass: error/tolerance (\S+ measured, at most \S+ \(passes judged without the noise term "
+        r"are bounded, not measured\)|\S+) at Case\(target='toy'",
         sections["test_settings"],
     )
     # on 2 ranks only: the header says so, and 3+ ranks are a condition the test never reached

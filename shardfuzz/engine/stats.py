@@ -28,6 +28,9 @@ class Stats:
     closest_pass: Any = None
     #: that ratio was judged without the noise term (a sure pass): the true ratio is at most it
     closest_pass_upper_bound: bool = False
+    #: largest error/tolerance among passing examples judged with the noise term (measured, not
+    #: bounded): where the closest pass is a bound, the closest pass is at least this
+    measured_pass_ratio: float = 0.0
     triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: cases rejected as unsupported, by reason
     unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -66,6 +69,8 @@ class Stats:
         """Count a passing example whose worst error/tolerance was ``ratio`` (``upper_bound``: judged
         without the noise term, so at most ``ratio``)."""
         self.passed += 1
+        if not upper_bound:
+            self.measured_pass_ratio = max(self.measured_pass_ratio, ratio)
         if self.closest_pass is None or ratio > self.worst_pass_ratio:
             self.worst_pass_ratio, self.closest_pass = max(self.worst_pass_ratio, ratio), case
             self.closest_pass_upper_bound = upper_bound
@@ -73,7 +78,9 @@ class Stats:
     @property
     def closest_pass_words(self) -> str:
         """The closest pass's ratio, and whether it is an upper bound, in words."""
-        return closest_pass_words(self.worst_pass_ratio, self.closest_pass_upper_bound)
+        return closest_pass_words(
+            self.worst_pass_ratio, self.closest_pass_upper_bound, measured_elsewhere=self.measured_pass_ratio
+        )
 
     def count_finding(self, finding: Any) -> None:
         """One more failing example: the first failure's position, and a mismatch's margin."""

@@ -132,6 +132,7 @@ class Outcome:
             "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,
             "closest_pass_upper_bound": s.closest_pass_upper_bound,
             "closest_pass_measured": self.closest_measured,
+            "measured_pass_ratio": s.measured_pass_ratio,
             "closest_pass_rerun_failed": self.closest_rerun_failed,
             "external_faults": s.external_faults,
             "leaks": dict(s.leaks.most_common(LEAKS_SHOWN)),
@@ -558,6 +559,7 @@ def _count_words(r: dict[str, Any]) -> str:
             bool(r.get("closest_pass_upper_bound")),
             r.get("closest_pass_measured"),
             r.get("closest_pass_rerun_failed"),
+            r.get("measured_pass_ratio", 0.0),
         )
     if len(r.get("findings", [])) > 1:
         res += f": {len(r['findings'])} distinct findings"

@@ -76,7 +76,8 @@ def statistics(runner: Runner, measure: bool = False) -> str:
     if s.closest_pass is not None:
         words = s.closest_pass_words
         if measure and s.closest_pass_upper_bound:
-            words = closest_pass_words(s.worst_pass_ratio, True, *measure_closest_pass(runner))
+            measured, failed = measure_closest_pass(runner)
+            words = closest_pass_words(s.worst_pass_ratio, True, measured, failed, s.measured_pass_ratio)
         lines.append(f"    - closest pass: error/tolerance {words} at {s.closest_pass!r}")
     if s.margin is not None:
         lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")

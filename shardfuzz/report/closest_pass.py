@@ -10,23 +10,32 @@ from shardfuzz.errors import ExternalFault, Finding
 
 
 def closest_pass_words(
-    ratio: float, upper_bound: bool, measured: float | None = None, rerun_failed: str | None = None
+    ratio: float,
+    upper_bound: bool,
+    measured: float | None = None,
+    rerun_failed: str | None = None,
+    measured_elsewhere: float = 0.0,
 ) -> str:
-    """``0.405``; a ratio judged without the noise term (a sure pass, so the true one is lower):
-    ``at most 1 (judged without the noise term)``, and once its case is measured with it, that
-    measure first: ``0.155 with the noise term, on the case nearest the bound without it (1 judged
-    without the noise term: an upper bound for every case)``. Three new users read "closest pass at
-    most 1 (...; its case measures 0.155 with it)" as a run at the edge of its tolerance, and could
-    not tell which number was the margin. ``rerun_failed``: the kind of finding its case gave when
-    measured (:func:`measure_closest_pass`)."""
+    """``0.405``; where the run's highest ratio is a bound judged without the noise term (a sure
+    pass: the true ratio is lower), what was measured first and the bound after: ``0.155 measured,
+    at most 1 (passes judged without the noise term are bounded, not measured)``. The measure is
+    the larger of ``measured`` (the bound's case judged again with the noise term) and
+    ``measured_elsewhere`` (the highest ratio among the passes judged with it): the closest pass
+    lies between the two figures. Three new users read "closest pass at most 1 (...; its case
+    measures 0.155 with it)" as a run at the edge of its tolerance; the bound's case measured alone
+    would understate it where another case measured higher. Without a measure, ``at most 1
+    (judged without the noise term)``. ``rerun_failed``: the kind of finding the bound's case gave
+    when measured (:func:`measure_closest_pass`)."""
     words = f"{ratio:.3g}"
-    if upper_bound and measured is not None:
-        words = (
-            f"{measured:.3g} with the noise term, on the case nearest the bound without it "
-            f"({words} judged without the noise term: an upper bound for every case)"
-        )
-    elif upper_bound:
-        words = f"at most {words} (judged without the noise term)"
+    if upper_bound:
+        low = max(measured if measured is not None else 0.0, measured_elsewhere)
+        if measured is not None or measured_elsewhere > 0:
+            words = (
+                f"{low:.3g} measured, at most {words} (passes judged without the noise term are bounded, "
+                "not measured)"
+            )
+        else:
+            words = f"at most {words} (judged without the noise term)"
     if rerun_failed:
         words += f"; its case gave a {rerun_failed} when run again: not deterministic?"
     return words
