@@ -364,6 +364,8 @@ def test_an_exclude_that_reads_a_key_no_case_of_the_target_has_is_a_usage_error(
         "shardfuzz: error: --exclude=\"sizes['m'] > 0\" reads sizes['m'], which no case of target 'toy' "
         "has (a misspelling?); its sizes: n"
     ), out.stderr
+    out = cli("fuzz", TOY, "--max-examples", "5", "--exclude", "case.sizes['m'] > 0")  # read through case
+    assert out.returncode == 2 and "reads sizes['m'], which no case of target 'toy'" in out.stderr, out.stderr
     with pytest.raises(InvalidArgument, match=r"exclude=\"sizes\['m'\] > 0\" reads sizes\['m'\]"):
         shardfuzz.run(TOY, exclude="sizes['m'] > 0", max_examples=1, database=None)  # the Python API too
     # a key of one of the command's targets is taken: the expression may be meant for that one

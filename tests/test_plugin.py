@@ -183,6 +183,16 @@ test_known = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), excl
         )
         result.stdout.fnmatch_lines(["*ERROR collecting*", shown])
         assert result.ret == pytest.ExitCode.INTERRUPTED, arg
+    # a test's own exclusion is meant for its target: a key it does not have fails the test
+    inprocess.makepyfile(
+        test_bad=f"import shardfuzz\ntest_bad = shardfuzz.test_for({TOY!r}, exclude=\"sizes['m'] > 0\")\n"
+    )
+    result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_bad.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*exclude=*reads sizes*, which no case of target 'toy' has (a misspelling?)*"]
+    )
+    assert "Traceback" not in result.stdout.str() and "config.py" not in result.stdout.str()
     # a world size above this machine's limit is the test's to meet when it runs: the file still
     # collects, and its other tests run (a suite written for a larger machine)
     inprocess.makepyfile(

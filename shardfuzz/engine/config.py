@@ -146,15 +146,18 @@ def world_sizes_form(world_sizes: Any) -> tuple[int, ...]:
     return sizes
 
 
-def check_exclude_keys(targets: Iterable[Any], exclude: Iterable[str], where: str) -> None:
+def check_exclude_keys(
+    targets: Iterable[Any], exclude: Iterable[str], where: str, world_sizes: tuple[int, ...] | None = None
+) -> None:
     """InvalidArgument for an exclusion that reads ``sizes[K]`` or ``options[K]`` where no case of any
     of ``targets`` (the targets of one command: an expression may be meant for one of them) can
     have ``K``: ``sizes['hedas'] > 1`` excluded nothing, and the run exited 0, with a line in the
     summary only. A target whose strategy declares nothing (:meth:`~shardfuzz.Target.case_bounds`)
-    could draw any key, so nothing is checked then."""
+    could draw any key, so nothing is checked then. ``world_sizes``: the run's (a strategy may
+    declare other names at other world sizes)."""
     declared: dict[str, dict[str, set[str]]] = {}
     for t in targets:
-        bounds = t.case_bounds()
+        bounds = t.case_bounds(world_sizes)
         if bounds is None:
             return
         declared[t.name] = {

@@ -512,7 +512,7 @@ def run(
         all_hooks.append(Deadline.after(cfg.deadline))
     runner = Runner(target, impl, cfg, hooks=all_hooks)
     check_tolerance_outputs([runner.target], cfg.tolerance, "tolerance")
-    check_exclude_keys([runner.target], cfg.exclude, "exclude")
+    check_exclude_keys([runner.target], cfg.exclude, "exclude", cfg.world_sizes)
     result = search(
         runner, settings if settings is not None else settings_for(cfg, quiet=True), database=database
     )

@@ -128,7 +128,7 @@ def _cmd_fuzz(args: Any) -> int:
     runners = [Runner(spec, args.impl, config) for spec in targets]
     if not args.config_json:  # a child job's parent checked every target
         check_tolerance_outputs([r.target for r in runners], config.tolerance, "--tolerance")
-        check_exclude_keys([r.target for r in runners], config.exclude, "--exclude")
+        check_exclude_keys([r.target for r in runners], config.exclude, "--exclude", config.world_sizes)
     recorder = FailureRecorder(config.failures_dir)  # checks the directory before any fuzzing
     if args.workers > 1:
         # fresh seeds in every worker: derandomized ones (the ci profile, or any profile under

@@ -34,6 +34,7 @@ from shardfuzz.engine.config import (
     DEVICES,
     PROFILES,
     RunConfig,
+    check_exclude_keys,
     check_tolerance_names,
     declared_outputs,
     format_tolerance,
@@ -380,7 +381,9 @@ def test_for(
 
     ``dtypes`` restricts the dtypes drawn for this test (over ``--shardfuzz-dtypes``); ``exclude``
     sets aside this test's known failures (case expressions, as ``--shardfuzz-exclude``, whose
-    expressions still apply). Every argument is checked here, so a mistake fails at collection.
+    expressions still apply). Every argument is checked here, so a mistake fails at collection;
+    when the test runs, an ``exclude`` key no case of the target has (``sizes['hedas']``) fails it,
+    and a world size above this machine's limit too.
 
     The test is a Hypothesis test: its settings are the shardfuzz profile picked from
     ``--hypothesis-profile`` (or ``--shardfuzz-profile``), then what the active profile changes
@@ -415,7 +418,13 @@ def test_for(
         from shardfuzz.frontends import pytest_compose as compose
 
         config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, dtypes=own_dtypes)
-        if own_exclude:
+        if own_exclude:  # this test's own: meant for its target, so their keys are checked against it
+            from shardfuzz.spec.registry import get_target
+
+            try:
+                check_exclude_keys([get_target(target)], own_exclude, "exclude", config.world_sizes)
+            except InvalidArgument as e:  # the argument's fault, not shardfuzz's frames
+                pytest.fail(str(e), pytrace=False)
             config = config.replace(exclude=(*config.exclude, *own_exclude))
         compose.run_target_test(
             test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples

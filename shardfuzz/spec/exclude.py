@@ -113,13 +113,12 @@ class CaseExpression:
                 )
         object.__setattr__(self, "_code", compile(tree, f"<{self.what}>", "eval"))
         keys: dict[str, frozenset[str]] = {}
-        for m in _MAPS:  # the keys it reads by name, as sizes['heads']: checked against a target
-            keys[m] = frozenset(
+        for m in _MAPS:  # the keys it reads by name (sizes['heads'], case.sizes['heads']): checked
+            keys[m] = frozenset(  # against a target
                 node.slice.value
                 for node in ast.walk(tree)
                 if isinstance(node, ast.Subscript)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == m
+                and _names_map(node.value, m)
                 and isinstance(node.slice, ast.Constant)
                 and isinstance(node.slice.value, str)
             )
@@ -143,6 +142,13 @@ class CaseExpression:
             raise InvalidArgument(
                 f"{self.what}={self.text!r} raised {type(e).__name__}: {e}, on {case!r}"
             ) from None
+
+
+def _names_map(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` reads the case's mapping ``name``: ``sizes``, or ``case.sizes``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == name and isinstance(node.value, ast.Name) and node.value.id == "case"
+    return isinstance(node, ast.Name) and node.id == name
 
 
 def known_failures(spec: Any, target: str) -> tuple[tuple[str, Callable[[Case], bool]], ...]:
