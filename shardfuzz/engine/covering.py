@@ -274,9 +274,9 @@ def pin_notes(runner: Any) -> tuple[str, ...]:
         close += [v for v in drawn if v.lower() == value.lower() and v not in close]
         values = ", ".join(repr(v) for v in sorted(drawn))
         guess = f"; did you mean {close[0]!r}?" if close else "; a misspelling?"
-        notes.append(
-            f"option {name}={value!r} pinned, but target {runner.target.name!r} draws {name} only as "
-            f"{values} (in {sum(drawn.values())} drawn cases){guess}"
+        notes.append(  # what was drawn, not what may be: a rare value may be missing from a sample
+            f"option {name}={value!r} pinned, but none of the {sum(drawn.values())} cases drawn of "
+            f"target {runner.target.name!r} has it: they have {name} {values}{guess}"
         )
     return tuple(notes)
 
