@@ -57,7 +57,7 @@ def test_the_report_of_a_planted_bug_campaign_opens_in_a_browser_without_network
     assert "map of the wrong elements" in html  # and its map
     assert re.search(r'<img alt="mismatch plot" src="data:image/png;base64,[A-Za-z0-9+/=]{100,}', html)
     assert "Trigger conditions reached" in html and "<polyline" in html  # coverage, throughput
-    assert "closest pass" in html
+    assert "closest pass" not in html  # a failing run: its finding's margin, as in the terminal
 
     shot = tmp_path / "report.png"
     taken = _browser(chromium, "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri())
@@ -116,6 +116,16 @@ def test_the_page_says_what_was_set_aside_and_that_a_run_was_interrupted():
         "x",
     )
     assert "interrupted" not in clean and "excluded as known" not in clean
+    # a clean run's closest pass, in the terminal's words (a failing run shows none, as there)
+    measured = {
+        **row,
+        "closest_pass": 0.95,
+        "closest_pass_case": "Case(...)",
+        "closest_pass_upper_bound": True,
+    }
+    measured.update(closest_pass_measured=0.2, measured_pass_ratio=0.9)
+    assert "closest pass: error/tolerance 0.9 measured, at most 0.95" in render([measured], "x")
+    assert "closest pass" not in render([{**measured, "found": True}], "x")
 
 
 def test_the_page_never_shows_a_database_password():

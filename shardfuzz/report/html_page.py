@@ -91,7 +91,8 @@ def _section(i: int, r: dict[str, Any]) -> str:
         parts.append('<p class="note">interrupted (Ctrl-C): the examples above are those run before it</p>')
     if r.get("cut_short"):
         parts.append('<p class="note">shrinking cut short: a finding may not be minimal</p>')
-    parts.append(_closest(r))
+    if not r.get("found"):  # as the terminal's summary: a failing run has its findings' margins
+        parts.append(_closest(r))
     parts += [_finding(f) for f in r.get("findings", [])]
     parts.append(_set_aside(r))
     parts.append("<h3>Trigger conditions reached</h3>" + _coverage(r))
