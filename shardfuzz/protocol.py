@@ -137,6 +137,7 @@ class UnsupportedReply:
     reason: str
     leaks: tuple[str, ...] = ()
     restart: bool = False
+    message: str = ""  # the exception's message, where it says more than the reason counted
 
 
 @dataclasses.dataclass(frozen=True)

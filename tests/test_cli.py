@@ -102,6 +102,22 @@ def test_a_usage_error_is_the_message_first_and_a_misspelled_option_gets_the_clo
     assert len(out.stderr.splitlines()) == 2, out.stderr
 
 
+def test_case_of_a_refused_case_prints_its_reason_and_its_message():
+    """``case`` printed only the short reason an implementation counts its refusals by (``q heads %
+    sp``), not its message (``q heads 2 not divisible by sp 3``): a new user's Ulysses audit."""
+    causes = os.path.join(os.path.dirname(__file__), "data", "cause_impls.py")
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    case = (
+        "Case(target='toy', world_size=3, mesh=(3,), sizes={'n': 3}, split=('n',), dtype='float32', "
+        "profile='normal', seed=0, options={})"
+    )
+    out = cli("case", toy, "--impl", f"{causes}::refuses_odd_worlds", case)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip() == "UNSUPPORTED: odd world (3 ranks: this one splits in halves only)", (
+        out.stderr
+    )
+
+
 def test_fuzz_finding_exits_1_and_prints_the_report_and_rerun_line():
     out = cli("fuzz", EXAMPLE, "--impl", "mean_of_means", "--max-examples", "100")
     assert out.returncode == 1, out.stdout + out.stderr

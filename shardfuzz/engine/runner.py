@@ -317,9 +317,11 @@ class Runner:
         assert isinstance(outcome, Completed)
         first = self.worker_target not in pool.ran
         pool.ran.add(self.worker_target)
-        refused = sorted({rep.reason for rep in outcome.replies if isinstance(rep, UnsupportedReply)})
-        if refused:
-            raise Unsupported("; ".join(refused), reason="; ".join(refused))
+        unsupported = [rep for rep in outcome.replies if isinstance(rep, UnsupportedReply)]
+        if unsupported:  # counted by reason; the message says more, for `shardfuzz case`
+            refused = sorted({rep.reason for rep in unsupported})
+            said = sorted({rep.message or rep.reason for rep in unsupported})
+            raise Unsupported("; ".join(said), reason="; ".join(refused))
         replies = [rep for rep in outcome.replies if isinstance(rep, Reply)]
         if self.numerics is None:
             self.numerics = replies[0].numerics

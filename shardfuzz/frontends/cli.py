@@ -290,7 +290,8 @@ def _cmd_case(args: Any) -> int:
     try:
         ratio = runner.run_case(case)
     except Unsupported as e:
-        print(f"UNSUPPORTED: {e}", file=sys.stderr)
+        said = f" ({e})" if str(e) and str(e) != e.reason else ""  # the message, where it says more
+        print(f"UNSUPPORTED: {e.reason}{said}", file=sys.stderr)
         return EXIT_USAGE
     except Finding as f:
         print(f"FAIL ({f.kind})\n{f.report}")

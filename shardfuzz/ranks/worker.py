@@ -75,7 +75,7 @@ def answer(state: RankState, task: Task) -> RankAnswer:
     try:
         return run_task(state, task)
     except Unsupported as e:
-        return UnsupportedReply(e.reason, state.leaks, state.restart)
+        return UnsupportedReply(e.reason, state.leaks, state.restart, str(e) if str(e) != e.reason else "")
     except BaseException as e:  # noqa: BLE001 (a rank reports everything, SystemExit and KeyboardInterrupt from user code included: the driver decides)
         reply = error_reply(e)
         sys.stderr.flush()

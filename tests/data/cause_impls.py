@@ -95,3 +95,11 @@ def wrong_on_rank1_never_alone(ctx):
     if ctx.world_size == 1:
         raise Unsupported("needs 2 ranks")
     return wrong_on_rank1(ctx)
+
+
+def refuses_odd_worlds(ctx):
+    """The toy reference on an even world; an odd one refused with a reason to count and a message
+    that says more (``shardfuzz case`` prints both)."""
+    if ctx.world_size % 2:
+        raise Unsupported(f"{ctx.world_size} ranks: this one splits in halves only", reason="odd world")
+    return _toy_outputs(ctx, 0)
