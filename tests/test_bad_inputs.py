@@ -307,6 +307,9 @@ def test_a_misspelt_option_name_is_a_usage_error():
     )
     out = cli("case", "ulysses", case)
     refused(out, 2, "lacks ['causal'] and has ['causl'], which the target does not draw")
+    # the options it draws, with the parameters of its own profiles only (the opt-in edge
+    # profile's were listed for every target, a new user's audit)
+    refused(out, 2, "target 'ulysses' draws the options ['causal', 'grid', 'scale']")
 
 
 @pytest.mark.parametrize(

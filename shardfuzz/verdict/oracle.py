@@ -337,12 +337,17 @@ def drawn_sizes(target: Any, n: int = 30) -> DrawnSizes | None:
             for k, v in c.sizes.items():
                 smallest[k] = min(v, smallest.get(k, v))
         opts = [frozenset(c.options) - PROFILE_PARAMS for c in seen]
+        # the parameters of the profiles it draws (declared, else seen): the opt-in edge profile's
+        # were listed as drawn options of every target
+        bounds = target.case_bounds()
+        profiles = {p for b in bounds for p in b.profiles} if bounds else {c.profile for c in seen}
+        params = frozenset(p for name in profiles for p in BOUNDS_PROFILE_PARAMS.get(name, ()))
         drawn = DrawnSizes(
             frozenset.intersection(*names),
             frozenset().union(*names),
             smallest,
             seen[0],
-            frozenset().union(*opts) | PROFILE_PARAMS,
+            frozenset().union(*opts) | params,
             frozenset.intersection(*opts),
         )
     _DRAWN[target] = drawn
