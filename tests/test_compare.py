@@ -182,3 +182,20 @@ def test_a_nan_is_printed_as_nan_where_it_is_the_greatest_difference():
     )
     assert inf_expected.max_abs == inf_expected.max_rel == math.inf
     assert not inf_expected.max_abs_nan and not inf_expected.max_rel_nan
+
+
+def test_a_rank_with_an_empty_piece_reads_as_empty_not_ok():
+    """An empty shard was "rank 1: ok (worst error/tolerance 0)" above a map that said "(empty)"
+    (a new user's Ulysses audit)."""
+    from shardfuzz.report.findings import format_output_diff
+    from shardfuzz.verdict.compare import OutputDiff
+
+    e = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    wrong = compare_tensor(torch.tensor([1.0, 5.0]), e, torch.full_like(e, 1e-6), 0, lambda i: i)
+    empty = compare_tensor(torch.zeros(0), e[:0], torch.zeros(0, dtype=torch.float64), 1, lambda i: i)
+    assert empty.n == 0 and empty.bad == 0
+    text = format_output_diff(
+        OutputDiff("y", "Shard(0)", "float32", (2,), [wrong, empty]), lambda r: f"rank {r}"
+    )
+    assert "  rank 1: empty (nothing to compare)" in text and "rank 1: ok" not in text, text
+    assert "  rank 0: 1 / 2 elements wrong" in text, text

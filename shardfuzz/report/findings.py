@@ -306,6 +306,8 @@ def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
     """What one rank's piece of a mismatching output shows: the first line (after the rank's
     name), then the lines below it."""
     if not r.bad:
+        if r.n == 0:  # "ok (worst error/tolerance 0)" above a map that said "(empty)"
+            return ["empty (nothing to compare)"]
         return [f"ok (worst error/tolerance {r.max_ratio:.3g})"]
     lines = [f"{r.bad} / {r.n} elements wrong{r.note}"]
     if od.bound is None:  # compared exactly: no tolerance, so no ratio to it
