@@ -73,5 +73,6 @@ def test_torch_pipelining_runs_both_schedules_and_refuses_1f1b_below_p():
         ("1f1b", 3, 3, "float32"),
     ]:
         assert runner.run_case(_case(kind, p, m, dtype)) < 1, (kind, p, m)
-    with pytest.raises(Unsupported, match="1F1B with M < P"):
+    with pytest.raises(Unsupported, match=r"Schedule1F1B needs M >= P \(M=2, P=3\)") as refused:
         runner.run_case(_case("1f1b", 3, 2))
+    assert refused.value.reason == "1F1B with M < P"  # counted by its reason, told by its message
