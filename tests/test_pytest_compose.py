@@ -5,10 +5,12 @@ failures, ``run_case`` from the user's own ``@given``, filtered ``regressions()`
 One pytester run under ``-n 2`` covers the end-to-end path (tiny toy target, a few examples); the
 rest are in-process checks that start no ranks."""
 
+import gc
 import json
 import os
 import re
 import shutil
+import warnings
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -106,7 +108,12 @@ def test_regression_filters_and_planted_bug_files(tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     files.append(str(tmp_path / "broken.json"))
     stem = lambda paths: sorted(os.path.basename(p)[:-5] for p in paths)
-    assert stem(select_failure_files(files)) == ["a", "b", "broken", "c"]  # planted left out, broken kept
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)  # each file closed (a user's -W default saw one)
+        kept = select_failure_files(files)
+        gc.collect()
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning)], [str(w.message) for w in seen]
+    assert stem(kept) == ["a", "b", "broken", "c"]  # planted left out, broken kept
     assert stem(select_failure_files(files, planted=True)) == ["a", "b", "broken", "c", "d"]
     assert stem(select_failure_files(files, kind="hang")) == ["b", "broken"]
     assert stem(select_failure_files(files, target=["other"], impl="wrong_rank1")) == ["broken", "c"]

@@ -113,6 +113,11 @@ def names_filter(value: Any, what: str, allowed: tuple[str, ...] | None = None) 
     return names
 
 
+def _read_json(path: str) -> Any:
+    with open(path) as f:  # closed here: an unclosed one was a ResourceWarning in users' suites
+        return json.load(f)
+
+
 def select_failure_files(
     files: list[str], *, target: Any = None, impl: Any = None, kind: Any = None, planted: bool = False
 ) -> list[str]:
@@ -130,7 +135,7 @@ def select_failure_files(
     kept = []
     for path in files:
         try:  # an oversized file is not parsed here: its test refuses it with the reason
-            record = json.loads(open(path).read()) if os.path.getsize(path) <= MAX_SUMMARY_BYTES else None
+            record = _read_json(path) if os.path.getsize(path) <= MAX_SUMMARY_BYTES else None
         except (OSError, ValueError):
             record = None
         if not isinstance(record, dict):
