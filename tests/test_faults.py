@@ -446,3 +446,38 @@ def test_a_gloo_abort_reports_the_aborting_ranks_first_lines_and_the_peers_close
     assert e.value.kind == "rank-error", report
     assert "terminate called after throwing" in report and "EnforceNotMet" in report, report
     assert "Connection closed by peer" in report or "Connection reset" in report, report
+
+
+def test_a_finding_of_another_target_file_of_the_same_name_gets_a_file_of_its_own(tmp_path):
+    """A copy of a target in another folder (one name, two files) found the same bug: its run took
+    the earlier run's file over, and the regression recorded from the first folder was lost (a new
+    user's pytest audit). A finding is the same one only of the same target and implementation."""
+    import subprocess
+
+    from shardfuzz.engine.failures import FailureRecorder
+    from shardfuzz.engine.filewriter import boot_id, host_id, read_record
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stem = "row_linear-bug-gloo-mismatch"
+    first = {
+        "signature": "1 of 4 outputs",
+        "target": "row_linear",
+        "target_ref": "/p/tests/row_linear.py::row_linear",
+        "impl_ref": "/p/tests/row_linear.py::bug",
+        "report": "run 1",
+        "writer": f"{host_id()}:{boot_id()}:{gone.pid}:abc",
+    }
+    (tmp_path / f"{stem}.json").write_text(json.dumps(first))
+    copy = {
+        **first,
+        "target_ref": "/p/alt/row_linear.py::row_linear",
+        "impl_ref": "/p/alt/row_linear.py::bug",
+    }
+    copy.pop("writer")
+    path = FailureRecorder(str(tmp_path)).writer.write(stem, ".json", {**copy, "report": "run 2"})
+    assert os.path.basename(path) == f"{stem}-2.json"
+    assert read_record(str(tmp_path / f"{stem}.json"))["report"] == "run 1"  # kept
+    # the same target file's later run still updates its own file
+    same = FailureRecorder(str(tmp_path)).writer.write(stem, ".json", {**first, "report": "run 3"})
+    assert os.path.basename(same) == f"{stem}.json" and read_record(same)["report"] == "run 3"

@@ -105,7 +105,13 @@ class FailureRecorder(RunHooks):
         if not directory and not os.environ.get("SHARDFUZZ_FAILURES_DIR"):
             what = "the default failures directory"
         #: writes safely beside other writers of the folder (see :mod:`shardfuzz.engine.filewriter`)
-        self.writer = FileWriter(check_failures_dir(directory or default_dir(), what), same="signature")
+        # a finding is the same one only of the same target and implementation: two target files
+        # of one name (a copy in another folder) wrote over each other's file of a finding
+        self.writer = FileWriter(
+            check_failures_dir(directory or default_dir(), what),
+            same="signature",
+            also=("target", "target_ref", "impl_ref", "impl_kwargs"),
+        )
         self.written: dict[str, str] = {}  # path -> kind, in order
         #: failure files that could not be written (path -> why); the finding is reported anyway
         self.errors: dict[str, str] = {}

@@ -75,11 +75,13 @@ def check_failures_dir(path: str, what: str = "--failures-dir") -> str:
 class FileWriter:
     """Writes JSON records to files of one directory, one claimed file per key."""
 
-    def __init__(self, directory: str, same: str | None = None) -> None:
+    def __init__(self, directory: str, same: str | None = None, also: tuple[str, ...] = ()) -> None:
         self.directory = directory
         #: the record field that says what a record is about: another writer of this process takes
         #: over only a file whose record has the same value there (None: never)
         self.same = same
+        #: fields that must be equal too (None on both is equal): what the finding is of
+        self.also = also
         self.host, self.boot, self.pid = host_id(), boot_id(), os.getpid()
         self.token = f"{self.host}:{self.boot}:{self.pid}:{uuid.uuid4().hex[:12]}"
         #: how earlier writers named this host in their files (its name): still this host
@@ -257,7 +259,11 @@ class FileWriter:
         return gone and (self.same is None or self._about_the_same(record, new))
 
     def _about_the_same(self, record: dict[str, Any], new: dict[str, Any]) -> bool:
-        return self.same is not None and record.get(self.same) == new.get(self.same) is not None
+        return (
+            self.same is not None
+            and record.get(self.same) == new.get(self.same) is not None
+            and all(record.get(f) == new.get(f) for f in self.also)
+        )
 
     def _temporary(self, path: str, record: dict[str, Any], writer: Any = "") -> str:
         """A complete temporary file next to ``path`` (removed again when the write fails), stamped
