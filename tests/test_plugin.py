@@ -235,3 +235,20 @@ def test_ctrl_c_after_a_finding_reports_it_and_fails_the_run(pytester, procs, sl
     assert header in out, out
     assert "shrinking was cut short" in out + err and "Rerun this case: shardfuzz case" in out + err
     assert procs.wait_gone(everything) == []
+
+
+def test_a_budget_below_the_covering_rows_says_that_every_row_ran(inprocess):
+    """test_for(max_examples=2) ran every covering row and one Hypothesis example, silently more
+    than asked (a new user's pytest audit): the statistics say why."""
+    inprocess.makepyfile(
+        test_small=f"import shardfuzz\ntest_small = shardfuzz.test_for({TOY!r}, max_examples=2)\n"
+    )
+    result = inprocess.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--import-mode=importlib", "--hypothesis-profile=ci",
+        "--hypothesis-show-statistics", "test_small.py",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["*run as * covering rows, then 1 Hypothesis run*examples for a budget of 2: every covering row "
+         "runs, then Hypothesis at least once*"]
+    )  # fmt: skip

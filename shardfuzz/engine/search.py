@@ -243,6 +243,7 @@ def build_test(
     test_case.__name__ = test_case.__qualname__ = f"shardfuzz_{ident}"
 
     def test() -> None:
+        runner.stats.budget = s.max_examples
         failing = covering.run()
         if failing is not None:  # kept, so a deadline before Hypothesis replays it cannot lose it
             smallest.on_finding(covering.finding.context, covering.finding)

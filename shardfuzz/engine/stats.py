@@ -64,6 +64,9 @@ class Stats:
     #: Hypothesis runs the examples after the rows were split into (a derandomized budget of N runs
     #: as runs of 30: :func:`shardfuzz.engine.search.chunks`); Hypothesis' statistics are per run
     hypothesis_runs: int = 0
+    #: the examples the run was given (max_examples): every covering row runs, and Hypothesis at
+    #: least once, so a budget below the row count runs more (None: not set)
+    budget: int | None = None
 
     def note_pass(self, ratio: float, case: Any, upper_bound: bool = False) -> None:
         """Count a passing example whose worst error/tolerance was ``ratio`` (``upper_bound``: judged

@@ -51,9 +51,15 @@ def statistics(runner: Runner, measure: bool = False) -> str:
     ]
     if s.rows or s.hypothesis_runs > 1:  # Hypothesis' statistics above are of its last run only
         runs = f"{s.hypothesis_runs} Hypothesis run{'s' if s.hypothesis_runs != 1 else ''}"
+        over = (
+            f"; {s.examples} examples for a budget of {s.budget}: every covering row runs, then "
+            "Hypothesis at least once"
+            if s.budget is not None and s.examples > s.budget and not s.failures
+            else ""
+        )
         lines.append(
             f"    - run as {s.rows} covering row{'s' if s.rows != 1 else ''}, then {runs} (Hypothesis' "
-            "statistics above are of the last run; these are of the whole test)"
+            f"statistics above are of the last run; these are of the whole test){over}"
         )
     if s.examples:
         shares = ", ".join(
