@@ -183,6 +183,17 @@ test_known = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), excl
         )
         result.stdout.fnmatch_lines(["*ERROR collecting*", shown])
         assert result.ret == pytest.ExitCode.INTERRUPTED, arg
+    # a target file that is not there fails the collection; an implementation name that the target
+    # does not have fails the test, with its message and no shardfuzz frames (a new user's typos
+    # failed at run time behind 76 lines of them)
+    inprocess.makepyfile(test_bad="import shardfuzz\ntest_bad = shardfuzz.test_for('nope_target.py')\n")
+    result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_bad.py")
+    result.stdout.fnmatch_lines(["*ERROR collecting*", "*test_for(target='nope_target.py'): no file*"])
+    inprocess.makepyfile(test_bad=f"import shardfuzz\ntest_bad = shardfuzz.test_for({TOY!r}, 'nosuch')\n")
+    result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_bad.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*impl='nosuch' is not an implementation of target 'toy'; known: *"])
+    assert "registry.py" not in result.stdout.str() and "target.py:" not in result.stdout.str()
     # a test's own exclusion is meant for its target: a key it does not have fails the test
     inprocess.makepyfile(
         test_bad=f"import shardfuzz\ntest_bad = shardfuzz.test_for({TOY!r}, exclude=\"sizes['m'] > 0\")\n"

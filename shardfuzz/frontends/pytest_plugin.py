@@ -42,12 +42,12 @@ from shardfuzz.engine.config import (
 )
 from shardfuzz.engine.filewriter import check_failures_dir, default_dir
 from shardfuzz.engine.shared_db import database_options
-from shardfuzz.errors import InvalidArgument
+from shardfuzz.errors import InvalidArgument, TargetCodeError, TargetError
 from shardfuzz.frontends import pytest_options as opts
 from shardfuzz.frontends.pytest_scope import test_scope
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
-from shardfuzz.spec.refs import anchored_ref, caller_dir
+from shardfuzz.spec.refs import anchored_ref, caller_dir, split_file_ref
 from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
 
 HELP_BACKEND = (
@@ -399,6 +399,13 @@ def test_for(
     name = target if isinstance(target, str) else getattr(target, "name", "target")
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
+    for arg, ref in (("target", target), ("impl", impl)):  # a file that is not there: at collection
+        parts = split_file_ref(ref)
+        if parts is not None and not os.path.isfile(parts[0]):
+            raise InvalidArgument(
+                f"test_for({arg}={ref!r}): no file {parts[0]!r} next to the test file ({here}) or in "
+                f"the current folder ({os.getcwd()})"
+            )
     # every argument checked now, so a mistake fails the file's collection naming the argument and
     # its value (world_sizes=[0, 2] failed only when the test ran, through shardfuzz's frames); the
     # world sizes' form only: this machine's limit is the test's to meet when it runs (a suite
@@ -418,9 +425,15 @@ def test_for(
         from shardfuzz.frontends import pytest_compose as compose
 
         config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, dtypes=own_dtypes)
-        if own_exclude:  # this test's own: meant for its target, so their keys are checked against it
-            from shardfuzz.spec.registry import get_target
+        from shardfuzz.spec.registry import get_target
 
+        try:  # a target or implementation name that is not there: its message, not shardfuzz's frames
+            get_target(target).impl_ref(impl)
+        except TargetError as e:
+            if isinstance(e, TargetCodeError):  # the target's own code failed: its traceback counts
+                raise
+            pytest.fail(str(e), pytrace=False)
+        if own_exclude:  # this test's own: meant for its target, so their keys are checked against it
             try:
                 check_exclude_keys([get_target(target)], own_exclude, "exclude", config.world_sizes)
             except InvalidArgument as e:  # the argument's fault, not shardfuzz's frames

@@ -139,7 +139,9 @@ def resolve_file(path: str, what: str, relative: str | None = None) -> str:
             if os.path.isfile(candidate):
                 return candidate
             tried.append(candidate)
-    hint = "; if its checkout moved, pass --search-path DIR or set SHARDFUZZ_PATH to the new folder"
+    hint = (
+        "; if its checkout moved, set SHARDFUZZ_PATH (or the command's --search-path DIR) to the new folder"
+    )
     tried_text = ", ".join(repr(t) for t in dict.fromkeys(tried))
     raise TargetError(f"{what}: file {path!r} does not exist (looked for {tried_text}){hint}")
 
