@@ -120,7 +120,7 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     """A pass judged with the noise term at 0.9, then a sure pass bounded at 0.95 whose case
     measures 0.2: the closest pass is between 0.9 and 0.95, not 0.2 (a reviewer's case)."""
     from shardfuzz.engine.stats import Stats
-    from shardfuzz.report.closest_pass import closest_pass_words
+    from shardfuzz.report.closest_pass import closest_pass_case, closest_pass_words
 
     s = Stats()
     s.note_pass(0.9, "a", upper_bound=False)
@@ -132,6 +132,12 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     assert s.closest_pass_words == f"0.9 measured, {bounded}"  # before the bound's case is measured
     assert closest_pass_words(0.95, True) == "at most 0.95 (judged without the noise term)"
     assert closest_pass_words(0.95, False, None, None, 0.5) == "0.95"  # measured itself
+    # the case shown beside the words is the one their first figure is of: a new user reran the
+    # bound's case, named beside another pass's 0.712, and got 0.085
+    assert s.measured_pass_case == "a"
+    assert closest_pass_case("b", True, 0.2, s.measured_pass_ratio, s.measured_pass_case) == "a"
+    assert closest_pass_case("b", True, 0.95, s.measured_pass_ratio, s.measured_pass_case) == "b"
+    assert closest_pass_case("b", False, None, 0.5, "a") == "b"
 
 
 def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp_path):

@@ -31,6 +31,8 @@ class Stats:
     #: largest error/tolerance among passing examples judged with the noise term (measured, not
     #: bounded): where the closest pass is a bound, the closest pass is at least this
     measured_pass_ratio: float = 0.0
+    #: the case of that measured pass (None: none was measured)
+    measured_pass_case: Any = None
     triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: cases rejected as unsupported, by reason
     unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -72,8 +74,8 @@ class Stats:
         """Count a passing example whose worst error/tolerance was ``ratio`` (``upper_bound``: judged
         without the noise term, so at most ``ratio``)."""
         self.passed += 1
-        if not upper_bound:
-            self.measured_pass_ratio = max(self.measured_pass_ratio, ratio)
+        if not upper_bound and (self.measured_pass_case is None or ratio > self.measured_pass_ratio):
+            self.measured_pass_ratio, self.measured_pass_case = ratio, case
         if self.closest_pass is None or ratio > self.worst_pass_ratio:
             self.worst_pass_ratio, self.closest_pass = max(self.worst_pass_ratio, ratio), case
             self.closest_pass_upper_bound = upper_bound

@@ -46,7 +46,7 @@ from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report import plot
-from shardfuzz.report.closest_pass import closest_pass_words, measure_closest_pass
+from shardfuzz.report.closest_pass import closest_pass_case, closest_pass_words, measure_closest_pass
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.budget import budget_for
 
@@ -129,7 +129,20 @@ class Outcome:
             },
             "exclude_missing": {text: list(v) for text, v in s.exclusions_on_absent_keys().items()},
             "closest_pass": s.worst_pass_ratio,
-            "closest_pass_case": repr(s.closest_pass) if s.closest_pass is not None else None,
+            # the case of the figure the words lead with (the bound's, or a pass measured higher)
+            "closest_pass_case": (
+                repr(
+                    closest_pass_case(
+                        s.closest_pass,
+                        s.closest_pass_upper_bound,
+                        self.closest_measured,
+                        s.measured_pass_ratio,
+                        s.measured_pass_case,
+                    )
+                )
+                if s.closest_pass is not None
+                else None
+            ),
             "closest_pass_upper_bound": s.closest_pass_upper_bound,
             "closest_pass_measured": self.closest_measured,
             "measured_pass_ratio": s.measured_pass_ratio,

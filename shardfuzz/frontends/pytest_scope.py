@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.engine.stats import Stats
-from shardfuzz.report.closest_pass import closest_pass_words, measure_closest_pass
+from shardfuzz.report.closest_pass import closest_pass_case, closest_pass_words, measure_closest_pass
 
 if TYPE_CHECKING:
     from shardfuzz.engine.config import RunConfig
@@ -80,11 +80,14 @@ def statistics(runner: Runner, measure: bool = False) -> str:
     if s.external_faults:
         lines.append(f"    - external faults set aside (rank killed from outside): {s.external_faults}")
     if s.closest_pass is not None:
-        words = s.closest_pass_words
+        words, measured = s.closest_pass_words, None
         if measure and s.closest_pass_upper_bound:
             measured, failed = measure_closest_pass(runner)
             words = closest_pass_words(s.worst_pass_ratio, True, measured, failed, s.measured_pass_ratio)
-        lines.append(f"    - closest pass: error/tolerance {words} at {s.closest_pass!r}")
+        case = closest_pass_case(
+            s.closest_pass, s.closest_pass_upper_bound, measured, s.measured_pass_ratio, s.measured_pass_case
+        )
+        lines.append(f"    - closest pass: error/tolerance {words} at {case!r}")
     if s.margin is not None:
         lines.append(f"    - smallest failing margin: error/tolerance {s.margin:.3g}")
     lines += [f"    - {line}" for line in unused_exclusions(runner)]

@@ -41,6 +41,17 @@ def closest_pass_words(
     return words
 
 
+def closest_pass_case(
+    bound_case: Any, upper_bound: bool, measured: float | None, measured_elsewhere: float, measured_case: Any
+) -> Any:
+    """The case the closest pass's words lead with, to be shown beside them: the bound's case, or,
+    where a pass judged with the noise term measured higher than it, that pass's (the summary named
+    the bound's case beside the other's figure, and a reader who reran it got 0.085, not 0.71)."""
+    if upper_bound and measured_case is not None and measured_elsewhere > (measured or 0.0):
+        return measured_case
+    return bound_case
+
+
 def measure_closest_pass(runner: Any) -> tuple[float | None, str | None]:
     """(the ratio with the noise term, None) of a clean run's closest pass that is an upper bound,
     judged again once on a runner of its own; (None, the finding's kind) when it fails now (it
