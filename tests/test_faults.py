@@ -243,6 +243,13 @@ def test_writers_of_one_process_keep_each_distinct_finding_and_update_the_same_o
     assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
 
 
+def _gone() -> int:
+    """The pid of a process of this host that has exited: a failure file's writer that is gone."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
 def test_a_failure_file_names_no_machine_and_a_later_run_still_knows_its_writer_is_gone(tmp_path):
     """A failure file is shared with others: its ``writer`` names this host and its boot by hashes,
     not by its name (a new user found their host name in a file they were about to share). A later
@@ -250,7 +257,6 @@ def test_a_failure_file_names_no_machine_and_a_later_run_still_knows_its_writer_
     a reboot left a second file of one finding), and updates its file of the same finding in
     place; a writer of another host (another hash), or alive in this boot, keeps its file."""
     import socket
-    import subprocess
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import boot_id, host_id, read_record
@@ -261,16 +267,15 @@ def test_a_failure_file_names_no_machine_and_a_later_run_still_knows_its_writer_
     host, boot, pid, _ = read_record(path)["writer"].split(":")
     assert host == host_id() != socket.gethostname() and len(host) == 12 and pid == str(os.getpid())
     assert boot == boot_id()
-    gone = subprocess.Popen(["true"])
-    gone.wait()
+    gone = _gone()
     alive = os.getppid()  # this boot, alive: its file is kept
     for writer, taken in (
-        (f"{host_id()}:{boot_id()}:{gone.pid}:abc", True),
+        (f"{host_id()}:{boot_id()}:{gone}:abc", True),
         (f"{host_id()}:00000000:{alive}:abc", True),  # an earlier boot's pid means nothing now
         (f"{host_id()}:{boot_id()}:{alive}:abc", False),
         (f"{socket.gethostname()}:{alive}:abc", False),  # an earlier version's file, alive writer
-        (f"{socket.gethostname()}:{gone.pid}:abc", True),
-        (f"0123456789ab:{boot_id()}:{gone.pid}:abc", False),
+        (f"{socket.gethostname()}:{gone}:abc", True),
+        (f"0123456789ab:{boot_id()}:{gone}:abc", False),
     ):
         earlier = {"signature": "2 of 6 outputs", "report": "run 1", "writer": writer}
         (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
@@ -287,18 +292,16 @@ def test_a_later_run_updates_an_earlier_runs_file_of_its_finding_and_keeps_one_o
     """An earlier run's writer is gone: its file of the same finding is updated in place, one of
     another finding is kept (a new user's later run wrote its cumprod finding over the cummax one)."""
     import socket
-    import subprocess
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import read_record
 
-    gone = subprocess.Popen(["true"])
-    gone.wait()
+    gone = _gone()
     stem = "t-i-gloo-rank-error"
     earlier = {
         "signature": "cummax backward",
         "report": "run 1",
-        "writer": f"{socket.gethostname()}:{gone.pid}:abc",
+        "writer": f"{socket.gethostname()}:{gone}:abc",
     }
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
     later = FailureRecorder(str(tmp_path)).writer
@@ -320,16 +323,14 @@ def test_a_run_that_took_over_an_earlier_file_and_shrank_to_another_finding_give
     name; coming back to the earlier finding, it takes that file over again (one file of a
     finding, never two: a new user's second campaign left two files of one finding)."""
     import socket
-    import subprocess
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import read_record
 
-    gone = subprocess.Popen(["true"])
-    gone.wait()
+    gone = _gone()
     stem = "t-i-gloo-rank-error"
     first, second = str(tmp_path / f"{stem}.json"), str(tmp_path / f"{stem}-2.json")
-    dead = f"{socket.gethostname()}:{gone.pid}:abc"
+    dead = f"{socket.gethostname()}:{gone}:abc"
     earlier = {"signature": "cummax backward", "report": "run 1", "writer": dead}
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
     run = FailureRecorder(str(tmp_path)).writer
@@ -452,13 +453,11 @@ def test_a_finding_of_another_target_file_of_the_same_name_gets_a_file_of_its_ow
     """A copy of a target in another folder (one name, two files) found the same bug: its run took
     the earlier run's file over, and the regression recorded from the first folder was lost (a new
     user's pytest audit). A finding is the same one only of the same target and implementation."""
-    import subprocess
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import boot_id, host_id, read_record
 
-    gone = subprocess.Popen(["true"])
-    gone.wait()
+    gone = _gone()
     stem = "row_linear-bug-gloo-mismatch"
     first = {
         "signature": "1 of 4 outputs",
@@ -466,7 +465,7 @@ def test_a_finding_of_another_target_file_of_the_same_name_gets_a_file_of_its_ow
         "target_ref": "/p/tests/row_linear.py::row_linear",
         "impl_ref": "/p/tests/row_linear.py::bug",
         "report": "run 1",
-        "writer": f"{host_id()}:{boot_id()}:{gone.pid}:abc",
+        "writer": f"{host_id()}:{boot_id()}:{gone}:abc",
     }
     (tmp_path / f"{stem}.json").write_text(json.dumps(first))
     copy = {
