@@ -92,6 +92,18 @@ def test_an_all_to_all_whose_splits_do_not_pair_up_is_named():
 def test_point_to_point_pairs_by_order_and_size():
     ok = {0: [_c(0, "send", (0, 1), [2, 3], peer=1)], 1: [_c(0, "recv", (0, 1), None, peer=0, out=((6,),))]}
     assert first_divergence(ok) is None  # same element count, another shape: gloo only sees bytes
+    # a pipeline's middle stage enters more than its neighbours: no "same sequence" beside counts
+    # that differ (a new user's pipeline audit read it as wrong)
+    relay = {
+        **ok,
+        1: [*ok[1], _c(1, "send", (1, 2), [6], peer=2)],
+        2: [_c(0, "recv", (1, 2), None, peer=1, out=((6,),))],
+    }
+    assert first_divergence(relay) is None
+    assert describe_sequences(relay) == (
+        "collectives: no divergence: each group's collectives agree, and every send has its receive "
+        "(entered: rank 0: 1, rank 1: 2, rank 2: 1)"
+    )
     size = {0: [_c(0, "send", (0, 1), [4], peer=1)], 1: [_c(0, "recv", (0, 1), None, peer=0, out=((2,),))]}
     d = first_divergence(size)
     assert d.entered == (0,) and d.others == (1,) and "the sizes differ" in d.text

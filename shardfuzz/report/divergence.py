@@ -194,6 +194,12 @@ def describe_sequences(traces: Traces) -> str:
     d = first_divergence(traces)
     counts = ", ".join(f"rank {r}: {len(t)}" for r, t in sorted(traces.items()))
     if d is None:
+        if len({len(t) for t in traces.values()}) > 1:  # a pipeline's sends and receives, most often
+            # "every rank entered the same sequence" beside counts that differ read as wrong
+            return (
+                "collectives: no divergence: each group's collectives agree, and every send has its "
+                f"receive (entered: {counts})"
+            )
         return f"collectives: every rank entered the same sequence (collectives entered: {counts})"
     differ = "the ranks' sequences differ; " if d.sequences_differ else ""
     return f"first divergent collective: {d.text}\n  ({differ}collectives entered: {counts})"
