@@ -517,7 +517,14 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             f"{r['target']:<16} {impl:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
         )
         if not r["found"] and r.get("closest_pass_case"):
-            lines.append(f"{'':<16} closest pass at {r['closest_pass_case']}")
+            # "measured at": the case of the figure the result leads with, not the bound's (a new
+            # user could not tell which of the two figures the case was of)
+            measured = r.get("closest_pass_upper_bound") and (
+                r.get("closest_pass_measured") is not None or r.get("measured_pass_ratio")
+            )
+            lines.append(
+                f"{'':<16} closest pass {'measured ' if measured else ''}at {r['closest_pass_case']}"
+            )
         for f in r.get("findings", []):
             lines += _finding_lines(f)
         lines += [f"{'':<16} {line}" for line in r.get("finished", [])]
