@@ -87,6 +87,11 @@ def test_stuck_rank_is_a_hang_within_timeout_plus_2s(slack):
     assert "the example hung: no rank made progress (used CPU) for 2 s" in report
     assert "ranks [1] finished the example; ranks [0] did not" in report
     assert "skip_collective_rank1" in report or "all_reduce" in report  # rank 0's stack
+    # rank 1 finished: one line, not the harness's stack waiting for the next task (a new user's
+    # pipeline audit read 11 such lines a finished rank as noise)
+    assert "--- rank 0 stack ---" in report, report
+    assert "--- rank 1: finished the example (waiting for the next task) ---" in report, report
+    assert "--- rank 1 stack ---" not in report and "serve_tasks" not in report, report
     assert runner("reference").run_case(case()) < 1  # the pool was restarted
 
 

@@ -192,7 +192,10 @@ class Reporter:
             text = "\n".join(f"rank {r}:\n{tb}" for r, tb in sorted(o.timed_out.items()))
             parts.append("Collectives that timed out inside ranks:\n" + text.rstrip())
         for r, stack in sorted(o.stacks.items()):
-            parts.append(f"--- rank {r} stack ---\n{rank_stack(stack).rstrip()}")
+            if o.stuck and r not in o.stuck:  # its stack is the harness waiting for the next task
+                parts.append(f"--- rank {r}: finished the example (waiting for the next task) ---")
+            else:
+                parts.append(f"--- rank {r} stack ---\n{rank_stack(stack).rstrip()}")
         parts += [t for t in o.output.values() if t]
         parts.append(self._footer(case))
         err = RankHang("\n".join(parts), case=case, site=self._site(case, ("stuck", tuple(o.stuck))))
