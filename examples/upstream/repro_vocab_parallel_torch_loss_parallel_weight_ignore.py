@@ -113,9 +113,9 @@ EXPECTED = {
     'grad_w_out': torch.tensor([[-0.37024337077593816], [0.37024337077593816]], dtype=torch.float64),
 }
 ALLOWED = {
-    'loss': torch.tensor([[7.873562708482496e-07, 5.049173523730133e-08]], dtype=torch.float32),
+    'loss': torch.tensor([[9.789685009309324e-07, 5.049173523730133e-08]], dtype=torch.float32),
     'grad_emb': torch.tensor([[5.869583787898591e-07], [1.2508724722692932e-08]], dtype=torch.float32),
-    'grad_w_out': torch.tensor([[7.831068273844721e-07], [6.023026344337268e-07]], dtype=torch.float32),
+    'grad_w_out': torch.tensor([[9.605868172002374e-07], [6.023026344337268e-07]], dtype=torch.float32),
 }
 OUTPUT_LAYOUTS = {'loss': ('replicate',), 'grad_emb': ('shard', 0, 'dtensor'), 'grad_w_out': ('shard', 0, 'dtensor')}
 
