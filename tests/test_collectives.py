@@ -84,7 +84,7 @@ def test_an_all_to_all_whose_splits_do_not_pair_up_is_named():
     assert "rank 0 sends 3 element(s) to rank 1, which expects 2 from rank 0" in d.text, d.text
     line = describe_sequences(swapped)
     assert "splits do not pair up" in line and "sequences differ" not in line, line
-    assert "all_to_all_single(float32[4]) on group [0, 1] sends [1, 3] receives [1, 3]" in format_trace(
+    assert "#1   all_to_all_single(float32[4]) on group [0, 1] sends [1, 3] receives [1, 3]" in format_trace(
         swapped
     )
 

@@ -265,7 +265,9 @@ def describe_layouts(traces: Traces) -> str | None:
 
 
 def format_trace(traces: Traces, limit: int = 200) -> str:
-    """Each rank's trace, one collective per line (``shardfuzz case --trace``)."""
+    """Each rank's trace, one collective per line (``shardfuzz case --trace``), numbered from 1 as
+    reports number them (``entered #1 all_reduce``: a new user matched 0-based lines to it); a
+    report counts per group, so on a 2-D mesh its #N is the Nth of that group's lines."""
     lines = []
     for r, events in sorted(traces.items()):
         lines.append(f"--- rank {r}: {len(events)} collective(s) ---")
@@ -275,7 +277,9 @@ def format_trace(traces: Traces, limit: int = 200) -> str:
             # times a row's elements ("out" read as torch's output: it was what the rank sent)
             extra += f" sends {list(c.splits[0])} receives {list(c.splits[1])}" if c.splits else ""
             extra += f" non-contiguous: {_layout(c)}" if c.strides else ""
-            lines.append(f"  {c.seq:4d} {c.signature()} on group {list(c.group)}{extra}  [{c.api}.{c.call}]")
+            lines.append(
+                f"  #{c.seq + 1:<3d} {c.signature()} on group {list(c.group)}{extra}  [{c.api}.{c.call}]"
+            )
         if len(events) > limit:
             lines.append(f"  ... {len(events) - limit} more")
     return "\n".join(lines)
