@@ -27,7 +27,6 @@ from shardfuzz.limits import check_world_size as check_world_size
 from shardfuzz.limits import default_device as default_device
 from shardfuzz.limits import env_int as env_int
 from shardfuzz.limits import max_world_size as max_world_size
-from shardfuzz.spec.bounds import PROFILE_PARAMS
 from shardfuzz.spec.exclude import CaseExpression
 from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
 
@@ -162,8 +161,7 @@ def check_exclude_keys(
             return
         declared[t.name] = {
             "sizes": {n for b in bounds for n, _ in b.sizes},
-            "options": {o for b in bounds for o in b.options}
-            | {p for b in bounds for profile in b.profiles for p in PROFILE_PARAMS.get(profile, ())},
+            "options": {o for b in bounds for o in b.option_names()},
         }
     for text in exclude:
         expression = CaseExpression(text, where)

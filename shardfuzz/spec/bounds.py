@@ -206,6 +206,10 @@ class CaseBounds:
     profiles: tuple[str, ...]
     options: frozenset[str]
 
+    def option_names(self) -> frozenset[str]:
+        """Every option name a case of it may have: its options and its profiles' parameters."""
+        return self.options | {p for profile in self.profiles for p in PROFILE_PARAMS.get(profile, ())}
+
     def problem(self, case: Case) -> str | None:
         """Why the strategy never draws ``case`` on the ranks it has (None: it may)."""
         if (why := self.names_problem(case)) is not None:

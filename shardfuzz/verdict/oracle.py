@@ -340,8 +340,11 @@ def drawn_sizes(target: Any, n: int = 30) -> DrawnSizes | None:
         # the parameters of the profiles it draws (declared, else seen): the opt-in edge profile's
         # were listed as drawn options of every target
         bounds = target.case_bounds()
-        profiles = {p for b in bounds for p in b.profiles} if bounds else {c.profile for c in seen}
-        params = frozenset(p for name in profiles for p in BOUNDS_PROFILE_PARAMS.get(name, ()))
+        params = (
+            frozenset(n for b in bounds for n in b.option_names()) & PROFILE_PARAMS
+            if bounds
+            else frozenset(p for c in seen for p in BOUNDS_PROFILE_PARAMS.get(c.profile, ()))
+        )
         drawn = DrawnSizes(
             frozenset.intersection(*names),
             frozenset().union(*names),
