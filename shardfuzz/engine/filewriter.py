@@ -9,8 +9,9 @@ target, ``--jobs``, a CI matrix on one disk), and when the disk is full.
 * A file that exists is taken over (updated in place, as one campaign does while Hypothesis shrinks)
   only when its recorded writer (``"writer"``: ``HOST:BOOT:PID:RECORDER``, the host and its boot
   as hashes (:func:`host_id`, :func:`boot_id`), so a shared file names no machine) is a process of
-  this host that is gone (or of an earlier boot of it), or another writer of this process whose record is about the same thing (``same``: the
-  finding's signature). A file of a live writer is never replaced, and neither is another finding
+  this host that is gone (or of an earlier boot of it), or another writer of this process whose
+  record is about the same thing (``same``: the finding's signature; ``also``: of the same target
+  and implementation). A file of a live writer is never replaced, and neither is another finding
   of this process: one pytest session's tests of one target each write through their own writer,
   and a serial session kept only the last test's finding where pytest-xdist kept them all. Before each update the
   writer compares the file's ``writer`` with its own, so a file taken over is left alone.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -341,6 +343,7 @@ def read_record(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+@functools.cache  # the same for the life of the process: read once, not by every writer
 def host_id() -> str:
     """This machine, as a failure file's ``writer`` names it: a hash of its machine id (where the
     system has one: a random id, so the hash cannot be matched against guessed host names) and
@@ -351,6 +354,7 @@ def host_id() -> str:
     return hashlib.sha256(f"{machine}\0{socket.gethostname()}".encode()).hexdigest()[:12]
 
 
+@functools.cache
 def boot_id() -> str:
     """This boot of the machine, as a hash ("" where the system does not say): a pid means something
     only within one boot, and a file an earlier boot wrote has a writer that is gone."""
