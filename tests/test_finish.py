@@ -4,6 +4,7 @@ import argparse
 import copy
 import dataclasses
 import io
+import itertools
 import json
 import os
 import time
@@ -16,6 +17,7 @@ from shardfuzz.engine import finish
 from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.engine.finish import finish_budget, kept_features, simplest_case, try_one_rank
 from shardfuzz.engine.hooks import Deadline
+from shardfuzz.errors import Finding
 from shardfuzz.frontends import campaign
 from shardfuzz.frontends.cli_args import _finish_time
 
@@ -346,3 +348,28 @@ def test_an_exclude_is_named_as_reading_an_absent_key_only_when_no_case_had_it()
     assert s.exclusions_on_absent_keys() == {"sizes['hiddn'] > 0": ("'hiddn'", 7)}
     s.excluded["sizes['hiddn'] > 0"] += 1  # it excluded something after all
     assert s.exclusions_on_absent_keys() == {}
+
+
+def test_an_extra_budget_overrun_by_one_finding_leaves_the_next_none_never_less(monkeypatch):
+    """A hang's example ran past the extra budget while finishing one cut finding, and the next was
+    told "0.0 s of an extra -7.22517 s" (a new user's dp x tp campaign)."""
+    given: list[float] = []
+
+    def overrunning(runner, finding, budget, **_):
+        given.append(budget)
+        seconds = budget + 5.0  # the last example ran on past the budget's end
+        return finish.Finished(finding, False, seconds, budget, 2, ["hidden 10"], True, finding.case)
+
+    monkeypatch.setattr(campaign, "finish_shrink", overrunning)
+    clock = itertools.chain([0.0, 0.0], itertools.repeat(20.0))  # the first finding took 20 s
+    monkeypatch.setattr(campaign.time, "perf_counter", lambda: next(clock))
+    cut = [Finding("a hang"), Finding("a rank's error")]
+    for f in cut:
+        f.cut_short = "deadline"  # type: ignore[attr-defined]
+    out = campaign.Outcome("t", runner=None, findings=[(f, None) for f in cut])  # type: ignore[arg-type]
+    campaign._finish_cut_shrinks(out, None, RunConfig(deadline=60), None, io.StringIO())
+    assert given == [15.0, 0.0], given
+    first, second = (d.describe() for d in out.finished)
+    assert "20.0 s of an extra 15.0 s" in first and "up to 20 s" in first, first
+    assert "no time was left of the extra budget" in second and "-" not in second.split(";")[0], second
+    assert "not dropped: hidden 10" in second, second

@@ -26,7 +26,7 @@ from hypothesis.errors import Unsatisfiable
 
 from shardfuzz.case import Case, one_rank_path
 from shardfuzz.engine.finding import FindingContext
-from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp, example_order
+from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp, example_order, grace_seconds
 from shardfuzz.engine.runner import Runner
 from shardfuzz.engine.search import (
     SmallestFindings,
@@ -68,7 +68,12 @@ class Finished:
     cut_case: Case | None = None  # the case the deadline left it at
 
     def describe(self) -> str:
-        spent = f"{self.seconds:.1f} s of an extra {self.budget:g} s, {self.examples} examples"
+        if self.budget <= 0:  # the findings finished before it spent the whole extra budget
+            head = "shrinking still cut short: no time was left of the extra budget: not necessarily minimal"
+            return head + (f"; not dropped: {', '.join(self.kept)}" if self.kept else "")
+        spent = f"{self.seconds:.1f} s of an extra {self.budget:.1f} s, {self.examples} examples"
+        if self.seconds > self.budget + 1.0:  # the last example ran on past the budget's end
+            spent += f"; an example still running at its end may go on for up to {grace_seconds():g} s"
         if not self.reproduced:
             return f"it did not fail again when replayed to shrink it further ({spent}): flaky?"
         if self.complete:

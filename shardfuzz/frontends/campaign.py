@@ -415,7 +415,7 @@ def _finish_cut_shrinks(
     t0 = time.perf_counter()
     for i in cut:
         finding, path = out.findings[i]
-        left = budget - (time.perf_counter() - t0)
+        left = max(0.0, budget - (time.perf_counter() - t0))  # an overrun before it leaves none, not less
         done = finish_shrink(runner, finding, left, recorder=recorder, path=path)
         out.findings[i] = (done.finding, path)
         out.finished.append(done)
@@ -439,7 +439,7 @@ def _try_one_rank(out: Outcome, runner: Runner, budget: float) -> None:
             continue
         if getattr(finding, "cut_short", None) is not None:
             continue
-        left = budget - (time.perf_counter() - t0)
+        left = max(0.0, budget - (time.perf_counter() - t0))  # an overrun before it leaves none, not less
         recorder = runner_recorder(runner)
         one = try_one_rank(runner, finding, left, recorder=recorder, path=path)
         if one is not None:
