@@ -602,6 +602,25 @@ def test_a_size_split_over_the_replicas_is_drawn_for_the_data_parallel_axis():
         sst.Split(over="dp")
 
 
+def test_a_size_the_replicas_do_not_divide_is_a_trigger_of_its_own():
+    """A dp x tp target's batch, split over dp by the target itself, is not in ``case.split``: a
+    batch of 3 on 2 replicas (a mean of means) reached no condition ("uneven" is the group's)."""
+    from shardfuzz.spec.triggers import triggers_of
+
+    sizes = {"batch": sst.Split(over="replicas"), "hidden": sst.Split()}
+    target = shardfuzz_target("dp_tp", sst.cases("dp_tp", sizes=sizes, mesh_2d_share=1.0))
+    assert target.replica_splits == {"batch"}
+
+    def reached(mesh, batch, hidden=4):
+        case = Case("dp_tp", math.prod(mesh), mesh, {"batch": batch, "hidden": hidden}, ("hidden",))
+        return triggers_of(target, case)
+
+    assert "uneven over replicas" in reached((2, 2), 3)
+    assert "uneven over replicas" in reached((3, 1), 4)
+    assert not {"uneven over replicas", "uneven"} & reached((2, 2), 4)  # 2 rows a replica; hidden even
+    assert "uneven over replicas" not in reached((2,), 3)  # one replica: nothing to split
+
+
 def test_the_simplest_case_is_the_one_a_search_tries_first():
     """shardfuzz.spec.sampling.simplest_case: what sst.cases shrinks toward (the smallest even sizes,
     the first world size and dtype, the normal profile, seed 0: Hypothesis' own minimum), which

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from shardfuzz.case import Case, pin_options
 from shardfuzz.errors import InvalidArgument, TargetCodeError, TargetError
 from shardfuzz.protocol import ImplRef
-from shardfuzz.spec.bounds import PROFILE_PARAMS, CaseBounds, bounds_of, branches_drawing, declare
+from shardfuzz.spec.bounds import PROFILE_PARAMS, CaseBounds, Split, bounds_of, branches_drawing, declare
 from shardfuzz.spec.budget import check_budgets
 from shardfuzz.spec.exclude import known_failures
 from shardfuzz.spec.layouts import Layout, Replicate, check_layout
@@ -371,6 +371,17 @@ class Target:
                 f"{self.name!r}'s cases has them all; its branches' options: {shown}"
             )
         return chosen[0] if len(chosen) == 1 else st.one_of(chosen)
+
+    @functools.cached_property
+    def replica_splits(self) -> frozenset[str]:
+        """The sizes its strategy splits over the replicas of a dp x tp mesh (``Split(over="replicas")``),
+        read once from the bounds it declares."""
+        return frozenset(
+            name
+            for bounds in self.case_bounds() or ()
+            for name, spec in bounds.sizes
+            if isinstance(spec, Split) and spec.over == "replicas"
+        )
 
     def case_bounds(self, world_sizes: tuple[int, ...] | None = None) -> tuple[CaseBounds, ...] | None:
         """What the strategy of a run at ``world_sizes`` declares it draws (one record per branch,

@@ -28,6 +28,7 @@ GENERIC = (
     "uneven",
     "empty shard",
     "empty DTensor shard",
+    "uneven over replicas",
     "batch>1",
     "bfloat16",
     "float64",
@@ -86,10 +87,20 @@ def triggers_of(target: Any, case: Case) -> set[str]:
         out.add("strided inputs")
     if target.gradients and set(target.gradients) & set(target.outputs_for(case)):
         out.add("backward")
+    out |= replica_triggers(case, target.replica_splits)
     out.update(name for name, reached in target.triggers.items() if reached(case))
     for name, how in target.per_group.items():
         out |= group_relations(name, quantity(target, name, how, case), case.group_size)
     return {c for c in out if is_effective(target, c, case)} if target.effective else out
+
+
+def replica_triggers(case: Case, names: frozenset[str]) -> set[str]:
+    """What the sizes a target splits over the replicas of a dp x tp mesh (``Split(over="replicas")``,
+    not in ``case.split``) reach: a batch the replicas do not divide hides a mean of means."""
+    replicas = case.world_size // case.group_size
+    if replicas < 2 or not any(case.sizes.get(n, 0) % replicas for n in names):
+        return set()
+    return {"uneven over replicas"}
 
 
 def group_relations(name: str, q: int, g: int) -> set[str]:
