@@ -363,9 +363,7 @@ class Runner:
 
     def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:
         """:func:`shardfuzz.verdict.decide.decide` with this run's target, tolerance and closest pass."""
-        config = DecideConfig(
-            self.target, self.tolerance, self.impl_name, self.stats.worst_pass_ratio, self.always_noise
-        )
+        config = DecideConfig(self.target, self.tolerance, self.stats.worst_pass_ratio, self.always_noise)
         return decide(case, replies, expected, config)
 
     def finding_context(self, case: Case, finding: Finding) -> FindingContext:

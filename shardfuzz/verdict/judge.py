@@ -61,20 +61,6 @@ def judge(
     return Verdict(diffs=diffs, worst=max((d.max_ratio for d in diffs), default=0.0))
 
 
-def none_where_oracle_has_value(case: Case, locals_: list[dict[str, Any]], expected: Expected) -> str:
-    """The first output a rank returned as None where the oracle has a value ("" if none): a
-    broken contract, not a finding."""
-    for r, out in enumerate(locals_):
-        for name, value in out.items():
-            if value is None and expected.ref.get(name) is not None:
-                return (
-                    f"returned None for output {name!r} on {case.rank_label(r)}; the target's oracle gives a "
-                    "value there: return a tensor (zeros for a gradient that is unused), or have the oracle "
-                    "return None too"
-                )
-    return ""
-
-
 def check_layouts(
     case: Case, outputs: dict[str, Layout], locals_: list[dict[str, Any]], expected: Expected
 ) -> list[str]:
@@ -101,9 +87,17 @@ def check_layouts(
                     )
                 continue
             if not isinstance(got, torch.Tensor):
+                # None where the oracle has a value is the implementation's to answer for (a
+                # gradient never computed, for an expert that got no tokens), not a usage error
+                never = (
+                    ": a gradient never computed is not a zero one (an optimizer skips the parameter: "
+                    "no weight decay, no momentum)"
+                    if got is None
+                    else ""
+                )
                 problems.append(
                     f"output {name!r}: {label(r)} returned {_what(got)}, expected a tensor "
-                    f"(the oracle gives {list(ref.shape)} {_dtype_name(low)})"
+                    f"(the oracle gives {list(ref.shape)} {_dtype_name(low)}){never}"
                 )
                 continue
             want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), layout.index_of(r, g), g)

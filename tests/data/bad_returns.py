@@ -4,7 +4,7 @@ from shardfuzz.targets import tp_mlp
 
 
 def ret_none_grad(ctx):
-    """A common mistake: an unused gradient comes back as None (here grad_b2)."""
+    """An unused gradient comes back as None (here grad_b2): a layout finding, the oracle has a value."""
     out = tp_mlp.reference(ctx)
     out["grad_b2"] = None
     return out
