@@ -89,6 +89,26 @@ def test_an_all_to_all_whose_splits_do_not_pair_up_is_named():
     )
 
 
+def test_an_all_to_all_whose_splits_do_not_cover_its_tensor_is_named():
+    """Equal splits assumed (no split sizes) for 1 row on 2 ranks: the trace's splits were [0, 0] on
+    both sides, so they paired up, and a report named the next collective, which a rank that
+    died in this one never reached (a new user's MoE bug)."""
+
+    def a2a(rows, sends, receives, out_rows):
+        return Collective(
+            0, "all_to_all_single", (0, 1), ((rows, 1),), "float32", ((out_rows, 1),), (sends, receives)
+        )
+
+    cut = {0: [a2a(1, (0, 0), (0, 0), 1)], 1: [a2a(0, (0, 0), (0, 0), 0)]}
+    d = first_divergence(cut)
+    assert d is not None and (d.op, d.entered) == ("all_to_all_single", (0, 1)), d
+    assert "rank 0's input float32[1, 1] holds 1 element(s), but its splits cover 0 ([0, 0])" in d.text, (
+        d.text
+    )
+    even = {0: [a2a(2, (1, 1), (1, 1), 2)], 1: [a2a(2, (1, 1), (1, 1), 2)]}
+    assert first_divergence(even) is None
+
+
 def test_point_to_point_pairs_by_order_and_size():
     ok = {0: [_c(0, "send", (0, 1), [2, 3], peer=1)], 1: [_c(0, "recv", (0, 1), None, peer=0, out=((6,),))]}
     assert first_divergence(ok) is None  # same element count, another shape: gloo only sees bytes

@@ -6,7 +6,9 @@ members must enter the same collectives in the same order: the ``i``-th collecti
 op needs it, the same shapes on every member. Point-to-point operations pair up per (sender,
 receiver): the ``k``-th send from ``a`` to ``b`` meets the ``k``-th receive on ``b`` from ``a``,
 with as many elements of the same dtype. An all-to-all's members must also agree on what goes
-between each pair: what rank ``a`` sends to ``b`` is what ``b`` receives from ``a``.
+between each pair: what rank ``a`` sends to ``b`` is what ``b`` receives from ``a``; and each
+all_to_all_single's splits must add up to its tensor (equal splits of a dim 0 the group does not
+divide do not).
 
 :func:`first_divergence` finds every place where that breaks and reports the one a rank reached
 first: a hang's or a rank error's report names it, and a mismatch's report says whether the
@@ -43,7 +45,8 @@ class Divergence:
     op: str
     entered: tuple[int, ...]
     others: tuple[int, ...]
-    #: False where every rank entered the same collective but an all-to-all's splits do not pair up
+    #: False where every rank entered the same collective but an all-to-all's splits do not pair
+    #: up or do not add up to its tensor
     sequences_differ: bool = True
 
 
@@ -79,13 +82,11 @@ def _group_divergences(traces: Traces) -> list[Divergence]:
             keys = {_agree_key(c) for c in at.values()}
             if len(keys) == 1 and len(at) == len(members):
                 unpaired = _unpaired_splits(group, at)
-                if unpaired is None:
+                why = _uncovered_splits(at) or (unpaired and f"their splits do not pair up: {unpaired}")
+                if not why:
                     continue
                 first = next(iter(at.values()))
-                text = (
-                    f"{_ranks(members)} entered #{i + 1} {first.op} on group {list(group)}, but their "
-                    f"splits do not pair up: {unpaired}"
-                )
+                text = f"{_ranks(members)} entered #{i + 1} {first.op} on group {list(group)}, but {why}"
                 where = min(c.seq for c in at.values())
                 found.append(Divergence(int(where), text, first.op, tuple(sorted(members)), (), False))
                 break
@@ -116,6 +117,24 @@ def _group_divergences(traces: Traces) -> list[Divergence]:
             found.append(Divergence(int(where), "; ".join(parts), first.op, tuple(order[0]), others))
             break
     return found
+
+
+def _uncovered_splits(at: Mapping[int, Collective]) -> str | None:
+    """Where an all_to_all_single's splits do not add up to its tensor (None where they do): split
+    sizes that miss rows, or none given for a dim 0 the group does not divide (torch then splits it
+    equally, and gloo fails or hangs on sizes its peers do not expect)."""
+    for r, c in sorted(at.items()):
+        if c.op != "all_to_all_single" or c.splits is None:
+            continue
+        for side, counts, shapes in (("input", c.splits[0], c.shapes), ("output", c.splits[1], c.out_shapes)):
+            if len(shapes) != 1 or sum(counts) == math.prod(shapes[0]):
+                continue
+            return (
+                f"rank {r}'s {side} {c.dtype}[{', '.join(map(str, shapes[0]))}] holds "
+                f"{math.prod(shapes[0])} element(s), but its splits cover {sum(counts)} ({list(counts)}): split "
+                f"sizes that do not add up to dim 0, or none given for a dim 0 the group does not divide"
+            )
+    return None
 
 
 def _unpaired_splits(group: tuple[int, ...], at: Mapping[int, Collective]) -> str | None:
