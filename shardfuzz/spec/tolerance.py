@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     import torch
 
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+#: the smallest normal of each dtype (``torch.finfo(dtype).tiny``): below it a rounding errs by up
+#: to ``u * tiny`` whatever the value (half the subnormals' spacing)
+TINY = {"float64": 2.0**-1022, "float32": 2.0**-126, "bfloat16": 2.0**-126, "float16": 2.0**-14}
 
 
 NOISE_MODELS = ("mca", "dtype-rerun")

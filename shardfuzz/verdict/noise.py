@@ -3,7 +3,9 @@ float64 oracle, per output element, estimated by Monte Carlo arithmetic on the o
 
 The oracle runs ``samples`` more times in float64 under :class:`RoundingNoise`, a
 ``TorchDispatchMode`` that adds to each floating result a random error of the size a rounding in the
-case dtype could make there, ``u * scale * xi`` with ``xi`` uniform in [-1, 1]:
+case dtype could make there, ``u * (scale + tiny) * xi`` with ``xi`` uniform in [-1, 1] and
+``tiny`` the case dtype's smallest normal (a result that underflows into the subnormals errs by up
+to ``u * tiny`` whatever its size: a float16 partial sum that rounds to 0):
 
 * an elementwise op: ``scale = |result|`` (one rounding);
 * a sum-like op (sum, mean, matmul, add, sub, addcmul, ...): ``scale`` is the op on the absolute
@@ -40,7 +42,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from shardfuzz.spec.tolerance import UNIT_ROUNDOFF
+from shardfuzz.spec.tolerance import TINY, UNIT_ROUNDOFF
 from shardfuzz.verdict.noise_rules import EXACT, REDUCTIONS, SPECIAL, SUM_LIKE
 
 #: every case perturbs at this unit and scales the spread back to its dtype's (first order): small
@@ -103,10 +105,20 @@ class NoiseDraws:
     for the rules, and the noise it adds."""
 
     def __init__(
-        self, u: float, seed: int, group_size: int, case_u: float | None = None, extreme: float = 0.0
+        self,
+        u: float,
+        seed: int,
+        group_size: int,
+        case_u: float | None = None,
+        extreme: float = 0.0,
+        case_tiny: float = 0.0,
     ) -> None:
         super().__init__()
         self.u = u
+        #: the case dtype's smallest normal: a rounding there errs by up to ``u * (|x| + tiny)``,
+        #: the second term where a result underflows into the subnormals (a float16 gradient's
+        #: per-rank partial that rounds to 0 where the whole sum does not)
+        self.tiny = case_tiny
         #: 0: xi uniform in [-1, 1]; +1 or -1: xi = +-1 (a full-scale sample, see :func:`estimate`),
         #: the signs of the draws multiplied by ``extreme``, so a pair of samples with the same seed
         #: and opposite ``extreme`` pushes every rounding both ways
@@ -205,18 +217,22 @@ class NoiseDraws:
         return r if like.device.type == "cpu" else r.to(like.device)
 
     def noise(self, scale: torch.Tensor, u: float | None = None) -> torch.Tensor:
-        """``u * |scale| * xi``, xi uniform in [-1, 1] (symmetric: the sign of ``scale`` does
-        not matter); no noise where the scale is not finite (an infinite term: the result is
+        """``u * (|scale| + tiny) * xi``, xi uniform in [-1, 1] (symmetric: the sign of ``scale``
+        does not matter); no noise where the scale is not finite (an infinite term: the result is
         infinite too, and inf - inf would make a NaN)."""
         scale = torch.nan_to_num(scale.double(), 0.0, 0.0, 0.0)
-        return scale * self.xi(scale, self.u if u is None else u)
+        xi = self.xi(scale, self.u if u is None else u)
+        return (scale.abs() * xi).add_(xi, alpha=self.tiny) if self.tiny else scale * xi
 
     def perturb(self, t: torch.Tensor, scale: torch.Tensor | None, u: float) -> torch.Tensor:
-        """``t`` plus noise of ``scale`` (``None``: one rounding of ``t`` itself, ``t * (1 + xi)``,
-        which keeps an infinity infinite)."""
+        """``t`` plus noise of ``scale`` and of an underflow (``None``: one rounding of ``t``
+        itself, ``t * (1 + xi) + tiny * xi``, which keeps an infinity infinite)."""
+        xi = self.xi(t, u)
         if scale is None:
-            return t * (1 + self.xi(t, u))
-        return torch.addcmul(t, torch.nan_to_num(scale, 0.0, 0.0, 0.0), self.xi(t, u))
+            out = t * (1 + xi)
+        else:
+            out = torch.addcmul(t, torch.nan_to_num(scale, 0.0, 0.0, 0.0), xi)
+        return out.add_(xi, alpha=self.tiny) if self.tiny else out
 
 
 class RoundingNoise(NoiseDraws, TorchDispatchMode):
@@ -444,13 +460,14 @@ def estimate(
     missed one in 6 samples out of 4: 53 of 200 reached it). Their spread is scaled by 1/sqrt(3),
     the RMS of a uniform xi, so where the output is linear it matches the uniform estimate."""
     u, back = (UNIT_ROUNDOFF[dtype], 1 / math.sqrt(3)) if full_scale else unit_for(dtype)
+    tiny = TINY[dtype] if dtype != "float64" else 0.0  # a float64 underflow is 2^-1075: none to model
     total: dict[str, torch.Tensor] = {}
     for k in range(first, first + samples):
         if full_scale:  # antithetic pairs: samples 2j and 2j + 1 share a seed, with opposite signs
             draw, extreme = sample_seed(seed, FULL_SCALE_SEEDS + k - k % 2), (1.0, -1.0)[k % 2]
         else:
             draw, extreme = sample_seed(seed, k), 0.0
-        with rounding_noise()(u, draw, group_size, UNIT_ROUNDOFF[dtype], extreme):
+        with rounding_noise()(u, draw, group_size, UNIT_ROUNDOFF[dtype], extreme, tiny):
             got = run_oracle()
         for name, r in ref.items():
             g = got.get(name) if isinstance(got, dict) else None
