@@ -267,6 +267,16 @@ def test_progress_line_names_each_condition_once(target):
     assert set(runner.target.triggers) <= set(shown)
 
 
+def test_progress_line_shows_the_per_group_relations_the_cases_reach():
+    """ulysses' ``kv_heads<group`` (KV heads replicated over more ranks) showed only in pytest's
+    statistics, not in the CLI's line (a new user's ZeRO-3 target's ``numel%group!=0`` too)."""
+    from shardfuzz import Runner
+
+    shown = Runner("ulysses").progress_conditions()
+    assert {"kv_heads<group", "kv_heads%group!=0"} <= set(shown), shown
+    assert not any("%group" in t or "<group" in t for t in Runner("tp_mlp").progress_conditions())
+
+
 @pytest.mark.parametrize("target,batched", [("tp_mlp", True), ("ring_allreduce", False)])
 def test_progress_line_shows_batch_only_for_a_target_with_a_batch(target, batched):
     """``batch>1 0%`` on a target whose cases have no ``batch`` size read as a blind spot (a new

@@ -298,19 +298,28 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     run that draws it: a condition that cannot apply read as a blind spot, and a ``--dtypes
     float16`` run showed bfloat16's 0%, not its own dtype's share), then the target's own declared
     triggers that are not among them (ddp_buckets declares ``backward`` too, which the line showed
-    twice). Read from the pool the run's covering rows come from (drawn once, cached)."""
+    twice); then its ``per_group`` relations and ``uneven over replicas`` where some case of the
+    pool reaches them (a ZeRO target's ``numel%group!=0`` showed only in pytest's statistics). Read
+    from the pool the run's covering rows come from (drawn once, cached)."""
     c = runner.config
-    pool = pool_for(runner.target, runner.world_sizes(), c.dtypes, c.options)
+    target = runner.target
+    pool = pool_for(target, runner.world_sizes(), c.dtypes, c.options)
     batched = any("batch" in case.sizes for case, _ in pool)
     drawn = {case.dtype for case, _ in pool}
     generic = tuple(
         t
         for t in PROGRESS
-        if (t != "backward" or runner.target.gradients)
+        if (t != "backward" or target.gradients)
         and (t != "batch>1" or batched)
         and (t not in DTYPE_CONDITIONS or t in drawn)
     )
-    return generic + tuple(t for t in runner.target.triggers if t not in generic)
+    shown = generic + tuple(t for t in target.triggers if t not in generic)
+    reached = {t for case, _ in pool for t in triggers_of(target, case)}
+    names = {"uneven over replicas"} | {
+        t for n in target.per_group for t in (f"{n}<group", f"{n}%group!=0", f"group%{n}==0")
+    }  # what shardfuzz.spec.triggers.group_relations names
+    relations = sorted(reached & names)
+    return shown + tuple(t for t in relations if t not in shown)
 
 
 def check_option_kinds(target: Any, case: Case) -> None:
