@@ -541,3 +541,78 @@ def test_the_fleet_page_shows_a_worker_that_rediscovered_a_finding_as_finding_it
         "a rediscovery (1 time(s)) of fleet finding 0123456789abcdef, first found by first"
     )
     assert not rows["idle"]["found"] and rows["idle"]["findings"] == []
+
+
+def test_a_finding_the_deadline_cut_is_offered_only_once_shrunk_and_an_interrupted_one_never(
+    redis_server, tmp_path, monkeypatch
+):
+    """Offered as the deadline cut it, an unshrunk finding was a fleet finding of its own ("shrink
+    0.0s", world 4, hidden 11) beside the bug's shrunk one, and one Ctrl-C cut too (a new user's
+    two-machine nightly): the fleet holds the case the campaign finished shrinking, or nothing."""
+    import io
+
+    from shardfuzz import RunConfig
+    from shardfuzz.engine.fleet import FleetStore
+    from shardfuzz.engine.hooks import Deadline
+    from shardfuzz.frontends import campaign
+
+    class DeadlineAtFirstFinding(Deadline):  # the shrink is cut before its first step
+        def on_finding(self, context, finding):
+            self.at = min(self.at, time.perf_counter())
+
+    monkeypatch.setattr(campaign, "Deadline", DeadlineAtFirstFinding)
+    published, publish = [], FleetStore.publish
+    monkeypatch.setattr(
+        FleetStore, "publish", lambda self, doc: published.append(doc["case"]) or publish(self, doc)
+    )
+    causes = os.path.join(HERE, "data", "cause_impls.py") + "::slow_wrong"
+    config = RunConfig(
+        deadline=120, finish_shrink=60, world_sizes=(2,), failures_dir=str(tmp_path),
+        database=redis_server.url, fleet="deferred",
+    )  # fmt: skip
+    out = campaign.fuzz_one(TOY, causes, config, stream=io.StringIO())
+    [(finding, _)] = out.findings
+    [done] = out.finished
+    assert done.complete and done.cut_case != finding.case  # shrunk further after the deadline
+    [stored] = FleetStore(redis_server.url, "deferred").findings()
+    assert published == [repr(finding.case)], published  # offered once, shrunk: never the cut case
+    assert stored["case"] == repr(finding.case), stored["case"]
+    assert out.fleet[0]["fleet"] == "new" and out.fleet[0]["id"] == stored["id"]
+
+    cut = campaign.Outcome("t", runner=out.runner, findings=[(finding, None)], interrupted=True)
+    cut.fleet = [{"id": "x", "fleet": "pending"}]
+    campaign._offer_deferred(cut, out.runner, campaign.FleetWorker(redis_server.url, "stopped"), 0.0)
+    assert cut.fleet[0]["fleet"] == "not offered" and not FleetStore(redis_server.url, "stopped").findings()
+    assert "the campaign was stopped while it shrank" in campaign.fleet_note(cut.fleet[0])
+
+
+def test_a_worker_stopped_by_ctrl_c_inside_its_search_says_interrupted(redis_server, monkeypatch):
+    """A worker stopped by SIGINT or SIGTERM read `finished` in `status`: the search's own
+    interruption was read only after the last heartbeat."""
+    import io
+
+    from shardfuzz import RunConfig
+    from shardfuzz.engine.fleet import FleetStore
+    from shardfuzz.engine.search import Result
+    from shardfuzz.errors import Finding
+    from shardfuzz.frontends import campaign
+
+    kept = Finding("a wrong sum, as Ctrl-C left its shrink")
+    kept.cut_short = "interrupted"
+
+    def stopped(runner, *_args, **_kw):  # Ctrl-C in the shrink: the finding kept, the run interrupted
+        return Result(
+            runner.target.name, runner.impl_name, runner.backend, found=True, failures=[kept],
+            shrink_cut_short=True, interrupted=True,
+        )  # fmt: skip
+
+    monkeypatch.setattr(campaign, "search", stopped)
+    config = RunConfig(deadline=60, world_sizes=(2,), database=redis_server.url, fleet="stopped-worker")
+    out = campaign.fuzz_one(TOY, None, config, stream=io.StringIO())
+    assert out.interrupted
+    [worker] = FleetStore(redis_server.url, "stopped-worker").workers()
+    assert worker["state"] == "interrupted", worker
+    assert (
+        out.fleet[0]["fleet"] == "not offered"
+        and not FleetStore(redis_server.url, "stopped-worker").findings()
+    )

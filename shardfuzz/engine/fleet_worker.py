@@ -1,7 +1,8 @@
 """One campaign as a worker of a fleet: heartbeats, and its findings settled against the fleet's.
 
 A worker is a plain ``shardfuzz fuzz TARGET --duration 8h --database redis://...`` process. Each of
-its distinct findings (by :func:`shardfuzz.engine.fleet.signature_of`, after the shrink) is offered to the
+its distinct findings (by :func:`shardfuzz.engine.fleet.signature_of`, after the shrink: a shrink the
+deadline cut is finished first, and one Ctrl-C or SIGTERM cut is never offered) is offered to the
 fleet's store: the first worker to store it owns it (a new finding); every later copy is counted as
 a rediscovery of that worker, with the shrink time it spent on it (from the run's first failing
 example to the run's end, shared among the run's findings). Redis going away mid-campaign is said
@@ -89,6 +90,12 @@ class FleetWorker(RunHooks):
             "found_at": stored.get("found_at"),
         }
 
+    def defer(self, identity: str, finding: Finding) -> dict[str, Any]:
+        """The note of a finding whose shrink was cut, not offered yet: the campaign offers it
+        (:meth:`settle`) once it is shrunk further, or says why it never is (interrupted). Offered
+        at once, its unshrunk case was a fleet finding of its own beside the bug's shrunk one."""
+        return {"id": finding_id(identity, finding), "fleet": "pending"}
+
     def improve(self, identity: str, finding: Finding, path: str | None, fid: str, shrink: float) -> bool:
         """``finding``, shrunk further here after it was stored as fleet finding ``fid`` by this
         worker, replaces the fleet's copy when its signature is still ``fid``'s; True if it did."""
@@ -150,6 +157,9 @@ class NoFleet(RunHooks):
         return 0.0
 
     def settle(self, *args: Any) -> None:  # noqa: ARG002 (the worker's signature)
+        return None
+
+    def defer(self, *args: Any) -> None:  # noqa: ARG002 (the worker's signature)
         return None
 
     def improve(self, *args: Any) -> bool:  # noqa: ARG002 (the worker's signature)

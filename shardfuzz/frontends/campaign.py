@@ -280,8 +280,8 @@ def fuzz_one(
         display.stop()
         out.elapsed = time.perf_counter() - t0
         timeline.samples.append((out.elapsed, runner.stats.examples, runner.stats.failures))
+        out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
         fleet.stop("interrupted" if out.interrupted else "finished")
-    out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
     if deadline is not None and deadline.overran:
         out.overran = True
         stop_pools()  # the abandoned example's ranks are still busy: start afresh
@@ -294,8 +294,11 @@ def fuzz_one(
                 (f, recorder.hold(path, f) if path is not None and f.context is not None else path)
                 for f, path in out.findings
             ]
+        _offer_deferred(out, runner, fleet, spent)
         _improve_fleet_copies(out, runner, fleet, spent)
         _measure_closest_pass(out, runner)
+    else:
+        _offer_deferred(out, runner, fleet, 0.0)  # never offered: their shrink was cut
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     display.final(
@@ -375,7 +378,10 @@ def _settle(
         distinct = signature_of(f) not in seen
         seen.add(signature_of(f))
         path = recorder.settle(f, distinct) if recorder is not None else None
-        note = fleet.settle(stable_identity(runner), f, path, distinct, shrink)
+        if getattr(f, "cut_short", None) is None:
+            note = fleet.settle(stable_identity(runner), f, path, distinct, shrink)
+        else:  # its signature may change as it shrinks: offered once it has (_offer_deferred)
+            note = fleet.defer(stable_identity(runner), f) if distinct else None
         if distinct:
             out.findings.append((f, path))
             if note is not None:  # the case as offered: a later shrink or 1-rank try may change it here
@@ -470,6 +476,22 @@ def _drop_repeats(out: Outcome, recorder: Any) -> None:
         if recorder is not None and path is not None:
             recorder.discard(path)
     out.findings, out.fleet = kept, notes
+
+
+def _offer_deferred(out: Outcome, runner: Runner, fleet: FleetWorker | NoFleet, spent: float) -> None:
+    """Each finding whose shrink was cut, now shrunk as far as the campaign goes, offered to the
+    fleet under its signature now; after Ctrl-C or SIGTERM none is offered (its case is the
+    smallest seen when it was cut: the failure file keeps it, a replay shrinks it further)."""
+    for i, (finding, path) in enumerate(out.findings):
+        note = out.fleet[i] if i < len(out.fleet) else None
+        if note is None or note["fleet"] != "pending":
+            continue
+        if out.interrupted:
+            out.fleet[i] = {**note, "fleet": "not offered"}
+            continue
+        offered = fleet.settle(stable_identity(runner), finding, path, True, spent / len(out.findings))
+        if offered is not None:
+            out.fleet[i] = {**offered, "offered_case": repr(finding.case)}
 
 
 def _improve_fleet_copies(out: Outcome, runner: Runner, fleet: FleetWorker | NoFleet, spent: float) -> None:
@@ -650,4 +672,8 @@ def fleet_note(note: dict[str, Any]) -> str:
         return "new, stored in the fleet"
     if note["fleet"] == "lost":
         return "not stored (the shared database was lost; it is in the local failure file)"
+    if note["fleet"] == "not offered":
+        return (
+            "not offered to the fleet: the campaign was stopped while it shrank (the failure file keeps it)"
+        )
     return f"a rediscovery (first found by {note.get('found_by')} at {note.get('found_at')})"
