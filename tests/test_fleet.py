@@ -335,10 +335,11 @@ def test_a_stored_finding_is_untrusted_input(redis_server):
         ("redis:/bad", "a Redis URL is redis://HOST:PORT/N (two slashes)"),  # was a folder 'redis:'
         ("redis::hunter2@localhost:6390", "a Redis URL is redis://HOST:PORT/N (two slashes)"),
         ("redis://:hunter2@127.0.0.1:1/0", "cannot connect to Redis"),
+        ("rediss://127.0.0.1:1/0", "or does it take TLS (rediss://)?"),
     ],
 )
 def test_bad_database_url_exits_2_naming_it_without_the_password(url, message):
-    if message == "cannot connect to Redis":  # the others are refused before the client is needed
+    if "connect" in message or "TLS" in message:  # the others are refused before the client is needed
         try:
             import redis  # noqa: F401
         except ImportError:
@@ -362,12 +363,18 @@ def test_wrong_password_exits_2(tmp_path):
         url = f"redis://:hunter3@127.0.0.1:{server.port}/0"
         out = run_cli("status", url)
         anonymous = run_cli("findings", f"redis://127.0.0.1:{server.port}/0")
+        # a password in the query (a form the docs list) was told "Redis asks for a password"
+        queried = run_cli("status", f"redis://127.0.0.1:{server.port}/0?password=hunter3")
+        far = run_cli("status", f"redis://:s3cret@127.0.0.1:{server.port}/99")
     finally:
         server.stop()
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"URL='redis://:***@127.0.0.1:{server.port}/0': Redis refused the password" in out.stderr
     assert "hunter3" not in out.stdout + out.stderr
     assert anonymous.returncode == 2 and "Redis asks for a password" in anonymous.stderr, anonymous.stderr
+    assert queried.returncode == 2 and "Redis refused the password" in queried.stderr, queried.stderr
+    assert "hunter3" not in queried.stdout + queried.stderr
+    assert far.returncode == 2 and "databases 0 to 15" in far.stderr, far.stderr
 
 
 def test_workers_get_the_database_url_through_the_environment_never_the_command_line(tmp_path, monkeypatch):

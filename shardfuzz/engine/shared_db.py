@@ -185,16 +185,23 @@ def connect(url: str, what: str = "--database") -> Any:
         )
         client.ping()
     except redis.AuthenticationError:
-        if urllib.parse.urlsplit(url).password is None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None and "password" not in urllib.parse.parse_qs(parts.query):
             raise InvalidArgument(
                 f"{what}={shown!r}: Redis asks for a password; give it in the URL: redis://:PASSWORD@HOST:PORT/N"
             ) from None
         raise InvalidArgument(f"{what}={shown!r}: Redis refused the password (or user)") from None
     except redis.ResponseError as e:  # NOAUTH and friends
-        raise InvalidArgument(f"{what}={shown!r}: Redis refused the connection: {e}") from None
+        hint = (
+            " (a server has databases 0 to 15 unless its 'databases' setting says more)"
+            if "DB index" in str(e)
+            else ""
+        )
+        raise InvalidArgument(f"{what}={shown!r}: Redis refused the connection: {e}{hint}") from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        tls = " or does it take TLS (rediss://)?" if urllib.parse.urlsplit(url).scheme == "rediss" else "?"
         raise InvalidArgument(
-            f"{what}={shown!r}: cannot connect to Redis ({e}); is redis-server running there?"
+            f"{what}={shown!r}: cannot connect to Redis ({e}); is redis-server running there{tls}"
         ) from None
     RedisLost.lost = None  # reachable again (a new campaign in this process)
     return client

@@ -37,7 +37,7 @@ def format_findings(store: FleetStore, docs: list[dict[str, Any]]) -> str:
         v = d["versions"]
         lines += [
             f"\n{d['id']}  {d['kind']} of {d['target']}/{d['impl']} on {d['backend']}{margin}",
-            f"  minimal case: {d['case']}",
+            f"  smallest case its finder reached: {d['case']}",
             f"  signature (v{d['signature_version']}): {d['signature']}",
             f"  found by {d['found_by']} at {d['found_at']} (shrink {d['shrink_seconds']:.1f}s), with "
             f"shardfuzz {v.get('shardfuzz')}, torch {v.get('torch')}",

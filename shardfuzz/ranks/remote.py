@@ -172,10 +172,14 @@ class RemoteWorld:
                 if not said and time.monotonic() < deadline:
                     said = True
                     where = f"{self.address[0]}:{self.address[1]}"
+                    start = (
+                        "torchrun restarts them after a rank failed"
+                        if self.rebuilds
+                        else f"start them with torchrun ... -m shardfuzz.ranks.serve --driver {where}"
+                    )
                     print(
                         f"shardfuzz: waiting up to {wait_s:.0f} s for the rank servers to connect to "
-                        f"{where} ({len(channels) // 2} so far; start them with torchrun ... -m "
-                        f"shardfuzz.ranks.serve --driver {where})",
+                        f"{where} ({len(channels) // 2} so far; {start})",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -202,7 +206,7 @@ class RemoteWorld:
         # said once a world is up (and again after torchrun restarts it): the driver said nothing,
         # and the world's size was only in the failure files
         hosts = sorted({s.hello.host for s in self.servers})
-        again = f" (restarted by torchrun: world {self.rebuilds + 1})" if self.rebuilds else ""
+        again = f" (torchrun's restart {self.rebuilds} of the world)" if self.rebuilds else ""
         print(
             f"shardfuzz: {self.world_size} rank servers joined from {', '.join(hosts)}{again}",
             file=sys.stderr,
@@ -213,7 +217,7 @@ class RemoteWorld:
     def _missing(self, channels: dict, wait_s: float) -> str:
         got = sorted({r for r, _ in channels})
         where = f"{self.address[0]}:{self.address[1]}"
-        refused = f"; refused: {'; '.join(list(self.refused)[-3:])}" if self.refused else ""
+        refused = f"; turned away: {'; '.join(list(self.refused)[-3:])}" if self.refused else ""
         # the world's size is known once a server has said it ("0 of ?" read as a broken message)
         connected = (
             f"{len(got)} of {self.world_size} rank servers connected to {where} within {wait_s:.0f} s (ranks {got})"
