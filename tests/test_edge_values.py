@@ -89,7 +89,16 @@ def test_the_check_without_the_edge_value_leaves_the_random_state_as_it_found_it
         target="vocab_ce", world_size=2, mesh=(2,), sizes={"tokens": 2, "vocab": 4}, split=("vocab",),
         profile="edge", seed=3, options={"ignore_index": -100, "edge": "max", "edge_exp": 0, "edge_slot": 1},
     )  # fmt: skip
+    import random
+
+    import numpy as np
+
+    from shardfuzz.spec.inputs import RandomState
+
     torch.manual_seed(1234)
-    before = torch.get_rng_state()
-    oracle_module._oracle64_without_edge(target, case, torch.get_rng_state())
-    assert torch.equal(torch.get_rng_state(), before)
+    random.seed(1234)
+    np.random.seed(1234)
+    before = RandomState.now()
+    oracle_module._oracle64_without_edge(target, case, RandomState.now())
+    assert torch.equal(torch.get_rng_state(), before.torch_state)
+    assert random.getstate() == before.python and (np.random.get_state()[1] == before.numpy[1]).all()

@@ -7,8 +7,11 @@ without any collective, so a replay anywhere sees the same data.
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from typing import Any
 
+import numpy as np
 import torch
 
 from shardfuzz.case import edge_problem
@@ -28,6 +31,36 @@ def seed_global(seed: int, device_type: str = "cpu") -> None:
         torch.default_generator.manual_seed(int(seed))
     else:
         torch.manual_seed(seed)
+
+
+def seed_all(seed: int) -> None:
+    """Seed torch's CPU generator, Python's ``random`` and NumPy's global generator with ``seed``, as
+    each rank does before it builds the inputs and runs the implementation (the driver's oracle
+    then draws what the ranks draw)."""
+    seed_global(seed)
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomState:
+    """The global random states an oracle run starts from (torch's CPU generator, Python's and
+    NumPy's): every run of the oracle (float64, the case dtype, the noise samples) starts from the
+    same one, so an oracle that draws from a global generator draws the same in each; the case-dtype
+    run went on where the float64 run's stream stopped, and their difference widened the bound."""
+
+    torch_state: torch.Tensor
+    python: Any
+    numpy: Any
+
+    @classmethod
+    def now(cls) -> RandomState:
+        return cls(torch.get_rng_state(), random.getstate(), np.random.get_state())
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch_state)
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
 
 
 #: what a tensor is to the value profile (``role=`` of :func:`randn`):

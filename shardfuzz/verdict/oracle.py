@@ -29,7 +29,7 @@ from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.limits import check_world_size
 from shardfuzz.protocol import dense
 from shardfuzz.spec.bounds import PROFILE_PARAMS as BOUNDS_PROFILE_PARAMS
-from shardfuzz.spec.inputs import float64, seed_global
+from shardfuzz.spec.inputs import RandomState, float64, seed_all
 from shardfuzz.spec.sampling import draw_pool, simplest_case, stable_seed
 from shardfuzz.spec.target import SELF
 from shardfuzz.verdict.noise import estimate
@@ -45,7 +45,7 @@ class Expected:
     inputs: dict[str, Any]  # the full inputs as built (failure files hash them)
     noise: dict[str, Any] = dataclasses.field(default_factory=dict)  # Monte-Carlo spread per output
     case_scale: Any = 0.0  # the largest rms of the case's floating inputs and outputs (callable: lazy)
-    rng: Any = None  # the CPU RNG state the reference run started from (noise samples start there too)
+    rng: RandomState | None = None  # the random states the reference run started from (noise samples too)
     source: Any = None  # a self-oracle (shardfuzz.engine.selforacle): fills ref/low, draws noise on a rank
 
 
@@ -72,7 +72,7 @@ def _check_names(target: Any, field: str, keys: Any, allowed: Any, what: str) ->
 
 def case_inputs(target: Any, case: Case) -> dict[str, Any]:
     """The case's full inputs, checked: built from its seed, a dict, names the layouts know."""
-    seed_global(case.seed)  # the oracle runs on the driver's CPU
+    seed_all(case.seed)  # the oracle runs on the driver's CPU, seeded as the ranks are
     inputs = call_target_code(target, "inputs(case)", case, target.inputs, case)
     if not isinstance(inputs, dict):
         raise TargetError(
@@ -95,17 +95,12 @@ def evaluate_oracle(
         )
     inputs = case_inputs(target, case)
     inputs64 = {k: float64(v) for k, v in inputs.items()}
-    rng = torch.get_rng_state()  # every float64 run of the oracle draws what the reference drew
+    rng = RandomState.now()  # every run of the oracle draws what the ranks drew
     with torch.enable_grad():
         ref = call_target_code(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case)
-        low = call_target_code(
-            target,
-            "oracle(inputs, case)",
-            case,
-            target.oracle,
-            _fresh(inputs),
-            case,
-        )
+        rng.restore()
+        low = call_target_code(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs), case)
+        rng.restore()
         mag = (
             call_target_code(target, "magnitude(inputs, case)", case, target.magnitude, inputs64, case)
             if target.magnitude
@@ -181,7 +176,7 @@ def check_edge_range(
             )
 
 
-def _oracle64_without_edge(target: Any, case: Case, rng: torch.Tensor) -> dict[str, Any]:
+def _oracle64_without_edge(target: Any, case: Case, rng: RandomState) -> dict[str, Any]:
     """The float64 oracle of ``case`` with the ``normal`` profile: the same seed, so the same values
     but the edge one, on the random state the case's own oracle started from."""
     plain = dataclasses.replace(
@@ -189,14 +184,14 @@ def _oracle64_without_edge(target: Any, case: Case, rng: torch.Tensor) -> dict[s
         profile="normal",
         options={k: v for k, v in case.options.items() if k not in BOUNDS_PROFILE_PARAMS["edge"]},
     )
-    state = torch.get_rng_state()  # before case_inputs, which seeds the global generator
+    state = RandomState.now()  # before case_inputs, which seeds the global generators
     try:
         inputs64 = {k: float64(v) for k, v in case_inputs(target, plain).items()}
-        torch.set_rng_state(rng)
+        rng.restore()
         with torch.enable_grad():
             return call_target_code(target, "oracle(inputs, case)", plain, target.oracle, inputs64, plain)
     finally:
-        torch.set_rng_state(state)
+        state.restore()
 
 
 def check_case_dtype_range(target: Any, case: Case, ref: dict[str, Any], low: dict[str, Any]) -> None:
@@ -272,7 +267,7 @@ def _noise_runs(
 
     def rerun() -> dict[str, Any]:
         if expected.rng is not None:
-            torch.set_rng_state(expected.rng)
+            expected.rng.restore()
         with torch.enable_grad():
             return call_target_code(
                 target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs64), case
