@@ -131,6 +131,11 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"0.3 measured, {bounded}"
     assert s.closest_pass_words == f"0.9 measured, {bounded}"  # before the bound's case is measured
     assert closest_pass_words(0.95, True) == "at most 0.95 (judged without the noise term)"
+    # a bound of 1 says only that they passed: not shown ("at most 1" told a new user nothing)
+    assert closest_pass_words(0.9999, True, 0.3, None, 0.0) == (
+        "0.3 measured (passes judged without the noise term are within their bound, not measured)"
+    )
+    assert closest_pass_words(1.0, True).startswith("not measured (every pass was judged without")
     assert closest_pass_words(0.95, False, None, None, 0.5) == "0.95"  # measured itself
     # the case shown beside the words is the one their first figure is of: a new user reran the
     # bound's case, named beside another pass's 0.712, and got 0.085

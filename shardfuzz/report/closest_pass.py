@@ -29,13 +29,21 @@ def closest_pass_words(
     words = f"{ratio:.3g}"
     if upper_bound:
         low = max(measured if measured is not None else 0.0, measured_elsewhere)
+        # a bound of 1 says only that they passed ("at most 1" told a new user nothing)
+        vacuous = float(words) >= 1.0
         if measured is not None or measured_elsewhere > 0:
             words = (
-                f"{low:.3g} measured, at most {words} (passes judged without the noise term are bounded, "
+                f"{low:.3g} measured (passes judged without the noise term are within their bound, not measured)"
+                if vacuous
+                else f"{low:.3g} measured, at most {words} (passes judged without the noise term are bounded, "
                 "not measured)"
             )
         else:
-            words = f"at most {words} (judged without the noise term)"
+            words = (
+                "not measured (every pass was judged without the noise term, within its bound)"
+                if vacuous
+                else f"at most {words} (judged without the noise term)"
+            )
     if rerun_failed:
         words += f"; its case gave a {rerun_failed} when run again: not deterministic?"
     return words
