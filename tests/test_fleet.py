@@ -586,7 +586,22 @@ def test_a_finding_the_deadline_cut_is_offered_only_once_shrunk_and_an_interrupt
     assert stored["case"] == repr(finding.case), stored["case"]
     assert out.fleet[0]["fleet"] == "new" and out.fleet[0]["id"] == stored["id"]
 
-    cut = campaign.Outcome("t", runner=out.runner, findings=[(finding, None)], interrupted=True)
+    # Ctrl-C while the campaign finishes the cut shrink: the finding kept, not offered, no traceback
+    def interrupted(*_args, **_kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(campaign, "finish_shrink", interrupted)
+    other_db = redis_server.url.rsplit("/", 1)[0] + "/1"  # not the corpus that holds the shrunk case
+    stopped = campaign.fuzz_one(TOY, causes, config.replace(database=other_db), stream=io.StringIO())
+    assert stopped.interrupted and len(stopped.findings) == 1, stopped.findings
+    assert stopped.fleet[0]["fleet"] == "not offered", stopped.fleet
+    assert not FleetStore(other_db, "deferred").findings()
+
+    import copy
+
+    as_left = copy.copy(finding)
+    as_left.cut_short = "interrupted"  # Ctrl-C in the search's own shrink
+    cut = campaign.Outcome("t", runner=out.runner, findings=[(as_left, None)], interrupted=True)
     cut.fleet = [{"id": "x", "fleet": "pending"}]
     campaign._offer_deferred(cut, out.runner, campaign.FleetWorker(redis_server.url, "stopped"), 0.0)
     assert cut.fleet[0]["fleet"] == "not offered" and not FleetStore(redis_server.url, "stopped").findings()

@@ -3,6 +3,7 @@ stay tight enough to see a 10% error in bfloat16, and give the same verdict on e
 
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -395,3 +396,17 @@ def test_every_run_of_the_oracle_draws_what_the_ranks_draw_from_the_global_gener
         assert f"{kept} / 8 elements wrong" in str(e), (kept, str(e))
     else:
         raise AssertionError("the unscaled dropout passed")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_underflow_term_leaves_an_exact_zero_alone(dtype):
+    """A padding row's products are exact zeros in any dtype; the underflow term kicked them to
+    +-u * tiny, a relu'(0) downstream flipped, and first order scaled the flip into a spread that
+    passed a backward wrong exactly on that row (relu'(0) = 1) at 0.108 (a reviewer's case)."""
+    import shardfuzz
+
+    target = os.path.join(HERE, "data", "relu_padding_target.py")
+    case = shardfuzz.Case("relu_padding", 1, (1,), {"n": 4}, (), dtype=dtype, seed=1)
+    assert shardfuzz.Runner(target).run_case(case) < 1
+    with pytest.raises(shardfuzz.Mismatch, match=r"dx"):
+        shardfuzz.Runner(target, "relu_prime_at_0").run_case(case)

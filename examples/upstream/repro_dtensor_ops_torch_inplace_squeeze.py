@@ -514,6 +514,10 @@ def check(ctx, outputs):
     wrong = []  # every wrong output of this rank, in the target's order, as the report lists them
     for name, layout in OUTPUT_LAYOUTS.items():
         got = outputs[name]
+        if got is None or EXPECTED[name] is None:  # "no value" on both sides is nothing to compare
+            if (got is None) != (EXPECTED[name] is None):
+                raise AssertionError(f"rank {ctx.rank}: output {name!r} is {got!r}, expected {EXPECTED[name]!r}")
+            continue
         if hasattr(got, "full_tensor"):  # a DTensor: its local piece where it says, then the whole value
             promised = dtensor_local_shape(got)
             if promised is not None and list(got.to_local().shape) != promised:

@@ -285,18 +285,8 @@ def fuzz_one(
     if deadline is not None and deadline.overran:
         out.overran = True
         stop_pools()  # the abandoned example's ranks are still busy: start afresh
-    if not out.interrupted:  # after a deadline both share its extra budget; else 1-rank tries get ONE_RANK_S
-        spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
-        _try_one_rank(out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent)
-        _drop_repeats(out, recorder)
-        if recorder is not None:  # each file holds the case its finding is reported with
-            out.findings = [
-                (f, recorder.hold(path, f) if path is not None and f.context is not None else path)
-                for f, path in out.findings
-            ]
-        _offer_deferred(out, runner, fleet, spent)
-        _improve_fleet_copies(out, runner, fleet, spent)
-        _measure_closest_pass(out, runner)
+    if not out.interrupted:
+        _after_search(out, runner, config, recorder, fleet, stream)
     else:
         _offer_deferred(out, runner, fleet, 0.0)  # never offered: their shrink was cut
     if recorder is not None:
@@ -311,6 +301,40 @@ def fuzz_one(
             runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats
         )
     return out
+
+
+def _after_search(
+    out: Outcome,
+    runner: Runner,
+    config: RunConfig,
+    recorder: FailureRecorder | None,
+    fleet: FleetWorker | NoFleet,
+    stream: TextIO,
+) -> None:
+    """A campaign's findings after its search: the cut shrinks finished and the 1-rank tries (after
+    a deadline both share its extra budget; else 1-rank tries get ONE_RANK_S), repeats dropped,
+    each file made to hold its finding, the fleet offered what it waited for; a clean run's closest
+    pass measured."""
+    finishing, spent = time.perf_counter(), 0.0
+    try:
+        spent = _finish_cut_shrinks(out, runner, config, recorder, stream)
+        if not out.interrupted:
+            _try_one_rank(
+                out, runner, ONE_RANK_S if config.deadline is None else finish_budget(config) - spent
+            )
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while finishing: stop there, keeping every finding
+        out.interrupted, spent = True, time.perf_counter() - finishing
+        out.elapsed += spent
+    _drop_repeats(out, recorder)
+    if recorder is not None:  # each file holds the case its finding is reported with
+        out.findings = [
+            (f, recorder.hold(path, f) if path is not None and f.context is not None else path)
+            for f, path in out.findings
+        ]
+    _offer_deferred(out, runner, fleet, spent)
+    _improve_fleet_copies(out, runner, fleet, spent)
+    if not out.interrupted:
+        _measure_closest_pass(out, runner)
 
 
 def _search_runs(
@@ -427,6 +451,9 @@ def _finish_cut_shrinks(
         out.finished.append(done)
         if out.result is not None and out.result.failures and out.result.failures[0] is finding:
             out.result.case, out.result.report = done.finding.case, done.finding.report
+        if getattr(done.finding, "cut_short", None) == "interrupted":  # Ctrl-C in its shrink: stop
+            out.interrupted = True
+            break
     spent = time.perf_counter() - t0
     out.elapsed += spent
     if out.result is not None and all(d.complete for d in out.finished):
@@ -486,7 +513,8 @@ def _offer_deferred(out: Outcome, runner: Runner, fleet: FleetWorker | NoFleet, 
         note = out.fleet[i] if i < len(out.fleet) else None
         if note is None or note["fleet"] != "pending":
             continue
-        if out.interrupted:
+        cut = getattr(finding, "cut_short", None)
+        if cut == "interrupted" or (out.interrupted and cut is not None):  # still as Ctrl-C left it
             out.fleet[i] = {**note, "fleet": "not offered"}
             continue
         offered = fleet.settle(stable_identity(runner), finding, path, True, spent / len(out.findings))

@@ -222,17 +222,22 @@ class NoiseDraws:
         infinite too, and inf - inf would make a NaN)."""
         scale = torch.nan_to_num(scale.double(), 0.0, 0.0, 0.0)
         xi = self.xi(scale, self.u if u is None else u)
-        return (scale.abs() * xi).add_(xi, alpha=self.tiny) if self.tiny else scale * xi
+        if not self.tiny:
+            return scale * xi
+        return (scale.abs() * xi).add_(xi * (scale != 0), alpha=self.tiny)  # see perturb
 
     def perturb(self, t: torch.Tensor, scale: torch.Tensor | None, u: float) -> torch.Tensor:
-        """``t`` plus noise of ``scale`` and of an underflow (``None``: one rounding of ``t``
-        itself, ``t * (1 + xi) + tiny * xi``, which keeps an infinity infinite)."""
+        """``t`` plus noise of ``scale`` and of an underflow where it is not 0 (``None``: one
+        rounding of ``t`` itself, ``t * (1 + xi) + tiny * xi``, which keeps an infinity infinite)."""
         xi = self.xi(t, u)
         if scale is None:
-            out = t * (1 + xi)
+            out, nonzero = t * (1 + xi), t
         else:
-            out = torch.addcmul(t, torch.nan_to_num(scale, 0.0, 0.0, 0.0), xi)
-        return out.add_(xi, alpha=self.tiny) if self.tiny else out
+            scale = torch.nan_to_num(scale, 0.0, 0.0, 0.0)
+            out, nonzero = torch.addcmul(t, scale, xi), scale
+        # an exact 0 (a product by 0, a sum over no terms) is computed exactly in any dtype: no
+        # underflow to model, and a kick there flipped a relu'(0) downstream into a huge spread
+        return out.add_(xi * (nonzero != 0), alpha=self.tiny) if self.tiny else out
 
 
 class RoundingNoise(NoiseDraws, TorchDispatchMode):
