@@ -497,3 +497,22 @@ def test_test_for_resolves_relative_files_next_to_the_test_file(inprocess, tmp_p
     result.assert_outcomes(failed=1)  # found, so the files were found from the test file's folder
     result.stdout.fnmatch_lines(["*mismatch the oracle*"])
     assert str(sub / "toy_target.py") + "::toy" in "\n".join(result.outlines)  # rerun line: full path
+
+
+def test_a_failure_now_set_aside_as_a_known_failure_is_said_not_run(found, monkeypatch):
+    """A failure file whose case the target has since declared a known failure ended the replay
+    (and a regressions() test) in shardfuzz's own Excluded exception, with the engine's frames (a
+    new user's DTensor MLP)."""
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.spec.exclude import Excluded
+
+    def set_aside(self, case):
+        raise Excluded("torch DTensor view of a size-1 sharded dim", reason="size-1 view")
+
+    _, path = found
+    monkeypatch.setattr(Runner, "run_case", set_aside)
+    out = cli("replay", path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "NOT RUN: set aside as a known failure now (torch DTensor view" in out.stdout, out.stdout
+    assert "1 replayed: 0 fail, 0 pass, 1 set aside (not run)" in out.stdout, out.stdout
+    assert "Traceback" not in out.stdout + out.stderr

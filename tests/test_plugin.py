@@ -194,6 +194,19 @@ test_known = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), excl
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*impl='nosuch' is not an implementation of target 'toy'; known: *"])
     assert "registry.py" not in result.stdout.str() and "target.py:" not in result.stdout.str()
+    assert "During handling of the above exception" not in result.stdout.str()  # said once, not twice
+    inprocess.makepyfile(  # an @example that is not a Case: named, not 'str' has no attribute 'world_size'
+        test_bad=f"import shardfuzz\nfrom hypothesis import example\n"
+        f"test_bad = example(case='Case(target=1)')(shardfuzz.test_for({TOY!r}))\n"
+    )
+    result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_bad.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*@example(case='Case(target=1)') on a shardfuzz test: give one case=*"])
+    inprocess.makepyfile(test_bad="import shardfuzz\ntest_bad = shardfuzz.test_for(42)\n")  # at collection
+    result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_bad.py")
+    result.stdout.fnmatch_lines(
+        ["*ERROR collecting*", "*test_for(target=42); expected a Target, a target name*"]
+    )
     # a test's own exclusion is meant for its target: a key it does not have fails the test
     inprocess.makepyfile(
         test_bad=f"import shardfuzz\ntest_bad = shardfuzz.test_for({TOY!r}, exclude=\"sizes['m'] > 0\")\n"

@@ -349,7 +349,7 @@ def _cmd_replay(args: Any) -> int:
         return EXIT_USAGE
     tolerance = _tolerance(args)
     check_tolerance_outputs([failures.record_target(r)[0] for r in records], tolerance, "--tolerance")
-    still = 0
+    still = aside = 0
     for rec in records:
         # on stderr, before it runs: a case that takes long (the oracle in this process has no
         # timeout) shows which file it is
@@ -374,7 +374,9 @@ def _cmd_replay(args: Any) -> int:
         if res.failed:
             still += 1
             print(res.report + "\n", flush=True)
-    print(f"{len(records)} replayed: {still} fail, {len(records) - still} pass")
+        aside += res.status == "set aside"
+    rest = f", {aside} set aside (not run)" if aside else ""
+    print(f"{len(records)} replayed: {still} fail, {len(records) - still - aside} pass{rest}")
     return EXIT_FOUND if still else EXIT_OK
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig
 from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.runner import Runner
@@ -52,12 +53,26 @@ def test_settings(test_fn: Any, config: RunConfig, **explicit: Any) -> Any:
     )
 
 
+def _check_explicit_examples(test_fn: Any) -> None:
+    """Each ``@example`` on a ``test_for`` test gives one ``case=`` that is a :class:`~shardfuzz.Case`
+    (``@example(case="Case(...)")`` failed in the engine: 'str' object has no attribute 'world_size')."""
+    for ex in getattr(test_fn, "hypothesis_explicit_examples", ()):
+        args, kwargs = getattr(ex, "args", ()), dict(getattr(ex, "kwargs", {}))
+        if args or set(kwargs) != {"case"} or not isinstance(kwargs["case"], Case):
+            given = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            pytest.fail(
+                f"@example({given}) on a shardfuzz test: give one case=shardfuzz.Case(target=..., ...)",
+                pytrace=False,
+            )
+
+
 def run_target_test(
     test_fn: Any, target: Any, impl: Any, config: RunConfig, tested: Callable[[Any], None], **explicit: Any
 ) -> Runner:
     """The body of a ``test_for`` test: the covering rows and the Hypothesis search over ``target``'s
     cases with :func:`test_settings`; an expected failure becomes a strict xfail. ``tested`` is
     told the target first. Returns the runner."""
+    _check_explicit_examples(test_fn)
     recorder = FailureRecorder(config.failures_dir)
     runner = Runner(target, impl, config, hooks=[recorder])
     tested(runner.target)

@@ -25,7 +25,7 @@ import dataclasses
 import math
 import os
 import shlex
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -48,6 +48,7 @@ from shardfuzz.frontends.pytest_scope import test_scope
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.refs import anchored_ref, caller_dir, split_file_ref
+from shardfuzz.spec.target import Target
 from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
 
 HELP_BACKEND = (
@@ -396,6 +397,10 @@ def test_for(
     A relative ``file.py`` target or ``file.py::NAME`` implementation is found next to the test
     file that calls ``test_for`` first, then from the current folder.
     """
+    if not isinstance(target, (str, Target)):  # at collection, as every argument is
+        raise InvalidArgument(
+            f"test_for(target={target!r}); expected a Target, a target name, 'pkg.mod:ATTR' or a file.py path"
+        )
     name = target if isinstance(target, str) else getattr(target, "name", "target")
     here = caller_dir()
     target, impl = anchored_ref(target, here), anchored_ref(impl, here)
@@ -432,12 +437,12 @@ def test_for(
         except TargetError as e:
             if isinstance(e, TargetCodeError):  # the target's own code failed: its traceback counts
                 raise
-            pytest.fail(str(e), pytrace=False)
+            _fail(str(e))
         if own_exclude:  # this test's own: meant for its target, so their keys are checked against it
             try:
                 check_exclude_keys([get_target(target)], own_exclude, "exclude", config.world_sizes)
             except InvalidArgument as e:  # the argument's fault, not shardfuzz's frames
-                pytest.fail(str(e), pytrace=False)
+                _fail(str(e))
             config = config.replace(exclude=(*config.exclude, *own_exclude))
         compose.run_target_test(
             test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
@@ -446,6 +451,13 @@ def test_for(
     test.__name__ = f"test_shardfuzz_{name}"
     test.is_hypothesis_test = True  # type: ignore[attr-defined]  # see shardfuzz.frontends.pytest_compose
     return test
+
+
+def _fail(message: str) -> NoReturn:
+    """``pytest.fail(message, pytrace=False)`` from inside an ``except``, without the exception
+    handled there chained under it (the message printed twice, "During handling of the above
+    exception, another exception occurred" between the copies)."""
+    raise pytest.fail.Exception(message, pytrace=False) from None
 
 
 def _tested(config: pytest.Config, target: Any) -> None:
@@ -515,7 +527,7 @@ def regressions(
         try:
             record = failures.load(failure_file, trust_refs=trust_refs)
         except InvalidArgument as e:  # a file that no longer validates: its reason, not our frames
-            pytest.fail(f"{os.path.basename(failure_file)} cannot be replayed: {e}", pytrace=False)
+            _fail(f"{os.path.basename(failure_file)} cannot be replayed: {e}")
         record_target = failures.record_target(record)[0]
         _tested(pytestconfig, record_target)
         if not planted and record.get("planted") is None and record["impl"] in record_target.planted:
@@ -529,6 +541,8 @@ def regressions(
         )
         if res.failed:
             pytest.fail(f"{res.line()}\n{res.report}", pytrace=False)
+        if res.status == "set aside":  # the target now knows it fails, or refuses it: said, not run
+            pytest.skip(res.line())
         if res.status == "different inputs":
             pytest.fail(
                 f"{res.line()}\nthe inputs changed, so this file no longer tests the same case", pytrace=False

@@ -12,8 +12,9 @@ from shardfuzz.engine.failure_schema import printable
 from shardfuzz.engine.failures import file_hash, record_impl, record_target, source_hash
 from shardfuzz.engine.finding import inputs_hash
 from shardfuzz.engine.runner import Runner
-from shardfuzz.errors import Finding
+from shardfuzz.errors import Finding, Unsupported
 from shardfuzz.signature import stored_signature
+from shardfuzz.spec.exclude import Excluded
 from shardfuzz.spec.tolerance import Tolerance
 
 
@@ -21,7 +22,7 @@ from shardfuzz.spec.tolerance import Tolerance
 class Replayed:
     path: str | None  # None: a record from a store of findings
     record: dict[str, Any]
-    status: str  # "still fails" | "now passes" | "different inputs"
+    status: str  # "still fails" | "now passes" | "different inputs" | "set aside"
     failed: bool
     kind: str | None = None
     report: str = ""
@@ -32,7 +33,9 @@ class Replayed:
         case = self.record["case"]
         origin = printable(os.path.basename(self.path)) if self.path else "failure record"  # a store's
         head = f"{origin}: {self.record['target']}/{printable(self.record['impl'])}"
-        if self.status == "different inputs":
+        if self.status == "set aside":  # the target now refuses the case, or knows it fails
+            what = f"NOT RUN: {self.report}"
+        elif self.status == "different inputs":
             what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
         elif self.failed:
             what = f"STILL FAILS ({self.kind}; was {self.record['kind']}){_same_cause(self)}"
@@ -130,6 +133,9 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
         failed, kind, report, signature = False, None, "", None
     except Finding as f:
         failed, kind, report, signature = True, f.kind, f.report, f.signature
+    except Unsupported as e:  # a known failure or a refusal added since: neither a pass nor a failure
+        what = "set aside as a known failure" if isinstance(e, Excluded) else "refused as unsupported"
+        return Replayed(record["path"], record, "set aside", False, report=f"{what} now ({e})", note=note)
     same_inputs = inputs_hash(runner.last_inputs) == record["inputs_sha256"]
     status = "different inputs" if not same_inputs else ("still fails" if failed else "now passes")
     return Replayed(record["path"], record, status, failed, kind, report, note, signature)
