@@ -130,6 +130,12 @@ def test_an_unregistered_hypothesis_profile_is_a_usage_error_that_says_what_to_u
     result.assert_outcomes(passed=1, deselected=2)
 
 
+def test_the_header_reproduces_a_hypothesis_seed(run):
+    """--hypothesis-seed=5 changed the run but was left out of the header's "reproduce with"."""
+    result = run("--hypothesis-seed=5", "-k", "reference")
+    result.stdout.fnmatch_lines(["shardfuzz: profile *; reproduce with: pytest *--hypothesis-seed=5*"])
+
+
 def test_help_lists_the_option_group(run):
     result = run("--help")
     result.stdout.fnmatch_lines(["shardfuzz: differential fuzzing of sharded code:", "*--shardfuzz-backend*"])

@@ -311,6 +311,8 @@ def pytest_report_header(config: pytest.Config) -> str:
         args.append(f"--shardfuzz-dtypes={','.join(o.dtypes)}")
     args += [shlex.quote(f"--shardfuzz-tolerance={format_tolerance(n, t)}") for n, t in o.tolerance]
     args += [shlex.quote(f"--shardfuzz-exclude={e}") for e in o.exclude]
+    seed = config.getoption("hypothesis_seed", default=None)  # Hypothesis' own option: it changes the run
+    args += [shlex.quote(f"--hypothesis-seed={seed}")] if seed is not None else []
     changes = profile_changes(o.profile)
     changed = f"; from profile {o.hypothesis_profile!r}: {changes}" if changes else ""
     return f"shardfuzz: profile {o.profile}; reproduce with: pytest {' '.join(args)}{changed}"
@@ -380,7 +382,8 @@ def test_for(
 ) -> Any:
     """A pytest test that fuzzes ``impl`` of ``target``: ``test_mine = shardfuzz.test_for("my_target.py")``.
 
-    ``dtypes`` restricts the dtypes drawn for this test (over ``--shardfuzz-dtypes``); ``exclude``
+    ``world_sizes``, ``timeout`` and ``dtypes`` replace ``--shardfuzz-world-sizes``,
+    ``--shardfuzz-timeout`` and ``--shardfuzz-dtypes`` for this test; ``exclude``
     sets aside this test's known failures (case expressions, as ``--shardfuzz-exclude``, whose
     expressions still apply). Every argument is checked here, so a mistake fails at collection;
     when the test runs, an ``exclude`` key no case of the target has (``sizes['hedas']``) fails it,
