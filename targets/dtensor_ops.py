@@ -641,7 +641,9 @@ def _gather(local, full_shape, placed, mesh):
     kinds = {p for p in placed if p.startswith("P")}
     kind = next(iter(kinds)) if kinds else None
     offset, size = _box(full_shape, placed, tuple(mesh.shape), coord)
-    fill = {"Pmax": -math.inf, "Pmin": math.inf, "Pprod": 1.0}.get(kind, 0.0)
+    # a sum's empty places hold -0.0, its identity: x + -0.0 is x for every x, -0.0 included (a
+    # +0.0 there made an edge case's -0.0 input +0.0, and sqrt's gradient +inf, not -inf)
+    fill = {"Pmax": -math.inf, "Pmin": math.inf, "Pprod": 1.0}.get(kind, -0.0)
     full = torch.full(full_shape, fill, dtype=torch.float64)
     copy = all(c == 0 for c, p in zip(coord, placed) if p in ("R", "Pavg"))
     if copy or kind in ("Pmax", "Pmin"):
