@@ -40,6 +40,11 @@ def test_a_bug_that_needs_two_ranks_is_found_and_shrunk():
     )
     assert result.case is not None and result.case.sizes["inner"] == 2, result.report  # one column each
     assert "oracle: the implementation itself at world size 1" in result.report
+    # Expect(outputs=...) in any order: a user who copied the summary's order (by name) was refused
+    wrong = tuple(result.failures[0].outputs)
+    assert len(wrong) >= 2, wrong
+    again = Expect(kind="mismatch", world_size=2, outputs=tuple(reversed(wrong)))  # mesh: 1-D by default
+    assert_planted_bug_found(SELF, "w_offset_zero", again, p95=5)
 
 
 def test_an_expect_the_shrunk_case_does_not_bear_out_says_which_check_failed():

@@ -72,7 +72,7 @@ class Expect:
 
     kind: str | tuple[str, ...]
     world_size: int | tuple[int, ...]
-    mesh: tuple[int, ...] | None
+    mesh: tuple[int, ...] | None = None  # None: the 1-D mesh of the shrunk case's world size
     uneven: tuple[str, ...] | None = ()
     check: Callable[[Case], bool] | None = None
     outputs: tuple[str, ...] | Callable[[tuple[str, ...]], bool] | None = None
