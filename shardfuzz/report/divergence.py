@@ -46,8 +46,10 @@ class Divergence:
     entered: tuple[int, ...]
     others: tuple[int, ...]
     #: False where every rank entered the same collective but an all-to-all's splits do not pair
-    #: up or do not add up to its tensor
+    #: up or do not add up to its tensor, and for point-to-point operations
     sequences_differ: bool = True
+    #: a send without its receive (``send``) or a receive without its send (``recv``), else ""
+    unmatched: str = ""
 
 
 def _agree_key(c: Collective) -> tuple:
@@ -182,28 +184,67 @@ def _p2p_divergences(traces: Traces) -> list[Divergence]:
                     f"rank {a}'s send #{k + 1} to rank {b} is {ck.signature()}, but rank {b}'s receive "
                     f"#{k + 1} from rank {a} is {rk.signature()}: the sizes differ"
                 )
-                found.append(Divergence(min(ck.seq, rk.seq), text, "send", (a,), (b,)))
+                found.append(Divergence(min(ck.seq, rk.seq), text, "send", (a,), (b,), False))
             elif ck is not None:
                 text = (
                     f"rank {a}'s send #{k + 1} to rank {b} ({ck.signature()}) has no matching receive: "
                     f"rank {b} posted {len(v)} receive(s) from rank {a}"
                 )
-                found.append(Divergence(ck.seq, text, "send", (a,), (b,)))
+                found.append(Divergence(ck.seq, text, "send", (a,), (b,), False, "send"))
             else:
                 assert rk is not None
                 text = (
                     f"rank {b}'s receive #{k + 1} from rank {a} ({rk.signature()}) has no matching send: "
                     f"rank {a} posted {len(s)} send(s) to rank {b}"
                 )
-                found.append(Divergence(rk.seq, text, "recv", (b,), (a,)))
+                found.append(Divergence(rk.seq, text, "recv", (b,), (a,), False, "recv"))
             break
     return found
 
 
+#: how many other unmatched point-to-point operations a report names beside the first
+UNMATCHED_NAMED = 3
+
+
 def first_divergence(traces: Traces) -> Divergence | None:
-    """The divergence the ranks reached first, or None where every group's sequences agree."""
-    found = _group_divergences(traces) + _p2p_divergences(traces)
-    return min(found, key=lambda d: (d.where, d.text)) if found else None
+    """The divergence the ranks reached first, or None where every group's sequences agree. A
+    point-to-point one names the other unmatched operations too (a deadlock has one per rank, and
+    the first alone can name the victim of a wrong send, not the send), and a cycle of sends that
+    wait for their receives as such."""
+    p2p = _p2p_divergences(traces)
+    found = _group_divergences(traces) + p2p
+    if not found:
+        return None
+    first = min(found, key=lambda d: (d.where, d.text))
+    if not first.unmatched:
+        return first
+    others = sorted((d for d in p2p if d.unmatched and d is not first), key=lambda d: (d.where, d.text))
+    text = first.text
+    if others:
+        named = "; ".join(d.text for d in others[:UNMATCHED_NAMED])
+        more = len(others) - UNMATCHED_NAMED
+        text += f"; also unmatched: {named}" + (f"; and {more} more" if more > 0 else "")
+    waits = {d.entered[0]: d.others[0] for d in (first, *others) if d.unmatched == "send"}
+    cycle = _cycle(waits)
+    if cycle and len(waits) == len(others) + 1:  # every unmatched operation is a send in the cycle
+        ring = " -> ".join(map(str, (*cycle, cycle[0])))
+        text += (
+            f" (a deadlock: ranks {ring} each wait in a send for a receive its peer never posts, "
+            "as each sends before it receives)"
+        )
+    return dataclasses.replace(first, text=text)
+
+
+def _cycle(waits: Mapping[int, int]) -> tuple[int, ...]:
+    """A cycle of ranks each waiting on the next (``waits``: rank -> the rank it waits for), or ()."""
+    for start in sorted(waits):
+        path, r = [start], waits[start]
+        while r in waits and r not in path:
+            path.append(r)
+            r = waits[r]
+        if r == start:
+            return tuple(path)
+    return ()
 
 
 def describe_sequences(traces: Traces) -> str:
