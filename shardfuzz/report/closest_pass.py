@@ -27,6 +27,10 @@ def closest_pass_words(
     (judged without the noise term)``. ``rerun_failed``: the kind of finding the bound's case gave
     when measured (:func:`measure_closest_pass`)."""
     words = f"{ratio:.3g}"
+    if ratio == 0 and not measured_elsewhere and not measured:  # "0 measured, at most 0" said less
+        return "0 (every compared element equal)" + (
+            f"; its case gave a {rerun_failed} when run again: not deterministic?" if rerun_failed else ""
+        )
     if upper_bound:
         low = max(measured if measured is not None else 0.0, measured_elsewhere)
         # a bound of 1 says only that they passed ("at most 1" told a new user nothing)
