@@ -14,7 +14,7 @@ uneven and empty shards come up), a placement of ``x`` per mesh axis (``R``, ``S
 (negative dims and ``keepdim`` included; every case draws every argument option, whatever its op,
 so ``--option op=...`` pins one op), and whether to run backward. ``x`` reaches DTensor as local
 pieces that reduce to it exactly (:func:`placed_piece`: under ``Psum`` one coordinate keeps each
-element and the others hold 0; ``Pavg``, over a power-of-two number of pieces only: every
+element and the others hold -0.0, the sum's identity, which keeps a -0.0 one; ``Pavg``, over a power-of-two number of pieces only: every
 coordinate holds ``x``, whose values keep two spare bits so that the sum of up to 4 copies is
 exact; ``Pmax``/``Pmin``: the others hold a value strictly below/above; ``Pprod``: the others
 hold 1).
@@ -542,8 +542,8 @@ def placed_piece(full, owner, placed, mesh_shape, coord):
         if p.startswith("P"):
             flat = flat * mesh_shape[a] + coord[a]
     keep = _cut(owner, *_box(tuple(full.shape), placed, mesh_shape, coord)) % math.prod(parts) == flat
-    if kind == "Psum":
-        other = torch.zeros_like(local)
+    if kind == "Psum":  # -0.0, a sum's identity: x + -0.0 is x exactly, a -0.0 (signed_zero) too
+        other = torch.full_like(local, -0.0)
     elif kind == "Pprod":  # x * 1 is x exactly, whatever the order
         other = torch.ones_like(local)
     else:  # strictly below (max) or above (min): rounding is monotone, so never past x

@@ -6,6 +6,7 @@ failures are proved with every target's, in tests/test_targets.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import sys
@@ -15,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardfuzz import Case, Runner
 from shardfuzz.spec.registry import get_target
 from shardfuzz.spec.sampling import simplest_case
 
@@ -77,12 +79,14 @@ def test_partial_pieces_reduce_to_the_tensor_exactly_in_any_order(kind, parts, d
     x = (torch.randn(5, 3, generator=g) * 10.0 ** float(torch.randint(-3, 5, (), generator=g))).to(dtype)
     if kind == "Pavg":
         x = ops._spare_bits(x)
+    x[0, 0] = -0.0  # the edge profile's signed zero: Psum's other pieces held +0.0, and -0.0 + 0.0 is +0.0
     owner = torch.randint(0, 64, x.shape, generator=g)
     placed = (kind,)
     pieces = [ops.placed_piece(x, owner, placed, (parts,), (c,)) for c in range(parts)]
     order = data.draw(st.permutations(range(parts)))
     got = _reduce(pieces, kind, order)
     assert torch.equal(got, x), (kind, parts, dtype, (got - x).abs().max())
+    assert torch.equal(torch.signbit(got), torch.signbit(x)), (kind, parts, dtype, got[0, 0])
     if kind == "Pavg":  # divided first, then summed: the same
         pre = _reduce([p / parts for p in pieces], "Psum", order)
         assert torch.equal(pre, x)
@@ -188,3 +192,20 @@ def test_a_torch_defect_is_found_and_shrunk_on_a_three_d_mesh():
     case = result.case
     assert case.mesh == (2, 2, 2) and case.options["dim"] < 0, result.report
     print(f"3-D: {case!r}, margin {result.stats.margin:.3g}x")
+
+
+@pytest.mark.parametrize(("place", "d0", "seed", "slot"), [("R", 2, 0, 1), ("Psum", 4, 2, 0)])
+def test_a_signed_zero_keeps_its_sign_through_the_pieces_and_the_reference_gather(place, d0, seed, slot):
+    """sqrt's gradient at -0.0 is -inf: the reference's hand gather (a buffer of +0.0) and Psum's
+    other pieces (+0.0) turned the edge profile's -0.0 into +0.0, and +inf was reported against the
+    oracle's -inf (a false positive of no_false_positives.py --edge, then a reviewer's Psum case)."""
+    case = Case.parse(
+        "Case(target='dtensor_ops', world_size=2, mesh=(2,), sizes={'d0': 4, 'd1': 1, 'd2': 1}, "
+        "split=('d0', 'd1', 'd2'), dtype='float32', profile='edge', seed=2, options={'op': 'aten.sqrt.default', "
+        "'ndim': 1, 'place': 'R', 'other_place': 'R', 'backward': True, 'dim': 0, 'dim2': 0, 'dims': '[0]', "
+        "'all_dims': False, 'flag0': False, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 0.5, "
+        "'small_int': 0, 'perm': '[0]', 'result_dtype': None, 'edge': 'signed_zero', 'edge_exp': 0, 'edge_slot': 0})"
+    )
+    options = {**case.options, "place": place, "edge_slot": slot}
+    case = dataclasses.replace(case, sizes={**case.sizes, "d0": d0}, seed=seed, options=options)
+    assert Runner("dtensor_ops").run_case(case) < 1
