@@ -2,6 +2,7 @@
 error, communication accounting against the handbook's formulas, and the ``communication``
 finding."""
 
+import dataclasses
 import math
 import os
 import re
@@ -130,13 +131,19 @@ def test_point_to_point_pairs_by_order_and_size():
     lost = {0: [_c(0, "send", (0, 1), [4], peer=1)], 1: []}
     d = first_divergence(lost)
     assert "has no matching receive: rank 1 posted 0 receive(s) from rank 0" in d.text
+
     # every rank sends before it receives: the report named rank 0's send alone, beside "the ranks'
     # sequences differ" (a new user's ring deadlock, on 2 and 3 ranks)
-    ring = {r: [_c(0, "send", (0, 1, 2), [6], peer=(r + 1) % 3)] for r in range(3)}
+    def blocking(r, peer, call="send"):
+        return dataclasses.replace(_c(0, "send", (0, 1, 2), [6], peer=peer), call=call)
+
+    ring = {r: [blocking(r, (r + 1) % 3)] for r in range(3)}
     line = describe_sequences(ring)
     assert "also unmatched: rank 1's send #1 to rank 2" in line and "rank 2's send #1 to rank 0" in line, line
-    assert "(a deadlock: ranks 0 -> 1 -> 2 -> 0 each wait in a send" in line, line
+    assert "(a cycle of blocking sends: ranks 0 -> 1 -> 2 -> 0 each wait to send to the next" in line, line
     assert "sequences differ" not in line, line
+    # isends do not wait for their receives: unmatched, but no cycle of waits (a reviewer's case)
+    assert "cycle" not in describe_sequences({r: [blocking(r, (r + 1) % 3, "isend")] for r in range(3)})
     # a wrong send's victim waits in its receive: the unmatched send is named too, and no cycle
     wrong = {
         0: [_c(0, "recv", (0, 1, 2), None, peer=1, out=((1,),))],

@@ -138,6 +138,8 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     assert closest_pass_words(1.0, True).startswith("not measured (every pass was judged without")
     assert closest_pass_words(0.0, True, 0.0, None, 0.0) == "0 (every compared element equal)"  # exact
     assert closest_pass_words(0.0, False) == "0 (every compared element equal)"
+    none = Stats(examples=3, failures=3)  # nothing passed: no closest pass to speak of
+    assert "none passed" in none.summary() and "every compared element" not in none.summary()
     assert closest_pass_words(0.95, False, None, None, 0.5) == "0.95"  # measured itself
     # the case shown beside the words is the one their first figure is of: a new user reran the
     # bound's case, named beside another pass's 0.712, and got 0.085

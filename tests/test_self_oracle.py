@@ -45,6 +45,8 @@ def test_a_bug_that_needs_two_ranks_is_found_and_shrunk():
     assert len(wrong) >= 2, wrong
     again = Expect(kind="mismatch", world_size=2, outputs=tuple(reversed(wrong)))  # mesh: 1-D by default
     assert_planted_bug_found(SELF, "w_offset_zero", again, p95=5)
+    with pytest.raises(TargetError, match=r"expected a tuple of distinct output names"):
+        Expect(kind="mismatch", world_size=2, outputs=("y", "y"))  # a set would take it for ("y",)
 
 
 def test_an_expect_the_shrunk_case_does_not_bear_out_says_which_check_failed():

@@ -181,7 +181,7 @@ def test_an_expect_record_is_keyword_only_and_names_a_known_kind():
         ("world_size", 0, "expected a world size >= 1, or a tuple of them"),
         ("world_size", (), "expected a world size >= 1"),
         ("mesh", 2, r"expected a mesh shape such as \(2,\)"),
-        ("outputs", "grad_x", "expected a tuple of output names"),
+        ("outputs", "grad_x", "expected a tuple of distinct output names"),
         ("check", "bfloat16", "expected a predicate on the case"),
         ("needs", "uneven", "expected a tuple of strings"),
         ("timeout", 0, "expected seconds > 0"),

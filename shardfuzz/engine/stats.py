@@ -126,6 +126,7 @@ class Stats:
             )
         return (
             f"{n} examples in {self.elapsed:.1f} s ({self.per_second:.1f}/s), "
-            f"{self.failures} failing{margin}; worst passing error/tolerance {self.closest_pass_words}"
+            f"{self.failures} failing{margin}; "
+            + (f"worst passing error/tolerance {self.closest_pass_words}" if self.passed else "none passed")
             + (f"; reached: {trig}" if trig else "")
         )

@@ -190,7 +190,12 @@ def _p2p_divergences(traces: Traces) -> list[Divergence]:
                     f"rank {a}'s send #{k + 1} to rank {b} ({ck.signature()}) has no matching receive: "
                     f"rank {b} posted {len(v)} receive(s) from rank {a}"
                 )
-                found.append(Divergence(ck.seq, text, "send", (a,), (b,), False, "send"))
+                # a blocking send waits for its receive (an isend does not): only those make a cycle
+                found.append(
+                    Divergence(
+                        ck.seq, text, "send", (a,), (b,), False, "send" if ck.call == "send" else "isend"
+                    )
+                )
             else:
                 assert rk is not None
                 text = (
@@ -226,12 +231,10 @@ def first_divergence(traces: Traces) -> Divergence | None:
         text += f"; also unmatched: {named}" + (f"; and {more} more" if more > 0 else "")
     waits = {d.entered[0]: d.others[0] for d in (first, *others) if d.unmatched == "send"}
     cycle = _cycle(waits)
-    if cycle and len(waits) == len(others) + 1:  # every unmatched operation is a send in the cycle
+    # every unmatched operation a blocking send of the cycle, between 2 ranks or more
+    if len(cycle) >= 2 and len(waits) == len(others) + 1 and set(cycle) == set(waits):
         ring = " -> ".join(map(str, (*cycle, cycle[0])))
-        text += (
-            f" (a deadlock: ranks {ring} each wait in a send for a receive its peer never posts, "
-            "as each sends before it receives)"
-        )
+        text += f" (a cycle of blocking sends: ranks {ring} each wait to send to the next, which never posted a receive)"
     return dataclasses.replace(first, text=text)
 
 

@@ -33,8 +33,8 @@ class Replayed:
         case = self.record["case"]
         origin = printable(os.path.basename(self.path)) if self.path else "failure record"  # a store's
         head = f"{origin}: {self.record['target']}/{printable(self.record['impl'])}"
-        if self.status == "set aside":  # the target now refuses the case, or knows it fails
-            what = f"NOT RUN: {self.report}"
+        if self.status == "set aside":  # a known failure now (not run), or refused as unsupported
+            what = f"{'NOT RUN' if self.report.startswith('set aside') else 'REFUSED'}: {self.report}"
         elif self.status == "different inputs":
             what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
         elif self.failed:
@@ -133,7 +133,8 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
         failed, kind, report, signature = False, None, "", None
     except Finding as f:
         failed, kind, report, signature = True, f.kind, f.report, f.signature
-    except Unsupported as e:  # a known failure or a refusal added since: neither a pass nor a failure
+    except Unsupported as e:  # a known failure, or a refusal (the target's or the implementation's)
+        # added since: neither a pass nor a failure, said as what it is
         what = "set aside as a known failure" if isinstance(e, Excluded) else "refused as unsupported"
         return Replayed(record["path"], record, "set aside", False, report=f"{what} now ({e})", note=note)
     same_inputs = inputs_hash(runner.last_inputs) == record["inputs_sha256"]

@@ -82,6 +82,14 @@ class Expect:
     exclude: tuple[str, ...] = ()
     options: Any = ()  # Mapping[str, value] in; sorted (name, value) pairs after __post_init__
 
+    def allows_outputs(self, wrong: tuple[str, ...]) -> bool:
+        """Whether the shrunk mismatch's wrong outputs are what ``outputs`` asks for: its predicate,
+        or exactly its names in any order (the CLI's summary lists them by name, a finding in the
+        target's order); always, without ``outputs``."""
+        if self.outputs is None:
+            return True
+        return self.outputs(wrong) if callable(self.outputs) else set(wrong) == set(self.outputs)
+
     def __post_init__(self) -> None:
         options = dict(self.options) if isinstance(self.options, (Mapping, tuple)) else None
         if options is None or not_json_values(options) or not all(isinstance(k, str) for k in options):
@@ -128,10 +136,12 @@ class Expect:
                 f"Expect(uneven={self.uneven!r}); expected a tuple of the split sizes that must be uneven "
                 "in the minimal case, e.g. ('batch',), () for all even, or None (not checked)"
             )
-        if self.outputs is not None and not (callable(self.outputs) or names(self.outputs)):
+        if self.outputs is not None and not (
+            callable(self.outputs) or (names(self.outputs) and len(set(self.outputs)) == len(self.outputs))
+        ):
             raise TargetError(
-                f"Expect(outputs={self.outputs!r}); expected a tuple of output names, e.g. ('grad_x',), "
-                "a predicate on the tuple of wrong outputs, or None (not checked)"
+                f"Expect(outputs={self.outputs!r}); expected a tuple of distinct output names, e.g. "
+                "('grad_x',), a predicate on the tuple of wrong outputs, or None (not checked)"
             )
         if self.check is not None and not callable(self.check):
             raise TargetError(f"Expect(check={self.check!r}); expected a predicate on the case, or None")
