@@ -375,7 +375,7 @@ def _cmd_replay(args: Any) -> int:
             still += 1
             print(res.report + "\n", flush=True)
         aside += res.status == "set aside"
-    rest = f", {aside} set aside (not run)" if aside else ""
+    rest = f", {aside} set aside (a known failure now, or refused)" if aside else ""
     print(f"{len(records)} replayed: {still} fail, {len(records) - still - aside} pass{rest}")
     return EXIT_FOUND if still else EXIT_OK
 
