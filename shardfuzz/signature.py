@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import sysconfig
 from collections.abc import Mapping, Sequence
@@ -55,8 +56,24 @@ FRAMEWORK = (
     "/torch/distributed/c10d_logger.py",
     "/torch/distributed/_functional_collectives",
     "/torch/distributed/nn/functional.py",
-    "/shardfuzz/",
 )
+
+
+def _own_paths() -> tuple[str, ...]:
+    """shardfuzz's own modules and subpackages as path fragments (``/shardfuzz/engine/``,
+    ``/shardfuzz/signature.py``, ...): the same in every install of a version, so a traceback from
+    another machine keys alike; a user's folder that happens to be named ``shardfuzz`` (where ``git
+    clone`` puts the repository) is not shardfuzz's code, nor are the targets it ships."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = (n for n in os.listdir(here) if n != "__pycache__" and not n.startswith("."))
+    return tuple(
+        f"/shardfuzz/{n}/" if os.path.isdir(os.path.join(here, n)) else f"/shardfuzz/{n}"
+        for n in sorted(names)
+        if os.path.isdir(os.path.join(here, n)) or n.endswith(".py")
+    )
+
+
+_OWN = _own_paths()
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
 _BLOCK = "Traceback (most recent call last):"
@@ -77,15 +94,17 @@ def is_framework(path: str) -> bool:
     p = path.replace("\\", "/")
     if "/site-packages/" not in p and p.startswith(_STDLIB):
         return True
-    return any(part in p for part in FRAMEWORK)
+    return any(part in p for part in FRAMEWORK) or any(part in p for part in _OWN)
 
 
 def short_path(path: str) -> str:
     """A frame's file without the machine's prefix: from the package (``torch/...``) or the basename."""
     p = path.replace("\\", "/")
-    for pkg in ("/torch/", "/shardfuzz/"):
-        if pkg in p:
-            return pkg.lstrip("/") + p.rsplit(pkg, 1)[1]
+    if "/torch/" in p:
+        return "torch/" + p.rsplit("/torch/", 1)[1]
+    own = next((part for part in _OWN if part in p), None)
+    if own is not None:
+        return "shardfuzz/" + own[len("/shardfuzz/") :] + p.rsplit(own, 1)[1]
     return p.rsplit("/", 1)[-1]
 
 

@@ -518,3 +518,16 @@ def test_a_failure_now_set_aside_as_a_known_failure_is_said_not_run(found, monke
         out.stdout
     )
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_a_long_implementation_path_keeps_its_name_in_the_file_name():
+    """From a checkout at a long path, ``--impl /long/path/fleet_impls.py::parity_bugs`` was cut to
+    its first 40 characters: ``toy-tmp_audit_readme_shardfuzz_tests_data_fl_d62e260a9c-gloo-...``
+    named neither the file nor the implementation (two fleet tests' globs missed it)."""
+    from shardfuzz.engine.failures import _slug
+
+    long = "/tmp/audit_readme/shardfuzz/tests/data/fleet_impls.py::parity_bugs"
+    slug = _slug(long)
+    assert slug.endswith("fleet_impls.py_parity_bugs") and len(slug) <= 60, slug
+    assert slug != _slug(long.replace("/tmp/", "/var/"))  # the hash of the whole keeps two apart
+    assert _slug("tp_mlp") == "tp_mlp"

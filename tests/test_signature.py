@@ -107,6 +107,20 @@ def test_framework_frames_are_skipped_shardfuzz_torch_and_stdlib():
     assert cause_of(tb).frame == "torch/distributed/tensor/_ops/_view_ops.py in view_groups"
 
 
+def test_a_users_folder_named_shardfuzz_is_not_shardfuzzs_own_code():
+    """``git clone`` puts the repository in a folder named shardfuzz: every file under it was
+    taken for shardfuzz's own machinery, and a user's frame was skipped when a finding was named
+    (two of the suite's own tests failed in such a checkout)."""
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/shardfuzz/shardfuzz/ranks/worker.py", line 50, in run_example\n'
+        '  File "/home/u/shardfuzz/tests/data/impls.py", line 12, in _backward_through\n'
+        '  File "/x/site-packages/torch/autograd/graph.py", line 800, in _engine_run_backward\n'
+        "ValueError: boom\n"
+    )
+    assert cause_of(tb).frame == "impls.py in _backward_through"
+
+
 @pytest.mark.parametrize(
     "a,b",
     [

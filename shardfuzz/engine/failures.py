@@ -91,9 +91,11 @@ def versions() -> dict[str, str]:
 
 
 def _slug(text: str) -> str:
+    """``text`` as a file-name piece; a long one keeps its end (an implementation given as a file
+    path ends with its name: ``..._fleet_impls.py_parity_bugs``), cut with a hash of the whole."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
     if len(slug) > 60:
-        slug = slug[:40] + "_" + hashlib.sha1(text.encode()).hexdigest()[:10]
+        slug = hashlib.sha1(text.encode()).hexdigest()[:10] + "_" + slug[-40:].lstrip("_.-")
     return slug
 
 
