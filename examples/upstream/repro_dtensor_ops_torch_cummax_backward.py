@@ -95,8 +95,8 @@ def placed_piece(full, owner, placed, mesh_shape, coord):
         if p.startswith("P"):
             flat = flat * mesh_shape[a] + coord[a]
     keep = _cut(owner, *_box(tuple(full.shape), placed, mesh_shape, coord)) % math.prod(parts) == flat
-    if kind == "Psum":
-        other = torch.zeros_like(local)
+    if kind == "Psum":  # -0.0, a sum's identity: x + -0.0 is x exactly, a -0.0 (signed_zero) too
+        other = torch.full_like(local, -0.0)
     elif kind == "Pprod":  # x * 1 is x exactly, whatever the order
         other = torch.ones_like(local)
     else:  # strictly below (max) or above (min): rounding is monotone, so never past x
