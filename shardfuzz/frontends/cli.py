@@ -374,7 +374,7 @@ def _cmd_replay(args: Any) -> int:
         if res.failed:
             still += 1
             print(res.report + "\n", flush=True)
-        aside += res.status == "set aside"
+        aside += res.not_judged
     rest = f", {aside} set aside (a known failure now, or refused)" if aside else ""
     print(f"{len(records)} replayed: {still} fail, {len(records) - still - aside} pass{rest}")
     return EXIT_FOUND if still else EXIT_OK

@@ -22,19 +22,24 @@ from shardfuzz.spec.tolerance import Tolerance
 class Replayed:
     path: str | None  # None: a record from a store of findings
     record: dict[str, Any]
-    status: str  # "still fails" | "now passes" | "different inputs" | "set aside"
+    status: str  # "still fails" | "now passes" | "different inputs" | "set aside" | "refused"
     failed: bool
     kind: str | None = None
     report: str = ""
     note: str = ""
     signature: str | None = None  # the finding's now, when it still fails
 
+    @property
+    def not_judged(self) -> bool:
+        """Set aside as a known failure or refused as unsupported: neither a pass nor a failure."""
+        return self.status in ("set aside", "refused")
+
     def line(self) -> str:
         case = self.record["case"]
         origin = printable(os.path.basename(self.path)) if self.path else "failure record"  # a store's
         head = f"{origin}: {self.record['target']}/{printable(self.record['impl'])}"
-        if self.status == "set aside":  # a known failure now (not run), or refused as unsupported
-            what = f"{'NOT RUN' if self.report.startswith('set aside') else 'REFUSED'}: {self.report}"
+        if self.not_judged:  # a known failure now (not run), or a refusal
+            what = f"{'NOT RUN' if self.status == 'set aside' else 'REFUSED'}: {self.report}"
         elif self.status == "different inputs":
             what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
         elif self.failed:
@@ -135,8 +140,10 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
         failed, kind, report, signature = True, f.kind, f.report, f.signature
     except Unsupported as e:  # a known failure, or a refusal (the target's or the implementation's)
         # added since: neither a pass nor a failure, said as what it is
-        what = "set aside as a known failure" if isinstance(e, Excluded) else "refused as unsupported"
-        return Replayed(record["path"], record, "set aside", False, report=f"{what} now ({e})", note=note)
+        known = isinstance(e, Excluded)
+        what = "set aside as a known failure" if known else "refused as unsupported"
+        status = "set aside" if known else "refused"
+        return Replayed(record["path"], record, status, False, report=f"{what} now ({e})", note=note)
     same_inputs = inputs_hash(runner.last_inputs) == record["inputs_sha256"]
     status = "different inputs" if not same_inputs else ("still fails" if failed else "now passes")
     return Replayed(record["path"], record, status, failed, kind, report, note, signature)

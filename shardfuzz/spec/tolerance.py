@@ -172,7 +172,7 @@ class Tolerance:
         import torch
 
         u = UNIT_ROUNDOFF[dtype]
-        tiny = float(torch.finfo(getattr(torch, dtype)).tiny)
+        tiny = TINY[dtype]
         rerun = torch.nan_to_num((low.double() - ref).abs(), 0.0, 0.0, 0.0)
         if self.noise_model == "dtype-rerun":
             scale = mag.double().abs() if mag is not None else ref.abs().nan_to_num(0.0, 0.0, 0.0) + _rms(ref)
