@@ -519,6 +519,13 @@ def test_a_failure_now_set_aside_as_a_known_failure_is_said_not_run(found, monke
     )
     assert "Traceback" not in out.stdout + out.stderr
 
+    def refused(self, case):  # the implementation now refuses the case: it ran, and said so
+        raise shardfuzz.Unsupported("no sizes the group does not divide", reason="uneven")
+
+    monkeypatch.setattr(Runner, "run_case", refused)
+    out = cli("replay", path)
+    assert out.returncode == 0 and "REFUSED: refused as unsupported now (no sizes" in out.stdout, out.stdout
+
 
 def test_a_long_implementation_path_keeps_its_name_in_the_file_name():
     """From a checkout at a long path, ``--impl /long/path/fleet_impls.py::parity_bugs`` was cut to
