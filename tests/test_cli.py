@@ -39,6 +39,24 @@ def test_list_shows_a_files_target_and_its_implementations():
     assert out.returncode == 2 and "'nope.py' does not exist" in out.stderr, out.stderr
 
 
+def test_list_of_a_file_with_several_targets_shows_each_and_a_run_asks_which(tmp_path):
+    """``shardfuzz list FILE`` is how a user learns what a file holds: every target it defines (it
+    exited 2 with 'add ::NAME', the one thing it was asked to show); a run still needs one."""
+    two = tmp_path / "two_targets.py"
+    two.write_text(
+        pathlib.Path(EXAMPLE).read_text()
+        + "\nimport dataclasses\nSECOND = dataclasses.replace(TARGET, name='row_mean_two')\n"
+    )
+    out = cli("list", str(two))
+    assert out.returncode == 0, out.stderr
+    heads = [line for line in out.stdout.splitlines() if not line.startswith(" ")]
+    assert heads == ["row_mean:", "row_mean_two:"], out.stdout
+    assert out.stdout.count("mean_of_means") == 2, out.stdout
+    out = cli("fuzz", str(two), "--max-examples", "1")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "defines several targets ['row_mean', 'row_mean_two']; add ::NAME" in out.stderr, out.stderr
+
+
 def test_fuzz_clean_target_exits_0_with_a_summary():
     out = cli("fuzz", EXAMPLE, "--max-examples", "20")
     assert out.returncode == 0, out.stdout + out.stderr

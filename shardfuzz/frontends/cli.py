@@ -48,13 +48,16 @@ from shardfuzz.ranks.fast_exit import exit_without_teardown
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.divergence import format_trace
 from shardfuzz.spec.refs import add_search_path, split_file_ref
-from shardfuzz.spec.registry import available_targets, builtin_targets, get_target
+from shardfuzz.spec.registry import available_targets, builtin_targets, get_target, listed_targets
 from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.comm import CostModel, format_comm
 
 
 def _cmd_list(specs: list[str]) -> int:
-    targets = [get_target(spec) for spec in specs] or [get_target(n) for n in sorted(available_targets())]
+    # a file that defines several targets lists them all (a run asks for one: FILE::NAME)
+    targets = [t for spec in specs for t in listed_targets(spec)] or [
+        get_target(n) for n in sorted(available_targets())
+    ]
     for t in targets:
         print(f"{t.name}:" + (f" {t.description}" if t.description else ""))
         for impl in t.implementations:

@@ -117,12 +117,30 @@ def get_target(spec: Any) -> Target:
     return obj
 
 
-def _target_in_file(spec: str, path: str, name: str) -> Target:
-    """The target ``name`` (or the only one) that the file ``path`` defines."""
+def listed_targets(spec: str) -> list[Target]:
+    """Every target ``spec`` names: a file without ``::NAME`` lists all it defines (``shardfuzz list
+    FILE``; a run needs one of them), anything else the one :func:`get_target` finds."""
+    parts = split_file_ref(spec)
+    if parts is None or parts[1]:
+        return [get_target(spec)]
+    _, targets, own = _file_targets(spec, parts[0])
+    return own or list(targets.values())
+
+
+def _file_targets(spec: str, path: str) -> tuple[Any, dict[str, Target], list[Target]]:
+    """The module of the file ``path``, its targets by name, and those it defines (not imports)."""
     module = import_file(path, f"target={spec!r}")
     targets = {v.name: v for v in vars(module).values() if isinstance(v, Target)}
     if not targets:
         raise TargetError(f"target={spec!r}: {path!r} defines no shardfuzz.Target")
+    # a target the file imports (to derive its own from it) is not one it defines
+    own = [t for t in targets.values() if t.origin == getattr(module, "__file__", None)]
+    return module, targets, own
+
+
+def _target_in_file(spec: str, path: str, name: str) -> Target:
+    """The target ``name`` (or the only one) that the file ``path`` defines."""
+    module, targets, own = _file_targets(spec, path)
     if name:
         if name in targets:
             return targets[name]
@@ -130,8 +148,6 @@ def _target_in_file(spec: str, path: str, name: str) -> Target:
         if isinstance(obj, Target):
             return obj
         raise TargetError(f"target={spec!r}: {path!r} has no target {name!r}; it defines {sorted(targets)}")
-    # a target the file imports (to derive its own from it) is not one it defines
-    own = [t for t in targets.values() if t.origin == getattr(module, "__file__", None)]
     if len(own) == 1:
         return own[0]
     if len(targets) > 1:
