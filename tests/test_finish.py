@@ -373,3 +373,20 @@ def test_an_extra_budget_overrun_by_one_finding_leaves_the_next_none_never_less(
     assert "20.0 s of an extra 15.0 s" in first and "up to 20 s" in first, first
     assert "no time was left of the extra budget" in second and "-" not in second.split(";")[0], second
     assert "not dropped: hidden 10" in second, second
+
+
+def test_the_summary_keeps_each_rows_figures_under_their_headings_whatever_the_names():
+    """A long implementation name (vocab_parallel's torch_loss_parallel_weight_ignore, 33
+    characters) widens its column for every row; it pushed its own row's figures out of line."""
+    base = {"examples": 30, "per_second": 12.5, "runs": 1, "found": False, "interrupted": False}
+    rows = [
+        dict(base, target="vocab_parallel", impl="torch_loss_parallel_weight_ignore"),
+        dict(base, target="a_target_named_at_length", impl="reference", job=2),
+        dict(base, target="tp_mlp", impl="reference"),
+    ]
+    head, rule, *body = campaign.summary_table(rows).splitlines()
+    assert len(rule) == len(head)
+    ends = {head.index("examples") + len("examples"), head.index("ex/s") + len("ex/s")}
+    for line in body:
+        assert {line.index("30") + 2, line.index("12.5") + 4} == ends, (head, line)
+    assert body[1].startswith("a_target_named_at_length reference [job 2] "), body[1]

@@ -556,15 +556,18 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     """The campaign's summary: one line per target and implementation with its result in words,
     then under it the findings, the lines of shrinking finished after the deadline, the faults and
     leaks, and any failure file no finding names."""
-    head = f"{'target':<16} {'implementation':<24} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
+    # --workers: rows alike but for the job
+    impls = [r["impl"] + (f" [job {r['job']}]" if r.get("job") else "") for r in rows]
+    # columns as wide as their longest entry (torch_loss_parallel_weight_ignore pushed its row's
+    # figures out from under their headings)
+    tw = max([16, *(len(r["target"]) for r in rows)])
+    iw = max([24, *map(len, impls)])
+    head = f"{'target':<{tw}} {'implementation':<{iw}} {'examples':>8} {'ex/s':>7} {'runs':>4}  {'result'}"
     lines = [head, "-" * len(head)]
-    for r in rows:
+    for r, impl in zip(rows, impls):
         res = _outcome_words(r) + _count_words(r)
-        impl = r["impl"] + (
-            f" [job {r['job']}]" if r.get("job") else ""
-        )  # --workers: rows alike but for this
         lines.append(
-            f"{r['target']:<16} {impl:<24} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
+            f"{r['target']:<{tw}} {impl:<{iw}} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
         )
         if not r["found"] and r.get("closest_pass_case"):
             # "measured at": the case of the figure the result leads with, not the bound's (a new
