@@ -1,4 +1,5 @@
 import fcntl
+import json
 import os
 import queue
 import shutil
@@ -78,6 +79,71 @@ def proof(tmp_path_factory):
         return folder
 
     return prove
+
+
+class ScriptRanks:
+    """Scripts run on ranks forked as torchrun starts them (tests/data/script_ranks.py), through
+    one server per test process that imports torch once for the session (a launch costs a fork,
+    not an interpreter and an import of torch: about 2 CPU-s each). Started at its first use."""
+
+    SCRIPT = Path(__file__).resolve().parent / "data" / "script_ranks.py"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.server: subprocess.Popen | None = None
+
+    def run(
+        self, n: int, argv: list[str], env: dict, cwd: Path, timeout: float
+    ) -> subprocess.CompletedProcess:
+        """``argv`` on ``n`` ranks in ``env`` and ``cwd``: its exit code and output, as
+        ``subprocess.run(capture_output=True, text=True)`` gives them."""
+        import socket
+
+        sock = self.folder / "script_ranks.sock"
+        if self.server is None or self.server.poll() is not None:
+            sock.unlink(missing_ok=True)
+            clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COV_CORE_SOURCE")}
+            with open(self.folder / "script_ranks.log", "ab") as log:
+                self.server = subprocess.Popen(
+                    [sys.executable, str(self.SCRIPT), "--serve", str(sock)],
+                    env={**clean, "OMP_NUM_THREADS": "1"}, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                )  # fmt: skip
+            deadline = time.monotonic() + 120
+            while not sock.exists():
+                assert self.server.poll() is None and time.monotonic() < deadline, (
+                    self.folder / "script_ranks.log"
+                ).read_text()
+                time.sleep(0.05)
+        out, err = cwd / "script_ranks.stdout", cwd / "script_ranks.stderr"
+        request = dict(
+            n=n, argv=[str(a) for a in argv], env=env, cwd=str(cwd), stdout=str(out), stderr=str(err)
+        )
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(sock))
+            stream = conn.makefile("rw")
+            stream.write(json.dumps(request) + "\n")
+            stream.flush()
+            launcher = int(stream.readline())
+            try:
+                code = int(stream.readline())
+            except TimeoutError:
+                os.kill(launcher, signal.SIGKILL)  # its ranks die with it
+                raise
+        return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.kill()
+            self.server.wait()
+
+
+@pytest.fixture(scope="session")
+def script_ranks(tmp_path_factory):
+    """The session's :class:`ScriptRanks`."""
+    launcher = ScriptRanks(tmp_path_factory.mktemp("script-ranks"))
+    yield launcher
+    launcher.close()
 
 
 @pytest.fixture

@@ -223,13 +223,18 @@ def test_bad_case_field_is_named(found, tmp_path):
     assert out.returncode == 2 and "field 'case' is invalid: mesh=(3,) has 3 ranks" in out.stderr
 
 
-def test_repro_script_runs_under_torchrun(found, tmp_path, monkeypatch, capsys):
+def test_repro_script_runs_on_ranks_started_as_torchrun_starts_them(
+    found, tmp_path, monkeypatch, capsys, script_ranks
+):
     script = tmp_path / "repro.py"
     out = cli("repro", found[1], "-o", str(script))
     assert out.returncode == 0 and "torchrun --nproc-per-node=2" in out.stdout
     text = script.read_text()
     assert "hypothesis" not in text.lower().replace("does not use hypothesis", "")
-    run = torchrun("--nproc-per-node=2", str(script))
+    # on 2 ranks with torchrun's environment (tests/data/script_ranks.py, no agent: a script reads
+    # only RANK, WORLD_SIZE, LOCAL_RANK and init_process_group's MASTER_*); a script under the real
+    # agent: tests/test_standalone.py's torch_scan_negative_dim reproducer
+    run = script_ranks.run(2, [script], dict(os.environ, OMP_NUM_THREADS="1"), tmp_path, timeout=180)
     assert run.returncode != 0
     assert "FAIL (mismatch)" in run.stdout and "output 'y'" in run.stdout
     # the wrong world size is refused before any process group: the script as torchrun would
@@ -243,7 +248,7 @@ def test_repro_script_runs_under_torchrun(found, tmp_path, monkeypatch, capsys):
     assert "use torchrun --nproc-per-node=2" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # ~9 s; test_repro_script_runs_under_torchrun runs torchrun in the ci suite
+@pytest.mark.slow  # ~9 s; the real torchrun runs in the ci suite in tests/test_standalone.py and test_rank_servers.py
 def test_torchrun_module_replays_a_passing_case(found, tmp_path):
     rec = json.loads(open(found[1]).read())
     (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))

@@ -5,8 +5,8 @@ Each test takes the failure file of the search that proves the expected failure 
 fixture: the search of tests/test_targets.py, run once per session), writes the standalone script
 from it, runs it on its ranks and checks that it fails the same way while importing
 nothing but torch and the standard library. One runs under real torchrun (``UNDER_TORCHRUN``);
-the others on ranks that tests/data/script_ranks.py forks with torchrun's environment (2.3 CPU-s
-less a launch: no agent, one import of torch). The scripts shipped in ``examples/upstream/`` must be
+the others on ranks that tests/data/script_ranks.py forks with torchrun's environment (no agent,
+and no import of torch: one server per test process has it, conftest.ScriptRanks). The scripts shipped in ``examples/upstream/`` must be
 what the tool writes today (the header's date and version aside).
 """
 
@@ -27,7 +27,6 @@ from shardfuzz.repro.codegen import fill_template
 from shardfuzz.repro.standalone_script import harness_template
 
 UPSTREAM = Path(__file__).resolve().parent.parent / "examples" / "upstream"
-SCRIPT_RANKS = Path(__file__).resolve().parent / "data" / "script_ranks.py"
 #: the reproducer that runs under real torchrun in the ci suite (the others run their ranks by
 #: tests/data/script_ranks.py, as torchrun starts them, without its agent)
 UNDER_TORCHRUN = "torch_scan_negative_dim"
@@ -53,20 +52,36 @@ finally:  # what the script imported, whatever way it ended
 """
 
 
+#: the session's tests/data/script_ranks.py server (conftest.ScriptRanks), set for this module's tests
+LAUNCHER = None
+
+
+@pytest.fixture(autouse=True)
+def _launcher(script_ranks):
+    global LAUNCHER
+    LAUNCHER = script_ranks
+
+
 def _torchrun(script: Path, n: int, out: Path, agent: bool = True) -> subprocess.CompletedProcess:
     """``script`` on ``n`` ranks under torchrun (``agent``), or forked as torchrun would start them
-    by tests/data/script_ranks.py: the same environment, one import of torch instead of n + 1."""
+    by tests/data/script_ranks.py: the same environment, no new import of torch."""
     wrapper = out / "wrapper.py"
     wrapper.write_text(WRAPPER.format(forbidden=FORBIDDEN, out=str(out)))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COV_CORE_SOURCE")}
     env["OMP_NUM_THREADS"] = "1"
-    launcher = (
-        ["-m", "torch.distributed.run", f"--nproc-per-node={n}", "--standalone"]  # a free port on localhost
-        if agent
-        else [str(SCRIPT_RANKS), str(n)]
-    )
+    if not agent:
+        assert LAUNCHER is not None
+        return LAUNCHER.run(n, [wrapper, script], env, out, timeout=240)
     return subprocess.run(
-        [sys.executable, *launcher, str(wrapper), str(script)],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={n}",
+            "--standalone",
+            wrapper,
+            script,
+        ],
         capture_output=True,
         text=True,
         timeout=240,

@@ -1,4 +1,4 @@
-"""Ranks of a script as torchrun starts them, for tests/test_standalone.py, without torchrun's agent.
+"""Ranks of a script as torchrun starts them, without torchrun's agent (tests/conftest.py ScriptRanks).
 
 ``python script_ranks.py N SCRIPT ARG...`` imports torch once, then forks N ranks, each with the
 environment torchrun gives a worker of ``torchrun --standalone --nproc-per-node=N`` (RANK,
@@ -8,13 +8,20 @@ SIGTERM once one fails, as torchrun's agent does. It exits 1 when any rank faile
 
 Why: a torchrun launch costs its agent's own interpreter and a fresh import of torch in every rank
 (3.5 CPU-s for 2 ranks here); this costs one import (1.2 CPU-s). What the suite proves with it is
-what a script does, not torchrun: a standalone script and a ``shardfuzz repro`` script still run
-under real torchrun in the ci suite (the ``torch_scan_negative_dim`` reproducer and
-tests/test_failures.py::test_repro_script_runs_under_torchrun). Nothing of shardfuzz, Hypothesis
-or pytest is imported here: the scripts' check that they import none of them holds as under torchrun.
+what a script does, not torchrun: a standalone script still runs under real torchrun in the ci
+suite (the ``torch_scan_negative_dim`` reproducer), and the rank servers under torchrun's agent on
+two nodes (tests/test_rank_servers.py). Nothing of shardfuzz, Hypothesis or pytest is imported
+here: the scripts' check that they import none of them holds as under torchrun.
+
+``python script_ranks.py --serve SOCKET`` imports torch once for a whole test session: it answers
+each request on the Unix socket (a JSON line: ``n``, ``argv``, ``env``, ``cwd``, ``stdout``,
+``stderr`` paths) by forking a launcher that does what the command above does, in that
+environment and folder, with its output in those files; it replies the launcher's pid, then its
+exit code. Each launch saves an interpreter and an import of torch (about 2 CPU-s).
 """
 
 import ctypes
+import json
 import os
 import runpy
 import signal
@@ -49,8 +56,13 @@ def rank_main(rank: int, n: int, port: int, argv: list[str]) -> int:
     return 0
 
 
-def main() -> int:
-    n, argv = int(sys.argv[1]), sys.argv[2:]
+def _die_with_parent() -> None:
+    """Never left behind: killed with the process that started this one."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def launch(n: int, argv: list[str]) -> int:
+    """Fork ``n`` ranks of ``argv`` and wait for them; 1 when any failed."""
     with socket.socket() as s:  # a free port on localhost, as --standalone picks one
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -58,8 +70,7 @@ def main() -> int:
     for rank in range(n):
         pid = os.fork()
         if pid == 0:
-            # a rank dies with this launcher (killed at a test's timeout): never left behind
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            _die_with_parent()  # a rank dies with its launcher (killed at a test's timeout)
             code = rank_main(rank, n, port, argv)
             sys.stdout.flush()
             sys.stderr.flush()
@@ -85,5 +96,38 @@ def main() -> int:
     return 1 if any(codes.values()) else 0
 
 
+def serve(path: str) -> None:
+    """Answer launch requests on the Unix socket ``path``, one at a time, until killed."""
+    _die_with_parent()
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        server.listen()
+        while True:
+            conn, _ = server.accept()
+            with conn, conn.makefile("rw") as stream:
+                req = json.loads(stream.readline())
+                pid = os.fork()
+                if pid == 0:  # the launcher: the request's environment, folder and output files
+                    _die_with_parent()
+                    os.environ.clear()
+                    os.environ.update(req["env"])
+                    os.chdir(req["cwd"])
+                    for fd, name in ((1, "stdout"), (2, "stderr")):
+                        out = os.open(req[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                        os.dup2(out, fd)
+                        os.close(out)
+                    code = launch(req["n"], req["argv"])
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+                stream.write(f"{pid}\n")
+                stream.flush()
+                _, status = os.waitpid(pid, 0)
+                stream.write(f"{os.waitstatus_to_exitcode(status)}\n")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+    else:
+        sys.exit(launch(int(sys.argv[1]), sys.argv[2:]))
