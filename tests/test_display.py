@@ -212,3 +212,56 @@ def test_a_progress_line_counts_an_example_once_it_has_a_verdict():
     assert during == [(0, 0), (1, first), (1, first)]  # the rejected case counted nowhere
     assert runner.stats.examples == 2 and sum(runner.stats.triggers.values()) == first + len(reached[1])
     assert runner.stats.unsupported == {"refused": 1}
+
+
+def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qualifies():
+    """A first noise estimate from a few samples can run small: a new user's correct float64
+    attention led with 0.962, 0.299 after the recheck a failure gets. The second figure follows the
+    one it is of, only where it is lower (the run came no nearer a report than the first figure)."""
+    from shardfuzz.report.closest_pass import closest_pass_words
+
+    said = "with the recheck a failure gets before it is reported"
+    assert closest_pass_words(0.962, False, rechecked=0.299) == f"0.962 (0.299 {said})"
+    assert closest_pass_words(0.95, True, 0.576, None, 0.3, rechecked=0.283) == (
+        f"0.576 measured (0.283 {said}), at most 0.95 (passes judged without the noise term are bounded, "
+        "not measured)"
+    )
+    assert closest_pass_words(0.962, False, rechecked=0.97) == "0.962"  # higher: the first figure stands
+    assert closest_pass_words(0.962, False, rechecked=0.9621) == "0.962"  # the same to 3 digits
+
+
+def test_the_recheck_of_a_closest_pass_is_its_case_judged_again_with_a_failures_samples():
+    """recheck_closest_pass judges the leading figure's case with the noise term widened by the
+    recheck's samples: the same figure as a runner of its own set to do that; nothing below
+    RECHECK_FROM, or for a run with a failure."""
+    from shardfuzz import Case, Runner
+    from shardfuzz.report.closest_pass import RECHECK_FROM, recheck_closest_pass
+
+    case = Case(
+        target="vocab_parallel",
+        world_size=1,
+        mesh=(1,),
+        sizes={"batch": 1, "seq": 1, "d_model": 2, "vocab": 2},
+        split=("vocab",),
+        dtype="bfloat16",
+        profile="ties",
+        seed=1,
+        options={
+            "smoothing": 0.3, "rule": "tensor_split", "class_weight": True, "ignore_index": False,
+            "reduction": "mean", "grid": 0.25,
+        },
+    )  # fmt: skip
+    alone = Runner("vocab_parallel", "reference")
+    alone.always_noise = True
+    first = alone.run_case(case)
+    alone.recheck = True
+    wider = alone.run_case(case)
+    assert wider < first  # this case's first 3 samples ran small (0.576 -> 0.283 in torch 2.13)
+    runner = Runner("vocab_parallel", "reference")
+    runner.stats.note_pass(first, case)
+    assert recheck_closest_pass(runner, None) == wider
+    low = Runner("vocab_parallel", "reference")
+    low.stats.note_pass(RECHECK_FROM / 2, case)
+    assert recheck_closest_pass(low, None) is None
+    runner.stats.failures = 1
+    assert recheck_closest_pass(runner, None) is None

@@ -142,6 +142,8 @@ class Runner:
         self.last_verdict: Verdict | None = None
         #: judge every example with the noise term, never as a sure pass (``shardfuzz case``)
         self.always_noise = False
+        #: widen every example's noise with the recheck's samples, as a failure's (DecideConfig.recheck)
+        self.recheck = False
         self.trace = True  # record the collectives (off: benchmarks/trace_cost.py's baseline)
         #: the run's tolerance: the target's per-output overrides, then the run's own on top
         self.tolerance = dataclasses.replace(
@@ -363,7 +365,9 @@ class Runner:
 
     def verdict(self, case: Case, replies: list[Reply], expected: Expected) -> Verdict:
         """:func:`shardfuzz.verdict.decide.decide` with this run's target, tolerance and closest pass."""
-        config = DecideConfig(self.target, self.tolerance, self.stats.worst_pass_ratio, self.always_noise)
+        config = DecideConfig(
+            self.target, self.tolerance, self.stats.worst_pass_ratio, self.always_noise, self.recheck
+        )
         return decide(case, replies, expected, config)
 
     def finding_context(self, case: Case, finding: Finding) -> FindingContext:

@@ -46,7 +46,12 @@ from shardfuzz.errors import Finding, InvalidArgument
 from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report import plot
-from shardfuzz.report.closest_pass import closest_pass_case, closest_pass_words, measure_closest_pass
+from shardfuzz.report.closest_pass import (
+    closest_pass_case,
+    closest_pass_words,
+    measure_closest_pass,
+    recheck_closest_pass,
+)
 from shardfuzz.report.findings import ONE_RANK_NOTE
 from shardfuzz.spec.budget import budget_for
 
@@ -76,6 +81,8 @@ class Outcome:
     closest_measured: float | None = None
     #: the kind of finding that case gave when judged again (it passed the first time), or None
     closest_rerun_failed: str | None = None
+    #: the leading figure's case judged again with a failure's recheck (recheck_closest_pass)
+    closest_rechecked: float | None = None
     #: the trigger conditions the progress shows
     shown: tuple[str, ...] = ()
     #: (seconds, examples, failing) as the campaign went (:class:`Timeline`)
@@ -147,6 +154,7 @@ class Outcome:
             "closest_pass_measured": self.closest_measured,
             "measured_pass_ratio": s.measured_pass_ratio,
             "closest_pass_rerun_failed": self.closest_rerun_failed,
+            "closest_pass_rechecked": self.closest_rechecked,
             "external_faults": s.external_faults,
             "leaks": dict(s.leaks.most_common(LEAKS_SHOWN)),
             "leaks_total": sum(s.leaks.values()),
@@ -539,8 +547,11 @@ def _measure_closest_pass(out: Outcome, runner: Runner) -> None:
     """A clean run's closest pass, when it is an upper bound (judged without the noise term), is
     judged again with the noise term, once, on a runner of its own (the run's statistics stay as
     they are): the summary then says what that case really measures. The bound over all passes
-    stays the upper bound; this is the one case it came from."""
+    stays the upper bound; this is the one case it came from. Then the case of the figure the
+    summary leads with, at 0.5 or more, is judged with the recheck's samples (recheck_closest_pass)."""
     out.closest_measured, out.closest_rerun_failed = measure_closest_pass(runner)
+    if out.closest_rerun_failed is None:
+        out.closest_rechecked = recheck_closest_pass(runner, out.closest_measured)
 
 
 def runner_recorder(runner: Runner) -> FailureRecorder | None:
@@ -633,6 +644,7 @@ def _count_words(r: dict[str, Any]) -> str:
             r.get("closest_pass_measured"),
             r.get("closest_pass_rerun_failed"),
             r.get("measured_pass_ratio", 0.0),
+            r.get("closest_pass_rechecked"),
         )
     if len(r.get("findings", [])) > 1:
         res += f": {len(r['findings'])} distinct findings"

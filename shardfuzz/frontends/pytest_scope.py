@@ -15,7 +15,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.engine.stats import Stats
-from shardfuzz.report.closest_pass import closest_pass_case, closest_pass_words, measure_closest_pass
+from shardfuzz.report.closest_pass import (
+    closest_pass_case,
+    closest_pass_words,
+    measure_closest_pass,
+    recheck_closest_pass,
+)
 
 if TYPE_CHECKING:
     from shardfuzz.engine.config import RunConfig
@@ -81,9 +86,19 @@ def statistics(runner: Runner, measure: bool = False) -> str:
         lines.append(f"    - external faults set aside (rank killed from outside): {s.external_faults}")
     if s.closest_pass is not None:
         words, measured = s.closest_pass_words, None
-        if measure and s.closest_pass_upper_bound:
-            measured, failed = measure_closest_pass(runner)
-            words = closest_pass_words(s.worst_pass_ratio, True, measured, failed, s.measured_pass_ratio)
+        if measure:
+            failed = None
+            if s.closest_pass_upper_bound:
+                measured, failed = measure_closest_pass(runner)
+            rechecked = None if failed else recheck_closest_pass(runner, measured)
+            words = closest_pass_words(
+                s.worst_pass_ratio,
+                s.closest_pass_upper_bound,
+                measured,
+                failed,
+                s.measured_pass_ratio,
+                rechecked,
+            )
         case = closest_pass_case(
             s.closest_pass, s.closest_pass_upper_bound, measured, s.measured_pass_ratio, s.measured_pass_case
         )

@@ -15,6 +15,7 @@ def closest_pass_words(
     measured: float | None = None,
     rerun_failed: str | None = None,
     measured_elsewhere: float = 0.0,
+    rechecked: float | None = None,
 ) -> str:
     """``0.405``; where the run's highest ratio is a bound judged without the noise term (a sure
     pass: the true ratio is lower), what was measured first and the bound after: ``0.155 measured,
@@ -25,22 +26,31 @@ def closest_pass_words(
     measures 0.155 with it)" as a run at the edge of its tolerance; the bound's case measured alone
     would understate it where another case measured higher. Without a measure, ``at most 1
     (judged without the noise term)``. ``rerun_failed``: the kind of finding the bound's case gave
-    when measured (:func:`measure_closest_pass`)."""
+    when measured (:func:`measure_closest_pass`). ``rechecked``: the leading figure's case judged
+    again with the recheck a failure gets before it is reported (:func:`recheck_closest_pass`),
+    said where it is lower: how near a report the run really came."""
     words = f"{ratio:.3g}"
     if ratio == 0 and not measured_elsewhere and not measured:  # "0 measured, at most 0" said less
         return "0 (every compared element equal)" + (
             f"; its case gave a {rerun_failed} when run again: not deterministic?" if rerun_failed else ""
         )
+    lead = max(measured or 0.0, measured_elsewhere) if upper_bound else ratio  # the figure said first
+    # right after the figure it qualifies (a second bracket at the end read as the bound's)
+    second = (
+        f" ({rechecked:.3g} with the recheck a failure gets before it is reported)"
+        if rechecked is not None and rechecked < lead and f"{rechecked:.3g}" != f"{lead:.3g}"
+        else ""
+    )
     if upper_bound:
-        low = max(measured if measured is not None else 0.0, measured_elsewhere)
         # a bound of 1 says only that they passed ("at most 1" told a new user nothing)
         vacuous = float(words) >= 1.0
         if measured is not None or measured_elsewhere > 0:
             words = (
-                f"{low:.3g} measured (passes judged without the noise term are within their bound, not measured)"
-                if vacuous
-                else f"{low:.3g} measured, at most {words} (passes judged without the noise term are bounded, "
+                f"{lead:.3g} measured{second} (passes judged without the noise term are within their bound, "
                 "not measured)"
+                if vacuous
+                else f"{lead:.3g} measured{second}, at most {words} (passes judged without the noise term are "
+                "bounded, not measured)"
             )
         else:
             words = (
@@ -48,6 +58,8 @@ def closest_pass_words(
                 if vacuous
                 else f"at most {words} (judged without the noise term)"
             )
+    else:
+        words += second
     if rerun_failed:
         words += f"; its case gave a {rerun_failed} when run again: not deterministic?"
     return words
@@ -80,3 +92,33 @@ def measure_closest_pass(runner: Any) -> tuple[float | None, str | None]:
         return None, f.kind
     except ExternalFault:  # no measure; the bound still stands
         return None, None
+
+
+#: a clean run's closest pass at or above this is judged once more with the recheck's samples
+RECHECK_FROM = 0.5
+
+
+def recheck_closest_pass(runner: Any, measured: float | None) -> float | None:
+    """The error/tolerance of the case a clean run's closest pass leads with (``measured``: the
+    bound's case measured by :func:`measure_closest_pass`), judged again with its noise widened by
+    the recheck a failure gets before it is reported (``DecideConfig.recheck``), where the leading
+    figure is :data:`RECHECK_FROM` or more. A figure near 1 is often a first estimate whose few
+    noise samples all fell small, which the recheck would have caught: a new user's correct
+    float64 attention led with 0.962, 0.299 after the recheck. None where there is nothing to
+    look at (a failing run, a figure below :data:`RECHECK_FROM` or none measured) or the case does
+    not pass again (:func:`measure_closest_pass` says so)."""
+    s = runner.stats
+    if s.failures or s.closest_pass is None:
+        return None
+    lead = max(measured or 0.0, s.measured_pass_ratio) if s.closest_pass_upper_bound else s.worst_pass_ratio
+    if lead < RECHECK_FROM:
+        return None
+    case = closest_pass_case(
+        s.closest_pass, s.closest_pass_upper_bound, measured, s.measured_pass_ratio, s.measured_pass_case
+    )
+    again = runner.with_hooks([])
+    again.always_noise = again.recheck = True
+    try:
+        return again.run_case(case)
+    except (Finding, ExternalFault):  # fails or killed now: no second figure to give
+        return None

@@ -130,6 +130,7 @@ def _closest(r: dict[str, Any]) -> str:
         r.get("closest_pass_measured"),
         r.get("closest_pass_rerun_failed"),
         r.get("measured_pass_ratio", 0.0),
+        r.get("closest_pass_rechecked"),
     )
     return f"<p>closest pass: error/tolerance {_e(words)} at <code>{_e(r['closest_pass_case'])}</code></p>"
 

@@ -43,6 +43,9 @@ class DecideConfig:
     closest_pass: float = 0.0  # the worst error/tolerance of the run's passing examples so far
     #: judge every verdict with the noise term (``shardfuzz case``: one case, its true ratios)
     always_noise: bool = False
+    #: widen the noise with the recheck's samples for a pass too, as for a failure before it is
+    #: reported (a clean run's closest pass, looked at again: how near a report it really came)
+    recheck: bool = False
 
 
 def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideConfig) -> Verdict:
@@ -62,7 +65,9 @@ def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideC
     if not expected.noise:
         estimate_noise(config.target, case, expected, tol.samples, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)
-    if not verdict.passed and not gross(verdict, expected):  # rechecked before it is reported
+    if (config.recheck or not verdict.passed) and not gross(
+        verdict, expected
+    ):  # rechecked before it is reported
         confirm_noise(config.target, case, expected, tol, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)
     return verdict
