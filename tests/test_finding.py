@@ -48,3 +48,24 @@ def test_the_rerun_line_keeps_a_target_path_with_a_space_whole(tmp_path):
     assert Runner("tp_mlp", "missing_allreduce").reporter.rerun_prefix == (
         "shardfuzz case tp_mlp --impl missing_allreduce"
     )
+
+
+def test_a_findings_report_names_the_trigger_conditions_its_shrunk_case_meets(proof):
+    """What the minimal case still has is what the bug needs: a new user's GQA bug shrank to
+    kv_heads 1 on 2 ranks, and the report never said kv_heads%group!=0 (the condition the target
+    declares, which the progress line counted). The search is test_targets' proof, shared."""
+    import glob
+    import json
+
+    from shardfuzz.spec.registry import get_target
+    from shardfuzz.spec.triggers import conditions_met
+
+    (path,) = glob.glob(str(proof("ulysses", "gqa_pad_separately") / "*.json"))
+    rec = json.loads(open(path).read())
+    case = Case.from_dict(rec["case"])
+    met = conditions_met(get_target("ulysses"), case)
+    assert "kv_heads%group!=0" in met and "backward" in met, met
+    lines = rec["report"].splitlines()
+    assert lines[2] == repr(case) and f"trigger conditions this case meets: {', '.join(met)}" in lines[3:5], (
+        lines[:6]
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
 import shlex
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from shardfuzz.spec import registry
 from shardfuzz.spec.bounds import bounds_of
 from shardfuzz.spec.exclude import Excluded, exclusion
 from shardfuzz.spec.target import Target
+from shardfuzz.spec.triggers import conditions_met
 from shardfuzz.verdict.comm import over_budget
 from shardfuzz.verdict.decide import DecideConfig, decide
 from shardfuzz.verdict.judge import Verdict
@@ -165,6 +167,7 @@ class Runner:
             self.tolerance,
             self_oracle=self.target.oracle == SELF,
             distinct=tuple(self.target.distinct),
+            conditions=functools.partial(conditions_met, self.target),
         )
 
     def with_hooks(self, hooks: Sequence[RunHooks]) -> Runner:

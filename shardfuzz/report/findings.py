@@ -56,6 +56,8 @@ class Reporter:
     #: option names whose values tell one bug from another (``Target(distinct=...)``): part of
     #: every finding's site, so a campaign keeps one finding per value (one per operator)
     distinct: tuple[str, ...] = ()
+    #: the trigger conditions a case meets, named in its report (``shardfuzz.spec.triggers.conditions_met``)
+    conditions: Callable[[Case], Sequence[str]] | None = None
 
     def _site(self, case: Case, site: tuple) -> tuple:
         if not self.distinct:
@@ -68,10 +70,14 @@ class Reporter:
     def _header(self, what: str, case: Case, *, note_one_rank: bool = True) -> str:
         """The report's head; ``note_one_rank``: say when the case runs on 1 rank (not for a
         communication budget exceeded, which is about communication whatever the world)."""
+        met = list(self.conditions(case)) if self.conditions is not None else []
         return (
             f"shardfuzz: {what}\n"
             f"target {self.target!r}, implementation {self.impl_name!r} ({self.impl_ref}), backend {self.backend}\n"
-            f"{case!r}" + (f"\n{ONE_RANK_NOTE}" if note_one_rank and case.world_size == 1 else "")
+            f"{case!r}"
+            + (f"\n{ONE_RANK_NOTE}" if note_one_rank and case.world_size == 1 else "")
+            # what the shrunk case still has is what the bug needs (docs/triggers.md)
+            + (f"\ntrigger conditions this case meets: {', '.join(met)}" if met else "")
         )
 
     def _footer(self, case: Case, leaks: Sequence[str] = ()) -> str:

@@ -94,6 +94,15 @@ def triggers_of(target: Any, case: Case) -> set[str]:
     return {c for c in out if is_effective(target, c, case)} if target.effective else out
 
 
+def conditions_met(target: Any, case: Case) -> tuple[str, ...]:
+    """:func:`triggers_of` in a reader's order: the generic conditions as :data:`GENERIC` lists
+    them, then ``backward`` and the target's own, then the rest (its ``per_group`` relations). A
+    finding's report names them: a shrunk case that has ``kv_heads%group!=0`` says the cause."""
+    met = triggers_of(target, case)
+    order = [*GENERIC, "strided inputs", "backward", *target.triggers]
+    return tuple(dict.fromkeys([c for c in order if c in met] + sorted(met - set(order))))
+
+
 def replica_triggers(case: Case, names: frozenset[str]) -> set[str]:
     """What the sizes a target splits over the replicas of a dp x tp mesh (``Split(over="replicas")``,
     not in ``case.split``) reach: a batch the replicas do not divide hides a mean of means."""
