@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -19,12 +20,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import shardfuzz
-from shardfuzz import InfrastructureError
+from shardfuzz import Case, InfrastructureError
 from shardfuzz.engine import failures
 from shardfuzz.frontends.testing import budget
 from shardfuzz.ranks import pool_cache
@@ -133,7 +135,7 @@ def driver(monkeypatch) -> Iterator[int]:
         world.close()
 
 
-def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, driver, capsys):
+def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, driver, capsys, proof):
     bug = get_target("tp_mlp").planted["missing_allreduce"]
     nodes = Nodes(tmp_path, driver)
     try:
@@ -144,8 +146,10 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
         remote = shardfuzz.run("tp_mlp", "missing_allreduce", ranks=str(driver), **kwargs)
         assert remote.found and remote.kind == "mismatch", remote.stats.summary()
         assert "shardfuzz: 4 rank servers joined from " in capsys.readouterr().err  # the driver says so
-        local = shardfuzz.run("tp_mlp", "missing_allreduce", **{**kwargs, "failures_dir": None})
-        assert remote.case == local.case, (remote.case, local.case)  # shrunk to the same minimal case
+        # the same search on local ranks (test_targets' proof, same settings, shared): the same minimal case
+        (local,) = failures.find_files([str(proof("tp_mlp", "missing_allreduce"))])
+        local_case = Case.from_dict(json.loads(Path(local).read_text())["case"])
+        assert remote.case == local_case, (remote.case, local_case)
         (path,) = failures.find_files([str(tmp_path)])
         record = failures.load(path)
         assert record["rank_servers"] == {"rule": "first", "world_size": 4}
