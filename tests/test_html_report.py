@@ -49,7 +49,9 @@ def test_the_report_of_a_planted_bug_campaign_opens_in_a_browser_without_network
     # self-contained: nothing to fetch (an SVG's xmlns is a name, not a request)
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text), "the page fetches something"
 
-    dom = _browser(chromium, "--dump-dom", page.as_uri())
+    # one launch both prints the DOM and takes the screenshot (a launch costs ~1.5 CPU-s)
+    shot = tmp_path / "report.png"
+    dom = _browser(chromium, "--dump-dom", "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
     assert "tp_mlp / missing_f_backward" in html and "FOUND 1 distinct" in html
@@ -58,10 +60,7 @@ def test_the_report_of_a_planted_bug_campaign_opens_in_a_browser_without_network
     assert re.search(r'<img alt="mismatch plot" src="data:image/png;base64,[A-Za-z0-9+/=]{100,}', html)
     assert "Trigger conditions reached" in html and "<polyline" in html  # coverage, throughput
     assert "closest pass" not in html  # a failing run: its finding's margin, as in the terminal
-
-    shot = tmp_path / "report.png"
-    taken = _browser(chromium, "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri())
-    assert taken.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", taken.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", dom.stderr[-2000:]
 
 
 def test_a_report_folder_that_cannot_be_made_is_a_usage_error(tmp_path):
