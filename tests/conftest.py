@@ -96,12 +96,15 @@ class ScriptRanks:
         self, n: int, argv: list[str], env: dict, cwd: Path, timeout: float
     ) -> subprocess.CompletedProcess:
         """``argv`` on ``n`` ranks in ``env`` and ``cwd``: its exit code and output, as
-        ``subprocess.run(capture_output=True, text=True)`` gives them."""
+        ``subprocess.run(capture_output=True, text=True)`` gives them. ``env`` is the ranks'
+        ``os.environ``; what Python and torch read at start is the server's (started with this
+        process's environment, ``PYTHONPATH`` removed and one thread)."""
         import socket
 
         sock = self.folder / "script_ranks.sock"
         if self.server is None or self.server.poll() is not None:
             sock.unlink(missing_ok=True)
+            sock.with_name(sock.name + ".new").unlink(missing_ok=True)
             clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COV_CORE_SOURCE")}
             with open(self.folder / "script_ranks.log", "ab") as log:
                 self.server = subprocess.Popen(
@@ -124,13 +127,20 @@ class ScriptRanks:
             stream = conn.makefile("rw")
             stream.write(json.dumps(request) + "\n")
             stream.flush()
-            launcher = int(stream.readline())
+            launcher = self._reply(stream)
             try:
-                code = int(stream.readline())
+                code = self._reply(stream)
             except TimeoutError:
-                os.kill(launcher, signal.SIGKILL)  # its ranks die with it
+                os.kill(launcher, signal.SIGKILL)  # its ranks die with it; the server goes on
                 raise
         return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
+
+    def _reply(self, stream) -> int:
+        line = stream.readline()
+        assert line, (
+            f"the script_ranks server ended: {(self.folder / 'script_ranks.log').read_text()[-3000:]}"
+        )
+        return int(line)
 
     def close(self) -> None:
         if self.server is not None:

@@ -216,7 +216,7 @@ def test_a_progress_line_counts_an_example_once_it_has_a_verdict():
 
 def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qualifies():
     """A first noise estimate from a few samples can run small: a new user's correct float64
-    attention led with 0.962, 0.299 after the recheck a failure gets. The second figure follows the
+    attention led with 0.962, 0.37 after the recheck a failure gets. The second figure follows the
     one it is of, only where it is lower (the run came no nearer a report than the first figure)."""
     from shardfuzz.report.closest_pass import closest_pass_words
 
@@ -227,6 +227,17 @@ def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qual
         "not measured)"
     )
     assert closest_pass_words(0.962, False, rechecked=0.97) == "0.962"  # higher: the first figure stands
+    # a bound of 1 or more is not shown: the recheck follows the bracket that says so
+    assert closest_pass_words(1.0, True, 0.7, None, 0.0, rechecked=0.3) == (
+        f"0.7 measured (passes judged without the noise term are within their bound, not measured); 0.3 {said}"
+    )
+    # the bound's case measured 0.2, another pass 0.576: the recheck is of the 0.576 (the figure said)
+    assert closest_pass_words(0.95, True, 0.2, None, 0.576, rechecked=0.283).startswith(
+        f"0.576 measured (0.283 {said})"
+    )
+    assert closest_pass_words(0.9, False, None, "hang", 0.0, rechecked=None) == (
+        "0.9; its case gave a hang when run again: not deterministic?"
+    )
     assert closest_pass_words(0.962, False, rechecked=0.9621) == "0.962"  # the same to 3 digits
 
 
@@ -252,9 +263,16 @@ def test_the_recheck_of_a_closest_pass_is_its_case_judged_again_with_a_failures_
     assert wider < first  # this case's first 3 samples ran small (0.576 -> 0.283 in torch 2.13)
     runner = Runner("vocab_parallel", "reference")
     runner.stats.note_pass(first, case)
-    assert recheck_closest_pass(runner, None) == wider
+    assert recheck_closest_pass(runner, None) == (wider, None)
     low = Runner("vocab_parallel", "reference")
     low.stats.note_pass(RECHECK_FROM / 2, case)
-    assert recheck_closest_pass(low, None) is None
+    assert recheck_closest_pass(low, None) == (None, None)
     runner.stats.failures = 1
-    assert recheck_closest_pass(runner, None) is None
+    assert recheck_closest_pass(runner, None) == (None, None)
+    # the bracketed figure is one a user can get again: `shardfuzz case --recheck`
+    for flags, ratio in (((), first), (("--recheck",), wider)):
+        out = run_cli("case", "vocab_parallel", repr(case), *flags)
+        assert out.returncode == 0 and f"worst error/tolerance {ratio:.3g} " in out.stdout, (
+            flags,
+            out.stdout,
+        )

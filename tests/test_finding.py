@@ -64,8 +64,37 @@ def test_a_findings_report_names_the_trigger_conditions_its_shrunk_case_meets(pr
     rec = json.loads(open(path).read())
     case = Case.from_dict(rec["case"])
     met = conditions_met(get_target("ulysses"), case)
-    assert "kv_heads%group!=0" in met and "backward" in met, met
+    # the shrunk case of gqa_pad_separately: one KV head shared by two query heads, on 2 ranks
+    assert (case.world_size, case.sizes["kv_heads"], case.sizes["q_per_kv"]) == (2, 1, 2), case
+    assert met == ("backward", "kv_heads < sp with GQA", "kv_heads%group!=0", "kv_heads<group"), met
     lines = rec["report"].splitlines()
     assert lines[2] == repr(case) and f"trigger conditions this case meets: {', '.join(met)}" in lines[3:5], (
         lines[:6]
     )
+
+
+def test_the_conditions_a_report_names_come_in_a_readers_order_each_once():
+    """Generic conditions in the order the progress line's vocabulary lists them, then backward and
+    the target's own, then the rest sorted (per-group relations, the value profile)."""
+    from shardfuzz.spec.registry import get_target
+    from shardfuzz.spec.triggers import conditions_met
+
+    case = Case(
+        target="ulysses", world_size=3, mesh=(3,), split=("seq",), dtype="bfloat16", profile="ties",
+        sizes={"batch": 2, "seq": 5, "kv_heads": 2, "q_per_kv": 2, "head_dim": 2}, options={"causal": True},
+    )  # fmt: skip
+    met = conditions_met(get_target("ulysses"), case)
+    assert met[:6] == (
+        "world>=3",
+        "world non-power-of-2",
+        "group>=3",
+        "group non-power-of-2",
+        "uneven",
+        "batch>1",
+    )
+    assert met[6:8] == ("bfloat16", "backward"), met
+    own = [t for t in get_target("ulysses").triggers if t in met]  # in the order the target declares them
+    assert "causal" in own and list(met[8 : 8 + len(own)]) == own, met
+    rest = list(met[8 + len(own) :])
+    assert rest == sorted(rest) and "profile=ties" in rest and "kv_heads%group!=0" in rest, met
+    assert len(set(met)) == len(met)

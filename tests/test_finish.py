@@ -390,3 +390,7 @@ def test_the_summary_keeps_each_rows_figures_under_their_headings_whatever_the_n
     for line in body:
         assert {line.index("30") + 2, line.index("12.5") + 4} == ends, (head, line)
     assert body[1].startswith("a_target_named_at_length reference [job 2] "), body[1]
+    # the lines under a row stay under the implementation column
+    rows[1]["failure_files"] = ["f.json"]
+    under = campaign.summary_table(rows).splitlines()[4]
+    assert under.index("failure file:") == head.index("implementation"), (head, under)

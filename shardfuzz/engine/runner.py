@@ -144,7 +144,8 @@ class Runner:
         self.last_verdict: Verdict | None = None
         #: judge every example with the noise term, never as a sure pass (``shardfuzz case``)
         self.always_noise = False
-        #: widen every example's noise with the recheck's samples, as a failure's (DecideConfig.recheck)
+        #: widen the noise of every example judged with it by the recheck's samples, as a failure's
+        #: is (DecideConfig.recheck; with always_noise, every example's)
         self.recheck = False
         self.trace = True  # record the collectives (off: benchmarks/trace_cost.py's baseline)
         #: the run's tolerance: the target's per-output overrides, then the run's own on top

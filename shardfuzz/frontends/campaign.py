@@ -549,9 +549,14 @@ def _measure_closest_pass(out: Outcome, runner: Runner) -> None:
     they are): the summary then says what that case really measures. The bound over all passes
     stays the upper bound; this is the one case it came from. Then the case of the figure the
     summary leads with, at 0.5 or more, is judged with the recheck's samples (recheck_closest_pass)."""
-    out.closest_measured, out.closest_rerun_failed = measure_closest_pass(runner)
-    if out.closest_rerun_failed is None:
-        out.closest_rechecked = recheck_closest_pass(runner, out.closest_measured)
+    try:
+        out.closest_measured, out.closest_rerun_failed = measure_closest_pass(runner)
+        if out.closest_rerun_failed is None:
+            out.closest_rechecked, out.closest_rerun_failed = recheck_closest_pass(
+                runner, out.closest_measured
+            )
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while measuring: the run's figures stand as they are
+        out.interrupted = True
 
 
 def runner_recorder(runner: Runner) -> FailureRecorder | None:
@@ -580,23 +585,21 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['target']:<{tw}} {impl:<{iw}} {r['examples']:>8} {r['per_second']:>7.1f} {r['runs']:>4}  {res}"
         )
+        sub = []  # the lines under the row, written at 16 and moved under a wider target column
         if not r["found"] and r.get("closest_pass_case"):
             # "measured at": the case of the figure the result leads with, not the bound's (a new
             # user could not tell which of the two figures the case was of)
             measured = r.get("closest_pass_upper_bound") and (
                 r.get("closest_pass_measured") is not None or r.get("measured_pass_ratio")
             )
-            lines.append(
-                f"{'':<16} closest pass {'measured ' if measured else ''}at {r['closest_pass_case']}"
-            )
+            sub.append(f"{'':<16} closest pass {'measured ' if measured else ''}at {r['closest_pass_case']}")
         for f in r.get("findings", []):
-            lines += _finding_lines(f)
-        lines += [f"{'':<16} {line}" for line in r.get("finished", [])]
-        lines += _fault_lines(r)
+            sub += _finding_lines(f)
+        sub += [f"{'':<16} {line}" for line in r.get("finished", [])]
+        sub += _fault_lines(r)
         listed = {f.get("file") for f in r.get("findings", [])}
-        lines += [
-            f"{'':<16} failure file: {path}" for path in r.get("failure_files", []) if path not in listed
-        ]
+        sub += [f"{'':<16} failure file: {path}" for path in r.get("failure_files", []) if path not in listed]
+        lines += [" " * (tw - 16) + line for line in sub]
     return "\n".join(lines)
 
 

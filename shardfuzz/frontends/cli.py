@@ -287,6 +287,7 @@ def _cmd_case(args: Any) -> int:
         target = f"{parts[0]}::{case.target}"
     runner = Runner(target, args.impl, _config(args))
     runner.always_noise = True  # one case: its true ratios, not a sure pass's upper bound
+    runner.recheck = args.recheck
     check_tolerance_outputs([runner.target], runner.config.tolerance, "--tolerance")
     check_input_size(runner.target, case)  # before inputs(case) allocates them
     check_case(runner.target, case)

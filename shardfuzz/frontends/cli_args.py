@@ -409,6 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("case", metavar="CASE", help="Case(...) as printed in a report")
     c.add_argument("--trace", action="store_true", help="print the collectives each rank entered, in order")
     c.add_argument(
+        "--recheck",
+        action="store_true",
+        help="judge with the noise estimate a failure gets before it is reported (more samples): the "
+        "figure a clean run's closest pass gives in brackets",
+    )
+    c.add_argument(
         "--comm",
         action="store_true",
         help="print collectives and bytes sent/received per rank and op, and each collective's "

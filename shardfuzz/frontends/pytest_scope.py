@@ -47,8 +47,9 @@ class Scope:
 def statistics(runner: Runner, measure: bool = False) -> str:
     """shardfuzz's statistics of one runner in one test, in the layout of Hypothesis' own;
     ``measure``: a closest pass judged without the noise term is judged once with it (as the CLI's
-    summary does), so the line says what its case measures, and the conditions the run never
-    reached are named (they read the target's covering pool: drawn once, only when shown)."""
+    summary does), so the line says what its case measures, then the case of the figure it leads
+    with is judged with the recheck's samples (at 0.5 or more: how near a report it came), and the
+    conditions the run never reached are named (they read the target's covering pool: drawn once, only when shown)."""
     s = runner.stats
     lines = [
         f"  - shardfuzz {runner.key}{runner.config.restrictions()}: {s.examples} examples ({s.passed} passed, "
@@ -90,7 +91,9 @@ def statistics(runner: Runner, measure: bool = False) -> str:
             failed = None
             if s.closest_pass_upper_bound:
                 measured, failed = measure_closest_pass(runner)
-            rechecked = None if failed else recheck_closest_pass(runner, measured)
+            rechecked = None
+            if not failed:
+                rechecked, failed = recheck_closest_pass(runner, measured)
             words = closest_pass_words(
                 s.worst_pass_ratio,
                 s.closest_pass_upper_bound,

@@ -36,18 +36,19 @@ def closest_pass_words(
         )
     lead = max(measured or 0.0, measured_elsewhere) if upper_bound else ratio  # the figure said first
     # right after the figure it qualifies (a second bracket at the end read as the bound's)
-    second = (
-        f" ({rechecked:.3g} with the recheck a failure gets before it is reported)"
+    recheck = (
+        f"{rechecked:.3g} with the recheck a failure gets before it is reported"
         if rechecked is not None and rechecked < lead and f"{rechecked:.3g}" != f"{lead:.3g}"
         else ""
     )
+    second = f" ({recheck})" if recheck else ""
     if upper_bound:
         # a bound of 1 says only that they passed ("at most 1" told a new user nothing)
         vacuous = float(words) >= 1.0
         if measured is not None or measured_elsewhere > 0:
             words = (
-                f"{lead:.3g} measured{second} (passes judged without the noise term are within their bound, "
-                "not measured)"
+                f"{lead:.3g} measured (passes judged without the noise term are within their bound, "
+                f"not measured)" + (f"; {recheck}" if recheck else "")
                 if vacuous
                 else f"{lead:.3g} measured{second}, at most {words} (passes judged without the noise term are "
                 "bounded, not measured)"
@@ -98,27 +99,31 @@ def measure_closest_pass(runner: Any) -> tuple[float | None, str | None]:
 RECHECK_FROM = 0.5
 
 
-def recheck_closest_pass(runner: Any, measured: float | None) -> float | None:
-    """The error/tolerance of the case a clean run's closest pass leads with (``measured``: the
-    bound's case measured by :func:`measure_closest_pass`), judged again with its noise widened by
-    the recheck a failure gets before it is reported (``DecideConfig.recheck``), where the leading
-    figure is :data:`RECHECK_FROM` or more. A figure near 1 is often a first estimate whose few
-    noise samples all fell small, which the recheck would have caught: a new user's correct
-    float64 attention led with 0.962, 0.299 after the recheck. None where there is nothing to
-    look at (a failing run, a figure below :data:`RECHECK_FROM` or none measured) or the case does
-    not pass again (:func:`measure_closest_pass` says so)."""
+def recheck_closest_pass(runner: Any, measured: float | None) -> tuple[float | None, str | None]:
+    """(the error/tolerance, None) of the case a clean run's closest pass leads with (``measured``:
+    the bound's case measured by :func:`measure_closest_pass`), judged again with its noise widened
+    by the recheck a failure gets before it is reported (``DecideConfig.recheck``), where the
+    leading figure is :data:`RECHECK_FROM` or more. A figure near 1 is often a first estimate whose
+    few noise samples all fell small, which the recheck would have caught: a new user's correct
+    float64 attention led with 0.962, 0.37 after the recheck. (None, None) where there is nothing
+    to look at (a failing run, a figure below :data:`RECHECK_FROM` or none measured), where a rank
+    was killed from outside, or where the recheck's narrower bound fails it (the first figure then
+    stands: the run came no nearer a report); (None, the kind) where it now fails another way (it
+    passed once: nondeterminism, said as :func:`measure_closest_pass` says it)."""
     s = runner.stats
     if s.failures or s.closest_pass is None:
-        return None
+        return None, None
     lead = max(measured or 0.0, s.measured_pass_ratio) if s.closest_pass_upper_bound else s.worst_pass_ratio
     if lead < RECHECK_FROM:
-        return None
+        return None, None
     case = closest_pass_case(
         s.closest_pass, s.closest_pass_upper_bound, measured, s.measured_pass_ratio, s.measured_pass_case
     )
     again = runner.with_hooks([])
     again.always_noise = again.recheck = True
     try:
-        return again.run_case(case)
-    except (Finding, ExternalFault):  # fails or killed now: no second figure to give
-        return None
+        return again.run_case(case), None
+    except Finding as f:
+        return None, (None if f.kind == "mismatch" else f.kind)
+    except ExternalFault:  # no second figure; the first stands
+        return None, None

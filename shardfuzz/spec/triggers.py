@@ -96,8 +96,9 @@ def triggers_of(target: Any, case: Case) -> set[str]:
 
 def conditions_met(target: Any, case: Case) -> tuple[str, ...]:
     """:func:`triggers_of` in a reader's order: the generic conditions as :data:`GENERIC` lists
-    them, then ``backward`` and the target's own, then the rest (its ``per_group`` relations). A
-    finding's report names them: a shrunk case that has ``kv_heads%group!=0`` says the cause."""
+    them, then ``backward`` and the target's own as it declares them, then the rest sorted (its
+    ``per_group`` relations, the value profile). A finding's report names them: a shrunk case that
+    has ``kv_heads%group!=0`` says the cause."""
     met = triggers_of(target, case)
     order = [*GENERIC, "strided inputs", "backward", *target.triggers]
     return tuple(dict.fromkeys([c for c in order if c in met] + sorted(met - set(order))))

@@ -6,7 +6,8 @@ passes without it passes with it, at a ratio no higher. If that ratio is within 
 or below the closest pass seen so far (which it then cannot raise), the noise samples (the model's
 cost) are skipped and the ratio reported is that upper bound (``Verdict.upper_bound``: a run's
 closest pass says so when it is one). Every other verdict is made with the noise; and a failing one
-that is not :func:`gross` is rechecked with more and full-scale samples before it is reported.
+that is not :func:`gross` is rechecked with more and full-scale samples before it is reported
+(a pass too with ``DecideConfig.recheck``: a clean run's closest pass, looked at again).
 
 It describes and never raises a finding (:mod:`shardfuzz.report.findings` does); an output a rank
 returned as None where the oracle has a value is a layout problem of the verdict (an expert that got

@@ -97,33 +97,63 @@ def launch(n: int, argv: list[str]) -> int:
 
 
 def serve(path: str) -> None:
-    """Answer launch requests on the Unix socket ``path``, one at a time, until killed."""
+    """Answer launch requests on the Unix socket ``path``, one at a time, until killed. The
+    request's environment is the launcher's and its ranks' ``os.environ``; what Python and torch
+    read at start (``PYTHONPATH``, ``OMP_NUM_THREADS``) is this server's, read once."""
     _die_with_parent()
     with socket.socket(socket.AF_UNIX) as server:
-        server.bind(path)
+        server.bind(path + ".new")
         server.listen()
+        os.rename(path + ".new", path)  # there once it accepts: a client never meets a refusal
         while True:
             conn, _ = server.accept()
-            with conn, conn.makefile("rw") as stream:
-                req = json.loads(stream.readline())
-                pid = os.fork()
-                if pid == 0:  # the launcher: the request's environment, folder and output files
-                    _die_with_parent()
-                    os.environ.clear()
-                    os.environ.update(req["env"])
-                    os.chdir(req["cwd"])
-                    for fd, name in ((1, "stdout"), (2, "stderr")):
-                        out = os.open(req[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                        os.dup2(out, fd)
-                        os.close(out)
-                    code = launch(req["n"], req["argv"])
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-                stream.write(f"{pid}\n")
-                stream.flush()
-                _, status = os.waitpid(pid, 0)
-                stream.write(f"{os.waitstatus_to_exitcode(status)}\n")
+            try:
+                _answer(server, conn)
+            except OSError:  # the client gave up (its timeout killed the launcher): next request
+                pass
+            finally:
+                conn.close()
+
+
+def _answer(server: socket.socket, conn: socket.socket) -> None:
+    """One request: fork its launcher, reply the launcher's pid, then its exit code."""
+    stream = conn.makefile("rw")
+    req = json.loads(stream.readline())
+    pid = os.fork()
+    if pid == 0:
+        _launcher(req, server, conn)
+    try:
+        stream.write(f"{pid}\n")
+        stream.flush()
+    finally:
+        _, status = os.waitpid(pid, 0)  # reaped whatever the client does
+    stream.write(f"{os.waitstatus_to_exitcode(status)}\n")
+    stream.flush()
+    stream.close()
+
+
+def _launcher(req: dict, *inherited: socket.socket) -> None:
+    """The forked launcher of one request: its environment, folder and output files, then
+    :func:`launch`; never returns into the server's loop."""
+    code = 1
+    try:
+        _die_with_parent()
+        for sock in inherited:  # the ranks hold no end of the server's sockets
+            sock.close()
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            out = os.open(req[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(out, fd)
+            os.close(out)
+        code = launch(req["n"], req["argv"])
+    except BaseException:  # noqa: BLE001 (a launcher that fails in any way says why and exits 1)
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
