@@ -58,8 +58,18 @@ def test_an_expect_the_shrunk_case_does_not_bear_out_says_which_check_failed():
             SELF, "w_offset_zero", Expect(kind="mismatch", world_size=3, mesh=None), p95=5
         )
     first = str(e.value).splitlines()[0]
-    assert first.endswith("has world_size=2, mesh=(2,); Expect allows world_size in (3,), mesh=(2,)"), first
+    # mesh=None is said as what it means (the case's own mesh read as a demand for mesh=(2,))
+    assert first.endswith(
+        "has world_size=2, mesh=(2,); Expect allows world_size in (3,), a 1-D mesh (Expect(mesh=None))"
+    ), first
     assert "was found, but the shrunk case" in first, first
+    # Expect(uneven=...) naming a size the case does not split says so
+    with pytest.raises(AssertionError) as e:
+        assert_planted_bug_found(
+            SELF, "w_offset_zero", Expect(kind="mismatch", world_size=2, uneven=("out",)), p95=5
+        )
+    first = str(e.value).splitlines()[0]
+    assert first.endswith("is ('out',) ('out': not a size the case splits; it splits ('inner',))"), first
 
 
 def test_a_bug_at_world_size_1_too_passes_a_self_oracle_and_fails_a_written_one():

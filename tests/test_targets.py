@@ -242,6 +242,10 @@ def test_a_notes_plain_facts_are_read_and_checked_against_a_case():
     assert note_facts("3 ranks, or a wider vocab on 2") == note_facts("1 element (fast) or 2 (slow)") == []
     assert note_facts("bfloat16 and float32 alike") == [] and note_facts("hidden 1,024") == []
     assert note_contradictions("world_size 3", case) == ["world_size 3"]
+    # "NAME N on M ranks" is two facts (a new user's "n 3 on 2 ranks" was read as none, and passed
+    # a case of n 1); "on dim 0" is prose
+    assert note_facts("seq 2 on 3 ranks") == ["seq 2", "3 ranks"] and note_facts("sharded on dim 0") == []
+    assert note_contradictions("seq 2 on 3 ranks", case) == ["seq 2", "3 ranks"]
 
 
 def test_the_notes_state_facts_their_proofs_confirm():

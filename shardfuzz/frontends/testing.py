@@ -71,14 +71,22 @@ def assert_planted_bug_found(
     assert case is not None, result.report  # set whenever something was found
     worlds = expect.world_size if isinstance(expect.world_size, tuple) else (expect.world_size,)
     mesh = expect.mesh if expect.mesh is not None else (case.world_size,)
+    # mesh=None means the 1-D mesh of whatever world: said so (a new user read "mesh=(1,)" as a demand)
+    meshes = f"mesh={expect.mesh}" if expect.mesh is not None else "a 1-D mesh (Expect(mesh=None))"
     assert case.world_size in worlds and case.mesh == mesh, (
         f"{shrunk} has world_size={case.world_size}, mesh={case.mesh}; Expect allows world_size in "
-        f"{worlds}, mesh={mesh}\n{result.report}"
+        f"{worlds}, {meshes}\n{result.report}"
     )
     if expect.uneven is not None:
+        unsplit = [n for n in expect.uneven if n not in case.split]
         assert uneven_sizes(case) == tuple(expect.uneven), (
-            f"{shrunk} has uneven sizes {uneven_sizes(case)}; Expect(uneven=...) is "
-            f"{tuple(expect.uneven)}\n{result.report}"
+            f"{shrunk} has uneven sizes {uneven_sizes(case)}; Expect(uneven=...) is {tuple(expect.uneven)}"
+            + (
+                f" ({', '.join(map(repr, unsplit))}: not a size the case splits; it splits {case.split})"
+                if unsplit
+                else ""
+            )
+            + f"\n{result.report}"
         )
     if expect.check is not None:
         assert expect.check(case), f"{shrunk} {case!r} fails Expect(check=...)\n{result.report}"

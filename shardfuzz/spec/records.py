@@ -350,7 +350,8 @@ _NOT_ONE_FACT = re.compile(r"\b(or|any|not|no)\b|[<>=]")  # alternatives and bou
 
 
 def note_facts(note: str) -> list[str]:
-    """The plain facts a note states: ``NAME N`` (a size or option), ``N rank(s)``, ``N things``
+    """The plain facts a note states, clause by clause (clauses end at commas, ``and``,
+    parentheses and before ``on N ranks``): ``NAME N`` (a size or option), ``N rank(s)``, ``N things``
     (a size or option named by the plural, hyphens dropped: ``2 micro-batches``), a dtype named
     alone (one dtype in the whole note). A note that gives alternatives or bounds anywhere ("or",
     "any", "not", "no", a comparison) states no single fact: none of it is read."""
@@ -358,7 +359,8 @@ def note_facts(note: str) -> list[str]:
         return []
     dtypes = [d for d in DTYPE_WORDS if re.search(rf"\b{d}\b", note)]
     facts = []
-    for clause in re.split(r",\s+|\s+and\s+|[()]", note):  # "1,024" stays one number
+    # "1,024" stays one number; "n 3 on 2 ranks" is two facts ("sharded on dim 0" stays prose)
+    for clause in re.split(r",\s+|\s+and\s+|\s+on\s+(?=\d+ ranks?\b)|[()]", note):
         clause = clause.strip()
         if clause in DTYPE_WORDS:
             if len(dtypes) == 1:  # "bfloat16 and float32 alike" names no one dtype
