@@ -13,7 +13,7 @@ import torch
 import shardfuzz
 from shardfuzz import Case, Runner, TargetError, Unsupported
 from shardfuzz.engine.degenerate import degenerate
-from shardfuzz.frontends.testing import Expect, assert_planted_bug_found
+from shardfuzz.frontends.testing import Expect, assert_planted_bug_found, check_finding
 from shardfuzz.verdict.oracle import estimate_noise, evaluate_oracle
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "self_oracle.py")
@@ -34,10 +34,16 @@ def _case(target, dtype="bfloat16", **sizes):
     )
 
 
-def test_a_bug_that_needs_two_ranks_is_found_and_shrunk():
-    result = assert_planted_bug_found(
+@pytest.fixture(scope="module")
+def w_offset_zero():
+    """The proof of the self-oracle's planted bug, searched once for this module's tests."""
+    return assert_planted_bug_found(
         SELF, "w_offset_zero", Expect(kind="mismatch", world_size=2, mesh=(2,)), p95=5
     )
+
+
+def test_a_bug_that_needs_two_ranks_is_found_and_shrunk(w_offset_zero):
+    result = w_offset_zero
     assert result.case is not None and result.case.sizes["inner"] == 2, result.report  # one column each
     assert "oracle: the implementation itself at world size 1" in result.report
     # Expect(outputs=...) in any order (what assert_planted_bug_found asks of the shrunk case): a
@@ -51,23 +57,21 @@ def test_a_bug_that_needs_two_ranks_is_found_and_shrunk():
         Expect(kind="mismatch", world_size=2, outputs=("y", "y"))  # a set would take it for ("y",)
 
 
-def test_an_expect_the_shrunk_case_does_not_bear_out_says_which_check_failed():
-    """A new user's ``Expect(world_size=...)`` that the shrunk case missed got only the report."""
+def test_an_expect_the_shrunk_case_does_not_bear_out_says_which_check_failed(w_offset_zero):
+    """A new user's ``Expect(world_size=...)`` that the shrunk case missed got only the report
+    (the checks of assert_planted_bug_found, on its search's finding)."""
+    name = "row_parallel_self_bugs/w_offset_zero"
     with pytest.raises(AssertionError) as e:
-        assert_planted_bug_found(
-            SELF, "w_offset_zero", Expect(kind="mismatch", world_size=3, mesh=None), p95=5
-        )
+        check_finding(w_offset_zero, Expect(kind="mismatch", world_size=3, mesh=None), SELF, name)
     first = str(e.value).splitlines()[0]
     # mesh=None is said as what it means (the case's own mesh read as a demand for mesh=(2,))
     assert first.endswith(
         "has world_size=2, mesh=(2,); Expect allows world_size in (3,), a 1-D mesh (Expect(mesh=None))"
     ), first
-    assert "was found, but the shrunk case" in first, first
+    assert f"{name} was found, but the shrunk case" in first, first
     # Expect(uneven=...) naming a size the case does not split says so
     with pytest.raises(AssertionError) as e:
-        assert_planted_bug_found(
-            SELF, "w_offset_zero", Expect(kind="mismatch", world_size=2, uneven=("out",)), p95=5
-        )
+        check_finding(w_offset_zero, Expect(kind="mismatch", world_size=2, uneven=("out",)), SELF, name)
     first = str(e.value).splitlines()[0]
     assert first.endswith("is ('out',) ('out': not a size the case splits; it splits ('inner',))"), first
 

@@ -63,6 +63,16 @@ def assert_planted_bug_found(
     )
     name = f"{get_target(target).name}/{impl}"
     assert result.found, f"{name} not found in {budget(p95)} examples: {result.stats.summary()}"
+    check_finding(result, expect, target, name)
+    if result.stats.margin is not None:
+        print(f"{name}: {result.case!r}, margin {result.stats.margin:.3g}x")
+    return result
+
+
+def check_finding(result: Result, expect: Expect, target: Any, name: str) -> None:
+    """What :func:`assert_planted_bug_found` asks of a search's finding (``result.found``): the
+    kind, the shrunk case's world, mesh, uneven sizes, ``check``, note and ``needs``, and the wrong
+    outputs; each failed check says which. ``name``: ``target/impl``, for the messages."""
     shrunk = f"{name} was found, but the shrunk case"
     assert result.kind in expect.kinds, (
         f"{shrunk} is a {result.kind!r} finding; Expect(kind=...) allows {sorted(expect.kinds)}\n{result.report}"
@@ -108,9 +118,6 @@ def assert_planted_bug_found(
             f"{shrunk} has wrong outputs {wrong}, which Expect(outputs={expect.outputs!r}) does not allow"
             f"\n{result.report}"
         )
-    if result.stats.margin is not None:
-        print(f"{name}: {case!r}, margin {result.stats.margin:.3g}x")
-    return result
 
 
 def assert_reference_passes(target: Any, dtype: str, *, examples: int = 500, impl: Any = None) -> Result:
