@@ -170,21 +170,30 @@ def test_standalone_reproducer_of_a_found_failure_fails_the_same_way_with_torch_
     )
 
 
-def _standalone_of_a_finding(tmp_path: Path, target: str, impl: str, examples: int = 60):
-    """The fuzzer's finding of ``impl`` on the file ``target`` (a search, ``shardfuzz-ci``) and the
-    standalone script ``shardfuzz repro --standalone`` writes from its failure file."""
+def _search(failures: Path, target: str, impl: str, examples: int = 60):
+    """The fuzzer's finding of ``impl`` on the file ``target`` (a search, ``shardfuzz-ci``): its
+    result and its failure file, written under ``failures``."""
     import shardfuzz
 
-    failures = tmp_path / "failures"
     result = shardfuzz.run(
         target, impl, profile="shardfuzz-ci", database=None, max_examples=examples, failures_dir=str(failures)
     )
     assert result.found, result.report
     (found,) = glob.glob(str(failures / "*.json"))
-    out = tmp_path / "out"
+    return result, found
+
+
+def _script_of(found: str, out: Path) -> Path:
+    """The standalone script ``shardfuzz repro --standalone`` writes from the failure file ``found``."""
     assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(out)]) == cli.EXIT_OK
     (script,) = out.glob("repro_*.py")
-    return result, script
+    return script
+
+
+def _standalone_of_a_finding(tmp_path: Path, target: str, impl: str, examples: int = 60):
+    """The fuzzer's finding of ``impl`` on the file ``target`` and the standalone script of it."""
+    result, found = _search(tmp_path / "failures", target, impl, examples)
+    return result, _script_of(found, tmp_path / "out")
 
 
 def _fails_the_same_way(script: Path, world_size: int, tmp_path: Path, output: str | None) -> None:
@@ -298,11 +307,20 @@ def test_a_statement_that_binds_several_names_is_copied_once(tmp_path, monkeypat
     assert closure.defined() == ["LR", "B1", "B2", "step"]
 
 
-def test_a_zero_style_flat_buffer_gets_a_reproducer_that_compares_its_shards_without_the_padding(tmp_path):
+@pytest.fixture(scope="module")
+def flat_finding(tmp_path_factory):
+    """tests/data/flat_target.py's padding_in_norm, found once for the two tests below."""
+    target = str(Path(__file__).resolve().parent / "data" / "flat_target.py")
+    return _search(tmp_path_factory.mktemp("flat-failures"), target, "padding_in_norm")
+
+
+def test_a_zero_style_flat_buffer_gets_a_reproducer_that_compares_its_shards_without_the_padding(
+    tmp_path, flat_finding
+):
     # PaddedFlat() outputs (ZeRO's flat buffers, tests/data/flat_target.py): the script compares
     # each rank's ceil(n / world) elements without the padding (it refused the layout)
-    target = str(Path(__file__).resolve().parent / "data" / "flat_target.py")
-    result, script = _standalone_of_a_finding(tmp_path, target, "padding_in_norm")
+    result, found = flat_finding
+    script = _script_of(found, tmp_path / "out")
     assert result.kind == "mismatch" and result.case.sizes["n"] % result.case.world_size, result.report
     assert "OUTPUT_LAYOUTS = {'p': ('padded_flat',), 'norm': ('replicate',)}" in script.read_text()
     _fails_the_same_way(script, result.case.world_size, tmp_path, "norm")
@@ -314,15 +332,14 @@ def test_a_zero_style_flat_buffer_gets_a_reproducer_that_compares_its_shards_wit
     ), ref.stdout + ref.stderr
 
 
-def test_two_scripts_in_one_folder_keep_their_own_names_and_inputs(tmp_path, monkeypatch):
+def test_two_scripts_in_one_folder_keep_their_own_names_and_inputs(tmp_path, monkeypatch, flat_finding):
     """A second script of the same implementation (another finding) was written over the first,
     and every script of a folder read one ``inputs.pt``: each now has its own name and inputs."""
     import shardfuzz.repro.standalone as standalone
 
     monkeypatch.setattr(standalone, "INLINE_NUMEL", 0)  # every tensor to the file beside the script
-    target = str(Path(__file__).resolve().parent / "data" / "flat_target.py")
-    result, first = _standalone_of_a_finding(tmp_path, target, "padding_in_norm")
-    (found,) = glob.glob(str(tmp_path / "failures" / "*.json"))
+    result, found = flat_finding
+    first = _script_of(found, tmp_path / "out")
     assert cli.main(["repro", found, "--standalone", "--trust-refs", "-o", str(first.parent)]) == cli.EXIT_OK
     second = first.with_name(first.stem + "_2.py")
     assert sorted(p.name for p in first.parent.iterdir()) == sorted(
