@@ -316,7 +316,7 @@ def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
     name), then the lines below it."""
     if not r.bad:
         if r.n == 0:  # "ok (worst error/tolerance 0)" above a map that said "(empty)"
-            return ["empty (nothing to compare)"]
+            return ["no element of the value (an empty or all-padding piece): nothing to compare"]
         return [f"ok (worst error/tolerance {r.max_ratio:.3g})"]
     lines = [f"{r.bad} / {r.n} elements wrong{r.note}"]
     if od.bound is None:  # compared exactly: no tolerance, so no ratio to it
