@@ -153,20 +153,26 @@ def test_regressions_finds_a_relative_folder_from_any_start_folder_and_says_why_
     tests = pytester.path / "tests"
     (tests / "failures").mkdir(parents=True)
     _record(tests / "failures", "mine")
+    (tests / "planted").mkdir()
+    _record(tests / "planted", "deliberate", planted=True)
     (tests / "test_reg.py").write_text(
         "import shardfuzz\n"
         "test_kept = shardfuzz.regressions('tests/failures')\n"
         "test_hangs = shardfuzz.regressions('tests/failures', kind='hang')\n"
         "test_typo = shardfuzz.regressions('tests/failure')\n"
+        "test_planted_only = shardfuzz.regressions('tests/planted')\n"
     )
     for start in (pytester.path, tests):
         monkeypatch.chdir(start)
         result = pytester.runpytest_inprocess(str(tests / "test_reg.py"), "-rs", "-k", "not test_kept")
-        result.assert_outcomes(skipped=2)
+        result.assert_outcomes(skipped=3)
         result.stdout.fnmatch_lines(
             [
                 f"*shardfuzz.regressions(): none of the 1 failure file(s) in {tests / 'failures'} is selected",
                 f"*shardfuzz.regressions(): no folder {tests / 'tests' / 'failure'} or {tests / 'failure'}",
+                # the one filter a user did not write is named (a new user's only file was a planted bug's)
+                f"*none of the 1 failure file(s) in {tests / 'planted'} is selected (1 of them a planted bug's: "
+                "regressions(..., planted=True) replays those)",
             ]
         )
         collected = pytester.runpytest_inprocess(str(tests / "test_reg.py"), "--collect-only", "-q")

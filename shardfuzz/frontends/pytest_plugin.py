@@ -509,13 +509,24 @@ def regressions(
     from shardfuzz.frontends import pytest_compose as compose
     from shardfuzz.repro.replay import replay_one
 
-    files = compose.select_failure_files(files, target=target, impl=impl, kind=kind, planted=planted)
+    every = files
+    files = compose.select_failure_files(every, target=target, impl=impl, kind=kind, planted=planted)
     params: list[Any] = files
     if not files:  # one skipped test that says why (pytest's own: "got empty parameter set")
         if not os.path.isdir(where):
             why = f"no folder {' or '.join(looked) if looked else os.path.abspath(where)}"
         elif on_disk:
             why = f"none of the {on_disk} failure file(s) in {os.path.abspath(where)} is selected"
+            # the filter a user did not write: planted bugs' files are left out unless asked for
+            left = (
+                0
+                if planted
+                else len(
+                    compose.select_failure_files(every, target=target, impl=impl, kind=kind, planted=True)
+                )
+            )
+            if left:
+                why += f" ({left} of them a planted bug's: regressions(..., planted=True) replays those)"
         else:
             why = f"no failure files in {os.path.abspath(where)}"
         params = [pytest.param(None, marks=pytest.mark.skip(reason=f"shardfuzz.regressions(): {why}"))]
