@@ -343,3 +343,22 @@ def test_a_job_killed_before_its_summary_is_named_beside_a_finding():
     assert codes == [-9, 1] and not interrupted
     assert rows == [{"target": "t", "found": True, "job": 2}]
     assert "[job 1] ended killed by signal 9 with no summary" in out.getvalue(), out.getvalue()
+
+
+def test_a_rerun_line_carries_the_import_path_a_fresh_process_lacks(tmp_path, monkeypatch):
+    """Under pytest (its root on sys.path) a target file that imports a module beside it ran, but
+    the report's `shardfuzz case` rerun line failed to import it in a new shell (a new user's
+    my_layers): the line now starts with the PYTHONPATH it needs; a built-in target's does not."""
+    from shardfuzz import Runner
+
+    (tmp_path / "helper_layers.py").write_text("SCALE = 1.0\n")
+    target = tmp_path / "uses_helper.py"
+    text = pathlib.Path(EXAMPLE).read_text()
+    target.write_text(
+        text.replace("import shardfuzz\n", "import helper_layers  # beside it\nimport shardfuzz\n", 1)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # what pytest's rootdir or a script's folder does
+    prefix = Runner(str(target), "mean_of_means").reporter.rerun_prefix
+    assert prefix.startswith(f"PYTHONPATH={tmp_path} shardfuzz case {target}::row_mean"), prefix
+    assert Runner(EXAMPLE, "mean_of_means").reporter.rerun_prefix.startswith("shardfuzz case ")  # needs none
+    assert Runner("tp_mlp", "missing_allreduce").reporter.rerun_prefix.startswith("shardfuzz case tp_mlp ")

@@ -38,6 +38,7 @@ from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  
 from shardfuzz.spec import registry
 from shardfuzz.spec.bounds import bounds_of
 from shardfuzz.spec.exclude import Excluded, exclusion
+from shardfuzz.spec.refs import import_path_for
 from shardfuzz.spec.target import Target
 from shardfuzz.spec.triggers import conditions_met
 from shardfuzz.verdict.comm import over_budget
@@ -164,12 +165,25 @@ class Runner:
             str(self.impl_ref),
             self.config.backend,
             # quoted for a shell: a bound implementation's "(bug='x')" or a path with a space
-            f"shardfuzz case {_for_shell(str(self.target_spec))} --impl {_for_shell(impl_arg)}{backend}{overrides}",
+            f"{self._import_path()}shardfuzz case {_for_shell(str(self.target_spec))} --impl "
+            f"{_for_shell(impl_arg)}{backend}{overrides}",
             self.tolerance,
             self_oracle=self.target.oracle == SELF,
             distinct=tuple(self.target.distinct),
             conditions=functools.partial(conditions_met, self.target),
         )
+
+    def _import_path(self) -> str:
+        """``PYTHONPATH=... `` for a rerun line, where the target's or implementation's modules
+        import from folders only this process has on its import path (pytest's root, a script's
+        folder); else nothing."""
+        impl = getattr(self.impl_ref, "impl", self.impl_ref)  # a bound implementation's function
+        refs = [r for r in (self.worker_target, impl) if isinstance(r, str)]
+        folders = import_path_for(refs)
+        if not folders:
+            return ""
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        return f"PYTHONPATH={shlex.quote(os.pathsep.join([*folders, *inherited]))} "
 
     def with_hooks(self, hooks: Sequence[RunHooks]) -> Runner:
         """A new runner of the same target, implementation (named as this one was: its failure

@@ -20,12 +20,18 @@ path: ``add_search_path`` (``shardfuzz --search-path DIR``) and ``$SHARDFUZZ_PAT
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import os
+import re
 import shlex
+import subprocess
 import sys
+import types
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.errors import TargetError
@@ -361,3 +367,74 @@ def module_ref(module_globals: dict[str, Any]) -> str | None:
     if file:
         return os.path.abspath(file)
     return None
+
+
+# -- what a rerun in a fresh process must add to its import path ---------------------------------
+@functools.lru_cache(maxsize=1)
+def _fresh_import_path() -> frozenset[str]:
+    """The import path a fresh interpreter of this Python starts with here ($PYTHONPATH, .pth
+    files and installed packages included), read once from one."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; print('\\n'.join(sys.path))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return frozenset(os.path.abspath(p) for p in out.stdout.splitlines() if p)
+
+
+def import_path_for(refs: Iterable[str]) -> list[str]:
+    """The folders of this process's import path that the modules ``refs`` name (``file.py::NAME``,
+    ``pkg.mod:attr``) import from, and that a fresh ``shardfuzz`` process would not have: pytest
+    puts a test's root folder on the path, a script its own folder, and a ``shardfuzz case`` rerun
+    line printed there failed to import the helper module a target file imports. Empty for code
+    that is installed or on ``$PYTHONPATH``."""
+    modules: list[Any] = []
+    for ref in refs:
+        parts = split_file_ref(ref)
+        if parts is not None:
+            module = _FILE_MODULES.get(os.path.abspath(parts[0]))
+        elif re.fullmatch(r"[\w.]+:[\w.]+", ref):
+            module = sys.modules.get(ref.partition(":")[0])
+        else:
+            continue
+        if module is not None:
+            modules.append(module)
+    tops = {m.__name__.split(".")[0] for m in modules if not m.__name__.startswith("_shardfuzz_file_")}
+    for m in modules:
+        for value in vars(m).values():
+            name = (
+                value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+            )
+            if isinstance(name, str) and not name.startswith("_shardfuzz_file_"):
+                tops.add(name.split(".")[0])
+    fresh = _fresh_import_path() if tops - set(sys.stdlib_module_names) else frozenset()
+    entries = [os.path.abspath(p or ".") for p in sys.path]
+    candidates = [p for p in dict.fromkeys(entries) if p not in fresh and os.path.isdir(p)]
+    needed = []
+    for top in sorted(tops - set(sys.stdlib_module_names)):
+        where = getattr(sys.modules.get(top), "__file__", None)
+        if not where:
+            continue
+        home = next((p for p in candidates if where.startswith(os.path.join(p, ""))), None)
+        if home is not None and home not in needed and not _installed_elsewhere(top, candidates):
+            needed.append(home)
+    return [p for p in candidates if p in needed]
+
+
+def _installed_elsewhere(top: str, candidates: list[str]) -> bool:
+    """Whether ``top`` imports without the folders ``candidates`` (an editable install's finder,
+    a .pth entry): then no rerun needs them for it."""
+    for finder in sys.meta_path:
+        if isinstance(finder, type) and issubclass(finder, importlib.machinery.PathFinder):
+            rest = [p for p in sys.path if os.path.abspath(p or ".") not in candidates]
+            if importlib.machinery.PathFinder.find_spec(top, rest) is not None:
+                return True
+            continue
+        find = getattr(finder, "find_spec", None)
+        try:
+            if find is not None and find(top, None) is not None:
+                return True
+        except (ImportError, ValueError, AttributeError):  # a finder that cannot say: ask the next
+            continue
+    return False
