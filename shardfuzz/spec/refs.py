@@ -402,10 +402,13 @@ def import_path_for(refs: Iterable[str]) -> list[str]:
             modules.append(module)
     tops = {m.__name__.split(".")[0] for m in modules if not m.__name__.startswith("_shardfuzz_file_")}
     for m in modules:
-        for value in vars(m).values():
-            name = (
-                value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-            )
+        for value in vars(m).values():  # what ``import x`` and ``from x import f, C`` bind
+            if isinstance(value, types.ModuleType):
+                name = value.__name__
+            elif isinstance(value, (type, types.FunctionType)):  # a plain attribute of theirs
+                name = value.__module__
+            else:
+                continue
             if isinstance(name, str) and not name.startswith("_shardfuzz_file_"):
                 tops.add(name.split(".")[0])
     fresh = _fresh_import_path() if tops - set(sys.stdlib_module_names) else frozenset()
