@@ -389,40 +389,44 @@ def import_path_for(refs: Iterable[str]) -> list[str]:
     puts a test's root folder on the path, a script its own folder, and a ``shardfuzz case`` rerun
     line printed there failed to import the helper module a target file imports. Empty for code
     that is installed or on ``$PYTHONPATH``."""
-    modules: list[Any] = []
+    tops = _imported_tops(_modules_of(refs)) - set(sys.stdlib_module_names)
+    if not tops:
+        return []
+    fresh = _fresh_import_path()
+    entries = [os.path.abspath(p or ".") for p in sys.path]
+    candidates = [p for p in dict.fromkeys(entries) if p not in fresh and os.path.isdir(p)]
+    needed = set()
+    for top in tops:
+        where = getattr(sys.modules.get(top), "__file__", None)
+        home = next((p for p in candidates if where and where.startswith(os.path.join(p, ""))), None)
+        if home is not None and not _installed_elsewhere(top, candidates):
+            needed.add(home)
+    return [p for p in candidates if p in needed]
+
+
+def _modules_of(refs: Iterable[str]) -> list[Any]:
+    """The imported modules that references name (a file's, a package module's)."""
+    modules = []
     for ref in refs:
         parts = split_file_ref(ref)
         if parts is not None:
-            module = _FILE_MODULES.get(os.path.abspath(parts[0]))
+            modules.append(_FILE_MODULES.get(os.path.abspath(parts[0])))
         elif re.fullmatch(r"[\w.]+:[\w.]+", ref):
-            module = sys.modules.get(ref.partition(":")[0])
-        else:
-            continue
-        if module is not None:
-            modules.append(module)
-    tops = {m.__name__.split(".")[0] for m in modules if not m.__name__.startswith("_shardfuzz_file_")}
+            modules.append(sys.modules.get(ref.partition(":")[0]))
+    return [m for m in modules if m is not None]
+
+
+def _imported_tops(modules: list[Any]) -> set[str]:
+    """The top-level names of the modules, and of what each imports (what ``import x`` and ``from
+    x import f, C`` bind: modules, functions, classes), files imported by path left out."""
+    names = [m.__name__ for m in modules]
     for m in modules:
-        for value in vars(m).values():  # what ``import x`` and ``from x import f, C`` bind
+        for value in vars(m).values():
             if isinstance(value, types.ModuleType):
-                name = value.__name__
+                names.append(value.__name__)
             elif isinstance(value, (type, types.FunctionType)):  # a plain attribute of theirs
-                name = value.__module__
-            else:
-                continue
-            if isinstance(name, str) and not name.startswith("_shardfuzz_file_"):
-                tops.add(name.split(".")[0])
-    fresh = _fresh_import_path() if tops - set(sys.stdlib_module_names) else frozenset()
-    entries = [os.path.abspath(p or ".") for p in sys.path]
-    candidates = [p for p in dict.fromkeys(entries) if p not in fresh and os.path.isdir(p)]
-    needed = []
-    for top in sorted(tops - set(sys.stdlib_module_names)):
-        where = getattr(sys.modules.get(top), "__file__", None)
-        if not where:
-            continue
-        home = next((p for p in candidates if where.startswith(os.path.join(p, ""))), None)
-        if home is not None and home not in needed and not _installed_elsewhere(top, candidates):
-            needed.append(home)
-    return [p for p in candidates if p in needed]
+                names.append(value.__module__)
+    return {n.split(".")[0] for n in names if isinstance(n, str) and not n.startswith("_shardfuzz_file_")}
 
 
 def _installed_elsewhere(top: str, candidates: list[str]) -> bool:
