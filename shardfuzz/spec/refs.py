@@ -389,8 +389,13 @@ def import_path_for(refs: Iterable[str]) -> list[str]:
     puts a test's root folder on the path, a script its own folder, and a ``shardfuzz case`` rerun
     line printed there failed to import the helper module a target file imports. Empty for code
     that is installed or on ``$PYTHONPATH``."""
-    tops = _imported_tops(_modules_of(refs)) - set(sys.stdlib_module_names)
-    if not tops:
+    prefixes = tuple(os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.base_prefix})
+    tops = {
+        top
+        for top in _imported_tops(_modules_of(refs)) - set(sys.stdlib_module_names) - {"shardfuzz"}
+        if not (getattr(sys.modules.get(top), "__file__", None) or "").startswith(prefixes)  # installed
+    }
+    if not tops:  # nothing of the user's own: no fresh interpreter to ask
         return []
     fresh = _fresh_import_path()
     entries = [os.path.abspath(p or ".") for p in sys.path]
