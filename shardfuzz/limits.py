@@ -190,6 +190,13 @@ OTHER_ENVIRONMENT: tuple[EnvVar, ...] = (
     ),
     EnvVar("NO_COLOR", "any", "", "set: no colour in a campaign's display and summary (honoured by rich)"),
     EnvVar(
+        "PYTHONPATH",
+        "paths",
+        "",
+        "Python's own; a report's `shardfuzz case` rerun line keeps it, after the folders its run had "
+        "only on its own import path (pytest's root, a script's folder)",
+    ),
+    EnvVar(
         "TORCH_DISTRIBUTED_DEBUG",
         "DETAIL",
         "",
