@@ -374,12 +374,15 @@ def module_ref(module_globals: dict[str, Any]) -> str | None:
 def _fresh_import_path() -> frozenset[str]:
     """The import path a fresh interpreter of this Python starts with here ($PYTHONPATH, .pth
     files and installed packages included), read once from one."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import sys; print('\\n'.join(sys.path))"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import sys; print('\\n'.join(sys.path))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):  # no answer: every folder counts as a fresh one's,
+        return frozenset(os.path.abspath(p or ".") for p in sys.path)  # and the rerun line stays bare
     return frozenset(os.path.abspath(p) for p in out.stdout.splitlines() if p)
 
 
@@ -415,7 +418,9 @@ def _modules_of(refs: Iterable[str]) -> list[Any]:
     for ref in refs:
         parts = split_file_ref(ref)
         if parts is not None:
-            modules.append(_FILE_MODULES.get(os.path.abspath(parts[0])))
+            modules.append(
+                _FILE_MODULES.get(_abspath(parts[0])) or _FILE_MODULES.get(os.path.abspath(parts[0]))
+            )
         elif re.fullmatch(r"[\w.]+:[\w.]+", ref):
             modules.append(sys.modules.get(ref.partition(":")[0]))
     return [m for m in modules if m is not None]
