@@ -348,17 +348,39 @@ def test_a_job_killed_before_its_summary_is_named_beside_a_finding():
 def test_a_rerun_line_carries_the_import_path_a_fresh_process_lacks(tmp_path, monkeypatch):
     """Under pytest (its root on sys.path) a target file that imports a module beside it ran, but
     the report's `shardfuzz case` rerun line failed to import it in a new shell (a new user's
-    my_layers): the line now starts with the PYTHONPATH it needs; a built-in target's does not."""
-    from shardfuzz import Runner
+    my_layers): the line now starts with the PYTHONPATH it needs, for an `--impl pkg.mod:func` of
+    such a folder too; a built-in target's does not."""
+    import sys
 
+    from shardfuzz import Runner
+    from shardfuzz.spec import refs
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    refs._fresh_import_path.cache_clear()  # read again without it
     (tmp_path / "helper_layers.py").write_text("SCALE = 1.0\n")
+    (tmp_path / "helper_impls.py").write_text(
+        "import sys\nmine = sys.modules['_shardfuzz_example_mean'].mean_of_means\n"
+    )
     target = tmp_path / "uses_helper.py"
     text = pathlib.Path(EXAMPLE).read_text()
     target.write_text(
         text.replace("import shardfuzz\n", "import helper_layers  # beside it\nimport shardfuzz\n", 1)
     )
     monkeypatch.syspath_prepend(str(tmp_path))  # what pytest's rootdir or a script's folder does
-    prefix = Runner(str(target), "mean_of_means").reporter.rerun_prefix
-    assert prefix.startswith(f"PYTHONPATH={tmp_path} shardfuzz case {target}::row_mean"), prefix
-    assert Runner(EXAMPLE, "mean_of_means").reporter.rerun_prefix.startswith("shardfuzz case ")  # needs none
-    assert Runner("tp_mlp", "missing_allreduce").reporter.rerun_prefix.startswith("shardfuzz case tp_mlp ")
+    for name in ("helper_layers", "helper_impls", "_shardfuzz_example_mean"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # gone again after the test
+    try:
+        prefix = Runner(str(target), "mean_of_means").reporter.rerun_prefix
+        assert prefix.startswith(f"PYTHONPATH={tmp_path} shardfuzz case {target}::row_mean"), prefix
+        assert Runner(EXAMPLE, "mean_of_means").reporter.rerun_prefix.startswith("shardfuzz case ")  # none
+        # an implementation named as pkg.mod:func from that folder needs it too
+        from shardfuzz.spec.refs import import_file
+
+        sys.modules["_shardfuzz_example_mean"] = import_file(EXAMPLE, "example")
+        prefix = Runner(EXAMPLE, "helper_impls:mine").reporter.rerun_prefix
+        assert prefix.startswith(f"PYTHONPATH={tmp_path} shardfuzz case "), prefix
+        assert Runner("tp_mlp", "missing_allreduce").reporter.rerun_prefix.startswith(
+            "shardfuzz case tp_mlp "
+        )
+    finally:
+        refs._fresh_import_path.cache_clear()

@@ -177,13 +177,14 @@ class Runner:
         """``PYTHONPATH=... `` for a rerun line, where the target's or implementation's modules
         import from folders only this process has on its import path (pytest's root, a script's
         folder); else nothing."""
-        impl = getattr(self.impl_ref, "impl", self.impl_ref)  # a bound implementation's function
-        refs = [r for r in (self.worker_target, impl) if isinstance(r, str)]
-        folders = import_path_for(refs)
+        try:
+            folders = import_path_for([self.worker_target, self.impl_ref.ref])
+            inherited = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        except Exception:  # noqa: BLE001 (advice on a rerun line must never fail a run: a bare line)
+            return ""
         if not folders:
             return ""
-        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        return f"PYTHONPATH={shlex.quote(os.pathsep.join([*folders, *inherited]))} "
+        return f"PYTHONPATH={shlex.quote(os.pathsep.join(dict.fromkeys([*folders, *inherited])))} "
 
     def with_hooks(self, hooks: Sequence[RunHooks]) -> Runner:
         """A new runner of the same target, implementation (named as this one was: its failure

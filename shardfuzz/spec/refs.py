@@ -381,8 +381,12 @@ def _fresh_import_path() -> frozenset[str]:
             text=True,
             timeout=60,
         )
-    except (OSError, subprocess.SubprocessError):  # no answer: every folder counts as a fresh one's,
-        return frozenset(os.path.abspath(p or ".") for p in sys.path)  # and the rerun line stays bare
+    except (OSError, subprocess.SubprocessError):
+        out = None
+    if out is None or out.returncode != 0:  # no answer: every folder counts as a fresh one's, and
+        return frozenset(
+            os.path.abspath(p or ".") for p in sys.path if isinstance(p, str)
+        )  # the line stays bare
     return frozenset(os.path.abspath(p) for p in out.stdout.splitlines() if p)
 
 
@@ -390,8 +394,9 @@ def import_path_for(refs: Iterable[str]) -> list[str]:
     """The folders of this process's import path that the modules ``refs`` name (``file.py::NAME``,
     ``pkg.mod:attr``) import from, and that a fresh ``shardfuzz`` process would not have: pytest
     puts a test's root folder on the path, a script its own folder, and a ``shardfuzz case`` rerun
-    line printed there failed to import the helper module a target file imports. Empty for code
-    that is installed or on ``$PYTHONPATH``."""
+    line printed there failed to import the helper module a target file imports. Read from what
+    the files bind at their top level (modules, and functions and classes imported from them);
+    empty for code that is installed or on ``$PYTHONPATH``."""
     prefixes = tuple(os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.base_prefix})
     tops = {
         top
@@ -401,15 +406,24 @@ def import_path_for(refs: Iterable[str]) -> list[str]:
     if not tops:  # nothing of the user's own: no fresh interpreter to ask
         return []
     fresh = _fresh_import_path()
-    entries = [os.path.abspath(p or ".") for p in sys.path]
+    entries = [os.path.abspath(p or ".") for p in sys.path if isinstance(p, str)]
     candidates = [p for p in dict.fromkeys(entries) if p not in fresh and os.path.isdir(p)]
     needed = set()
     for top in tops:
-        where = getattr(sys.modules.get(top), "__file__", None)
-        home = next((p for p in candidates if where and where.startswith(os.path.join(p, ""))), None)
-        if home is not None and not _installed_elsewhere(top, candidates):
-            needed.add(home)
+        homes = [h for h in _homes(sys.modules.get(top)) if h in candidates]
+        if homes and not _installed_elsewhere(top, candidates):
+            needed.update(homes)
     return [p for p in candidates if p in needed]
+
+
+def _homes(module: Any) -> list[str]:
+    """The import-path folders a top-level module was found in: a file's folder, a package's
+    parent, each parent of a namespace package's paths."""
+    where = getattr(module, "__file__", None)
+    if isinstance(where, str):
+        folder = os.path.dirname(os.path.abspath(where))
+        return [os.path.dirname(folder) if os.path.basename(where).startswith("__init__.") else folder]
+    return [os.path.dirname(os.path.abspath(p)) for p in getattr(module, "__path__", None) or []]
 
 
 def _modules_of(refs: Iterable[str]) -> list[Any]:
@@ -441,17 +455,20 @@ def _imported_tops(modules: list[Any]) -> set[str]:
 
 def _installed_elsewhere(top: str, candidates: list[str]) -> bool:
     """Whether ``top`` imports without the folders ``candidates`` (an editable install's finder,
-    a .pth entry): then no rerun needs them for it."""
+    a .pth entry): then no rerun needs them for it. A finder's answer from one of those folders
+    does not count (pytest's assertion rewriter searches the whole path)."""
     for finder in sys.meta_path:
         if isinstance(finder, type) and issubclass(finder, importlib.machinery.PathFinder):
-            rest = [p for p in sys.path if os.path.abspath(p or ".") not in candidates]
-            if importlib.machinery.PathFinder.find_spec(top, rest) is not None:
-                return True
-            continue
-        find = getattr(finder, "find_spec", None)
-        try:
-            if find is not None and find(top, None) is not None:
-                return True
-        except (ImportError, ValueError, AttributeError):  # a finder that cannot say: ask the next
-            continue
+            rest = [p for p in sys.path if isinstance(p, str) and os.path.abspath(p or ".") not in candidates]
+            spec = importlib.machinery.PathFinder.find_spec(top, rest)
+        else:
+            try:
+                find = getattr(finder, "find_spec", None)
+                spec = find(top, None) if find is not None else None
+            except (ImportError, ValueError, AttributeError, TypeError):  # a finder that cannot say
+                continue
+        places = [getattr(spec, "origin", None), *(getattr(spec, "submodule_search_locations", None) or [])]
+        found = [os.path.abspath(p) for p in places if isinstance(p, str) and os.path.isabs(p)]
+        if spec is not None and not any(f.startswith(os.path.join(c, "")) for f in found for c in candidates):
+            return True
     return False
