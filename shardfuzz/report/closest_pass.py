@@ -9,6 +9,15 @@ from typing import Any
 from shardfuzz.errors import ExternalFault, Finding
 
 
+def leading_figure(
+    ratio: float, upper_bound: bool, measured: float | None, measured_elsewhere: float
+) -> float:
+    """The figure a closest pass's words lead with: the ratio itself, or for an upper bound the
+    highest measured with the noise term (``measured``: the bound's own case; ``measured_elsewhere``:
+    the other passes)."""
+    return max(measured or 0.0, measured_elsewhere) if upper_bound else ratio
+
+
 def closest_pass_words(
     ratio: float,
     upper_bound: bool,
@@ -34,7 +43,7 @@ def closest_pass_words(
         return "0 (every compared element equal)" + (
             f"; its case gave a {rerun_failed} when run again: not deterministic?" if rerun_failed else ""
         )
-    lead = max(measured or 0.0, measured_elsewhere) if upper_bound else ratio  # the figure said first
+    lead = leading_figure(ratio, upper_bound, measured, measured_elsewhere)
     # right after the figure it qualifies (a second bracket at the end read as the bound's)
     recheck = (
         f"{rechecked:.3g} with the recheck a failure gets before it is reported"
@@ -113,7 +122,7 @@ def recheck_closest_pass(runner: Any, measured: float | None) -> tuple[float | N
     s = runner.stats
     if s.failures or s.closest_pass is None:
         return None, None
-    lead = max(measured or 0.0, s.measured_pass_ratio) if s.closest_pass_upper_bound else s.worst_pass_ratio
+    lead = leading_figure(s.worst_pass_ratio, s.closest_pass_upper_bound, measured, s.measured_pass_ratio)
     if lead < RECHECK_FROM:
         return None, None
     case = closest_pass_case(
