@@ -384,3 +384,49 @@ def test_a_rerun_line_carries_the_import_path_a_fresh_process_lacks(tmp_path, mo
         )
     finally:
         refs._fresh_import_path.cache_clear()
+
+
+def test_a_rerun_line_whose_import_path_cannot_be_read_stays_bare(tmp_path, monkeypatch):
+    """The import path on a rerun line is advice: a fresh interpreter that cannot be asked, a
+    finder that raises, or any failure in reading it leaves the line as it was, never the run."""
+    import subprocess
+    import sys
+
+    from shardfuzz import Runner
+    from shardfuzz.spec import refs
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    (tmp_path / "helper_layers2.py").write_text("SCALE = 1.0\n")
+    target = tmp_path / "uses_helper2.py"
+    text = pathlib.Path(EXAMPLE).read_text()
+    target.write_text(text.replace("import shardfuzz\n", "import helper_layers2\nimport shardfuzz\n", 1))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "helper_layers2", raising=False)
+
+    class Raising:  # a meta-path finder that cannot say: asked, skipped
+        @staticmethod
+        def find_spec(*args, **kwargs):
+            raise ImportError("cannot say")
+
+    refs._fresh_import_path.cache_clear()
+    try:
+        first = Runner(str(target), "mean_of_means").reporter.rerun_prefix  # imports the file
+        with monkeypatch.context() as m:  # the file imported: only the check asks the finders now
+            m.setattr(sys, "meta_path", [Raising, *sys.meta_path])
+            again = Runner(str(target), "mean_of_means").reporter.rerun_prefix
+        assert first == again and again.startswith(f"PYTHONPATH={tmp_path} "), (first, again)
+
+        def no_interpreter(*args, **kwargs):
+            raise OSError("no fresh interpreter here")
+
+        refs._fresh_import_path.cache_clear()
+        with monkeypatch.context() as m:
+            m.setattr(subprocess, "run", no_interpreter)
+            assert refs.import_path_for([f"{target}::row_mean"]) == []  # every folder counts as fresh
+        from shardfuzz.engine import runner as runner_module
+
+        with monkeypatch.context() as m:
+            m.setattr(runner_module, "import_path_for", lambda refs_: 1 / 0)
+            assert Runner(str(target), "mean_of_means").reporter.rerun_prefix.startswith("shardfuzz case ")
+    finally:
+        refs._fresh_import_path.cache_clear()
