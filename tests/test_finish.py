@@ -394,3 +394,18 @@ def test_the_summary_keeps_each_rows_figures_under_their_headings_whatever_the_n
     rows[1]["failure_files"] = ["f.json"]
     under = campaign.summary_table(rows).splitlines()[4]
     assert under.index("failure file:") == head.index("implementation"), (head, under)
+
+
+def test_ctrl_c_while_a_clean_runs_closest_pass_is_measured_keeps_the_figures_and_says_interrupted(
+    monkeypatch,
+):
+    """The closest pass is measured (and rechecked) after the search: a Ctrl-C or SIGTERM there
+    ends the measuring, the run's own figures stand, and the run says it was interrupted."""
+
+    def interrupted(runner):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(campaign, "measure_closest_pass", interrupted)
+    out = campaign.Outcome("t", runner=None)
+    campaign._measure_closest_pass(out, None)
+    assert out.interrupted and out.closest_measured is None and out.closest_rechecked is None
