@@ -276,3 +276,32 @@ def test_the_recheck_of_a_closest_pass_is_its_case_judged_again_with_a_failures_
             flags,
             out.stdout,
         )
+
+
+def test_a_recheck_that_now_fails_says_so_unless_its_narrower_bound_is_all():
+    """recheck_closest_pass on a case that now fails: a mismatch under the recheck's bound leaves the
+    first figure standing (no second figure); a hang or a rank error is said as nondeterminism; a
+    rank killed from outside gives no second figure."""
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.errors import ExternalFault, Mismatch, RankHang
+    from shardfuzz.report.closest_pass import recheck_closest_pass
+
+    class Again:
+        def __init__(self, error):
+            self.error, self.always_noise, self.recheck = error, False, False
+
+        def run_case(self, case):
+            assert self.always_noise and self.recheck  # judged as a failure would be
+            raise self.error
+
+    class Run:
+        def __init__(self, error):
+            self.stats, self.error = Stats(), error
+            self.stats.note_pass(0.9, "case")
+
+        def with_hooks(self, hooks):
+            return Again(self.error)
+
+    assert recheck_closest_pass(Run(Mismatch("m")), None) == (None, None)
+    assert recheck_closest_pass(Run(RankHang("h")), None) == (None, "hang")
+    assert recheck_closest_pass(Run(ExternalFault("killed")), None) == (None, None)
