@@ -847,8 +847,9 @@ EXPECTED_FAILURES = [
             options={"op": "aten.threshold.default"},
             exclude=_others("threshold of a max/min Partial"),
         ),
-        # budget.py, 20 schedules, cap 300: p50 52, max 222 (2 before Pprod inputs moved the draws)
-        p95=186,
+        # budget.py, 20 schedules, cap 500 (stop 57): p50 40, max 222 (p95 186 before the search
+        # climbed on measured ratios only; 2 before Pprod inputs moved the draws)
+        p95=124,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(
@@ -888,8 +889,9 @@ EXPECTED_FAILURES = [
             # a minute of waiting per example where the layout shows the cause at once
             exclude=(*_others("logsumexp with keepdim"), "options['backward']"),
         ),
-        # budget.py, 20 schedules: p50 54, 3 of 20 not within 300 (9 before Pprod inputs moved the draws)
-        p95=300,
+        # budget.py, 20 schedules, cap 500 (stop 57): p50 63.5, max 267 (p95 371, max 460 before the
+        # search climbed on measured ratios only; 9 before Pprod inputs moved the draws)
+        p95=129,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(

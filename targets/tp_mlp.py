@@ -560,11 +560,11 @@ PLANTED = [
             check=lambda c: c.dtype == "bfloat16",
             note="bfloat16, any world size",
         ),
-        # budget.py, 20 seeds, cap 500 (stop 53): p50 22.5, p95 85, max 95, 65% within 30
-        # examples. In the negative tail, where x * sigmoid(1.702 x) is furthest from GELU, the
+        # budget.py, 20 seeds, cap 500 (stop 57, the search climbing on measured ratios only):
+        # p50 22.5, p95 57, max 77, 80% within 30 examples (65%, p95 85 before). In the negative tail, where x * sigmoid(1.702 x) is furthest from GELU, the
         # bound allows a GELU computed in bf16 arithmetic (1 + erf cancels: noise on the scale of
         # u * |x|): 29 of 200 random bf16 cases fail (normal values 29%, large 8%, ties 6%)
-        p95=85,
+        p95=57,
     ),
 ]
 

@@ -26,7 +26,7 @@ import functools
 import itertools
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choices_to_bytes
 
@@ -189,7 +189,16 @@ def seeded_database(inner: Any, seeds: Sequence[tuple]) -> Any:
     return SeededDatabase(inner if inner is not None else InMemoryExampleDatabase(), seeds)
 
 
-def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:
+class CaseRun(NamedTuple):
+    """A passing case's worst error/tolerance and the trigger conditions it reached."""
+
+    ratio: float
+    reached: set[str]
+    #: ``ratio`` was judged without the noise term (a sure pass): an upper bound, not a measure
+    upper_bound: bool
+
+
+def counted_run(runner: Any, case: Case) -> CaseRun:
     """Run one case (inside Hypothesis or not) and count the trigger conditions it reached once it
     is an example, passed or failed (as the runner counts examples: a progress line never counts
     a case still running, or one rejected since); a case rejected as unsupported is counted as
@@ -206,7 +215,8 @@ def counted_run(runner: Any, case: Case) -> tuple[float, set[str]]:
             runner.stats.unsupported[e.reason] += 1
         raise
     runner.stats.triggers.update(reached)
-    return ratio, reached
+    verdict = runner.last_verdict
+    return CaseRun(ratio, reached, verdict is not None and verdict.upper_bound)
 
 
 def pool_for(

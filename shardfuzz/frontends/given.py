@@ -37,7 +37,7 @@ def run_case(
     Inside a Hypothesis test it also does what ``test_for``'s own test does: the trigger conditions
     the case reaches become ``event()``\\ s, a case the target does not support (or an excluded
     one) is ``reject()``\\ ed, and ``target(ratio, label="error/tolerance of a passing example <target/impl/backend>")``
-    steers the search towards failures. Under pytest the ``--shardfuzz-*`` options apply, failure
+    steers the search towards failures (a measured ratio only: not a sure pass's bound). Under pytest the ``--shardfuzz-*`` options apply, failure
     files go to the failures folder, and ``--hypothesis-show-statistics`` shows shardfuzz's
     statistics for the test.
 
