@@ -74,7 +74,7 @@ def test_only_a_measured_ratio_steers_the_search(monkeypatch):
     within the ci budget)."""
     import hypothesis
 
-    from shardfuzz.engine.search import check
+    from shardfuzz.engine.search import RepeatedCases, check
 
     scores = []
     monkeypatch.setattr(hypothesis, "event", lambda *a, **k: None)
@@ -86,6 +86,14 @@ def test_only_a_measured_ratio_steers_the_search(monkeypatch):
     full.always_noise = True  # the same case judged with the noise term: a measured ratio
     measured = check(full, case(3, 4))
     assert not full.last_verdict.upper_bound and scores == [min(measured, 1.0)] and measured <= bound
+    # after a finding (``answer``: Hypothesis shrinks and looks for other bugs) every ratio steers,
+    # as before: the climb toward measured near misses found the same bug again there, in a case
+    # that shrinks less far (ring_allreduce/fp16_wire: 4 ranks where its row shrinks to 2)
+    scores.clear()
+    context = type("Context", (), {"is_final": False})()  # a shrink step, not Hypothesis' final replay
+    monkeypatch.setattr("shardfuzz.engine.search.current_build_context", lambda: context)
+    again = check(runner("reference"), case(3, 4), repeats=RepeatedCases(), answer=True)
+    assert scores == [min(again, 1.0)] and again == bound
 
 
 def test_hang_gives_every_ranks_stack():
