@@ -55,6 +55,23 @@ def test_covering_rows_reach_every_pair_of_conditions_their_pool_reaches(name):
         c.group_size for c in pool if not (target.supports and target.supports(c))
     }
     assert len(rows) <= 30, f"{len(rows)} rows would take the whole ci budget"
+    # shards cut apart by the two split rules: a row of its own wherever the pool draws them
+    differ = shardfuzz.spec.triggers.SPLIT_RULES_DIFFER
+    if any(differ in shardfuzz.spec.triggers.triggers_of(target, c) for c in pool):
+        assert differ in reached
+
+
+def test_split_rules_that_cut_apart_are_reached_alone_not_paired():
+    """A new user's vocab-parallel loss took its offsets from tensor_split's rule, on shards by
+    DTensor's: wrong only on 3+ ranks with a vocab of 3k + 1, and no ci row had one (its uneven rows
+    had 3k + 2, where the rules agree). The condition is already a combination: a row reaches it
+    on its own, and it is not paired with every dtype and profile (2-4 more rows a target)."""
+    target = get_target("tp_mlp")
+    differ = shardfuzz.spec.triggers.SPLIT_RULES_DIFFER
+    pool = covering.pool_for(target)
+    case = next(c for c, _ in pool if differ in shardfuzz.spec.triggers.triggers_of(target, c))
+    tuples = covering.tuples_of(target, case, covering.conditions_of(target, case, ()))
+    assert (differ,) in tuples and not [t for t in tuples if differ in t and len(t) > 1]
 
 
 def test_the_pool_does_not_depend_on_the_constants_of_loaded_modules(tmp_path, monkeypatch):

@@ -182,6 +182,21 @@ def test_generic_trigger_labels():
     assert not {"group>=3", "world non-power-of-2", "group non-power-of-2"} & generic_triggers(c)
 
 
+def test_shards_that_the_two_split_rules_cut_apart_are_a_trigger_of_their_own():
+    from shardfuzz.spec.triggers import SPLIT_RULES_DIFFER, generic_triggers
+
+    def at(n, world):
+        return generic_triggers(
+            Case(target="t", world_size=world, mesh=(world,), sizes={"n": n}, split=("n",))
+        )
+
+    assert SPLIT_RULES_DIFFER in at(7, 3) and SPLIT_RULES_DIFFER in at(10, 4)  # [3, 3, 1] vs [3, 2, 2]
+    assert SPLIT_RULES_DIFFER not in at(5, 3)  # [2, 2, 1] under both rules
+    assert SPLIT_RULES_DIFFER not in at(7, 2) and SPLIT_RULES_DIFFER not in at(6, 3)
+    # an empty DTensor shard is its own condition (and can hide an offset: nothing sits at it)
+    assert "empty DTensor shard" in at(4, 3) and SPLIT_RULES_DIFFER not in at(4, 3)
+
+
 def test_group_triggers_count_the_group_under_test_not_the_world():
     from shardfuzz.spec.triggers import generic_triggers
 

@@ -343,7 +343,14 @@ def build_parser() -> argparse.ArgumentParser:
         "there, a bare word is a string; repeatable): the contract choice of an implementation that "
         "supports only that value. A string the target never draws, where it draws a few, is warned about",
     )
-    f.add_argument("--profile", default="shardfuzz-dev", choices=PROFILES)
+    f.add_argument(
+        "--profile",
+        default="shardfuzz-dev",
+        choices=PROFILES,
+        help="the Hypothesis settings: shardfuzz-ci is what CI runs (30 examples, derandomized: the same "
+        "cases on every run, the first of any larger --max-examples; no database), shardfuzz-dev 100 "
+        "examples with the local database, shardfuzz-fuzz 2000",
+    )
     f.add_argument(
         "--failures-dir",
         default=None,

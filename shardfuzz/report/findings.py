@@ -327,7 +327,8 @@ def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
         return lines + [f"    {line}" for line in _exact_worst(od, r)]
     lines.append(
         f"    greatest absolute difference: {_difference(r.max_abs, r.max_abs_nan)} at index {r.max_abs_at} "
-        f"(up to {r.max_abs_allowed:.3g} allowed, {r.max_ratio:.3g}x the tolerance at worst)"
+        # the two figures can be of two elements: the largest difference may sit where more is allowed
+        f"(up to {r.max_abs_allowed:.3g} allowed there; the worst element is {r.max_ratio:.3g}x its tolerance)"
     )
     zero = " (expected 0 there)" if r.max_rel_expected == 0 else ""
     rel = _difference(r.max_rel, r.max_rel_nan)

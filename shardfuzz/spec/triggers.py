@@ -16,6 +16,8 @@ from shardfuzz.case import Case
 from shardfuzz.errors import TargetError
 from shardfuzz.spec.layouts import split_sizes
 
+#: shards that all hold something, cut apart by DTensor's rule (torch.chunk's) and tensor_split's
+SPLIT_RULES_DIFFER = "tensor_split != DTensor shards"
 #: the generic conditions, in the order progress lines show them
 GENERIC = (
     "world>=3",
@@ -28,6 +30,7 @@ GENERIC = (
     "uneven",
     "empty shard",
     "empty DTensor shard",
+    SPLIT_RULES_DIFFER,
     "uneven over replicas",
     "batch>1",
     "bfloat16",
@@ -74,8 +77,13 @@ def _split_triggers(n: int, g: int) -> set[str]:
     out = {"uneven"} if n % g else set()
     if n < g:
         out.add("empty shard")  # under any split rule
-    elif 0 in split_sizes(n, g, "dtensor"):
+    elif 0 in (chunked := split_sizes(n, g, "dtensor")):
         out.add("empty DTensor shard")
+    elif chunked != split_sizes(n, g, "tensor_split"):
+        # every shard holds something and the two rules cut apart (7 on 3 ranks: 3, 3, 1 against
+        # 3, 2, 2): offsets by one rule on shards by the other are wrong on a rank that holds
+        # elements; the rules agree on 2 ranks and on 5 of 3, and an empty shard can hide the offset
+        out.add(SPLIT_RULES_DIFFER)
     return out
 
 
