@@ -1,6 +1,6 @@
 """No false positives: every built-in reference, and any target file given (``examples/*.py``),
 under the ``shardfuzz-fuzz`` profile (random seeds, not derandomized, Hypothesis steering towards
-the largest error/tolerance), N examples per target and dtype set.
+the largest measured error/tolerance), N examples per target and dtype set.
 
     python benchmarks/no_false_positives.py [--examples 2000] [--dtypes mixed|each] [--edge] [TARGET-or-FILE ...]
 

@@ -55,7 +55,7 @@ def test_covering_rows_reach_every_pair_of_conditions_their_pool_reaches(name):
         c.group_size for c in pool if not (target.supports and target.supports(c))
     }
     assert len(rows) <= 30, f"{len(rows)} rows would take the whole ci budget"
-    # shards cut apart by the two split rules: a row of its own wherever the pool draws them
+    # shards cut apart by the two split rules: reached by a row wherever the pool draws them
     differ = shardfuzz.spec.triggers.SPLIT_RULES_DIFFER
     if any(differ in shardfuzz.spec.triggers.triggers_of(target, c) for c in pool):
         assert differ in reached

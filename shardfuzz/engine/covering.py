@@ -1,6 +1,6 @@
 """Covering rows: before random generation, a run executes a few cases that together reach every
 pair of trigger conditions that can occur together (a pairwise covering array over the target's
-own strategy), so a bug that needs two conditions at once (an uneven sequence *and* non-causal
+own strategy; :data:`UNPAIRED` conditions on their own), so a bug that needs two conditions at once (an uneven sequence *and* non-causal
 attention; ZeRO stage >= 2 *and* gradient accumulation) is met in the first examples, not after
 Hypothesis has left its simplest values.
 
@@ -116,7 +116,8 @@ def _cost(case: Case) -> tuple:
 
 def covering_rows(target: Any, strategy: Any, seed: int, pool_size: int = POOL_SIZE) -> list[Row]:
     """Rows that together reach every single condition and every pair of conditions seen together
-    in a pool of ``pool_size`` cases of ``strategy`` (greedy: most uncovered pairs, then cheapest).
+    in a pool of ``pool_size`` cases of ``strategy`` (:data:`UNPAIRED` ones alone; greedy: most
+    uncovered pairs, then cheapest).
     Cases the target does not support (its ``supports`` hook) are left out of the pool."""
     return rows_from_pool(target, draw_pool(strategy, seed, pool_size))
 

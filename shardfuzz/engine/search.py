@@ -56,8 +56,10 @@ def check(
     repeats: RepeatedCases | None = None,
     answer: bool = False,
 ) -> float:
-    """Run one case inside a Hypothesis test: statistics, events and ``target(label=label)`` included;
-    with ``answer``, a case already in ``repeats`` gets its first verdict back instead of a run."""
+    """Run one case inside a Hypothesis test: statistics, events and ``target(label=label)`` included.
+    ``answer``: this Hypothesis run has made a finding (it shrinks and looks for other bugs): a case
+    already in ``repeats`` gets its first verdict back instead of a run, and every passing ratio is
+    a target score, not only a measured one."""
     StickyInterrupt.check()  # a Ctrl-C that Python swallowed (in a gc callback) still stops the run
     try:
         ran = counted_run(runner, case) if repeats is None else repeats.run(runner, case, answer=answer)
