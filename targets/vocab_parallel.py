@@ -233,7 +233,9 @@ def reference(ctx, *, bug: str | None = None):
     layout = vocab_layout(ctx.case)
     emb = ctx.shard(ctx.inputs["emb"], layout).clone().requires_grad_()
     w_out = ctx.shard(ctx.inputs["w_out"], layout).clone().requires_grad_()
-    start = split_offsets(vocab, ctx.group_size, layout.rule)[ctx.group_rank]
+    # the offsets' rule: the layout's, or (the planted bug) tensor_split's on rows DTensor shards
+    offsets_rule = "tensor_split" if bug == "tensor_split_offset" else layout.rule
+    start = split_offsets(vocab, ctx.group_size, offsets_rule)[ctx.group_rank]
     local_v = emb.shape[0]
     outside = (tokens < start) | (tokens >= start + local_v)
     ids = tokens if bug == "embedding_no_offset" else tokens - start
@@ -367,6 +369,23 @@ PLANTED = [
             note="bfloat16",
         ),
         p95=2,
+    ),
+    PlantedBug(
+        "tensor_split_offset",
+        "vocab offsets by tensor_split's rule on rows sharded by DTensor's (torch.chunk's): right "
+        "where the rules agree (2 ranks, 5 rows on 3) and where the rank they differ on holds no "
+        "rows (4 on 3: [2, 2, 0]); wrong at 7 on 3 ([3, 3, 1], offsets [0, 3, 5] for [0, 3, 6])",
+        Expect(
+            kind="mismatch",
+            world_size=3,
+            mesh=(3,),
+            uneven=("vocab",),
+            check=lambda c: c.options["rule"] == "dtensor",
+            note="a DTensor split, vocab 7 on 3 ranks",
+            needs=("tensor_split != DTensor shards",),
+        ),
+        p95=10,
+        link="pytorch/pytorch#188947",
     ),
 ]
 
