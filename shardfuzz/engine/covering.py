@@ -1,8 +1,8 @@
 """Covering rows: before random generation, a run executes a few cases that together reach every
 pair of trigger conditions that can occur together (a pairwise covering array over the target's
-own strategy; :data:`UNPAIRED` conditions on their own), so a bug that needs two conditions at once (an uneven sequence *and* non-causal
-attention; ZeRO stage >= 2 *and* gradient accumulation) is met in the first examples, not after
-Hypothesis has left its simplest values.
+own strategy; :data:`UNPAIRED` conditions on their own), so a bug that needs two conditions at
+once (an uneven sequence *and* non-causal attention; ZeRO stage >= 2 *and* gradient accumulation)
+is met in the first examples, not after Hypothesis has left its simplest values.
 
 * The conditions of a case are its trigger conditions (:func:`shardfuzz.spec.triggers.triggers_of`:
   generic, ``backward`` and the target's declared ones) plus ``option=value`` for every option that
@@ -88,7 +88,7 @@ def singles_of(case: Case) -> set[tuple[str, ...]]:
 
 
 #: conditions some row must reach, not paired with every other one: already a combination (a size
-#: the group does not divide, 3+ ranks, and a remainder where the rules cut apart), whose bugs are
+#: the group does not divide, a group of 3+ ranks, a remainder where the rules cut apart), whose bugs are
 #: in the structure, not in a dtype or a profile; paired, they added 2-4 rows to most targets
 UNPAIRED = frozenset({SPLIT_RULES_DIFFER})
 

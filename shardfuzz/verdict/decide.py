@@ -66,9 +66,8 @@ def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideC
     if not expected.noise:
         estimate_noise(config.target, case, expected, tol.samples, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)
-    if (config.recheck or not verdict.passed) and not gross(
-        verdict, expected
-    ):  # rechecked before it is reported
+    # a failure is rechecked before it is reported; with ``recheck`` a pass too
+    if (config.recheck or not verdict.passed) and not gross(verdict, expected):
         confirm_noise(config.target, case, expected, tol, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)
     return verdict
