@@ -37,6 +37,16 @@ EDGE_SLOTS = 8
 EDGE_EXPONENTS = 8
 
 
+#: the option names each value profile adds to a case (``shardfuzz.strategies.value_profiles``)
+PROFILE_PARAMS: dict[str, tuple[str, ...]] = {
+    "normal": (),
+    "large": ("scale",),
+    "small": ("scale",),
+    "ties": ("grid",),
+    "edge": ("edge", "edge_exp", "edge_slot"),
+}
+
+
 def edge_problem(options: Mapping[str, Any]) -> str | None:
     """Why an ``edge`` case's kind, exponent or slot is not one ``shardfuzz.strategies`` draws
     (None: they are)."""
@@ -236,21 +246,94 @@ class Case:
         return cls.from_dict(kw)
 
 
-def pin_options(target: str, pinned: dict[str, Any], case: Case) -> Case:
+def pin_options(
+    target: str, pinned: dict[str, Any], case: Case, profiles: Sequence[str] | None = None
+) -> Case:
     """``case`` with the ``pinned`` options (``RunConfig.options``); an unknown name is an error,
     and so is a value of another kind than the one drawn (a string for a number: ``steps="2"``
-    reached the target's ``inputs()`` and crashed there, as if the target were at fault)."""
+    reached the target's ``inputs()`` and crashed there, as if the target were at fault). A value
+    profile's parameter (``scale``, ``grid``, ``edge``...) puts the case in that profile first
+    (:func:`in_profile_of`; ``profiles``: those the target draws, None when it declares none)."""
+    case = in_profile_of(target, pinned, case, profiles)
     unknown = sorted(set(pinned) - set(case.options))
     if unknown:
+        own = sorted(set(case.options) - _ALL_PROFILE_PARAMS)
         raise InvalidArgument(
             f"option {unknown[0]!r} pinned, but target {target!r} has no such option; "
-            f"its options: {', '.join(sorted(case.options)) or 'none'}"
+            f"its options: {', '.join(own) or 'none'}"
         )
     for name, value in pinned.items():
         problem = option_kind_problem(target, name, value, [case.options[name]])
         if problem:
             raise InvalidArgument(f"option {name!r}={value!r} pinned, but {problem}")
-    return dataclasses.replace(case, options={**case.options, **pinned})
+    options = {**case.options, **pinned}
+    problem = _profile_param_problem(case.profile, options) if set(pinned) & _ALL_PROFILE_PARAMS else None
+    if problem:
+        raise InvalidArgument(f"{problem} (pinned: {', '.join(f'{k}={v!r}' for k, v in pinned.items())})")
+    return dataclasses.replace(case, options=options)
+
+
+def _profile_param_problem(profile: str, options: Mapping[str, Any]) -> str | None:
+    """Why a pinned value profile's parameter cannot be used (None: it can)."""
+    if profile == "edge":
+        return edge_problem(options)
+    for name in PROFILE_PARAMS.get(profile, ()):
+        v = options.get(name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            return f"options[{name!r}]={v!r}; the {profile!r} value profile takes a finite number > 0"
+    return None
+
+
+_ALL_PROFILE_PARAMS = frozenset(p for params in PROFILE_PARAMS.values() for p in params)
+
+
+def in_profile_of(
+    target: str, pinned: Mapping[str, Any], case: Case, profiles: Sequence[str] | None = None
+) -> Case:
+    """``case`` in the value profile whose parameters are pinned (``grid`` -> ``ties``, ``edge``
+    -> ``edge``, ``scale`` -> ``large``, or ``small`` for a scale below 1), its own profile's
+    parameters replaced; unchanged when none is pinned or it is in that profile already. Like
+    ``dtypes``, a map that draws nothing: a parameter not pinned (an edge's exponent) is picked by
+    the case's seed. A profile the target does not draw (``profiles``) is an error."""
+    names = set(pinned) & _ALL_PROFILE_PARAMS
+    if not names:
+        return case
+    having = [p for p, params in PROFILE_PARAMS.items() if names <= set(params)]
+    if not having:
+        sets = "; ".join(f"{p}: {', '.join(params)}" for p, params in PROFILE_PARAMS.items() if params)
+        raise InvalidArgument(
+            f"options {', '.join(sorted(names))} pinned together, but no value profile has them all ({sets})"
+        )
+    for name in names & {"scale", "grid"}:  # checked first: a scale of 0 is no profile's
+        v = pinned[name]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 < v < math.inf:
+            raise InvalidArgument(
+                f"option {name!r}={v!r} pinned; a value profile's {name} is a finite number > 0"
+            )
+    scale = pinned.get("scale")
+    if "scale" in names:  # the profile's name says which way: a scale below 1 shrinks the values
+        profile = "small" if isinstance(scale, (int, float)) and scale < 1 else "large"
+    else:
+        profile = case.profile if case.profile in having else having[0]
+    if case.profile == profile:
+        return case
+    if profiles is not None and profile not in profiles:
+        shown = ", ".join(f"{k}={v!r}" for k, v in pinned.items() if k in names)
+        raise InvalidArgument(
+            f"{shown} pinned: a parameter of the {profile!r} value profile, which target {target!r} "
+            f"does not draw; it draws {', '.join(profiles)}"
+        )
+    seed = case.seed
+    drawn = {  # what the profile would carry; the pinned values replace them next
+        "scale": 10.0 if profile == "large" else 0.1,
+        "grid": 0.5,
+        "edge": EDGE_KINDS[seed % len(EDGE_KINDS)],
+        "edge_exp": seed // len(EDGE_KINDS) % EDGE_EXPONENTS,
+        "edge_slot": seed // (len(EDGE_KINDS) * EDGE_EXPONENTS) % EDGE_SLOTS,
+    }
+    options = {k: v for k, v in case.options.items() if k not in _ALL_PROFILE_PARAMS}
+    options.update({p: drawn[p] for p in PROFILE_PARAMS[profile]})
+    return dataclasses.replace(case, profile=profile, options=options)
 
 
 def option_kind_problem(target: str, name: str, value: Any, drawn: Sequence[Any]) -> str | None:

@@ -12,12 +12,13 @@ import pytest
 
 import shardfuzz
 from shardfuzz import Case, InvalidArgument, Runner, TargetError
-from shardfuzz.case import pin_options
+from shardfuzz.case import PROFILE_PARAMS, edge_problem, pin_options
 from shardfuzz.engine.config import check_world_size, env_int, max_world_size
 from shardfuzz.engine.covering import pool_for
 from shardfuzz.engine.failures import FailureRecorder, check_failures_dir
 from shardfuzz.errors import TargetCodeError
 from shardfuzz.frontends.testing import run_cli
+from shardfuzz.spec import sampling
 from shardfuzz.spec.registry import get_target
 
 pytest_plugins = ["pytester"]
@@ -442,6 +443,74 @@ def test_a_pinned_option_the_target_lacks_is_an_error_naming_it():
     own, profiles = listed.split(" (and ")
     assert own == "logit_scale, lse_grad, variant", listed
     assert profiles == "grid, scale, set by its value profiles)", listed
+
+
+@pytest.mark.parametrize(
+    "target,pinned,profile",
+    [
+        ("tp_mlp", {"grid": 0.5}, "ties"),
+        ("tp_mlp", {"scale": 100.0}, "large"),
+        ("ring_allreduce", {"edge": "subnormal"}, "edge"),
+        ("ring_allreduce", {"edge": "max", "edge_slot": 3}, "edge"),
+    ],
+)
+def test_a_pinned_value_profile_parameter_puts_every_case_in_its_profile(target, pinned, profile):
+    """``--option grid=0.5`` failed on the first case drawn in another profile, "no such option;
+    its options: scale, ...": the parameters of a case's own profile were listed as the target's."""
+    t = get_target(target)
+    drawn = sampling.draw_pool(t.strategy(options=tuple(pinned.items())), 5, 40)
+    assert len(drawn) >= 30
+    for case, _ in drawn:
+        assert case.profile == profile, case
+        assert {k: case.options[k] for k in pinned} == pinned, case
+        if profile == "edge":
+            assert edge_problem(case.options) is None, case
+        # the other profiles' parameters are gone
+        others = {p for name, ps in PROFILE_PARAMS.items() if name != profile for p in ps} - set(
+            PROFILE_PARAMS[profile]
+        )
+        assert not others & set(case.options), case
+    # a case already in the profile keeps its own draws where nothing is pinned
+    native = next(c for c, _ in sampling.draw_pool(t.strategy(), 5, 200) if c.profile == profile)
+    assert pin_options(target, pinned, native).options == {**native.options, **pinned}
+
+
+@pytest.mark.parametrize(
+    "target,pinned,message",
+    [
+        (
+            "ring_allreduce",
+            {"scale": 0},
+            "option 'scale'=0 pinned; a value profile's scale is a finite number > 0",
+        ),
+        (
+            "tp_mlp",
+            {"scale": 0.01},
+            "scale=0.01 pinned: a parameter of the 'small' value profile, which target 'tp_mlp' does not draw; it draws",
+        ),
+        (
+            "tp_mlp",
+            {"grid": -1.0},
+            "option 'grid'=-1.0 pinned; a value profile's grid is a finite number > 0",
+        ),
+        (
+            "tp_mlp",
+            {"grid": 0.5, "scale": 10.0},
+            "options grid, scale pinned together, but no value profile has them all",
+        ),
+        (
+            "ring_allreduce",
+            {"edge": "huge"},
+            "options['edge']='huge'; it draws max, subnormal, signed_zero, repeat",
+        ),
+        ("ring_allreduce", {"edge_exp": 9}, "options['edge_exp']=9; it draws an int in [0, 7]"),
+        # tp_mlp draws no edge profile: its parameters are no option of it
+        ("tp_mlp", {"edge": "max"}, "option 'edge' pinned, but target 'tp_mlp' has no such option"),
+    ],
+)
+def test_a_pinned_value_profile_parameter_out_of_its_range_is_an_error_naming_it(target, pinned, message):
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        shardfuzz.run(target, "reference", max_examples=2, database=None, options=pinned)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardfuzz.case import Case, edge_problem
+from shardfuzz.case import PROFILE_PARAMS, Case, edge_problem
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.limits import MAX_WORLD_SIZE, max_world_size
 
@@ -43,15 +43,6 @@ __all__ = [
     "declare",
     "mesh_shapes_for",
 ]
-
-#: the option names each value profile adds to a case (``shardfuzz.strategies.value_profiles``)
-PROFILE_PARAMS: dict[str, tuple[str, ...]] = {
-    "normal": (),
-    "large": ("scale",),
-    "small": ("scale",),
-    "ties": ("grid",),
-    "edge": ("edge", "edge_exp", "edge_slot"),
-}
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:

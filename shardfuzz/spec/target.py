@@ -405,7 +405,9 @@ class Target:
         if dtypes:
             steps.append(functools.partial(_in_dtypes, tuple(dtypes)))
         if options:
-            steps.append(functools.partial(pin_options, self.name, dict(options)))
+            bounds = bounds_of(self.drawn())
+            profiles = sorted({p for b in bounds for p in b.profiles}) if bounds else None
+            steps.append(functools.partial(pin_options, self.name, dict(options), profiles=profiles))
         return functools.partial(_through, tuple(steps)) if steps else None
 
     def input_layout(self, name: str) -> Layout:
