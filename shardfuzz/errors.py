@@ -66,6 +66,11 @@ class ExternalFault(InfrastructureError):
     implementation. Inside a search the example is set aside and counted."""
 
 
+class ImplementationReturnError(TypeError):
+    """An implementation returned something other than a dict of outputs: its contract with
+    shardfuzz, not its math (raised on the rank; its report says so, whatever the world size)."""
+
+
 class Unsupported(Exception):
     """A case that a target (its ``supports`` hook) or an implementation (raising this on *every*
     rank, before any collective) cannot handle.

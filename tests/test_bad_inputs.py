@@ -125,6 +125,21 @@ def test_none_for_a_tensor_output_is_a_finding_naming_output_and_rank():
     refused(out, 1, "layout", "output 'grad_b2': rank 0 returned None, expected a tensor", "not a zero one")
 
 
+def test_a_tuple_for_the_outputs_is_reported_as_the_contract_not_the_math():
+    """A new user's implementation returned a tuple: the report, shrunk to 1 rank, said "the bug is
+    in what a rank computes on its own (its math, ...)"."""
+    impl = os.path.join(DATA, "bad_returns.py") + "::ret_tuple"
+    for case in (OK, OK.replace("world_size=2, mesh=(2,)", "world_size=1, mesh=(1,)")):
+        out = cli("case", "tp_mlp", "--impl", impl, case)
+        assert out.returncode == 1, out.stdout + out.stderr
+        text = out.stdout + out.stderr
+        assert "ImplementationReturnError" in text and "returned tuple, expected a dict of outputs" in text, (
+            text
+        )
+        assert "breaks its contract: every rank returns a dict of the target's outputs" in text, text
+        assert "its math" not in text, text
+
+
 def test_none_where_the_oracle_gives_none_is_no_value_and_passes():
     runner = Runner(MISTAKES + "::none_output")
     case = Case(target="none_output", world_size=2, mesh=(2,), sizes={"rows": 3, "cols": 1}, split=("rows",))
@@ -140,7 +155,14 @@ def test_judge_does_not_crash_on_none():
     locals_ = [{"total": None, "unused": None}, {"total": expected.ref["total"].float(), "unused": 1}]
     problems = check_layouts(case, runner.target.outputs_for(case), locals_, expected)
     assert "output 'total': rank 0 returned None, expected a tensor" in problems[0]
-    assert "output 'unused': rank 1 returned a int, the oracle gives None" in problems[1]
+    assert "output 'unused': rank 1 returned an int, the oracle gives None" in problems[1]
+    # a numpy array has a shape and a dtype too: it was "returned a tensor [3] float32, expected a
+    # tensor", which contradicts itself
+    locals_ = [{"total": expected.ref["total"].float().numpy(), "unused": None}] * 2
+    problems = check_layouts(case, runner.target.outputs_for(case), locals_, expected)
+    assert "output 'total': rank 0 returned a numpy.ndarray [1] float32, expected a tensor" in problems[0], (
+        problems
+    )
 
 
 # -- world sizes and environment variables -------------------------------------------------------

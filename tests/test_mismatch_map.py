@@ -1,5 +1,6 @@
 """The map of where a mismatch's wrong elements sit (shardfuzz.report.mismatch_map) and ``case --plot``."""
 
+import dataclasses
 import math
 import pickle
 import re
@@ -331,7 +332,17 @@ def test_an_empty_piece_and_a_group_of_one():
     assert "    rank 0: wrong at dim 0: all 1 [global 0]" in text and "    clean: rank 1 (empty)" in text
     ref = torch.randn(3, 2)
     text = format_output_diff(diff(Shard(0), ref, ref + 1, 1), LABEL)
-    assert "one rank holds the whole value (Shard(0)); indices are global" in text
+    assert "the one rank holds the whole value (Shard(0)); indices are global" in text
+    # three replicas of a group of one (mesh (3, 1)): each rank holds it, not "one rank" (a new
+    # user read "one rank holds the whole value (Replicate())" as contradicting Replicate)
+    d = diff(Replicate(), ref, ref + 1, 1)
+    d.ranks = [dataclasses.replace(d.ranks[0], rank=r) for r in range(3)]
+    d.groups = [[0], [1], [2]]
+    text = format_output_diff(d, LABEL)
+    assert "each rank holds the whole value (Replicate()); indices are global" in text, text
+    # an owner layout on groups of two: one rank of each holds it
+    d.groups = [[0, 3], [1, 4], [2, 5]]
+    assert "one rank holds the whole value" in format_output_diff(d, LABEL)
 
 
 def test_a_partial_outputs_compared_value_is_named_by_its_reduction():

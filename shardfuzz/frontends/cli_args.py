@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-examples",
         type=_positive_int,
         default=None,
-        help="examples per target (default: the profile's)",
+        help="examples per target (default: the profile's; never fewer than the target's covering rows, "
+        "which run first: docs/explanation/covering-rows.md)",
     )
     budget.add_argument(
         "--duration",

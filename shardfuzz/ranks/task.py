@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
+from shardfuzz.errors import ImplementationReturnError
 from shardfuzz.protocol import Reply, Task, encode, numerics_flags
 from shardfuzz.ranks.faults import ProcessState
 from shardfuzz.ranks.spawn import open_fds, os_threads
@@ -371,7 +372,7 @@ def _run(state: RankState, task: Task, target: Any, impl: Any, mesh: Mesh, world
         if IGNORED_COLLECTIVE_WARNING not in str(w.message):
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if not isinstance(out, dict):
-        raise TypeError(
+        raise ImplementationReturnError(
             f"implementation {task.impl} returned {type(out).__name__}, expected a dict of outputs"
         )
     out = {k: describe_dtensor(v) for k, v in out.items()}  # a DTensor travels with its placements

@@ -15,6 +15,7 @@ from shardfuzz.case import Case
 from shardfuzz.errors import (
     CommunicationExceeded,
     IgnoredCollective,
+    ImplementationReturnError,
     LayoutMismatch,
     Mismatch,
     RankError,
@@ -39,6 +40,13 @@ from shardfuzz.verdict.judge import Verdict
 ONE_RANK_NOTE = (
     "fails on 1 rank too, with no peer to exchange with: the bug is in what a rank computes on its "
     "own (its math, or what it hands to a collective), not in how the ranks split or combine the work"
+)
+
+
+#: the note of a rank error that is the implementation's return value, not its work
+CONTRACT_NOTE = (
+    "the implementation's return value breaks its contract: every rank returns a dict of the "
+    "target's outputs, {name: tensor, DTensor or None} (docs/tutorial/write-a-target.md)"
 )
 
 
@@ -144,10 +152,16 @@ class Reporter:
         raise err
 
     def raise_rank_error(self, case: Case, outcome: RankFailed) -> None:
-        parts = [self._header(f"rank {outcome.rank} raised an exception", case)]
-        parts.append(
-            f"Rank {outcome.rank} terminated with the following error:\n{outcome.error.traceback.rstrip()}"
-        )
+        # a return value that breaks the contract is not the rank's math, on 1 rank or 4
+        contract = outcome.error.exc_type == ImplementationReturnError.__name__
+        parts = [self._header(f"rank {outcome.rank} raised an exception", case, note_one_rank=not contract)]
+        if contract:  # shardfuzz's own frames would say nothing: the message names the return value
+            last = outcome.error.traceback.rstrip().splitlines()[-1]
+            parts += [CONTRACT_NOTE, f"rank {outcome.rank}: {last.removeprefix('shardfuzz.errors.')}"]
+        else:
+            parts.append(
+                f"Rank {outcome.rank} terminated with the following error:\n{outcome.error.traceback.rstrip()}"
+            )
         parts.append(describe_sequences(outcome.traces))
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))

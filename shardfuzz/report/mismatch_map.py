@@ -168,6 +168,15 @@ def assembled(layout: str) -> str:
     return "the sum over ranks"
 
 
+def _who_holds(od: OutputDiff, pieces: int) -> str:
+    """Who holds an unsplit output: one rank of each group (an owner), or every rank; a group of one
+    rank (mesh (3, 1)) holds it on each rank, which is not "one rank" of a replicated value."""
+    groups: list[list[int]] = od.groups or [[]]
+    if all(len(g) == 1 for g in groups):
+        return "each rank holds" if len(groups) > 1 else "the one rank holds"
+    return "one rank holds" if pieces <= len(groups) else "every rank holds"
+
+
 def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
     """The map's lines (indented for :func:`shardfuzz.report.findings.format_output_diff`)."""
     pieces = pieces_of(od)
@@ -181,8 +190,7 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
         dims = ("dims " if len(sharded) > 1 else "dim ") + ", ".join(map(str, sharded))
         head = f"{dims} split over the ranks ({od.layout}); local indices, global in brackets"
     else:
-        who = "one rank holds" if len(pieces) <= len(od.groups or [()]) else "every rank holds"
-        head = f"{who} the whole value ({od.layout}); indices are global"
+        head = f"{_who_holds(od, len(pieces))} the whole value ({od.layout}); indices are global"
     lines = [f"  map of the wrong elements: {head}"]
     clean = []
     for p in pieces:

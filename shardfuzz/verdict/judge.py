@@ -220,9 +220,16 @@ def _compare_exact(case: Case, layout: Layout, got: list[Any], ref: Any) -> list
 def _what(v: Any) -> str:
     if v is None:
         return "None"
-    if hasattr(v, "shape") and hasattr(v, "dtype"):
+    if isinstance(v, torch.Tensor):
         return f"a tensor {list(v.shape)} {_dtype_name(v)}"
-    return f"a {type(v).__name__}"
+    kind = f"{type(v).__module__.split('.')[0]}.{type(v).__name__}".removeprefix("builtins.")
+    if hasattr(v, "shape") and hasattr(v, "dtype"):  # a numpy array: not a tensor, whatever it holds
+        return f"{_a(kind)} {list(v.shape)} {_dtype_name(v)}"
+    return _a(kind)
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 def _dtype_name(v: Any) -> str:

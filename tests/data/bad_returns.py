@@ -8,3 +8,8 @@ def ret_none_grad(ctx):
     out = tp_mlp.reference(ctx)
     out["grad_b2"] = None
     return out
+
+
+def ret_tuple(ctx):
+    """The outputs as a tuple, not a dict: the implementation's contract, not its math."""
+    return tuple(tp_mlp.reference(ctx).values())
