@@ -47,6 +47,10 @@ PROFILE_PARAMS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: every option name a value profile adds
+PROFILE_PARAM_NAMES = frozenset(p for params in PROFILE_PARAMS.values() for p in params)
+
+
 def edge_problem(options: Mapping[str, Any]) -> str | None:
     """Why an ``edge`` case's kind, exponent or slot is not one ``shardfuzz.strategies`` draws
     (None: they are)."""
@@ -257,7 +261,7 @@ def pin_options(
     case = in_profile_of(target, pinned, case, profiles)
     unknown = sorted(set(pinned) - set(case.options))
     if unknown:
-        own = sorted(set(case.options) - _ALL_PROFILE_PARAMS)
+        own = sorted(set(case.options) - PROFILE_PARAM_NAMES)
         raise InvalidArgument(
             f"option {unknown[0]!r} pinned, but target {target!r} has no such option; "
             f"its options: {', '.join(own) or 'none'}"
@@ -267,14 +271,15 @@ def pin_options(
         if problem:
             raise InvalidArgument(f"option {name!r}={value!r} pinned, but {problem}")
     options = {**case.options, **pinned}
-    problem = _profile_param_problem(case.profile, options) if set(pinned) & _ALL_PROFILE_PARAMS else None
+    problem = profile_param_problem(case.profile, options) if set(pinned) & PROFILE_PARAM_NAMES else None
     if problem:
         raise InvalidArgument(f"{problem} (pinned: {', '.join(f'{k}={v!r}' for k, v in pinned.items())})")
     return dataclasses.replace(case, options=options)
 
 
-def _profile_param_problem(profile: str, options: Mapping[str, Any]) -> str | None:
-    """Why a pinned value profile's parameter cannot be used (None: it can)."""
+def profile_param_problem(profile: str, options: Mapping[str, Any]) -> str | None:
+    """Why a case's value-profile parameters are not ones that profile can use (None: they can):
+    a pinned one, or a hand-made case's."""
     if profile == "edge":
         return edge_problem(options)
     for name in PROFILE_PARAMS.get(profile, ()):
@@ -284,7 +289,10 @@ def _profile_param_problem(profile: str, options: Mapping[str, Any]) -> str | No
     return None
 
 
-_ALL_PROFILE_PARAMS = frozenset(p for params in PROFILE_PARAMS.values() for p in params)
+#: the range of a pinned value profile's number: what the profiles draw (a scale of 10..1e4 or
+#: 1e-4..0.1, a grid of 0.25..1) and a margin, within which every dtype keeps the values finite
+#: and distinct (a grid of 1e-300 made every input NaN, a scale of 1e39 every one inf)
+PINNED_RANGES = {"scale": (1e-6, 1e6), "grid": (2.0**-8, 2.0**8)}
 
 
 def in_profile_of(
@@ -295,7 +303,7 @@ def in_profile_of(
     parameters replaced; unchanged when none is pinned or it is in that profile already. Like
     ``dtypes``, a map that draws nothing: a parameter not pinned (an edge's exponent) is picked by
     the case's seed. A profile the target does not draw (``profiles``) is an error."""
-    names = set(pinned) & _ALL_PROFILE_PARAMS
+    names = set(pinned) & PROFILE_PARAM_NAMES
     if not names:
         return case
     having = [p for p, params in PROFILE_PARAMS.items() if names <= set(params)]
@@ -304,11 +312,12 @@ def in_profile_of(
         raise InvalidArgument(
             f"options {', '.join(sorted(names))} pinned together, but no value profile has them all ({sets})"
         )
-    for name in names & {"scale", "grid"}:  # checked first: a scale of 0 is no profile's
-        v = pinned[name]
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 < v < math.inf:
+    for name in names & set(PINNED_RANGES):  # checked first: a scale of 0 is no profile's
+        v, (lo, hi) = pinned[name], PINNED_RANGES[name]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not lo <= v <= hi:
             raise InvalidArgument(
-                f"option {name!r}={v!r} pinned; a value profile's {name} is a finite number > 0"
+                f"option {name!r}={v!r} pinned; a value profile's {name} is a number in [{lo:g}, {hi:g}]"
+                + (" (above 1: large values, below: small ones)" if name == "scale" else "")
             )
     scale = pinned.get("scale")
     if "scale" in names:  # the profile's name says which way: a scale below 1 shrinks the values
@@ -331,7 +340,7 @@ def in_profile_of(
         "edge_exp": seed // len(EDGE_KINDS) % EDGE_EXPONENTS,
         "edge_slot": seed // (len(EDGE_KINDS) * EDGE_EXPONENTS) % EDGE_SLOTS,
     }
-    options = {k: v for k, v in case.options.items() if k not in _ALL_PROFILE_PARAMS}
+    options = {k: v for k, v in case.options.items() if k not in PROFILE_PARAM_NAMES}
     options.update({p: drawn[p] for p in PROFILE_PARAMS[profile]})
     return dataclasses.replace(case, profile=profile, options=options)
 

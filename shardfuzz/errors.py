@@ -99,6 +99,9 @@ class Finding(AssertionError):
     """
 
     kind: str = "finding"
+    #: on 1 rank its report says the bug is in a rank's own work (not for a communication budget,
+    #: nor for a return value that breaks the implementation's contract)
+    notes_one_rank: bool = True
 
     def __init__(
         self, report: str, *, case: Any = None, ratio: float | None = None, site: tuple = ()
@@ -184,6 +187,7 @@ class CommunicationExceeded(Finding):
     (:class:`~shardfuzz.verdict.comm.CommBudget`): a redundant or oversized collective, right values or not."""
 
     kind = "communication"
+    notes_one_rank = False
 
 
 class IgnoredCollective(Finding):

@@ -19,7 +19,9 @@ from shardfuzz.engine.failures import FailureRecorder, check_failures_dir
 from shardfuzz.errors import TargetCodeError
 from shardfuzz.frontends.testing import run_cli
 from shardfuzz.spec import sampling
+from shardfuzz.spec.bounds import bounds_of
 from shardfuzz.spec.registry import get_target
+from shardfuzz.verdict.oracle import check_case
 
 pytest_plugins = ["pytester"]
 
@@ -125,7 +127,7 @@ def test_none_for_a_tensor_output_is_a_finding_naming_output_and_rank():
     refused(out, 1, "layout", "output 'grad_b2': rank 0 returned None, expected a tensor", "not a zero one")
 
 
-def test_a_tuple_for_the_outputs_is_reported_as_the_contract_not_the_math():
+def test_a_tuple_for_the_outputs_is_reported_as_the_contract_not_the_math(tmp_path):
     """A new user's implementation returned a tuple: the report, shrunk to 1 rank, said "the bug is
     in what a rank computes on its own (its math, ...)"."""
     impl = os.path.join(DATA, "bad_returns.py") + "::ret_tuple"
@@ -138,6 +140,11 @@ def test_a_tuple_for_the_outputs_is_reported_as_the_contract_not_the_math():
         )
         assert "breaks its contract: every rank returns a dict of the target's outputs" in text, text
         assert "its math" not in text, text
+    # a campaign's summary, after shrinking to 1 rank, does not blame the math either
+    out = cli("fuzz", "tp_mlp", "--impl", impl, "--max-examples", "3", "--failures-dir", str(tmp_path))
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "FOUND rank-error" in text and "world_size=1" in text, text
+    assert "its math" not in text, text
 
 
 def test_none_where_the_oracle_gives_none_is_no_value_and_passes():
@@ -503,7 +510,7 @@ def test_a_pinned_value_profile_parameter_puts_every_case_in_its_profile(target,
         (
             "ring_allreduce",
             {"scale": 0},
-            "option 'scale'=0 pinned; a value profile's scale is a finite number > 0",
+            "option 'scale'=0 pinned; a value profile's scale is a number in [1e-06, 1e+06] (above 1: large",
         ),
         (
             "tp_mlp",
@@ -513,7 +520,7 @@ def test_a_pinned_value_profile_parameter_puts_every_case_in_its_profile(target,
         (
             "tp_mlp",
             {"grid": -1.0},
-            "option 'grid'=-1.0 pinned; a value profile's grid is a finite number > 0",
+            "option 'grid'=-1.0 pinned; a value profile's grid is a number in [0.00390625, 256]",
         ),
         (
             "tp_mlp",
@@ -527,12 +534,42 @@ def test_a_pinned_value_profile_parameter_puts_every_case_in_its_profile(target,
         ),
         ("ring_allreduce", {"edge_exp": 9}, "options['edge_exp']=9; it draws an int in [0, 7]"),
         # tp_mlp draws no edge profile: its parameters are no option of it
-        ("tp_mlp", {"edge": "max"}, "option 'edge' pinned, but target 'tp_mlp' has no such option"),
+        (
+            "tp_mlp",
+            {"edge": "max"},
+            "option 'edge' pinned: a parameter of the edge value profile, which target 'tp_mlp' does not "
+            "draw; it draws large, normal, ties",
+        ),
+        # a grid of 1e-300 made every input NaN, a scale of 1e39 every one inf
+        ("tp_mlp", {"grid": 1e-300}, "option 'grid'=1e-300 pinned; a value profile's grid is a number in"),
+        ("tp_mlp", {"scale": 1e39}, "option 'scale'=1e+39 pinned; a value profile's scale is a number in"),
+        (
+            "moe",
+            {"scale": 10.0},
+            "option 'scale' pinned: a parameter of the large and small value profiles, which target 'moe' "
+            "does not draw; it draws normal, ties",
+        ),
     ],
 )
 def test_a_pinned_value_profile_parameter_out_of_its_range_is_an_error_naming_it(target, pinned, message):
     with pytest.raises(InvalidArgument, match=re.escape(message)):
         shardfuzz.run(target, "reference", max_examples=2, database=None, options=pinned)
+
+
+def test_a_pinned_value_profile_on_a_target_without_bounds_replays():
+    """A target that declares no bounds declares no profiles either: a pinned scale puts its cases
+    in a profile its draws may not show, and a replay (check_case) takes that profile's own
+    parameters, checked as a pin is (it refused them: "has ['scale'], which the target does not
+    draw")."""
+    moe = get_target("moe")  # draws normal and ties
+    unbounded = dataclasses.replace(moe, cases=moe.drawn().map(lambda c: c))
+    assert bounds_of(unbounded.drawn()) is None
+    drawn = sampling.draw_pool(unbounded.strategy(options=(("scale", 0.01),)), 5, 20)
+    assert drawn and all(c.profile == "small" and c.options["scale"] == 0.01 for c, _ in drawn)
+    check_case(unbounded, drawn[0][0])  # what a replay of its failure file checks
+    bad = dataclasses.replace(drawn[0][0], options={**drawn[0][0].options, "scale": -1.0})
+    with pytest.raises(TargetError, match=re.escape("case options['scale']=-1.0; the 'small' value profile")):
+        check_case(unbounded, bad)
 
 
 @pytest.mark.parametrize(

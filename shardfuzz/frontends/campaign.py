@@ -166,7 +166,7 @@ class Outcome:
                     "case": repr(f.case),
                     "file": path,
                     "site": _site(f),
-                    "one_rank": f.kind != "communication" and getattr(f.case, "world_size", 0) == 1,
+                    "one_rank": f.notes_one_rank and getattr(f.case, "world_size", 0) == 1,
                     # a later run's finding cut by Ctrl-C read as a distinct, minimal one
                     "cut_short": getattr(f, "cut_short", None),
                 }

@@ -289,7 +289,8 @@ REPORT_HOLDS = {
     "layout": "every rank whose local shape or dtype is not what the layout says",
     "rank-error": '"Rank i terminated with the following error" and that rank\'s traceback, stdout and '
     "stderr (also for a rank that died, e.g. a segfault, with faulthandler's dump), and the first divergent "
-    "collective",
+    "collective; an implementation that returns something other than a dict of outputs gets the one line "
+    "that says so (ImplementationReturnError), not shardfuzz's own frames",
     "hang": "the first divergent collective, which ranks finished and which did not, their CPU time, every "
     "rank's Python stack (faulthandler on SIGUSR1) and any collective that timed out inside a rank",
     "ignored-collective": "autograd went through a raw collective that has no autograd kernel and treated it as "

@@ -168,7 +168,7 @@ class Reporter:
         err = RankError(
             "\n".join(parts), case=case, site=self._site(case, cause_of(outcome.error.traceback).site())
         )
-        err.traces = dict(outcome.traces)
+        err.traces, err.notes_one_rank = dict(outcome.traces), not contract
         raise err
 
     def raise_rank_died(self, case: Case, outcome: RankDied) -> None:

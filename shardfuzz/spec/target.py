@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from shardfuzz.case import Case, pin_options
+from shardfuzz.case import PROFILE_PARAM_NAMES, Case, pin_options
 from shardfuzz.errors import InvalidArgument, TargetCodeError, TargetError
 from shardfuzz.protocol import ImplRef
 from shardfuzz.spec.bounds import PROFILE_PARAMS, CaseBounds, Split, bounds_of, branches_drawing, declare
@@ -357,9 +357,16 @@ class Target:
             missing = sorted(names - frozenset(known))
             if missing:
                 # a value profile's parameters (scale, grid) are options of a case, not the target's
-                profiles = frozenset().union(*map(frozenset, PROFILE_PARAMS.values()))
-                own = [k for k in known if k not in profiles]
-                set_by = [k for k in known if k in profiles]
+                own = [k for k in known if k not in PROFILE_PARAM_NAMES]
+                set_by = [k for k in known if k in PROFILE_PARAM_NAMES]
+                if missing[0] in PROFILE_PARAM_NAMES:
+                    of = [p for p, params in PROFILE_PARAMS.items() if missing[0] in params]
+                    drawn = sorted({p for b in bounds_of(s) or () for p in b.profiles})
+                    raise InvalidArgument(
+                        f"option {missing[0]!r} pinned: a parameter of the {' and '.join(of)} value "
+                        f"profile{'s' if len(of) > 1 else ''}, which target {self.name!r} does not draw; "
+                        f"it draws {', '.join(drawn)}"
+                    )
                 raise InvalidArgument(
                     f"option {missing[0]!r} pinned, but target {self.name!r} has no such option; "
                     f"its options: {', '.join(own) or 'none'}"
@@ -405,10 +412,15 @@ class Target:
         if dtypes:
             steps.append(functools.partial(_in_dtypes, tuple(dtypes)))
         if options:
-            bounds = bounds_of(self.drawn())
-            profiles = sorted({p for b in bounds for p in b.profiles}) if bounds else None
+            profiles = self._profiles_drawn() if set(dict(options)) & PROFILE_PARAM_NAMES else None
             steps.append(functools.partial(pin_options, self.name, dict(options), profiles=profiles))
         return functools.partial(_through, tuple(steps)) if steps else None
+
+    def _profiles_drawn(self) -> list[str] | None:
+        """The value profiles its bounds declare; None when it declares none (a replay then takes
+        any profile's parameters on a case of that profile, as :func:`check_case` does)."""
+        bounds = bounds_of(self.drawn())
+        return sorted({p for b in bounds for p in b.profiles}) if bounds else None
 
     def input_layout(self, name: str) -> Layout:
         return self.input_layouts.get(name, Replicate())

@@ -229,7 +229,7 @@ def _what(v: Any) -> str:
 
 
 def _a(noun: str) -> str:
-    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _dtype_name(v: Any) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from hypothesis import currently_in_test_context
 
-from shardfuzz.case import Case
+from shardfuzz.case import Case, profile_param_problem
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.limits import check_world_size
 from shardfuzz.protocol import dense
@@ -373,7 +373,9 @@ def check_case(target: Any, case: Any) -> None:
                 f"{sorted(drawn.allowed)}, e.g. {drawn.example.sizes!r}"
             )
         missing_opts = sorted(drawn.required_options - set(case.options))
-        unknown_opts = sorted(set(case.options) - drawn.options)
+        # its own profile's parameters are the case's (a pinned --option scale=... puts a target
+        # that declares no bounds in a profile its draws may not show), checked as a pin is
+        unknown_opts = sorted(set(case.options) - drawn.options - set(BOUNDS_PROFILE_PARAMS[case.profile]))
         if missing_opts or unknown_opts:
             wrong = [f"lacks {missing_opts}"] if missing_opts else []
             wrong += [f"has {unknown_opts}, which the target does not draw"] if unknown_opts else []
@@ -381,6 +383,9 @@ def check_case(target: Any, case: Any) -> None:
                 f"case options={case.options!r} {' and '.join(wrong)}; target {target.name!r} draws the "
                 f"options {sorted(drawn.options)}, e.g. {drawn.example.options!r}"
             )
+        problem = profile_param_problem(case.profile, case.options)
+        if problem:
+            raise TargetError(f"case {problem}")
     call_target_code(target, "inputs(case)", case, target.inputs, case)
 
 
