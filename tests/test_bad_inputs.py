@@ -127,6 +127,16 @@ def test_none_for_a_tensor_output_is_a_finding_naming_output_and_rank():
     refused(out, 1, "layout", "output 'grad_b2': rank 0 returned None, expected a tensor", "not a zero one")
 
 
+def test_a_target_file_that_raises_at_import_names_its_line(tmp_path):
+    """A NameError at a target file's top level was reported with no line, and no traceback either."""
+    bad = tmp_path / "broken_target.py"
+    bad.write_text("import shardfuzz\n\nTARGET = make_target()\n")
+    out = cli("fuzz", str(bad), "--max-examples", "1")
+    refused(
+        out, 2, "raised NameError: name 'make_target' is not defined", f"(at {bad}:3: TARGET = make_target())"
+    )
+
+
 def test_a_tuple_for_the_outputs_is_reported_as_the_contract_not_the_math(tmp_path):
     """A new user's implementation returned a tuple: the report, shrunk to 1 rank, said "the bug is
     in what a rank computes on its own (its math, ...)"."""

@@ -33,6 +33,11 @@ def test_a_partial_sum_labelled_replicate_is_a_mismatch():
             "wrong_local_shape",
             "output 'y' (DTensor(Shard(0)) on mesh (2,)): rank 1 holds [1, 1] float32, expected [0, 1]",
         ),
+        (  # the placements that explain the shape (they were left out)
+            "shard_called_replicate",
+            "output 'y': rank 1 holds a DTensor of global shape [0, 1] (['Replicate()'] on mesh (2,)), "
+            "the oracle gives [1, 1]",
+        ),
         (
             "plain_for_dtensor",
             "output 'y' (FromDTensor()): rank 0 returned a plain value, expected a DTensor",

@@ -432,7 +432,10 @@ def test_for(
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
         from shardfuzz.frontends import pytest_compose as compose
 
-        config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, dtypes=own_dtypes)
+        try:  # this machine's world-size limit, met when the test runs: its message, not our frames
+            config = shardfuzz_options.config(world_sizes=world_sizes, timeout=timeout, dtypes=own_dtypes)
+        except InvalidArgument as e:
+            _fail(str(e))
         from shardfuzz.spec.registry import get_target
 
         try:  # a target or implementation name that is not there: its message, not shardfuzz's frames

@@ -328,10 +328,12 @@ def _placed(case: Case, name: str, values: list[Any], shape: tuple[int, ...]) ->
                 f"{[placement_text(p) for p in v.placements]} on mesh {v.mesh_shape}, {label(0)} "
                 f"{[placement_text(p) for p in first.placements]} on mesh {first.mesh_shape}"
             )
-        if v.global_shape != shape:
+        if v.global_shape != shape:  # its placements say why: a sharded value labelled Replicate
+            who = "every rank" if all(w.global_shape == v.global_shape for w in values) else label(r)
             return None, (
-                f"output {name!r}: {label(r)} holds a DTensor of global shape {list(v.global_shape)}, "
-                f"the oracle gives {list(shape)}"
+                f"output {name!r}: {who} holds a DTensor of global shape {list(v.global_shape)} "
+                f"({[placement_text(p) for p in v.placements]} on mesh {v.mesh_shape}), the oracle "
+                f"gives {list(shape)}"
             )
         if v.mesh_ranks[int(_flat(v.coordinate, v.mesh_shape))] != r:
             return (

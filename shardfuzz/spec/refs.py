@@ -30,6 +30,7 @@ import re
 import shlex
 import subprocess
 import sys
+import traceback
 import types
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -232,10 +233,27 @@ def import_file(path: str, what: str) -> Any:
     except Exception as e:
         sys.modules.pop(name, None)
         raise TargetError(
-            f"{what}: importing {path!r} raised {type(e).__name__}: {e}{_beside(e, path)}"
+            f"{what}: importing {path!r} raised {type(e).__name__}: {e}{_where(e)}{_beside(e, path)}"
         ) from e
     _FILE_MODULES[path] = module
     return module
+
+
+def _where(error: Exception) -> str:
+    """The line that raised, in the user's code: the innermost frame outside the import machinery
+    (a NameError at a target file's top level was reported with no line; a SyntaxError names its
+    own)."""
+    if isinstance(error, SyntaxError):
+        return ""
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if not f.filename.startswith("<frozen") and "importlib" not in f.filename and f.filename != __file__
+    ]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (at {f.filename}:{f.lineno}" + (f": {f.line.strip()}" if f.line else "") + ")"
 
 
 def _beside(error: Exception, path: str) -> str:
@@ -268,7 +286,9 @@ def load_ref(ref: str, what: str = "reference") -> Any:
         except ImportError as e:
             raise TargetError(f"{what}={ref!r}: cannot import module {modname!r}: {e}") from e
         except Exception as e:
-            raise TargetError(f"{what}={ref!r}: importing {modname!r} raised {type(e).__name__}: {e}") from e
+            raise TargetError(
+                f"{what}={ref!r}: importing {modname!r} raised {type(e).__name__}: {e}{_where(e)}"
+            ) from e
     else:
         raise TargetError(f"{what}={ref!r}; expected 'pkg.mod:attr' or 'path/file.py::NAME'")
     obj = module

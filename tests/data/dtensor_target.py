@@ -89,6 +89,13 @@ def wrong_local_shape(ctx):
     return {"y": y, "total": total}
 
 
+def shard_called_replicate(ctx):
+    """Bug: this rank's rows labelled Replicate (``from_local`` infers the global shape from them)."""
+    mesh = _impl_mesh(ctx)
+    out = shard_rows(ctx)
+    return {**out, "y": DTensor.from_local(out["y"].to_local(), mesh, [Replicate()], run_check=False)}
+
+
 def plain_for_dtensor(ctx):
     """Bug: a plain local tensor where the target says the output is a DTensor."""
     out = shard_rows(ctx)
@@ -115,6 +122,7 @@ TARGET = shardfuzz.Target(
         "local_sum_called_total": local_sum_called_total,
         "partial_called_replicate": partial_called_replicate,
         "wrong_local_shape": wrong_local_shape,
+        "shard_called_replicate": shard_called_replicate,
         "plain_for_dtensor": plain_for_dtensor,
     },
 )
