@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from shardfuzz.engine import covering
+from shardfuzz.engine.runner import Runner
 from shardfuzz.frontends.testing import run_cli
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "mean_target.py")
@@ -61,6 +63,13 @@ def test_fuzz_clean_target_exits_0_with_a_summary():
     out = cli("fuzz", EXAMPLE, "--max-examples", "20")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "row_mean" in out.stdout and "reference" in out.stdout and "20 examples" in out.stdout
+    assert "covering rows first" not in out.stdout  # 20 is more than its rows
+    # fewer examples asked than the target has covering rows: the run says why it runs more (a
+    # new user read 7 examples for --max-examples 5 as a bug)
+    out = cli("fuzz", EXAMPLE, "--max-examples", "1")
+    rows = len(covering.rows_for(Runner(EXAMPLE)))
+    assert out.returncode == 0 and rows > 1, out.stdout + out.stderr
+    assert f", its {rows} covering rows first (more than the 1 example asked) ..." in out.stdout, out.stdout
 
 
 def test_a_closest_pass_that_is_an_upper_bound_is_measured_again_with_the_noise_term():

@@ -123,6 +123,7 @@ def _cmd_fuzz(args: Any) -> int:
     targets = args.targets or sorted(builtin_targets())
     if args.workers <= 1 and not (args.jobs > 1 and len(targets) > 1):  # else the children fuzz
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
+    from shardfuzz.engine import covering
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.runner import Runner
     from shardfuzz.frontends import campaign, display  # rich: only a campaign loads it, not --help
@@ -142,10 +143,18 @@ def _cmd_fuzz(args: Any) -> int:
         return _fuzz_jobs(args, targets, config)
     outcomes = []
     interrupted = False
-    for spec in targets:
+    for spec, runner in zip(targets, runners, strict=True):
+        # the covering rows are the budget's floor: 12 examples for --max-examples 5 read as a bug
+        rows = len(covering.rows_for(runner)) if config.max_examples else 0
+        floor = (
+            f", its {rows} covering rows first (more than the {config.max_examples} "
+            f"example{'s' if config.max_examples > 1 else ''} asked)"
+            if rows > config.max_examples
+            else ""
+        )
         print(
             f"fuzzing {spec} ({get_target(spec).impl_name(args.impl)}) on {config.backend}/{config.device}"
-            f"{config.restrictions()} ...",
+            f"{config.restrictions()}{floor} ...",
             flush=True,
         )
         out = campaign.fuzz_one(
