@@ -38,6 +38,25 @@ def test_ops_come_from_the_registry_and_every_other_op_is_counted_by_reason():
     assert any(s.inplace for s in ops.OPS) and any(s.differentiable for s in ops.OPS)
 
 
+@pytest.mark.parametrize(
+    "name,values,plain",
+    [  # a flag drawn after an argument left at its default: keepdim went in as amax's dim
+        ("aten.amax.default", [True], lambda x: x.amax((0, 1), keepdim=True)),
+        ("aten.amax.default", [False], lambda x: x.amax((0, 1))),
+        ("aten.argmax.default", [True], lambda x: x.argmax(keepdim=True)),
+        ("aten.sort.default", [True], lambda x: x.sort(-1, descending=True)[0]),
+        ("aten.topk.default", [2, False, True], lambda x: x.topk(2, -1, largest=False)[0]),
+        ("aten.sum.dim_IntList", [[1], True, None], lambda x: x.sum(1, keepdim=True)),
+    ],
+)
+def test_an_argument_left_at_its_default_keeps_its_place(name, values, plain):
+    """Arguments left at their default still take their place before a drawn one (a new user
+    found amax's keepdim, sort's descending and topk's largest passed as the dim)."""
+    spec = ops.spec_named(name)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ops.call(spec, x, None, values)[0], plain(x)), name
+
+
 def test_a_torch_that_renames_the_registry_fails_with_a_clear_error(monkeypatch):
     from torch.distributed.tensor import DTensor
 

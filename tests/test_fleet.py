@@ -310,6 +310,24 @@ def test_two_fleets_never_mix_and_a_finding_is_stored_exactly_once(redis_server)
     assert b.findings() == []
 
 
+def test_the_findings_list_says_a_rerun_lines_password_is_masked(redis_server):
+    """A rerun line pasted from ``findings`` met "Redis refused the password": it shows ``***``."""
+    import types
+
+    from shardfuzz.engine.fleet import FleetStore
+    from shardfuzz.engine.shared_db import redact
+    from shardfuzz.frontends.fleet_view import format_findings
+
+    store = FleetStore(redis_server.url, "masked")
+    store.publish(_finding_doc())
+    docs = store.findings()
+    assert "shows as ***" not in format_findings(store, docs)  # no password: nothing to say
+    url = redis_server.url.replace("redis://", "redis://:pw@")
+    text = format_findings(types.SimpleNamespace(url=url, fleet="masked", shown_url=redact(url)), docs)
+    assert "rerun: shardfuzz replay 'redis://:***@" in text and "pw@" not in text, text
+    assert text.endswith("(the password shows as ***: put yours in its place in a rerun line)"), text
+
+
 def test_a_stored_finding_is_untrusted_input(redis_server):
     from shardfuzz.engine.fleet import FORMAT, FleetStore
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shardfuzz import Case
+from shardfuzz import Case, TargetError
 from shardfuzz.errors import InvalidArgument
 from shardfuzz.frontends.testing import run_cli
 
@@ -280,6 +280,34 @@ def test_terminal_escapes_in_fields_are_never_printed_raw(tmp_path):
         out = cli("replay", path)
         assert "\x1b" not in out.stdout + out.stderr, (field, out.stdout + out.stderr)
         assert "\\x1b" in out.stdout + out.stderr, (field, out.stdout + out.stderr)
+
+
+def test_a_case_whose_option_the_target_refuses_is_refused_escaped():
+    """A dtensor_ops failure file whose ``op`` was changed (to code, or with a terminal escape)
+    crashed replay with the target's Unsupported traceback, the escape printed raw."""
+    from shardfuzz.spec.registry import get_target
+    from shardfuzz.spec.sampling import simplest_case
+    from shardfuzz.verdict.oracle import check_case
+
+    target = get_target("dtensor_ops")
+    case = simplest_case(target.strategy())[0]
+    for op in ("__import__('os').system('true')", "aten.topk.default\x1b[2J"):
+        bad = Case.from_dict(dict(case.to_dict(), options=dict(case.options, op=op)))
+        with pytest.raises(TargetError, match="is not one target 'dtensor_ops' can run") as e:
+            check_case(target, bad)
+        assert "\x1b" not in str(e.value), str(e.value)
+
+
+def test_a_tolerance_the_file_loosens_is_said_beside_its_verdict(tmp_path):
+    """A file's per-output tolerance is the run's ``--tolerance``, and replay judges with it: one
+    loosened by hand turned a real failure into "now passes" and said nothing of it."""
+    loose = {"per_output": [["y", {"rtol": 1e9, "atol": 1e9}]]}
+    out = cli("replay", write(tmp_path / "f.json", record(tolerance=loose)))
+    assert (
+        "(judged with the file's tolerance overrides: 'y' rtol=1000000000.0 atol=1000000000.0)" in out.stdout
+    ), out.stdout + out.stderr
+    out = cli("replay", write(tmp_path / "g.json", record()))
+    assert "tolerance overrides" not in out.stdout, out.stdout
 
 
 # -- 5. the case is held to the target before its inputs are built -------------------------------

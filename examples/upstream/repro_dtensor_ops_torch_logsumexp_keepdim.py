@@ -144,6 +144,7 @@ class Arg:
     name: str
     kind: str
     kwarg_only: bool
+    position: int = 0  # among the positional arguments after ``self`` (kwarg-only ones: unused)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +153,10 @@ class OpSpec:
     args: tuple[Arg, ...]
     inplace: bool
     differentiable: bool = False  # its first result has a gradient (set by ``generate``)
+    #: the schema's default of each positional argument after ``self``: one left at its default
+    #: still takes its place when a later one is drawn (``amax.default(x, [], keepdim)``: passing
+    #: keepdim second made it the dim)
+    defaults: tuple[Any, ...] = ()
 
     @property
     def op(self) -> Any:
@@ -194,6 +199,7 @@ def _drawn_args(base: str, args: Any) -> tuple[Arg, ...] | str:
     """The arguments after ``self`` a case draws (those with a default left out, but optional dim
     lists and flags), or why the op cannot be drawn."""
     drawn = []
+    positions = {a.name: i for i, a in enumerate(x for x in args if not x.kwarg_only)}
     for a in args:
         t = str(a.type)
         kind = ARG_KINDS.get(t)
@@ -209,7 +215,7 @@ def _drawn_args(base: str, args: Any) -> tuple[Arg, ...] | str:
             return "a size or shape argument"
         if kind == "dims" and base == "permute":
             kind = "perm"
-        drawn.append(Arg(a.name, kind, a.kwarg_only))
+        drawn.append(Arg(a.name, kind, a.kwarg_only, positions.get(a.name, 0)))
     if sum(a.kind == "other" for a in drawn) > 1:
         return "more than one tensor argument"
     for kind, names in ARG_OPTIONS.items():
@@ -258,19 +264,22 @@ def _spec(op: Any) -> OpSpec | str:
     drawn = _drawn_args(base, args[1:])
     if isinstance(drawn, str):
         return drawn
-    return OpSpec(str(op), drawn, base.endswith("_"))
+    positional = [a for a in args[1:] if not a.kwarg_only]
+    defaults = tuple(a.default_value if a.has_default_value() else None for a in positional)
+    return OpSpec(str(op), drawn, base.endswith("_"), defaults=defaults)
 
 
 def call(spec: OpSpec, x: Any, other: Any, values: list[Any]) -> tuple[Any, ...]:
     """The op on ``x`` (a tensor or a DTensor) with ``values``, its results as a tuple."""
-    args, kwargs = [x], {}
+    positional, kwargs, used = list(spec.defaults), {}, 0
     for a, v in zip(spec.args, values):
         v = other if v == "other" else v
         if a.kwarg_only:
             kwargs[a.name] = v
         else:
-            args.append(v)
-    out = spec.op(*args, **kwargs)
+            positional[a.position] = v
+            used = max(used, a.position + 1)
+    out = spec.op(x, *positional[:used], **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 

@@ -145,11 +145,11 @@ def _cmd_fuzz(args: Any) -> int:
     interrupted = False
     for spec, runner in zip(targets, runners, strict=True):
         # the covering rows are the budget's floor: 12 examples for --max-examples 5 read as a bug
-        rows = len(covering.rows_for(runner)) if config.max_examples else 0
+        asked = config.max_examples
+        n_rows = len(covering.rows_for(runner)) if asked is not None else 0
         floor = (
-            f", its {rows} covering rows first (more than the {config.max_examples} "
-            f"example{'s' if config.max_examples > 1 else ''} asked)"
-            if rows > config.max_examples
+            f", its {n_rows} covering rows first (more than the {asked} example{'s' if asked > 1 else ''} asked)"
+            if asked is not None and n_rows > asked
             else ""
         )
         print(

@@ -45,6 +45,8 @@ def format_findings(store: FleetStore, docs: list[dict[str, Any]]) -> str:
             + (": " + ", ".join(f"{w} {n:.0f}x" for w, n in sorted(d["seen"].items())) if again else ""),
             f"  rerun: {rerun_command(store.url, store.fleet, d['id'])}",
         ]
+    if docs and redact(store.url) != store.url:  # a pasted rerun line met "Redis refused the password"
+        lines.append("\n(the password shows as ***: put yours in its place in a rerun line)")
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ import itertools
 import math
 import os
 import random
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -295,6 +296,25 @@ class RankState:
         return self.impls[ref]
 
 
+def clear_dtensor_caches() -> None:
+    """Empty DTensor's sharding-propagation caches before each example: an entry an earlier example
+    left behind is state its case alone does not have (topk's ``k`` is not in its cache key in torch
+    2.13: ``topk(k=1)`` after ``topk(k=2)`` on the same input spec got the first's output shape, a
+    finding that ``shardfuzz case`` and replay then passed)."""
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor has run here: nothing cached
+        return
+    from torch.distributed.tensor import debug
+
+    clear = getattr(debug, "_clear_sharding_prop_cache", None)  # torch's own (both caches)
+    if clear is not None:
+        clear()
+        return
+    # a torch without that helper has only the Python cache
+    from torch.distributed.tensor import DTensor
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+
+
 def run_task(state: RankState, task: Task) -> Reply:
     """Run one task on this rank: reset state, build inputs and shards, call the implementation."""
     case = task.case
@@ -307,6 +327,7 @@ def run_task(state: RankState, task: Task) -> Reply:
     world_group = state.world_group(case.world_size, task.timeout)
 
     # reset state so a failure replays identically
+    clear_dtensor_caches()
     if torch.are_deterministic_algorithms_enabled() != task.deterministic:
         torch.use_deterministic_algorithms(task.deterministic)  # preloaded by the forkserver
     seed_global(case.seed, state.device.type)

@@ -133,6 +133,14 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
     ran = impl_note(record, target)
     if ran:
         note += f" ({ran})"
+    # a file is someone else's input: the tolerance it loosens is said beside every verdict
+    overrides = Tolerance().with_overrides((record.get("tolerance") or {}).get("per_output") or ()).per_output
+    if overrides:
+        note += (
+            " (judged with the file's tolerance overrides: "
+            + ", ".join(f"{name!r} rtol={t.rtol!r} atol={t.atol!r}" for name, t in overrides)
+            + ")"
+        )
     try:
         runner.run_case(case)
         failed, kind, report, signature = False, None, "", None
