@@ -819,7 +819,9 @@ EXPECTED_FAILURES = [
             options={"op": "aten.amax.default"},
             exclude=_others("max/min of all elements over a shard"),
         ),
-        p95=18,
+        # budget.py, 20 seeds (stop 58, amax over all elements since its keepdim no longer lands
+        # in the dim's place): found on the first example in 20 of 20 (p95 18 before)
+        p95=1,
         impl=bind("torch_dtensor"),
     ),
     ExpectedFailure(
