@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from shardfuzz import Case, TargetError
-from shardfuzz.errors import InvalidArgument
+from shardfuzz.errors import InvalidArgument, ShardfuzzWarning
 from shardfuzz.frontends.testing import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -308,6 +308,20 @@ def test_a_tolerance_the_file_loosens_is_said_beside_its_verdict(tmp_path):
     ), out.stdout + out.stderr
     out = cli("replay", write(tmp_path / "g.json", record()))
     assert "tolerance overrides" not in out.stdout, out.stdout
+    # a tolerance given to the replay replaces the file's for that output: not the file's then
+    from shardfuzz.frontends.pytest_plugin import _regression_outcome
+    from shardfuzz.repro.replay import file_tolerance_note
+    from shardfuzz.spec.tolerance import Tolerance
+
+    two = {"per_output": [["y", {"rtol": 1e9, "atol": 1e9}], ["grad_x", {"rtol": 0.5, "atol": 0.0}]]}
+    given = Tolerance().with_overrides({"y": (1e-6, 0.0)})
+    assert file_tolerance_note(record(tolerance=two), given) == (
+        " (judged with the file's tolerance overrides: 'grad_x' rtol=0.5 atol=0.0)"
+    )
+    # under pytest (regressions()), a pass judged with them is said in the warnings summary
+    passed = type("R", (), {"failed": False, "not_judged": False, "status": "now passes"})()
+    with pytest.warns(ShardfuzzWarning, match="f.json passes \\(judged with the file's tolerance overrides"):
+        _regression_outcome(passed, "f.json", file_tolerance_note(record(tolerance=loose)))
 
 
 # -- 5. the case is held to the target before its inputs are built -------------------------------

@@ -25,6 +25,7 @@ import dataclasses
 import math
 import os
 import shlex
+import warnings
 from typing import Any, NoReturn
 
 import pytest
@@ -42,7 +43,7 @@ from shardfuzz.engine.config import (
 )
 from shardfuzz.engine.filewriter import check_failures_dir, default_dir
 from shardfuzz.engine.shared_db import database_options
-from shardfuzz.errors import InvalidArgument, TargetCodeError, TargetError
+from shardfuzz.errors import InvalidArgument, ShardfuzzWarning, TargetCodeError, TargetError
 from shardfuzz.frontends import pytest_options as opts
 from shardfuzz.frontends.pytest_scope import test_scope
 from shardfuzz.ranks.spawn import start_forkserver
@@ -510,7 +511,7 @@ def regressions(
         start_forkserver()
     from shardfuzz.engine import failures
     from shardfuzz.frontends import pytest_compose as compose
-    from shardfuzz.repro.replay import replay_one
+    from shardfuzz.repro.replay import file_tolerance_note, replay_one
 
     every = files
     files = compose.select_failure_files(every, target=target, impl=impl, kind=kind, planted=planted)
@@ -556,17 +557,26 @@ def regressions(
             backend=shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None,
             tolerance=Tolerance().with_overrides(shardfuzz_options.tolerance),
         )
-        if res.failed:
-            pytest.fail(f"{res.line()}\n{res.report}", pytrace=False)
-        if res.not_judged:  # the target now knows it fails, or refuses it: said, not judged
-            pytest.skip(res.line())
-        if res.status == "different inputs":
-            pytest.fail(
-                f"{res.line()}\nthe inputs changed, so this file no longer tests the same case", pytrace=False
-            )
+        loosened = file_tolerance_note(record, Tolerance().with_overrides(shardfuzz_options.tolerance))
+        _regression_outcome(res, os.path.basename(failure_file), loosened)
 
     test.__name__ = "test_shardfuzz_regression"
     return test
 
 
 regressions.__test__ = False  # type: ignore[attr-defined]
+
+
+def _regression_outcome(res: Any, name: str, loosened: str) -> None:
+    """A replayed failure file's test outcome: failed, skipped (not judged), or passed; a pass
+    judged with the file's own tolerance overrides says so in the warnings summary."""
+    if res.failed:
+        pytest.fail(f"{res.line()}\n{res.report}", pytrace=False)
+    if res.not_judged:  # the target now knows it fails, or refuses it: said, not judged
+        pytest.skip(res.line())
+    if res.status == "different inputs":
+        pytest.fail(
+            f"{res.line()}\nthe inputs changed, so this file no longer tests the same case", pytrace=False
+        )
+    if loosened:
+        warnings.warn(f"{name} passes{loosened}", ShardfuzzWarning, stacklevel=1)

@@ -305,14 +305,23 @@ def clear_dtensor_caches() -> None:
         return
     from torch.distributed.tensor import debug
 
-    clear = getattr(debug, "_clear_sharding_prop_cache", None)  # torch's own (both caches)
+    clear = getattr(debug, "_clear_sharding_prop_cache", None)  # torch's own: both caches
     if clear is not None:
         clear()
         return
-    # a torch without that helper has only the Python cache
+    # an older torch: its caches by the names they had (a ``LocalLRUCache`` without
+    # ``cache_clear`` keeps its ``lru_cache`` as ``.cache``); a torch with none of them keeps its
+    # caches from one example to the next, as every torch did before this reset
     from torch.distributed.tensor import DTensor
 
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta"):
+        cache = getattr(propagator, name, None)
+        for owner in (cache, getattr(cache, "cache", None)):
+            cache_clear = getattr(owner, "cache_clear", None)
+            if callable(cache_clear):
+                cache_clear()
+                break
 
 
 def run_task(state: RankState, task: Task) -> Reply:

@@ -118,6 +118,19 @@ def _replay_tolerance(record: dict[str, Any], given: Tolerance | None) -> Tolera
     return tol.with_overrides(given.per_output) if given is not None else tol
 
 
+def file_tolerance_note(record: dict[str, Any], given: Tolerance | None = None) -> str:
+    """`` (judged with the file's tolerance overrides: ...)`` for the per-output tolerances a
+    record carries (the run's ``--tolerance``) that replay judges with, those ``given`` replaces
+    left out; empty when none. A file is someone else's input: a tolerance it loosens is said."""
+    recorded = Tolerance().with_overrides((record.get("tolerance") or {}).get("per_output") or ())
+    replaced = {name for name, _ in given.per_output} if given is not None else set()
+    kept = [(name, t) for name, t in recorded.per_output if name not in replaced]
+    if not kept:
+        return ""
+    said = ", ".join(f"{name!r} rtol={t.rtol!r} atol={t.atol!r}" for name, t in kept)
+    return f" (judged with the file's tolerance overrides: {said})"
+
+
 def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
     """Rerun one failure record's case (``choices``: see :func:`record_config`)."""
     target, _ = record_target(record)
@@ -133,14 +146,7 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
     ran = impl_note(record, target)
     if ran:
         note += f" ({ran})"
-    # a file is someone else's input: the tolerance it loosens is said beside every verdict
-    overrides = Tolerance().with_overrides((record.get("tolerance") or {}).get("per_output") or ()).per_output
-    if overrides:
-        note += (
-            " (judged with the file's tolerance overrides: "
-            + ", ".join(f"{name!r} rtol={t.rtol!r} atol={t.atol!r}" for name, t in overrides)
-            + ")"
-        )
+    note += file_tolerance_note(record, choices.get("tolerance"))
     try:
         runner.run_case(case)
         failed, kind, report, signature = False, None, "", None
