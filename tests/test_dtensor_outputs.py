@@ -1,15 +1,11 @@
 """DTensor outputs: the engine reads their placements and checks each rank's local piece."""
 
-import os
-
 import pytest
 
 import shardfuzz
-from shardfuzz import Case, Runner
 from shardfuzz.spec.placements import box
 
 TARGET = "tests/data/dtensor_target.py"
-HERE = os.path.dirname(__file__)
 
 
 def _run(impl, **kw):
@@ -108,34 +104,3 @@ def test_a_partial_destination_on_another_axis_than_the_sources_partial_sums_to_
         options={"src": "P,R", "dst": "R,P"},
     )  # fmt: skip
     assert shardfuzz.Runner("redistribute", "reference").run_case(case) < 1
-
-
-def test_each_example_starts_with_empty_dtensor_caches():
-    """DTensor caches sharding per input spec, and torch 2.13 leaves topk's ``k`` out of the key: a
-    rank that ran ``k=2`` gave the next example's ``k=1`` the shape of ``k=2``, a finding its case
-    alone passes (a new user's dtensor_ops campaign; ``shardfuzz case`` and replay said PASS)."""
-    runner = Runner(os.path.join(HERE, "data", "dtensor_cache_target.py"))
-    for k in (2, 1, 2):  # the same warm ranks, one example after another
-        case = Case(target="dtensor_cache", world_size=2, mesh=(2,), sizes={"n": 2}, options={"k": k})
-        assert runner.run_case(case) <= 1.0
-
-
-def test_a_torch_without_the_clearing_helper_clears_the_caches_it_has(monkeypatch):
-    """torch 2.5's ``LocalLRUCache`` has no ``cache_clear`` (its ``lru_cache`` is ``.cache``) and
-    its ``debug`` module no ``_clear_sharding_prop_cache``: the reset clears what there is, and a
-    cache with no way to clear is left as every torch kept it before (no example fails on it)."""
-    import types
-
-    import torch.distributed.tensor.debug as debug
-    from torch.distributed.tensor import DTensor
-
-    from shardfuzz.ranks.task import clear_dtensor_caches
-
-    cleared = []
-    inner = types.SimpleNamespace(cache_clear=lambda: cleared.append("propagate_op_sharding"))
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    monkeypatch.delattr(debug, "_clear_sharding_prop_cache")
-    monkeypatch.setattr(propagator, "propagate_op_sharding", types.SimpleNamespace(cache=inner))
-    monkeypatch.setattr(propagator, "_propagate_tensor_meta", types.SimpleNamespace(), raising=False)
-    clear_dtensor_caches()
-    assert cleared == ["propagate_op_sharding"]

@@ -20,7 +20,6 @@ import itertools
 import math
 import os
 import random
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -296,34 +295,6 @@ class RankState:
         return self.impls[ref]
 
 
-def clear_dtensor_caches() -> None:
-    """Empty DTensor's sharding-propagation caches before each example: an entry an earlier example
-    left behind is state its case alone does not have (topk's ``k`` is not in its cache key in torch
-    2.13: ``topk(k=1)`` after ``topk(k=2)`` on the same input spec got the first's output shape, a
-    finding that ``shardfuzz case`` and replay then passed)."""
-    if "torch.distributed.tensor" not in sys.modules:  # no DTensor has run here: nothing cached
-        return
-    from torch.distributed.tensor import debug
-
-    clear = getattr(debug, "_clear_sharding_prop_cache", None)  # torch's own: both caches
-    if clear is not None:
-        clear()
-        return
-    # an older torch: its caches by the names they had (a ``LocalLRUCache`` without
-    # ``cache_clear`` keeps its ``lru_cache`` as ``.cache``); a torch with none of them keeps its
-    # caches from one example to the next, as every torch did before this reset
-    from torch.distributed.tensor import DTensor
-
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    for name in ("propagate_op_sharding", "_propagate_tensor_meta"):
-        cache = getattr(propagator, name, None)
-        for owner in (cache, getattr(cache, "cache", None)):
-            cache_clear = getattr(owner, "cache_clear", None)
-            if callable(cache_clear):
-                cache_clear()
-                break
-
-
 def run_task(state: RankState, task: Task) -> Reply:
     """Run one task on this rank: reset state, build inputs and shards, call the implementation."""
     case = task.case
@@ -336,7 +307,6 @@ def run_task(state: RankState, task: Task) -> Reply:
     world_group = state.world_group(case.world_size, task.timeout)
 
     # reset state so a failure replays identically
-    clear_dtensor_caches()
     if torch.are_deterministic_algorithms_enabled() != task.deterministic:
         torch.use_deterministic_algorithms(task.deterministic)  # preloaded by the forkserver
     seed_global(case.seed, state.device.type)
