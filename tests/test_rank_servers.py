@@ -408,6 +408,24 @@ def test_secrets_come_from_a_private_file_or_the_environment(tmp_path, monkeypat
         load_secret()
 
 
+def test_world_sizes_above_the_torchrun_world_are_a_usage_error():
+    """``--world-sizes 6`` on 4 rank servers was exit 3, "the fuzzer itself failed", on the first
+    case of 6 ranks: the user's to fix, named before any case runs."""
+    import types
+
+    from shardfuzz import InvalidArgument, RunConfig, Runner
+
+    runner = Runner("tp_mlp", None, RunConfig(world_sizes=(2, 6)))
+    runner.rank_servers = types.SimpleNamespace(world_size=4)  # as if 4 servers had joined
+    with pytest.raises(
+        InvalidArgument,
+        match=re.escape("world_sizes=[2, 6] on a torchrun world of 4 rank servers ([6] above it)"),
+    ):
+        runner.world_sizes()
+    runner.config = RunConfig(world_sizes=(2, 4))
+    assert runner.world_sizes() == (2, 4)
+
+
 @pytest.mark.parametrize("bad", ["nope", "host:", ":1234x", "1.2.3.4:70000", "[::1]"])
 def test_a_bad_ranks_address_names_the_argument(bad):
     from shardfuzz import InvalidArgument, RunConfig

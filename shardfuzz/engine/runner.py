@@ -209,7 +209,18 @@ class Runner:
     def world_sizes(self) -> tuple[int, ...] | None:
         """The world sizes to draw: the run's, else on rank servers the target's own up to the size
         of their world."""
-        if self.rank_servers is None or self.config.world_sizes is not None:
+        if self.rank_servers is None:
+            return self.config.world_sizes
+        if self.config.world_sizes is not None:
+            # asked for more ranks than torchrun gave: the user's to fix (it was exit 3, "the
+            # fuzzer itself failed", on the first such case)
+            above = [w for w in self.config.world_sizes if w > self.rank_servers.world_size]
+            if above:
+                raise InvalidArgument(
+                    f"world_sizes={list(self.config.world_sizes)} on a torchrun world of "
+                    f"{self.rank_servers.world_size} rank servers ({above} above it): draw world sizes "
+                    f"up to {self.rank_servers.world_size} (--world-sizes) or start more ranks"
+                )
             return self.config.world_sizes
         drawn = sorted({w for b in bounds_of(self.target.strategy()) or () for w in b.worlds})
         fit = tuple(w for w in drawn if w <= self.rank_servers.world_size)
