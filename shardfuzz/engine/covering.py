@@ -37,6 +37,7 @@ from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  
 from shardfuzz.spec.exclude import Excluded
 from shardfuzz.spec.sampling import POOL_SIZE, Draws, distinct_cases, draw_pool, stable_seed
 from shardfuzz.spec.triggers import DTYPE_CONDITIONS, PROGRESS, SPLIT_RULES_DIFFER, is_effective, triggers_of
+from shardfuzz.verdict.oracle import supports
 
 #: an option with at most this many distinct values in the pool is categorical: each value is a condition
 MAX_CATEGORIES = 6
@@ -125,7 +126,7 @@ def covering_rows(target: Any, strategy: Any, seed: int, pool_size: int = POOL_S
 def candidates_of(target: Any, pool: Sequence[tuple[Case, tuple]]) -> list[Row]:
     """The pool's cases the target supports, as rows with their conditions."""
     if target.supports is not None:
-        pool = [(c, ch) for c, ch in pool if not target.supports(c)]
+        pool = [(c, ch) for c, ch in pool if not supports(target, c)]
     categorical = categorical_options(c for c, _ in pool)
     return [Row(c, ch, conditions_of(target, c, categorical)) for c, ch in pool]
 
@@ -163,7 +164,7 @@ def uncovered(rows: Sequence[Row], cases: Iterable[Case], target: Any) -> set[tu
         have |= tuples_of(target, r.case, conditions_of(target, r.case, categorical))
     seen: set[tuple[str, ...]] = set()
     for c in cases:
-        if target.supports is None or not target.supports(c):
+        if target.supports is None or not supports(target, c):
             seen |= tuples_of(target, c, conditions_of(target, c, categorical))
     return seen - have
 
@@ -256,7 +257,7 @@ def _check_pinned_supported(target: Any, options: Any, pool: Sequence[tuple[Case
     """Pinned options with which the target supports none of the pool's cases are a usage error:
     a ``place=X3`` that DTensor crashed on was reported as a finding, and ``op=aten.cumsum``
     (no overload) ran past an exclusion by the op's full name."""
-    reasons = collections.Counter(target.supports(c) for c, _ in pool)
+    reasons = collections.Counter(supports(target, c) for c, _ in pool)
     if pool and None not in reasons:
         pinned = ", ".join(f"{k}={v!r}" for k, v in options)
         why = "; ".join(f"{r} (x{n})" for r, n in reasons.most_common(3))

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardfuzz.case import Case
 from shardfuzz.errors import Unsupported
-from shardfuzz.verdict.oracle import evaluate_oracle
+from shardfuzz.verdict.oracle import evaluate_oracle, supports
 
 #: a softmax row whose largest probability is within this of 1 is one-hot
 ONE_HOT = 1e-6
@@ -99,7 +99,7 @@ def degenerate_share(target: Any, cases: Iterable[Case]) -> DegenerateShare:
     n = bad = 0
     causes: Counter[str] = Counter()
     for case in cases:
-        if target.supports is not None and target.supports(case):
+        if target.supports is not None and supports(target, case):
             continue
         try:
             found = degenerate(target, case)

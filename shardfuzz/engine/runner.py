@@ -44,7 +44,7 @@ from shardfuzz.spec.triggers import conditions_met
 from shardfuzz.verdict.comm import over_budget
 from shardfuzz.verdict.decide import DecideConfig, decide
 from shardfuzz.verdict.judge import Verdict
-from shardfuzz.verdict.oracle import Expected, evaluate_oracle
+from shardfuzz.verdict.oracle import Expected, evaluate_oracle, supports
 
 #: the example timeout (the no-progress window) is one of these; a busy example may run on up to
 #: :func:`~shardfuzz.ranks.spawn.hard_cap` of it
@@ -278,7 +278,7 @@ class Runner:
         target does not support (Unsupported), or a known failure (Excluded, counted)."""
         check_placement(self.target, self.backend, self.device, case.world_size)
         if self.target.supports is not None:
-            reason = self.target.supports(case)
+            reason = supports(self.target, case)
             if reason:
                 raise Unsupported(
                     f"target {self.target.name!r} does not support this case: {reason}", reason=reason

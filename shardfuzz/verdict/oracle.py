@@ -15,10 +15,15 @@ are not compared.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import os
+import re
+import sys
+import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,10 +54,77 @@ class Expected:
     source: Any = None  # a self-oracle (shardfuzz.engine.selforacle): fills ref/low, draws noise on a rank
 
 
+class CppWarningsOnce:
+    """fd 2 on a file while the target's code runs in the driver, then what it wrote: a C++
+    warning line once per process, every other line as it came. ``torch.ops`` calls print their
+    C++ warnings straight to fd 2 in torch 2.13, past Python's warnings (pytorch/pytorch#193451
+    routes them to Python): a ``dtensor_ops`` campaign on ``var`` printed `var(): degrees of
+    freedom is <= 0` for every case (2,567 lines), the README's first command 3 times."""
+
+    #: c10's warning line: ``[W1205 17:17:50.050508762 ReduceOps.cpp:1861] Warning: ...``
+    LINE = re.compile(rb"^\[W\d{4} [\d:.]+ [^\]]+\] (Warning: .*)$")
+
+    def __init__(self) -> None:
+        self.sink: Any = None
+        self.seen: set[bytes] = set()
+        self.depth = 0
+
+    @contextlib.contextmanager
+    def captured(self) -> Iterator[None]:
+        if self.depth:  # target code inside target code: the outer call captures
+            yield
+            return
+        if self.sink is None:
+            self.sink = tempfile.TemporaryFile()
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(self.sink.fileno(), 2)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            self._emit()
+
+    def _emit(self) -> None:
+        fd = self.sink.fileno()
+        size = os.fstat(fd).st_size
+        if not size:
+            return
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = os.read(fd, size)
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        kept = []
+        for line in data.splitlines(keepends=True):
+            m = self.LINE.match(line.rstrip(b"\n"))
+            if m is not None:
+                if m.group(1) in self.seen:
+                    continue
+                self.seen.add(m.group(1))
+            kept.append(line)
+        if kept:
+            os.write(2, b"".join(kept))
+
+
+CPP_WARNINGS = CppWarningsOnce()
+
+
+def supports(target: Any, case: Case) -> Any:
+    """``target.supports(case)`` (why the target cannot run ``case``, or a false value) with its
+    C++ warnings once (``dtensor_ops`` runs the op on zeros to see whether it refuses)."""
+    with CPP_WARNINGS.captured():
+        return target.supports(case)
+
+
 def call_target_code(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
     """Call a piece of the target's code; what it raises becomes the target's error."""
     try:
-        return fn(*args)
+        with CPP_WARNINGS.captured():
+            return fn(*args)
     except Unsupported:
         raise
     except Exception as e:
