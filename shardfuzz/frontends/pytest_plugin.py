@@ -552,13 +552,10 @@ def regressions(
             pytest.skip(
                 f"{record['impl']!r} is a planted bug of {record_target.name!r}: regressions(planted=True) replays it"
             )
-        res = replay_one(
-            record,
-            backend=shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None,
-            tolerance=Tolerance().with_overrides(shardfuzz_options.tolerance),
-        )
-        loosened = file_tolerance_note(record, Tolerance().with_overrides(shardfuzz_options.tolerance))
-        _regression_outcome(res, os.path.basename(failure_file), loosened)
+        given = Tolerance().with_overrides(shardfuzz_options.tolerance)
+        backend = shardfuzz_options.backend if shardfuzz_options.backend != "gloo" else None
+        res = replay_one(record, backend=backend, tolerance=given)
+        _regression_outcome(res, os.path.basename(failure_file), file_tolerance_note(record, given))
 
     test.__name__ = "test_shardfuzz_regression"
     return test

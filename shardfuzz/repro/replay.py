@@ -122,7 +122,7 @@ def file_tolerance_note(record: dict[str, Any], given: Tolerance | None = None) 
     """`` (judged with the file's tolerance overrides: ...)`` for the per-output tolerances a
     record carries (the run's ``--tolerance``) that replay judges with, those ``given`` replaces
     left out; empty when none. A file is someone else's input: a tolerance it loosens is said."""
-    recorded = Tolerance().with_overrides((record.get("tolerance") or {}).get("per_output") or ())
+    recorded = _replay_tolerance(record, None)
     replaced = {name for name, _ in given.per_output} if given is not None else set()
     kept = [(name, t) for name, t in recorded.per_output if name not in replaced]
     if not kept:

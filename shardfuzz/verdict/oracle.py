@@ -29,11 +29,10 @@ from typing import Any
 import torch
 from hypothesis import currently_in_test_context
 
-from shardfuzz.case import Case, profile_param_problem
+from shardfuzz.case import PROFILE_PARAM_NAMES, PROFILE_PARAMS, Case, profile_param_problem
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
 from shardfuzz.limits import check_world_size
 from shardfuzz.protocol import dense
-from shardfuzz.spec.bounds import PROFILE_PARAMS as BOUNDS_PROFILE_PARAMS
 from shardfuzz.spec.inputs import RandomState, float64, seed_all
 from shardfuzz.spec.sampling import draw_pool, simplest_case, stable_seed
 from shardfuzz.spec.target import SELF
@@ -254,7 +253,7 @@ def _oracle64_without_edge(target: Any, case: Case, rng: RandomState) -> dict[st
     plain = dataclasses.replace(
         case,
         profile="normal",
-        options={k: v for k, v in case.options.items() if k not in BOUNDS_PROFILE_PARAMS["edge"]},
+        options={k: v for k, v in case.options.items() if k not in PROFILE_PARAMS["edge"]},
     )
     state = RandomState.now()  # before case_inputs, which seeds the global generators
     try:
@@ -379,9 +378,6 @@ class DrawnSizes:
     required_options: frozenset[str] = frozenset()  # option names in every case drawn
 
 
-#: options the value profiles add (``large``/``small``: scale, ``ties``: grid, ``edge``: three)
-PROFILE_PARAMS = frozenset().union(*BOUNDS_PROFILE_PARAMS.values())
-
 _DRAWN: weakref.WeakKeyDictionary[Any, DrawnSizes | None] = weakref.WeakKeyDictionary()
 
 
@@ -403,14 +399,14 @@ def drawn_sizes(target: Any, n: int = 30) -> DrawnSizes | None:
         for c in seen:
             for k, v in c.sizes.items():
                 smallest[k] = min(v, smallest.get(k, v))
-        opts = [frozenset(c.options) - PROFILE_PARAMS for c in seen]
+        opts = [frozenset(c.options) - PROFILE_PARAM_NAMES for c in seen]
         # the parameters of the profiles it draws (declared, else seen): the opt-in edge profile's
         # were listed as drawn options of every target
         bounds = target.case_bounds()
         params = (
-            frozenset(n for b in bounds for n in b.option_names()) & PROFILE_PARAMS
+            frozenset(n for b in bounds for n in b.option_names()) & PROFILE_PARAM_NAMES
             if bounds
-            else frozenset(p for c in seen for p in BOUNDS_PROFILE_PARAMS.get(c.profile, ()))
+            else frozenset(p for c in seen for p in PROFILE_PARAMS.get(c.profile, ()))
         )
         drawn = DrawnSizes(
             frozenset.intersection(*names),
@@ -447,7 +443,7 @@ def check_case(target: Any, case: Any) -> None:
         missing_opts = sorted(drawn.required_options - set(case.options))
         # its own profile's parameters are the case's (a pinned --option scale=... puts a target
         # that declares no bounds in a profile its draws may not show), checked as a pin is
-        unknown_opts = sorted(set(case.options) - drawn.options - set(BOUNDS_PROFILE_PARAMS[case.profile]))
+        unknown_opts = sorted(set(case.options) - drawn.options - set(PROFILE_PARAMS[case.profile]))
         if missing_opts or unknown_opts:
             wrong = [f"lacks {missing_opts}"] if missing_opts else []
             wrong += [f"has {unknown_opts}, which the target does not draw"] if unknown_opts else []
@@ -455,9 +451,9 @@ def check_case(target: Any, case: Any) -> None:
                 f"case options={case.options!r} {' and '.join(wrong)}; target {target.name!r} draws the "
                 f"options {sorted(drawn.options)}, e.g. {drawn.example.options!r}"
             )
-        problem = profile_param_problem(case.profile, case.options)
-        if problem:
-            raise TargetError(f"case {problem}")
+    problem = profile_param_problem(case.profile, case.options)
+    if problem:
+        raise TargetError(f"case {problem}")
     try:
         call_target_code(target, "inputs(case)", case, target.inputs, case)
     except Unsupported as e:  # a hand-made case the target refuses (a failure file's op changed)
