@@ -53,10 +53,10 @@ def grid_of(text):
 
 def test_runs_merge_and_stay_short():
     assert runs([3, 4, 5, 9]) == [(3, 5), (9, 9)]
-    assert format_runs(runs([3, 4, 5, 9]), 12) == "3-5, 9 of 12"
+    assert format_runs(runs([3, 4, 5, 9]), 12) == "indices 3-5, 9 of 12"
     assert format_runs(runs(list(range(6))), 6) == "all 6"
     many = format_runs(runs(list(range(0, 40, 2))), 40)
-    assert many.startswith("0, 2, 4, 6, ...") and "16 more runs" in many
+    assert many.startswith("indices 0, 2, 4, 6, ...") and "16 more runs" in many
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_one_wrong_run_on_one_rank_of_a_1d_shard():
     text = format_output_diff(diff(Shard(0), ref, bad, 3), LABEL)
     lines = map_lines(text)
     assert "dim 0 split over the ranks (Shard(0))" in lines[0]
-    assert "    rank 1: wrong at dim 0: 1-2 of 4 [global 5-6]" in lines
+    assert "    rank 1: wrong at dim 0: indices 1-2 of 4 [global 5-6]" in lines
     assert "    clean: ranks 0, 2" in lines
     assert grid_of(text) == ["....|.##.|...."]
 
@@ -149,7 +149,7 @@ def test_a_zigzag_piece_maps_to_its_two_chunks():
     bad = ref.clone()
     bad[6] += 1  # chunks of 2: rank 0 holds global 0-1 and 6-7, so global 6 is its local 2
     text = format_output_diff(diff(Zigzag(0), ref, bad, 2), LABEL)
-    assert "    rank 0: wrong at dim 0: 2 of 4 [global 6]" in text and "    clean: rank 1" in text
+    assert "    rank 0: wrong at dim 0: index 2 of 4 [global 6]" in text and "    clean: rank 1" in text
     assert grid_of(text) == ["..."] * 2 + ["---"] + ["..."] * 4 + ["---"] + ["###", "..."]
 
 
@@ -159,7 +159,7 @@ def test_a_partial_output_blames_no_rank():
     bad[:, 1] += 1
     text = format_output_diff(diff(Partial(), ref, bad, 2), LABEL)
     assert "the sum over ranks is compared (Partial()): no one rank holds these elements" in text
-    assert "    sum: wrong at dim 1: 1 of 4" in text
+    assert "    sum: wrong at dim 1: index 1 of 4" in text
     assert grid_of(text) == [".#.."] * 4
 
 
@@ -171,7 +171,10 @@ def test_a_big_tensor_gets_a_small_grid_aligned_to_its_shards(slack):
     start = time.perf_counter()
     text = format_output_diff(diff(Shard(1), ref, bad, 4), LABEL)
     assert time.perf_counter() - start < 5 * slack
-    assert "    rank 3: wrong at dim 0: 100-199 of 1000; dim 1: 50-149 of 750 [global 2300-2399]" in text
+    assert (
+        "    rank 3: wrong at dim 0: indices 100-199 of 1000; dim 1: indices 50-149 of 750 [global 2300-2399]"
+        in text
+    )
     assert "    clean: ranks 0, 1, 2" in text
     grid = grid_of(text)
     assert len(grid) <= MAX_ROWS and all(len(line) <= MAX_COLS for line in grid)
@@ -225,7 +228,7 @@ def test_map_of_ring_causal_every_step_names_rank_1_row_0():
     for name, dim in (("out", 1), ("grad_q", 1), ("lse", 2)):
         wrong, clean = _map_of(e.report, name)
         assert clean == [0] and list(wrong) == [1], e.report
-        assert wrong[1] == f"dim {dim}: 0 of 2 [global 2]", e.report
+        assert wrong[1] == f"dim {dim}: index 0 of 2 [global 2]", e.report
 
 
 def test_map_of_ulysses_local_rope_positions_spares_rank_0():

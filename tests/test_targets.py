@@ -317,3 +317,20 @@ def test_builtin_targets_are_discovered_from_their_files_as_a_full_parse_finds_t
     (tmp_path / "more.py").write_text('AGAIN = Target(name="mine")\n')
     with pytest.raises(shardfuzz.TargetError, match="built-in target 'mine' is defined twice"):
         targets_in([str(tmp_path)])
+
+
+def test_the_margin_printed_with_a_proof_is_the_shrunk_cases_own(capsys):
+    """``assert_planted_bug_found`` prints the shrunk case and its margin; the margin is that case's
+    as a rerun judges it (the run's smallest over every failing example belonged to another case:
+    27.8x printed beside a case that `shardfuzz case` judged 2.1e6x)."""
+    from shardfuzz import Runner
+    from shardfuzz.errors import Finding
+    from shardfuzz.frontends.testing import assert_planted_bug_found
+
+    rec = get_target("tp_mlp").planted["missing_f_backward"]
+    result = assert_planted_bug_found("tp_mlp", "missing_f_backward", rec.expect, p95=rec.p95)
+    printed = re.search(r", margin (\S+)x$", capsys.readouterr().out.strip())
+    assert printed is not None
+    with pytest.raises(Finding) as rerun:
+        Runner("tp_mlp", "missing_f_backward").run_case(result.case)
+    assert printed.group(1) == f"{rerun.value.ratio:.3g}"

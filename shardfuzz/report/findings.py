@@ -36,10 +36,12 @@ from shardfuzz.verdict.judge import Verdict
 #: on 1 rank with the same global sizes (``shardfuzz.strategies``), so this is its minimal world
 #: a 1-rank case has no peer: what fails there is a rank's own work, which includes what it hands to
 #: a collective (a cast before an all_gather fails on 1 rank too; "not a distribution bug" sent a
-#: user away from the collective path)
+#: user away from the collective path) and what it does with what comes back (a scan that adds
+#: its own total to its carry fails on 1 rank: "not in how the ranks combine the work" was wrong)
 ONE_RANK_NOTE = (
-    "fails on 1 rank too, with no peer to exchange with: the bug is in what a rank computes on its "
-    "own (its math, or what it hands to a collective), not in how the ranks split or combine the work"
+    "fails on 1 rank too, with no peer to exchange with: the bug needs no other rank's data; it is in "
+    "code every rank runs, its math or its code around the collectives (what it hands to one, what "
+    "it does with the result)"
 )
 
 

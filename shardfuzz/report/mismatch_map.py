@@ -67,12 +67,16 @@ def runs(indices: list[int]) -> list[tuple[int, int]]:
 
 
 def format_runs(rs: list[tuple[int, int]], n: int | None = None) -> str:
+    """Runs of indices of a dim of ``n`` (``index 2 of 3``, ``indices 3-5, 9 of 12``, ``all 6``):
+    the word ``index`` because "2 of 3" alone read as a count of wrong elements."""
     if n is not None and rs == [(0, n - 1)]:
         return f"all {n}"
     text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rs[:MAX_RUNS])
     if len(rs) > MAX_RUNS:
         text += f", ... ({len(rs) - MAX_RUNS} more runs)"
-    return text + (f" of {n}" if n is not None else "")
+    if n is None:
+        return text
+    return ("index " if rs == [(rs[0][0], rs[0][0])] else "indices ") + text + f" of {n}"
 
 
 def _to_global_runs(rs: list[tuple[int, int]], segs: list[Segment]) -> list[tuple[int, int]]:
