@@ -28,6 +28,7 @@ way compares engines across that change on the same kind of work.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
@@ -193,8 +194,16 @@ def main(argv=None) -> int:
         print(f"{'fresh process launch per example':<38} {fresh:>11.2f} {fresh / floor:>8.3f}x")
     than_fresh = f" and {through / fresh:.0f}x faster than a launch per example" if fresh else ""
     print(
-        f"shardfuzz is {floor / through:.2f}x slower than the bare floor (goal: within 1.3x){than_fresh}; "
+        f"shardfuzz takes {floor / through:.2f}x the bare floor's time per case (goal: within 1.3x){than_fresh}; "
         f"the floor's fixed tolerances flagged {flagged} of these {len(seen)} correct cases"
+    )
+    # the draws decide how much rank work a case is: a 4-rank case is about twice a 2-rank one on
+    # 2 cores, so two checkouts whose strategies draw other world sizes compare per rank-case too
+    mix = collections.Counter(c.world_size for c in seen)
+    ranks_per_case = sum(w * k for w, k in mix.items()) / n
+    print(
+        f"case mix: world sizes {dict(sorted(mix.items()))}, {ranks_per_case:.2f} ranks per case; "
+        f"through shardfuzz {through * ranks_per_case:.1f} rank-cases/s (one rank's part of one case)"
     )
     print(
         f"pool restart, world size 4, kill decision to ready: median {statistics.median(restarts) * 1000:.0f} ms, "
