@@ -314,6 +314,23 @@ def test_progress_line_shows_batch_only_for_a_target_with_a_batch(target, batche
 
 
 @pytest.mark.parametrize(
+    "worlds,hidden",
+    [((2, 3), {"2-D mesh"}), ((1, 2), {"2-D mesh", "world>=3"}), ((1,), {"uneven", "group<world"})],
+)
+def test_progress_line_leaves_out_what_the_world_sizes_cannot_reach(worlds, hidden):
+    """A ``test_for(..., world_sizes=(2, 3))`` listed ``never reached: 2-D mesh``, which no world of
+    2 or 3 can form (both mesh axes above 1 needs 4 ranks)."""
+    from shardfuzz import Runner
+    from shardfuzz.engine.config import RunConfig
+
+    conditions = Runner("tp_mlp", "reference", RunConfig(world_sizes=worlds)).progress_conditions()
+    assert not hidden & set(conditions), conditions
+    assert "uneven" in Runner("tp_mlp").progress_conditions()
+    if 2 in worlds:
+        assert "uneven" in conditions, conditions
+
+
+@pytest.mark.parametrize(
     "dtypes,shown,hidden",
     [(None, "bfloat16", "float16"), (("float16",), "float16", "bfloat16"), (("float32",), None, "bfloat16")],
 )

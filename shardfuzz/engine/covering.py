@@ -315,7 +315,7 @@ def _rows_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple
 
 def progress_conditions(runner: Any) -> tuple[str, ...]:
     """The conditions a run's progress line and its pytest statistics show, each at its share, 0%
-    included: the usual generic ones (``backward`` only for a target that declares gradients,
+    included: the usual generic ones (those the run's world sizes allow; ``backward`` only for a target that declares gradients,
     ``batch>1`` only for one whose cases have a ``batch`` size, a low-precision dtype only for a
     run that draws it: a condition that cannot apply read as a blind spot, and a ``--dtypes
     float16`` run showed bfloat16's 0%, not its own dtype's share), then the target's own declared
@@ -328,12 +328,17 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     pool = pool_for(target, runner.world_sizes(), c.dtypes, c.options)
     batched = any("batch" in case.sizes for case, _ in pool)
     drawn = {case.dtype for case, _ in pool}
+    # what the run's world sizes allow at all (a run on worlds 2 and 3 showed "2-D mesh 0%" as a
+    # blind spot); a target that could draw one and never does still shows its 0%
+    top = max(runner.world_sizes() or [case.world_size for case, _ in pool])
+    allowed = {"uneven": top >= 2, "group<world": top >= 2, "world>=3": top >= 3, "2-D mesh": top >= 4}
     generic = tuple(
         t
         for t in PROGRESS
         if (t != "backward" or target.gradients)
         and (t != "batch>1" or batched)
         and (t not in DTYPE_CONDITIONS or t in drawn)
+        and allowed.get(t, True)
     )
     shown = generic + tuple(t for t in target.triggers if t not in generic)
     reached = {t for case, _ in pool for t in triggers_of(target, case)}
