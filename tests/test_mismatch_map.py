@@ -128,6 +128,23 @@ def test_a_replicated_output_says_whether_its_ranks_hold_different_values():
     assert "every rank holds the whole value" in same and "different values" not in same, same
 
 
+def test_a_replicated_output_whose_ranks_hold_parts_of_the_oracle_says_so():
+    """A new user's Partial gradient labelled Replicate: -0.123634 and -0.0000391 on two ranks sum
+    to the oracle's -0.123673, and the report said only that the ranks differ."""
+    ref = torch.randn(3, 4).double()
+    part = torch.rand(3, 4).double()
+    d = diff(Replicate(), ref, ref, 2)
+    d.ranks = [
+        compare_tensor(p, ref, torch.full_like(ref, 1e-9), r, lambda i: i)
+        for r, p in enumerate((part, ref - part))
+    ]
+    hint = "what the ranks hold sums to the oracle, within its tolerance: a partial sum never reduced"
+    assert hint in format_output_diff(d, LABEL)
+    d.ranks[1] = compare_tensor(ref - 2 * part, ref, torch.full_like(ref, 1e-9), 1, lambda i: i)  # no sum
+    text = format_output_diff(d, LABEL)
+    assert "the ranks hold different values" in text and hint not in text, text
+
+
 def test_a_replicated_output_wrong_on_different_elements_per_rank_says_on_which_rank():
     """Rank 0's copy wrong at index 1, rank 1's at index 0: half the elements are wrong, and every
     global element on some rank (a new user read "every element of the global value is wrong"

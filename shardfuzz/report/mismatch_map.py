@@ -222,13 +222,16 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
         lines.append(f"    {who}: wrong at " + "; ".join(where))
     if clean:
         lines.append(f"    clean: rank{'s' if len(clean) > 1 else ''} {', '.join(clean)}")
-    lines += _disagreement(pieces, rank_label, replicated=head.startswith("every rank holds"))
+    lines += _disagreement(od, pieces, rank_label, replicated=head.startswith("every rank holds"))
     return lines + _grid_lines(od, pieces, sharded)
 
 
-def _disagreement(pieces: list[Any], rank_label: Callable[[int], str], replicated: bool) -> list[str]:
+def _disagreement(
+    od: OutputDiff, pieces: list[Any], rank_label: Callable[[int], str], replicated: bool
+) -> list[str]:
     """Whether the ranks of a ``replicated`` value hold the same values: ranks that disagree point
-    at a value each computed apart (a gradient never all-reduced), not at a wrong shared computation."""
+    at a value each computed apart (a gradient never all-reduced), not at a wrong shared computation;
+    and whether what they hold sums to the oracle, group by group (a partial sum never reduced)."""
     if not replicated:
         return []
     first = pieces[0]
@@ -243,7 +246,33 @@ def _disagreement(pieces: list[Any], rank_label: Callable[[int], str], replicate
             apart.append(f"{rank_label(p.rank)} by up to {float(gap.max()):.3g}")
     if not apart:
         return []
-    return [f"    the ranks hold different values: against {rank_label(first.rank)}, " + ", ".join(apart)]
+    lines = [f"    the ranks hold different values: against {rank_label(first.rank)}, " + ", ".join(apart)]
+    if _sums_to_the_oracle(od, pieces):
+        each = " in each group" if len(od.groups) > 1 else ""
+        lines.append(
+            f"    what the ranks hold sums to the oracle{each}, within its tolerance: a partial sum never "
+            "reduced (a Partial value returned as Replicate, or an all_reduce missing)"
+        )
+    return lines
+
+
+def _sums_to_the_oracle(od: OutputDiff, pieces: list[Any]) -> bool:
+    """Every group of two or more ranks holds values whose sum is within the bound of the oracle's
+    global value (a new user's Partial gradient labelled Replicate read only "the ranks differ")."""
+    ref, bound = od.ref, od.bound
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+        return False
+    by_rank = {p.rank: p for p in pieces if p.rank is not None}
+    groups = [[by_rank[r] for r in g if r in by_rank] for g in (od.groups or [list(by_rank)])]
+    if not groups or any(len(g) < 2 for g in groups):
+        return False
+    for g in groups:
+        if any(p.local.shape != ref.shape or not p.local.is_floating_point() for p in g):
+            return False
+        total = torch.stack([p.local.double() for p in g]).sum(0)
+        if not bool(((total - ref.double()).abs() <= bound).all()):
+            return False
+    return True
 
 
 def _grid_lines(od: OutputDiff, pieces: list[Piece], sharded: list[int]) -> list[str]:
