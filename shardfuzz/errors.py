@@ -32,6 +32,12 @@ class InvalidArgument(ShardfuzzError, ValueError):
     """An argument is invalid. The message names the argument, its value and what is allowed."""
 
 
+class CaseOutsideBounds(InvalidArgument):
+    """A failure file, valid otherwise, whose case its target no longer draws (the target's sizes,
+    meshes or options changed since the file was written): a replay of a folder sets it aside and
+    replays the rest; every other check of a file refuses the whole replay."""
+
+
 class TargetError(InvalidArgument):
     """A target or implementation cannot be found, is missing a piece, or cannot reach the workers."""
 

@@ -353,6 +353,24 @@ def test_a_case_outside_the_declared_bounds_is_refused_before_its_inputs_are_mea
         prepare(record(case=bad(hidden=1)), None)  # a record of a store of findings
 
 
+def test_a_folder_replays_its_other_files_beside_one_whose_case_its_target_no_longer_draws(tmp_path):
+    """A new user narrowed a target's sizes (``Split(min_size=2)``); the folder's one older file was
+    then out of bounds and refused the whole replay (exit 2, the other files never run). It is not
+    run and said; the others replay. Alone, it is still the refusal it was (the test above)."""
+    stale = write(tmp_path / "a.json", record(case=bad(hidden=1)))
+    write(tmp_path / "b.json", record())
+    out = cli("replay", str(tmp_path))
+    assert out.returncode == 1, out.stdout + out.stderr  # b.json's missing_allreduce still fails
+    assert (
+        f"NOT RUN: failure file {stale!r}: field 'case' is invalid: target 'tp_mlp' never draws" in out.stdout
+    )
+    assert (
+        "b.json: tp_mlp/missing_allreduce ran on DIFFERENT INPUTS (input hash changed) and fails"
+        in out.stdout
+    )
+    assert "1 replayed: 1 fail, 0 pass; 1 not run (cases their targets no longer draw)" in out.stdout
+
+
 def test_a_1_rank_case_with_the_sizes_of_a_larger_group_loads():
     """The campaign's 1-rank retry keeps the global sizes drawn for 2+ ranks (finish.try_one_rank)."""
     from shardfuzz.engine.failures import prepare

@@ -23,7 +23,7 @@ from shardfuzz.engine.covering import check_option_kinds
 from shardfuzz.engine.failure_schema import load_failure_file, shown, validate_failure_record, where_of
 from shardfuzz.engine.input_bounds import check_input_size
 from shardfuzz.engine.trust import check_trusted
-from shardfuzz.errors import InvalidArgument
+from shardfuzz.errors import CaseOutsideBounds, InvalidArgument
 from shardfuzz.protocol import ImplRef
 from shardfuzz.spec.bounds import check_in_bounds
 from shardfuzz.spec.refs import load_ref, ref_of_callable, relocate_ref, split_file_ref
@@ -59,8 +59,9 @@ def prepare(
         fn = _field(where, "impl_ref", load_ref, data["impl_ref"], "impl")
         _field(where, "impl_ref", ref_of_callable, data["impl_ref"], "impl")
         _check_kwargs(where, target, data["impl_spec"], fn)
-        _invalid_case(where, check_in_bounds, target, case)  # before anything is built from it
-        _invalid_case(where, check_option_kinds, target, case)
+        # before anything is built from it; a case the target no longer draws is stale, not forged
+        _invalid_case(where, check_in_bounds, target, case, CaseOutsideBounds)
+        _invalid_case(where, check_option_kinds, target, case, CaseOutsideBounds)
         _field(where, "case", check_input_size, target, case)
         _invalid_case(where, check_case, target, case)
     return data
@@ -74,11 +75,13 @@ def _field(where: str, field: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise InvalidArgument(f"{where}: field {field!r}: {said}") from None
 
 
-def _invalid_case(where: str, check: Any, target: Target, case: Case) -> None:
+def _invalid_case(
+    where: str, check: Any, target: Target, case: Case, error: type[InvalidArgument] = InvalidArgument
+) -> None:
     try:
         check(target, case)
     except InvalidArgument as e:
-        raise InvalidArgument(f"{where}: field 'case' is invalid: {e}") from None
+        raise error(f"{where}: field 'case' is invalid: {e}") from None
 
 
 def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:

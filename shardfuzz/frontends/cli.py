@@ -27,6 +27,7 @@ from shardfuzz.engine.config import RunConfig, check_exclude_keys, check_toleran
 from shardfuzz.engine.hooks import grace_seconds
 from shardfuzz.engine.shared_db import RedisLost, connect, env_fleet, is_redis_url, redact
 from shardfuzz.errors import (
+    CaseOutsideBounds,
     Finding,
     InfrastructureError,
     InvalidArgument,
@@ -347,9 +348,19 @@ def _cmd_replay(args: Any) -> int:
 
     files = [p for p in args.paths if not is_redis_url(p)]
     paths = failures.find_files(files) if files else []
-    records = [failures.load(p, trust_refs=args.trust_refs) for p in paths]  # all checked before any runs
+    records, outside = [], []
+    for p in paths:  # all checked before any runs
+        try:
+            records.append(failures.load(p, trust_refs=args.trust_refs))
+        except CaseOutsideBounds as e:  # stale (the target changed since), not forged: the rest run
+            outside.append(str(e))
     for url in filter(is_redis_url, args.paths):  # a fleet's findings: untrusted records of a store
         records += fleet_view.fleet_records(url, args.fleet, args.finding, trust_refs=args.trust_refs)
+    if outside and not records:  # nothing left to replay: the refusal it was before, exit 2
+        more = f" (and {len(outside) - 1} more files like it)" if len(outside) > 1 else ""
+        raise InvalidArgument(outside[0] + more)
+    for said in outside:
+        print(f"NOT RUN: {said}", flush=True)
     if not records:
         fleet = args.fleet or env_fleet()
         where = [
@@ -389,6 +400,7 @@ def _cmd_replay(args: Any) -> int:
             print(res.report + "\n", flush=True)
         aside += res.not_judged
     rest = f", {aside} set aside (a known failure now, or refused)" if aside else ""
+    rest += f"; {len(outside)} not run (cases their targets no longer draw)" if outside else ""
     print(f"{len(records)} replayed: {still} fail, {len(records) - still - aside} pass{rest}")
     return EXIT_FOUND if still else EXIT_OK
 
