@@ -128,6 +128,20 @@ def test_a_replicated_output_says_whether_its_ranks_hold_different_values():
     assert "every rank holds the whole value" in same and "different values" not in same, same
 
 
+def test_ranks_that_all_hold_the_same_infinity_or_nan_do_not_differ():
+    """Every rank held -inf (an fp16 overflow) and the report said the ranks differ "by up to inf"."""
+    ref = torch.tensor([1.0, 2.0, 3.0]).double()
+    same = torch.tensor([-math.inf, math.nan, 3.0]).double()
+    d = diff(Replicate(), ref, same, 2)
+    assert "different values" not in format_output_diff(d, LABEL)
+    d.ranks[1] = compare_tensor(
+        torch.tensor([-math.inf, 0.0, 3.0]).double(), ref, torch.full_like(ref, 1e-9), 1, lambda i: i
+    )
+    assert "the ranks hold different values: against rank 0, rank 1 by up to inf" in format_output_diff(
+        d, LABEL
+    )
+
+
 def test_a_replicated_output_whose_ranks_hold_parts_of_the_oracle_says_so():
     """A new user's Partial gradient labelled Replicate: -0.123634 and -0.0000391 on two ranks sum
     to the oracle's -0.123673, and the report said only that the ranks differ."""

@@ -241,7 +241,11 @@ def _disagreement(
             p.local.is_floating_point() and first.local.is_floating_point()
         ):
             continue
-        gap = (p.local.double() - first.local.double()).abs().nan_to_num(nan=float("inf"))
+        a, b = p.local.double(), first.local.double()
+        # the same infinity, or NaN on both, is the same value (inf - inf is nan: "by up to inf"
+        # was said of ranks that all held -inf); a NaN beside a number is as far apart as can be
+        same = (a == b) | (a.isnan() & b.isnan())
+        gap = torch.where(same, 0.0, (a - b).abs().nan_to_num(nan=float("inf")))
         if gap.numel() and float(gap.max()) > 0:
             apart.append(f"{rank_label(p.rank)} by up to {float(gap.max()):.3g}")
     if not apart:
