@@ -16,7 +16,7 @@ so ``--option op=...`` pins one op), and whether to run backward. ``x`` reaches 
 pieces that reduce to it exactly (:func:`placed_piece`: under ``Psum`` one coordinate keeps each
 element and the others hold -0.0, the sum's identity, which keeps a -0.0 one; ``Pavg``, over a power-of-two number of pieces only: every
 coordinate holds ``x``, whose values keep two spare bits so that the sum of up to 4 copies is
-exact; ``Pmax``/``Pmin``: the others hold a value strictly below/above; ``Pprod``: the others
+exact, and stay within the dtype's range divided by the pieces, so that their sum does too; ``Pmax``/``Pmin``: the others hold a value strictly below/above; ``Pprod``: the others
 hold 1).
 
 Outputs: each tensor result ``y0, y1, ...`` as DTensor returns it (``FromDTensor``: read through
@@ -455,16 +455,34 @@ def _spare_bits(t: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.round(mant * 2.0**bits) / 2.0**bits, exp).to(t.dtype)
 
 
+def _avg_range(t: torch.Tensor, pieces: int) -> torch.Tensor:
+    """``t`` clamped to +-2^e / ``pieces`` (2^e the dtype's largest power of two): every piece of a
+    ``Pavg`` holds ``t``, and gloo averages by summing first (torch's ReduceOp docs say AVG divides
+    first), so ``pieces`` copies of a larger value overflow to inf (float16 at the ``large``
+    profile's 1e4 on 4 ranks) where their mean does not: the pieces must reduce to ``t`` exactly."""
+    top = math.ldexp(1.0, math.frexp(torch.finfo(t.dtype).max)[1] - 1)
+    return t.clamp(-top / pieces, top / pieces)
+
+
+def avg_input(t: torch.Tensor, pieces: int) -> torch.Tensor:
+    """A ``Pavg`` tensor over ``pieces`` pieces, each of which holds it: its sum exact and finite."""
+    return _avg_range(_spare_bits(t), pieces)
+
+
 def inputs(case):
     g = generator(case)
     shape = shape_of(case)
     spec = spec_of(case)
     x = randn(case, *shape, gen=g)
     other = randn(case, *shape, gen=g)
-    if "Pavg" in places(case):
-        x = _spare_bits(x)
-    if "Pavg" in places(case, "other_place"):
-        other = _spare_bits(other)
+    for key in ("place", "other_place"):
+        placed = places(case, key)
+        if "Pavg" in placed:
+            pieces = math.prod(n for n, p in zip(case.mesh, placed) if p == "Pavg")
+            if key == "place":
+                x = avg_input(x, pieces)
+            else:
+                other = avg_input(other, pieces)
     inp = {
         "x": x,
         "other": other,
