@@ -107,6 +107,7 @@ DTENSOR_OPS = {
     "torch_select_backward_negative_dim": "select(): index 0 out of range",
     "torch_logsumexp_keepdim": "holds a local piece of shape [1, 0]",
     "torch_sgn_backward_plain_grad": "output 'grad_x' must be a DTensor, got Tensor",
+    "torch_add_partial_product_sum": "elements wrong",
 }
 
 

@@ -451,9 +451,15 @@ def dtensor_ops_generated() -> str:
     families = ", ".join(f"{len(ops)} {name}" for name, ops in module.FAMILIES.items())
     skipped = sorted(module.SKIPPED.items(), key=lambda kv: (-kv[1], kv[0]))
     rows = "".join(f"| {_cell(reason)} | {n} |\n" for reason, n in skipped)
+    # the names, for --option op=... (a user pinning a family listed them from Python)
+    names = "".join(
+        f"- {name} ({len(ops)}): " + ", ".join(f"`{spec.name}`" for spec in ops) + "\n"
+        for name, ops in module.FAMILIES.items()
+    )
     return (
         f"torch {version('torch').split('+')[0]}: {len(module.OPS)} ops drawn ({families}), "
-        f"{sum(module.SKIPPED.values())} skipped.\n\n| skipped because | ops |\n|---|---|\n{rows}"
+        f"{sum(module.SKIPPED.values())} skipped.\n\n| skipped because | ops |\n|---|---|\n{rows}\n"
+        f"The ops drawn, by family (pin one with `--option op=NAME`):\n\n{names}"
     )
 
 
