@@ -282,10 +282,10 @@ def test_under_xdist_with_a_user_profile_settings_statistics_and_readable_failur
         r"at Case\(target='toy'",
         sections["test_settings"],
     )
-    # on 2 ranks only: the header says so, and 3+ ranks are a condition the test never reached
-    assert re.search(
-        r"trigger conditions reached: group<world.*; never reached: .*world>=3", sections["test_bug"]
-    )
+    # on 2 ranks only: the header says so; 3+ ranks, which no world of 2 forms, are not listed as
+    # a blind spot (test_for(world_sizes=(2, 3)) listed "never reached: 2-D mesh")
+    line = re.search(r"trigger conditions reached: group<world[^\n]*", sections["test_bug"])
+    assert line is not None and "world>=3" not in line.group(0), sections["test_bug"]
     assert re.search(
         r"shardfuzz toy/wrong_rank1/gloo \(world sizes 2[^)]*\): \d+ examples \(\d+ passed, [1-9]",
         sections["test_bug"],
