@@ -381,6 +381,32 @@ def test_bad_database_url_exits_2_naming_it_without_the_password(url, message):
     assert message in out.stderr and "hunter2" not in out.stdout + out.stderr
 
 
+def test_a_server_that_is_not_redis_is_a_usage_error_not_a_traceback():
+    """An HTTP proxy on the fleet's address answered "400 Bad Request": status and fuzz --database
+    crashed with redis-py's InvalidResponse traceback, exit 1 (which reads as a finding)."""
+    import socketserver
+    import threading
+
+    class Http400(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.recv(1024)
+            self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        _needs("the redis client")
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Http400) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"redis://:hunter2@127.0.0.1:{server.server_address[1]}/0"
+        for args in (("status", url), ("fuzz", TOY, "--max-examples", "1", "--database", url)):
+            out = run_cli(*args)
+            said = out.stdout + out.stderr
+            assert out.returncode == 2 and "does not speak Redis" in said, said
+            assert "Traceback" not in said and "hunter2" not in said, said
+        server.shutdown()
+
+
 def test_a_bad_fleet_url_given_to_status_is_named_as_the_url_it_is():
     """``status`` has no --database option; its error named one."""
     out = run_cli("status", "redis://127.0.0.1:notaport/0")
@@ -628,6 +654,8 @@ def test_a_finding_the_deadline_cut_is_offered_only_once_shrunk_and_an_interrupt
     assert stopped.interrupted and len(stopped.findings) == 1, stopped.findings
     assert stopped.fleet[0]["fleet"] == "not offered", stopped.fleet
     assert not FleetStore(other_db, "deferred").findings()
+    # and status says so: the last heartbeat came after the finishing phase (it said "finished")
+    assert [w["state"] for w in FleetStore(other_db, "deferred").workers()] == ["interrupted"]
 
     import copy
 

@@ -203,6 +203,10 @@ def connect(url: str, what: str = "--database") -> Any:
         raise InvalidArgument(
             f"{what}={shown!r}: cannot connect to Redis ({e}); is redis-server running there{tls}"
         ) from None
+    except redis.RedisError as e:  # a server there, but not Redis: an HTTP proxy answered "400"
+        raise InvalidArgument(
+            f"{what}={shown!r}: the server there does not speak Redis ({type(e).__name__}: {e})"
+        ) from None
     RedisLost.lost = None  # reachable again (a new campaign in this process)
     return client
 
