@@ -119,8 +119,9 @@ class FleetWorker(RunHooks):
 
     def stop(self, state: str = "finished") -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.interval + 1)
+        if self._thread is None:  # never started (it ended before its first beat): nothing to end
+            return
+        self._thread.join(timeout=self.interval + 1)
         self._beat(state)
 
     def _beat(self, state: str) -> None:

@@ -284,19 +284,28 @@ def fuzz_one(
         out.interrupted = True
     except TimeUp:  # the grace timer fired just as the last run ended
         pass
+    except (
+        BaseException
+    ):  # whatever ended the search early (the caller reports it): the last beat says it stopped
+        fleet.stop("interrupted")
+        raise
     finally:
         display.stop()
         out.elapsed = time.perf_counter() - t0
         timeline.samples.append((out.elapsed, runner.stats.examples, runner.stats.failures))
         out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
+    # the worker heartbeats on through the finishing phase (a Ctrl-C or SIGTERM there is an
+    # interruption too: status said "finished" of one stopped while it finished a shrink)
+    try:
+        if deadline is not None and deadline.overran:
+            out.overran = True
+            stop_pools()  # the abandoned example's ranks are still busy: start afresh
+        if not out.interrupted:
+            _after_search(out, runner, config, recorder, fleet, stream)
+        else:
+            _offer_deferred(out, runner, fleet, 0.0)  # never offered: their shrink was cut
+    finally:
         fleet.stop("interrupted" if out.interrupted else "finished")
-    if deadline is not None and deadline.overran:
-        out.overran = True
-        stop_pools()  # the abandoned example's ranks are still busy: start afresh
-    if not out.interrupted:
-        _after_search(out, runner, config, recorder, fleet, stream)
-    else:
-        _offer_deferred(out, runner, fleet, 0.0)  # never offered: their shrink was cut
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     display.final(
