@@ -476,3 +476,32 @@ def test_the_profile_option_says_what_each_profile_runs():
         said = re.search(rf"{name}( is what CI runs)? \(?(\d+) examples|{name} (\d+)\b", fuzz.help)
         assert said and int(said.group(2) or said.group(3)) == s.max_examples, (name, fuzz.help)
     assert "derandomized" in fuzz.help and build_settings("shardfuzz-ci").derandomize
+
+
+def test_a_fuzzer_failure_after_a_finding_reports_the_finding_and_exits_1(monkeypatch, capsys):
+    """A driver whose torchrun node was stopped for good printed nothing of the finding it had made
+    and exited 3, "the fuzzer itself failed": the finding is reported and decides the exit code,
+    and the failure is said beside it. With no finding, it is exit 3 as before."""
+    from shardfuzz.errors import InfrastructureError
+    from shardfuzz.frontends import campaign
+    from shardfuzz.frontends import cli as main_cli
+
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    lost = "no rank server connected to 127.0.0.1:29600 within 60 s"
+    real, runs = campaign.search, []
+
+    def search(runner, *args, **kw):  # the first run finds the bug; the next loses the ranks
+        runs.append(runner)
+        if len(runs) == 1:
+            return real(runner, *args, **kw)
+        raise InfrastructureError(lost)
+
+    monkeypatch.setattr(campaign, "search", search)
+    argv = ["fuzz", toy, "--impl", "wrong_rank1", "--duration", "60", "--no-progress"]
+    code = main_cli.main(argv)
+    out, err = capsys.readouterr()
+    assert code == main_cli.EXIT_FOUND, out + err
+    assert "shardfuzz: 1 of" in out and "FOUND mismatch" in out, out
+    assert f"the fuzzer itself failed after the findings above: {lost}" in err, err
+    assert main_cli.main(argv) == main_cli.EXIT_INFRA  # no finding this time: the first run fails
+    assert f"the fuzzer itself failed: {lost}" in capsys.readouterr().err

@@ -42,7 +42,7 @@ from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp
 from shardfuzz.engine.runner import Runner, Stats
 from shardfuzz.engine.search import Result, search, settings_for, stable_identity
 from shardfuzz.engine.shared_db import save_only
-from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.errors import Finding, InfrastructureError, InvalidArgument
 from shardfuzz.frontends.display import Progress, display_for
 from shardfuzz.ranks.pool_cache import shutdown as stop_pools
 from shardfuzz.report import plot
@@ -64,6 +64,9 @@ class Outcome:
     runs: int = 0
     elapsed: float = 0.0
     interrupted: bool = False
+    #: the fuzzer itself failed after the campaign had findings (a torchrun node lost for good):
+    #: its message; the findings are reported and decide the exit code
+    failed: str | None = None
     #: an example still running the grace period after the deadline was abandoned
     overran: bool = False
     failure_files: list[str] = dataclasses.field(default_factory=list)
@@ -284,9 +287,15 @@ def fuzz_one(
         out.interrupted = True
     except TimeUp:  # the grace timer fired just as the last run ended
         pass
-    except (
-        BaseException
-    ):  # whatever ended the search early (the caller reports it): the last beat says it stopped
+    except InfrastructureError as e:
+        if not out.findings:  # nothing to lose: the caller says the fuzzer failed (exit 3)
+            fleet.stop("interrupted")
+            raise
+        # a node lost after the first findings: they are kept, reported and decide the exit code
+        # (a driver whose torchrun node was stopped printed nothing of its finding, exit 3)
+        out.failed = str(e)
+    # whatever else ended the search early (the caller reports it): the last beat says it stopped
+    except BaseException:
         fleet.stop("interrupted")
         raise
     finally:
@@ -300,12 +309,12 @@ def fuzz_one(
         if deadline is not None and deadline.overran:
             out.overran = True
             stop_pools()  # the abandoned example's ranks are still busy: start afresh
-        if not out.interrupted:
+        if not (out.interrupted or out.failed):
             _after_search(out, runner, config, recorder, fleet, stream)
         else:
             _offer_deferred(out, runner, fleet, 0.0)  # never offered: their shrink was cut
     finally:
-        fleet.stop("interrupted" if out.interrupted else "finished")
+        fleet.stop("interrupted" if out.interrupted or out.failed else "finished")
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     display.final(

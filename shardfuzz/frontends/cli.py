@@ -176,8 +176,8 @@ def _cmd_fuzz(args: Any) -> int:
                 )
             else:
                 print(f"\n{finding.report}\n", flush=True)
-        if out.interrupted:
-            interrupted = True
+        if out.interrupted or out.failed:
+            interrupted = out.interrupted
             break
     rows = [o.row(pictures=bool(args.report or args.pictures)) for o in outcomes]
     display.print_summary(campaign.summary_table(rows), live=not args.no_progress)
@@ -193,7 +193,18 @@ def _cmd_fuzz(args: Any) -> int:
     if interrupted:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
         return EXIT_FOUND if found else EXIT_INTERRUPTED
+    _say_failed(outcomes)
     return EXIT_FOUND if found else EXIT_OK
+
+
+def _say_failed(outcomes: list[Any]) -> None:
+    """A failure of the fuzzer itself after a campaign's findings: said beside them, which decide
+    the exit code (cli.md)."""
+    for out in outcomes:
+        if out.failed:
+            print(
+                f"shardfuzz: the fuzzer itself failed after the findings above: {out.failed}", file=sys.stderr
+            )
 
 
 def _check_report(directory: str | None) -> None:
