@@ -293,4 +293,5 @@ def test_a_cpp_warning_of_target_code_is_printed_once_and_other_lines_as_they_co
             os.write(2, b"a line of its own\n")
     err = capfd.readouterr().err
     assert err.count("var(): degrees of freedom is <= 0") == 1, err
+    assert "shardfuzz: torch warned in the target's code (said once): Warning: var(): degrees" in err, err
     assert err.count("a line of its own") == 3, err

@@ -55,7 +55,8 @@ class Expected:
 
 class CppWarningsOnce:
     """fd 2 on a file while the target's code runs in the driver, then what it wrote: a C++
-    warning line once per process, every other line as it came. ``torch.ops`` calls print their
+    warning line once per process, named as torch's warning from the target's code, every other
+    line as it came. ``torch.ops`` calls print their
     C++ warnings straight to fd 2 in torch 2.13, past Python's warnings (pytorch/pytorch#193451
     routes them to Python): a ``dtensor_ops`` campaign on ``var`` printed `var(): degrees of
     freedom is <= 0` for every case (2,567 lines), the README's first command 3 times."""
@@ -104,6 +105,9 @@ class CppWarningsOnce:
                 if m.group(1) in self.seen:
                     continue
                 self.seen.add(m.group(1))
+                # said as what it is: torch's, from the target's code (a new user's first run
+                # showed two bare "[W1205 ...] Warning:" lines and read them as shardfuzz's)
+                line = b"shardfuzz: torch warned in the target's code (said once): " + m.group(1) + b"\n"
             kept.append(line)
         if kept:
             os.write(2, b"".join(kept))
