@@ -806,9 +806,9 @@ KNOWN = {
     ),
     "logsumexp with keepdim": "options['op'] == 'aten.logsumexp.default' and options['flag0']",
     "a Partial(product) added to a Partial(sum)": (
-        "options['op'] in ('aten.add.Tensor', 'aten.sub.Tensor', 'aten.rsub.Tensor') and "
-        "(('Pprod' in options['place'] and 'Psum' in options['other_place']) or "
-        "('Psum' in options['place'] and 'Pprod' in options['other_place']))"
+        "options['op'] in ('aten.add.Tensor', 'aten.sub.Tensor') and "
+        "((options['place'] == 'R,Pprod' and options['other_place'][:5] == 'Psum,') or "
+        "(options['other_place'] == 'R,Pprod' and options['place'][:5] == 'Psum,'))"
     ),
     "sgn's gradient": "options['backward'] and options['op'] == 'aten.sgn.default'",
 }
@@ -958,10 +958,11 @@ EXPECTED_FAILURES = [
     ),
     ExpectedFailure(
         "torch_add_partial_product_sum",
-        "DTensor's add, sub and rsub of a tensor that is Partial(product) on the second mesh axis "
-        "and one that is Partial(sum) on the first return Partial(sum), Replicate with the wrong "
-        "value, a silent wrong result (2 x 2 mesh; right with the axes the other way round, both "
-        "on one axis, Partial(avg) or Partial(max) for the sum, and in the in-place add_ and sub_)",
+        "DTensor's add and sub of a tensor placed (Replicate, Partial(product)) and one that is "
+        "Partial(sum) on the first mesh axis return Partial(sum), Replicate with the wrong value, a "
+        "silent wrong result (2 x 2 mesh; right with the axes the other way round, both Partials on "
+        "one axis, Shard(0) for the Replicate, Partial(avg) or Partial(max) for the sum, and in the "
+        "in-place add_ and sub_)",
         Expect(
             kind="mismatch",
             world_size=4,

@@ -315,7 +315,12 @@ def test_progress_line_shows_batch_only_for_a_target_with_a_batch(target, batche
 
 @pytest.mark.parametrize(
     "worlds,hidden",
-    [((2, 3), {"2-D mesh"}), ((1, 2), {"2-D mesh", "world>=3"}), ((1,), {"uneven", "group<world"})],
+    [
+        ((2, 3), {"2-D mesh"}),
+        ((1, 2), {"2-D mesh", "world>=3"}),
+        ((1,), {"uneven", "group<world"}),
+        ((2, 3, 5), {"2-D mesh"}),  # 5 is prime: no two axes above 1
+    ],
 )
 def test_progress_line_leaves_out_what_the_world_sizes_cannot_reach(worlds, hidden):
     """A ``test_for(..., world_sizes=(2, 3))`` listed ``never reached: 2-D mesh``, which no world of
@@ -505,3 +510,70 @@ def test_a_fuzzer_failure_after_a_finding_reports_the_finding_and_exits_1(monkey
     assert f"the fuzzer itself failed after the findings above: {lost}" in err, err
     assert main_cli.main(argv) == main_cli.EXIT_INFRA  # no finding this time: the first run fails
     assert f"the fuzzer itself failed: {lost}" in capsys.readouterr().err
+
+
+def test_ranks_lost_while_a_finding_shrinks_or_in_a_later_target_keep_the_finding(monkeypatch, capsys):
+    """Ranks lost for good in the very run that found a bug (while it shrank), or in the next
+    target of the command: the finding was lost (exit 3, or Hypothesis' group of two failures as a
+    raw traceback); it is reported, cut short, and decides the exit code."""
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.errors import Finding, InfrastructureError
+    from shardfuzz.frontends import campaign
+    from shardfuzz.frontends import cli as main_cli
+
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    lost = "no rank server connected to 127.0.0.1:29600 within 60 s"
+    real_run_case, since = Runner.run_case, []
+
+    def run_case(self, case):  # the ranks go away two examples after the first finding
+        if len(since) > 2:
+            raise InfrastructureError(lost)
+        try:
+            return real_run_case(self, case)
+        except Finding:
+            since.append(case)
+            raise
+        finally:
+            if since:
+                since.append(case)
+
+    with monkeypatch.context() as m:
+        m.setattr(Runner, "run_case", run_case)
+        code = main_cli.main(["fuzz", toy, "--impl", "wrong_rank1", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == main_cli.EXIT_FOUND, out + err
+    assert f"the fuzzer itself failed ({lost}) before Hypothesis finished shrinking" in out, out
+    assert f"the fuzzer itself failed after the findings above: {lost}" in err, err
+
+    real_fuzz_one, campaigns = campaign.fuzz_one, []
+
+    def fuzz_one(*args, **kw):  # the second target's campaign finds no rank server
+        campaigns.append(args[0])
+        if len(campaigns) > 1:
+            raise InfrastructureError(lost)
+        return real_fuzz_one(*args, **kw)
+
+    monkeypatch.setattr(campaign, "fuzz_one", fuzz_one)
+    code = main_cli.main(["fuzz", toy, toy, "--impl", "wrong_rank1", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == main_cli.EXIT_FOUND and "FOUND mismatch" in out, out + err
+    assert f"the fuzzer itself failed after the findings above: {toy}: {lost}" in err, err
+
+
+def test_a_jobs_parent_says_a_childs_failure_beside_its_findings(monkeypatch, capsys):
+    """A --jobs child whose ranks were lost after its findings exits 1 (its findings decide): the
+    parent said nothing of the failure, which only its row holds."""
+    import io
+
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.frontends import campaign
+    from shardfuzz.frontends import cli as main_cli
+
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    row = campaign.fuzz_one(toy, "wrong_rank1", RunConfig(max_examples=10), stream=io.StringIO()).row()
+    row["failed"] = "no rank server connected to 127.0.0.1:29600 within 60 s"
+    monkeypatch.setattr(main_cli, "run_jobs", lambda *_a, **_k: ([row], [1], False))
+    code = main_cli.main(["fuzz", toy, toy, "--jobs", "2", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == main_cli.EXIT_FOUND, err
+    assert f"the fuzzer itself failed: toy/wrong_rank1: {row['failed']}" in err, err

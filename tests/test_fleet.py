@@ -668,6 +668,25 @@ def test_a_finding_the_deadline_cut_is_offered_only_once_shrunk_and_an_interrupt
     assert "the campaign was stopped while it shrank" in campaign.fleet_note(cut.fleet[0])
 
 
+def test_ctrl_c_as_the_campaign_offers_its_finding_keeps_it_and_says_interrupted(redis_server, monkeypatch):
+    """A Ctrl-C or SIGTERM past the finishing phase's own catch (while the fleet is offered the
+    finding) escaped as exit 130 with no report, and the worker read "finished"."""
+    import io
+
+    from shardfuzz import RunConfig
+    from shardfuzz.engine.fleet import FleetStore
+    from shardfuzz.frontends import campaign
+
+    def offered(*_args, **_kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(campaign, "_offer_deferred", offered)
+    config = RunConfig(max_examples=20, world_sizes=(2,), database=redis_server.url, fleet="offer-ki")
+    out = campaign.fuzz_one(TOY, "wrong_rank1", config, stream=io.StringIO())
+    assert out.interrupted and out.findings, out.findings
+    assert [w["state"] for w in FleetStore(redis_server.url, "offer-ki").workers()] == ["interrupted"]
+
+
 def test_a_worker_stopped_by_ctrl_c_inside_its_search_says_interrupted(redis_server, monkeypatch):
     """A worker stopped by SIGINT or SIGTERM read `finished` in `status`: the search's own
     interruption was read only after the last heartbeat."""

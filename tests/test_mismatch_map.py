@@ -157,6 +157,13 @@ def test_a_replicated_output_whose_ranks_hold_parts_of_the_oracle_says_so():
     d.ranks[1] = compare_tensor(ref - 2 * part, ref, torch.full_like(ref, 1e-9), 1, lambda i: i)  # no sum
     text = format_output_diff(d, LABEL)
     assert "the ranks hold different values" in text and hint not in text, text
+    # rank 0 right, rank 1 zeros: a broadcast never sent, not parts of a sum (the sum is the oracle)
+    d.ranks = [
+        compare_tensor(p, ref, torch.full_like(ref, 1e-9), r, lambda i: i)
+        for r, p in enumerate((ref.clone(), torch.zeros_like(ref)))
+    ]
+    text = format_output_diff(d, LABEL)
+    assert "the ranks hold different values" in text and hint not in text, text
 
 
 def test_a_replicated_output_wrong_on_different_elements_per_rank_says_on_which_rank():

@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import functools
 import itertools
+import math
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
@@ -330,8 +331,11 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     drawn = {case.dtype for case, _ in pool}
     # what the run's world sizes allow at all (a run on worlds 2 and 3 showed "2-D mesh 0%" as a
     # blind spot); a target that could draw one and never does still shows its 0%
-    top = max(runner.world_sizes() or [case.world_size for case, _ in pool])
-    allowed = {"uneven": top >= 2, "group<world": top >= 2, "world>=3": top >= 3, "2-D mesh": top >= 4}
+    worlds = runner.world_sizes() or [case.world_size for case, _ in pool]
+    top = max(worlds)
+    # two mesh axes above 1 need a world with a factor pair: 4, 6, 8, 9 (not 5 or 7)
+    composite = any(w % d == 0 for w in worlds for d in range(2, math.isqrt(w) + 1))
+    allowed = {"uneven": top >= 2, "group<world": top >= 2, "world>=3": top >= 3, "2-D mesh": composite}
     generic = tuple(
         t
         for t in PROGRESS

@@ -61,7 +61,7 @@ def prepare(
         _check_kwargs(where, target, data["impl_spec"], fn)
         # before anything is built from it; a case the target no longer draws is stale, not forged
         _invalid_case(where, check_in_bounds, target, case, CaseOutsideBounds)
-        _invalid_case(where, check_option_kinds, target, case, CaseOutsideBounds)
+        _invalid_case(where, check_option_kinds, target, case)  # a hand-edited kind: never stale
         _field(where, "case", check_input_size, target, case)
         _invalid_case(where, check_case, target, case)
     return data

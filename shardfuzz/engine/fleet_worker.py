@@ -42,6 +42,7 @@ class FleetWorker(RunHooks):
         self.run_failing_since: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beating = False
 
     @classmethod
     def for_config(cls, config: Any) -> FleetWorker | NoFleet:
@@ -108,6 +109,7 @@ class FleetWorker(RunHooks):
         """Heartbeat ``describe()`` (a dict) every interval until :meth:`stop`."""
         self.started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self._describe = describe
+        self._beating = True  # before the first beat: a stop from here on writes the last one
         self._beat("running")
 
         def loop() -> None:
@@ -119,9 +121,10 @@ class FleetWorker(RunHooks):
 
     def stop(self, state: str = "finished") -> None:
         self._stop.set()
-        if self._thread is None:  # never started (it ended before its first beat): nothing to end
+        if not self._beating:  # never started: no state of it to end
             return
-        self._thread.join(timeout=self.interval + 1)
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 1)
         self._beat(state)
 
     def _beat(self, state: str) -> None:

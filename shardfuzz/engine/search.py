@@ -29,7 +29,14 @@ from shardfuzz.engine.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp, 
 from shardfuzz.engine.runner import Runner, Stats
 from shardfuzz.engine.settings import build_settings
 from shardfuzz.engine.shared_db import hypothesis_database
-from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, RankHang, Unsupported
+from shardfuzz.errors import (
+    ExternalFault,
+    Finding,
+    InfrastructureError,
+    InvalidArgument,
+    RankHang,
+    Unsupported,
+)
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.exclude import Excluded
 from shardfuzz.spec.sampling import stable_seed
@@ -311,26 +318,42 @@ def run_test(test: Callable[[], None]) -> None:
             test()
     except BaseException as exc:
         why = _stopped_by(exc)
-        cut = smallest.cut_short(why) if smallest is not None and why is not None else None
+        cut = smallest.cut_short(why, _failure_of(exc)) if smallest is not None and why is not None else None
         if cut is None:
             raise
         raise cut from None
 
 
 def _stopped_by(exc: BaseException) -> str | None:
-    """``"interrupted"`` or ``"deadline"`` when ``exc`` is (or holds: Hypothesis groups what its
-    final replays raised) a KeyboardInterrupt or :class:`TimeUp`; else None."""
+    """``"interrupted"``, ``"deadline"`` or ``"failed"`` when ``exc`` is (or holds: Hypothesis
+    groups what its final replays raised) a KeyboardInterrupt, :class:`TimeUp` or the fuzzer's own
+    failure (:class:`InfrastructureError`: ranks lost for good, during a shrink too); else None."""
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
     if isinstance(exc, TimeUp):
         return "deadline"
+    if isinstance(exc, InfrastructureError):
+        return "failed"
     if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
         reasons = {_stopped_by(e) for e in exc.exceptions} - {None}
-        return "interrupted" if "interrupted" in reasons else next(iter(reasons), None)
+        return next((r for r in ("interrupted", "deadline", "failed") if r in reasons), None)
     return None
 
 
-_CUT_SHORT = {"deadline": "the deadline fell", "interrupted": "the run was interrupted"}
+def _failure_of(exc: BaseException) -> str | None:
+    """The message of the fuzzer's own failure in ``exc`` (or in its group), if any."""
+    if isinstance(exc, InfrastructureError):
+        return str(exc)
+    if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
+        return next((m for m in map(_failure_of, exc.exceptions) if m is not None), None)
+    return None
+
+
+_CUT_SHORT = {
+    "deadline": "the deadline fell",
+    "interrupted": "the run was interrupted",
+    "failed": "the fuzzer itself failed",
+}
 
 
 class SmallestFindings(RunHooks):
@@ -361,9 +384,10 @@ class SmallestFindings(RunHooks):
         """The smallest finding of each kind, smallest first."""
         return [f for _, f in sorted(self.best.values(), key=lambda kf: kf[0])]
 
-    def cut_short(self, why: str) -> BaseException | None:
-        """The findings, marked as cut short by ``why`` (None: nothing was found)."""
-        marked = [_mark_cut_short(f, why) for f in self.findings()]
+    def cut_short(self, why: str, failure: str | None = None) -> BaseException | None:
+        """The findings, marked as cut short by ``why`` (None: nothing was found); ``failure``: the
+        fuzzer's own failure that cut them, kept on each (``fuzzer_failure``)."""
+        marked = [_mark_cut_short(f, why, failure) for f in self.findings()]
         if not marked:
             return None
         if len(marked) == 1 or _EXCEPTION_GROUP is None:
@@ -371,9 +395,10 @@ class SmallestFindings(RunHooks):
         return _EXCEPTION_GROUP(f"{len(marked)} distinct failures (shrinking cut short)", marked)
 
 
-def _mark_cut_short(finding: Finding, why: str) -> Finding:
+def _mark_cut_short(finding: Finding, why: str, failure: str | None = None) -> Finding:
+    cause = _CUT_SHORT.get(why, why) + (f" ({failure})" if failure else "")
     note = (
-        f"shardfuzz: {_CUT_SHORT.get(why, why)} before Hypothesis finished shrinking this failure: "
+        f"shardfuzz: {cause} before Hypothesis finished shrinking this failure: "
         "shrinking was cut short, and this is the smallest failing case found so far (not "
         "necessarily minimal).\n"
     )
@@ -382,6 +407,7 @@ def _mark_cut_short(finding: Finding, why: str) -> Finding:
     marked.report = note + finding.report
     marked.args = (marked.report,)
     marked.cut_short = why  # type: ignore[attr-defined]
+    marked.fuzzer_failure = failure  # type: ignore[attr-defined]
     return marked
 
 
@@ -421,6 +447,9 @@ class Result:
     shrink_cut_short: bool = False
     #: Ctrl-C stopped the run (a finding was kept: ``found`` and ``shrink_cut_short`` are set)
     interrupted: bool = False
+    #: the fuzzer itself failed after a finding (ranks lost for good): its message (a finding was
+    #: kept: ``found`` and ``shrink_cut_short`` are set)
+    failed: str | None = None
 
     def __bool__(self) -> bool:  # truthy when something was found
         return self.found
@@ -462,6 +491,7 @@ def search(runner: Runner, settings: Any = None, *, database: Any = "default", r
             result.shrink_cut_short = True
             result.out_of_time = why == "deadline"
             result.interrupted = why == "interrupted"
+            result.failed = getattr(first, "fuzzer_failure", None)
         if result.flaky:
             result.report = (
                 "Hypothesis reports this failure as flaky (it did not reproduce):\n" + result.report

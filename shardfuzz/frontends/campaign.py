@@ -119,6 +119,8 @@ class Outcome:
             "seconds": self.elapsed,
             "failure_files": self.failure_files,
             "interrupted": self.interrupted,
+            # the fuzzer itself failed after this campaign's findings (a --jobs parent says it)
+            "failed": self.failed,
             "cut_short": bool(self.result and self.result.shrink_cut_short)
             or any(getattr(f, "cut_short", None) for f, _ in self.findings),
             "finished": [f.describe() for f in self.finished],
@@ -289,32 +291,21 @@ def fuzz_one(
         pass
     except InfrastructureError as e:
         if not out.findings:  # nothing to lose: the caller says the fuzzer failed (exit 3)
-            fleet.stop("interrupted")
+            fleet.stop("failed")
             raise
         # a node lost after the first findings: they are kept, reported and decide the exit code
         # (a driver whose torchrun node was stopped printed nothing of its finding, exit 3)
         out.failed = str(e)
-    # whatever else ended the search early (the caller reports it): the last beat says it stopped
+    # whatever else ended the search early (the caller reports it): the last beat says it failed
     except BaseException:
-        fleet.stop("interrupted")
+        fleet.stop("failed")
         raise
     finally:
         display.stop()
         out.elapsed = time.perf_counter() - t0
         timeline.samples.append((out.elapsed, runner.stats.examples, runner.stats.failures))
         out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
-    # the worker heartbeats on through the finishing phase (a Ctrl-C or SIGTERM there is an
-    # interruption too: status said "finished" of one stopped while it finished a shrink)
-    try:
-        if deadline is not None and deadline.overran:
-            out.overran = True
-            stop_pools()  # the abandoned example's ranks are still busy: start afresh
-        if not (out.interrupted or out.failed):
-            _after_search(out, runner, config, recorder, fleet, stream)
-        else:
-            _offer_deferred(out, runner, fleet, 0.0)  # never offered: their shrink was cut
-    finally:
-        fleet.stop("interrupted" if out.interrupted or out.failed else "finished")
+    _finish(out, config, recorder, fleet, stream, overran=deadline is not None and deadline.overran)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     display.final(
@@ -327,6 +318,31 @@ def fuzz_one(
             runner.target.name, runner.impl_name, runner.backend, found=False, stats=runner.stats
         )
     return out
+
+
+def _finish(
+    out: Outcome,
+    config: RunConfig,
+    recorder: FailureRecorder | None,
+    fleet: FleetWorker | NoFleet,
+    stream: TextIO,
+    overran: bool,
+) -> None:
+    """After the search: the finishing phase (or the offers a cut search leaves), then the fleet
+    worker's last heartbeat. It heartbeats on through that phase (a Ctrl-C or SIGTERM there is an
+    interruption too: status said "finished" of one stopped while it finished a shrink)."""
+    try:
+        if overran:
+            out.overran = True
+            stop_pools()  # the abandoned example's ranks are still busy: start afresh
+        if not (out.interrupted or out.failed):
+            _after_search(out, out.runner, config, recorder, fleet, stream)
+        else:
+            _offer_deferred(out, out.runner, fleet, 0.0)  # never offered: their shrink was cut
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM past _after_search's own catch: keep what was found
+        out.interrupted = True
+    finally:
+        fleet.stop("failed" if out.failed else "interrupted" if out.interrupted else "finished")
 
 
 def _after_search(
@@ -380,6 +396,9 @@ def _search_runs(
         _settle(out, result, seen, runner, recorder, fleet)
         if out.result is None or not out.result.found:
             out.result = result
+        if result.failed:  # its findings are kept; the campaign ends, said beside them
+            out.failed = result.failed
+            return
         if result.out_of_time or config.deadline is None or result.interrupted:
             return
 

@@ -142,40 +142,28 @@ def _cmd_fuzz(args: Any) -> int:
         return _fuzz_jobs(args, workers, config.replace(derandomize=False))
     if args.jobs > 1 and len(targets) > 1:
         return _fuzz_jobs(args, targets, config)
-    outcomes = []
-    interrupted = False
+    outcomes: list[campaign.Outcome] = []
+    interrupted, failed_later = False, None
     for spec, runner in zip(targets, runners, strict=True):
-        # the covering rows are the budget's floor: 12 examples for --max-examples 5 read as a bug
-        asked = config.max_examples
-        n_rows = len(covering.rows_for(runner)) if asked is not None else 0
-        floor = (
-            f", its {n_rows} covering rows first (more than the {asked} example{'s' if asked > 1 else ''} asked)"
-            if asked is not None and n_rows > asked
-            else ""
-        )
-        print(
-            f"fuzzing {spec} ({get_target(spec).impl_name(args.impl)}) on {config.backend}/{config.device}"
-            f"{config.restrictions()}{floor} ...",
-            flush=True,
-        )
-        out = campaign.fuzz_one(
-            spec,
-            args.impl,
-            config,
-            recorder=recorder,
-            stream=sys.stdout,
-            interval=args.progress_every,
-            live=not args.no_progress,
-        )
+        _say_fuzzing(spec, runner, args, config, covering.rows_for)
+        try:
+            out = campaign.fuzz_one(
+                spec,
+                args.impl,
+                config,
+                recorder=recorder,
+                stream=sys.stdout,
+                interval=args.progress_every,
+                live=not args.no_progress,
+            )
+        except InfrastructureError as e:
+            if not any(o.findings for o in outcomes):
+                raise
+            # an earlier target's findings are reported and decide the exit code (they were lost)
+            failed_later = f"{spec}: {e}"
+            break
         outcomes.append(out)
-        for i, (finding, _) in enumerate(out.findings):  # every distinct finding, in the order found
-            note = out.fleet[i] if i < len(out.fleet) else None
-            if note is not None and note["fleet"] == "known":  # the fleet has its report already
-                print(
-                    f"\n{finding.kind}: fleet finding {note['id']}, {campaign.fleet_note(note)}\n", flush=True
-                )
-            else:
-                print(f"\n{finding.report}\n", flush=True)
+        _print_findings(out, campaign.fleet_note)
         if out.interrupted or out.failed:
             interrupted = out.interrupted
             break
@@ -193,18 +181,42 @@ def _cmd_fuzz(args: Any) -> int:
     if interrupted:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
         return EXIT_FOUND if found else EXIT_INTERRUPTED
-    _say_failed(outcomes)
+    _say_failed([o.failed for o in outcomes] + [failed_later])
     return EXIT_FOUND if found else EXIT_OK
 
 
-def _say_failed(outcomes: list[Any]) -> None:
-    """A failure of the fuzzer itself after a campaign's findings: said beside them, which decide
+def _say_fuzzing(spec: str, runner: Any, args: Any, config: RunConfig, rows_for: Any) -> None:
+    """The line a target's campaign starts with: what runs where, and the covering rows when they
+    are more than the examples asked (12 examples for --max-examples 5 read as a bug)."""
+    asked = config.max_examples
+    n_rows = len(rows_for(runner)) if asked is not None else 0
+    floor = (
+        f", its {n_rows} covering rows first (more than the {asked} example{'s' if asked > 1 else ''} asked)"
+        if asked is not None and n_rows > asked
+        else ""
+    )
+    print(
+        f"fuzzing {spec} ({get_target(spec).impl_name(args.impl)}) on {config.backend}/{config.device}"
+        f"{config.restrictions()}{floor} ...",
+        flush=True,
+    )
+
+
+def _print_findings(out: Any, fleet_note: Any) -> None:
+    """Every distinct finding of a campaign, in the order found (a fleet's known one by its ID)."""
+    for i, (finding, _) in enumerate(out.findings):
+        note = out.fleet[i] if i < len(out.fleet) else None
+        if note is not None and note["fleet"] == "known":  # the fleet has its report already
+            print(f"\n{finding.kind}: fleet finding {note['id']}, {fleet_note(note)}\n", flush=True)
+        else:
+            print(f"\n{finding.report}\n", flush=True)
+
+
+def _say_failed(failures: list[str | None]) -> None:
+    """Failures of the fuzzer itself after a campaign's findings: said beside them, which decide
     the exit code (cli.md)."""
-    for out in outcomes:
-        if out.failed:
-            print(
-                f"shardfuzz: the fuzzer itself failed after the findings above: {out.failed}", file=sys.stderr
-            )
+    for failed in filter(None, failures):
+        print(f"shardfuzz: the fuzzer itself failed after the findings above: {failed}", file=sys.stderr)
 
 
 def _check_report(directory: str | None) -> None:
@@ -283,6 +295,8 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
         print("shardfuzz: interrupted; failures found so far are in their failure files", file=sys.stderr)
         return EXIT_FOUND if found else EXIT_INTERRUPTED
     failed = [f"job {i + 1} ended {how_it_ended(c)}" for i, c in enumerate(codes) if c not in (0, 1)]
+    # a child whose findings decided its exit code (1) after the fuzzer itself failed there
+    failed += [f"{r['target']}/{r['impl']}: {r['failed']}" for r in rows if r.get("failed")]
     if failed:  # said beside a finding too (which decides the exit code): its row may be missing
         print(f"shardfuzz: the fuzzer itself failed: {', '.join(failed)} (output above)", file=sys.stderr)
     if failed and not found:
