@@ -1,6 +1,7 @@
 """The rounding-noise model: it must cover what correct low-precision implementations really do,
 stay tight enough to see a 10% error in bfloat16, and give the same verdict on every run."""
 
+import math
 import os
 
 import pytest
@@ -410,3 +411,34 @@ def test_the_underflow_term_leaves_an_exact_zero_alone(dtype):
     assert shardfuzz.Runner(target).run_case(case) < 1
     with pytest.raises(shardfuzz.Mismatch, match=r"dx"):
         shardfuzz.Runner(target, "relu_prime_at_0").run_case(case)
+
+
+def test_a_noise_sample_far_off_counts_and_never_overflows_to_nothing():
+    """A sample 5.7e187 away squared to inf, which counted 0, and the bound collapsed."""
+    ref = {"y": torch.tensor([1.0, 2.0], dtype=torch.float64)}
+    far = estimate(lambda: {"y": torch.tensor([5.7e187, 2.0], dtype=torch.float64)}, ref, "float32", 0, 1, 3)
+    assert math.isfinite(float(far["y"][0])) and float(far["y"][0]) > 1e180 and float(far["y"][1]) == 0.0
+
+
+def test_fsdp2s_own_steps_that_a_new_user_found_falsely_reported_pass():
+    """Two false findings of a new user's FSDP2 target (tests/data/fsdp2_mlp.py; FSDP2 right in both,
+    checked with plain torch): in float64, Adam's lr * sign(g) on a gradient that is rounding
+    garbage (a LayerNorm over one element: exactly 0) flipped, an error of half the weight, so it
+    was gross and never rechecked (1.45e6x; no full-scale sample looked); in float32, noise samples
+    5.7e187 away squared to inf and counted 0 (2.1e7x)."""
+    from shardfuzz.case import Case
+    from shardfuzz.engine.runner import Runner
+
+    data = os.path.join(os.path.dirname(__file__), "data", "fsdp2_mlp.py")
+    flip = Case.parse(
+        "Case(target='fsdp2_mlp_mp', world_size=3, mesh=(3,), sizes={'batch': 3, 'd_in': 1, 'hidden': 1, "
+        "'d_out': 1}, split=('batch',), dtype='float64', profile='large', seed=235, options={'opt': 'adam', "
+        "'clip': 0.0, 'scale': 10000.0, 'steps': 1})"
+    )
+    assert Runner(f"{data}::fsdp2_mlp_mp", "mixed_precision").run_case(flip) < 1
+    far = Case.parse(
+        "Case(target='fsdp2_mlp', world_size=3, mesh=(3,), sizes={'batch': 5, 'd_in': 1, 'hidden': 1, "
+        "'d_out': 1}, split=('batch',), dtype='float32', profile='large', seed=96985, options={'opt': 'sgd', "
+        "'clip': 0.0, 'scale': 1000.0, 'steps': 2})"
+    )
+    assert Runner(f"{data}::fsdp2_mlp", "reference").run_case(far) < 1

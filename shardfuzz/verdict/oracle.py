@@ -314,6 +314,18 @@ def confirm_noise(
     expected.noise = noise
 
 
+def widen_full_scale(
+    target: Any, case: Case, expected: Expected, samples: int, outputs: dict[str, Any] | None = None
+) -> None:
+    """Widen ``expected.noise`` by the spread of ``samples`` runs perturbed at the case dtype's own
+    unit (an antithetic pair each two): what first order cannot see, a rounding that flips a sign
+    or a branch, whose error can be as large as the output itself."""
+    full = _spread(target, case, expected, outputs, samples, full_scale=True)
+    for name, c in full.items():
+        a = expected.noise.get(name)
+        expected.noise[name] = c if a is None else torch.maximum(a.double(), c.double())
+
+
 def _spread(
     target: Any,
     case: Case,
