@@ -165,6 +165,10 @@ def module_level_impl(ctx):  # importable by workers through this file's path
     [
         (lambda ctx: None, "lambda, a closure or a function defined in __main__"),
         ("nope", "impl='nope' is not an implementation of target 'toy'"),
+        (
+            "referense",
+            r"impl='referense' is not an implementation of target 'toy' \(did you mean 'reference'\?\)",
+        ),
         ("no.such.module:f", "cannot import module 'no.such.module'"),
         (f"{TOY}::missing", "has no attribute 'missing'"),
     ],

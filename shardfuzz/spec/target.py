@@ -6,6 +6,7 @@ whole spec.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -269,9 +270,11 @@ class Target:
         if isinstance(impl, str) and impl in self.implementations:
             what, impl = f"implementations[{impl!r}]", self.implementations[impl]
         elif isinstance(impl, str) and ":" not in impl:
+            close = difflib.get_close_matches(impl, list(self.implementations), n=1)
             raise TargetError(
-                f"impl={impl!r} is not an implementation of target {self.name!r}; "
-                f"known: {', '.join(self.implementations)}; or pass 'pkg.mod:func' / 'file.py::NAME'"
+                f"impl={impl!r} is not an implementation of target {self.name!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; known: {', '.join(self.implementations)}; or pass 'pkg.mod:func' / 'file.py::NAME'"
             )
         kwargs: dict[str, Any] = {}
         while isinstance(impl, Bound):
