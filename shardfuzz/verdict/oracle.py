@@ -15,6 +15,7 @@ are not compared.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -76,6 +77,7 @@ class CppWarningsOnce:
             return
         if self.sink is None:
             self.sink = tempfile.TemporaryFile()
+            atexit.register(self.sink.close)  # else "ResourceWarning: unclosed file" at every exit
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(self.sink.fileno(), 2)
