@@ -324,29 +324,29 @@ def run_test(test: Callable[[], None]) -> None:
         raise cut from None
 
 
-def _stopped_by(exc: BaseException) -> str | None:
-    """``"interrupted"``, ``"deadline"`` or ``"failed"`` when ``exc`` is (or holds: Hypothesis
-    groups what its final replays raised) a KeyboardInterrupt, :class:`TimeUp` or the fuzzer's own
-    failure (:class:`InfrastructureError`: ranks lost for good, during a shrink too); else None."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    if isinstance(exc, TimeUp):
-        return "deadline"
-    if isinstance(exc, InfrastructureError):
-        return "failed"
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """``exc``, or every exception in it where it is a group (Hypothesis groups what its final
+    replays raised), nested groups flattened."""
     if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
-        reasons = {_stopped_by(e) for e in exc.exceptions} - {None}
-        return next((r for r in ("interrupted", "deadline", "failed") if r in reasons), None)
-    return None
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+#: what stops a run after a finding, by precedence: Ctrl-C, the deadline, the fuzzer's own failure
+#: (:class:`InfrastructureError`: ranks lost for good, during a shrink too)
+_STOPS = (("interrupted", KeyboardInterrupt), ("deadline", TimeUp), ("failed", InfrastructureError))
+
+
+def _stopped_by(exc: BaseException) -> str | None:
+    """What in ``exc`` (or its group) stopped the run: ``"interrupted"``, ``"deadline"`` or
+    ``"failed"`` (:data:`_STOPS`); else None."""
+    leaves = _leaves(exc)
+    return next((why for why, kind in _STOPS if any(isinstance(e, kind) for e in leaves)), None)
 
 
 def _failure_of(exc: BaseException) -> str | None:
     """The message of the fuzzer's own failure in ``exc`` (or in its group), if any."""
-    if isinstance(exc, InfrastructureError):
-        return str(exc)
-    if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
-        return next((m for m in map(_failure_of, exc.exceptions) if m is not None), None)
-    return None
+    return next((str(e) for e in _leaves(exc) if isinstance(e, InfrastructureError)), None)
 
 
 _CUT_SHORT = {
@@ -457,11 +457,7 @@ class Result:
 
 def findings_of(exc: BaseException) -> list[Finding]:
     """The findings in an exception raised by a Hypothesis test (one, or a group of several)."""
-    if isinstance(exc, Finding):
-        return [exc]
-    if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
-        return [f for e in exc.exceptions for f in findings_of(e)]
-    return []
+    return [e for e in _leaves(exc) if isinstance(e, Finding)]
 
 
 def search(runner: Runner, settings: Any = None, *, database: Any = "default", rows: bool = True) -> Result:
