@@ -306,14 +306,13 @@ def confirm_noise(
     seen, more = tolerance.samples, tolerance.confirm_samples
     first = dict(expected.noise)
     pooled = _spread(target, case, expected, outputs, more, first=seen)
-    full = _spread(target, case, expected, outputs, tolerance.full_scale_samples, full_scale=True)
     noise = {}
-    for name in set(first) | set(pooled) | set(full):
-        like = next(d[name] for d in (first, pooled, full) if name in d).double()
-        a, b, c = (d[name].double() if name in d else torch.zeros_like(like) for d in (first, pooled, full))
-        pooled_rms = ((seen * a.pow(2) + more * b.pow(2)) / max(seen + more, 1)).sqrt()
-        noise[name] = torch.maximum(pooled_rms, c)
+    for name in set(first) | set(pooled):
+        like = next(d[name] for d in (first, pooled) if name in d).double()
+        a, b = (d[name].double() if name in d else torch.zeros_like(like) for d in (first, pooled))
+        noise[name] = ((seen * a.pow(2) + more * b.pow(2)) / max(seen + more, 1)).sqrt()
     expected.noise = noise
+    widen_full_scale(target, case, expected, tolerance.full_scale_samples, outputs)
 
 
 def widen_full_scale(
