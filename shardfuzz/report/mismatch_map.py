@@ -106,6 +106,11 @@ class Piece:
         segs = [segments(to_global, shape, d) for d in range(len(shape))]
         return cls(rd.rank, rd.local, rd.wrong, segs, rd.bad > 0)
 
+    @property
+    def clean(self) -> bool:
+        """Within the tolerance everywhere (compared element by element, none wrong)."""
+        return not self.bad and (self.wrong is None or not bool(self.wrong.any()))
+
 
 @dataclasses.dataclass
 class GlobalView:
@@ -124,15 +129,15 @@ def pieces_of(od: OutputDiff) -> list[Piece]:
 def global_views(od: OutputDiff, pieces: list[Piece] | None = None) -> list[GlobalView]:
     """The global view of each replica (each sum over ranks, for a Partial output)."""
     pieces = pieces_of(od) if pieces is None else pieces
-    by_rank = {p.rank: p for p in pieces}
     if any(p.rank is None for p in pieces):
-        groups = [[p] for p in pieces]
-    else:
-        groups = [
-            [by_rank[r] for r in g if r in by_rank]
-            for g in (od.groups or [[p.rank for p in pieces if p.rank is not None]])
-        ]
-    return [_view(od.shape, g) for g in groups if g]
+        return [_view(od.shape, [p]) for p in pieces]
+    return [_view(od.shape, g) for g in replica_groups(od, pieces) if g]
+
+
+def replica_groups(od: OutputDiff, pieces: list[Piece]) -> list[list[Piece]]:
+    """The ranks' pieces of each replica (``od.groups``; all of them where it names none)."""
+    by_rank = {p.rank: p for p in pieces if p.rank is not None}
+    return [[by_rank[r] for r in g if r in by_rank] for g in (od.groups or [list(by_rank)])]
 
 
 def _view(shape: tuple[int, ...], group: list[Piece]) -> GlobalView:
@@ -199,11 +204,11 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
     clean = []
     for p in pieces:
         who = rank_label(p.rank) if p.rank is not None else assembled(od.layout).split()[1]  # "max", ...
+        if p.clean:
+            clean.append(f"{p.rank}" + (" (empty)" if p.local.numel() == 0 else ""))
+            continue
         if p.wrong is None or not bool(p.wrong.any()):
-            if p.bad:
-                lines.append(f"    {who}: wrong (not compared element by element)")
-            else:
-                clean.append(f"{p.rank}" + (" (empty)" if p.local.numel() == 0 else ""))
+            lines.append(f"    {who}: wrong (not compared element by element)")
             continue
         where = []  # the sharded dims, and the others where not every index is hit
         for d in range(p.wrong.ndim):
@@ -266,8 +271,7 @@ def _sums_to_the_oracle(od: OutputDiff, pieces: list[Any]) -> bool:
     ref, bound = od.ref, od.bound
     if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
         return False
-    by_rank = {p.rank: p for p in pieces if p.rank is not None}
-    groups = [[by_rank[r] for r in g if r in by_rank] for g in (od.groups or [list(by_rank)])]
+    groups = replica_groups(od, pieces)
     if not groups or any(len(g) < 2 for g in groups):
         return False
     for g in groups:
@@ -275,7 +279,7 @@ def _sums_to_the_oracle(od: OutputDiff, pieces: list[Any]) -> bool:
             return False
         # a rank right on its own beside ranks of zeros is a value never sent (a broadcast
         # missing), not parts of a sum
-        if any(bool(((p.local.double() - ref.double()).abs() <= bound).all()) for p in g):
+        if any(p.clean for p in g):
             return False
         total = torch.stack([p.local.double() for p in g]).sum(0)
         if not bool(((total - ref.double()).abs() <= bound).all()):
