@@ -124,7 +124,6 @@ def _cmd_fuzz(args: Any) -> int:
     targets = args.targets or sorted(builtin_targets())
     if args.workers <= 1 and not (args.jobs > 1 and len(targets) > 1):  # else the children fuzz
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
-    from shardfuzz.engine import covering
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.runner import Runner
     from shardfuzz.frontends import campaign, display  # rich: only a campaign loads it, not --help
@@ -145,7 +144,7 @@ def _cmd_fuzz(args: Any) -> int:
     outcomes: list[campaign.Outcome] = []
     interrupted, failed_later = False, None
     for spec, runner in zip(targets, runners, strict=True):
-        _say_fuzzing(spec, runner, args, config, covering.rows_for)
+        _say_fuzzing(spec, runner, args, config)
         try:
             out = campaign.fuzz_one(
                 spec,
@@ -163,7 +162,7 @@ def _cmd_fuzz(args: Any) -> int:
             failed_later = f"{spec}: {e}"
             break
         outcomes.append(out)
-        _print_findings(out, campaign.fleet_note)
+        _print_findings(out)
         if out.interrupted or out.failed:
             interrupted = out.interrupted
             break
@@ -185,9 +184,11 @@ def _cmd_fuzz(args: Any) -> int:
     return EXIT_FOUND if found else EXIT_OK
 
 
-def _say_fuzzing(spec: str, runner: Any, args: Any, config: RunConfig, rows_for: Any) -> None:
+def _say_fuzzing(spec: str, runner: Any, args: Any, config: RunConfig) -> None:
     """The line a target's campaign starts with: what runs where, and the covering rows when they
     are more than the examples asked (12 examples for --max-examples 5 read as a bug)."""
+    from shardfuzz.engine.covering import rows_for
+
     asked = config.max_examples
     n_rows = len(rows_for(runner)) if asked is not None else 0
     floor = (
@@ -202,8 +203,10 @@ def _say_fuzzing(spec: str, runner: Any, args: Any, config: RunConfig, rows_for:
     )
 
 
-def _print_findings(out: Any, fleet_note: Any) -> None:
+def _print_findings(out: Any) -> None:
     """Every distinct finding of a campaign, in the order found (a fleet's known one by its ID)."""
+    from shardfuzz.frontends.campaign import fleet_note
+
     for i, (finding, _) in enumerate(out.findings):
         note = out.fleet[i] if i < len(out.fleet) else None
         if note is not None and note["fleet"] == "known":  # the fleet has its report already
