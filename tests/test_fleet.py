@@ -687,6 +687,25 @@ def test_ctrl_c_as_the_campaign_offers_its_finding_keeps_it_and_says_interrupted
     assert [w["state"] for w in FleetStore(redis_server.url, "offer-ki").workers()] == ["interrupted"]
 
 
+def test_a_worker_whose_search_raised_says_failed_and_the_error_goes_on(redis_server, monkeypatch):
+    """Whatever else ends a campaign's search (here an error of the engine's own) reaches the caller
+    as it was, and the worker's last heartbeat says it failed, not that it runs or finished."""
+    import io
+
+    from shardfuzz import RunConfig
+    from shardfuzz.engine.fleet import FleetStore
+    from shardfuzz.frontends import campaign
+
+    def broken(*_args, **_kw):
+        raise RuntimeError("the engine broke")
+
+    monkeypatch.setattr(campaign, "search", broken)
+    config = RunConfig(max_examples=5, world_sizes=(2,), database=redis_server.url, fleet="broken-worker")
+    with pytest.raises(RuntimeError, match="the engine broke"):
+        campaign.fuzz_one(TOY, None, config, stream=io.StringIO())
+    assert [w["state"] for w in FleetStore(redis_server.url, "broken-worker").workers()] == ["failed"]
+
+
 def test_a_worker_stopped_by_ctrl_c_inside_its_search_says_interrupted(redis_server, monkeypatch):
     """A worker stopped by SIGINT or SIGTERM read `finished` in `status`: the search's own
     interruption was read only after the last heartbeat."""
