@@ -522,6 +522,20 @@ def test_workers_need_a_shared_database(monkeypatch, capsys):
     assert "--database='redis://:***@127.0.0.1:1/0': cannot connect to Redis" in err and "pw9" not in err, err
 
 
+def test_an_unreachable_url_from_the_environment_is_named_as_the_variable_it_came_from(monkeypatch, capsys):
+    """A user who set only $SHARDFUZZ_DATABASE was told to fix a --database they never gave."""
+    monkeypatch.setenv("SHARDFUZZ_DATABASE", "redis://:pw9@127.0.0.1:1/0")
+    monkeypatch.setattr(cli, "_fuzz_jobs", lambda *a: pytest.fail("a worker started"))
+    assert cli.main(["fuzz", "tp_mlp", "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "SHARDFUZZ_DATABASE='redis://:***@127.0.0.1:1/0': cannot connect to Redis" in err, err
+    assert "--database" not in err and "pw9" not in err, err
+    # given on the command line, the option is named (the variable may hold another URL)
+    argv = ["fuzz", "tp_mlp", "--workers", "2", "--database", "redis://127.0.0.1:2/0"]
+    assert cli.main(argv) == 2
+    assert "--database='redis://127.0.0.1:2/0': cannot connect" in capsys.readouterr().err
+
+
 def test_workers_draw_fresh_seeds_even_under_a_derandomized_profile(redis_server, monkeypatch, tmp_path):
     """Derandomized workers (the ci profile, or any profile under CI=true) would all run the same
     examples: the children get a configuration with derandomize off, and one child per worker."""

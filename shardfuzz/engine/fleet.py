@@ -66,7 +66,7 @@ def worker_name() -> str:
 class FleetStore:
     """The findings and workers of fleet ``fleet`` in the Redis at ``url``."""
 
-    def __init__(self, url: str, fleet: str, what: str = "--database") -> None:
+    def __init__(self, url: str, fleet: str, what: str | None = None) -> None:
         self.url, self.shown_url, self.fleet = url, redact(url), fleet
         self.redis = connect(url, what)
         self.prefix = fleet_prefix(fleet)

@@ -158,6 +158,14 @@ def env_database() -> str | None:
     return check_database(os.environ.get("SHARDFUZZ_DATABASE", "").strip() or None, "SHARDFUZZ_DATABASE")
 
 
+def database_argument(url: str) -> str:
+    """What to call ``url`` in an error: ``SHARDFUZZ_DATABASE`` where it came from there (a
+    ``--jobs`` parent hands its workers the URL that way, to keep the password out of ``ps``),
+    else ``--database``: an error naming an option the user never gave sent them looking for it."""
+    from_env = os.environ.get("SHARDFUZZ_DATABASE", "").strip()
+    return "SHARDFUZZ_DATABASE" if from_env and from_env == url else "--database"
+
+
 def env_fleet() -> str:
     return check_fleet(os.environ.get("SHARDFUZZ_FLEET", "").strip() or DEFAULT_FLEET, "SHARDFUZZ_FLEET")
 
@@ -173,10 +181,11 @@ def redis_module() -> Any:
     return redis
 
 
-def connect(url: str, what: str = "--database") -> Any:
+def connect(url: str, what: str | None = None) -> Any:
     """A connected client for ``url``; InvalidArgument naming the URL (never its password) when
     Redis cannot be reached or refuses the credentials."""
     redis = redis_module()
+    what = what or database_argument(url)
     check_database(url, what)
     shown = redact(url)
     try:
