@@ -179,6 +179,38 @@ def test_a_proof_pins_options_and_the_operator_tells_findings_apart():
     assert reporter._site(case, ("y0",))[0] == "y0"
 
 
+def test_shard_conditions_are_met_only_where_a_placement_cuts_the_dim():
+    """Every size is split over the group, but only a Shard placement cuts one: an all-Replicate
+    case said "uneven" and "empty shard" in its report, and the covering rows promised shards
+    that no case held (the rows that reach them now find torch_logsumexp_keepdim at the fourth)."""
+    from shardfuzz.spec.triggers import SPLIT_RULES_DIFFER, triggers_of
+
+    base = Case(
+        target="dtensor_ops",
+        world_size=3,
+        mesh=(3,),
+        sizes={"d0": 2, "d1": 7, "d2": 1},
+        split=("d0", "d1", "d2"),
+        options={**simplest_case(TARGET.strategy())[0].options, "op": "aten.neg.default", "ndim": 2},
+    )
+    shards = {"uneven", "empty shard", "empty DTensor shard", SPLIT_RULES_DIFFER}
+    for place in ("R", "Psum"):
+        assert (
+            not triggers_of(TARGET, dataclasses.replace(base, options={**base.options, "place": place}))
+            & shards
+        )
+    on_d0 = dataclasses.replace(base, options={**base.options, "place": "S0"})  # 2 on 3: [1, 1, 0]
+    assert {"uneven", "empty shard"} <= triggers_of(TARGET, on_d0)
+    on_d1 = dataclasses.replace(
+        base, options={**base.options, "place": "S1"}
+    )  # 7 on 3: [3, 3, 1] vs [3, 2, 2]
+    met = triggers_of(TARGET, on_d1)
+    assert {"uneven", SPLIT_RULES_DIFFER} <= met and not met & {"empty shard", "empty DTensor shard"}
+    # the generic conditions still come from the sizes: a dim that no size makes uneven stays even
+    even = dataclasses.replace(on_d1, sizes={"d0": 3, "d1": 6, "d2": 3})
+    assert not triggers_of(TARGET, even) & shards
+
+
 def test_three_mesh_axes_place_every_element_once():
     """A (2, 2, 2) mesh: every shard and Partial combination of three axes hands out pieces that
     add up to the tensor once (Psum), and nested sharding over three axes cuts one dim three times."""
