@@ -560,6 +560,38 @@ def test_ranks_lost_while_a_finding_shrinks_or_in_a_later_target_keep_the_findin
     assert f"the fuzzer itself failed after the findings above: {toy}: {lost}" in err, err
 
 
+def test_ranks_lost_while_finishing_a_finding_keep_it(monkeypatch, capsys):
+    """The finishing phase runs cases too (the 1-rank try of a finding on 2 ranks): ranks lost for
+    good there exited 3 with nothing of the finding printed, a review found."""
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.errors import InfrastructureError
+    from shardfuzz.frontends import campaign
+    from shardfuzz.frontends import cli as main_cli
+
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    lost = "no rank server connected to 127.0.0.1:29600 within 60 s"
+    real_search, real_run_case, searched = campaign.search, Runner.run_case, []
+
+    def search(runner, *args, **kw):  # the search finds and shrinks the bug; then the ranks go
+        result = real_search(runner, *args, **kw)
+        searched.append(result)
+        return result
+
+    def run_case(self, case):
+        if searched:
+            raise InfrastructureError(lost)
+        return real_run_case(self, case)
+
+    monkeypatch.setattr(campaign, "search", search)
+    monkeypatch.setattr(Runner, "run_case", run_case)
+    code = main_cli.main(["fuzz", toy, "--impl", "wrong_rank1", "--no-progress", "--max-examples", "30"])
+    out, err = capsys.readouterr()
+    assert searched and searched[0].found and searched[0].case.world_size >= 2  # a 1-rank try ran
+    assert code == main_cli.EXIT_FOUND, out + err
+    assert "FOUND mismatch" in out, out
+    assert f"the fuzzer itself failed after the findings above: {lost}" in err, err
+
+
 def test_a_jobs_parent_says_a_childs_failure_beside_its_findings(monkeypatch, capsys):
     """A --jobs child whose ranks were lost after its findings exits 1 (its findings decide): the
     parent said nothing of the failure, which only its row holds."""

@@ -367,6 +367,12 @@ def _after_search(
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM while finishing: stop there, keeping every finding
         out.interrupted, spent = True, time.perf_counter() - finishing
         out.elapsed += spent
+    except InfrastructureError as e:
+        # the ranks lost for good while finishing (a 1-rank try, a cut shrink): the findings are
+        # kept, reported and decide the exit code, as after a search that failed (a review found
+        # exit 3 with nothing of the finding printed, and its fleet state "finished")
+        out.failed, spent = str(e), time.perf_counter() - finishing
+        out.elapsed += spent
     _drop_repeats(out, recorder)
     if recorder is not None:  # each file holds the case its finding is reported with
         out.findings = [
@@ -375,7 +381,7 @@ def _after_search(
         ]
     _offer_deferred(out, runner, fleet, spent)
     _improve_fleet_copies(out, runner, fleet, spent)
-    if not out.interrupted:
+    if not (out.interrupted or out.failed):
         _measure_closest_pass(out, runner)
 
 
