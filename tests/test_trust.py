@@ -371,6 +371,17 @@ def test_a_folder_replays_its_other_files_beside_one_whose_case_its_target_no_lo
     assert "1 replayed: 1 fail, 0 pass; 1 not run (cases their targets no longer draw)" in out.stdout
 
 
+def test_a_hand_edited_option_kind_refuses_the_replay_even_beside_a_size_out_of_bounds(tmp_path):
+    """A wrong option kind is a hand edit, never stale: with a size out of bounds too, the bounds
+    check ran first and the file was set aside as stale (NOT RUN, exit 0), a review found."""
+    edited = dict(bad(hidden=1), options={"sequence_parallel": "yes"})
+    write(tmp_path / "a.json", record(case=edited))
+    write(tmp_path / "b.json", record())
+    out = cli("replay", str(tmp_path))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "options['sequence_parallel']='yes'" in out.stderr and "NOT RUN" not in out.stdout, out.stdout
+
+
 def test_a_1_rank_case_with_the_sizes_of_a_larger_group_loads():
     """The campaign's 1-rank retry keeps the global sizes drawn for 2+ ranks (finish.try_one_rank)."""
     from shardfuzz.engine.failures import prepare

@@ -59,9 +59,10 @@ def prepare(
         fn = _field(where, "impl_ref", load_ref, data["impl_ref"], "impl")
         _field(where, "impl_ref", ref_of_callable, data["impl_ref"], "impl")
         _check_kwargs(where, target, data["impl_spec"], fn)
-        # before anything is built from it; a case the target no longer draws is stale, not forged
-        _invalid_case(where, check_in_bounds, target, case, CaseOutsideBounds)
-        _invalid_case(where, check_option_kinds, target, case)  # a hand-edited kind: never stale
+        # before anything is built from it. A hand-edited kind is never stale: checked first, so
+        # that a size out of bounds beside it does not set the file aside as stale (NOT RUN)
+        _invalid_case(where, check_option_kinds, target, case)
+        _invalid_case(where, check_in_bounds, target, case, CaseOutsideBounds)  # stale, not forged
         _field(where, "case", check_input_size, target, case)
         _invalid_case(where, check_case, target, case)
     return data
