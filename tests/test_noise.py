@@ -3,11 +3,13 @@ stay tight enough to see a 10% error in bfloat16, and give the same verdict on e
 
 import math
 import os
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from shardfuzz.errors import TargetError
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
 from shardfuzz.verdict.noise import estimate, rounding_noise
 
@@ -362,6 +364,52 @@ def test_the_hand_written_softmax_rule_follows_only_a_division_by_the_exps_own_s
         model.NoiseDraws.normalized = real
     assert all(torch.equal(with_rule[n], without[n]) for n in with_rule)
     assert not torch.equal(_noise(by_hand, big, "float32")[1]["p"], without["by_hand"])  # it can tell
+
+
+def test_a_hand_written_softmax_whose_max_gradients_flow_through_is_refused(monkeypatch):
+    """A new user's attention oracle, ``exp(s - s.amax(-1, keepdim=True)) / sum``: autograd sends each
+    row's gradient back through the max too, which cancels the row's sum exactly in every noise
+    sample, where torch.softmax's backward rounds it: a key bias's gradient (0 in exact arithmetic)
+    failed at 1.1x for torch.softmax in float32 and 3,400x at larger logits. Detached, it is the
+    same gradient and bounded as torch.softmax's is; forward only, nothing flows through it."""
+    from shardfuzz.verdict import noise as model
+
+    g = torch.Generator().manual_seed(0)
+    x, dout = (torch.randn(3, 4, generator=g) for _ in range(2))
+    data = {"x": x, "bias": torch.randn(3, 1, generator=g), "dout": dout}  # a bias per row: its
+    # gradient is the row's sum of the scores' gradient
+
+    def attention(detach):
+        def fn(d):
+            b = d["bias"].clone().requires_grad_()
+            s = d["x"] * 30 + b
+            m = s.amax(-1, keepdim=True)
+            e = torch.exp(s - (m.detach() if detach else m))
+            (e / e.sum(-1, keepdim=True)).backward(d["dout"])
+            return {"grad_bias": b.grad}
+
+        return fn
+
+    b = data["bias"].clone().requires_grad_()
+    torch.softmax(x * 30 + b, -1).backward(dout)  # the kernel a correct implementation calls
+
+    def worst(detach):  # torch.softmax's gradient against the oracle's bound, as a run judges it
+        ref, noise = _noise(attention(detach), data, "float32")
+        bound = _bound(ref, noise, attention(detach)(data), "float32")["grad_bias"]
+        return float(((b.grad.double() - ref["grad_bias"]).abs() / bound).max())
+
+    with pytest.raises(TargetError, match=re.escape(model.LIVE_MAX_SOFTMAX)):
+        worst(detach=False)
+    assert worst(detach=True) < 1.0
+    with monkeypatch.context() as m:  # what it prevents: a false finding, by orders of magnitude
+        m.setattr(model.NoiseDraws, "note_shift", lambda self, args, result: None)
+        assert worst(detach=False) > 100
+
+    def forward_only(d):
+        e = torch.exp(d["x"] - d["x"].amax(-1, keepdim=True))
+        return {"p": e / e.sum(-1, keepdim=True)}
+
+    assert (_noise(forward_only, data, "float32")[1]["p"] > 0).any()
 
 
 def test_a_partial_that_underflows_in_float16_is_within_the_noise():

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from shardfuzz.errors import TargetError
 from shardfuzz.spec.tolerance import TINY, UNIT_ROUNDOFF
 from shardfuzz.verdict.noise_rules import EXACT, REDUCTIONS, SPECIAL, SUM_LIKE
 
@@ -138,6 +139,11 @@ class NoiseDraws:
         #: result) of their sums and of what is computed from a sum alone (a clamp, an epsilon)
         self._exps: dict[int, tuple[Any, torch.Tensor]] = {}
         self._sums: dict[int, tuple[Any, Any]] = {}
+        #: max/amax results (and their views) that gradients flow through, the differences taken
+        #: from one, and the exps of those: a hand-written softmax whose max is not detached
+        #: (:meth:`normalized` refuses it, see :data:`LIVE_MAX_SOFTMAX`)
+        self._maxes: dict[int, tuple[Any, None]] = {}
+        self._live_shifts: dict[int, tuple[Any, None]] = {}
 
     def terms_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The |terms| behind ``t`` if a sum-like op (or a view of one) made it, else None."""
@@ -170,6 +176,8 @@ class NoiseDraws:
             terms = self.terms_of(first)
             if terms is not None:
                 self._keep(self._exps, result, terms)
+            if self._held(self._live_shifts, first):
+                self._keep(self._live_shifts, result, None)
             return
         entry = self._exps.get(id(first))
         if base == "sum" and entry is not None and entry[0]() is first:
@@ -180,6 +188,29 @@ class NoiseDraws:
             others = [a for a in args[1:] if isinstance(a, torch.Tensor) and a.dim() > 0]
             if not others and (base in _SHAPE_OPS or result.dim() == first.dim()):  # of the sum alone
                 self._keep(self._sums, result, entry[1])
+
+    def _held(self, table: dict[int, tuple[Any, Any]], t: Any) -> bool:
+        entry = table.get(id(t))
+        return entry is not None and entry[0]() is t
+
+    def note_max(self, args: tuple, out: Any) -> None:
+        """Keep a max/amax of a tensor that gradients flow through (its values, for ``max.dim``;
+        below autograd the result itself does not require grad yet)."""
+        values = out[0] if isinstance(out, (tuple, list)) and out else out
+        if args and getattr(args[0], "requires_grad", False) and isinstance(values, torch.Tensor):
+            self._keep(self._maxes, values, None)
+
+    def note_view(self, base: str, arg: Any, out: Any) -> None:
+        """A view of a kept max is one too (``values[..., None]``); a detached one is not."""
+        if base != "detach" and isinstance(out, torch.Tensor) and self._held(self._maxes, arg):
+            self._keep(self._maxes, out, None)
+
+    def note_shift(self, args: tuple, result: Any) -> None:
+        """``x - m`` with ``m`` a kept max still attached to the graph: the difference a
+        hand-written softmax takes exp of."""
+        if len(args) >= 2 and isinstance(result, torch.Tensor) and self._held(self._maxes, args[1]):
+            if getattr(args[1], "requires_grad", False):
+                self._keep(self._live_shifts, result, None)
 
     def normalized(self, args: tuple, result: Any) -> Any:
         """``e / sum(e)`` after ``e = exp(x - m)``: a softmax written by hand. Its rows cancel the
@@ -199,6 +230,8 @@ class NoiseDraws:
             or not isinstance(result, torch.Tensor)
         ):
             return result
+        if self._held(self._live_shifts, num):
+            raise TargetError(LIVE_MAX_SOFTMAX)
         if not _perturbable(result):  # empty: its exp was never tagged (an empty op keeps no terms)
             return result
         terms = self._exps[id(num)][1]
@@ -240,6 +273,21 @@ class NoiseDraws:
         return out.add_(xi * (nonzero != 0), alpha=self.tiny) if self.tiny else out
 
 
+#: a hand-written softmax in the oracle whose max gradients flow through: autograd sends each row's
+#: gradient back through the max too, which cancels the row's sum exactly in every noise sample,
+#: where a softmax kernel's backward rounds it (``y * (g - dot)``): the bound of a gradient that
+#: depends on that sum (a key bias's: 1.1x to 3,400x for torch.softmax in float32, a new user's
+#: attention) is then too tight for a correct implementation. Detached, the gradients are the same
+LIVE_MAX_SOFTMAX = (
+    "the oracle computes a softmax by hand, exp(x - m) / sum, with a max m that gradients flow "
+    "through: each row's gradient then also flows back through m, which cancels its sum exactly, "
+    "where torch.softmax's (and every softmax kernel's) backward rounds it, so the bound on a "
+    "correct implementation's gradients would be too tight (a false finding). Detach the max, "
+    "x - x.amax(dim, keepdim=True).detach() (the gradients are the same: softmax does not change "
+    "when m does), or call torch.softmax in the oracle"
+)
+
+
 class RoundingNoise(NoiseDraws, TorchDispatchMode):
     """Adds a case-dtype-sized random rounding error to every float64 op result (see the module)."""
 
@@ -267,6 +315,8 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
             _perturb_written(self, written, scales, u)
             return out
         result = _perturb_result(self, out, scales, u)
+        if kind.base == "sub" and self._maxes:
+            self.note_shift(args, result)
         if kind.base in _HAND_SOFTMAX_OPS or (self._sums and args and id(args[0]) in self._sums):
             if kind.base == "div":
                 result = self.normalized(args, result)
@@ -294,6 +344,10 @@ def _exact_op(mode: Any, kind: OpKind, func: Any, args: tuple, kwargs: dict) -> 
     """An op left alone; a view or copy of a result with |terms| keeps them (``terms_of``), and
     of a hand-written softmax's sum stays one (:meth:`NoiseDraws.note_hand_softmax`)."""
     out = func(*args, **kwargs)
+    if kind.base in ("max", "amax"):
+        mode.note_max(args, out)
+    elif kind.base in _SHAPE_OPS and args and mode._maxes:
+        mode.note_view(kind.base, args[0], out)
     if kind.base in _SHAPE_OPS and args and mode.terms_of(args[0]) is not None:
         mode.remember(out, func(mode.terms_of(args[0]), *args[1:], **kwargs))
     if mode._sums and args and id(args[0]) in mode._sums:
