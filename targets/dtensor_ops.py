@@ -835,10 +835,15 @@ KNOWN = {
         "options['backward'] and options['op'] == 'aten.select.int' and options['dim'] < 0"
     ),
     "logsumexp with keepdim": "options['op'] == 'aten.logsumexp.default' and options['flag0']",
+    # Partial(product) alone on mesh axis j, the other operand Partial(sum) on an axis before j
+    # (each form below was run on 2 x 2 or 2 x 2 x 2 meshes and found wrong; with the axes the
+    # other way round, or a Shard beside the product, it is right)
     "a Partial(product) added to a Partial(sum)": (
         "options['op'] in ('aten.add.Tensor', 'aten.sub.Tensor') and "
-        "((options['place'] == 'R,Pprod' and options['other_place'][:5] == 'Psum,') or "
-        "(options['other_place'] == 'R,Pprod' and options['place'][:5] == 'Psum,'))"
+        "((options['place'] in ('R,Pprod', 'R,Pprod,R') and options['other_place'][:5] == 'Psum,') or "
+        "(options['other_place'] in ('R,Pprod', 'R,Pprod,R') and options['place'][:5] == 'Psum,') or "
+        "(options['place'] == 'R,R,Pprod' and 'Psum,' in options['other_place']) or "
+        "(options['other_place'] == 'R,R,Pprod' and 'Psum,' in options['place']))"
     ),
     "sgn's gradient": "options['backward'] and options['op'] == 'aten.sgn.default'",
 }

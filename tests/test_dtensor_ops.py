@@ -211,6 +211,35 @@ def test_shard_conditions_are_met_only_where_a_placement_cuts_the_dim():
     assert not triggers_of(TARGET, even) & shards
 
 
+@pytest.mark.parametrize(
+    "place,other,known",
+    [
+        ("R,Pprod", "Psum,R", True),
+        ("R,Pprod", "Psum,S0", True),
+        ("R,Pprod,R", "Psum,R,R", True),  # 3-D forms a review ran: wrong in torch 2.13
+        ("R,R,Pprod", "R,Psum,R", True),
+        ("R,R,Pprod", "Psum,R,R", True),
+        ("R,Pprod,R", "Psum,R,S0", True),
+        ("R,Pprod,S0", "Psum,R,R", False),  # run: right
+        ("R,Pprod,R", "R,R,Psum", False),
+        ("Pprod,R,R", "R,Psum,R", False),
+        ("Pprod,R", "R,Psum", False),
+    ],
+)
+def test_the_known_product_and_sum_failure_covers_the_forms_found_wrong_and_no_other(place, other, known):
+    """The exclusion a campaign passes to search past this torch bug: it covered 2-D meshes only, so
+    a campaign on 8 ranks reported the same bug again as new."""
+    from shardfuzz.spec.exclude import CaseExpression
+
+    expr = CaseExpression(ops.KNOWN["a Partial(product) added to a Partial(sum)"])
+    case, _ = simplest_case(TARGET.strategy())
+    for a, b in ((place, other), (other, place)):
+        c = dataclasses.replace(
+            case, options={**case.options, "op": "aten.add.Tensor", "place": a, "other_place": b}
+        )
+        assert expr(c) is known, (a, b)
+
+
 def test_three_mesh_axes_place_every_element_once():
     """A (2, 2, 2) mesh: every shard and Partial combination of three axes hands out pieces that
     add up to the tensor once (Psum), and nested sharding over three axes cuts one dim three times."""
