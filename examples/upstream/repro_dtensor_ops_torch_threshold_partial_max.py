@@ -473,19 +473,19 @@ CASE = {'world_size': 2,
              'small_int': 0,
              'perm': '[0]',
              'result_dtype': None},
- 'seed': 4098}
+ 'seed': 198}
 DATA = {}
 INPUTS = {
-    'x': torch.tensor([-0.6771257519721985], dtype=torch.float32),
-    'other': torch.tensor([0.5581519603729248], dtype=torch.float32),
-    'x_owner': torch.tensor([45], dtype=torch.int64),
-    'other_owner': torch.tensor([7], dtype=torch.int64),
+    'x': torch.tensor([-0.9435574412345886], dtype=torch.float32),
+    'other': torch.tensor([-1.0010111331939697], dtype=torch.float32),
+    'x_owner': torch.tensor([52], dtype=torch.int64),
+    'other_owner': torch.tensor([37], dtype=torch.int64),
 }
 EXPECTED = {
-    'y0': torch.tensor([-0.6771257519721985], dtype=torch.float64),
+    'y0': torch.tensor([-0.9435574412345886], dtype=torch.float64),
 }
 ALLOWED = {
-    'y0': torch.tensor([2.505323664081516e-07], dtype=torch.float32),
+    'y0': torch.tensor([3.732722007043776e-07], dtype=torch.float32),
 }
 OUTPUT_LAYOUTS = {'y0': ('dtensor',)}
 
