@@ -201,6 +201,53 @@ def test_a_failing_verdict_is_rechecked_before_it_is_reported():
     assert 4 * before < off < 4 * after, (before, off, after)
 
 
+def test_the_flip_probe_follows_full_scale_samples_and_the_recheck_pools_first_order_samples(monkeypatch):
+    """Found by review: the gross failure's full-scale pair ran with full_scale_samples=0 (the user's
+    way to turn them off); and a failure the pair made less than gross went into the recheck with
+    the pair's widened noise pooled as if it were the first-order samples' (a bound up to 1.29x
+    wider). The recheck's own full-scale runs repeat the pair."""
+    from shardfuzz import Case, RunConfig, Runner
+    from shardfuzz.verdict import decide as d
+
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 4}, split=("n",))
+    calls, entering = [], []
+    real_widen, real_confirm = d.widen_full_scale, d.confirm_noise
+
+    def widen(target, case, expected, samples, outputs=None):
+        calls.append(samples)
+        real_widen(target, case, expected, samples, outputs)
+        for name in expected.noise:  # wider, as a pair that saw some flip leaves it (still failing)
+            expected.noise[name] = expected.noise[name] * 1.5 + 1e-30
+
+    def confirm(target, case, expected, tol, outputs=None):
+        entering.append({k: v.clone() for k, v in expected.noise.items()})
+        real_confirm(target, case, expected, tol, outputs)
+
+    monkeypatch.setattr(d, "widen_full_scale", widen)
+    monkeypatch.setattr(d, "confirm_noise", confirm)
+    monkeypatch.setattr(d, "gross", lambda verdict, expected: True)
+    runner = Runner(toy, "wrong_rank1", RunConfig(tolerance=Tolerance(full_scale_samples=0)))
+    with pytest.raises(AssertionError):  # a Finding: gross, and no full-scale sample drawn for it
+        runner.run_case(case)
+    assert calls == [] and entering == []
+    grossness = iter([True, False, False])  # gross, then not after the pair
+    monkeypatch.setattr(d, "gross", lambda verdict, expected: next(grossness, False))
+    noise_estimated = []
+    real_estimate = d.estimate_noise
+
+    def estimate_noise(target, case, expected, samples, outputs=None):
+        real_estimate(target, case, expected, samples, outputs)
+        noise_estimated.append({k: v.clone() for k, v in expected.noise.items()})
+
+    monkeypatch.setattr(d, "estimate_noise", estimate_noise)
+    with pytest.raises(AssertionError):
+        Runner(toy, "wrong_rank1").run_case(case)
+    assert calls[0] == d.FLIP_PROBE and len(entering) == 1
+    first_order = noise_estimated[0]
+    assert all(torch.equal(entering[0][k], first_order[k]) for k in first_order)
+
+
 def test_terms_behind_a_matmul_follow_its_views_and_die_with_it():
     a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
     mode = rounding_noise()(2.0**-30, 0, 2)

@@ -69,15 +69,21 @@ def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideC
     if not expected.noise:
         estimate_noise(config.target, case, expected, tol.samples, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)
-    if not verdict.passed and gross(verdict, expected):
+    probe, first_order = min(FLIP_PROBE, tol.full_scale_samples), None
+    if not verdict.passed and probe and gross(verdict, expected):
         # a rounding that flips a sign or a branch can be gross too (an Adam update is lr * sign(g)
         # where g cancels: FSDP2's own step, right, was reported at 1.45e6x in float64 without a
         # recheck): the full-scale pair sees a flip within reach; only a failure still gross after
-        # it skips the recheck
-        widen_full_scale(config.target, case, expected, FLIP_PROBE, outputs)
+        # it skips the recheck (none with full_scale_samples=0: the user turned them off)
+        first_order = dict(expected.noise)
+        widen_full_scale(config.target, case, expected, probe, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)
     # a failure is rechecked before it is reported; with ``recheck`` a pass too
     if (config.recheck or not verdict.passed) and not gross(verdict, expected):
+        if first_order is not None:
+            # the recheck pools first-order samples with the first ones (the probe's widened noise
+            # counted as first order, up to 1.29x wider); its full-scale runs repeat the probe's pair
+            expected.noise = first_order
         confirm_noise(config.target, case, expected, tol, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)
     return verdict
