@@ -196,3 +196,32 @@ def test_a_spare_that_cannot_start_is_dropped_and_the_next_get_pool_reports_why(
     assert key not in pool_cache._spares and key not in pool_cache._starting  # a later spare may try again
     with pytest.raises(InfrastructureError, match="failed to start: no store"):
         pool_cache.get_pool("gloo", 2, 10.0)  # at once: nothing left to wait for
+
+
+def test_an_error_beside_a_finding_in_hypothesis_group_is_said_not_dropped(monkeypatch):
+    """Hypothesis groups what its final replays raised: a finding and, say, the target's oracle
+    raising on another example. The group's other errors were dropped unsaid (found by review); the
+    findings stay the result, and the report says the rest with its traceback."""
+    import os
+
+    import shardfuzz
+    from shardfuzz.engine import search
+
+    real = search.run_test
+
+    def run_test(test):
+        try:
+            real(test)
+        except shardfuzz.Finding as f:
+            try:
+                raise TypeError("an error of the engine's own")
+            except TypeError as other:
+                raise ExceptionGroup("Hypothesis found 2 distinct failures", [f, other]) from None  # noqa: F821
+
+    monkeypatch.setattr(search, "run_test", run_test)
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    result = shardfuzz.run(toy, "wrong_rank1", profile="shardfuzz-ci", database=None, max_examples=10)
+    assert result.found and result.kind == "mismatch", result.report
+    said = result.report.split("shardfuzz: the search also raised, on other examples (not findings):\n", 1)
+    assert len(said) == 2 and "TypeError: an error of the engine's own" in said[1], result.report
+    assert "in run_test" in said[1]  # its traceback

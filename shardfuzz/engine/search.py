@@ -492,9 +492,23 @@ def search(runner: Runner, settings: Any = None, *, database: Any = "default", r
             result.report = (
                 "Hypothesis reports this failure as flaky (it did not reproduce):\n" + result.report
             )
+        result.report += _also_raised(exc)
     finally:
         runner.stats.elapsed += time.perf_counter() - t0
     return result
+
+
+def _also_raised(exc: BaseException) -> str:
+    """What a group of Hypothesis' final replays held besides findings (the target's code raising
+    on another case, an error of shardfuzz's own), with tracebacks: it was dropped unsaid (found by
+    review). The findings stay the result; this is said after the first one's report."""
+    others = [e for e in _leaves(exc) if not isinstance(e, Finding)]
+    if not others:
+        return ""
+    told = "".join(
+        "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip() + "\n" for e in others
+    )
+    return f"\nshardfuzz: the search also raised, on other examples (not findings):\n{told}"
 
 
 def run(
