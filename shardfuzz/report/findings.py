@@ -341,10 +341,17 @@ def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
                 f"    greatest difference: {r.max_abs:.6g} at index {r.max_abs_at} (compared exactly)"
             )
         return lines + [f"    {line}" for line in _exact_worst(od, r)]
+    # the two figures can be of two elements: the largest difference may sit where more is allowed,
+    # and even pass there (a new user read the index as the wrong element's)
+    within = not r.max_abs_nan and r.max_abs <= r.max_abs_allowed
+    allowed = (
+        f"within the {r.max_abs_allowed:.3g} allowed there; the worst element, below, is"
+        if within
+        else f"up to {r.max_abs_allowed:.3g} allowed there; the worst element is"
+    )
     lines.append(
         f"    greatest absolute difference: {_difference(r.max_abs, r.max_abs_nan)} at index {r.max_abs_at} "
-        # the two figures can be of two elements: the largest difference may sit where more is allowed
-        f"(up to {r.max_abs_allowed:.3g} allowed there; the worst element is {r.max_ratio:.3g}x its tolerance)"
+        f"({allowed} {r.max_ratio:.3g}x its tolerance)"
     )
     zero = " (expected 0 there)" if r.max_rel_expected == 0 else ""
     rel = _difference(r.max_rel, r.max_rel_nan)
