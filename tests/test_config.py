@@ -106,6 +106,18 @@ def test_bound_implementation_and_the_device_mesh():
         assert r.run_case(case) < 1
 
 
+def test_a_derived_targets_cases_drawn_with_the_base_name_are_refused_saying_which_name(tmp_path):
+    """A new user derived a variant with cases of their own, drawn with sst.cases(BASE, ...): the
+    first example said only "case.target='base' but this runner fuzzes 'variant'"."""
+    base = get_target(TOY)
+    variant = base.derive("toy_variant", cases=base.cases)  # the base's function: draws "toy" cases
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 4}, split=("n",))
+    with pytest.raises(
+        InvalidArgument, match=r"a target's own cases= draws with its name, sst.cases\('toy_variant'"
+    ):
+        Runner(variant, "reference").run_case(case)
+
+
 def test_derived_target_resolves_its_implementations_in_the_callers_module():
     t = get_target(f"{DERIVED}::my_tp")
     assert t.name == "my_tp" and not t.planted and not t.expected_failures

@@ -270,7 +270,11 @@ class Runner:
         if not isinstance(case, Case):
             raise InvalidArgument(f"case={case!r}; expected a shardfuzz.Case")
         if case.target != self.target.name:
-            raise InvalidArgument(f"case.target={case.target!r} but this runner fuzzes {self.target.name!r}")
+            raise InvalidArgument(
+                f"case.target={case.target!r} but this runner fuzzes {self.target.name!r} (each case names "
+                f"its target: a target's own cases= draws with its name, sst.cases({self.target.name!r}, "
+                "...), a derived target's too)"
+            )
         check_world_size(case.world_size, "case world_size")
 
     def _admit(self, case: Case) -> None:
