@@ -171,7 +171,10 @@ def test_judge_does_not_crash_on_none():
 
     locals_ = [{"total": None, "unused": None}, {"total": expected.ref["total"].float(), "unused": 1}]
     problems = check_layouts(case, runner.target.outputs_for(case), locals_, expected)
-    assert "output 'total': rank 0 returned None, expected a tensor" in problems[0]
+    assert (
+        "output 'total': rank 0 returned None, expected a tensor (the oracle's global value is [1]"
+        in problems[0]
+    )
     assert "output 'unused': rank 1 returned an int, the oracle gives None" in problems[1]
     # a numpy array has a shape and a dtype too: it was "returned a tensor [3] float32, expected a
     # tensor", which contradicts itself

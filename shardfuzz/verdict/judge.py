@@ -97,7 +97,8 @@ def check_layouts(
                 )
                 problems.append(
                     f"output {name!r}: {label(r)} returned {_what(got)}, expected a tensor "
-                    f"(the oracle gives {list(ref.shape)} {_dtype_name(low)}){never}"
+                    # the global value: this rank's piece needs its own shape, which None has not
+                    f"(the oracle's global value is {list(ref.shape)} {_dtype_name(low)}){never}"
                 )
                 continue
             want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), layout.index_of(r, g), g)
