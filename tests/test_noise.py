@@ -248,6 +248,26 @@ def test_the_flip_probe_follows_full_scale_samples_and_the_recheck_pools_first_o
     assert all(torch.equal(entering[0][k], first_order[k]) for k in first_order)
 
 
+def test_the_recheck_pools_huge_noise_without_overflowing_to_an_infinite_bound():
+    """The recheck pooled its samples' squares: a noise of 1e182 squared to inf, and an infinite bound
+    passes an infinite output. Scaled before squaring, as the estimate itself is (_rms)."""
+    from shardfuzz import Case
+    from shardfuzz.spec.registry import get_target
+    from shardfuzz.verdict.oracle import confirm_noise, estimate_noise, evaluate_oracle
+
+    toy = get_target(os.path.join(os.path.dirname(__file__), "data", "toy_target.py"))
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 4}, split=("n",))
+    expected = evaluate_oracle(toy, case)
+    estimate_noise(toy, case, expected, 3)
+    huge = {k: v * 1e190 + 1e182 for k, v in expected.noise.items()}
+    expected.noise = dict(huge)
+    confirm_noise(toy, case, expected, Tolerance())
+    for name, before in huge.items():
+        after = expected.noise[name]
+        assert torch.isfinite(after).all(), (name, after)
+        assert (after >= before * math.sqrt(3 / 9) * 0.999).all()  # the first 3 of 9 samples, pooled
+
+
 def test_terms_behind_a_matmul_follow_its_views_and_die_with_it():
     a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
     mode = rounding_noise()(2.0**-30, 0, 2)

@@ -310,7 +310,13 @@ def confirm_noise(
     for name in set(first) | set(pooled):
         like = next(d[name] for d in (first, pooled) if name in d).double()
         a, b = (d[name].double() if name in d else torch.zeros_like(like) for d in (first, pooled))
-        noise[name] = ((seen * a.pow(2) + more * b.pow(2)) / max(seen + more, 1)).sqrt()
+        # scaled by the larger before squaring, as the estimate's own mean is: a noise of 1e160
+        # squared to inf, and an infinite bound passes an infinite output
+        top = torch.maximum(a, b)
+        safe = torch.where(top > 0, top, torch.ones_like(top))
+        noise[name] = (
+            top * ((seen * (a / safe).pow(2) + more * (b / safe).pow(2)) / max(seen + more, 1)).sqrt()
+        )
     expected.noise = noise
     widen_full_scale(target, case, expected, tolerance.full_scale_samples, outputs)
 
