@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import re
 import sys
@@ -29,6 +30,8 @@ from typing import Any
 
 import torch
 from hypothesis import currently_in_test_context
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from shardfuzz.case import PROFILE_PARAM_NAMES, PROFILE_PARAMS, Case, profile_param_problem
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
@@ -210,6 +213,7 @@ def evaluate_oracle(
     if case.profile == "edge":
         check_edge_range(target, case, ref, low, lambda: detach(_oracle64_without_edge(target, case, rng)))
     check_case_dtype_range(target, case, ref, low)
+    check_case_dtype_collapse(target, case, ref, low, lambda: _first_overflow(target, case, inputs, rng))
     scale = functools.partial(case_scale_of, inputs64, ref)  # needed only for an output that is 0 everywhere
     expected = Expected(ref, detach(low), detach(mag), inputs, {}, functools.cache(scale), rng)
     if noise_samples:
@@ -285,6 +289,92 @@ def check_case_dtype_range(target: Any, case: Case, ref: dict[str, Any], low: di
                 "float64 value is finite",
                 reason="the oracle overflows the case dtype",
             )
+
+
+#: an element of the case-dtype oracle this far off its float64 value (a share of that value), where
+#: the value is at least :data:`COLLAPSE_SIGNIFICANT` of the output's largest, lets the bound's
+#: ``2 * |oracle_in_case_dtype - oracle64|`` term pass an output of 0 there
+COLLAPSE_OFF, COLLAPSE_SIGNIFICANT = 0.5, 2.0**-4
+
+
+def check_case_dtype_collapse(
+    target: Any,
+    case: Case,
+    ref: dict[str, Any],
+    low: dict[str, Any],
+    first_overflow: Callable[[], str | None],
+) -> None:
+    """Unsupported when the oracle, run in the case dtype, overflows an intermediate to finite wrong
+    outputs (a float16 RMSNorm by hand: ``x * x`` is inf, ``rsqrt`` gives 0, every output a finite
+    0). The bound's rerun term then holds twice the true value, so any output within it passes (a
+    planted bug passed at 0.498): like a non-finite output, the case is counted, never judged.
+
+    Looked at only where some significant element is off by more than half its value (rare: a sum
+    that cancels in the case dtype is too, and is judged as ever when nothing overflowed):
+    ``first_overflow`` reruns the oracle in the case dtype and names the first op that made an inf
+    or a NaN from finite inputs."""
+    if case.dtype == "float64":  # its rerun is the reference itself
+        return
+    off: list[str] = []
+    for name, r in ref.items():
+        lo = low.get(name)
+        if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(lo, torch.Tensor)):
+            continue
+        if not lo.is_floating_point() or lo.shape != r.shape or not r.numel():
+            continue
+        size = r.abs()
+        top = float(size[torch.isfinite(size)].max()) if bool(torch.isfinite(size).any()) else 0.0
+        wrong = ((lo.detach().double() - r).abs() > COLLAPSE_OFF * size) & (
+            size >= COLLAPSE_SIGNIFICANT * top
+        )
+        if top > 0 and bool(wrong.any()):
+            off.append(name)
+    if not off:
+        return
+    op = first_overflow()
+    if op is not None:
+        raise Unsupported(
+            f"target {target.name!r}: the oracle overflows {case.dtype} in {op} (finite inputs, a result "
+            f"that is not), and its output {off[0]!r} is off by more than half its float64 value",
+            reason="the oracle overflows the case dtype",
+        )
+
+
+class _OverflowWatch(TorchDispatchMode):
+    """The first op that makes a non-finite floating result from finite floating inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket.__name__)
+        if self.first is None and "empty" not in name:  # an empty tensor's memory is not a result
+            if all(_finite(a) for a in tree_leaves((args, kwargs or {}))):  # a -inf mask value is given
+                outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+                if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in outs):
+                    self.first = name
+        return out
+
+
+def _finite(arg: Any) -> bool:
+    if isinstance(arg, torch.Tensor):
+        return not arg.is_floating_point() or bool(torch.isfinite(arg).all())
+    return not isinstance(arg, float) or math.isfinite(arg)
+
+
+def _first_overflow(target: Any, case: Case, inputs: dict[str, Any], rng: RandomState) -> str | None:
+    """The first op of the oracle, run in the case dtype again, that overflowed (None: none did)."""
+    state = RandomState.now()
+    try:
+        rng.restore()
+        watch = _OverflowWatch()
+        with torch.enable_grad(), watch:
+            call_target_code(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs), case)
+        return watch.first
+    finally:
+        state.restore()
 
 
 def estimate_noise(

@@ -1,0 +1,62 @@
+"""An RMSNorm over rows split across ranks, its oracle written by hand in the case dtype (a new
+user's Llama block, cut down): at values of 10^3 ``x * x`` overflows float16 to inf, ``rsqrt``
+gives 0, and the float16 oracle's outputs are all a finite 0. ``weight_grad_not_reduced`` leaves
+the norm weight's gradient unreduced (each rank's rows only)."""
+
+import torch
+import torch.distributed as dist
+
+import shardfuzz.strategies as sst
+from shardfuzz import Replicate, Shard, Target, bind
+from shardfuzz.spec.inputs import generator, randn
+
+EPS = 1e-6
+SCALE = {"float16": 1e3, "float32": 1.0, "bfloat16": 1.0, "float64": 1.0}
+
+
+def inputs(case):
+    gen = generator(case)
+    rows, d = case.sizes["rows"], case.sizes["d"]
+    x = randn(case, rows, d, gen=gen)
+    return {"x": x * SCALE[case.dtype], "w": randn(case, d, gen=gen), "dy": randn(case, rows, d, gen=gen)}
+
+
+def norm(x, w):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w
+
+
+def oracle(inp, case):
+    x, w = inp["x"].requires_grad_(), inp["w"].requires_grad_()
+    y = norm(x, w)
+    gx, gw = torch.autograd.grad(y, (x, w), inp["dy"])
+    return {"y": y, "grad_x": gx, "grad_w": gw}
+
+
+def reference(ctx, *, reduce_weight_grad=True):
+    x, w = ctx.local["x"].clone().requires_grad_(), ctx.inputs["w"].clone().requires_grad_()
+    y = norm(x, w)
+    gx, gw = torch.autograd.grad(y, (x, w), ctx.local["dy"])
+    if reduce_weight_grad:
+        dist.all_reduce(gw, group=ctx.group)
+    return {"y": y, "grad_x": gx, "grad_w": gw}
+
+
+TARGET = Target(
+    name="collapse_rmsnorm",
+    cases=sst.cases(
+        "collapse_rmsnorm",
+        sizes={"rows": sst.Split(min_per_rank=1, max_per_rank=2), "d": sst.Free(2, 4)},
+        min_world=2,
+        max_world=2,
+        dtypes=("float16", "float32"),
+        profiles=("normal",),
+    ),
+    inputs=inputs,
+    oracle=oracle,
+    outputs={"y": Shard(0), "grad_x": Shard(0), "grad_w": Replicate()},
+    input_layouts={"x": Shard(0), "dy": Shard(0)},
+    implementations={
+        "reference": reference,
+        "weight_grad_not_reduced": bind(reference, reduce_weight_grad=False),
+    },
+)

@@ -1,0 +1,106 @@
+"""An oracle that overflows an intermediate in the case dtype to finite wrong outputs (a float16
+RMSNorm by hand: ``x * x`` is inf, ``rsqrt`` gives 0, every output a finite 0) leaves the bound's
+``2 * |oracle_in_case_dtype - oracle64|`` term at twice the true value, where any output within it
+passes: such a case is refused and counted, as a non-finite one is, never judged (a planted bug
+passed at 0.4999 before; a new user's Llama block)."""
+
+import os
+
+import pytest
+import torch
+
+import shardfuzz
+from shardfuzz import Case, Runner
+from shardfuzz.errors import Unsupported
+from shardfuzz.verdict import oracle as oracle_module
+from shardfuzz.verdict.oracle import check_case_dtype_collapse, evaluate_oracle
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET = f"{os.path.join(HERE, 'data', 'collapse_target.py')}::TARGET"
+REFUSED = "the oracle overflows the case dtype"
+
+
+def _case(dtype):
+    return Case(
+        target="collapse_rmsnorm",
+        world_size=2,
+        mesh=(2,),
+        sizes={"rows": 3, "d": 3},
+        split=("rows",),
+        dtype=dtype,
+    )
+
+
+def test_a_collapsed_case_is_refused_naming_the_op_and_the_output():
+    with pytest.raises(Unsupported, match=r"overflows float16 in mul .* output 'y' is off by more") as e:
+        Runner(TARGET, "weight_grad_not_reduced").run_case(_case("float16"))
+    assert e.value.reason == REFUSED
+
+
+def test_judged_without_the_refusal_the_bug_passes_at_half_its_bound(monkeypatch):
+    """What the refusal is for: the same case judged passes the unreduced gradient."""
+    monkeypatch.setattr(oracle_module, "check_case_dtype_collapse", lambda *a, **k: None)
+    assert 0.45 < Runner(TARGET, "weight_grad_not_reduced").run_case(_case("float16")) < 1.0
+
+
+def test_the_same_bug_in_float32_is_found():
+    with pytest.raises(shardfuzz.Mismatch):
+        Runner(TARGET, "weight_grad_not_reduced").run_case(_case("float32"))
+    assert Runner(TARGET, "reference").run_case(_case("float32")) <= 1.0
+
+
+def test_only_an_overflow_behind_a_wrong_output_refuses():
+    ref = {"y": torch.tensor([1.0, 2.0, -4.0], dtype=torch.float64)}
+    calls = []
+
+    def overflowed(name):
+        return lambda: (calls.append(name), name)[1]
+
+    collapsed = {"y": torch.zeros(3, dtype=torch.float16)}
+    with pytest.raises(Unsupported, match="in pow"):
+        check_case_dtype_collapse(
+            shardfuzz.get_target(TARGET), _case("float16"), ref, collapsed, overflowed("pow")
+        )
+    # off by more than half, but nothing overflowed (a sum that cancels in the case dtype): judged
+    check_case_dtype_collapse(shardfuzz.get_target(TARGET), _case("float16"), ref, collapsed, lambda: None)
+    # within half of every value, or off only where the value is tiny against the output's largest:
+    # the oracle is not rerun
+    close = {"y": torch.tensor([0.6, 2.0, -4.0], dtype=torch.float16)}
+    tiny = {"y": torch.tensor([1.0, 2.0, -4.0], dtype=torch.float64)}
+    tiny["y"][0] = 1e-3
+    for low, r in ((close, ref), ({"y": torch.tensor([0.0, 2.0, -4.0], dtype=torch.float16)}, tiny)):
+        check_case_dtype_collapse(shardfuzz.get_target(TARGET), _case("float16"), r, low, overflowed("x"))
+    assert calls == ["pow"]
+
+
+def test_the_oracle_is_rerun_on_the_random_state_of_the_case():
+    """The rerun that looks for the overflow draws what the case's own runs drew: its outputs are
+    the float16 run's."""
+    target = shardfuzz.get_target(TARGET)
+    expected = evaluate_oracle(target, _case("float32"))
+    assert bool(torch.isfinite(expected.low["y"]).all())
+    assert oracle_module._first_overflow(target, _case("float32"), expected.inputs, expected.rng) is None
+
+
+def test_a_run_counts_the_refused_cases():
+    result = shardfuzz.run(TARGET, "reference", profile="shardfuzz-ci", database=None, dtypes=("float16",))
+    assert not result.found, result.report
+    assert result.stats.unsupported.get(REFUSED, 0) > 0, result.stats.summary()
+
+
+def test_the_watch_names_an_overflow_not_a_mask_or_empty_memory():
+    """A ``-inf`` mask value is given, not made, and an empty tensor's memory is no result (both
+    seen in ``ring_attention``'s oracle; each refused a case before the watch knew them)."""
+
+    def first(fn):
+        watch = oracle_module._OverflowWatch()
+        with watch:
+            fn()
+        return watch.first
+
+    big = torch.tensor([300.0, 1.0], dtype=torch.float16)
+    assert first(lambda: big * big) == "mul"
+    assert first(lambda: big.masked_fill(big < 2, float("-inf"))) is None
+    assert first(lambda: big.new_empty_strided((2,), (1,)).fill_(0)) is None
+    assert first(lambda: (big * 2).exp()) == "exp"
+    assert first(lambda: torch.log(big - big)) == "log"  # finite in, -inf out: a collapse too
