@@ -4,6 +4,7 @@ RMSNorm by hand: ``x * x`` is inf, ``rsqrt`` gives 0, every output a finite 0) l
 passes: such a case is refused and counted, as a non-finite one is, never judged (a planted bug
 passed at 0.4999 before; a new user's Llama block)."""
 
+import dataclasses
 import os
 
 import pytest
@@ -93,7 +94,7 @@ def test_the_watch_names_an_overflow_not_a_mask_or_empty_memory():
     seen in ``ring_attention``'s oracle; each refused a case before the watch knew them)."""
 
     def first(fn):
-        watch = oracle_module._OverflowWatch()
+        watch = oracle_module.OverflowWatch()
         with watch:
             fn()
         return watch.first
@@ -104,3 +105,14 @@ def test_the_watch_names_an_overflow_not_a_mask_or_empty_memory():
     assert first(lambda: big.new_empty_strided((2,), (1,)).fill_(0)) is None
     assert first(lambda: (big * 2).exp()) == "exp"
     assert first(lambda: torch.log(big - big)) == "log"  # finite in, -inf out: a collapse too
+
+
+def test_a_self_oracle_refuses_the_same_case_from_the_ranks_watch():
+    """With the implementation at world size 1 as the oracle, its case-dtype run is watched on the
+    rank: the same refusal, and without it the unreduced gradient passes there too."""
+    target = TARGET.replace("::TARGET", "::SELF_TARGET")
+    case = dataclasses.replace(_case("float16"), target="collapse_rmsnorm_self")
+    with pytest.raises(Unsupported, match=r"overflows float16 in mul .* output 'y'") as e:
+        Runner(target, "weight_grad_not_reduced").run_case(case)
+    assert e.value.reason == REFUSED
+    assert Runner(target, "reference").run_case(dataclasses.replace(case, dtype="float32")) <= 1.0

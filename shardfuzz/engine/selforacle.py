@@ -41,9 +41,11 @@ from shardfuzz.spec.target import SELF
 from shardfuzz.verdict.noise import estimate
 from shardfuzz.verdict.oracle import (
     Expected,
+    OverflowWatch,
     call_target_code,
     case_inputs,
     case_scale_of,
+    check_case_dtype_collapse,
     check_case_dtype_range,
 )
 
@@ -104,6 +106,8 @@ class SelfSource:
         # its float64 run does not, no sharded run can be held to a value (a new user's fp16 step
         # at scale 1e4 was a mismatch that the same code at world size 1 has too)
         check_case_dtype_range(self.target, self.case, got["ref"], got["low"])
+        # and where an op overflowed behind finite wrong outputs (the rank watched the run)
+        check_case_dtype_collapse(self.target, self.case, got["ref"], got["low"], lambda: got.get("overflow"))
         expected.ref, expected.low = got["ref"], got["low"]
         inputs64 = {k: float64(v) for k, v in expected.inputs.items()}
         expected.case_scale = functools.cache(functools.partial(case_scale_of, inputs64, expected.ref))
@@ -211,7 +215,12 @@ def run_self(
 
     if mode == "values":
         ref = run("float64")
-        return {"self": {"ref": ref, "low": ref if orig.dtype == "float64" else run(orig.dtype)}}
+        if orig.dtype == "float64":
+            return {"self": {"ref": ref, "low": ref}}
+        watch = OverflowWatch()
+        with watch:
+            low = run(orig.dtype)
+        return {"self": {"ref": ref, "low": low, "overflow": watch.first}}
     ref = _plain(run)
     with torch.enable_grad():
         noise = estimate(

@@ -340,8 +340,9 @@ def check_case_dtype_collapse(
         )
 
 
-class _OverflowWatch(TorchDispatchMode):
-    """The first op that makes a non-finite floating result from finite floating inputs."""
+class OverflowWatch(TorchDispatchMode):
+    """The first op that makes a non-finite floating result from finite floating inputs (a tensor
+    subclass, such as a DTensor, is not looked into: its local ops are seen one level down)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -352,15 +353,15 @@ class _OverflowWatch(TorchDispatchMode):
         name = str(func.overloadpacket.__name__)
         if self.first is None and "empty" not in name:  # an empty tensor's memory is not a result
             if all(_finite(a) for a in tree_leaves((args, kwargs or {}))):  # a -inf mask value is given
-                outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-                if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in outs):
+                outs = [t for t in tree_leaves(out) if type(t) is torch.Tensor and t.is_floating_point()]
+                if any(not bool(torch.isfinite(t).all()) for t in outs):
                     self.first = name
         return out
 
 
 def _finite(arg: Any) -> bool:
     if isinstance(arg, torch.Tensor):
-        return not arg.is_floating_point() or bool(torch.isfinite(arg).all())
+        return type(arg) is not torch.Tensor or not arg.is_floating_point() or bool(torch.isfinite(arg).all())
     return not isinstance(arg, float) or math.isfinite(arg)
 
 
@@ -369,7 +370,7 @@ def _first_overflow(target: Any, case: Case, inputs: dict[str, Any], rng: Random
     state = RandomState.now()
     try:
         rng.restore()
-        watch = _OverflowWatch()
+        watch = OverflowWatch()
         with torch.enable_grad(), watch:
             call_target_code(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs), case)
         return watch.first

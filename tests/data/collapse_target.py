@@ -60,3 +60,6 @@ TARGET = Target(
         "weight_grad_not_reduced": bind(reference, reduce_weight_grad=False),
     },
 )
+
+#: the same, with the implementation at world size 1 as its oracle (``docs/how-to/no-oracle.md``)
+SELF_TARGET = TARGET.derive("collapse_rmsnorm_self", oracle="self")
