@@ -104,7 +104,13 @@ def test_the_watch_names_an_overflow_not_a_mask_or_empty_memory():
     assert first(lambda: big.masked_fill(big < 2, float("-inf"))) is None
     assert first(lambda: big.new_empty_strided((2,), (1,)).fill_(0)) is None
     assert first(lambda: (big * 2).exp()) == "exp"
-    assert first(lambda: torch.log(big - big)) == "log"  # finite in, -inf out: a collapse too
+    # in place and out=: the inputs are looked at before the op overwrites them (a review of ae67580)
+    assert first(lambda: big.clone().mul_(big)) == "mul_"
+    assert first(lambda: big.clone().pow_(2)) == "pow_"
+    assert first(lambda: torch.mul(big, big, out=torch.zeros(2, dtype=torch.float16))) == "mul"
+    # -inf in float64 too (a log-space mask): no overflow of the case dtype
+    assert first(lambda: torch.log(big - big)) is None
+    assert first(lambda: torch.tensor([0.0], dtype=torch.float64).log()) is None
 
 
 def test_a_self_oracle_refuses_the_same_case_from_the_ranks_watch():
@@ -116,3 +122,13 @@ def test_a_self_oracle_refuses_the_same_case_from_the_ranks_watch():
         Runner(target, "weight_grad_not_reduced").run_case(case)
     assert e.value.reason == REFUSED
     assert Runner(target, "reference").run_case(dataclasses.replace(case, dtype="float32")) <= 1.0
+
+
+def test_an_oracle_that_squares_in_place_is_refused_too():
+    """``sq = x.clone(); sq.mul_(x)``: the same collapse through an in-place op (a review of ae67580:
+    the watch looked at the inputs after the op had overwritten them, and the bug passed at 0.4999)."""
+    target = TARGET.replace("::TARGET", "::INPLACE_TARGET")
+    case = dataclasses.replace(_case("float16"), target="collapse_rmsnorm_inplace")
+    with pytest.raises(Unsupported, match=r"overflows float16 in mul_") as e:
+        Runner(target, "weight_grad_not_reduced").run_case(case)
+    assert e.value.reason == REFUSED

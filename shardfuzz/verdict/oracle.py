@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from hypothesis import currently_in_test_context
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from shardfuzz.case import PROFILE_PARAM_NAMES, PROFILE_PARAMS, Case, profile_param_problem
 from shardfuzz.errors import TargetCodeError, TargetError, Unsupported
@@ -341,21 +341,29 @@ def check_case_dtype_collapse(
 
 
 class OverflowWatch(TorchDispatchMode):
-    """The first op that makes a non-finite floating result from finite floating inputs (a tensor
-    subclass, such as a DTensor, is not looked into: its local ops are seen one level down)."""
+    """The first op that makes a non-finite floating result from finite floating inputs, where the
+    same op on those inputs in float64 does not (``log(0)`` is -inf there too: a log-space mask,
+    not an overflow). A tensor subclass, such as a DTensor, is not looked into: its local ops are
+    seen one level down. Only the oracle's rerun runs under it (rare): each op's inputs are copied
+    first, since an in-place op (``mul_``, ``out=``) overwrites them with its result."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first: str | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
         name = str(func.overloadpacket.__name__)
-        if self.first is None and "empty" not in name:  # an empty tensor's memory is not a result
-            if all(_finite(a) for a in tree_leaves((args, kwargs or {}))):  # a -inf mask value is given
-                outs = [t for t in tree_leaves(out) if type(t) is torch.Tensor and t.is_floating_point()]
-                if any(not bool(torch.isfinite(t).all()) for t in outs):
-                    self.first = name
+        # an empty tensor's memory is not a result; a -inf mask value is given, not made
+        watching = self.first is None and "empty" not in name
+        before = (
+            _copies((args, kwargs)) if watching and all(map(_finite, tree_leaves((args, kwargs)))) else None
+        )
+        out = func(*args, **kwargs)
+        if before is not None:
+            outs = [t for t in tree_leaves(out) if type(t) is torch.Tensor and t.is_floating_point()]
+            if any(not bool(torch.isfinite(t).all()) for t in outs) and _finite_in_float64(func, *before):
+                self.first = name
         return out
 
 
@@ -363,6 +371,28 @@ def _finite(arg: Any) -> bool:
     if isinstance(arg, torch.Tensor):
         return type(arg) is not torch.Tensor or not arg.is_floating_point() or bool(torch.isfinite(arg).all())
     return not isinstance(arg, float) or math.isfinite(arg)
+
+
+def _copies(tree: Any, dtype: torch.dtype | None = None) -> Any:
+    """Floating plain tensors of ``tree`` copied (in ``dtype`` if given), the rest as they are."""
+
+    def one(t: Any) -> Any:
+        if type(t) is torch.Tensor and t.is_floating_point():
+            return t.to(dtype) if dtype is not None else t.clone()
+        return t
+
+    return tree_map(one, tree)
+
+
+def _finite_in_float64(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether ``func`` on these inputs in float64 gives finite floating results."""
+    args64, kwargs64 = _copies((args, kwargs), torch.float64)
+    try:
+        out = func(*args64, **kwargs64)
+    except RuntimeError:  # the op takes no float64 here (a dtype it insists on): count it an overflow
+        return True
+    outs = [t for t in tree_leaves(out) if type(t) is torch.Tensor and t.is_floating_point()]
+    return all(bool(torch.isfinite(t).all()) for t in outs)
 
 
 def _first_overflow(target: Any, case: Case, inputs: dict[str, Any], rng: RandomState) -> str | None:

@@ -63,3 +63,16 @@ TARGET = Target(
 
 #: the same, with the implementation at world size 1 as its oracle (``docs/how-to/no-oracle.md``)
 SELF_TARGET = TARGET.derive("collapse_rmsnorm_self", oracle="self")
+
+
+def oracle_in_place(inp, case):
+    """The same norm, its square taken in place."""
+    x, w = inp["x"].requires_grad_(), inp["w"].requires_grad_()
+    sq = x.clone()
+    sq.mul_(x)
+    y = x * torch.rsqrt(sq.mean(-1, keepdim=True) + EPS) * w
+    gx, gw = torch.autograd.grad(y, (x, w), inp["dy"])
+    return {"y": y, "grad_x": gx, "grad_w": gw}
+
+
+INPLACE_TARGET = TARGET.derive("collapse_rmsnorm_inplace", oracle=oracle_in_place)
