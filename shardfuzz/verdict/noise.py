@@ -206,11 +206,12 @@ class NoiseDraws:
             self._keep(self._maxes, out, None)
 
     def note_shift(self, args: tuple, result: Any) -> None:
-        """``x - m`` with ``m`` a kept max still attached to the graph: the difference a
-        hand-written softmax takes exp of."""
-        if len(args) >= 2 and isinstance(result, torch.Tensor) and self._held(self._maxes, args[1]):
-            if getattr(args[1], "requires_grad", False):
-                self._keep(self._live_shifts, result, None)
+        """``x - m`` (or ``x + (-m)``, in place too) with ``m`` a kept max still attached to the
+        graph: the difference a hand-written softmax takes exp of."""
+        if len(args) < 2 or not isinstance(result, torch.Tensor):
+            return
+        if any(self._held(self._maxes, m) and getattr(m, "requires_grad", False) for m in args[:2]):
+            self._keep(self._live_shifts, result, None)
 
     def normalized(self, args: tuple, result: Any) -> Any:
         """``e / sum(e)`` after ``e = exp(x - m)``: a softmax written by hand. Its rows cancel the
@@ -311,17 +312,31 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
             if result is not None:
                 return result
         scales = _terms_scales(kind, func, absolute, written)
+        carried = _carried_terms(self, func, kind.base, args, kwargs) if kind.base in _CARRY_OPS else None
         if written:  # in place: perturb what was written (the result aliases it)
             _perturb_written(self, written, scales, u)
+            self._follow(kind.base, args, written[0], list(zip(written, scales or ())), carried)
             return out
         result = _perturb_result(self, out, scales, u)
-        if kind.base == "sub" and self._maxes:
-            self.note_shift(args, result)
+        self._follow(kind.base, args, result, [], carried)
         if kind.base in _HAND_SOFTMAX_OPS or (self._sums and args and id(args[0]) in self._sums):
             if kind.base == "div":
                 result = self.normalized(args, result)
             self.note_hand_softmax(kind.base, args, result)
         return result
+
+    def _follow(self, base: str, args: tuple, result: Any, kept: list, carried: Any) -> None:
+        """What rules and checks read later: the |terms| of what an in-place op wrote (``kept``),
+        those an operand carried through (``carried``), and a shift by a live max (``t.sub_(m)``,
+        ``x + (-m)``, ``(x - m) / temperature``)."""
+        for t, terms in kept:
+            self.remember(t, terms)
+        if carried is not None:
+            self.remember(result, carried)
+        if base in ("sub", "add") and self._maxes:
+            self.note_shift(args, result)
+        elif base in ("mul", "div") and args and self._held(self._live_shifts, args[0]):
+            self._keep(self._live_shifts, result, None)
 
 
 def rounding_noise() -> type[RoundingNoise]:
@@ -346,10 +361,16 @@ def _exact_op(mode: Any, kind: OpKind, func: Any, args: tuple, kwargs: dict) -> 
     out = func(*args, **kwargs)
     if kind.base in ("max", "amax"):
         mode.note_max(args, out)
-    elif kind.base in _SHAPE_OPS and args and mode._maxes:
+    elif kind.base in _MAX_VIEWS and args and mode._maxes:
         mode.note_view(kind.base, args[0], out)
+    if kind.base in _SHAPE_OPS and args and mode._held(mode._live_shifts, args[0]):
+        mode._keep(mode._live_shifts, out, None)  # (x - m).reshape(...), a shift on a transposed view
     if kind.base in _SHAPE_OPS and args and mode.terms_of(args[0]) is not None:
         mode.remember(out, func(mode.terms_of(args[0]), *args[1:], **kwargs))
+    elif kind.base in _MOVE_OPS and mode._terms:
+        carried = _carried_terms(mode, func, kind.base, args, kwargs)
+        if carried is not None:
+            mode.remember(out, carried)
     if mode._sums and args and id(args[0]) in mode._sums:
         mode.note_hand_softmax(kind.base, args, out)
     return out
@@ -419,6 +440,55 @@ _SHAPE_OPS = frozenset(
     """view _unsafe_view reshape permute transpose t expand squeeze unsqueeze clone contiguous alias
     detach slice select unflatten flatten""".split()
 )
+
+
+#: views of a max (and its negation, ``x + (-m)``) that are the max for :meth:`NoiseDraws.note_shift`
+_MAX_VIEWS = _SHAPE_OPS | {"neg"}
+#: data movement and selection: each element's |terms| go where the element goes
+_MOVE_OPS = frozenset(
+    """gather scatter index_select index cat stack select_backward slice_backward slice_scatter
+    select_scatter where masked_fill constant_pad_nd repeat flip roll""".split()
+)
+#: sums into places (a gather's backward is a scatter_add into zeros), and products and quotients:
+#: the |terms| an operand carries go with it, scaled. Where a gradient cancels before a gather's
+#: backward (top-k gates renormalised: ``g / g.sum()``), the softmax backward behind it otherwise
+#: saw only the small result, where a softmax over the chosen logits alone (Megatron's form)
+#: cancels inside its own backward and rounds on the scale of the terms (a false finding of 2.99x)
+_CARRY_OPS = frozenset("scatter_add index_add index_put _index_put_impl _unsafe_index_put mul div".split())
+
+
+def _carried_terms(mode: Any, func: Any, base: str, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The op run on each floating operand's |terms| where it has them (else its absolute value),
+    or None where no operand has any (a divisor's own terms do not count: they would shrink it)."""
+    found = False
+    scaling = base in ("mul", "div")  # every number is a factor there (elsewhere an int is a dim)
+
+    def terms(x: Any, divisor: bool = False) -> Any:
+        nonlocal found
+        if isinstance(x, torch.Tensor):
+            if not x.is_floating_point():
+                return x.abs() if scaling and x.dtype != torch.bool else x
+            t = None if divisor else mode.terms_of(x)
+            if t is None:
+                return x.abs()
+            found = True
+            return t.clone()  # an in-place op writes into its first operand
+        if isinstance(x, float) or (scaling and isinstance(x, int) and not isinstance(x, bool)):
+            return abs(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(terms(v) for v in x)
+        return x
+
+    new_args = tuple(terms(a, divisor=base == "div" and i > 0) for i, a in enumerate(args))
+    new_kwargs = {k: terms(v) for k, v in kwargs.items()}
+    if not found:
+        return None
+    try:
+        out = func(*new_args, **new_kwargs)
+    except TERMS_UNDEFINED:  # not defined on the absolute operands: the terms stop here
+        return None
+    out = new_args[0] if func.overloadpacket.__name__.endswith("_") else out
+    return out if isinstance(out, torch.Tensor) else None
 
 
 def _flat(x: Any) -> list[Any]:
