@@ -266,6 +266,10 @@ def test_the_recheck_pools_huge_noise_without_overflowing_to_an_infinite_bound()
         after = expected.noise[name]
         assert torch.isfinite(after).all(), (name, after)
         assert (after >= before * math.sqrt(3 / 9) * 0.999).all()  # the first 3 of 9 samples, pooled
+    # an infinite noise stays infinite, not NaN (inf / inf), which would compare as no bound at all
+    expected.noise = {k: torch.full_like(v, math.inf) for k, v in expected.noise.items()}
+    confirm_noise(toy, case, expected, Tolerance())
+    assert all(bool(torch.isposinf(v).all()) for v in expected.noise.values())
 
 
 def test_terms_behind_a_matmul_follow_its_views_and_die_with_it():

@@ -434,10 +434,12 @@ def confirm_noise(
         # scaled by the larger before squaring, as the estimate's own mean is: a noise of 1e160
         # squared to inf, and an infinite bound passes an infinite output
         top = torch.maximum(a, b)
-        safe = torch.where(top > 0, top, torch.ones_like(top))
-        noise[name] = (
+        finite = torch.isfinite(top)  # an infinite noise stays infinite (inf / inf is NaN)
+        safe = torch.where((top > 0) & finite, top, torch.ones_like(top))
+        pooled_rms = (
             top * ((seen * (a / safe).pow(2) + more * (b / safe).pow(2)) / max(seen + more, 1)).sqrt()
         )
+        noise[name] = torch.where(finite, pooled_rms, top)
     expected.noise = noise
     widen_full_scale(target, case, expected, tolerance.full_scale_samples, outputs)
 
