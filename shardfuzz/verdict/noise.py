@@ -460,6 +460,9 @@ _CARRY_OPS = frozenset("scatter_add index_add index_put _index_put_impl _unsafe_
 def _carried_terms(mode: Any, func: Any, base: str, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The op run on each floating operand's |terms| where it has them (else its absolute value),
     or None where no operand has any (a divisor's own terms do not count: they would shrink it)."""
+    carriers = args[:1] if base == "div" else (*args, *kwargs.values())
+    if not any(isinstance(t, torch.Tensor) and mode.terms_of(t) is not None for t in _flat(carriers)):
+        return None  # the common case, before any copy is made
     found = False
     scaling = base in ("mul", "div")  # every number is a factor there (elsewhere an int is a dim)
 
