@@ -344,8 +344,8 @@ class OverflowWatch(TorchDispatchMode):
     """The first op that makes a non-finite floating result from finite floating inputs, where the
     same op on those inputs in float64 does not (``log(0)`` is -inf there too: a log-space mask,
     not an overflow). A tensor subclass, such as a DTensor, is not looked into: its local ops are
-    seen one level down. Only the oracle's rerun runs under it (rare): each op's inputs are copied
-    first, since an in-place op (``mul_``, ``out=``) overwrites them with its result."""
+    seen one level down. An op that writes (``mul_``, ``out=``) gets its inputs copied first: it
+    overwrites them with its result."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -356,9 +356,10 @@ class OverflowWatch(TorchDispatchMode):
         name = str(func.overloadpacket.__name__)
         # an empty tensor's memory is not a result; a -inf mask value is given, not made
         watching = self.first is None and "empty" not in name
-        before = (
-            _copies((args, kwargs)) if watching and all(map(_finite, tree_leaves((args, kwargs)))) else None
-        )
+        before = None
+        if watching and all(map(_finite, tree_leaves((args, kwargs)))):
+            # an op that writes (in place, out=) overwrites its inputs: copied; the others are kept
+            before = _copies((args, kwargs)) if func._schema.is_mutable else (args, kwargs)
         out = func(*args, **kwargs)
         if before is not None:
             outs = [t for t in tree_leaves(out) if type(t) is torch.Tensor and t.is_floating_point()]
