@@ -297,6 +297,28 @@ def check_case_dtype_range(target: Any, case: Case, ref: dict[str, Any], low: di
 COLLAPSE_OFF, COLLAPSE_SIGNIFICANT = 0.5, 2.0**-4
 
 
+def far_off_outputs(case: Case, ref: dict[str, Any], low: dict[str, Any]) -> list[str]:
+    """The outputs whose case-dtype oracle is off by more than half its float64 value at an element
+    that matters (see :func:`check_case_dtype_collapse`)."""
+    if case.dtype == "float64":  # its rerun is the reference itself
+        return []
+    off: list[str] = []
+    for name, r in ref.items():
+        lo = low.get(name)
+        if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(lo, torch.Tensor)):
+            continue
+        if not lo.is_floating_point() or lo.shape != r.shape or not r.numel():
+            continue
+        size = r.detach().double().abs()
+        top = float(size[torch.isfinite(size)].max()) if bool(torch.isfinite(size).any()) else 0.0
+        wrong = ((lo.detach().double() - r.detach().double()).abs() > COLLAPSE_OFF * size) & (
+            size >= COLLAPSE_SIGNIFICANT * top
+        )
+        if top > 0 and bool(wrong.any()):
+            off.append(name)
+    return off
+
+
 def check_case_dtype_collapse(
     target: Any,
     case: Case,
@@ -313,22 +335,7 @@ def check_case_dtype_collapse(
     that cancels in the case dtype is too, and is judged as ever when nothing overflowed):
     ``first_overflow`` reruns the oracle in the case dtype and names the first op that made an inf
     or a NaN from finite inputs."""
-    if case.dtype == "float64":  # its rerun is the reference itself
-        return
-    off: list[str] = []
-    for name, r in ref.items():
-        lo = low.get(name)
-        if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(lo, torch.Tensor)):
-            continue
-        if not lo.is_floating_point() or lo.shape != r.shape or not r.numel():
-            continue
-        size = r.abs()
-        top = float(size[torch.isfinite(size)].max()) if bool(torch.isfinite(size).any()) else 0.0
-        wrong = ((lo.detach().double() - r).abs() > COLLAPSE_OFF * size) & (
-            size >= COLLAPSE_SIGNIFICANT * top
-        )
-        if top > 0 and bool(wrong.any()):
-            off.append(name)
+    off = far_off_outputs(case, ref, low)
     if not off:
         return
     op = first_overflow()
