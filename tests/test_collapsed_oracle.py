@@ -5,6 +5,7 @@ passes: such a case is refused and counted, as a non-finite one is, never judged
 passed at 0.4999 before; a new user's Llama block)."""
 
 import dataclasses
+import math
 import os
 
 import pytest
@@ -56,7 +57,7 @@ def test_only_an_overflow_behind_a_wrong_output_refuses():
     calls = []
 
     def overflowed(name):
-        return lambda: (calls.append(name), name)[1]
+        return lambda off: (calls.append(name), name)[1]
 
     collapsed = {"y": torch.zeros(3, dtype=torch.float16)}
     with pytest.raises(Unsupported, match="in pow"):
@@ -64,7 +65,9 @@ def test_only_an_overflow_behind_a_wrong_output_refuses():
             shardfuzz.get_target(TARGET), _case("float16"), ref, collapsed, overflowed("pow")
         )
     # off by more than half, but nothing overflowed (a sum that cancels in the case dtype): judged
-    check_case_dtype_collapse(shardfuzz.get_target(TARGET), _case("float16"), ref, collapsed, lambda: None)
+    check_case_dtype_collapse(
+        shardfuzz.get_target(TARGET), _case("float16"), ref, collapsed, lambda off: None
+    )
     # within half of every value, or off only where the value is tiny against the output's largest:
     # the oracle is not rerun
     close = {"y": torch.tensor([0.6, 2.0, -4.0], dtype=torch.float16)}
@@ -75,13 +78,17 @@ def test_only_an_overflow_behind_a_wrong_output_refuses():
     assert calls == ["pow"]
 
 
-def test_the_oracle_is_rerun_on_the_random_state_of_the_case():
-    """The rerun that looks for the overflow draws what the case's own runs drew: its outputs are
-    the float16 run's."""
-    target = shardfuzz.get_target(TARGET)
-    expected = evaluate_oracle(target, _case("float32"))
-    assert bool(torch.isfinite(expected.low["y"]).all())
-    assert oracle_module._first_overflow(target, _case("float32"), expected.inputs, expected.rng) is None
+def test_the_oracle_is_rerun_on_the_random_state_of_the_case(monkeypatch):
+    """The rerun that looks for the overflow draws what the case's own runs drew (an oracle that
+    draws a mask from torch's global generator): its outputs are the case-dtype run's, bit for bit."""
+    target = shardfuzz.get_target(TARGET.replace("::TARGET", "::DROPPED_TARGET"))
+    case = dataclasses.replace(_case("float16"), target="collapse_rmsnorm_dropped", options={"scale": 1.0})
+    expected = evaluate_oracle(target, case)
+    seen = {}
+    monkeypatch.setattr(oracle_module, "watched_overflow", lambda watch, outputs, off: seen.update(outputs))
+    torch.rand(8)  # what ran since (noise samples) moved the global generator on
+    oracle_module._first_overflow(target, case, expected.inputs, expected.rng, ["y"])
+    assert torch.equal(seen["y"], expected.low["y"]) and bool((expected.low["y"] == 0).any())
 
 
 def test_a_run_counts_the_refused_cases():
@@ -112,6 +119,34 @@ def test_the_watch_names_an_overflow_not_a_mask_or_empty_memory():
     # -inf in float64 too (a log-space mask): no overflow of the case dtype
     assert first(lambda: torch.log(big - big)) is None
     assert first(lambda: torch.tensor([0.0], dtype=torch.float64).log()) is None
+    # a cast down overflows where its float64 rerun, cast to float64, does not (a review of stop 61)
+    wide = big.float()
+    assert first(lambda: (wide * wide).half()) == "_to_copy"
+    assert first(lambda: (wide * wide).sum(dtype=torch.float16)) == "sum"
+    # a stale NaN in a buffer that is only written is no input
+    assert first(lambda: torch.mul(big, big, out=torch.full((2,), math.nan, dtype=torch.float16))) == "mul"
+    assert first(lambda: torch.full((2,), math.nan, dtype=torch.float16).copy_(wide * wide)) == "copy_"
+    # a random draw that overflows is one, and is not drawn again (the rerun would draw more)
+    torch.manual_seed(0)
+    watched = first(lambda: torch.zeros(4, dtype=torch.float16).normal_(0, 1e5)), torch.rand(1)
+    torch.manual_seed(0)
+    torch.zeros(4, dtype=torch.float16).normal_(0, 1e5)
+    assert watched[0] == "normal_" and torch.equal(watched[1], torch.rand(1))
+
+
+def test_an_output_off_for_another_reason_is_not_blamed_on_an_overflow():
+    """A float16 additive mask, ``(1 - keep) * -1e9``, overflows to -inf harmlessly; an output
+    that only cancels, computed from none of it, is judged (a review of stop 61: it was refused)."""
+    keep = torch.tensor([1.0, 0.0], dtype=torch.float16)
+    a = torch.tensor([1000.0, 1000.0], dtype=torch.float16)
+    watch = oracle_module.OverflowWatch()
+    with watch:
+        masked = torch.softmax(a + (1 - keep) * -1e9, -1)
+        cancelled = (a + 0.3) - a
+    outputs = {"p": masked, "c": cancelled}
+    assert watch.first == "mul"
+    assert oracle_module.watched_overflow(watch, outputs, ["c"]) is None
+    assert oracle_module.watched_overflow(watch, outputs, ["p"]) == "mul"
 
 
 def test_a_self_oracle_refuses_the_same_case_from_the_ranks_watch():

@@ -290,6 +290,29 @@ def test_terms_behind_a_matmul_follow_its_views_and_die_with_it():
     assert not mode._terms  # a dead result leaves nothing behind
 
 
+def test_carried_terms_are_never_negative_stale_or_written_into_the_oracle():
+    """A review of stop 61: an int fill value passed through as it was (terms of -1e4), an in-place
+    op on an integer tensor wrote the |terms| into the oracle's own tensor, terms stayed on a tensor
+    overwritten in place, and a negation dropped them (a sub's backward negates)."""
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    mask = torch.tensor([True, False, True, False, True])
+    mode = rounding_noise()(2.0**-30, 0, 2)
+    with mode:
+        y = a @ b
+        filled = y.masked_fill(mask, -10000)
+        negated = -y
+        counts = torch.zeros(5, dtype=torch.long)
+        counts.masked_fill_(mask, y.sum())
+        overwritten = a @ b
+        overwritten.copy_(torch.full_like(overwritten, 1e-3))
+        doubled = overwritten * 2
+    terms = a.abs() @ b.abs()
+    assert (mode.terms_of(filled) >= 0).all() and torch.allclose(mode.terms_of(negated), terms)
+    # the value, not its |terms| (which are larger)
+    assert counts[~mask].tolist() == [0, 0] and (counts[mask] - float(y.sum())).abs().max() < 1
+    assert mode.terms_of(overwritten) is None and mode.terms_of(doubled) is None
+
+
 def _flash_attention_float32(q, k, v, dout, blocks):
     """Blockwise attention in float32 with an LSE merge, and flash-attention's backward:
     ``delta = rowsum(dO * O)`` from the stored output (what a ring or flash kernel does)."""

@@ -48,6 +48,7 @@ from shardfuzz.verdict.oracle import (
     check_case_dtype_collapse,
     check_case_dtype_range,
     far_off_outputs,
+    watched_overflow,
 )
 
 __all__ = ["SELF", "SelfSource", "refuse", "run_self", "self_expected"]
@@ -108,7 +109,9 @@ class SelfSource:
         # at scale 1e4 was a mismatch that the same code at world size 1 has too)
         check_case_dtype_range(self.target, self.case, got["ref"], got["low"])
         # and where an op overflowed behind finite wrong outputs (the rank watched the run)
-        check_case_dtype_collapse(self.target, self.case, got["ref"], got["low"], lambda: got.get("overflow"))
+        check_case_dtype_collapse(
+            self.target, self.case, got["ref"], got["low"], lambda _off: got.get("overflow")
+        )
         expected.ref, expected.low = got["ref"], got["low"]
         inputs64 = {k: float64(v) for k, v in expected.inputs.items()}
         expected.case_scale = functools.cache(functools.partial(case_scale_of, inputs64, expected.ref))
@@ -219,11 +222,12 @@ def run_self(
         if orig.dtype == "float64":
             return {"self": {"ref": ref, "low": ref}}
         low, overflow = run(orig.dtype), None
-        if far_off_outputs(orig, ref, low):  # rare: only then run it again, watched for an overflow
+        off = far_off_outputs(orig, ref, low)
+        if off:  # rare: only then run it again, watched for an overflow behind them
             watch = OverflowWatch()
             with watch:
-                run(orig.dtype)
-            overflow = watch.first
+                again = run(orig.dtype)
+            overflow = watched_overflow(watch, again, off)
         return {"self": {"ref": ref, "low": low, "overflow": overflow}}
     ref = _plain(run)
     with torch.enable_grad():

@@ -314,6 +314,8 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
         scales = _terms_scales(kind, func, absolute, written)
         carried = _carried_terms(self, func, kind.base, args, kwargs) if kind.base in _CARRY_OPS else None
         if written:  # in place: perturb what was written (the result aliases it)
+            for t in written:  # its old |terms| are stale now
+                self._terms.pop(id(t), None)
             _perturb_written(self, written, scales, u)
             self._follow(kind.base, args, written[0], list(zip(written, scales or ())), carried)
             return out
@@ -358,7 +360,12 @@ TERMS_UNDEFINED = (RuntimeError, TypeError)
 def _exact_op(mode: Any, kind: OpKind, func: Any, args: tuple, kwargs: dict) -> Any:
     """An op left alone; a view or copy of a result with |terms| keeps them (``terms_of``), and
     of a hand-written softmax's sum stays one (:meth:`NoiseDraws.note_hand_softmax`)."""
+    if kind.written and mode._terms:  # an in-place copy or fill: the old |terms| are stale
+        for t in _written(kind, args, kwargs):
+            mode._terms.pop(id(t), None)
     out = func(*args, **kwargs)
+    if kind.base in _SAME_TERMS and args and not kind.written and mode.terms_of(args[0]) is not None:
+        mode.remember(out, mode.terms_of(args[0]))  # -(a @ b): a sub's backward negates
     if kind.base in ("max", "amax"):
         mode.note_max(args, out)
     elif kind.base in _MAX_VIEWS and args and mode._maxes:
@@ -442,6 +449,8 @@ _SHAPE_OPS = frozenset(
 )
 
 
+#: elementwise ops that keep each element's |terms| as they are (a sign, a copy in another dtype)
+_SAME_TERMS = frozenset({"neg", "abs", "_to_copy", "to"})
 #: views of a max (and its negation, ``x + (-m)``) that are the max for :meth:`NoiseDraws.note_shift`
 _MAX_VIEWS = _SHAPE_OPS | {"neg"}
 #: data movement and selection: each element's |terms| go where the element goes
@@ -486,12 +495,20 @@ def _carried_terms(mode: Any, func: Any, base: str, args: tuple, kwargs: dict) -
     new_kwargs = {k: terms(v) for k, v in kwargs.items()}
     if not found:
         return None
+    inplace = func.overloadpacket.__name__.endswith("_")
+    # what the op writes is a copy, never the oracle's own tensor (an integer one is passed as is)
+    if inplace and new_args and new_args[0] is args[0] and isinstance(args[0], torch.Tensor):
+        new_args = (args[0].clone(), *new_args[1:])
+    new_kwargs = {
+        k: v.clone() if v is kwargs[k] and isinstance(v, torch.Tensor) else v for k, v in new_kwargs.items()
+    }
     try:
         out = func(*new_args, **new_kwargs)
     except TERMS_UNDEFINED:  # not defined on the absolute operands: the terms stop here
         return None
-    out = new_args[0] if func.overloadpacket.__name__.endswith("_") else out
-    return out if isinstance(out, torch.Tensor) else None
+    out = new_args[0] if inplace else out
+    # a negative int operand (a fill value, an alpha) passes through as it is: |terms| are >= 0
+    return out.abs() if isinstance(out, torch.Tensor) and out.is_floating_point() else None
 
 
 def _flat(x: Any) -> list[Any]:
@@ -537,12 +554,18 @@ def _absolute(base: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             return type(x)(a(v) for v in x)
         return x
 
-    new_args, new_kwargs = tuple(a(v) for v in args), {k: a(v) for k, v in kwargs.items()}
+    new_args = tuple(a(v) for v in args)
+    # a scale factor passed by name is one whatever the op (index_add's alpha=-1)
+    new_kwargs = {
+        k: abs(v) if k in _FACTORS and isinstance(v, (int, float)) else a(v) for k, v in kwargs.items()
+    }
     if base == "rsub" and len(new_args) >= 2:  # other - alpha * self: the same terms as add
         new_args = (new_args[1], new_args[0], *new_args[2:])
     return tuple(new_args), dict(new_kwargs)
 
 
+#: keyword arguments that are scale factors in every op that takes them
+_FACTORS = frozenset({"alpha", "beta", "value"})
 #: sum-like ops whose int arguments are all scale factors (alpha, beta, value), none a dim
 _SCALED = frozenset(
     """add sub rsub addcmul addcdiv addmm addmv addr baddbmm addbmm _foreach_add _foreach_sub

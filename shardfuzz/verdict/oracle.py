@@ -213,7 +213,9 @@ def evaluate_oracle(
     if case.profile == "edge":
         check_edge_range(target, case, ref, low, lambda: detach(_oracle64_without_edge(target, case, rng)))
     check_case_dtype_range(target, case, ref, low)
-    check_case_dtype_collapse(target, case, ref, low, lambda: _first_overflow(target, case, inputs, rng))
+    check_case_dtype_collapse(
+        target, case, ref, low, lambda off: _first_overflow(target, case, inputs, rng, off)
+    )
     scale = functools.partial(case_scale_of, inputs64, ref)  # needed only for an output that is 0 everywhere
     expected = Expected(ref, detach(low), detach(mag), inputs, {}, functools.cache(scale), rng)
     if noise_samples:
@@ -324,7 +326,7 @@ def check_case_dtype_collapse(
     case: Case,
     ref: dict[str, Any],
     low: dict[str, Any],
-    first_overflow: Callable[[], str | None],
+    first_overflow: Callable[[list[str]], str | None],
 ) -> None:
     """Unsupported when the oracle, run in the case dtype, overflows an intermediate to finite wrong
     outputs (a float16 RMSNorm by hand: ``x * x`` is inf, ``rsqrt`` gives 0, every output a finite
@@ -338,7 +340,7 @@ def check_case_dtype_collapse(
     off = far_off_outputs(case, ref, low)
     if not off:
         return
-    op = first_overflow()
+    op = first_overflow(off)
     if op is not None:
         raise Unsupported(
             f"target {target.name!r}: the oracle overflows {case.dtype} in {op} (finite inputs, a result "
@@ -348,31 +350,61 @@ def check_case_dtype_collapse(
 
 
 class OverflowWatch(TorchDispatchMode):
-    """The first op that makes a non-finite floating result from finite floating inputs, where the
-    same op on those inputs in float64 does not (``log(0)`` is -inf there too: a log-space mask,
-    not an overflow). A tensor subclass, such as a DTensor, is not looked into: its local ops are
-    seen one level down. An op that writes (``mul_``, ``out=``) gets its inputs copied first: it
-    overwrites them with its result."""
+    """Ops that make a non-finite floating result from finite floating inputs, where the same op on
+    those inputs in float64 does not (``log(0)`` is -inf there too: a log-space mask, not an
+    overflow; a cast down to float16 is rerun as a float64 cast); ``first`` names the first, and
+    every tensor computed from one is ``tainted`` (:meth:`tainted`), so that an output far off for
+    another reason (a sum that cancels) is not blamed on a float16 mask overflowing to -inf. An op
+    that writes (``mul_``, ``out=``) gets its inputs copied first: it overwrites them. A tensor
+    subclass (a DTensor) is not looked into: the ops inside it run below this mode, unwatched."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first: str | None = None
+        self._tainted: dict[int, Any] = {}
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # no torch.compile under it: without this, every op pays dynamo's wrapper
+
+    def tainted(self, t: Any) -> bool:
+        """Whether ``t`` was computed from an overflow."""
+        ref = self._tainted.get(id(t))
+        return ref is not None and ref() is t
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         name = str(func.overloadpacket.__name__)
-        # an empty tensor's memory is not a result; a -inf mask value is given, not made
-        watching = self.first is None and "empty" not in name
+        inputs = tree_leaves(_read_only(func, args, kwargs))
+        from_overflow = bool(self._tainted) and any(self.tainted(t) for t in inputs)
         before = None
-        if watching and all(map(_finite, tree_leaves((args, kwargs)))):
+        # an empty tensor's memory is not a result; a -inf mask value is given, not made
+        if "empty" not in name and all(map(_finite, inputs)):
             # an op that writes (in place, out=) overwrites its inputs: copied; the others are kept
             before = _copies((args, kwargs)) if func._schema.is_mutable else (args, kwargs)
         out = func(*args, **kwargs)
-        if before is not None:
-            outs = [t for t in tree_leaves(out) if type(t) is torch.Tensor and t.is_floating_point()]
-            if any(not bool(torch.isfinite(t).all()) for t in outs) and _finite_in_float64(func, *before):
-                self.first = name
+        results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if before is not None and any(
+            type(t) is torch.Tensor and t.is_floating_point() and not bool(torch.isfinite(t).all())
+            for t in results
+        ):
+            overflowed = _finite_in_float64(func, *before)
+            if overflowed:
+                self.first = self.first or name
+            from_overflow = from_overflow or overflowed
+        if from_overflow:
+            for t in results:
+                self._tainted[id(t)] = weakref.ref(t)
         return out
+
+
+def _read_only(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """The arguments an op reads: not a keyword-only ``out=``, nor ``copy_``'s destination (a stale
+    NaN in a buffer it overwrites is no input)."""
+    if func.overloadpacket.__name__ == "copy_":
+        return (args[1:], kwargs)
+    written = {a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None}
+    return (args, {k: v for k, v in kwargs.items() if k not in written})
 
 
 def _finite(arg: Any) -> bool:
@@ -382,18 +414,24 @@ def _finite(arg: Any) -> bool:
 
 
 def _copies(tree: Any, dtype: torch.dtype | None = None) -> Any:
-    """Floating plain tensors of ``tree`` copied (in ``dtype`` if given), the rest as they are."""
+    """Floating plain tensors of ``tree`` copied (in ``dtype`` if given, and a floating dtype
+    argument, a cast's, made ``dtype`` too), the rest as they are."""
 
     def one(t: Any) -> Any:
         if type(t) is torch.Tensor and t.is_floating_point():
             return t.to(dtype) if dtype is not None else t.clone()
+        if dtype is not None and isinstance(t, torch.dtype) and t.is_floating_point:
+            return dtype
         return t
 
     return tree_map(one, tree)
 
 
 def _finite_in_float64(func: Any, args: Any, kwargs: Any) -> bool:
-    """Whether ``func`` on these inputs in float64 gives finite floating results."""
+    """Whether ``func`` on these inputs in float64 gives finite floating results (a random op is not
+    rerun, which would draw more: its non-finite draw counts as the case dtype's overflow)."""
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return True
     args64, kwargs64 = _copies((args, kwargs), torch.float64)
     try:
         out = func(*args64, **kwargs64)
@@ -403,15 +441,26 @@ def _finite_in_float64(func: Any, args: Any, kwargs: Any) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in outs)
 
 
-def _first_overflow(target: Any, case: Case, inputs: dict[str, Any], rng: RandomState) -> str | None:
-    """The first op of the oracle, run in the case dtype again, that overflowed (None: none did)."""
+def watched_overflow(watch: OverflowWatch, outputs: dict[str, Any], off: list[str]) -> str | None:
+    """The first overflow of a watched run, where one of the far-off outputs ``off`` came from an
+    overflow (else None: they are off for another reason)."""
+    if watch.first is None or not any(watch.tainted(outputs.get(name)) for name in off):
+        return None
+    return watch.first
+
+
+def _first_overflow(
+    target: Any, case: Case, inputs: dict[str, Any], rng: RandomState, off: list[str]
+) -> str | None:
+    """The first op of the oracle, run in the case dtype again, that overflowed where one of the
+    far-off outputs ``off`` came from it (None: none did)."""
     state = RandomState.now()
     try:
         rng.restore()
         watch = OverflowWatch()
         with torch.enable_grad(), watch:
-            call_target_code(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs), case)
-        return watch.first
+            got = call_target_code(target, "oracle(inputs, case)", case, target.oracle, _fresh(inputs), case)
+        return watched_overflow(watch, got if isinstance(got, dict) else {}, off)
     finally:
         state.restore()
 

@@ -78,3 +78,13 @@ def oracle_in_place(inp, case):
 
 
 INPLACE_TARGET = TARGET.derive("collapse_rmsnorm_inplace", oracle=oracle_in_place)
+
+
+def oracle_dropped(inp, case):
+    """The same norm, a random half of its outputs dropped (drawn from torch's global generator)."""
+    out = oracle(inp, case)
+    keep = (torch.rand(out["y"].shape) > 0.5).to(out["y"].dtype)
+    return {**out, "y": out["y"] * keep}
+
+
+DROPPED_TARGET = TARGET.derive("collapse_rmsnorm_dropped", oracle=oracle_dropped)
