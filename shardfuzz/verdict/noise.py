@@ -450,7 +450,7 @@ _SHAPE_OPS = frozenset(
 
 
 #: elementwise ops that keep each element's |terms| as they are (a sign, a copy in another dtype)
-_SAME_TERMS = frozenset({"neg", "abs", "_to_copy", "to"})
+_SAME_TERMS = frozenset({"neg", "abs", "_to_copy"})
 #: views of a max (and its negation, ``x + (-m)``) that are the max for :meth:`NoiseDraws.note_shift`
 _MAX_VIEWS = _SHAPE_OPS | {"neg"}
 #: data movement and selection: each element's |terms| go where the element goes
@@ -472,18 +472,15 @@ def _carried_terms(mode: Any, func: Any, base: str, args: tuple, kwargs: dict) -
     carriers = args[:1] if base == "div" else (*args, *kwargs.values())
     if not any(isinstance(t, torch.Tensor) and mode.terms_of(t) is not None for t in _flat(carriers)):
         return None  # the common case, before any copy is made
-    found = False
     scaling = base in ("mul", "div")  # every number is a factor there (elsewhere an int is a dim)
 
     def terms(x: Any, divisor: bool = False) -> Any:
-        nonlocal found
         if isinstance(x, torch.Tensor):
             if not x.is_floating_point():
                 return x.abs() if scaling and x.dtype != torch.bool else x
             t = None if divisor else mode.terms_of(x)
             if t is None:
                 return x.abs()
-            found = True
             return t.clone()  # an in-place op writes into its first operand
         if isinstance(x, float) or (scaling and isinstance(x, int) and not isinstance(x, bool)):
             return abs(x)
@@ -493,8 +490,6 @@ def _carried_terms(mode: Any, func: Any, base: str, args: tuple, kwargs: dict) -
 
     new_args = tuple(terms(a, divisor=base == "div" and i > 0) for i, a in enumerate(args))
     new_kwargs = {k: terms(v) for k, v in kwargs.items()}
-    if not found:
-        return None
     inplace = func.overloadpacket.__name__.endswith("_")
     # what the op writes is a copy, never the oracle's own tensor (an integer one is passed as is)
     if inplace and new_args and new_args[0] is args[0] and isinstance(args[0], torch.Tensor):
