@@ -168,3 +168,12 @@ def test_an_oracle_that_squares_in_place_is_refused_too():
     with pytest.raises(Unsupported, match=r"overflows float16 in mul_") as e:
         Runner(target, "weight_grad_not_reduced").run_case(case)
     assert e.value.reason == REFUSED
+
+
+def test_an_op_that_takes_no_float64_counts_as_an_overflow():
+    """The watch's float64 rerun of an op that insists on its dtype raises; the op's non-finite
+    result then counts as the case dtype's overflow (the case is refused, never passed)."""
+    bits = torch.tensor([1, 2], dtype=torch.int16).view(torch.float16)
+    with pytest.raises(RuntimeError):
+        torch.ops.aten.bitwise_and.Tensor(bits.double(), bits.double())
+    assert oracle_module._finite_in_float64(torch.ops.aten.bitwise_and.Tensor, (bits, bits), {})
