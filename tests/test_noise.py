@@ -395,6 +395,84 @@ def test_zero_adamw_reference_passes_the_sign_flip_that_uniform_full_scale_sampl
     assert Runner("zero_adamw", "reference").run_case(found) < 1  # was 4.93 (param)
 
 
+ZERO_FLIP_CASE = dict(
+    target="zero_adamw_torch", world_size=2, mesh=(2,), sizes={"p0": 3, "p1": 5, "p2": 5},
+    split=("p0", "p1", "p2"), dtype="bfloat16", profile="normal", seed=46170,
+    options={"clip_factor": None, "bucket_view": False, "empty_param": False, "steps": 3, "grad_accum": 2},
+)  # fmt: skip
+
+
+def test_a_flip_that_the_first_full_scale_pairs_missed_is_looked_for_with_more_pairs(monkeypatch):
+    """Found by benchmarks/no_false_positives.py (2,000 examples): torch's ZeroRedundancyOptimizer,
+    right, at 4.42x. A column of param_0's AdamW step cancels so that a bf16 rounding flips it (by
+    2 lr); 12 of 20 antithetic pairs reach that flip, and the recheck's 3 pairs all missed it."""
+    from shardfuzz import RunConfig
+    from shardfuzz.case import Case
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.verdict import decide as d
+
+    pairs = []
+    real = d.widen_by_flips
+
+    def widen(target, case, expected, tol, first, outputs=None):
+        pairs.append(first)
+        return real(target, case, expected, tol, first, outputs)
+
+    no_search = RunConfig(tolerance=Tolerance(flip_samples=0))
+    with pytest.raises(
+        AssertionError, match=r"(?s)param_0.*is 4\.4\dx its tolerance"
+    ):  # the false finding, before
+        Runner("zero_adamw_torch", "zero_redundancy_optimizer", no_search).run_case(Case(**ZERO_FLIP_CASE))
+    monkeypatch.setattr(d, "widen_by_flips", widen)
+    assert Runner("zero_adamw_torch", "zero_redundancy_optimizer").run_case(Case(**ZERO_FLIP_CASE)) < 1
+    # after the recheck's 6 full-scale samples, pair by pair, stopping once the verdict passes
+    assert pairs and pairs == list(range(6, 6 + 2 * len(pairs), 2)) and len(pairs) < 7, pairs
+
+
+@pytest.mark.parametrize("bad", [3, -2, 2.0, True])
+def test_flip_samples_must_be_whole_antithetic_pairs(bad):
+    with pytest.raises(Exception, match=rf"flip_samples={bad!r}; must be"):
+        Tolerance(flip_samples=bad)
+
+
+def test_more_full_scale_pairs_widen_only_where_one_lands_a_flip_away():
+    """The flip search changes nothing on a smooth output (a real bug's verdict does not move with
+    more samples), and on a flipping one only the elements that flipped."""
+    from shardfuzz.case import Case
+    from shardfuzz.spec.registry import get_target
+    from shardfuzz.verdict.oracle import (
+        FLIP_JUMP,
+        confirm_noise,
+        estimate_noise,
+        evaluate_oracle,
+        widen_by_flips,
+    )
+
+    target, case, tol = get_target("zero_adamw_torch"), Case(**ZERO_FLIP_CASE), Tolerance()
+    expected = evaluate_oracle(target, case)
+    estimate_noise(target, case, expected, tol.samples)
+    confirm_noise(target, case, expected, tol)
+    before = {k: v.clone() for k, v in expected.noise.items()}
+    seen = [widen_by_flips(target, case, expected, tol, first) for first in range(6, 20, 2)]
+    assert any(seen), "7 pairs, each reaching the flip with chance 0.6, all missed it"
+    grew = {k: expected.noise[k] > before[k] for k in before}
+    assert [k for k, g in grew.items() if g.any()] == ["param_0"], grew
+    assert grew["param_0"][:, 0].all() and not grew["param_0"][:, 1:].any()
+    assert (expected.noise["param_0"][:, 0] > FLIP_JUMP * before["param_0"][:, 0]).all()
+
+    smooth = Case(
+        target="tp_mlp", world_size=2, mesh=(2,), sizes={"batch": 2, "seq": 3, "d_model": 4, "hidden": 6, "d_out": 5},
+        split=("hidden",), dtype="bfloat16", profile="normal", seed=3,
+    )  # fmt: skip
+    target = get_target("tp_mlp")
+    expected = evaluate_oracle(target, smooth)
+    estimate_noise(target, smooth, expected, tol.samples)
+    confirm_noise(target, smooth, expected, tol)
+    before = {k: v.clone() for k, v in expected.noise.items()}
+    assert not any(widen_by_flips(target, smooth, expected, tol, first) for first in range(6, 20, 2))
+    assert all(torch.equal(expected.noise[k], before[k]) for k in before)
+
+
 def test_a_softmax_written_by_hand_in_the_oracle_covers_a_flash_kernel_as_torch_softmax_does():
     """Found by a new user: attention with the softmax written by hand in the oracle (exp, then a
     division by the row sum; fully masked rows stay 0), torch's SDPA (the CPU flash kernel) in

@@ -119,7 +119,9 @@ class Tolerance:
     ``per_output``: output name -> :class:`OutputTolerance`, replacing the model for that output.
     A bound that fails is checked again before it is reported: ``confirm_samples`` more first-order
     runs (a few samples can all fall small) and ``full_scale_samples`` runs perturbed at the case
-    dtype's own unit (a rounding can flip a sign or a branch, which first order cannot see).
+    dtype's own unit (a rounding can flip a sign or a branch, which first order cannot see); one
+    still failing gets up to ``flip_samples`` more full-scale runs, which only look for a flip the
+    first ones missed (see :func:`shardfuzz.verdict.oracle.widen_by_flips`).
     """
 
     noise_model: str = "mca"
@@ -131,6 +133,7 @@ class Tolerance:
     samples: int = 3
     confirm_samples: int = 6
     full_scale_samples: int = 6
+    flip_samples: int = 14
     per_output: Any = ()  # Mapping[str, OutputTolerance] in; sorted pairs after __post_init__
 
     def __post_init__(self) -> None:
@@ -142,10 +145,12 @@ class Tolerance:
                 raise InvalidArgument(f"{name}={value!r}; must be a finite number >= 0")
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 2:
             raise InvalidArgument(f"samples={self.samples!r}; must be an int >= 2")
-        for name in ("confirm_samples", "full_scale_samples"):
+        for name in ("confirm_samples", "full_scale_samples", "flip_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgument(f"{name}={value!r}; must be an int >= 0")
+        if self.flip_samples % 2:
+            raise InvalidArgument(f"flip_samples={self.flip_samples!r}; must be even (antithetic pairs)")
         object.__setattr__(self, "per_output", per_output_tolerances(self.per_output, "per_output"))
 
     def for_output(self, name: str) -> OutputTolerance | None:
@@ -207,9 +212,11 @@ class Tolerance:
             else f"({self.noise_factor:g} in 16-bit dtypes, {self.wide_noise_factor:g} in float32/float64)"
         )
         rerun = "noise" if dtype == "float64" else "|oracle_in_case_dtype - oracle64|"
+        searched = self.flip_samples and self.full_scale_samples
+        flips = f", then up to {self.flip_samples} looking for a flip" if searched else ""
         return (
             f"|actual - oracle64| <= {k} * noise (Monte-Carlo arithmetic, {self.samples} runs; "
-            f"a failure rechecked with {self.confirm_samples} + {self.full_scale_samples} more) "
+            f"a failure rechecked with {self.confirm_samples} + {self.full_scale_samples} more{flips}) "
             f"+ {self.rerun_factor:g} * {rerun} + {self.floor_factor:g} * u * scale"
         )
 
