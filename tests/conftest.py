@@ -98,7 +98,18 @@ class ScriptRanks:
         """``argv`` on ``n`` ranks in ``env`` and ``cwd``: its exit code and output, as
         ``subprocess.run(capture_output=True, text=True)`` gives them. ``env`` is the ranks'
         ``os.environ``; what Python and torch read at start is the server's (started with this
-        process's environment, ``PYTHONPATH`` removed and one thread)."""
+        process's environment, ``PYTHONPATH`` removed and one thread). A launch whose free port was
+        taken before rank 0 bound it (another test's process got it: EADDRINUSE, the race torchrun
+        --standalone has too) runs again on a new one, at most twice: seen once under pytest -n 2."""
+        for _ in range(2):
+            run = self._launch(n, argv, env, cwd, timeout)
+            if run.returncode == 0 or "EADDRINUSE" not in run.stderr:
+                return run
+        return self._launch(n, argv, env, cwd, timeout)
+
+    def _launch(
+        self, n: int, argv: list[str], env: dict, cwd: Path, timeout: float
+    ) -> subprocess.CompletedProcess:
         import socket
 
         sock = self.folder / "script_ranks.sock"
