@@ -265,6 +265,19 @@ def test_a_file_of_todays_format_without_version_loads_as_version_1(tmp_path):
     assert validate_failure_record(dict(record(), version=1))["version"] == 1
 
 
+def test_a_tolerance_field_this_version_does_not_know_is_ignored(tmp_path):
+    """Found by review: a tolerance field a newer shardfuzz writes (``flip_samples`` when it was
+    new) refused the whole file in an older one, where the format says unknown fields are ignored."""
+    from shardfuzz.engine.failure_schema import load_failure_file
+
+    rec = record()
+    rec["tolerance"] = dict(rec.get("tolerance") or {}, samples=3, from_a_newer_version=7)
+    assert load_failure_file(write(tmp_path / "f.json", rec))["tolerance"]["samples"] == 3
+    rec["tolerance"]["samples"] = 1  # a field it knows is still checked
+    with pytest.raises(InvalidArgument, match="samples=1"):
+        load_failure_file(write(tmp_path / "g.json", rec))
+
+
 def test_an_oversized_file_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
     import shardfuzz.engine.failure_schema as schema
 
