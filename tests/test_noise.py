@@ -409,7 +409,7 @@ def test_a_flip_that_the_first_full_scale_pairs_missed_is_looked_for_with_more_p
     from shardfuzz import RunConfig
     from shardfuzz.case import Case
     from shardfuzz.engine.runner import Runner
-    from shardfuzz.verdict import decide as d
+    from shardfuzz.verdict import oracle as d
 
     pairs = []
     real = d.widen_by_flips
@@ -426,13 +426,47 @@ def test_a_flip_that_the_first_full_scale_pairs_missed_is_looked_for_with_more_p
     monkeypatch.setattr(d, "widen_by_flips", widen)
     assert Runner("zero_adamw_torch", "zero_redundancy_optimizer").run_case(Case(**ZERO_FLIP_CASE)) < 1
     # after the recheck's 6 full-scale samples, pair by pair, stopping once the verdict passes
-    assert pairs and pairs == list(range(6, 6 + 2 * len(pairs), 2)) and len(pairs) < 7, pairs
+    assert pairs and pairs == list(range(6, 6 + 2 * len(pairs), 2)) and len(pairs) < 3, pairs
 
 
 @pytest.mark.parametrize("bad", [3, -2, 2.0, True])
 def test_flip_samples_must_be_whole_antithetic_pairs(bad):
     with pytest.raises(Exception, match=rf"flip_samples={bad!r}; must be"):
         Tolerance(flip_samples=bad)
+
+
+def test_a_flip_is_judged_against_the_noise_the_bound_uses_floored_at_the_median(monkeypatch):
+    """An element whose own noise is tiny gets its output's median noise in the bound; a sample is a
+    flip only past FLIP_JUMP times that (not past its tiny own noise), and the widening is the
+    sample's share of the recheck's full-scale samples."""
+    from types import SimpleNamespace
+
+    from shardfuzz.verdict import oracle
+
+    samples = iter([{"y": torch.tensor([5e-8, 0.5, 20.0, 0.0])}, {"y": torch.tensor([0.0, 0.0, 0.0, 9.0])}])
+    monkeypatch.setattr(oracle, "_spread", lambda *a, **k: next(samples))
+    expected = SimpleNamespace(noise={"y": torch.tensor([1e-9, 1.0, 1.0, 1.0], dtype=torch.float64)})
+    assert oracle.widen_by_flips(None, None, expected, Tolerance(), 6)
+    want = torch.tensor([1e-9, 1.0, 20.0 / math.sqrt(6), 1.0], dtype=torch.float64)
+    assert torch.allclose(expected.noise["y"], want, rtol=1e-12), expected.noise["y"]
+
+
+def test_only_a_failure_of_an_output_judged_with_the_noise_looks_for_flips():
+    """More samples cannot change an output held to a fixed tolerance or compared exactly."""
+    from types import SimpleNamespace
+
+    from shardfuzz.verdict.compare import OutputDiff, RankDiff
+    from shardfuzz.verdict.decide import _noise_judged
+    from shardfuzz.verdict.judge import Verdict
+
+    failing = Verdict(diffs=[OutputDiff("y", "Replicate()", "float32", (2,), [RankDiff(0, 2, 1)])])
+    floating = SimpleNamespace(ref={"y": torch.zeros(2, dtype=torch.float64)})
+    assert _noise_judged(failing, floating, Tolerance())
+    assert not _noise_judged(failing, floating, Tolerance(per_output={"y": (0.0, 1e-3)}))
+    assert not _noise_judged(
+        failing, SimpleNamespace(ref={"y": torch.zeros(2, dtype=torch.int64)}), Tolerance()
+    )
+    assert not _noise_judged(Verdict(layout_problems=["rank 1 returned ..."]), floating, Tolerance())
 
 
 def test_more_full_scale_pairs_widen_only_where_one_lands_a_flip_away():
@@ -442,6 +476,7 @@ def test_more_full_scale_pairs_widen_only_where_one_lands_a_flip_away():
     from shardfuzz.spec.registry import get_target
     from shardfuzz.verdict.oracle import (
         FLIP_JUMP,
+        _spread,
         confirm_noise,
         estimate_noise,
         evaluate_oracle,
@@ -453,12 +488,23 @@ def test_more_full_scale_pairs_widen_only_where_one_lands_a_flip_away():
     estimate_noise(target, case, expected, tol.samples)
     confirm_noise(target, case, expected, tol)
     before = {k: v.clone() for k, v in expected.noise.items()}
-    seen = [widen_by_flips(target, case, expected, tol, first) for first in range(6, 20, 2)]
-    assert any(seen), "7 pairs, each reaching the flip with chance 0.6, all missed it"
+    # the pair widen_by_flips draws first: sample 6 is the flip (measured), sample 7 is not
+    flip, other = (_spread(target, case, expected, None, 1, first=k, full_scale=True) for k in (6, 7))
+    assert widen_by_flips(target, case, expected, tol, 6)
     grew = {k: expected.noise[k] > before[k] for k in before}
     assert [k for k, g in grew.items() if g.any()] == ["param_0"], grew
     assert grew["param_0"][:, 0].all() and not grew["param_0"][:, 1:].any()
-    assert (expected.noise["param_0"][:, 0] > FLIP_JUMP * before["param_0"][:, 0]).all()
+    floor = before["param_0"].clamp_min(before["param_0"].median())  # as Tolerance.bound floors it
+    assert (flip["param_0"][:, 0] > FLIP_JUMP * floor[:, 0]).all()
+    assert (other["param_0"] <= FLIP_JUMP * floor).all() and (
+        flip["param_0"][:, 1:] <= FLIP_JUMP * floor[:, 1:]
+    ).all()
+    # widened as if the flip had been one of the recheck's 6 full-scale samples: RMS of one in 6
+    want = flip["param_0"][:, 0] / math.sqrt(tol.full_scale_samples)
+    assert torch.allclose(expected.noise["param_0"][:, 0], want, rtol=1e-12), (
+        expected.noise["param_0"],
+        want,
+    )
 
     smooth = Case(
         target="tp_mlp", world_size=2, mesh=(2,), sizes={"batch": 2, "seq": 3, "d_model": 4, "hidden": 6, "d_out": 5},

@@ -36,7 +36,7 @@ from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, ha
 from shardfuzz.spec.layouts import Layout, PaddedFlat, Partial, Replicate, Shard, strided_view
 from shardfuzz.spec.placements import AsDTensor, FromDTensor
 from shardfuzz.spec.refs import load_ref, split_file_ref
-from shardfuzz.verdict.oracle import confirm_noise, estimate_noise
+from shardfuzz.verdict.oracle import confirm_noise, estimate_noise, search_flips
 
 #: larger tensors go to ``SCRIPT.pt`` beside the script (``repro_x.pt`` for ``repro_x.py``)
 INLINE_NUMEL = 512
@@ -312,7 +312,8 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     if tol.noise_model == "mca" and floating:
         estimate_noise(target, case, expected, tol.samples, outputs)
         first = dict(expected.noise)
-        confirm_noise(target, case, expected, tol, outputs)  # the bound a reported mismatch had
+        confirm_noise(target, case, expected, tol, outputs)  # the bound a reported mismatch had,
+        search_flips(target, case, expected, tol, outputs)  # which had looked for flips to the end
         # never narrower than the first estimate, which a gross mismatch's report prints (it skips
         # the recheck, whose pooled spread can come out smaller): the script only passes more
         expected.noise = {

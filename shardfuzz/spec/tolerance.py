@@ -133,7 +133,7 @@ class Tolerance:
     samples: int = 3
     confirm_samples: int = 6
     full_scale_samples: int = 6
-    flip_samples: int = 14
+    flip_samples: int = 6
     per_output: Any = ()  # Mapping[str, OutputTolerance] in; sorted pairs after __post_init__
 
     def __post_init__(self) -> None:

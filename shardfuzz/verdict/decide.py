@@ -27,7 +27,7 @@ from shardfuzz.case import Case
 from shardfuzz.protocol import Reply, decode
 from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.judge import Verdict, judge
-from shardfuzz.verdict.oracle import Expected, confirm_noise, estimate_noise, widen_by_flips, widen_full_scale
+from shardfuzz.verdict.oracle import Expected, confirm_noise, estimate_noise, search_flips, widen_full_scale
 
 #: a pass this far within the bound without the noise term needs no noise samples (see the module)
 SURE_PASS = 1.0
@@ -86,14 +86,29 @@ def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideC
             expected.noise = first_order
         confirm_noise(config.target, case, expected, tol, outputs)
         verdict = judge(case, outputs, locals_, expected, tol, ignored)
-        # still failing: more full-scale pairs look only for a flip the first pairs missed
-        start = tol.full_scale_samples + tol.full_scale_samples % 2  # pairs share an even index
-        for first in range(start, start + tol.flip_samples if tol.full_scale_samples else start, 2):
-            if verdict.passed:
-                break
-            if widen_by_flips(config.target, case, expected, tol, first, outputs):
-                verdict = judge(case, outputs, locals_, expected, tol, ignored)
+        if not verdict.passed and _noise_judged(verdict, expected, tol):
+            # still failing: more full-scale pairs look only for a flip the first pairs missed
+            judged = [verdict]
+
+            def passes() -> bool:
+                judged.append(judge(case, outputs, locals_, expected, tol, ignored))
+                return judged[-1].passed
+
+            search_flips(config.target, case, expected, tol, outputs, passes)
+            verdict = judged[-1]
     return verdict
+
+
+def _noise_judged(verdict: Verdict, expected: Expected, tol: Tolerance) -> bool:
+    """Whether some output that fails is judged with the noise (floating, no fixed tolerance): only
+    there can more samples change the verdict."""
+    if verdict.layout_problems or verdict.ignored:
+        return False
+    for od in verdict.mismatched:
+        ref = expected.ref.get(od.name)
+        if tol.for_output(od.name) is None and isinstance(ref, torch.Tensor) and ref.is_floating_point():
+            return True
+    return False
 
 
 def gross(verdict: Verdict, expected: Expected) -> bool:
