@@ -163,6 +163,22 @@ def test_an_implementation_that_fails_at_world_size_1_is_a_usage_error_with_its_
         runner.run_case(_case("row_parallel_self_bugs"))
 
 
+def test_what_the_noise_model_refuses_in_a_self_oracle_is_said_as_the_implementations_to_change():
+    """Found in review: a hand-written softmax whose max gradients flow through, in a self-oracle's
+    implementation, was reported as the rank's traceback through shardfuzz's own frames, saying to
+    change "the oracle", then that a self-oracle needs an implementation that runs on one rank."""
+    case = _case("row_parallel_self_bugs", dtype="float32")
+    runner = Runner(SELF, "softmax_live_max")
+    expected = runner.expected(case)
+    expected.source.values(expected)
+    with pytest.raises(TargetError) as refused:  # its noise samples, which a verdict near 1 draws
+        estimate_noise(runner.target, case, expected, 3)
+    said = str(refused.value)
+    assert "(oracle='self'): the noise model refuses implementation" in said, said
+    assert "softmax_live_max" in said and "Detach the max" in said and "goes into the implementation" in said
+    assert "Traceback" not in said and "needs an implementation that runs on one rank" not in said, said
+
+
 def test_the_noise_model_leaves_collectives_alone():
     from shardfuzz.verdict.noise import _kind
 

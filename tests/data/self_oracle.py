@@ -11,6 +11,8 @@ bugs, the same with a written oracle, and the built-in ``tp_mlp`` with its oracl
 import dataclasses
 from pathlib import Path
 
+import torch
+
 from shardfuzz import Expect, PlantedBug
 from shardfuzz.spec.refs import import_file
 from shardfuzz.spec.registry import get_target
@@ -44,9 +46,17 @@ def needs_two_ranks(ctx):  # a reference that cannot run alone: no self-oracle f
     return _row_parallel(ctx)
 
 
+def softmax_live_max(ctx):  # softmax of y written by hand, its max not detached: the noise model refuses it
+    out = _row_parallel(ctx)
+    y = out["y"].clone().requires_grad_()
+    e = torch.exp(y - y.amax(-1, keepdim=True))
+    return {**out, "y": (e / e.sum(-1, keepdim=True)).detach()}
+
+
 BUGS = {"w_offset_zero": "w_offset_zero", "bias_twice": "bias_twice"}
 SELF = EXAMPLE.derive(
-    "row_parallel_self_bugs", implementations={**BUGS, "needs_two_ranks": "needs_two_ranks"}
+    "row_parallel_self_bugs",
+    implementations={**BUGS, "needs_two_ranks": "needs_two_ranks", "softmax_live_max": "softmax_live_max"},
 )
 WRITTEN = EXAMPLE.derive("row_parallel_written", implementations=BUGS, oracle=written_oracle)
 
