@@ -269,13 +269,17 @@ def test_the_recheck_of_a_closest_pass_is_its_case_judged_again_with_a_failures_
     assert recheck_closest_pass(low, None) == (None, None)
     runner.stats.failures = 1
     assert recheck_closest_pass(runner, None) == (None, None)
-    # the bracketed figure is one a user can get again: `shardfuzz case --recheck`
-    for flags, ratio in (((), first), (("--recheck",), wider)):
+    # the bracketed figure is one a user can get again: `shardfuzz case --recheck`, and `shardfuzz
+    # case` says it under its own figure (a new user saw "closest pass 1 (0.273 with the recheck
+    # ...)", ran the case and got only the 1)
+    said = f"with the recheck a failure gets before it is reported (--recheck): {wider:.3g}\n"
+    for flags, ratio, rechecked in (((), first, True), (("--recheck",), wider, False)):
         out = run_cli("case", "vocab_parallel", repr(case), *flags)
         assert out.returncode == 0 and f"worst error/tolerance {ratio:.3g} " in out.stdout, (
             flags,
             out.stdout,
         )
+        assert (said in out.stdout) == rechecked, out.stdout
 
 
 def test_a_recheck_that_now_fails_says_so_unless_its_narrower_bound_is_all():

@@ -28,6 +28,7 @@ from shardfuzz.engine.hooks import grace_seconds
 from shardfuzz.engine.shared_db import RedisLost, connect, env_fleet, is_redis_url, redact
 from shardfuzz.errors import (
     CaseOutsideBounds,
+    ExternalFault,
     Finding,
     InfrastructureError,
     InvalidArgument,
@@ -47,6 +48,7 @@ from shardfuzz.frontends.cli_args import (
 from shardfuzz.frontends.jobs import die_with_parent, how_it_ended, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.ranks.fast_exit import exit_without_teardown
 from shardfuzz.ranks.spawn import start_forkserver
+from shardfuzz.report.closest_pass import RECHECK_FROM
 from shardfuzz.report.divergence import format_trace
 from shardfuzz.spec.refs import add_search_path, split_file_ref
 from shardfuzz.spec.registry import available_targets, builtin_targets, get_target, listed_targets
@@ -348,6 +350,10 @@ def _cmd_case(args: Any) -> int:
         return EXIT_FOUND
     print(f"PASS: {case!r}\n  worst error/tolerance {ratio:.3g} ({runner.tolerance.describe(case.dtype)})")
     verdict = runner.last_verdict
+    if not args.recheck and ratio >= RECHECK_FROM:  # the figure a campaign's closest pass gives beside it
+        words = _rechecked_words(runner, case)
+        if words:
+            print(f"  {words}")
     if verdict is not None and verdict.diffs:
         per = ", ".join(f"{d.name} {d.max_ratio:.3g}" for d in verdict.diffs if d.ranks)
         print(f"  per output (error/tolerance; 0: compared exactly and equal): {per}")
@@ -355,6 +361,24 @@ def _cmd_case(args: Any) -> int:
     if args.plot is not None:
         print("--plot: nothing drawn, the case passes", file=sys.stderr)
     return EXIT_OK
+
+
+def _rechecked_words(runner: Any, case: Case) -> str | None:
+    """The case judged again with the recheck a failure gets before it is reported, as a campaign's
+    closest pass says it (:func:`shardfuzz.report.closest_pass.recheck_closest_pass`): a new user
+    read "closest pass 1 (0.273 with the recheck ...)", ran the case, and saw only the 1. None where
+    the recheck's pooled estimate fails it (narrower: the first figure stands) or a rank was killed."""
+    again = runner.with_hooks([])
+    again.always_noise = again.recheck = True
+    try:
+        rechecked = f"{again.run_case(case):.3g}"
+    except Finding as f:
+        if f.kind == "mismatch":
+            return None
+        rechecked = f"a {f.kind} (it passed once: not deterministic?)"
+    except ExternalFault:
+        return None
+    return f"with the recheck a failure gets before it is reported (--recheck): {rechecked}"
 
 
 def _print_collectives(args: Any, traces: dict[int, Any]) -> None:

@@ -422,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--recheck",
         action="store_true",
         help="judge with the noise estimate a failure gets before it is reported (more samples): the "
-        "figure a clean run's closest pass gives in brackets",
+        "figure a clean run's closest pass gives in brackets (without it, a pass at 0.5 or more "
+        "prints that figure on a line of its own)",
     )
     c.add_argument(
         "--comm",
