@@ -62,6 +62,16 @@ class TargetCodeError(TargetError):
         )
 
 
+class NoiseModelRefusal(TargetError):
+    """The noise model refuses the code it runs (a hand-written softmax whose max gradients flow
+    through, DTensor code it cannot perturb): the message names the remedy. ``in_code``: the
+    remedy is a change to that code (not a setting)."""
+
+    def __init__(self, message: str = "", *, in_code: bool = True) -> None:
+        super().__init__(message)
+        self.in_code = in_code
+
+
 class InfrastructureError(ShardfuzzError):
     """The fuzzer itself failed: a pool would not start, a worker could not be reached."""
 

@@ -175,8 +175,22 @@ def test_what_the_noise_model_refuses_in_a_self_oracle_is_said_as_the_implementa
         estimate_noise(runner.target, case, expected, 3)
     said = str(refused.value)
     assert "(oracle='self'): the noise model refuses implementation" in said, said
-    assert "softmax_live_max" in said and "Detach the max" in said and "goes into the implementation" in said
+    assert "softmax_live_max (at " in said and "self_oracle.py:" in said, said  # its own line
+    assert "Detach the max" in said and "the oracle is that implementation: the change goes there" in said
     assert "Traceback" not in said and "needs an implementation that runs on one rank" not in said, said
+
+
+def test_a_target_error_of_the_implementations_own_is_still_its_traceback():
+    """Found by review: the catch of the noise model's refusals caught every TargetError, so one the
+    implementation's own code raised (only in the noise runs) read as a refusal, without its traceback."""
+    case = _case("row_parallel_self_bugs", dtype="float32")
+    runner = Runner(SELF, "target_error_under_a_mode")
+    expected = runner.expected(case)
+    expected.source.values(expected)
+    with pytest.raises(
+        TargetError, match=r"(?s)\(noise\), the self-oracle of .*raised:.*Traceback.*no_such_target"
+    ):
+        estimate_noise(runner.target, case, expected, 3)
 
 
 def test_the_noise_model_leaves_collectives_alone():

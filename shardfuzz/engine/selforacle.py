@@ -14,14 +14,18 @@ only for an example that completed: a hang or a rank error needs no oracle. It c
 that is also there at world size 1, nor one the case dtype shows alike at every world size (the
 case-dtype rerun carries it into the bound). When the world-size-1 run itself raises, hangs or
 dies, that is a usage error (:class:`~shardfuzz.errors.TargetError`) with its traceback: a
-self-oracle needs an implementation that runs on one rank in float64.
+self-oracle needs an implementation that runs on one rank in float64. What the noise model refuses
+in it (:class:`~shardfuzz.errors.NoiseModelRefusal`: a hand-written softmax with a live max,
+DTensor code) is said as that refusal, with the implementation's line and the remedy.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import random
+import traceback
 from typing import Any
 
 import numpy as np
@@ -29,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardfuzz.case import Case
-from shardfuzz.errors import TargetError, Unsupported
+from shardfuzz.errors import NoiseModelRefusal, TargetError, Unsupported
 from shardfuzz.protocol import Completed, Hung, ImplRef, RankDied, RankFailed, Task, UnsupportedReply, decode
 from shardfuzz.ranks.pool_cache import discard_pool, get_pool
 from shardfuzz.ranks.spawn import hard_cap
@@ -122,10 +126,17 @@ class SelfSource:
             return {}
         got = self._run("noise", samples=samples, first=first, full_scale=full_scale)
         if "refused" in got:
-            raise TargetError(
+            at = f" (at {got['where']})" if got["where"] else ""
+            remedy = (
+                ". With a self-oracle the oracle is that implementation: the change goes there, or "
+                "write an oracle function"
+                if got["in_code"]
+                else ""
+            )
+            raise NoiseModelRefusal(
                 f"Target {self.target.name!r} (oracle={SELF!r}): the noise model refuses implementation "
-                f"{self.impl}, which is this target's oracle (run at world size 1): {got['refused']}. "
-                "With a self-oracle that change goes into the implementation, or write an oracle function"
+                f"{self.impl}{at}, run at world size 1 as the oracle: {got['refused']}{remedy}",
+                in_code=got["in_code"],
             )
         return got["noise"]
 
@@ -249,9 +260,17 @@ def run_self(
                 first,
                 full_scale,
             )
-    except TargetError as e:  # the noise model refuses the code (a live max, DTensor): said, not a crash
-        return {"self": {"refused": str(e)}}
+    except NoiseModelRefusal as e:  # a live max, DTensor code: said as a refusal, not a crash
+        return {"self": {"refused": str(e), "in_code": e.in_code, "where": _user_frame(e)}}
     return {"self": {"noise": noise}}
+
+
+def _user_frame(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc`` outside shardfuzz and torch: the line of the
+    implementation that the refusal is about ("" where there is none)."""
+    skip = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _plain(run: Any) -> dict[str, Any]:
@@ -269,10 +288,11 @@ def _plain(run: Any) -> dict[str, Any]:
     with Watch() as watch:
         ref = run("float64")
     if watch.seen:
-        raise TargetError(
-            f"oracle={SELF!r} with noise_model='mca': the implementation computes on {sorted(watch.seen)}, "
-            "whose ops the noise model cannot perturb; allowed: Tolerance(noise_model='dtype-rerun'), "
-            "fixed tolerances (Target(tolerance=...)), or a written oracle"
+        raise NoiseModelRefusal(
+            f"with noise_model='mca' it computes on {sorted(watch.seen)}, whose ops the noise model "
+            "cannot perturb; allowed: Tolerance(noise_model='dtype-rerun'), fixed tolerances "
+            "(Target(tolerance=...)), or a written oracle",
+            in_code=False,
         )
     return ref
 

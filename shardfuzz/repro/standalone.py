@@ -312,8 +312,10 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     if tol.noise_model == "mca" and floating:
         estimate_noise(target, case, expected, tol.samples, outputs)
         first = dict(expected.noise)
-        confirm_noise(target, case, expected, tol, outputs)  # the bound a reported mismatch had,
-        search_flips(target, case, expected, tol, outputs)  # which had looked for flips to the end
+        # the bound a reported mismatch had: rechecked, and its flips looked for to the end (a gross
+        # one skipped both; its script's bound is then wider: the script only passes more)
+        confirm_noise(target, case, expected, tol, outputs)
+        search_flips(target, case, expected, tol, outputs)
         # never narrower than the first estimate, which a gross mismatch's report prints (it skips
         # the recheck, whose pooled spread can come out smaller): the script only passes more
         expected.noise = {

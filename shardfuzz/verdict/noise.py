@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from shardfuzz.errors import TargetError
+from shardfuzz.errors import NoiseModelRefusal
 from shardfuzz.spec.tolerance import TINY, UNIT_ROUNDOFF
 from shardfuzz.verdict.noise_rules import EXACT, REDUCTIONS, SPECIAL, SUM_LIKE
 
@@ -232,7 +232,7 @@ class NoiseDraws:
         ):
             return result
         if self._held(self._live_shifts, num):
-            raise TargetError(LIVE_MAX_SOFTMAX)
+            raise NoiseModelRefusal(LIVE_MAX_SOFTMAX)
         if not _perturbable(result):  # empty: its exp was never tagged (an empty op keeps no terms)
             return result
         terms = self._exps[id(num)][1]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from shardfuzz import Expect, PlantedBug
+from shardfuzz import Expect, PlantedBug, TargetError
 from shardfuzz.spec.refs import import_file
 from shardfuzz.spec.registry import get_target
 from shardfuzz.targets import tp_mlp
@@ -53,10 +53,23 @@ def softmax_live_max(ctx):  # softmax of y written by hand, its max not detached
     return {**out, "y": (e / e.sum(-1, keepdim=True)).detach()}
 
 
+def target_error_under_a_mode(ctx):  # raises shardfuzz's TargetError only where a dispatch mode runs
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if _get_current_dispatch_mode() is not None:
+        raise TargetError("target='no_such_target' is unknown")  # as a helper the user calls would
+    return _row_parallel(ctx)
+
+
 BUGS = {"w_offset_zero": "w_offset_zero", "bias_twice": "bias_twice"}
 SELF = EXAMPLE.derive(
     "row_parallel_self_bugs",
-    implementations={**BUGS, "needs_two_ranks": "needs_two_ranks", "softmax_live_max": "softmax_live_max"},
+    implementations={
+        **BUGS,
+        "needs_two_ranks": "needs_two_ranks",
+        "softmax_live_max": "softmax_live_max",
+        "target_error_under_a_mode": "target_error_under_a_mode",
+    },
 )
 WRITTEN = EXAMPLE.derive("row_parallel_written", implementations=BUGS, oracle=written_oracle)
 
