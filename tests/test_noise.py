@@ -429,6 +429,15 @@ def test_a_flip_that_the_first_full_scale_pairs_missed_is_looked_for_with_more_p
     assert pairs and pairs == list(range(6, 6 + 2 * len(pairs), 2)) and len(pairs) < 3, pairs
 
 
+def test_the_tolerance_line_says_the_noise_factor_of_the_other_dtypes_too():
+    """Found by a new-user audit: a float32 report said 8 * noise, its case rerun in bf16 said 4 *
+    noise, with no word why."""
+    assert "<= 8 * noise (8 for float32, 4 in 16-bit dtypes; " in Tolerance().describe("float32")
+    assert "<= 4 * noise (4 for bfloat16, 8 in float32 and float64; " in Tolerance().describe("bfloat16")
+    custom = Tolerance(noise_factor=3.0, wide_noise_factor=6.0)
+    assert "<= 3 * noise (3 for float16, 6 in float32 and float64; " in custom.describe("float16")
+
+
 @pytest.mark.parametrize("bad", [3, -2, 2.0, True])
 def test_flip_samples_must_be_whole_antithetic_pairs(bad):
     with pytest.raises(Exception, match=rf"flip_samples={bad!r}; must be"):

@@ -214,8 +214,17 @@ class Tolerance:
         rerun = "noise" if dtype == "float64" else "|oracle_in_case_dtype - oracle64|"
         searched = self.flip_samples and self.full_scale_samples
         flips = f", then up to {self.flip_samples} looking for a flip" if searched else ""
+        # the factor for this dtype, said beside the other's: a user who reran a float32 finding's
+        # case in bf16 saw 8 become 4 with no word why
+        other = (
+            ""
+            if not dtype
+            else f"{k} for {dtype}, {self.noise_factor:g} in 16-bit dtypes; "
+            if dtype in ("float32", "float64")
+            else f"{k} for {dtype}, {self.wide_noise_factor:g} in float32 and float64; "
+        )
         return (
-            f"|actual - oracle64| <= {k} * noise (Monte-Carlo arithmetic, {self.samples} runs; "
+            f"|actual - oracle64| <= {k} * noise ({other}Monte-Carlo arithmetic, {self.samples} runs; "
             f"a failure rechecked with {self.confirm_samples} + {self.full_scale_samples} more{flips}) "
             f"+ {self.rerun_factor:g} * {rerun} + {self.floor_factor:g} * u * scale"
         )
