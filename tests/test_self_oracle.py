@@ -180,6 +180,29 @@ def test_what_the_noise_model_refuses_in_a_self_oracle_is_said_as_the_implementa
     assert "Traceback" not in said and "needs an implementation that runs on one rank" not in said, said
 
 
+def test_the_line_a_refusal_names_is_the_implementations_even_beside_shardfuzz_or_torch():
+    """Found by review: the frame filter matched path prefixes without a separator, so a project
+    at .../shardfuzz_contrib or a package torchvision was skipped, and the built-in targets (in
+    shardfuzz/targets once installed from a wheel) too."""
+    from shardfuzz.engine import selforacle
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(selforacle.__file__)))
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+
+    def raised_in(path):  # an exception whose innermost frame is line 2 of ``path``
+        space = {}
+        exec(compile("def f():\n    raise ValueError('x')\n", path, "exec"), space)
+        try:
+            space["f"]()
+        except ValueError as e:
+            return e
+
+    for user in (package + "_contrib/impl.py", torch_dir + "vision/ops.py", package + "/targets/mine.py"):
+        assert selforacle._user_frame(raised_in(user)) == f"{user}:2", user
+    for ours in (package + "/verdict/noise.py", torch_dir + "/nn/functional.py"):  # skipped: this file's call
+        assert selforacle._user_frame(raised_in(ours)).startswith(__file__ + ":"), ours
+
+
 def test_a_target_error_of_the_implementations_own_is_still_its_traceback():
     """Found by review: the catch of the noise model's refusals caught every TargetError, so one the
     implementation's own code raised (only in the noise runs) read as a refusal, without its traceback."""

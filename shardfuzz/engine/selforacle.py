@@ -16,7 +16,7 @@ case-dtype rerun carries it into the bound). When the world-size-1 run itself ra
 dies, that is a usage error (:class:`~shardfuzz.errors.TargetError`) with its traceback: a
 self-oracle needs an implementation that runs on one rank in float64. What the noise model refuses
 in it (:class:`~shardfuzz.errors.NoiseModelRefusal`: a hand-written softmax with a live max,
-DTensor code) is said as that refusal, with the implementation's line and the remedy.
+DTensor code) is said as that refusal and its remedy (for a live max, with the implementation's line).
 """
 
 from __future__ import annotations
@@ -268,8 +268,14 @@ def run_self(
 def _user_frame(exc: BaseException) -> str:
     """``file:line`` of the innermost frame of ``exc`` outside shardfuzz and torch: the line of the
     implementation that the refusal is about ("" where there is none)."""
-    skip = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    inside = (package, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+    built_in = package + "targets" + os.sep  # the built-in targets' code is an implementation's
+
+    def ours(name: str) -> bool:
+        return name.startswith(inside) and not name.startswith(built_in)
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not ours(os.path.abspath(f.filename))]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 

@@ -218,7 +218,7 @@ class Tolerance:
         # case in bf16 saw 8 become 4 with no word why
         other = (
             ""
-            if not dtype
+            if not dtype or self.noise_factor == self.wide_noise_factor
             else f"{k} for {dtype}, {self.noise_factor:g} in 16-bit dtypes; "
             if dtype in ("float32", "float64")
             else f"{k} for {dtype}, {self.wide_noise_factor:g} in float32 and float64; "
