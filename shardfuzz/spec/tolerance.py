@@ -189,9 +189,7 @@ class Tolerance:
             floor = self.floor_factor * u * typical + tiny
         if noise is None or noise.numel() == 0:
             return self.rerun_factor * rerun + floor
-        spread = torch.nan_to_num(noise.double(), 0.0, 0.0, 0.0)
-        # an element whose few samples all fell small gets the output's typical noise
-        spread = spread.clamp_min(spread.median())
+        spread = floored_noise(noise)
         if dtype == "float64":  # the rerun in the case dtype is the reference itself: the noise stands in
             rerun = spread
         return self.factor_for(dtype) * spread + self.rerun_factor * rerun + floor
@@ -228,6 +226,13 @@ class Tolerance:
             f"a failure rechecked with {self.confirm_samples} + {self.full_scale_samples} more{flips}) "
             f"+ {self.rerun_factor:g} * {rerun} + {self.floor_factor:g} * u * scale"
         )
+
+
+def floored_noise(noise: torch.Tensor) -> torch.Tensor:
+    """An output's noise as the bound uses it: non-finite samples count 0, and an element whose few
+    samples all fell small gets the output's typical noise (at least its median)."""
+    spread = noise.double().nan_to_num(0.0, 0.0, 0.0)
+    return spread.clamp_min(spread.median()) if spread.numel() else spread
 
 
 def _rms(t: torch.Tensor) -> float:

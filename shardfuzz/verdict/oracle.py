@@ -40,6 +40,7 @@ from shardfuzz.protocol import dense
 from shardfuzz.spec.inputs import RandomState, float64, seed_all
 from shardfuzz.spec.sampling import draw_pool, simplest_case, stable_seed
 from shardfuzz.spec.target import SELF
+from shardfuzz.spec.tolerance import floored_noise
 from shardfuzz.verdict.noise import estimate
 
 
@@ -555,7 +556,7 @@ def widen_by_flips(
     seen there gives). Other samples change nothing: they are not pooled, so the verdict on a
     smooth output, a real bug's, does not move with them. Whether any element was widened."""
     widened = False
-    spread_of = {name: _floored(n.double()) for name, n in expected.noise.items()}
+    spread_of = {name: floored_noise(n) for name, n in expected.noise.items()}
     per_flip = 1 / math.sqrt(max(tolerance.full_scale_samples, 1))
     for k in (first, first + 1):
         sample = _spread(target, case, expected, outputs, 1, first=k, full_scale=True)
@@ -568,12 +569,6 @@ def widen_by_flips(
                 expected.noise[name] = torch.where(flip, torch.maximum(old, s * per_flip), old)
                 widened = True
     return widened
-
-
-def _floored(noise: torch.Tensor) -> torch.Tensor:
-    """An output's noise as the bound uses it: each element at least the output's median."""
-    finite = torch.nan_to_num(noise, 0.0, 0.0, 0.0)
-    return finite.clamp_min(finite.median()) if finite.numel() else finite
 
 
 def _spread(
