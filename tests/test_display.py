@@ -293,7 +293,7 @@ def test_a_recheck_that_now_fails_says_so_unless_its_narrower_bound_is_all():
     first figure standing (no second figure); a hang or a rank error is said as nondeterminism; a
     rank killed from outside gives no second figure."""
     from shardfuzz.engine.stats import Stats
-    from shardfuzz.errors import ExternalFault, Mismatch, RankHang
+    from shardfuzz.errors import ExternalFault, InfrastructureError, Mismatch, RankHang
     from shardfuzz.report.closest_pass import recheck_closest_pass
 
     class Again:
@@ -315,3 +315,6 @@ def test_a_recheck_that_now_fails_says_so_unless_its_narrower_bound_is_all():
     assert recheck_closest_pass(Run(Mismatch("m")), None) == (None, None)
     assert recheck_closest_pass(Run(RankHang("h")), None) == (None, "hang")
     assert recheck_closest_pass(Run(ExternalFault("killed")), None) == (None, None)
+    # a pool that cannot start for this extra figure leaves the pass as it is (shared with
+    # `shardfuzz case`, whose PASS a review saw turned into an error)
+    assert recheck_closest_pass(Run(InfrastructureError("no pool")), None) == (None, None)

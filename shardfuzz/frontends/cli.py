@@ -47,7 +47,7 @@ from shardfuzz.frontends.cli_args import (
 from shardfuzz.frontends.jobs import die_with_parent, how_it_ended, job_cost, run_jobs, sigterm_interrupts
 from shardfuzz.ranks.fast_exit import exit_without_teardown
 from shardfuzz.ranks.spawn import start_forkserver
-from shardfuzz.report.closest_pass import RECHECK_FROM
+from shardfuzz.report.closest_pass import RECHECK_FROM, judged_with_recheck, said_lower
 from shardfuzz.report.divergence import format_trace
 from shardfuzz.spec.refs import add_search_path, split_file_ref
 from shardfuzz.spec.registry import available_targets, builtin_targets, get_target, listed_targets
@@ -374,22 +374,12 @@ def _recheck_can_lower(runner: Any, verdict: Any) -> bool:
 
 def _rechecked_words(runner: Any, case: Case, first: float) -> str | None:
     """The case judged again with the recheck a failure gets before it is reported, said where it
-    is lower, as a campaign's closest pass says it (:func:`shardfuzz.report.closest_pass.
-    recheck_closest_pass`): a new user read "closest pass 1 (0.273 with the recheck ...)", ran the
-    case, and saw only the 1. None where it is not lower, where the recheck's pooled estimate fails
-    it (narrower: the first figure stands) or where the ranks were lost (the PASS stands: this
-    figure is extra, and a pool that fails to start for it must not turn a pass into an error)."""
-    again = runner.with_hooks([])
-    again.always_noise = again.recheck = True
-    try:
-        rechecked = again.run_case(case)
-    except Finding as f:
-        if f.kind == "mismatch":
-            return None
-        return f"judged again with the recheck a failure gets before it is reported: a {f.kind} (it passed once: not deterministic?)"
-    except InfrastructureError:  # ExternalFault too: no second figure, the first stands
-        return None
-    if not (rechecked < first and f"{rechecked:.3g}" != f"{first:.3g}"):
+    is lower, as a campaign's closest pass says it: a new user read "closest pass 1 (0.273 with the
+    recheck ...)", ran the case, and saw only the 1."""
+    rechecked, other_kind = judged_with_recheck(runner, case)
+    if other_kind is not None:
+        return f"judged again with the recheck a failure gets before it is reported: a {other_kind} (it passed once: not deterministic?)"
+    if rechecked is None or not said_lower(rechecked, first):
         return None
     return f"with the recheck a failure gets before it is reported (--recheck): {rechecked:.3g}"
 

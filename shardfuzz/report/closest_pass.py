@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardfuzz.errors import ExternalFault, Finding
+from shardfuzz.errors import ExternalFault, Finding, InfrastructureError
 
 
 def leading_figure(
@@ -47,7 +47,7 @@ def closest_pass_words(
     # right after the figure it qualifies (a second bracket at the end read as the bound's)
     recheck = (
         f"{rechecked:.3g} with the recheck a failure gets before it is reported"
-        if rechecked is not None and rechecked < lead and f"{rechecked:.3g}" != f"{lead:.3g}"
+        if rechecked is not None and said_lower(rechecked, lead)
         else ""
     )
     second = f" ({recheck})" if recheck else ""
@@ -128,11 +128,25 @@ def recheck_closest_pass(runner: Any, measured: float | None) -> tuple[float | N
     case = closest_pass_case(
         s.closest_pass, s.closest_pass_upper_bound, measured, s.measured_pass_ratio, s.measured_pass_case
     )
+    return judged_with_recheck(runner, case)
+
+
+def judged_with_recheck(runner: Any, case: Any) -> tuple[float | None, str | None]:
+    """(the error/tolerance, None) of ``case`` judged again by a copy of ``runner`` with the noise
+    widened by the recheck; (None, None) where the recheck's narrower bound fails it (the first
+    figure stands) or the ranks were lost (the figure is extra: a pool that fails for it must not
+    turn a pass into an error); (None, the kind) where it fails another way (nondeterminism)."""
     again = runner.with_hooks([])
     again.always_noise = again.recheck = True
     try:
         return again.run_case(case), None
     except Finding as f:
         return None, (None if f.kind == "mismatch" else f.kind)
-    except ExternalFault:  # no second figure; the first stands
+    except InfrastructureError:  # ExternalFault too: no second figure; the first stands
         return None, None
+
+
+def said_lower(rechecked: float, first: float) -> bool:
+    """Whether a rechecked figure is worth saying beside the first: lower, and not the same to 3
+    significant digits."""
+    return rechecked < first and f"{rechecked:.3g}" != f"{first:.3g}"
