@@ -238,16 +238,36 @@ def _sdpa_backward(mode: Any, b: dict, out: tuple) -> tuple:
     return tuple(t + mode.noise(s.reshape(t.shape), ru) for t, s in zip(out, scales))
 
 
+#: the tanh approximation's constants: ``Phi(x) ~ (1 + tanh(c (x + k x^3))) / 2``
+_TANH_C, _TANH_K = math.sqrt(2 / math.pi), 0.044715
+
+
 def _gelu(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
-    """``x * Phi(x)`` with ``Phi = (1 + erf(x / sqrt 2)) / 2``: in the negative tail ``1 + erf``
-    cancels, so the error is a rounding of ``|x|``, not of the (tiny) result."""
-    return out + mode.noise(b["self"].abs() + out.abs())
+    """``x * Phi(x)``, ``Phi = (1 + erf(x / sqrt 2)) / 2`` (or its tanh or sigmoid form): ``Phi``'s
+    own rounding (at most ``u`` of its O(1) value, cancelling in the negative tail) times ``|x| / 2``,
+    and the result's rounding. Measured over every bf16 and float16 value and 2.4M float32 values,
+    nine hand-written and library forms err by at most 1.71 of these units (the float32 sigmoid
+    form); ``|x|`` in place of ``|x| / 2`` was twice that and hid a quick GELU's 0.02 in bf16."""
+    return out + mode.noise(0.5 * b["self"].abs() + out.abs())
 
 
 def _gelu_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
-    """``g * (Phi(x) + x phi(x))``: ``Phi``'s cancellation again, on the scale of ``|g|``."""
-    g, x = b["grad_output"], b["self"]
-    return out + mode.noise(g.abs() * (1 + x.abs() * (-0.5 * x * x).exp() * (1 + x * x)))
+    """``g * (Phi(x) + x phi(x))``: ``Phi``'s rounding, on the scale of ``|g| / 2`` (cancelling in the
+    negative tail), the ``x phi(x)`` path's roundings, and the result's. The tanh form's derivative
+    has ``1 - tanh^2`` computed from a rounded ``tanh`` (autograd's): it errs by up to ``2 u tanh^2``,
+    or by all of it where ``tanh`` rounds to 1, times ``x c (1 + 3 k x^2) / 2``. Measured as for the
+    forward rule: at most 1.74 of these units (the float32 sigmoid form). The old ``|g| (1 + ...)``
+    was twice the erf forms' error in the negative tail, and without the tanh term a hand-written
+    tanh GELU's gradient (GPT-2's ``NewGELU``) came to 4.0 units in float16 and 9.4 in float32, over
+    the 2.3 that a bound of 4 noises allows one rounding."""
+    g, x = b["grad_output"].abs(), b["self"]
+    phi_path = x.abs() * (-0.5 * x * x).exp() * (1 + x * x)
+    scale = g * (0.5 + 0.5 * phi_path) + out.abs()  # |out| = |g| |GELU'(x)|
+    if b.get("approximate") == "tanh":
+        t = torch.tanh(_TANH_C * (x + _TANH_K * x**3))
+        cancel = torch.minimum(t * t, (1 - t * t) / (2 * mode.case_u))
+        scale = scale + 2 * g * x.abs() * _TANH_C * (1 + 3 * _TANH_K * x * x) * cancel
+    return out + mode.noise(scale)
 
 
 def _lerp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
