@@ -560,11 +560,12 @@ PLANTED = [
             check=lambda c: c.dtype == "bfloat16",
             note="bfloat16, any world size",
         ),
-        # budget.py, 20 seeds, cap 500 (stop 57, the search climbing on measured ratios only):
-        # p50 22.5, p95 57, max 77, 80% within 30 examples (65%, p95 85 before). In the negative tail, where x * sigmoid(1.702 x) is furthest from GELU, the
-        # bound allows a GELU computed in bf16 arithmetic (1 + erf cancels: noise on the scale of
-        # u * |x|): 29 of 200 random bf16 cases fail (normal values 29%, large 8%, ties 6%)
-        p95=57,
+        # budget.py, 20 seeds, cap 120 (stop 63, the GELU rules from measured error: the forward
+        # |x| / 2 + |out|, was |x| + |out|; the backward halved in the negative tail): p50 21.5,
+        # p95 38, max 43, 90% within 30 examples (80%, p95 57 before). The bound still allows a GELU
+        # computed in bf16 arithmetic, which errs by a few bf16 roundings too: 49 of 160 random
+        # bf16 cases fail (20 before); a large profile saturates GELU and hides it
+        p95=38,
     ),
 ]
 
