@@ -168,6 +168,30 @@ def test_a_greatest_difference_that_passes_where_it_is_says_so():
     assert "at index (1,) (up to 1 allowed there; the worst element is 3x its tolerance)" in text, text
 
 
+def test_an_inf_or_nan_where_the_oracle_is_finite_asks_whether_the_case_dtype_overflowed():
+    """A float16 implementation whose ``x**3`` overflowed read "nan vs expected 0 ... (infx)" with
+    no word of an overflow (a new user's GELU audit); a finite mismatch gets no such line."""
+    from shardfuzz.report.findings import format_output_diff
+    from shardfuzz.verdict.compare import OutputDiff
+
+    e = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    bound = torch.full_like(e, 1e-3)
+    for bad in (float("nan"), float("inf")):
+        rd = compare_tensor(torch.tensor([bad, 2.0], dtype=torch.float16), e, bound, 0, lambda i: i)
+        text = format_output_diff(OutputDiff("y", "Shard(0)", "float16", (2,), [rd], bound=bound), str)
+        assert (
+            "inf or NaN where the oracle is finite: did the implementation's arithmetic overflow float16 (its largest finite value is 65504)"
+            in text
+        ), text
+    wrong = compare_tensor(torch.tensor([1.0, 2.0], dtype=torch.float16), e, bound, 0, lambda i: i)
+    text = format_output_diff(OutputDiff("y", "Shard(0)", "float16", (2,), [wrong], bound=bound), str)
+    assert "inf or NaN" not in text, text
+    inf = torch.tensor([math.inf, 2.0]).double()
+    both = compare_tensor(torch.tensor([math.inf, 9.0]), inf, bound, 0, lambda i: i)
+    text = format_output_diff(OutputDiff("y", "Shard(0)", "float32", (2,), [both], bound=bound), str)
+    assert "inf or NaN" not in text, text  # the oracle's infinity is matched: the wrong element is finite
+
+
 def test_a_nan_is_printed_as_nan_where_it_is_the_greatest_difference():
     """A NaN beside a finite oracle value is ranked as infinitely wrong, and the report's greatest
     differences say nan there, as its worst-element line does (a new user read "inf" above "nan")."""

@@ -359,4 +359,24 @@ def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
     if r.worst:
         lines.append("    worst elements (actual vs expected, allowed = the tolerance there):")
         lines.extend(f"      {w.describe()}" for w in r.worst)
+        lines += _non_finite_note(od, r)
     return lines
+
+
+def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
+    """A line where a shown element is inf or NaN and the oracle's is finite: an overflow in the
+    case dtype reads as "infx" otherwise (a new user's float16 GELU, whose ``x**3`` overflowed)."""
+    if not any(not math.isfinite(w.actual) and math.isfinite(w.expected) for w in r.worst):
+        return []
+    import torch
+
+    dtype = getattr(torch, od.dtype, None)
+    largest = (
+        f" (its largest finite value is {torch.finfo(dtype).max:.6g})"
+        if dtype is not None and dtype.is_floating_point
+        else ""
+    )
+    return [
+        f"    inf or NaN where the oracle is finite: did the implementation's arithmetic overflow "
+        f"{od.dtype}{largest} or make a NaN (0 * inf, inf - inf)? The float64 oracle did not"
+    ]
