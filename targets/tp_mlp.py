@@ -564,7 +564,7 @@ PLANTED = [
         # |x| / 2 + |out|, was |x| + |out|; the backward halved in the negative tail): p50 21.5,
         # p95 38, max 43, 90% within 30 examples (80%, p95 57 before). The bound still allows a GELU
         # computed in bf16 arithmetic, which errs by a few bf16 roundings too: 49 of 160 random
-        # bf16 cases fail (20 before); a large profile saturates GELU and hides it
+        # bf16 cases fail (20 of the same 160 before); a large profile saturates GELU and hides it
         p95=38,
     ),
 ]

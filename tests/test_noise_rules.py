@@ -125,51 +125,116 @@ def _every_value(dtype: torch.dtype) -> torch.Tensor:
 
 
 def _gelu_rule_units(dtype, approximate, form):
-    """The largest error of ``form`` in ``dtype`` (forward, and the gradient through autograd) in
-    units of the GELU rules' rounding (``u * scale``: one full-scale draw of each rule)."""
-    from shardfuzz.spec.tolerance import UNIT_ROUNDOFF
+    """The error of ``form`` in ``dtype`` (forward, and the gradient of a random cotangent through
+    autograd) per element, in units of the GELU rules' rounding: ``u * scale``, the scale as the
+    noise samples draw it (at the perturbation unit, with ``case_u`` the dtype's, full scale so
+    that the noise is +-``PERTURBATION_UNIT * scale``). Returns (x, forward units, backward units)."""
+    from shardfuzz.spec.tolerance import TINY, UNIT_ROUNDOFF
+    from shardfuzz.verdict.noise import PERTURBATION_UNIT
 
     u = UNIT_ROUNDOFF[str(dtype).removeprefix("torch.")]
     x = _every_value(dtype).requires_grad_()
+    # a cotangent of one exact in every dtype and sign (|g| = 1 made the products exact)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
     got = form(x)
-    (got_grad,) = torch.autograd.grad(got.sum(), x)
+    (got_grad,) = torch.autograd.grad(got, x, g)
     x64 = x.detach().double().requires_grad_()
     with _Record() as rec:
         ref = F.gelu(x64, approximate=approximate)
-        (ref_grad,) = torch.autograd.grad(ref.sum(), x64)
-    mode = rounding_noise()(u, 0, 1, case_u=u, extreme=1.0)  # xi = +-1: the noise is +-u * scale
+        (ref_grad,) = torch.autograd.grad(ref, x64, g.double())
+    name = str(dtype).removeprefix("torch.")
+    mode = rounding_noise()(PERTURBATION_UNIT, 0, 1, case_u=u, extreme=1.0, case_tiny=TINY[name])
     units = []
     for name, want, have in (("gelu", ref, got), ("gelu_backward", ref_grad, got_grad)):
         func, args, kwargs = rec.calls[name]
-        scale = (SPECIAL[name](mode, func, args, kwargs, want.detach().clone()) - want).detach().abs() / u
-        units.append(float(((have.detach().double() - want.detach()).abs() / (u * scale)).max()))
-    return units
+        want = want.detach()
+        noise = (SPECIAL[name](mode, func, args, kwargs, want.clone()) - want).detach().abs()
+        units.append((have.detach().double() - want).abs() / (u * noise / PERTURBATION_UNIT))
+    return x.detach().double(), units[0], units[1]
+
+
+#: |x| regions of GELU where a rule may be no looser than the worst form needs there (both signs);
+#: past 4 the 16-bit forms err by little or nothing (Phi rounds to 1, or 1 + erf to 0 and the
+#: result into the subnormals), and the rules claim no power there
+_GELU_REGIONS = ((1e-3, 0.5), (0.5, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0))
 
 
 def test_gelu_rules_cover_every_way_users_write_gelu_in_16_bits():
     # 4 / sqrt(3) units: what a bound of 4 noises allows one rounding (xi's RMS is 1 / sqrt(3));
     # a form over it is a false finding wherever its GELU dominates an element's noise (a gradient
-    # of one token). Before: NewGELU's gradient 2.61 units in bf16 and 4.01 in float16
+    # of one token). Before: NewGELU's gradient 2.61 units in bf16 and 4.01 in float16, the sigmoid
+    # form's 2.89 and 5.75
     for dtype in (torch.bfloat16, torch.float16):
         for name, approximate, form in _gelu_forms():
-            forward, backward = _gelu_rule_units(dtype, approximate, form)
-            assert forward <= 1.5 and backward <= 1.5, (dtype, name, forward, backward)
-    # in float32, the hand-written forms: torch's own float32 kernels err by more (up to 11 units),
-    # and the bound's term for the oracle rerun in the case dtype, which calls them too, holds that
+            _, forward, backward = _gelu_rule_units(dtype, approximate, form)
+            assert forward.max() <= 1.6 and backward.max() <= 1.6, (
+                dtype,
+                name,
+                forward.max(),
+                backward.max(),
+            )
+    # in float32 (allowed: 8 noises, 4.62 units), the hand-written forms (at most 2.0, the sigmoid
+    # form's gradient); torch's own float32 kernels err by more, up to 5.6 units forward, which the
+    # forward rule keeps |x| for there
     for name, approximate, form in _gelu_forms():
         if not name.startswith("F."):
-            forward, backward = _gelu_rule_units(torch.float32, approximate, form)
-            assert forward <= 2 and backward <= 2, (name, forward, backward)
+            _, forward, backward = _gelu_rule_units(torch.float32, approximate, form)
+            assert forward.max() <= 2.5 and backward.max() <= 2.5, (name, forward.max(), backward.max())
 
 
-def test_gelu_rules_are_within_twice_the_error_of_a_gelu_in_16_bit_arithmetic():
-    # power: quick GELU, x * sigmoid(1.702 x), is up to 0.02 off; in bf16 that is a few roundings,
-    # so the rules may be no looser than the forms need (|x| in place of |x| / 2 forward came to
-    # 2.43 units here, within the 2.31 allowed)
-    worst = [
-        max(_gelu_rule_units(torch.bfloat16, "none", form)[i] for _, a, form in _gelu_forms() if a == "none")
-        for i in (0, 1)
-    ]
-    quick = _gelu_rule_units(torch.bfloat16, "none", lambda x: x * torch.sigmoid(1.702 * x))
-    assert all(w >= 0.5 for w in worst), worst  # the rules' scale is at most twice the worst error
-    assert min(quick) > 4 / 3**0.5 * 1.5, quick  # quick GELU stands out in the forward and the gradient
+#: how close the worst form comes to each rule in every region at least (measured: 0.23 forward at
+#: 3 <= x < 4 in bf16, 0.51 for the erf rule's gradient, 0.22 for the tanh term's, at -3 < x <= -2)
+_GELU_POWER = {
+    ("none", "forward"): 0.2,
+    ("none", "backward"): 0.45,
+    ("tanh", "forward"): 0.2,
+    ("tanh", "backward"): 0.2,
+}
+
+
+def test_gelu_rules_are_no_looser_than_the_forms_need_in_any_region():
+    # power: in every |x| region and sign, some correct form comes this close to each rule (a rule
+    # loosened there, the tanh term on the erf rule included, fails here)
+    for dtype in (torch.bfloat16, torch.float16):
+        for approximate in ("none", "tanh"):
+            runs = [_gelu_rule_units(dtype, a, form) for _, a, form in _gelu_forms() if a == approximate]
+            x = runs[0][0]
+            for lo, hi in _GELU_REGIONS:
+                for sign in (-1, 1):
+                    at = (x * sign >= lo) & (x * sign < hi)
+                    for which, label in ((1, "forward"), (2, "backward")):
+                        worst = max(float(run[which][at].max()) for run in runs)
+                        need = _GELU_POWER[approximate, label]
+                        assert worst >= need, (dtype, approximate, label, sign * lo, sign * hi, worst)
+
+
+def test_the_tanh_terms_cancellation_ends_where_tanh_rounds_to_one():
+    # 1 - tanh^2 from a tanh rounded to exactly 1 is exactly 0: the term is capped at what is left
+    # to cancel (with the case dtype's unit, not the perturbation unit the samples run at)
+    from shardfuzz.spec.tolerance import UNIT_ROUNDOFF
+    from shardfuzz.verdict.noise import PERTURBATION_UNIT
+
+    # and past what x * x can hold in float64 (inf * 0 would be NaN: no noise at all there)
+    x = torch.tensor([-8.0, -6.0, 6.0, 8.0, -1e200, 1e200], dtype=torch.float64)
+    g = torch.ones_like(x)
+    func = torch.ops.aten.gelu_backward.default
+    for dtype in ("bfloat16", "float16"):
+        mode = rounding_noise()(PERTURBATION_UNIT, 0, 1, case_u=UNIT_ROUNDOFF[dtype], extreme=1.0)
+        scales = []
+        for approximate in ("tanh", "none"):
+            # torch's own tanh kernel makes a NaN past 1e102 (its x**3 overflows): the rule is checked
+            out = func(g, x, approximate=approximate).nan_to_num(0.0)
+            noisy = SPECIAL["gelu_backward"](mode, func, (g, x), {"approximate": approximate}, out.clone())
+            scales.append((noisy - out).abs())
+        # what is left of the term at |x| = 6 and 8 is at most a thousandth of the rest
+        assert torch.all(scales[0] <= scales[1] * 1.001), (dtype, scales)
+        assert torch.all(scales[0] > 0) and torch.all(scales[1] > 0), (dtype, scales)  # |g| / 2, everywhere
+
+
+def test_quick_gelu_stands_out_of_the_gelu_rules_in_bf16():
+    # x * sigmoid(1.702 x) is up to 0.02 off GELU: in bf16 a few roundings. Before: 2.43 units forward
+    _, forward, backward = _gelu_rule_units(torch.bfloat16, "none", lambda x: x * torch.sigmoid(1.702 * x))
+    assert forward.max() > 4 / 3**0.5 * 1.5 and backward.max() > 4 / 3**0.5 * 1.5, (
+        forward.max(),
+        backward.max(),
+    )
