@@ -11,6 +11,8 @@ import math
 import shlex
 from collections.abc import Callable, Sequence
 
+import torch
+
 from shardfuzz.case import Case
 from shardfuzz.errors import (
     CommunicationExceeded,
@@ -368,8 +370,6 @@ def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
     case dtype reads as "infx" otherwise (a new user's float16 GELU, whose ``x**3`` overflowed)."""
     if not any(not math.isfinite(w.actual) and math.isfinite(w.expected) for w in r.worst):
         return []
-    import torch
-
     dtype = getattr(torch, od.dtype, None)
     largest = (
         f" (its largest finite value is {torch.finfo(dtype).max:.6g})"
