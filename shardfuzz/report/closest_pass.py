@@ -55,9 +55,11 @@ def closest_pass_words(
         # a bound of 1 says only that they passed ("at most 1" told a new user nothing)
         vacuous = float(words) >= 1.0
         if measured is not None or measured_elsewhere > 0:
+            # the same order as below: the measure, its recheck, then what the bound says (a new
+            # user read the two orders as two different things)
             words = (
-                f"{lead:.3g} measured (passes judged without the noise term are within their bound, "
-                f"not measured)" + (f"; {recheck}" if recheck else "")
+                f"{lead:.3g} measured{second}; passes judged without the noise term are within their "
+                "bound, not measured"
                 if vacuous
                 else f"{lead:.3g} measured{second}, at most {words} (passes judged without the noise term are "
                 "bounded, not measured)"
