@@ -285,7 +285,7 @@ def _gelu_backward(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
 def _lerp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
     """``a + w (end - a)``: terms ``|1 - w| |a| + |w| |end|``, at most ``|out| + 2 |w| |end|`` (the
     bound it was written with, when the in-place form's rule saw ``a`` overwritten; the mode now
-    hands a rule the operand as it was, and this bound, within 2x of the terms, stays)."""
+    hands a rule the operand as it was, and this bound, at most 3x the terms, stays)."""
     end, w = b["end"], b["weight"]
     w = w.abs() if isinstance(w, torch.Tensor) else abs(w)
     return out + mode.noise(out.abs() + 2 * w * end.abs())
