@@ -190,6 +190,13 @@ def test_an_inf_or_nan_where_the_oracle_is_finite_asks_whether_the_case_dtype_ov
     both = compare_tensor(torch.tensor([math.inf, 9.0]), inf, bound, 0, lambda i: i)
     text = format_output_diff(OutputDiff("y", "Shard(0)", "float32", (2,), [both], bound=bound), str)
     assert "inf or NaN" not in text, text  # the oracle's infinity is matched: the wrong element is finite
+    nan_at_inf = compare_tensor(torch.tensor([math.nan, 2.0]), inf, bound, 0, lambda i: i)
+    text = format_output_diff(OutputDiff("y", "Shard(0)", "float32", (2,), [nan_at_inf], bound=bound), str)
+    assert nan_at_inf.bad == 1 and "inf or NaN" not in text, text  # the oracle is not finite there
+    # a Python float output (its dtype named "float", which torch also reads as float32): no largest value
+    py = compare_tensor(torch.tensor([math.nan, 2.0]), e, bound, 0, lambda i: i)
+    text = format_output_diff(OutputDiff("y", "Replicate()", "float", (2,), [py], bound=bound), str)
+    assert "overflow float or make a NaN" in text, text
 
 
 def test_a_nan_is_printed_as_nan_where_it_is_the_greatest_difference():

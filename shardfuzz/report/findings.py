@@ -370,12 +370,11 @@ def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
     case dtype reads as "infx" otherwise (a new user's float16 GELU, whose ``x**3`` overflowed)."""
     if not any(not math.isfinite(w.actual) and math.isfinite(w.expected) for w in r.worst):
         return []
+    # a torch dtype's own name only: od.dtype may name a Python type ("float" is torch.float32 too)
     dtype = getattr(torch, od.dtype, None)
-    largest = (
-        f" (its largest finite value is {torch.finfo(dtype).max:.6g})"
-        if dtype is not None and dtype.is_floating_point
-        else ""
-    )
+    largest = ""
+    if isinstance(dtype, torch.dtype) and str(dtype) == f"torch.{od.dtype}" and dtype.is_floating_point:
+        largest = f" (its largest finite value is {torch.finfo(dtype).max:.6g})"
     return [
         f"    inf or NaN where the oracle is finite: did the implementation's arithmetic overflow "
         f"{od.dtype}{largest} or make a NaN (0 * inf, inf - inf)? The float64 oracle did not"
