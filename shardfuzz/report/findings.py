@@ -29,7 +29,7 @@ from shardfuzz.report.divergence import Traces, describe_layouts, describe_seque
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.report.tracebacks import rank_stack
 from shardfuzz.signature import cause_of
-from shardfuzz.spec.tolerance import Tolerance
+from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
 from shardfuzz.verdict.comm import CommBudget, format_comm
 from shardfuzz.verdict.compare import WORST_SHOWN, OutputDiff, RankDiff
 from shardfuzz.verdict.judge import Verdict
@@ -370,11 +370,12 @@ def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
     case dtype reads as "infx" otherwise (a new user's float16 GELU, whose ``x**3`` overflowed)."""
     if not any(not math.isfinite(w.actual) and math.isfinite(w.expected) for w in r.worst):
         return []
-    # a torch dtype's own name only: od.dtype may name a Python type ("float" is torch.float32 too)
-    dtype = getattr(torch, od.dtype, None)
-    largest = ""
-    if isinstance(dtype, torch.dtype) and str(dtype) == f"torch.{od.dtype}" and dtype.is_floating_point:
-        largest = f" (its largest finite value is {torch.finfo(dtype).max:.6g})"
+    # a floating dtype's name only: od.dtype may name a Python type ("float" is torch.float32 too)
+    largest = (
+        f" (its largest finite value is {torch.finfo(getattr(torch, od.dtype)).max:.6g})"
+        if od.dtype in UNIT_ROUNDOFF
+        else ""
+    )
     return [
         f"    inf or NaN where the oracle is finite: did the implementation's arithmetic overflow "
         f"{od.dtype}{largest} or make a NaN (0 * inf, inf - inf)? The float64 oracle did not"

@@ -304,9 +304,9 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
         if kind.skip or not _has_float64(args, kwargs):
             return _exact_op(self, kind, func, args, kwargs)
         absolute = _absolute(kind.base, args, kwargs) if kind.sum_like else None  # copies: before the op
-        rule_args = _before_written(kind, args, kwargs) if kind.rule is not None and kind.written else args
-        out = func(*args, **kwargs)
         written = _written(kind, args, kwargs)
+        rule_args = _before_written(written, args) if kind.rule is not None and written else args
+        out = func(*args, **kwargs)
         u = self.reduction_u if kind.reduction else self.u
         if kind.rule is not None:
             result = _by_rule(self, kind.rule, func, rule_args, kwargs, out, written)
@@ -529,13 +529,13 @@ def _has_float64(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _before_written(kind: OpKind, args: tuple, kwargs: dict) -> tuple:
+def _before_written(written: list[Any], args: tuple) -> tuple:
     """``args`` with copies, taken before the op, of every tensor operand that shares storage with
-    what the op writes (``gelu_``'s x, ``gelu.out(x, out=x)``'s, ``x.lerp_(x, w)``'s end): its rule
+    ``written``, what the op writes (``gelu_``'s x, ``gelu.out(x, out=x)``'s, ``x.lerp_(x, w)``'s end): its rule
     reads the operand as it was (``gelu_``'s rule read the overwritten x: 250 times too little noise
     at x = -3). Copies have new ids, so a rule that looks an operand's |terms| up (``terms_of``)
     finds none for them: no in-place rule does; ``lerp_`` pays a copy its rule does not read."""
-    storages = {t.untyped_storage().data_ptr() for t in _written(kind, args, kwargs)}
+    storages = {t.untyped_storage().data_ptr() for t in written}
     return tuple(
         a.clone() if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in storages else a
         for a in args

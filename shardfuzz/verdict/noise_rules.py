@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from shardfuzz.spec.tolerance import UNIT_ROUNDOFF
+
 #: exact ops (data movement, selection, constants): never perturbed
 EXACT = frozenset(
     """copy clone detach alias lift_fresh lift_fresh_copy _to_copy to contiguous cat stack index
@@ -242,8 +244,6 @@ def _sdpa_backward(mode: Any, b: dict, out: tuple) -> tuple:
 
 #: the tanh approximation's constants: ``Phi(x) ~ (1 + tanh(c (x + k x^3))) / 2``
 _TANH_C, _TANH_K = math.sqrt(2 / math.pi), 0.044715
-#: float32's unit roundoff: a 16-bit dtype's is larger
-_FLOAT32_U = 2.0**-24
 
 
 def _gelu(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
@@ -256,7 +256,7 @@ def _gelu(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
     kernel errs by up to 10 of the ``|x| / 2`` units, and by a different amount a few ulps away, so
     the oracle's rerun in the case dtype does not hold it where the implementation's input differs."""
     x = b["self"]
-    half = 0.5 if mode.case_u > _FLOAT32_U else 1.0
+    half = 0.5 if mode.case_u > UNIT_ROUNDOFF["float32"] else 1.0  # a 16-bit case dtype
     return out + mode.noise(half * x.abs() + out.abs())
 
 
