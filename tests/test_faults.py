@@ -72,6 +72,18 @@ def test_a_death_that_recurs_only_sometimes_is_reported_as_flaky(tmp_path):
     assert runner.stats.external_faults == 1 and runner.stats.failures == 1
 
 
+def test_a_rank_that_aborts_on_its_own_uncaught_cpp_exception_is_not_rerun(tmp_path):
+    """The same death that recurs only sometimes, but one the rank causes itself: gloo's size check
+    throws, uncaught, and libstdc++ writes so before it aborts. Nothing outside can cause that, so
+    it is a finding at once, without the rerun on fresh ranks (which would pass here)."""
+    runner = Runner(TOY, "aborts_on_odd_runs")
+    counter = tmp_path / "runs"
+    with pytest.raises(RankError, match=r"(?s)rank 1 died \(exit code -6\).*terminate called after throwing"):
+        runner.run_case(toy_case(counter=str(counter)))
+    assert counter.read_text() == "x", "the case ran again"
+    assert runner.stats.external_faults == 0 and runner.stats.failures == 1
+
+
 # -- item 3: a death is a death, however late the driver learns its exit code -----------------------
 @linux
 def test_a_death_whose_exit_code_comes_late_is_a_death_not_a_hang():

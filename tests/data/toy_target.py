@@ -207,6 +207,22 @@ def dies_on_odd_runs(ctx):
     return reference(ctx)
 
 
+def aborts_on_odd_runs(ctx):
+    """On the 1st, 3rd, 5th... run of the case (counted in the file ``options['counter']``) the
+    ranks all-gather chunks of different sizes: gloo's size check throws in rank 1, uncaught, and
+    libstdc++ aborts the process (a death the rank causes itself, as torch's SP TP on an uneven
+    sequence does); on the other runs, the reference."""
+    if ctx.group_rank == 1:
+        with open(ctx.case.options["counter"], "a") as f:
+            f.write("x")
+    dist.barrier(group=ctx.group)  # rank 0 reads the count rank 1 wrote
+    if os.path.getsize(ctx.case.options["counter"]) % 2:
+        mine = torch.zeros(2 if ctx.group_rank == 0 else 1)
+        out = torch.zeros(mine.numel() * ctx.group_size)
+        dist.all_gather_into_tensor(out, mine, group=ctx.group)
+    return reference(ctx)
+
+
 def dies_after_closing_rank1(ctx):
     """Rank 1 closes its connections to its peers (they fail at once: connection closed) and dies
     a second later: a death that its peers see before the driver can."""
@@ -318,6 +334,7 @@ TOY = Target(
         "sigkill_rank1": "sigkill_rank1",
         "kill_forkserver_once": "kill_forkserver_once",
         "dies_on_odd_runs": "dies_on_odd_runs",
+        "aborts_on_odd_runs": "aborts_on_odd_runs",
         "dies_after_closing_rank1": "dies_after_closing_rank1",
         "leak_environment": "leak_environment",
         "reads_environment": "reads_environment",
