@@ -273,13 +273,15 @@ class RankFailed:
 
 @dataclasses.dataclass
 class RankDied:
-    """A rank process exited in the middle of an example."""
+    """A rank process exited in the middle of an example: ``rank``, the lowest of those that did
+    (``dead``, every one the driver saw exit)."""
 
     rank: int
     exitcode: int | None
     output: dict[int, str] = dataclasses.field(default_factory=dict)
     elapsed: float = 0.0
     traces: dict[int, tuple[Collective, ...]] = dataclasses.field(default_factory=dict)
+    dead: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass

@@ -84,6 +84,33 @@ def test_a_rank_that_aborts_on_its_own_uncaught_cpp_exception_is_not_rerun(tmp_p
     assert runner.stats.external_faults == 0 and runner.stats.failures == 1
 
 
+def test_a_survivor_that_aborts_after_a_peer_was_killed_from_outside_is_still_rerun():
+    """A peer killed from outside can take a survivor down with it, and the lowest dead rank is
+    the one reported: the death is the rank's own only where every rank that died wrote its cause."""
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.protocol import RankDied
+    from shardfuzz.ranks.faults import SELF_INFLICTED, confirm_death
+
+    class Reruns:  # the runner's part confirm_death uses: the rerun passes
+        _confirming = False
+        deaths_set_aside: set = set()
+        stats = Stats()
+        calls = 0
+
+        def _run_on_pool(self, case):
+            self.calls += 1
+
+    aborted = f"--- rank 0 stderr ---\n{SELF_INFLICTED} 'gloo::EnforceNotMet'\n"
+    killed = RankDied(0, -6, {0: aborted, 1: ""}, dead=(0, 1))  # rank 1: SIGKILL, no word
+    runner = Reruns()
+    with pytest.raises(ExternalFault):
+        confirm_death(runner, toy_case(), killed)
+    assert runner.calls == 1
+    own = RankDied(0, -6, {0: aborted, 1: ""}, dead=(0,))
+    runner = Reruns()
+    assert confirm_death(runner, toy_case(), own) == "" and runner.calls == 0
+
+
 # -- item 3: a death is a death, however late the driver learns its exit code -----------------------
 @linux
 def test_a_death_whose_exit_code_comes_late_is_a_death_not_a_hang():

@@ -6,7 +6,7 @@ environment, the working directory) that one example leaves to the next.
   before it is a finding. A death that does not recur is an external fault: counted in
   ``Stats.external_faults`` and shown in the summary, not a finding. A case whose death did not
   recur once and then died again dies only sometimes: it is reported (as flaky), not set aside.
-  The one death not rerun is one the dead rank wrote its own cause for: an uncaught C++ exception
+  The one death not rerun is one every dead rank wrote its own cause for: an uncaught C++ exception
   (:data:`SELF_INFLICTED`, gloo's check of a collective's size), which nothing outside can cause.
 * :class:`ProcessState`: ``os.environ`` and ``os.getcwd()`` are snapshot around every example, in
   each rank and in the driver, and restored with the change named (a leak, like torch's global
@@ -36,9 +36,16 @@ FLAKY_DEATH_NOTE = (
 #: what libstdc++'s terminate handler writes, in the dying process, before it aborts on an uncaught
 #: C++ exception (gloo's ``EnforceNotMet`` on a collective whose sizes differ across ranks: torch's
 #: sequence-parallel TP on an uneven sequence). A signal from outside writes nothing, so a death
-#: with this line in the dead rank's own output of the example is the example's: a rerun on fresh
-#: ranks (two pool starts per failing example while shrinking) cannot set it aside
+#: where every rank that died wrote this line in the example is the example's: a rerun on fresh
+#: ranks (two pool starts per failing example while shrinking) cannot set it aside. Every rank: a
+#: peer killed from outside can take a survivor down with it, and the lowest dead rank is reported
 SELF_INFLICTED = "terminate called after throwing an instance of"
+
+
+def _self_inflicted(outcome: RankDied) -> bool:
+    """Whether every rank that died wrote its own cause (:data:`SELF_INFLICTED`) in the example."""
+    dead = outcome.dead or (outcome.rank,)
+    return all(SELF_INFLICTED in outcome.output.get(r, "") for r in dead)
 
 
 def confirm_death(
@@ -48,7 +55,7 @@ def confirm_death(
     cause (:data:`SELF_INFLICTED`). Raises :class:`ExternalFault` when it passes (the first time
     for this case); returns a note for the report otherwise ("" when the death recurred on the
     rerun or was the rank's own, :data:`FLAKY_DEATH_NOTE` when it recurs only sometimes)."""
-    if runner._confirming or SELF_INFLICTED in outcome.output.get(outcome.rank, ""):
+    if runner._confirming or _self_inflicted(outcome):
         return ""
     runner._confirming = True
     try:
