@@ -274,14 +274,14 @@ class RankFailed:
 @dataclasses.dataclass
 class RankDied:
     """A rank process exited in the middle of an example: ``rank``, the lowest of those that did
-    (``dead``, every one the driver saw exit)."""
+    (``dead``: every one the driver saw exit, with its exit code)."""
 
     rank: int
     exitcode: int | None
     output: dict[int, str] = dataclasses.field(default_factory=dict)
     elapsed: float = 0.0
     traces: dict[int, tuple[Collective, ...]] = dataclasses.field(default_factory=dict)
-    dead: tuple[int, ...] = ()
+    dead: dict[int, int | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -84,31 +84,48 @@ def test_a_rank_that_aborts_on_its_own_uncaught_cpp_exception_is_not_rerun(tmp_p
     assert runner.stats.external_faults == 0 and runner.stats.failures == 1
 
 
-def test_a_survivor_that_aborts_after_a_peer_was_killed_from_outside_is_still_rerun():
+def test_a_survivor_that_aborts_after_a_peer_was_killed_from_outside_is_still_rerun(tmp_path):
     """A peer killed from outside can take a survivor down with it, and the lowest dead rank is
-    the one reported: the death is the rank's own only where every rank that died wrote its cause."""
+    the one reported: the death is the ranks' own only where every rank that died aborted on
+    gloo's size check. Here rank 0 SIGKILLs rank 1, then writes that line and aborts: the case is
+    rerun, passes, and is set aside."""
+    runner = Runner(TOY, "peer_killed_then_aborts_once")
+    case = toy_case(marker=str(tmp_path / "killed"), pidfile=str(tmp_path / "rank1.pid"))
+    # rank 0 is the one reported where the driver saw both deaths (the usual order: a survivor
+    # still computing gets a grace); rank 1 where rank 0's abort came after it
+    with pytest.raises(
+        ExternalFault, match=r"rank (0 was killed by signal 6|1 was killed by signal 9) from outside"
+    ):
+        runner.run_case(case)
+    assert runner.stats.external_faults == 1 and runner.stats.failures == 0
+
+
+def test_only_an_abort_on_gloos_size_check_in_every_dead_ranks_stderr_skips_the_rerun():
     from shardfuzz.engine.stats import Stats
     from shardfuzz.protocol import RankDied
     from shardfuzz.ranks.faults import SELF_INFLICTED, confirm_death
 
     class Reruns:  # the runner's part confirm_death uses: the rerun passes
-        _confirming = False
-        deaths_set_aside: set = set()
-        stats = Stats()
-        calls = 0
+        def __init__(self):
+            self._confirming, self.deaths_set_aside, self.stats, self.calls = False, set(), Stats(), 0
 
         def _run_on_pool(self, case):
             self.calls += 1
 
-    aborted = f"--- rank 0 stderr ---\n{SELF_INFLICTED} 'gloo::EnforceNotMet'\n"
-    killed = RankDied(0, -6, {0: aborted, 1: ""}, dead=(0, 1))  # rank 1: SIGKILL, no word
-    runner = Reruns()
-    with pytest.raises(ExternalFault):
-        confirm_death(runner, toy_case(), killed)
-    assert runner.calls == 1
-    own = RankDied(0, -6, {0: aborted, 1: ""}, dead=(0,))
-    runner = Reruns()
-    assert confirm_death(runner, toy_case(), own) == "" and runner.calls == 0
+    def reruns(output, dead):
+        runner = Reruns()
+        try:
+            confirm_death(runner, toy_case(), RankDied(min(dead), dead[min(dead)], output, dead=dead))
+        except ExternalFault:
+            pass
+        return runner.calls == 1
+
+    aborted = f"--- rank 0 stderr ---\n{SELF_INFLICTED}\n  what():  [enforce fail at pair.cc:456]\n"
+    assert not reruns({0: aborted}, {0: -6})
+    assert reruns({0: aborted, 1: ""}, {0: -6, 1: -9})  # rank 1 killed from outside, no word
+    assert reruns({0: aborted}, {0: 1})  # not an abort
+    assert reruns({0: aborted.replace("stderr", "stdout")}, {0: -6})  # a copy the code printed
+    assert reruns({0: aborted.replace("'gloo::EnforceNotMet'", "'c10::DistBackendError'")}, {0: -6})
 
 
 # -- item 3: a death is a death, however late the driver learns its exit code -----------------------

@@ -222,7 +222,7 @@ def _settled_counts(pids_: list[int], quiet_s: float = 1.0, limit_s: float = 20.
         now = [(open_fds(p), os_threads(p)) for p in pids_]
         if now != last:
             last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s or time.monotonic() > deadline:
+        if time.monotonic() - since >= quiet_s or time.monotonic() > deadline:
             return now
         time.sleep(0.1)
 

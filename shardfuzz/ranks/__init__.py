@@ -4,8 +4,9 @@ The only package that forks: spawning rank processes, the warm pools and their c
 after a rank's exception, the worker loop, the task run on a rank, the collective trace and what
 the GPUs can run. Imports the core and spec.
 
-- ``faults.py``: `confirm_death()` (any rank death is rerun once on fresh ranks: a death that
-  does not
+- ``faults.py``: `confirm_death()` (a rank death is rerun once on fresh ranks: one that does not
+  recur is an external fault, not a finding) and `ProcessState` (the environment and working
+  directory restored after every example)
 - ``fast_exit.py``: exits without the interpreter's teardown of torch (the command, the
   forkserver): 1.2-1.7 s each.
 - ``gpu.py``: what can run on the GPUs of this machine.

@@ -6,8 +6,8 @@ environment, the working directory) that one example leaves to the next.
   before it is a finding. A death that does not recur is an external fault: counted in
   ``Stats.external_faults`` and shown in the summary, not a finding. A case whose death did not
   recur once and then died again dies only sometimes: it is reported (as flaky), not set aside.
-  The one death not rerun is one every dead rank wrote its own cause for: an uncaught C++ exception
-  (:data:`SELF_INFLICTED`, gloo's check of a collective's size), which nothing outside can cause.
+  The one death not rerun is one where every dead rank aborted on gloo's uncaught size check
+  (:data:`SELF_INFLICTED`), which ranks whose collectives differ in size cause themselves.
 * :class:`ProcessState`: ``os.environ`` and ``os.getcwd()`` are snapshot around every example, in
   each rank and in the driver, and restored with the change named (a leak, like torch's global
   settings in :mod:`shardfuzz.ranks.task`): an implementation that sets ``os.environ[...]`` or changes
@@ -18,6 +18,8 @@ environment, the working directory) that one example leaves to the next.
 from __future__ import annotations
 
 import os
+import re
+import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -33,26 +35,38 @@ FLAKY_DEATH_NOTE = (
 )
 
 
-#: what libstdc++'s terminate handler writes, in the dying process, before it aborts on an uncaught
-#: C++ exception (gloo's ``EnforceNotMet`` on a collective whose sizes differ across ranks: torch's
-#: sequence-parallel TP on an uneven sequence). A signal from outside writes nothing, so a death
-#: where every rank that died wrote this line in the example is the example's: a rerun on fresh
-#: ranks (two pool starts per failing example while shrinking) cannot set it aside. Every rank: a
-#: peer killed from outside can take a survivor down with it, and the lowest dead rank is reported
-SELF_INFLICTED = "terminate called after throwing an instance of"
+#: what libstdc++'s terminate handler writes to stderr, in the dying process, before it aborts on
+#: gloo's uncaught ``EnforceNotMet``: gloo's check that a message fits the buffer posted for it,
+#: which fails where the ranks' collectives differ in size (torch's sequence-parallel TP on an
+#: uneven sequence). Only that exception: an NCCL watchdog's ``DistBackendError`` follows a peer
+#: stalled from outside, and ``std::bad_alloc`` or ``std::system_error`` follow the machine's limits
+SELF_INFLICTED = "terminate called after throwing an instance of 'gloo::EnforceNotMet'"
 
 
 def _self_inflicted(outcome: RankDied) -> bool:
-    """Whether every rank that died wrote its own cause (:data:`SELF_INFLICTED`) in the example."""
-    dead = outcome.dead or (outcome.rank,)
-    return all(SELF_INFLICTED in outcome.output.get(r, "") for r in dead)
+    """Whether every rank that died aborted (SIGABRT) after writing :data:`SELF_INFLICTED` at the
+    start of a line of its own stderr in the example: a death no rerun can set aside. Every rank: a
+    peer killed from outside can take a survivor down with it, and the lowest dead rank is the one
+    reported. (A line cut out of a long output, or a rank server's, whose output a dead server
+    cannot send, reads as not written: the death is rerun, as every death was.)"""
+    dead = outcome.dead or {outcome.rank: outcome.exitcode}
+    return all(code == -signal.SIGABRT and _wrote(outcome.output.get(r, ""), r) for r, code in dead.items())
+
+
+def _wrote(output: str, rank: int) -> bool:
+    """Whether ``output`` (:meth:`Pool._output`'s sections) has :data:`SELF_INFLICTED` starting a
+    line of rank ``rank``'s stderr section."""
+    section = re.search(
+        rf"^--- rank {rank} stderr ---\n(.*?)(?=^--- rank {rank} \w+ ---$|\Z)", output, re.M | re.S
+    )
+    return section is not None and any(line.startswith(SELF_INFLICTED) for line in section[1].splitlines())
 
 
 def confirm_death(
     runner: Any, case: Case, outcome: RankDied
 ) -> str:  # runner: the engine's Runner, a layer above
-    """Rerun ``case`` once on fresh ranks after ``outcome``, unless the dead rank wrote its own
-    cause (:data:`SELF_INFLICTED`). Raises :class:`ExternalFault` when it passes (the first time
+    """Rerun ``case`` once on fresh ranks after ``outcome``, unless the dead ranks aborted on their
+    own (:func:`_self_inflicted`). Raises :class:`ExternalFault` when it passes (the first time
     for this case); returns a note for the report otherwise ("" when the death recurred on the
     rerun or was the rank's own, :data:`FLAKY_DEATH_NOTE` when it recurs only sometimes)."""
     if runner._confirming or _self_inflicted(outcome):

@@ -223,6 +223,27 @@ def aborts_on_odd_runs(ctx):
     return reference(ctx)
 
 
+def peer_killed_then_aborts_once(ctx):
+    """The first time (no file ``options['marker']`` yet): rank 1 is killed from outside (rank 0
+    sends the SIGKILL) inside a collective, and rank 0 then dies as a survivor can, aborting with
+    libstdc++'s line for gloo's size check on stderr. Later runs pass."""
+    marker, pidfile = ctx.case.options["marker"], ctx.case.options["pidfile"]
+    if os.path.exists(marker):
+        return reference(ctx)
+    if ctx.group_rank == 1:
+        with open(pidfile, "w") as f:
+            f.write(str(os.getpid()))
+        dist.barrier(group=ctx.group)  # killed in here
+    deadline = time.monotonic() + 30
+    while not os.path.exists(pidfile) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # the pid is written whole
+    open(marker, "w").close()
+    os.kill(int(open(pidfile).read()), signal.SIGKILL)
+    os.write(2, b"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n")
+    os.abort()
+
+
 def dies_after_closing_rank1(ctx):
     """Rank 1 closes its connections to its peers (they fail at once: connection closed) and dies
     a second later: a death that its peers see before the driver can."""
@@ -335,6 +356,7 @@ TOY = Target(
         "kill_forkserver_once": "kill_forkserver_once",
         "dies_on_odd_runs": "dies_on_odd_runs",
         "aborts_on_odd_runs": "aborts_on_odd_runs",
+        "peer_killed_then_aborts_once": "peer_killed_then_aborts_once",
         "dies_after_closing_rank1": "dies_after_closing_rank1",
         "leak_environment": "leak_environment",
         "reads_environment": "reads_environment",
