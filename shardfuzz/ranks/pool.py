@@ -260,9 +260,8 @@ class Pool:
         n = self.world_size
         if dead:
             r = min(dead)
-            output = self._output(range(n), errors, r)
             codes = {d: self._exit_code(d) for d in sorted(dead)}
-            return RankDied(r, self._exit_code(r), output, elapsed, self.traces(), codes)
+            return RankDied(r, codes[r], self._output(range(n), errors, r), elapsed, self.traces(), codes)
         late = elapsed >= cap - 1.0  # a gloo timeout at the cap is hang evidence, not the rank's error
         own = sorted(
             (m.timed_out, r) for r, m in errors.items() if not m.peer_closed and not (m.timed_out and late)

@@ -231,15 +231,16 @@ def peer_killed_then_aborts_once(ctx):
     if os.path.exists(marker):
         return reference(ctx)
     if ctx.group_rank == 1:
-        with open(pidfile, "w") as f:
+        with open(pidfile + ".part", "w") as f:
             f.write(str(os.getpid()))
+        os.replace(pidfile + ".part", pidfile)  # whole when it appears
         dist.barrier(group=ctx.group)  # killed in here
     deadline = time.monotonic() + 30
     while not os.path.exists(pidfile) and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.05)  # the pid is written whole
     open(marker, "w").close()
-    os.kill(int(open(pidfile).read()), signal.SIGKILL)
+    with open(pidfile) as f:
+        os.kill(int(f.read()), signal.SIGKILL)
     os.write(2, b"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n")
     os.abort()
 
