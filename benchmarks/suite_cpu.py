@@ -205,7 +205,9 @@ def report(code: int, wall: float, s: Sampler, machine: tuple[int, int], tail: s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
+    # each sample reads every thread's /proc file (a few thousand in the ci suite), on the cores the
+    # suite uses: 1 s keeps that small
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
     p.add_argument("--top", type=int, default=0, help="also list the N processes that used the most CPU")
     p.add_argument("--command", nargs=argparse.REMAINDER, help="any command in place of pytest")
     p.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the ci suite)")
