@@ -410,3 +410,16 @@ def test_a_peer_still_computing_after_a_crash_is_waited_for_before_the_report():
     d = first_divergence(info.value.traces)
     assert d is not None, info.value.report
     assert (d.op, d.entered, d.others) == ("all_reduce", (0,), (1,)), d.text
+
+
+def test_a_peer_not_yet_in_any_collective_after_a_crash_is_waited_for_even_while_it_sleeps():
+    """Rank 1 raises while rank 0 sleeps before its first collective (not runnable in /proc): a
+    peer that has entered no collective of this example is on its way too, so the report still
+    names the first divergent collective (waiting only for runnable peers, it read "none entered":
+    zero_adamw/padding_on_last_rank failed so in clean-ci)."""
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+    with pytest.raises(RankError) as info:
+        Runner(TOY, f"{TOY_IMPLS}::raise_while_peer_sleeps", RunConfig(timeout=5)).run_case(case)
+    d = first_divergence(info.value.traces)
+    assert d is not None, info.value.report
+    assert (d.op, d.entered, d.others) == ("all_reduce", (0,), (1,)), d.text

@@ -45,9 +45,11 @@ from shardfuzz.ranks.worker import worker_main
 START_TIMEOUT_S = 120.0
 #: after a rank's own exception (not a peer's closed connection), how long to wait for the others
 OWN_ERROR_GRACE_S = 0.05
-#: after the grace, how much longer to wait for peers still computing (runnable, not blocked): on
-#: a loaded machine a peer may not have reached its next collective yet, and the report's first
-#: divergent collective comes from where each rank got to
+#: after the grace, how much longer to wait for peers still on their way (runnable, or in no
+#: collective of this example yet: a peer can sleep briefly before its first one, on a page fault
+#: or a lazy import): on a loaded machine a peer may not have
+#: reached its next collective yet, and the report's first divergent collective comes from where
+#: each rank got to
 RUNNABLE_GRACE_S = 1.0
 #: how long to wait for a dead rank's exit code (its pipe closed; the forkserver reports the code)
 EXIT_CODE_WAIT_S = 10.0
@@ -226,8 +228,8 @@ class Pool:
                 grace_end = min(grace_end, now + (min(grace_s, OWN_ERROR_GRACE_S) if cause else grace_s))
                 grace_cap = min(grace_cap, now + RUNNABLE_GRACE_S)
             if now >= grace_end:
-                if now < grace_cap and any(self._runnable(r) for r in pending):
-                    grace_end = now + 0.02  # a peer still computing: see RUNNABLE_GRACE_S
+                if now < grace_cap and any(self._on_its_way(r) for r in pending):
+                    grace_end = now + 0.02  # a peer still on its way: see RUNNABLE_GRACE_S
                     continue
                 verdict = "grace"
                 break
@@ -347,6 +349,13 @@ class Pool:
 
     def _runnable(self, r: int) -> bool:
         return runnable(self.procs[r].pid)
+
+    def _on_its_way(self, r: int) -> bool:
+        """Rank ``r`` may still reach a collective of this example: it is computing, or its
+        implementation has entered none yet (its trace, emptied when the implementation starts, is
+        empty), so it is not stuck in one that the failed rank left. Before its implementation
+        starts, a rank's trace still holds its last example's: only a runnable rank counts then."""
+        return self._runnable(r) or self._size(r, "trace") == 0
 
     def _rank_alive(self, r: int) -> bool:
         return self.procs[r].is_alive()

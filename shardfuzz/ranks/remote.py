@@ -461,6 +461,11 @@ class RemotePool(Pool):
     def _runnable(self, r: int) -> bool:
         return bool(self.world.ask(r, Control("runnable")))
 
+    def _on_its_way(self, r: int) -> bool:
+        # the size of a server's trace is a round trip on every poll: only a runnable rank counts
+        # here, as before
+        return self._runnable(r)
+
     def _rank_alive(self, r: int) -> bool:
         return not self.world.servers[r].closed
 

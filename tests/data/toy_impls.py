@@ -27,6 +27,17 @@ def off_by_one(ctx):
     return _toy_reference(ctx, 1 if ctx.group_rank == 1 else 0)
 
 
+def raise_while_peer_sleeps(ctx):
+    """Rank 1 raises at once; rank 0 sleeps 0.3 s first (not runnable: as on a page fault, a lazy
+    import or the end of a new group's connections), then enters an all-reduce."""
+    if ctx.group_rank == 1:
+        raise ValueError("rank 1 raises before any collective")
+    time.sleep(0.3)
+    total = ctx.local["x"].sum().reshape(1)
+    dist.all_reduce(total, group=ctx.group)
+    return {"total": total}
+
+
 def raise_while_peer_computes(ctx):
     """Rank 1 raises at once; rank 0 computes for 0.1 s of CPU first, then enters an all-reduce
     (the peer of a crash that has not reached its next collective when the crash is reported)."""
