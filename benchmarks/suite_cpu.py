@@ -41,13 +41,12 @@ THREAD_NOTES = {
 
 @dataclasses.dataclass
 class Proc:
-    """A process seen while sampling: its parent, command line and kind."""
+    """A process seen while sampling: its command line and kind."""
 
     pid: int
-    ppid: int
     start: str  # the start time in clock ticks since boot: with the pid, a process's identity
     cmd: str
-    kind: str = ""
+    kind: str
 
 
 def kind_of(cmd: str, parent_cmd: str, is_root: bool) -> str:
@@ -114,10 +113,21 @@ class Sampler:
         self.procs: dict[int, Proc] = {}  # the live process of each pid
         self.known: dict[tuple[int, str], Proc] = {}  # every process seen, by (pid, start)
         self.seen: dict[tuple[int, str, int], int] = {}  # (pid, start, tid) -> ticks counted
-        self.by_kind: collections.Counter[str] = collections.Counter()
         self.by_thread: collections.Counter[str] = collections.Counter()
-        self.processes: collections.Counter[str] = collections.Counter()
         self.by_process: collections.Counter[tuple[int, str]] = collections.Counter()  # (pid, start)
+
+    @property
+    def by_kind(self) -> collections.Counter[str]:
+        """CPU ticks by kind of process."""
+        kinds: collections.Counter[str] = collections.Counter()
+        for key, ticks in self.by_process.items():
+            kinds[self.known[key].kind] += ticks
+        return kinds
+
+    @property
+    def processes(self) -> collections.Counter[str]:
+        """How many processes of each kind were seen."""
+        return collections.Counter(p.kind for p in self.known.values())
 
     def sample(self) -> None:
         for entry in os.listdir("/proc"):
@@ -134,11 +144,8 @@ class Sampler:
                 if pid != self.root and parent is None:
                     continue  # not (yet known as) the command's own
                 cmd = _cmdline(pid)
-                proc = Proc(pid, ppid, start, cmd)
-                proc.kind = kind_of(cmd, parent.cmd if parent else "", pid == self.root)
-                self.procs[pid] = proc
-                self.known[pid, start] = proc
-                self.processes[proc.kind] += 1
+                proc = Proc(pid, start, cmd, kind_of(cmd, parent.cmd if parent else "", pid == self.root))
+                self.procs[pid] = self.known[pid, start] = proc
             self._threads(proc)
 
     def _threads(self, proc: Proc) -> None:
@@ -156,7 +163,6 @@ class Sampler:
             delta = ticks - self.seen.get(key, 0)  # a new thread: all its CPU so far
             self.seen[key] = ticks
             if delta > 0:
-                self.by_kind[proc.kind] += delta
                 self.by_thread[name] += delta
                 self.by_process[proc.pid, proc.start] += delta
 
@@ -180,7 +186,8 @@ def run(command: list[str], interval: float) -> tuple[int, float, Sampler, tuple
 
 
 def report(code: int, wall: float, s: Sampler, machine: tuple[int, int], tail: str, top: int = 0) -> str:
-    total = sum(s.by_kind.values()) / TICK
+    by_kind, processes = s.by_kind, s.processes
+    total = sum(by_kind.values()) / TICK or 1 / TICK  # a command over before the first sample: 0
     lines = [
         tail.rstrip(),
         f"exit {code}, wall {wall:.1f} s; the machine's busy CPU over the run {machine[0] / TICK:.1f} s, "
@@ -189,8 +196,8 @@ def report(code: int, wall: float, s: Sampler, machine: tuple[int, int], tail: s
         "",
         f"{'kind of process':<66} {'processes':>9} {'CPU s':>8} {'share':>6}",
     ]
-    for kind, ticks in s.by_kind.most_common():
-        lines.append(f"{kind:<66} {s.processes[kind]:>9} {ticks / TICK:>8.1f} {ticks / TICK / total:>6.1%}")
+    for kind, ticks in by_kind.most_common():
+        lines.append(f"{kind:<66} {processes[kind]:>9} {ticks / TICK:>8.1f} {ticks / TICK / total:>6.1%}")
     lines += ["", f"{'OS thread name':<24} {'CPU s':>8} {'share':>6}"]
     for name, ticks in s.by_thread.most_common(10):
         note = THREAD_NOTES.get(name, "")
