@@ -47,9 +47,8 @@ START_TIMEOUT_S = 120.0
 OWN_ERROR_GRACE_S = 0.05
 #: after the grace, how much longer to wait for peers still on their way (runnable, or in no
 #: collective of this example yet: a peer can sleep briefly before its first one, on a page fault
-#: or a lazy import): on a loaded machine a peer may not have
-#: reached its next collective yet, and the report's first divergent collective comes from where
-#: each rank got to
+#: or a lazy import): on a loaded machine a peer may not have reached its next collective yet, and
+#: the report's first divergent collective comes from where each rank got to
 RUNNABLE_GRACE_S = 1.0
 #: how long to wait for a dead rank's exit code (its pipe closed; the forkserver reports the code)
 EXIT_CODE_WAIT_S = 10.0
