@@ -32,6 +32,7 @@ ENV_INTS = {
     "SHARDFUZZ_MAX_WORLD": (0, 1),  # 0: not set (see max_world_size)
     "SHARDFUZZ_SPARE_POOLS": (1, 0),  # 0: no warm spare after a failure (benchmarks' "before")
     "SHARDFUZZ_REGROUP": (1, 0),  # 0: a pool whose rank raised is discarded (benchmarks' "regroup off")
+    "SHARDFUZZ_SUSPEND_IDLE": (1, 0),  # 0: idle pools keep running (benchmarks' "before")
     "SHARDFUZZ_MAX_INPUT_BYTES": (2**30, 1),  # a hand-made case's inputs (shardfuzz.engine.input_bounds)
     "SHARDFUZZ_HEARTBEAT": (10, 1),  # seconds between a fleet worker's heartbeats
     "SHARDFUZZ_RANKS_WAIT": (300, 1),  # seconds the driver waits for its rank servers (--ranks)
@@ -118,6 +119,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "int >= 0",
         "1",
         "0: a pool whose rank raised is discarded, never regrouped in place",
+    ),
+    EnvVar(
+        "SHARDFUZZ_SUSPEND_IDLE",
+        "int >= 0",
+        "1",
+        "0: idle warm pools keep running (their gloo loop threads wake every 10 ms) instead of being "
+        "stopped with SIGSTOP until their next task (Linux)",
     ),
     EnvVar("SHARDFUZZ_WORKER_THREADS", "int >= 1", "1", "torch threads in each rank process"),
     EnvVar(

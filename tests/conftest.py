@@ -213,6 +213,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _state(pid: int) -> str:
+    """The process's one-letter state ("T": stopped), "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0]
+    except FileNotFoundError:
+        return ""
+
+
 def _children_of(pid: int) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -268,7 +277,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def procs():
     """Helpers to find a process's descendants and wait for them to be gone (Linux /proc)."""
-    return types.SimpleNamespace(alive=_alive, descendants=_descendants, wait_gone=_wait_gone)
+    return types.SimpleNamespace(alive=_alive, descendants=_descendants, wait_gone=_wait_gone, state=_state)
 
 
 class Background:

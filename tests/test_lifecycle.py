@@ -38,6 +38,26 @@ def test_workers_die_when_the_driver_is_sigkilled(procs, start_process):
     assert procs.wait_gone(everything) == []
 
 
+def test_the_ranks_of_a_suspended_pool_die_when_the_driver_is_sigkilled(procs, start_process):
+    """A stopped rank's watchdog thread cannot see its driver die: PR_SET_PDEATHSIG kills it."""
+    body = """
+    os.environ["SHARDFUZZ_SUSPEND_IDLE"] = "1"  # whatever the suite was started with
+    get_pool("gloo", 2, 30.0)  # the world-3 pool above now waits suspended
+    print("suspended", flush=True)
+    time.sleep(120)
+    """
+    proc, pids = start_driver(start_process, body)
+    proc.wait_line(lambda line: line.strip() == "suspended", 120)
+    deadline = time.monotonic() + 5  # a signal takes effect when its process is next scheduled
+    while {procs.state(pid) for pid in pids} != {"T"} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [procs.state(pid) for pid in pids] == ["T"] * 3
+    everything = procs.descendants(proc.pid)
+    proc.signal(signal.SIGKILL)
+    proc.finish(30)
+    assert procs.wait_gone(pids + everything) == []
+
+
 def test_workers_die_when_the_driver_is_interrupted_mid_example(procs, start_process):
     body = f"""
     import signal

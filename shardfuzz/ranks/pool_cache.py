@@ -116,6 +116,10 @@ def get_pool(
         while len(_pools) > 1 and sum(p.world_size for p in _pools.values()) > max_pool_ranks():
             _, old = _pools.popitem(last=False)
             old.stop()
+        for other in _pools.values():  # idle until asked for again (one in use is left running)
+            if other is not pool:
+                other.suspend()
+        pool.resume()
         return pool
 
 

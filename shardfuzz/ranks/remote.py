@@ -427,6 +427,9 @@ class RemotePool(Pool):
     def stop(self) -> None:
         self.started = False
 
+    def suspend(self) -> bool:
+        return False  # the servers are the world's, on other machines too: never stopped from here
+
     def submit(self, task: Task) -> None:
         try:
             self.world.make_mesh(task.case.world_size, tuple(task.case.mesh), task.timeout)

@@ -22,6 +22,7 @@ import threading
 import traceback
 import weakref
 from collections.abc import Callable
+from multiprocessing import forkserver
 from typing import Any
 
 import torch
@@ -110,6 +111,20 @@ def set_pdeathsig() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def release_forkserver() -> None:
+    """Close this rank's copy of its forkserver's alive pipe (multiprocessing hands one to every
+    child, and the forkserver exits only once every copy is closed): the forkserver then exits as
+    soon as its driver does, and PR_SET_PDEATHSIG kills each rank it started. A suspended rank
+    (SIGSTOP: :meth:`shardfuzz.ranks.pool.Pool.suspend`) needs that: its watchdog thread cannot
+    run. A rank's own code that starts processes through a forkserver starts a new one, as every
+    child of a forkserver does (the copy was never used to reach this one)."""
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def _watchdog(alive_conn: Any) -> None:
@@ -268,6 +283,7 @@ def worker_main(
     """Entry point of a worker process."""
     freeze_imports()
     set_pdeathsig()
+    release_forkserver()
     if os.getppid() == 1:  # the forkserver (our parent) died before PDEATHSIG was armed
         os._exit(3)
     threading.Thread(target=_watchdog, args=(alive_conn,), daemon=True).start()
