@@ -42,12 +42,12 @@ def test_the_ranks_of_a_suspended_pool_die_when_the_driver_is_sigkilled(procs, s
     """A stopped rank's watchdog thread cannot see its driver die: PR_SET_PDEATHSIG kills it."""
     body = """
     os.environ["SHARDFUZZ_SUSPEND_IDLE"] = "1"  # whatever the suite was started with
-    get_pool("gloo", 2, 30.0)  # the world-3 pool above now waits suspended
-    print("suspended", flush=True)
+    get_pool("gloo", 2, 30.0)  # the world-3 pool above is idle: suspended within a second or two
+    print("idle", flush=True)
     time.sleep(120)
     """
     proc, pids = start_driver(start_process, body)
-    proc.wait_line(lambda line: line.strip() == "suspended", 120)
+    proc.wait_line(lambda line: line.strip() == "idle", 120)
     deadline = time.monotonic() + 5  # a signal takes effect when its process is next scheduled
     while {procs.state(pid) for pid in pids} != {"T"} and time.monotonic() < deadline:
         time.sleep(0.01)

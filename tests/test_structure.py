@@ -7,10 +7,12 @@ The checks read the source (``ast``), never import it, so a violation is named b
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import pathlib
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -121,8 +123,9 @@ def imports_of(module: str, path: pathlib.Path, known: set[str] | None = None) -
     return out
 
 
-def all_imports() -> list[Import]:
-    return [imp for module, path in MODULES.items() for imp in imports_of(module, path)]
+@functools.cache  # four tests read the whole graph: the sources are parsed once per process
+def all_imports() -> tuple[Import, ...]:
+    return tuple(imp for module, path in MODULES.items() for imp in imports_of(module, path))
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -148,7 +151,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def layer_violations(imports: list[Import]) -> list[str]:
+def layer_violations(imports: Sequence[Import]) -> list[str]:
     """Imports that reach a package above the importer's layer (type-only imports included: a
     type from above is a dependency on above)."""
     return [
@@ -158,7 +161,7 @@ def layer_violations(imports: list[Import]) -> list[str]:
     ]
 
 
-def private_imports(imports: list[Import]) -> list[str]:
+def private_imports(imports: Sequence[Import]) -> list[str]:
     return [
         f"{i.module} imports {n} from {i.target}, line {i.line}"
         for i in imports

@@ -10,7 +10,7 @@
   SIGUSR1, one file per rank) before the pool is killed.
 * An idle pool can be suspended (:meth:`Pool.suspend`, SIGSTOP) until its next task: an idle rank
   is not idle to the CPU, since each of its gloo groups has a loop thread that wakes every 10 ms
-  (gloo's TCP transport polls). The driver's other pools are suspended while it uses one
+  (gloo's TCP transport polls). The driver's pools unused for a second are
   (:mod:`shardfuzz.ranks.pool_cache`).
 """
 
@@ -89,6 +89,7 @@ class Pool:
         self.regrouping: float | None = None  # when an unsettled regroup was sent (recover.py)
         self._offsets: list[tuple[int, int]] = []
         self.suspended = False  # every rank stopped (SIGSTOP) until the next task: see suspend
+        self.idle_since = time.monotonic()  # when its last task was collected (or it was handed out)
         self._in_flight = False  # a task was submitted and its outcome not yet collected
         self._lock = threading.Lock()  # suspend vs. submit: a pool is never stopped with a task
 
@@ -166,7 +167,9 @@ class Pool:
 
     def stop(self) -> None:
         """Ask ranks to leave cleanly, then make sure they are gone."""
-        self.resume()
+        with self._lock:
+            self._resume()
+            self.started = False  # never suspended again (kill reaps them)
         for c in self.conns:
             with contextlib.suppress(Exception):
                 c.send(Stop())
@@ -285,6 +288,7 @@ class Pool:
                     break
         elapsed = time.perf_counter() - self._t0
         self.unanswered = set(pending)
+        self.idle_since = time.monotonic()
         self._in_flight = False
         # which outcome the answers make is decided once, after the wait: the loop above runs at
         # every poll of every example and stays as it is

@@ -1,5 +1,9 @@
 """The driver's pools: one warm :class:`~shardfuzz.ranks.pool.Pool` per (backend, world size, device,
-debug), least recently used ones stopped beyond a rank budget, and *spares*.
+debug), least recently used ones stopped beyond a rank budget, idle ones suspended, and *spares*.
+
+A pool unused for :data:`SUSPEND_AFTER_S` is suspended (:meth:`~shardfuzz.ranks.pool.Pool.suspend`:
+its idle ranks' gloo loop threads poll every 10 ms) by a background thread, and continued when it
+is handed out again.
 
 A failure that is not a rank's own exception (a death, a hang) kills its pool, and Hypothesis then
 shrinks that failure with many more failing examples in a row: starting fresh ranks, and importing
@@ -17,11 +21,12 @@ import atexit
 import collections
 import contextlib
 import threading
+import time
 
 from shardfuzz.errors import InfrastructureError
 from shardfuzz.limits import env_int
 from shardfuzz.protocol import Task, Warm
-from shardfuzz.ranks.pool import Pool
+from shardfuzz.ranks.pool import Pool, suspend_idle
 from shardfuzz.ranks.regroup import settle
 from shardfuzz.ranks.remote import RemotePool, RemoteWorld
 
@@ -33,6 +38,12 @@ _starting: dict[tuple, threading.Event] = {}
 _closing = False
 #: a spare that is still starting is waited for at most this long (a fresh start is no faster)
 SPARE_WAIT_S = 60.0
+#: a pool unused this long is suspended. Not at once: a stop and a continue wake every thread of
+#: every rank, which costs more than a second of the loop threads' polling; suspended as soon as
+#: another pool was taken, a search over world sizes 1-4 that changes pool every example
+#: (benchmarks/bench_tp.py) ran 12% slower (38.9 vs 44.2 examples/s)
+SUSPEND_AFTER_S = 1.0
+_suspender: threading.Thread | None = None
 
 
 #: the world of rank servers that torchrun started (``--ranks``), kept for the driver process
@@ -116,11 +127,30 @@ def get_pool(
         while len(_pools) > 1 and sum(p.world_size for p in _pools.values()) > max_pool_ranks():
             _, old = _pools.popitem(last=False)
             old.stop()
-        for other in _pools.values():  # idle until asked for again (one in use is left running)
-            if other is not pool:
-                other.suspend()
-        pool.resume()
+        pool.idle_since = time.monotonic()  # handed out: in use from now on (its task resumes it)
+        _start_suspender()
         return pool
+
+
+def _start_suspender() -> None:
+    """Start the thread that suspends idle pools, once per process (with ``_lock`` held)."""
+    global _suspender
+    if _suspender is None and suspend_idle():
+        _suspender = threading.Thread(target=_suspend_idle_pools, name="shardfuzz-suspender", daemon=True)
+        _suspender.start()
+
+
+def _suspend_idle_pools() -> None:
+    """Suspend every pool unused for :data:`SUSPEND_AFTER_S`, checking twice as often (spares are
+    left running: they import their target meanwhile)."""
+    while True:
+        time.sleep(SUSPEND_AFTER_S / 2)
+        with _lock:
+            pools = [] if _closing else list(_pools.values())
+        now = time.monotonic()
+        for pool in pools:
+            if now - pool.idle_since >= SUSPEND_AFTER_S:
+                pool.suspend()  # refuses a pool with a task in flight (and one being stopped)
 
 
 def discard_pool(pool: Pool, *, spare_for: Task | None = None) -> None:
