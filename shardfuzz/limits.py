@@ -125,7 +125,7 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "int >= 0",
         "1",
         "0: idle warm pools keep running (their gloo loop threads wake every 10 ms) instead of being "
-        "stopped with SIGSTOP until their next task (Linux)",
+        "stopped with SIGSTOP once unused for a second, until their next task (Linux)",
     ),
     EnvVar("SHARDFUZZ_WORKER_THREADS", "int >= 1", "1", "torch threads in each rank process"),
     EnvVar(

@@ -58,6 +58,29 @@ def test_the_ranks_of_a_suspended_pool_die_when_the_driver_is_sigkilled(procs, s
     assert procs.wait_gone(pids + everything) == []
 
 
+def test_a_rank_that_holds_the_gil_dies_when_the_driver_is_sigkilled(procs, start_process, tmp_path):
+    """A rank stuck in C code that holds the GIL (a regex that backtracks for ever) cannot run its
+    watchdog thread either: no rank keeps the forkserver's alive pipe open, so the forkserver exits
+    with its driver and PR_SET_PDEATHSIG kills the rank."""
+    marker = tmp_path / "rank0.busy"
+    body = f"""
+    from shardfuzz import Case, Runner
+    case = Case(
+        target="toy", world_size=3, mesh=(3,), sizes={{"n": 3}}, split=("n",), options={{"marker": {str(marker)!r}}}
+    )
+    Runner({TOY!r}, "gil_held_rank0").run_case(case)
+    """
+    proc, pids = start_driver(start_process, body)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "rank 0 never started the example"
+    everything = procs.descendants(proc.pid)
+    proc.signal(signal.SIGKILL)
+    proc.finish(30)
+    assert procs.wait_gone(pids + everything) == []
+
+
 def test_workers_die_when_the_driver_is_interrupted_mid_example(procs, start_process):
     body = f"""
     import signal

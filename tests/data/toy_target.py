@@ -1,6 +1,7 @@
 """A tiny target for engine tests: a sharded sum, with implementations that fail in every way."""
 
 import os
+import re
 import signal
 import time
 
@@ -182,6 +183,15 @@ def killed_from_outside_once(ctx):
     return reference(ctx)
 
 
+def gil_held_rank0(ctx):
+    """Rank 0 touches ``options['marker']``, then backtracks in a regex for ever: C code that
+    holds the GIL, so no other thread of the rank (its watchdog) runs again."""
+    if ctx.group_rank == 0:
+        open(ctx.case.options["marker"], "w").close()
+        re.match(r"(a+)+$", "a" * 64 + "b")
+    return reference(ctx)
+
+
 def kill_forkserver_once(ctx):
     """Rank 0 kills the forkserver that started the ranks (its parent), the first time only (the
     marker file ``options['marker']``), as a ``kill -9`` from a user or the OOM killer may: every
@@ -353,6 +363,7 @@ TOY = Target(
         "wrong_count": "wrong_count",
         "via_device_mesh": bind("reference", use_device_mesh=True),
         "killed_from_outside_once": "killed_from_outside_once",
+        "gil_held_rank0": "gil_held_rank0",
         "sigkill_rank1": "sigkill_rank1",
         "kill_forkserver_once": "kill_forkserver_once",
         "dies_on_odd_runs": "dies_on_odd_runs",
