@@ -137,17 +137,17 @@ def test_an_idle_pool_is_suspended_and_resumed_for_its_next_task(monkeypatch, su
     from shardfuzz.ranks import pool_cache
 
     monkeypatch.setenv("SHARDFUZZ_SUSPEND_IDLE", suspend)
-    monkeypatch.setattr(pool_cache, "SUSPEND_AFTER_S", 0.3)
+    monkeypatch.setattr(pool_cache, "SUSPEND_AFTER_S", 0.5)
     r = runner("reference")
     assert r.run_case(case(2)) < 1
     two = get_pool("gloo", 2, HARD_CAP_MIN_S)
     ranks_of_two = [p.pid for p in two.procs]
     three = get_pool("gloo", 3, HARD_CAP_MIN_S)
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 1.5:  # the world-3 pool in use every 0.1 s, the world-2 one idle
+    while time.monotonic() - t0 < 1.5:  # the world-3 pool in use all along, the world-2 one idle
         assert r.run_case(case(3)) < 1
-        time.sleep(0.1)
         assert "T" not in _states(three)
+        time.sleep(0.05)
     assert (_states(two) == ["T"] * 2) is (suspend == "1")
     assert r.run_case(case(2)) < 1  # resumed for its task (a stopped rank never answers: a hang)
     assert get_pool("gloo", 2, HARD_CAP_MIN_S) is two and [p.pid for p in two.procs] == ranks_of_two
@@ -157,7 +157,7 @@ def test_an_idle_pool_is_suspended_and_resumed_for_its_next_task(monkeypatch, su
 @linux
 def test_a_pool_with_a_task_in_flight_is_never_suspended(monkeypatch):
     """A task resumes a suspended pool, and a pool is suspended only with nothing in flight: here
-    rank 0 computes for 1.5 s, five times the idle time after which a pool is suspended."""
+    rank 0 computes for 1.5 s, five times the time unused after which a pool is suspended."""
     from shardfuzz.ranks import pool_cache
 
     monkeypatch.delenv("SHARDFUZZ_SUSPEND_IDLE", raising=False)
@@ -172,7 +172,8 @@ def test_a_pool_with_a_task_in_flight_is_never_suspended(monkeypatch):
         time.sleep(0.05)
     outcome = busy.collect(3.0, 30.0)
     assert not isinstance(outcome, Hung), outcome
-    assert _states(busy, "T") == ["T"] * 2  # collected: idle now, and suspended soon
+    assert not busy.suspend(60.0)  # collected a moment ago: not unused for a minute
+    assert _states(busy, "T") == ["T"] * 2  # unused for SUSPEND_AFTER_S: suspended by the thread
 
 
 # -- the timeouts the README promises ---------------------------------------------------------------

@@ -178,17 +178,19 @@ class Pool:
             p.join(timeout=max(0, deadline - time.monotonic()))
         self.kill()
 
-    def suspend(self) -> bool:
-        """Stop every rank (SIGSTOP) until the next task, message or stop resumes them; True when
-        it did. An idle rank still costs CPU: each of its gloo groups has a loop thread that wakes
-        every 10 ms (about 0.1% of a core each, 100+ of them in a ci suite). Only a pool with
-        nothing in flight is stopped: no task uncollected, no rank still running the last one, no
-        regroup unsettled (a rank stopped inside a collective could time out once resumed). Linux
-        only: a stopped rank's watchdog thread cannot see its driver die, PR_SET_PDEATHSIG still
-        kills it; ``SHARDFUZZ_SUSPEND_IDLE=0`` keeps idle ranks running (e.g. to attach a debugger)."""
+    def suspend(self, unused_s: float = 0.0) -> bool:
+        """Stop every rank (SIGSTOP) until the next task, message or stop resumes them, if the pool
+        has been unused for ``unused_s`` seconds; True when it did. An idle rank still costs CPU:
+        each of its gloo groups has a loop thread that wakes every 10 ms (about 0.1% of a core
+        each, 100+ of them in a ci suite). Only a pool with nothing in flight is stopped: no task
+        uncollected, no rank still running the last one, no regroup unsettled (a rank stopped
+        inside a collective could time out once resumed). Linux only: a stopped rank's watchdog
+        thread cannot see its driver die, PR_SET_PDEATHSIG still kills it;
+        ``SHARDFUZZ_SUSPEND_IDLE=0`` keeps idle ranks running (e.g. to attach a debugger)."""
         with self._lock:
             idle = not (self._in_flight or self.unanswered or self.regrouping is not None)
-            if self.suspended or not idle or not self.started or not suspend_idle():
+            unused = time.monotonic() - self.idle_since >= unused_s
+            if self.suspended or not (idle and unused) or not self.started or not suspend_idle():
                 return False
             self._signal_all(signal.SIGSTOP)
             self.suspended = True
@@ -204,10 +206,17 @@ class Pool:
             self._signal_all(signal.SIGCONT)
             self.suspended = False
 
+    def touch(self) -> None:
+        """Mark the pool as in use now (handed out): not suspended for another ``unused_s``."""
+        with self._lock:
+            self.idle_since = time.monotonic()
+
     def _signal_all(self, sig: int) -> None:
         for p in self.procs:
-            with contextlib.suppress(ProcessLookupError):  # dead: collect or alive says so
-                os.kill(p.pid, sig)
+            if p.is_alive():  # a dead rank's pid may be another process's by now
+                # a rank that died meanwhile: its pool's next collect or alive says so
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, sig)
 
     # -- running --------------------------------------------------------------------------
     def send_all(self, msg: Any) -> None:
@@ -288,11 +297,13 @@ class Pool:
                     break
         elapsed = time.perf_counter() - self._t0
         self.unanswered = set(pending)
-        self.idle_since = time.monotonic()
-        self._in_flight = False
         # which outcome the answers make is decided once, after the wait: the loop above runs at
         # every poll of every example and stays as it is
-        return self._outcome(replies, pending, errors, dead, watch, verdict, window_s, cap, elapsed)
+        outcome = self._outcome(replies, pending, errors, dead, watch, verdict, window_s, cap, elapsed)
+        with self._lock:  # in flight until here: a hang's stacks are dumped from running ranks
+            self.idle_since = time.monotonic()
+            self._in_flight = False
+        return outcome
 
     def _outcome(
         self,

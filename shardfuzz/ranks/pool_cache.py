@@ -112,6 +112,8 @@ def get_pool(
         starting.wait(SPARE_WAIT_S)
     with _lock:
         pool = _pools.pop(key, None)
+        if pool is not None:
+            pool.touch()  # in use from now on: not suspended while a regroup settles
         if pool is not None and not (pool.alive and settle(pool)):  # settle: a regroup's answers
             pool.kill()
             pool = None
@@ -127,7 +129,7 @@ def get_pool(
         while len(_pools) > 1 and sum(p.world_size for p in _pools.values()) > max_pool_ranks():
             _, old = _pools.popitem(last=False)
             old.stop()
-        pool.idle_since = time.monotonic()  # handed out: in use from now on (its task resumes it)
+        pool.touch()  # handed out: in use from now on (its task resumes it)
         _start_suspender()
         return pool
 
@@ -147,10 +149,9 @@ def _suspend_idle_pools() -> None:
         time.sleep(SUSPEND_AFTER_S / 2)
         with _lock:
             pools = [] if _closing else list(_pools.values())
-        now = time.monotonic()
         for pool in pools:
-            if now - pool.idle_since >= SUSPEND_AFTER_S:
-                pool.suspend()  # refuses a pool with a task in flight (and one being stopped)
+            # refuses a pool used within SUSPEND_AFTER_S, one with a task in flight, one stopped
+            pool.suspend(SUSPEND_AFTER_S)
 
 
 def discard_pool(pool: Pool, *, spare_for: Task | None = None) -> None:
