@@ -176,6 +176,29 @@ def test_a_pool_with_a_task_in_flight_is_never_suspended(monkeypatch):
     assert _states(busy, "T") == ["T"] * 2  # unused for SUSPEND_AFTER_S: suspended by the thread
 
 
+@linux
+def test_only_gloo_pools_are_suspended(monkeypatch):
+    """NCCL's heartbeat monitor may abort a rank that was stopped for minutes (untried on a GPU):
+    an NCCL pool is never suspended. Its rank here is a sleeping process standing in for one."""
+    import types
+
+    from shardfuzz.ranks.pool import Pool
+
+    monkeypatch.delenv("SHARDFUZZ_SUSPEND_IDLE", raising=False)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pool = Pool("nccl", 1, 30.0, device="cuda")
+        pool.started, pool.procs = True, [types.SimpleNamespace(pid=sleeper.pid, is_alive=lambda: True)]
+        assert not pool.suspend() and not pool.suspended
+        pool.backend = "gloo"  # the same pool as a gloo one is
+        assert pool.suspend() and _states(pool, "T") == ["T"]
+        pool.resume()
+        assert _states(pool, "S") == ["S"]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 # -- the timeouts the README promises ---------------------------------------------------------------
 def test_window_is_at_most_60_s_and_the_cap_is_stated():
     p = TimeoutPolicy()

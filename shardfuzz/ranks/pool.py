@@ -184,13 +184,15 @@ class Pool:
         each of its gloo groups has a loop thread that wakes every 10 ms (about 0.1% of a core
         each, 100+ of them in a ci suite). Only a pool with nothing in flight is stopped: no task
         uncollected, no rank still running the last one, no regroup unsettled (a rank stopped
-        inside a collective could time out once resumed). Linux only: a stopped rank's watchdog
-        thread cannot see its driver die, PR_SET_PDEATHSIG still kills it;
-        ``SHARDFUZZ_SUSPEND_IDLE=0`` keeps idle ranks running (e.g. to attach a debugger)."""
+        inside a collective could time out once resumed). Gloo pools only: NCCL's heartbeat
+        monitor may abort a rank that was stopped for minutes, and no GPU run has tried it. Linux
+        only: a stopped rank's watchdog thread cannot see its driver die, PR_SET_PDEATHSIG still
+        kills it; ``SHARDFUZZ_SUSPEND_IDLE=0`` keeps idle ranks running (e.g. to attach a debugger)."""
         with self._lock:
             idle = not (self._in_flight or self.unanswered or self.regrouping is not None)
             unused = time.monotonic() - self.idle_since >= unused_s
-            if self.suspended or not (idle and unused) or not self.started or not suspend_idle():
+            gloo = self.backend == "gloo"
+            if self.suspended or not (idle and unused and gloo) or not self.started or not suspend_idle():
                 return False
             self._signal_all(signal.SIGSTOP)
             self.suspended = True

@@ -427,7 +427,7 @@ class RemotePool(Pool):
     def stop(self) -> None:
         self.started = False
 
-    def suspend(self, unused_s: float = 0.0) -> bool:
+    def suspend(self, unused_s: float = 0.0) -> bool:  # noqa: ARG002 (Pool's signature: never used)
         return False  # the servers are the world's, on other machines too: never stopped from here
 
     def submit(self, task: Task) -> None:
