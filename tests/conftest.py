@@ -205,21 +205,26 @@ def checkout_off_sys_path(monkeypatch):
     monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != checkout])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-
-
 def _state(pid: int) -> str:
-    """The process's one-letter state ("T": stopped), "" once it is gone."""
+    """The process's one-letter state ("T": stopped, "Z": exited), "" once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(") ", 1)[1][0]
     except FileNotFoundError:
         return ""
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("", "Z")  # a zombie has exited
+
+
+def _wait_states(pids, state: str, seconds: float = 5.0) -> list[str]:
+    """Each process's state once all are in ``state`` or ``seconds`` passed (a signal takes effect
+    when its process is next scheduled)."""
+    deadline = time.monotonic() + seconds
+    while {_state(p) for p in pids} != {state} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [_state(p) for p in pids]
 
 
 def _children_of(pid: int) -> list[int]:
@@ -277,7 +282,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def procs():
     """Helpers to find a process's descendants and wait for them to be gone (Linux /proc)."""
-    return types.SimpleNamespace(alive=_alive, descendants=_descendants, wait_gone=_wait_gone, state=_state)
+    return types.SimpleNamespace(
+        alive=_alive, descendants=_descendants, wait_gone=_wait_gone, state=_state, wait_states=_wait_states
+    )
 
 
 class Background:

@@ -48,10 +48,7 @@ def test_the_ranks_of_a_suspended_pool_die_when_the_driver_is_sigkilled(procs, s
     """
     proc, pids = start_driver(start_process, body)
     proc.wait_line(lambda line: line.strip() == "idle", 120)
-    deadline = time.monotonic() + 5  # a signal takes effect when its process is next scheduled
-    while {procs.state(pid) for pid in pids} != {"T"} and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [procs.state(pid) for pid in pids] == ["T"] * 3
+    assert procs.wait_states(pids, "T") == ["T"] * 3
     everything = procs.descendants(proc.pid)
     proc.signal(signal.SIGKILL)
     proc.finish(30)

@@ -114,23 +114,13 @@ def test_a_rank_busy_until_the_hard_cap_is_a_hang_naming_the_busy_rank(slack):
 
 
 # -- an idle pool is suspended --------------------------------------------------------------------
-def _states(pool, settled: str | None = None) -> list[str]:
-    """Each rank's process state from /proc ("T": stopped); with ``settled``, once every rank is in
-    that state or 5 s passed (a signal takes effect when its process is next scheduled)."""
-    deadline = time.monotonic() + 5
-    while True:
-        states = []
-        for p in pool.procs:
-            with open(f"/proc/{p.pid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        if settled is None or set(states) == {settled} or time.monotonic() > deadline:
-            return states
-        time.sleep(0.01)
+def _pids(pool) -> list[int]:
+    return [p.pid for p in pool.procs]
 
 
 @linux
 @pytest.mark.parametrize("suspend", ["1", "0"])
-def test_an_idle_pool_is_suspended_and_resumed_for_its_next_task(monkeypatch, suspend):
+def test_an_idle_pool_is_suspended_and_resumed_for_its_next_task(monkeypatch, procs, suspend):
     """Idle ranks still cost CPU (gloo's loop threads wake every 10 ms): a pool unused for
     ``SUSPEND_AFTER_S`` waits stopped, unless SHARDFUZZ_SUSPEND_IDLE=0, and runs its next example
     as before, on the same processes; a pool used more often than that is never stopped."""
@@ -146,16 +136,16 @@ def test_an_idle_pool_is_suspended_and_resumed_for_its_next_task(monkeypatch, su
     t0 = time.monotonic()
     while time.monotonic() - t0 < 1.5:  # the world-3 pool in use all along, the world-2 one idle
         assert r.run_case(case(3)) < 1
-        assert "T" not in _states(three)
+        assert "T" not in map(procs.state, _pids(three))
         time.sleep(0.05)
-    assert (_states(two) == ["T"] * 2) is (suspend == "1")
+    assert ([procs.state(p) for p in _pids(two)] == ["T"] * 2) is (suspend == "1")
     assert r.run_case(case(2)) < 1  # resumed for its task (a stopped rank never answers: a hang)
     assert get_pool("gloo", 2, HARD_CAP_MIN_S) is two and [p.pid for p in two.procs] == ranks_of_two
-    assert "T" not in _states(two)
+    assert "T" not in map(procs.state, _pids(two))
 
 
 @linux
-def test_a_pool_with_a_task_in_flight_is_never_suspended(monkeypatch):
+def test_a_pool_with_a_task_in_flight_is_never_suspended(monkeypatch, procs):
     """A task resumes a suspended pool, and a pool is suspended only with nothing in flight: here
     rank 0 computes for 1.5 s, five times the time unused after which a pool is suspended."""
     from shardfuzz.ranks import pool_cache
@@ -164,20 +154,37 @@ def test_a_pool_with_a_task_in_flight_is_never_suspended(monkeypatch):
     monkeypatch.setattr(pool_cache, "SUSPEND_AFTER_S", 0.3)
     r = runner("slow_rank0")
     busy = get_pool("gloo", 2, HARD_CAP_MIN_S)
-    assert busy.suspend() and _states(busy, "T") == ["T"] * 2  # as the suspending thread may, just before
+    assert (
+        busy.suspend() and procs.wait_states(_pids(busy), "T") == ["T"] * 2
+    )  # as the suspending thread may, just before
     busy.submit(Task(case(), r.worker_target, ImplRef(r.impl_ref.ref, (("seconds", 1.5),)), HARD_CAP_MIN_S))
     t0 = time.monotonic()
     while time.monotonic() - t0 < 1.2:
-        assert "T" not in _states(busy)
+        assert "T" not in map(procs.state, _pids(busy))
         time.sleep(0.05)
     outcome = busy.collect(3.0, 30.0)
     assert not isinstance(outcome, Hung), outcome
     assert not busy.suspend(60.0)  # collected a moment ago: not unused for a minute
-    assert _states(busy, "T") == ["T"] * 2  # unused for SUSPEND_AFTER_S: suspended by the thread
+    assert (
+        procs.wait_states(_pids(busy), "T") == ["T"] * 2
+    )  # unused for SUSPEND_AFTER_S: suspended by the thread
 
 
 @linux
-def test_only_gloo_pools_are_suspended(monkeypatch):
+def test_a_suspended_pool_stops_cleanly():
+    """Stopping a suspended pool (least recently used, or at exit) continues it first: its ranks
+    read the Stop and leave with exit code 0, not SIGKILLed after a 2 s wait."""
+    from shardfuzz.ranks.pool import Pool
+
+    pool = Pool("gloo", 2, HARD_CAP_MIN_S).start()
+    ranks = list(pool.procs)
+    assert pool.suspend()
+    pool.stop()
+    assert [p.exitcode for p in ranks] == [0, 0]
+
+
+@linux
+def test_only_gloo_pools_are_suspended(monkeypatch, procs):
     """NCCL's heartbeat monitor may abort a rank that was stopped for minutes (untried on a GPU):
     an NCCL pool is never suspended. Its rank here is a sleeping process standing in for one."""
     import types
@@ -191,9 +198,9 @@ def test_only_gloo_pools_are_suspended(monkeypatch):
         pool.started, pool.procs = True, [types.SimpleNamespace(pid=sleeper.pid, is_alive=lambda: True)]
         assert not pool.suspend() and not pool.suspended
         pool.backend = "gloo"  # the same pool as a gloo one is
-        assert pool.suspend() and _states(pool, "T") == ["T"]
+        assert pool.suspend() and procs.wait_states(_pids(pool), "T") == ["T"]
         pool.resume()
-        assert _states(pool, "S") == ["S"]
+        assert procs.wait_states(_pids(pool), "S") == ["S"]
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -10,7 +10,7 @@
   SIGUSR1, one file per rank) before the pool is killed.
 * An idle pool can be suspended (:meth:`Pool.suspend`, SIGSTOP) until its next task: an idle rank
   is not idle to the CPU, since each of its gloo groups has a loop thread that wakes every 10 ms
-  (gloo's TCP transport polls). The driver's pools unused for a second are
+  (gloo's TCP transport polls). The driver suspends each pool unused for a second
   (:mod:`shardfuzz.ranks.pool_cache`).
 """
 
@@ -223,7 +223,6 @@ class Pool:
     # -- running --------------------------------------------------------------------------
     def send_all(self, msg: Any) -> None:
         """Send one message to every rank (a :class:`~shardfuzz.protocol.Warm`: import ahead)."""
-        self.resume()
         for c in self.conns:
             c.send(msg)
 

@@ -48,8 +48,7 @@ def send_regroup(pool: Pool, generation: int, answered: bool) -> bool:
     """Send every rank of ``pool`` a :class:`Regroup` of ``generation``, to be settled later
     (:func:`settle`); False when a rank's channel is gone."""
     pool.generation = generation
-    pool.regrouping = time.monotonic()  # before the continue: never suspended from here to settle
-    pool.resume()
+    pool.regrouping = time.monotonic()  # before the messages go: never suspended until settled
     try:
         for c in pool.conns:
             c.send(Regroup(generation, answered=answered))

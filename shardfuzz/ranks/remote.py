@@ -427,9 +427,6 @@ class RemotePool(Pool):
     def stop(self) -> None:
         self.started = False
 
-    def suspend(self, unused_s: float = 0.0) -> bool:  # noqa: ARG002 (Pool's signature: never used)
-        return False  # the servers are the world's, on other machines too: never stopped from here
-
     def submit(self, task: Task) -> None:
         try:
             self.world.make_mesh(task.case.world_size, tuple(task.case.mesh), task.timeout)
