@@ -29,53 +29,41 @@ def start_driver(start_process, body: str):
     return proc, [int(p) for p in line.split()]
 
 
-def test_workers_die_when_the_driver_is_sigkilled(procs, start_process):
-    proc, pids = start_driver(start_process, "time.sleep(120)")
-    everything = procs.descendants(proc.pid)  # the forkserver and the ranks
-    assert set(pids) <= set(everything) and all(procs.alive(p) for p in pids)
-    proc.signal(signal.SIGKILL)
-    proc.finish(30)
-    assert procs.wait_gone(everything) == []
+def test_every_rank_dies_when_the_driver_is_sigkilled_busy_suspended_or_holding_the_gil(
+    procs, start_process, tmp_path
+):
+    """One driver, SIGKILLed with ranks in each state a rank can be in (one driver for the three
+    properties: each driver start costs an interpreter, torch and a forkserver):
 
-
-def test_the_ranks_of_a_suspended_pool_die_when_the_driver_is_sigkilled(procs, start_process):
-    """A stopped rank's watchdog thread cannot see its driver die: PR_SET_PDEATHSIG kills it."""
-    body = """
-    os.environ["SHARDFUZZ_SUSPEND_IDLE"] = "1"  # whatever the suite was started with
-    get_pool("gloo", 2, 30.0)  # the world-3 pool above is idle: suspended within a second or two
-    print("idle", flush=True)
-    time.sleep(120)
-    """
-    proc, pids = start_driver(start_process, body)
-    proc.wait_line(lambda line: line.strip() == "idle", 120)
-    assert procs.wait_states(pids, "T") == ["T"] * 3
-    everything = procs.descendants(proc.pid)
-    proc.signal(signal.SIGKILL)
-    proc.finish(30)
-    assert procs.wait_gone(pids + everything) == []
-
-
-def test_a_rank_that_holds_the_gil_dies_when_the_driver_is_sigkilled(procs, start_process, tmp_path):
-    """A rank stuck in C code that holds the GIL (a regex that backtracks for ever) cannot run its
-    watchdog thread either: no rank keeps the forkserver's alive pipe open, so the forkserver exits
-    with its driver and PR_SET_PDEATHSIG kills the rank."""
+    * ranks 1 and 2 of the world-3 pool wait in the example for rank 0, neither stopped nor stuck;
+    * rank 0 of it is stuck in C code that holds the GIL (a regex that backtracks for ever), so its
+      watchdog thread cannot run: no rank keeps the forkserver's alive pipe open, so the forkserver
+      exits with its driver and PR_SET_PDEATHSIG kills the rank;
+    * the world-2 pool is idle and suspended (SIGSTOP): a stopped rank's watchdog cannot see its
+      driver die either, and PR_SET_PDEATHSIG kills it too."""
     marker = tmp_path / "rank0.busy"
     body = f"""
+    os.environ["SHARDFUZZ_SUSPEND_IDLE"] = "1"  # whatever the suite was started with
+    idle = get_pool("gloo", 2, 30.0)  # unused from now on: suspended within a second or two
+    print(" ".join(str(p.pid) for p in idle.procs), flush=True)
     from shardfuzz import Case, Runner
     case = Case(
         target="toy", world_size=3, mesh=(3,), sizes={{"n": 3}}, split=("n",), options={{"marker": {str(marker)!r}}}
     )
     Runner({TOY!r}, "gil_held_rank0").run_case(case)
     """
-    proc, pids = start_driver(start_process, body)
+    proc, busy = start_driver(start_process, body)
+    suspended = [int(p) for p in proc.wait_line(lambda line: line.strip(), 120).split()]
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists(), "rank 0 never started the example"
-    everything = procs.descendants(proc.pid)
+    assert procs.wait_states(suspended, "T") == ["T"] * 2
+    everything = procs.descendants(proc.pid)  # the forkserver and the ranks
+    assert set(busy + suspended) <= set(everything) and all(procs.alive(p) for p in busy + suspended)
     proc.signal(signal.SIGKILL)
     proc.finish(30)
-    assert procs.wait_gone(pids + everything) == []
+    assert procs.wait_gone(busy + suspended + everything) == []
 
 
 def test_workers_die_when_the_driver_is_interrupted_mid_example(procs, start_process):
