@@ -195,8 +195,9 @@ class RankState:
         self.impls: dict[str, Any] = {}
         self.settings: list[Setting] = torch_settings()
         self.process = ProcessState(f"rank {rank}")  # os.environ and the working directory
-        #: (implementation, mesh) pairs that ran here: their first example may initialise lazily
-        self.warm: set[tuple[str, tuple[int, ...]]] = set()
+        #: (implementation, mesh, timeout): the case groups an implementation has run on; its first
+        #: example on new ones may initialise lazily (threads, fds, groups of its own made from them)
+        self.warm: set[tuple[str, tuple[int, ...], float]] = set()
         #: what the last example left behind, and whether that needs a fresh rank
         self.leaks: tuple[str, ...] = ()
         self.restart = False
@@ -256,7 +257,9 @@ class RankState:
         self.process.snapshot()
         return [get() for _, get, _ in self.settings], [count() for *_, count in RESOURCES]
 
-    def clean_up(self, before: tuple[list[Any], list[int]], warm_key: tuple[str, tuple[int, ...]]) -> None:
+    def clean_up(
+        self, before: tuple[list[Any], list[int]], warm_key: tuple[str, tuple[int, ...], float]
+    ) -> None:
         """Restore the settings an example changed and name every leak (``self.leaks``); a
         resource leak, or a setting that cannot be restored, sets ``self.restart``."""
         leaks, restart = self.process.restore(), False
@@ -326,7 +329,10 @@ def run_task(state: RankState, task: Task) -> Reply:
     finally:  # also when the implementation raised (Unsupported keeps the pool)
         if subworld:
             c10d._world.default_pg = default
-        state.clean_up(before, (str(task.impl), tuple(case.mesh)))
+        # keyed by the timeout too: the groups of a case are made per timeout (they carry it), so a
+        # timeout learnt under load hands the implementation new group objects, and one that
+        # derives groups of its own from them (FSDP2's HSDP mesh) makes them again, once
+        state.clean_up(before, (str(task.impl), tuple(case.mesh), task.timeout))
     if subworld and c10d._world.group_count != count:  # the ranks outside the case made none:
         # group names (a count) no longer match across the world, so it restarts
         state.leaks += (f"rank {state.rank} made process groups over a case's ranks only",)

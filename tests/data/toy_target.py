@@ -4,6 +4,7 @@ import os
 import re
 import signal
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -168,6 +169,22 @@ def leak_default_dtype(ctx):
 def leak_process_group(ctx):
     """Creates a process group in every example and never destroys it (fds and threads pile up)."""
     dist.new_group(list(range(ctx.world_size)))
+    return reference(ctx)
+
+
+#: the group derived from each case group, as FSDP2's HSDP mesh is: made once per group object
+_DERIVED: dict = {}
+
+
+def derived_group_per_case_group(ctx):
+    """Makes a group of its own over the case group's ranks the first time it sees that case
+    group (an object), and reuses it after: a correct cache, that leaves one group per case group."""
+    key = id(ctx.group)
+    held, group = _DERIVED.get(key, (None, None))
+    if held is None or held() is not ctx.group:
+        group = dist.new_group(list(range(ctx.world_size)))
+        _DERIVED[key] = (weakref.ref(ctx.group), group)
+    dist.all_reduce(torch.zeros(1), group=group)
     return reference(ctx)
 
 
@@ -364,6 +381,7 @@ TOY = Target(
         "via_device_mesh": bind("reference", use_device_mesh=True),
         "killed_from_outside_once": "killed_from_outside_once",
         "gil_held_rank0": "gil_held_rank0",
+        "derived_group_per_case_group": "derived_group_per_case_group",
         "sigkill_rank1": "sigkill_rank1",
         "kill_forkserver_once": "kill_forkserver_once",
         "dies_on_odd_runs": "dies_on_odd_runs",
