@@ -70,21 +70,23 @@ def _fully_shard():
     return fully_shard
 
 
-#: the HSDP mesh of each group: its ranks -> (a weak reference to the group, the DeviceMesh)
+#: the HSDP mesh of each case group: id(group) -> (a weak reference to the group, the DeviceMesh)
 _HSDP_MESHES: dict = {}
 
 
 def _hsdp_mesh(ctx):
     """A 2 x 2 DeviceMesh (replicate, shard) over the group's 4 ranks, made on the first example
     and kept while the group lives (made per example and destroyed after it, the next example's
-    ``clip_grad_norm_`` failed: "Could not resolve the process group registered under the name")."""
+    ``clip_grad_norm_`` failed: "Could not resolve the process group registered under the name").
+    One per case group object: the engine makes a case's groups per timeout, and a mesh kept per
+    ranks was made again at every change of timeout (two more groups each time)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    key = tuple(ctx.mesh.ranks[-1])
+    key = id(ctx.group)
     group, mesh = _HSDP_MESHES.get(key, (lambda: None, None))
     if group() is ctx.group:
         return mesh
-    ranks = torch.tensor(key).view(HSDP_SHAPE)
+    ranks = torch.tensor(ctx.mesh.ranks[-1]).view(HSDP_SHAPE)
     mine = [members for members in (*ranks.t().tolist(), *ranks.tolist()) if ctx.rank in members]
     # each rank makes its replicate group, then its shard group (only members take part)
     groups = [dist.new_group(members, use_local_synchronization=True) for members in mine]

@@ -109,6 +109,23 @@ def test_a_refused_case_is_refused_outside_hypothesis_too():
     assert Runner("tp_mlp", "torch_tp_dtensor").run_case(wider) < 1
 
 
+def test_fsdp2_hsdp_keeps_one_mesh_per_case_group_when_the_timeout_changes():
+    """The engine makes a case's groups per timeout; HSDP's 2 x 2 mesh, kept per ranks, was made
+    again at each change back and forth (two more groups each time): a leak to the rank's check,
+    and a restarted pool, up to 5 times a test in the ci suite as timeouts adapted to load."""
+    case = Case(
+        target="zero_adamw_torch", world_size=4, mesh=(4,), sizes={"p0": 1, "p1": 1, "p2": 1},
+        split=("p0", "p1", "p2"),
+        options={"clip_factor": None, "bucket_view": False, "empty_param": False, "steps": 1, "grad_accum": 1},
+    )  # fmt: skip
+    leaks: dict = {}
+    for fixed in (5.0, 50.0, 5.0):  # two hard caps (120 s, 500 s): two sets of case groups
+        runner = Runner("zero_adamw_torch", "fsdp2_hsdp", shardfuzz.RunConfig(timeout=fixed))
+        assert runner.run_case(case) < 1
+        leaks.update(runner.stats.leaks)
+    assert leaks == {}
+
+
 def test_unpinned_cases_torch_cannot_run_are_refused_and_counted():
     """loss_parallel without its record's pinned options: the rules and smoothings it does not
     implement are refused by name, never passed."""
