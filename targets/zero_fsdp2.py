@@ -91,6 +91,8 @@ def _hsdp_mesh(ctx):
     # each rank makes its replicate group, then its shard group (only members take part)
     groups = [dist.new_group(members, use_local_synchronization=True) for members in mine]
     mesh = DeviceMesh.from_group(groups, ctx.device.type, mesh=ranks, mesh_dim_names=("replicate", "shard"))
+    for gone in [k for k, (g, _) in _HSDP_MESHES.items() if g() is None]:  # case groups since freed
+        del _HSDP_MESHES[gone]  # (a regroup): their meshes would hold old groups for ever
     _HSDP_MESHES[key] = (weakref.ref(ctx.group), mesh)
     return mesh
 
