@@ -337,12 +337,13 @@ def test_campaign_keeps_going_after_a_finding_and_keeps_one_file_per_distinct_fi
             super().__init__(at)
             deadlines.append(self)
 
+    begin = FailureRecorder.begin_run
+
     def begin_run(self, run: int) -> None:
         begin(self, run)
         if run >= 3:
             deadlines[-1].at = time.perf_counter()
 
-    begin = FailureRecorder.begin_run
     monkeypatch.setattr(campaign, "Deadline", Recorded)
     monkeypatch.setattr(FailureRecorder, "begin_run", begin_run)
     out = cli("fuzz", TOY, "--impl", "wrong_rank1", "--duration", "120s", "--failures-dir", str(tmp_path))
