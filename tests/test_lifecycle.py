@@ -182,3 +182,38 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly():
     proc.stdout.close()  # the reader is gone before the command (importing torch) prints a line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_set_pdeathsig_arms_sigkill_in_the_calling_process_and_raises_when_prctl_refuses(monkeypatch):
+    """What ranks, rank servers and jobs call to die with their parent: armed in the process that
+    calls it (read back with PR_GET_PDEATHSIG in a forked child, so this test's own process keeps
+    its setting), and a refusal is an error, never a process that silently outlives its driver."""
+    import ctypes
+    import errno
+
+    from shardfuzz.ranks import parent_death
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: arm it, read it back, report the signal through the pipe
+        os.close(read)
+        parent_death.set_pdeathsig()
+        got = ctypes.c_int(0)
+        ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG
+        os.write(write, str(got.value).encode())
+        os._exit(0)
+    os.close(write)
+    reported = os.read(read, 16).decode()
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert reported == str(int(signal.SIGKILL))
+
+    class Refusing:
+        def prctl(self, *args):
+            ctypes.set_errno(errno.EINVAL)
+            return -1
+
+    monkeypatch.setattr(parent_death.ctypes, "CDLL", lambda *a, **k: Refusing())
+    with pytest.raises(OSError, match=r"prctl\(PR_SET_PDEATHSIG, SIGKILL\) failed: Invalid argument"):
+        parent_death.set_pdeathsig()

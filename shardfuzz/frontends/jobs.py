@@ -4,7 +4,6 @@ stop with their parent (Ctrl-C and SIGTERM forwarded; PR_SET_PDEATHSIG when it i
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shlex
@@ -17,6 +16,7 @@ import time
 from typing import Any, TextIO
 
 from shardfuzz.engine.hooks import StickyInterrupt
+from shardfuzz.ranks.parent_death import set_pdeathsig
 
 
 def job_cost(world_sizes: tuple[int, ...] | None) -> int:
@@ -50,10 +50,7 @@ def die_with_parent(parent_pid: int) -> None:
     """In a child job: be killed (SIGKILL) when the parent dies, however it dies (Linux
     PR_SET_PDEATHSIG; the child's own ranks then follow it), exit now if it is already gone, and
     take the parent's SIGINT as Ctrl-C."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's SIGTERM handler still stops us
-        pass
+    set_pdeathsig()  # not on macOS: the parent's SIGTERM handler still stops us there
     if os.getppid() != parent_pid:
         os._exit(130)
     # the parent stops its jobs with SIGINT: heard even where this process inherited SIGINT ignored

@@ -10,6 +10,8 @@ the GPUs can run. Imports the core and spec.
 - ``fast_exit.py``: exits without the interpreter's teardown of torch (the command, the
   forkserver): 1.2-1.7 s each.
 - ``gpu.py``: what can run on the GPUs of this machine.
+- ``parent_death.py``: die with the parent, however it dies (``PR_SET_PDEATHSIG``): the ranks,
+  the rank servers, the ``--jobs`` workers.
 - ``pool.py``: a warm forkserver pool of ranks, on the driver side: start, submit a task,
   collect one outcome.
 - ``pool_cache.py``: the driver's pools per (backend, world size, device), least recently used

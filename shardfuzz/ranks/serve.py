@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from shardfuzz.errors import InfrastructureError, InvalidArgument
 from shardfuzz.protocol import Control, Hello, Ready, ServeConfig, StartFailed
+from shardfuzz.ranks.parent_death import set_pdeathsig
 from shardfuzz.ranks.pool import read_tail
 from shardfuzz.ranks.secret import Refused, connect, load_secret
 from shardfuzz.ranks.spawn import cpu_seconds, runnable
@@ -49,7 +50,6 @@ from shardfuzz.ranks.worker import (
     freeze_imports,
     join_world,
     serve_tasks,
-    set_pdeathsig,
 )
 
 #: exit code of a server the driver sent away to rebuild the world (torchrun restarts it)

@@ -11,7 +11,6 @@ group, so that the process (and its imports) serve the next example.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import faulthandler
 import gc
@@ -44,6 +43,7 @@ from shardfuzz.protocol import (
     UnsupportedReply,
     Warm,
 )
+from shardfuzz.ranks.parent_death import set_pdeathsig
 from shardfuzz.ranks.task import RankState, run_task, select_device
 from shardfuzz.ranks.trace import install
 
@@ -101,16 +101,6 @@ def make_mesh(state: RankState, msg: MakeMesh) -> MeshMade | ErrorReply:
         return MeshMade(msg.world_size, msg.shape)
     except BaseException as e:  # noqa: BLE001 (the driver waits for an answer from every rank: a failure is one, and it rebuilds the world)
         return error_reply(e)
-
-
-def set_pdeathsig() -> None:
-    if sys.platform != "linux":
-        return  # macOS has no PDEATHSIG: the watchdog thread alone ends the worker
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def release_forkserver() -> None:
