@@ -32,7 +32,10 @@ TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 #: what some OS thread names are (torch and gloo name their threads)
 THREAD_NOTES = {
-    "gloo_tcp_loop": "gloo's TCP event loop, one per process group; it polls every 10 ms, idle too",
+    "gloo_tcp_loop": (
+        "gloo's TCP event loop, one per process group; it polls every 10 ms idle, and spins while a "
+        "message waits for its receive to be posted (benchmarks/gloo_floor.py)"
+    ),
     "pt_gloo_runloop": "a gloo process group's worker thread",
     "pt_tcpstore_uv": "torch's TCPStore server",
     "pt_elastic": "torchrun's agent",
