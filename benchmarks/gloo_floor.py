@@ -11,9 +11,12 @@ receive is posted stays in the socket, epoll (level-triggered) reports it again 
 loop spins until the rank's own thread posts the receive, on a core that thread is waiting for
 (pytorch/gloo#246, open since 2019). On the 2-core dev machine [2026-12-06, load 1-2] 4 ranks ran
 about 190 all-reduces a second against 725-1,760 on 2 ranks, and 70-80% of the ranks' CPU was in the
-loops, on 2 ranks too (a rank has three busy threads for 2 cores). shardfuzz's 4-rank cases pay it; nothing in
-shardfuzz can change it (nice 19 on the loop threads gave 2.5x the rate on an idle machine and
-a fifth of it beside two busy loops: a starved loop).
+loops, on 2 ranks too (a rank has three busy threads for 2 cores). shardfuzz's 4-rank cases pay
+it. Tried and not kept: nice 19 on the loop threads (2.5x the rate on an idle machine, a fifth of
+it beside two busy loops: a starved loop); SCHED_IDLE (worse under load); a short EEVDF slice on
+the loops or on the other threads (no gain); each rank pinned to one core (1.55x on this
+benchmark's 4 ranks, but test_targets.py and test_verified.py took 3.7% less time in one pair of
+runs and 7% more in the next, in the noise).
 
     python benchmarks/gloo_floor.py [--calls 2000] [--worlds 1,2,3,4]
 """
