@@ -35,16 +35,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from suite_cpu import read_stat  # benchmarks/: the script's own folder
 
 
 def _thread_ticks() -> dict[str, int]:
     """This process's CPU ticks by OS thread name, from /proc (Linux)."""
     ticks: dict[str, int] = {}
     for task in glob.glob(f"/proc/{os.getpid()}/task/*"):
-        with open(task + "/comm") as f:
-            name = f.read().strip()
-        with open(task + "/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        st = read_stat(task + "/stat")
+        if st is None:  # a thread that ended meanwhile
+            continue
+        name, fields = st
         kind = name if name.startswith(("gloo_tcp_loop", "pt_gloo_runloop")) else "the rank's own threads"
         ticks[kind] = ticks.get(kind, 0) + int(fields[11]) + int(fields[12])
     return ticks

@@ -82,7 +82,7 @@ def kind_of(cmd: str, parent_cmd: str, is_root: bool) -> str:
     return "other: " + " ".join(os.path.basename(w) for w in words[:2])[:60]
 
 
-def _stat(path: str) -> tuple[str, list[str]] | None:
+def read_stat(path: str) -> tuple[str, list[str]] | None:
     """``(name, fields after the name)`` of a ``/proc/.../stat`` file, or None once it is gone."""
     try:
         with open(path) as f:
@@ -137,7 +137,7 @@ class Sampler:
             if not entry.isdigit():
                 continue
             pid = int(entry)
-            st = _stat(f"/proc/{pid}/stat")
+            st = read_stat(f"/proc/{pid}/stat")
             if st is None:
                 continue
             ppid, start = int(st[1][1]), st[1][19]
@@ -157,7 +157,7 @@ class Sampler:
         except OSError:
             return
         for tid in tids:
-            st = _stat(f"/proc/{proc.pid}/task/{tid}/stat")
+            st = read_stat(f"/proc/{proc.pid}/task/{tid}/stat")
             if st is None:
                 continue
             name, fields = st
