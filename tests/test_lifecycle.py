@@ -217,3 +217,35 @@ def test_set_pdeathsig_arms_sigkill_in_the_calling_process_and_raises_when_prctl
     monkeypatch.setattr(parent_death.ctypes, "CDLL", lambda *a, **k: Refusing())
     with pytest.raises(OSError, match=r"prctl\(PR_SET_PDEATHSIG, SIGKILL\) failed: Invalid argument"):
         parent_death.set_pdeathsig()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_that_cannot_arm_its_parent_death_tells_the_driver_why_and_exits(tmp_path):
+    """A refused prctl in a rank is a StartFailed with its traceback on the rank's pipe (what the
+    driver reports), then exit 1: never a traceback lost on the forkserver's stderr."""
+    import multiprocessing
+
+    from shardfuzz.protocol import StartFailed
+    from shardfuzz.ranks import worker
+
+    driver_end, rank_end = multiprocessing.Pipe()
+    pid = os.fork()
+    if pid == 0:  # the rank: whatever happens, it never returns into this test's process
+        code = 2
+        try:
+
+            def refused() -> None:
+                raise OSError("prctl(PR_SET_PDEATHSIG, SIGKILL) failed: Invalid argument")
+
+            worker.set_pdeathsig = refused
+            worker.worker_main(0, 1, "gloo", (), rank_end, None, str(tmp_path), 5.0)
+        finally:
+            os._exit(code)
+    rank_end.close()  # the rank's copy is the pipe's last writer: its exit ends the wait
+    assert driver_end.poll(30), "the rank neither spoke nor exited"
+    try:
+        said = driver_end.recv()
+    except EOFError:
+        pytest.fail("the rank exited without telling the driver why")
+    assert isinstance(said, StartFailed) and "prctl(PR_SET_PDEATHSIG, SIGKILL) failed" in said.traceback
+    assert os.waitpid(pid, 0)[1] >> 8 == 1

@@ -272,7 +272,11 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process."""
     freeze_imports()
-    set_pdeathsig()
+    try:
+        set_pdeathsig()
+    except OSError:  # a rank that would outlive a killed driver does not start; the driver hears why
+        conn.send(StartFailed(traceback.format_exc()))
+        os._exit(1)
     release_forkserver()
     if os.getppid() == 1:  # the forkserver (our parent) died before PDEATHSIG was armed
         os._exit(3)
