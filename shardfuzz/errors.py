@@ -49,9 +49,11 @@ class TargetCodeError(TargetError):
     hand-made case, is wrong)."""
 
     @classmethod
-    def of(cls, target: str, piece: str, case: Any, exc: BaseException, hint: str = "") -> TargetCodeError:
-        """The error for ``exc`` raised by ``target``'s ``piece`` on ``case``; the traceback keeps only
-        the target's frames (the first frame is shardfuzz's call site)."""
+    def of(
+        cls, target: str, piece: str, case: Any, exc: BaseException, hint: str = "", remedy: str = ""
+    ) -> TargetCodeError:
+        """The error for ``exc`` raised by ``target``'s ``piece`` on ``case``, ``remedy`` last; the
+        traceback keeps only the target's frames (the first frame is shardfuzz's call site)."""
         frames = traceback.extract_tb(exc.__traceback__)[1:]
         tb = "".join(traceback.format_list(frames))
         what = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -59,6 +61,7 @@ class TargetCodeError(TargetError):
             f"target {target!r}: its {piece} raised {what}\n  on {case!r}"
             + (f"\n  {hint}" if hint else "")
             + (f"\nThe target's traceback (most recent call last):\n{tb.rstrip()}" if tb else "")
+            + (f"\n{remedy}" if remedy else "")
         )
 
 

@@ -309,6 +309,17 @@ def test_an_oracle_that_raises_while_fuzzing_is_the_targets_error():
     refused(out, 2, "target 'row_mean'", "oracle(inputs, case) raised ValueError: oracle bug: rows >= 2")
     assert "oracle_raises.py" in out.stderr and "The target's traceback" in out.stderr
     assert os.path.join("shardfuzz", "oracle.py") not in out.stderr  # only the target's frames
+    # and the two ways out, for a reference op that refuses a case the strategy draws
+    assert "keep it out of the strategy" in out.stderr and "raise shardfuzz.Unsupported(" in out.stderr
+
+
+def test_an_oracle_may_refuse_a_case_as_an_implementation_does():
+    """The way out the error above names: Unsupported from the oracle rejects the case, counted
+    by its reason, never an error and never a pass."""
+    target = os.path.join(DATA, "oracle_refuses.py")
+    result = shardfuzz.run(target, profile="shardfuzz-ci", database=None, max_examples=15, world_sizes=(1, 2))
+    assert not result.found, result.report
+    assert result.stats.unsupported["one row"] > 0 and result.stats.passed > 0, result.stats.summary()
 
 
 def test_an_oracle_that_raises_on_a_given_case_is_the_targets_error():

@@ -18,7 +18,12 @@ to ``u * tiny`` whatever its size: a float16 partial sum that rounds to 0):
   a rule may ask for the |terms| behind an operand (``terms_of``: kept, weakly, for the results of
   sum-like ops and their views), e.g. softmax's backward, whose row sum a flash-style
   implementation forms from the forward output;
-* data movement and exact ops (views, copies, indexing, max, where, collectives, ...) are left alone.
+* data movement and exact ops (views, copies, indexing, max, where, collectives, ...) are left alone;
+* any other op that is not elementwise (torch does not tag it ``pointwise``: batch norm and its
+  backward, group norm's backward, ``mse_loss``, ...) runs as torch's own decomposition
+  (``torch._decomp``) under the mode, so that each op it is made of gets its rounding (and its rule):
+  one rounding of the whole result would miss a cancellation inside it. Only an op with no
+  decomposition either is taken as one rounding of its result, as an elementwise op is.
 
 The perturbations propagate through the rest of the computation, backward included, so the
 spread of the ``samples`` results around the unperturbed float64 result (their root mean square)
@@ -40,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardfuzz.errors import NoiseModelRefusal
@@ -64,6 +70,11 @@ class OpKind:
     sum_like: bool
     reduction: bool
     rule: Callable[..., Any] | None
+    #: torch's own decomposition of an op with no rule here that is not elementwise (batch norm and
+    #: its backward, group norm's backward, mse_loss, ...): run in its place under the mode, so each
+    #: op inside gets its own rounding (one rounding of the whole result would miss a cancellation
+    #: inside it: a correct SyncBatchNorm's grad_x, whose terms cancel, was reported at 3.6x)
+    decompose: Callable[..., Any] | None = None
 
 
 _KINDS: dict[Any, OpKind] = {}
@@ -89,13 +100,17 @@ def _kind(func: Any) -> OpKind:
         )
         # a collective is data movement (a self-oracle runs one rank), and an async one writes later
         comm = "c10d" in getattr(func, "namespace", "")
+        skip, rule = base in EXACT or view or comm, SPECIAL.get(base)
+        known = skip or rule is not None or base in SUM_LIKE or base in REDUCTIONS
+        elementwise = torch.Tag.pointwise in getattr(func, "tags", ())
         kind = OpKind(
             base,
-            base in EXACT or view or comm,
+            skip,
             written,
             base in SUM_LIKE,
             base in REDUCTIONS,
-            SPECIAL.get(base),
+            rule,
+            None if known or elementwise else decomposition_table.get(func),
         )
         _KINDS[func] = kind
     return kind
@@ -303,6 +318,9 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
         kind = _kind(func)
         if kind.skip or not _has_float64(args, kwargs):
             return _exact_op(self, kind, func, args, kwargs)
+        if kind.decompose is not None:
+            with self:  # the ops it is made of come back through this mode, each with its rounding
+                return kind.decompose(*args, **kwargs)
         absolute = _absolute(kind.base, args, kwargs) if kind.sum_like else None  # copies: before the op
         written = _written(kind, args, kwargs)
         rule_args = _before_written(written, args) if kind.rule is not None and written else args

@@ -129,6 +129,13 @@ def supports(target: Any, case: Case) -> Any:
         return target.supports(case)
 
 
+#: the end of every error of the target's own code: how to leave out a case it cannot handle
+REFUSE_A_CASE = (
+    "If the target cannot handle such a case, keep it out of the strategy (e.g. sst.Split(min_size=2))"
+    " or raise shardfuzz.Unsupported('why', reason='key') there: the case is then rejected and counted"
+)
+
+
 def call_target_code(target: Any, piece: str, case: Case, fn: Callable[..., Any], *args: Any) -> Any:
     """Call a piece of the target's code; what it raises becomes the target's error."""
     try:
@@ -139,7 +146,9 @@ def call_target_code(target: Any, piece: str, case: Case, fn: Callable[..., Any]
     except Exception as e:
         if type(e).__module__.startswith("hypothesis"):  # assume(), reject(): Hypothesis' business
             raise
-        raise TargetCodeError.of(target.name, piece, case, e, case_hint(target, case)) from e
+        # a reference op that refuses a drawn case (F.batch_norm with one value per channel) is a
+        # cause new users met: the error ends with the two ways out
+        raise TargetCodeError.of(target.name, piece, case, e, case_hint(target, case), REFUSE_A_CASE) from e
 
 
 def _check_names(target: Any, field: str, keys: Any, allowed: Any, what: str) -> None:
