@@ -294,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="examples per target (default: the profile's; never fewer than the target's covering rows, "
-        "which run first: docs/explanation/covering-rows.md)",
+        "which run first: docs/explanation/covering-rows.md); the search's budget: shrinking a finding "
+        "runs more, which the examples printed count",
     )
     budget.add_argument(
         "--duration",
