@@ -172,6 +172,15 @@ def test_a_fused_batch_norm_oracle_covers_a_sync_batch_norm_gradient_written_by_
     assert loosest < 0.05, loosest
 
 
+def test_an_op_whose_decomposition_declines_the_call_gets_one_rounding():
+    """torch's decomposition of adaptive max pooling returns NotImplemented where the sizes do not
+    divide (5 -> 3): the op then runs whole, with one rounding of its result, as before."""
+    x = torch.randn(1, 5, 5)
+    ref, noise = _noise(lambda d: {"y": F.adaptive_max_pool2d(d["x"], 3)}, {"x": x}, "float32")
+    assert torch.equal(ref["y"], F.adaptive_max_pool2d(x.double(), 3)), ref
+    assert bool((noise["y"] > 0).all()) and bool(torch.isfinite(noise["y"]).all()), noise
+
+
 def test_float64_cases_get_a_noise_at_float64_scale():
     x = torch.randn(6, 6, dtype=torch.float64)
     fn = lambda d: {"y": d["x"] @ d["x"]}

@@ -320,7 +320,11 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
             return _exact_op(self, kind, func, args, kwargs)
         if kind.decompose is not None:
             with self:  # the ops it is made of come back through this mode, each with its rounding
-                return kind.decompose(*args, **kwargs)
+                decomposed = kind.decompose(*args, **kwargs)
+            if (
+                decomposed is not NotImplemented
+            ):  # a decomposition declines some calls (as FakeTensor reads it)
+                return decomposed
         absolute = _absolute(kind.base, args, kwargs) if kind.sum_like else None  # copies: before the op
         written = _written(kind, args, kwargs)
         rule_args = _before_written(written, args) if kind.rule is not None and written else args
