@@ -249,10 +249,12 @@ def test_the_recheck_of_a_closest_pass_is_its_case_judged_again_with_a_failures_
     from shardfuzz import Case, Runner
     from shardfuzz.report.closest_pass import RECHECK_FROM, recheck_closest_pass
 
-    # the ci run's closest pass of vocab_parallel's reference in torch 2.13, from its report
+    # a case of vocab_parallel's reference whose first 3 samples ran small, within a fixed 4% too
+    # (seed 1, the ci run's closest pass in torch 2.13, until the noise model decomposed
+    # nll_loss_backward: seed 375 now)
     case = Case.from_dict({
         "target": "vocab_parallel", "world_size": 1, "mesh": [1], "split": ["vocab"], "dtype": "bfloat16",
-        "sizes": {"batch": 1, "seq": 1, "d_model": 2, "vocab": 2}, "profile": "ties", "seed": 1,
+        "sizes": {"batch": 1, "seq": 1, "d_model": 2, "vocab": 2}, "profile": "ties", "seed": 375,
         "options": {"smoothing": 0.3, "rule": "tensor_split", "class_weight": True, "ignore_index": False,
                     "reduction": "mean", "grid": 0.25},
     })  # fmt: skip
@@ -261,7 +263,7 @@ def test_the_recheck_of_a_closest_pass_is_its_case_judged_again_with_a_failures_
     first = alone.run_case(case)
     alone.recheck = True
     wider = alone.run_case(case)
-    assert wider < first  # this case's first 3 samples ran small (0.576 -> 0.283 in torch 2.13)
+    assert wider < first  # this case's first 3 samples ran small (0.643 -> 0.242 in torch 2.13)
     runner = Runner("vocab_parallel", "reference")
     runner.stats.note_pass(first, case)
     assert recheck_closest_pass(runner, None) == (wider, None)
