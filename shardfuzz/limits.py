@@ -201,8 +201,9 @@ OTHER_ENVIRONMENT: tuple[EnvVar, ...] = (
         "PYTHONPATH",
         "paths",
         "",
-        "Python's own; a report's `shardfuzz case` rerun line keeps it, after the folders its run had "
-        "only on its own import path (pytest's root, a script's folder)",
+        "Python's own; a report's `shardfuzz case` rerun line keeps it, after the folders a new shell "
+        "lacks that the target's files import from (pytest's root, a script's folder, and those of "
+        "this PYTHONPATH: the line runs pasted into a shell without it)",
     ),
     EnvVar(
         "TORCH_DISTRIBUTED_DEBUG",

@@ -414,6 +414,12 @@ def test_a_rerun_line_carries_the_import_path_a_fresh_process_lacks(tmp_path, mo
         assert Runner("tp_mlp", "missing_allreduce").reporter.rerun_prefix.startswith(
             "shardfuzz case tp_mlp "
         )
+        # and where $PYTHONPATH found that folder: a new shell lacks it too (two new users pasted
+        # such a line into one and got ModuleNotFoundError)
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+        refs._fresh_import_path.cache_clear()
+        prefix = Runner(str(target), "mean_of_means").reporter.rerun_prefix
+        assert prefix.startswith(f"PYTHONPATH={tmp_path} shardfuzz case {target}::row_mean"), prefix
     finally:
         refs._fresh_import_path.cache_clear()
 

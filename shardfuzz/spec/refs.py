@@ -392,14 +392,17 @@ def module_ref(module_globals: dict[str, Any]) -> str | None:
 # -- what a rerun in a fresh process must add to its import path ---------------------------------
 @functools.lru_cache(maxsize=1)
 def _fresh_import_path() -> frozenset[str]:
-    """The import path a fresh interpreter of this Python starts with here ($PYTHONPATH, .pth
-    files and installed packages included), read once from one."""
+    """The import path a fresh interpreter of this Python starts with here in a new shell (.pth
+    files and installed packages included, not this shell's $PYTHONPATH: a rerun line pasted
+    elsewhere failed to import a module that only $PYTHONPATH had found), read once from one."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     try:
         out = subprocess.run(
             [sys.executable, "-c", "import sys; print('\\n'.join(sys.path))"],
             capture_output=True,
             text=True,
             timeout=60,
+            env=env,
         )
     except (OSError, subprocess.SubprocessError):
         out = None
@@ -416,7 +419,8 @@ def import_path_for(refs: Iterable[str]) -> list[str]:
     puts a test's root folder on the path, a script its own folder, and a ``shardfuzz case`` rerun
     line printed there failed to import the helper module a target file imports. Read from what
     the files bind at their top level (modules, and functions and classes imported from them);
-    empty for code that is installed or on ``$PYTHONPATH``."""
+    empty for code that is installed. A folder on ``$PYTHONPATH`` counts: the line must run in a
+    shell without it."""
     prefixes = tuple(os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.base_prefix})
     tops = {
         top
