@@ -318,7 +318,8 @@ def cases(
 def bounded_like(strategy: st.SearchStrategy[Case], like: st.SearchStrategy[Case]) -> st.SearchStrategy[Case]:
     """``strategy``, declared to draw only cases within the bounds of ``like`` (a strategy of
     :func:`cases`, or a ``one_of`` of them): for a wrapper that draws a case of ``like`` and
-    changes only option values (``targets/redistribute.py``). A failure file's case is checked
+    changes option values (``targets/redistribute.py``) or moves a ``Free`` size within its own
+    bounds (GQA's head counts rounded to what the group needs). A failure file's case is checked
     against these bounds before it is replayed (``docs/trust.md``); a ``.map``, ``.filter`` or
     ``@composite`` strategy declares none unless wrapped so. Returns ``strategy``."""
     return declare(strategy, bounds_of(like))
