@@ -166,6 +166,25 @@ def test_a_replicated_output_whose_ranks_hold_parts_of_the_oracle_says_so():
     assert "the ranks hold different values" in text and hint not in text, text
 
 
+@pytest.mark.parametrize("parts", [2, 3])
+def test_a_replicated_output_reduced_once_too_often_says_so(parts):
+    """A new user's LayerNorm gradients all-reduced again after DTensor had reduced them: every
+    element exactly 2x the oracle on 2 ranks, and the report gave no hint; a mean taken twice is
+    1/N of it. Another factor, or ranks that differ, say neither."""
+    ref = torch.randn(3, 4).double() + 0.5
+    twice = format_output_diff(diff(Replicate(), ref, parts * ref, parts), LABEL)
+    assert (
+        f"every rank holds {parts} times the oracle, within its tolerance scaled alike: reduced once too often"
+        in twice
+    )
+    halved = format_output_diff(diff(Replicate(), ref, ref / parts, parts), LABEL)
+    assert f"every rank holds 1/{parts} of the oracle" in halved and "divided by the group size" in halved
+    for other in (ref * (parts + 1), ref + 1):
+        text = format_output_diff(diff(Replicate(), ref, other, parts), LABEL)
+        assert "every rank holds" in text and "times the oracle" not in text and "of the oracle" not in text
+    assert "times the oracle" not in format_output_diff(diff(Shard(0), ref, parts * ref, parts), LABEL)
+
+
 def test_a_replicated_output_wrong_on_different_elements_per_rank_says_on_which_rank():
     """Rank 0's copy wrong at index 1, rank 1's at index 0: half the elements are wrong, and every
     global element on some rank (a new user read "every element of the global value is wrong"

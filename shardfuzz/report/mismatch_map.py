@@ -254,7 +254,7 @@ def _disagreement(
         if gap.numel() and float(gap.max()) > 0:
             apart.append(f"{rank_label(p.rank)} by up to {float(gap.max()):.3g}")
     if not apart:
-        return []
+        return _scaled_by_the_group(od, pieces)
     lines = [f"    the ranks hold different values: against {rank_label(first.rank)}, " + ", ".join(apart)]
     if _sums_to_the_oracle(od, pieces):
         each = " in each group" if len(od.groups) > 1 else ""
@@ -263,6 +263,44 @@ def _disagreement(
             "reduced (a Partial value returned as Replicate, or an all_reduce missing)"
         )
     return lines
+
+
+def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
+    """Where every rank of each group holds the same value and that is its group's size times the
+    oracle, or the oracle over it, within the tolerance scaled alike: a reduction done once too
+    often (a new user's LayerNorm gradients all-reduced again after DTensor had reduced them: every
+    element exactly 2x on 2 ranks, and the report gave no hint)."""
+    ref, bound = od.ref, od.bound
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+        return []
+    groups = replica_groups(od, pieces)
+    sizes = {len(g) for g in groups}
+    if not groups or len(sizes) != 1 or min(sizes) < 2:
+        return []
+    k = sizes.pop()
+    r = ref.double()
+    if not bool((r.abs() > bound).any()):  # an oracle within its own tolerance of 0: any multiple fits
+        return []
+    for factor, says in (
+        (k, f"{k} times the oracle"),
+        (1 / k, f"1/{k} of the oracle"),
+    ):
+        pieces_ok = all(
+            p.local.shape == ref.shape
+            and p.local.is_floating_point()
+            and bool(((p.local.double() - factor * r).abs() <= max(factor, 1.0) * bound).all())
+            for g in groups
+            for p in g
+        )
+        if pieces_ok:
+            why = (
+                "reduced once too often (an all_reduce of a value already whole, or a sum where a mean was due)"
+                if factor > 1
+                else "divided by the group size once too often (a mean of a mean, or a mean where a sum was due)"
+            )
+            each = " in each group" if len(groups) > 1 else ""
+            return [f"    every rank holds {says}{each}, within its tolerance scaled alike: {why}"]
+    return []
 
 
 def _sums_to_the_oracle(od: OutputDiff, pieces: list[Any]) -> bool:
