@@ -96,13 +96,35 @@ def run_target_test(
             raise e.with_traceback(None) from e.__cause__
         if expected is None or not found:
             raise
+        unlike = unlike_the_record(expected, found[0])
+        if unlike:  # another bug where the known one was: never hidden behind its xfail
+            pytest.fail(
+                f"{runner.key} is listed as an expected failure ({expected.description}), but this "
+                f"finding is another: {unlike}\n{found[0].report}",
+                pytrace=False,
+            )
         pytest.xfail(f"expected failure: {expected.description}")
+        raise  # under --runxfail pytest.xfail returns: the finding is the test's outcome
     if expected is not None:
         pytest.fail(
             f"{runner.key} is listed as an expected failure ({expected.description}) but passed",
             pytrace=False,
         )
     return runner
+
+
+def unlike_the_record(expected: Any, finding: Any) -> str:
+    """How ``finding`` differs from what an expected failure's record says it gives: another kind,
+    or (a mismatch) other wrong outputs than its ``Expect(outputs=...)``; empty where it is alike.
+    The shrunk case's world and sizes are left to ``assert_planted_bug_found``, whose budget and
+    settings the record's are (a ``test_for`` run may shrink under the user's)."""
+    expect = expected.expect
+    if finding.kind not in expect.kinds:
+        return f"a {finding.kind!r} finding, where the record expects {' or '.join(map(repr, expect.kinds))}"
+    wrong = tuple(getattr(finding, "outputs", None) or ())
+    if finding.kind == "mismatch" and not expect.allows_outputs(wrong):
+        return f"wrong outputs {wrong}, which the record's Expect(outputs={expect.outputs!r}) does not allow"
+    return ""
 
 
 test_settings.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test to collect
