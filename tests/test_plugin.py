@@ -179,14 +179,11 @@ test_as_recorded = shardfuzz.test_for("known.py::AS_RECORDED", "wrong_rank1", wo
 test_another_bug = shardfuzz.test_for("known.py::ANOTHER_BUG", "crash_rank1", world_sizes=(1, 2), max_examples=10)
 """,
     )
+    failures = str(inprocess.path / "failures")  # this test's own: the session's holds other tests' files
     args = (
-        "-p",
-        "no:cacheprovider",
-        "--import-mode=importlib",
-        "--hypothesis-profile=ci",
-        "-rA",
-        "test_known.py",
-    )
+        "-p", "no:cacheprovider", "--import-mode=importlib", "--hypothesis-profile=ci", "-rA",
+        f"--shardfuzz-failures-dir={failures}", "test_known.py",
+    )  # fmt: skip
     result = inprocess.runpytest_inprocess(*args)
     result.assert_outcomes(xfailed=1, failed=1)
     result.stdout.fnmatch_lines(
@@ -201,9 +198,9 @@ test_another_bug = shardfuzz.test_for("known.py::ANOTHER_BUG", "crash_rank1", wo
     assert "but passed" not in result.stdout.str() and "Mismatch" in result.stdout.str()
     # the failure files those runs wrote, replayed by the docs' one-line regressions(): known
     # failures that still fail are xfails (the suite went red on its second run); trust_refs: the
-    # suite keeps its failure files in a folder of its own, outside this test's project
+    # toy implementations live in this repository's tests/data, outside the pytester project
     inprocess.makepyfile(
-        test_regress="import shardfuzz\ntest_regressions = shardfuzz.regressions(trust_refs=True)\n"
+        test_regress=f"import shardfuzz\ntest_regressions = shardfuzz.regressions({failures!r}, trust_refs=True)\n"
     )
     result = inprocess.runpytest_inprocess(
         "-p", "no:cacheprovider", "--import-mode=importlib", "-rA", "test_regress.py"
