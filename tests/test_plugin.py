@@ -205,9 +205,14 @@ test_another_bug = shardfuzz.test_for("known.py::ANOTHER_BUG", "crash_rank1", wo
     result = inprocess.runpytest_inprocess(
         "-p", "no:cacheprovider", "--import-mode=importlib", "-rA", "test_regress.py"
     )
-    result.assert_outcomes(xfailed=2)
+    # the crash's file fails: it is a rank error where the record expects a mismatch
+    result.assert_outcomes(xfailed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["*XFAIL*toy_known-wrong_rank1-gloo-mismatch*expected failure (rank 1 is off)*"]
+        [
+            "*XFAIL*toy_known-wrong_rank1-gloo-mismatch*expected failure (rank 1 is off)*",
+            "*toy_crash_known-crash_rank1-gloo-rank-error.json is a file of an expected failure (rank 1 "
+            "is off), but it now fails as a 'rank-error' finding, where the record expects 'mismatch'*",
+        ]
     )
 
 

@@ -558,7 +558,7 @@ def regressions(
         expected = record_target.expected_failures.get(record["impl"])
         if expected is not None:  # a known failure's file: green while it still fails (a new user's
             # suite went red on its second run, replaying what its xfail tests had written)
-            _expected_regression_outcome(res, os.path.basename(failure_file), expected.description)
+            _expected_regression_outcome(res, os.path.basename(failure_file), expected)
         _regression_outcome(res, os.path.basename(failure_file), file_tolerance_note(record, given))
 
     test.__name__ = "test_shardfuzz_regression"
@@ -568,9 +568,18 @@ def regressions(
 regressions.__test__ = False  # type: ignore[attr-defined]
 
 
-def _expected_regression_outcome(res: Any, name: str, description: str) -> None:
-    """The outcome of a replayed file of an expected failure: an xfail while it still fails, a
-    failure once its case passes (the record, or the file, is then stale)."""
+def _expected_regression_outcome(res: Any, name: str, expected: Any) -> None:
+    """The outcome of a replayed file of an expected failure: an xfail while it still fails as its
+    record says (its kind), a failure once it fails otherwise or its case passes (the record, or
+    the file, is then stale)."""
+    description, kinds = expected.description, expected.expect.kinds
+    if res.failed and res.kind not in kinds:
+        pytest.fail(
+            f"{name} is a file of an expected failure ({description}), but it now fails as a "
+            f"{res.kind!r} finding, where the record expects {' or '.join(map(repr, kinds))}: "
+            f"{res.line()}\n{res.report}",
+            pytrace=False,
+        )
     if res.failed:
         pytest.xfail(f"{name}: expected failure ({description}): {res.line()}")
     if not res.not_judged:
