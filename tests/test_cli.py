@@ -295,6 +295,16 @@ def test_progress_line_names_each_condition_once(target):
     assert set(runner.target.triggers) <= set(shown)
 
 
+def test_progress_line_shows_uneven_only_for_a_target_that_splits_a_size():
+    """A target whose sizes are all Free (a ZeRO flat buffer the implementation pads itself) cannot
+    be uneven: two new users read its ``uneven 0%`` as a blind spot."""
+    from shardfuzz import Runner
+
+    free_only = os.path.join(os.path.dirname(__file__), "data", "relu_padding_target.py")
+    assert "uneven" not in Runner(free_only).progress_conditions()
+    assert "uneven" in Runner("tp_mlp").progress_conditions()
+
+
 def test_progress_line_shows_the_per_group_relations_the_cases_reach():
     """ulysses' ``kv_heads<group`` (KV heads replicated over more ranks) showed only in pytest's
     statistics, not in the CLI's line (a new user's ZeRO-3 target's ``numel%group!=0`` too)."""

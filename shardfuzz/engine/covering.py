@@ -317,7 +317,8 @@ def _rows_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple
 def progress_conditions(runner: Any) -> tuple[str, ...]:
     """The conditions a run's progress line and its pytest statistics show, each at its share, 0%
     included: the usual generic ones (those the run's world sizes allow; ``backward`` only for a target that declares gradients,
-    ``batch>1`` only for one whose cases have a ``batch`` size, a low-precision dtype only for a
+    ``batch>1`` only for one whose cases have a ``batch`` size, ``uneven`` only for one that splits
+    a size, a low-precision dtype only for a
     run that draws it: a condition that cannot apply read as a blind spot, and a ``--dtypes
     float16`` run showed bfloat16's 0%, not its own dtype's share), then the target's own declared
     triggers that are not among them (ddp_buckets declares ``backward`` too, which the line showed
@@ -335,7 +336,15 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     top = max(worlds)
     # two mesh axes above 1 need a world with a factor pair: 4, 6, 8, 9 (not 5 or 7)
     composite = any(w % d == 0 for w in worlds for d in range(2, math.isqrt(w) + 1))
-    allowed = {"uneven": top >= 2, "group<world": top >= 2, "world>=3": top >= 3, "2-D mesh": composite}
+    # a target that splits no size (a ZeRO flat buffer drawn Free) cannot be uneven: its 0% read
+    # as a blind spot to two new users
+    splits = any(case.split for case, _ in pool)
+    allowed = {
+        "uneven": top >= 2 and splits,
+        "group<world": top >= 2,
+        "world>=3": top >= 3,
+        "2-D mesh": composite,
+    }
     generic = tuple(
         t
         for t in PROGRESS
