@@ -242,6 +242,27 @@ def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qual
     assert closest_pass_words(0.962, False, rechecked=0.9621) == "0.962"  # the same to 3 digits
 
 
+def test_a_mismatch_on_a_grid_of_values_says_that_ties_may_be_broken_otherwise():
+    """A new user's torch.topk router broke a five-way tie otherwise than the oracle's stated rule:
+    two right answers, reported at 7.3e5x with no word of a tie. A mismatch in the ties profile
+    says so; one in another profile does not."""
+    import dataclasses
+
+    from shardfuzz import Case, Runner
+    from shardfuzz.errors import Mismatch
+    from shardfuzz.report.findings import TIES_NOTE
+
+    runner = Runner("tp_mlp", "missing_f_backward")
+    case = Case(
+        target="tp_mlp", world_size=2, mesh=(2,), sizes={"batch": 1, "seq": 1, "d_model": 1, "hidden": 2, "d_out": 1},
+        split=("hidden",), dtype="float32", profile="ties", seed=0, options={"grid": 0.5},
+    )  # fmt: skip
+    for profile, options, said in (("ties", {"grid": 0.5}, True), ("normal", {}, False)):
+        with pytest.raises(Mismatch) as e:
+            runner.run_case(dataclasses.replace(case, profile=profile, options=options))
+        assert (TIES_NOTE in e.value.report) == said, e.value.report
+
+
 def test_the_recheck_of_a_closest_pass_is_its_case_judged_again_with_a_failures_samples():
     """recheck_closest_pass judges the leading figure's case with the noise term widened by the
     recheck's samples: the same figure as a runner of its own set to do that; nothing below

@@ -47,6 +47,17 @@ ONE_RANK_NOTE = (
 )
 
 
+#: the note of a mismatch whose case draws its values on a grid: a tie broken otherwise than the
+#: oracle breaks it is two right answers (a new user's torch.topk router picked experts [6, 5] of
+#: five equal logits where the oracle's stated rule picked [2, 4], and the report named no tie)
+TIES_NOTE = (
+    "this case's values lie on a grid (profile=ties), so exact ties are common: where the code makes "
+    "a discrete decision (topk, argmax, sort, max) and breaks a tie otherwise than the oracle, both "
+    "answers are right and differ; share the decision with the oracle or state one tie rule "
+    "(docs/reference/target-spec.md, discrete decisions; torch.topk does not promise the lower index)"
+)
+
+
 #: the note of a rank error that is the implementation's return value, not its work
 CONTRACT_NOTE = (
     "the implementation's return value breaks its contract: every rank returns a dict of the "
@@ -140,6 +151,8 @@ class Reporter:
         ]
         if ok:
             parts.append("outputs within tolerance: " + ", ".join(ok))
+        if case.profile == "ties":  # the shrinker leaves the grid only where the finding needs it
+            parts.append(TIES_NOTE)
         parts.append(self._footer(case, leaks))
         wrong = {d.name: sorted(r.rank for r in d.ranks if r.bad and r.rank is not None) for d in bad}
         site = tuple((name, tuple(ranks)) for name, ranks in sorted(wrong.items()))
