@@ -321,9 +321,9 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
         if kind.decompose is not None:
             with self:  # the ops it is made of come back through this mode, each with its rounding
                 decomposed = kind.decompose(*args, **kwargs)
-            if (
-                decomposed is not NotImplemented
-            ):  # a decomposition declines some calls (as FakeTensor reads it)
+            # a decomposition declines some calls (NotImplemented, as FakeTensor reads it): the op
+            # then runs whole below, with one rounding
+            if decomposed is not NotImplemented:
                 return decomposed
         absolute = _absolute(kind.base, args, kwargs) if kind.sum_like else None  # copies: before the op
         written = _written(kind, args, kwargs)
