@@ -270,14 +270,12 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
     oracle, or the oracle over it, within the tolerance scaled alike: a reduction done once too
     often (a new user's LayerNorm gradients all-reduced again after DTensor had reduced them: every
     element exactly 2x on 2 ranks, and the report gave no hint)."""
-    ref, bound = od.ref, od.bound
-    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
-        return []
-    groups = replica_groups(od, pieces)
+    groups = _groups_to_weigh(od, pieces)
     sizes = {len(g) for g in groups}
-    if not groups or len(sizes) != 1 or min(sizes) < 2:
+    if len(sizes) != 1:
         return []
     k = sizes.pop()
+    ref, bound = od.ref, od.bound
     r = ref.double()
     if not bool((r.abs() > bound).any()):  # an oracle within its own tolerance of 0: any multiple fits
         return []
@@ -303,15 +301,23 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
     return []
 
 
+def _groups_to_weigh(od: OutputDiff, pieces: list[Any]) -> list[Any]:
+    """The replica groups whose copies can be weighed against the oracle (a floating reference with
+    its bound, every group of two or more ranks); none otherwise."""
+    ref, bound = od.ref, od.bound
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+        return []
+    groups = replica_groups(od, pieces)
+    return groups if groups and all(len(g) >= 2 for g in groups) else []
+
+
 def _sums_to_the_oracle(od: OutputDiff, pieces: list[Any]) -> bool:
     """Every group of two or more ranks holds values whose sum is within the bound of the oracle's
     global value (a new user's Partial gradient labelled Replicate read only "the ranks differ")."""
+    groups = _groups_to_weigh(od, pieces)
+    if not groups:
+        return False
     ref, bound = od.ref, od.bound
-    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
-        return False
-    groups = replica_groups(od, pieces)
-    if not groups or any(len(g) < 2 for g in groups):
-        return False
     for g in groups:
         if any(p.local.shape != ref.shape or not p.local.is_floating_point() for p in g):
             return False
