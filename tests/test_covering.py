@@ -1,6 +1,7 @@
 """Campaigns that find more per minute: covering rows first, seeds from the resolved implementation,
 distinct findings after the first, known failures set aside, warm spares after a failure."""
 
+import dataclasses
 import json
 import os
 import re
@@ -9,15 +10,15 @@ import pytest
 
 import shardfuzz
 from shardfuzz.engine import covering
-from shardfuzz.engine.config import RunConfig
+from shardfuzz.engine.config import RunConfig, check_exclude_keys
 from shardfuzz.engine.hooks import RunHooks, example_order
 from shardfuzz.engine.runner import Runner
 from shardfuzz.engine.search import chunks as search_chunks
 from shardfuzz.engine.search import search, settings_for, stable_identity
-from shardfuzz.errors import InvalidArgument
+from shardfuzz.errors import InvalidArgument, TargetError
 from shardfuzz.frontends.testing import run_cli
 from shardfuzz.spec import sampling
-from shardfuzz.spec.exclude import CaseExpression
+from shardfuzz.spec.exclude import CaseExpression, exclusion
 from shardfuzz.spec.registry import BUILTIN_TARGETS, get_target
 
 HERE = os.path.dirname(__file__)
@@ -404,6 +405,48 @@ def test_exclude_expressions_read_the_case():
     assert CaseExpression("world_size >= 3 and dtype == 'bfloat16' and sizes['n'] % group_size")(c)
     assert not CaseExpression("options['missing'] > 0")(c)  # a case without that option is not excluded
     assert not CaseExpression("len(mesh) == 2")(c)
+
+
+def test_an_exclude_reads_the_trigger_conditions_a_case_reaches_for_its_target():
+    # a known failure is often a condition the report already named (torch's empty DTensor shards):
+    # an auditor wrote DTensor's chunk rule out by hand to exclude it
+    from shardfuzz.case import Case
+
+    toy = get_target(TOY)
+    c = Case(target=toy.name, world_size=3, mesh=(3,), sizes={"n": 4}, split=("n",), dtype="bfloat16",
+             profile="normal", seed=1, options={})  # fmt: skip
+    assert CaseExpression("'uneven' in triggers")(c, toy)  # 4 over 3 ranks
+    assert not CaseExpression("'empty shard' in triggers")(c, toy)
+    assert CaseExpression("'empty shard' not in triggers and dtype == 'bfloat16'")(c, toy)
+    with pytest.raises(InvalidArgument, match="reads triggers, which need the case's target"):
+        CaseExpression("'uneven' in triggers")(c)
+    # a target's own known failure may name one too, checked when the target is made
+    known = dataclasses.replace(toy, known_failures={"torch's uneven rule": "'uneven' in triggers"})
+    assert exclusion(c, known, ()) == "torch's uneven rule"
+    with pytest.raises(
+        TargetError, match=r"known_failures\['odd'\] tests 'unevn' in triggers, a condition no"
+    ):
+        dataclasses.replace(toy, known_failures={"odd": "'unevn' in triggers"})
+    # a run sets those cases aside, counted, and runs none of them
+    res = shardfuzz.run(TOY, exclude="'uneven' in triggers", max_examples=12, database=None)
+    assert res.stats.excluded["'uneven' in triggers"] > 0, res.stats.summary()
+    assert res.stats.examples >= 12 and res.stats.triggers["uneven"] == 0, res.stats.triggers
+    assert res.stats.triggers["world>=3"] > 0  # the even cases of 3 or more ranks still run
+
+
+def test_an_exclude_that_tests_a_condition_no_case_can_reach_is_a_usage_error():
+    out = cli("fuzz", TOY, "--max-examples", "5", "--exclude", "'unevn' in triggers")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith(
+        "shardfuzz: error: --exclude=\"'unevn' in triggers\" tests 'unevn' in triggers, which no case of 'toy' "
+        "can reach (a misspelling?)"
+    ), out.stderr
+    with pytest.raises(
+        InvalidArgument, match="tests 'kv_heads<group' in triggers, which no case of 'tp_mlp'"
+    ):
+        shardfuzz.run("tp_mlp", exclude="'kv_heads<group' in triggers", max_examples=1, database=None)
+    # a condition of one of the command's targets is taken (ulysses' per-group kv heads)
+    check_exclude_keys([get_target("tp_mlp"), get_target("ulysses")], ["'kv_heads<group' in triggers"], "x")
 
 
 # -- fast while failing ------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from shardfuzz.limits import env_int as env_int
 from shardfuzz.limits import max_world_size as max_world_size
 from shardfuzz.spec.exclude import CaseExpression
 from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
+from shardfuzz.spec.triggers import conditions_named
 
 PROFILES = ("shardfuzz-ci", "shardfuzz-dev", "shardfuzz-fuzz")
 
@@ -145,6 +146,21 @@ def world_sizes_form(world_sizes: Any) -> tuple[int, ...]:
     return sizes
 
 
+def check_exclude_triggers(targets: list[Any], exclude: list[str], where: str) -> None:
+    """InvalidArgument for an exclusion that tests a trigger condition (``'uneven' in triggers``) that
+    no case of any of ``targets`` can reach: misspelt, it would exclude nothing."""
+    named = {c for t in targets for c in conditions_named(t)}
+    for text in exclude:
+        for trigger in sorted(CaseExpression(text, where).triggers_read - named):
+            declared = sorted(c for t in targets for c in t.triggers)
+            raise InvalidArgument(
+                f"{where}={text!r} tests {trigger!r} in triggers, which no case of "
+                f"{', '.join(repr(t.name) for t in targets)} can reach (a misspelling?); the conditions are "
+                f"named as progress lines and reports print them: the generic ones of docs/triggers.md "
+                f"and the target's own ({', '.join(map(repr, declared)) or 'none'})"
+            )
+
+
 def check_exclude_keys(
     targets: Iterable[Any], exclude: Iterable[str], where: str, world_sizes: tuple[int, ...] | None = None
 ) -> None:
@@ -154,6 +170,8 @@ def check_exclude_keys(
     summary only. A target whose strategy declares nothing (:meth:`~shardfuzz.Target.case_bounds`)
     could draw any key, so nothing is checked then. ``world_sizes``: the run's (a strategy may
     declare other names at other world sizes)."""
+    targets, exclude = list(targets), list(exclude)
+    check_exclude_triggers(targets, exclude, where)
     declared: dict[str, dict[str, set[str]]] = {}
     for t in targets:
         bounds = t.case_bounds(world_sizes)

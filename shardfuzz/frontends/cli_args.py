@@ -332,8 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="EXPR",
-        help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" (repeatable; "
-        "excluded cases are counted and shown)",
+        help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" or \"'empty "
+        "DTensor shard' in triggers\" (repeatable; excluded cases are counted and shown)",
     )
     f.add_argument(
         "--option",

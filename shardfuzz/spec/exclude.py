@@ -4,7 +4,8 @@ knows. An excluded case is counted by reason and shown in progress lines and sum
 passed silently.
 
 An expression is a Python expression over the case's fields, e.g. ``options['smoothing'] > 0`` or
-``world_size >= 3 and dtype == 'bfloat16'``. It is parsed once and may use only names, constants,
+``world_size >= 3 and dtype == 'bfloat16'``, or over the trigger conditions the case reaches for its
+target, ``'empty DTensor shard' in triggers``. It is parsed once and may use only names, constants,
 subscripts, attribute reads of those names, comparisons, boolean and arithmetic operators, and a few
 pure builtins (no calls of anything else, no imports, no assignments).
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from shardfuzz.case import Case
 from shardfuzz.errors import InvalidArgument, TargetCodeError, Unsupported
+from shardfuzz.spec.triggers import triggers_of
 
 #: the names an expression may use: the case's fields, the case itself, and pure builtins
 CASE_NAMES = (
@@ -34,6 +36,9 @@ CASE_NAMES = (
     "options",
     "group_size",
 )
+#: the trigger conditions the case reaches for its target (``"'empty DTensor shard' in triggers"``):
+#: the names its progress lines and reports print (:func:`shardfuzz.spec.triggers.conditions_met`)
+TRIGGERS = "triggers"
 BUILTINS: dict[str, Any] = {
     "len": len, "min": min, "max": max, "abs": abs, "sum": sum, "any": any, "all": all,
     "True": True, "False": False, "None": None,
@@ -63,13 +68,16 @@ class CaseExpression:
     what: str = "--exclude"
     #: the keys it reads by name from ``sizes`` and ``options`` (``sizes['heads']``), set when made
     keys_read: dict[str, frozenset[str]] = dataclasses.field(init=False, repr=False, compare=False)
+    #: the trigger names it tests by name (``'uneven' in triggers``), and whether it reads them at all
+    triggers_read: frozenset[str] = dataclasses.field(init=False, repr=False, compare=False)
+    reads_triggers: bool = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
             tree = ast.parse(self.text.strip(), mode="eval")
         except SyntaxError as e:
             raise InvalidArgument(f"{self.what}={self.text!r} is not a Python expression: {e.msg}") from None
-        allowed = set(CASE_NAMES) | set(BUILTINS)
+        allowed = set(CASE_NAMES) | {TRIGGERS} | set(BUILTINS)
         for node in ast.walk(tree):
             if not isinstance(node, _NODES):
                 raise InvalidArgument(
@@ -78,7 +86,8 @@ class CaseExpression:
                 )
             if isinstance(node, ast.Name) and node.id not in allowed:
                 raise InvalidArgument(
-                    f"{self.what}={self.text!r}: unknown name {node.id!r}; allowed: {', '.join(CASE_NAMES)}"
+                    f"{self.what}={self.text!r}: unknown name {node.id!r}; allowed: "
+                    f"{', '.join((*CASE_NAMES, TRIGGERS))}"
                 )
             if isinstance(node, ast.Call) and not (
                 isinstance(node.func, ast.Name) and node.func.id in BUILTINS
@@ -123,15 +132,25 @@ class CaseExpression:
                 and isinstance(node.slice.value, str)
             )
         object.__setattr__(self, "keys_read", keys)
+        # the trigger names it tests ('uneven' in triggers): checked against a target, as keys are
+        object.__setattr__(self, "triggers_read", frozenset(_triggers_named(tree)))
+        object.__setattr__(self, "reads_triggers", any(_names_triggers(n) for n in ast.walk(tree)))
 
-    def __call__(self, case: Case) -> bool:
-        return self.evaluate(case)[0]
+    def __call__(self, case: Case, target: Any = None) -> bool:
+        return self.evaluate(case, target)[0]
 
-    def evaluate(self, case: Case) -> tuple[bool, str | None]:
+    def evaluate(self, case: Case, target: Any = None) -> tuple[bool, str | None]:
         """Whether ``case`` is excluded, and the key it lacked when that is why not (an option of
-        another branch, or a misspelling: the summary tells them apart by whether any case had it)."""
-        names = {n: getattr(case, n) for n in CASE_NAMES if n != "case"}
+        another branch, or a misspelling: the summary tells them apart by whether any case had it).
+        ``target``: the case's, for an expression that reads ``triggers``."""
+        names: dict[str, Any] = {n: getattr(case, n) for n in CASE_NAMES if n != "case"}
         names["case"] = case
+        if self.reads_triggers:
+            if target is None:
+                raise InvalidArgument(
+                    f"{self.what}={self.text!r} reads triggers, which need the case's target"
+                )
+            names[TRIGGERS] = frozenset(triggers_of(target, case))
         try:
             return bool(eval(self._code, {"__builtins__": BUILTINS}, names)), None  # type: ignore[attr-defined]
         except KeyError as e:
@@ -142,6 +161,25 @@ class CaseExpression:
             raise InvalidArgument(
                 f"{self.what}={self.text!r} raised {type(e).__name__}: {e}, on {case!r}"
             ) from None
+
+
+def _names_triggers(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == TRIGGERS
+
+
+def _triggers_named(tree: ast.AST) -> set[str]:
+    """The string constants an expression tests for membership in ``triggers`` (``'x' in triggers``,
+    ``'x' not in triggers``)."""
+    out = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands, operands[1:]):
+            if isinstance(op, (ast.In, ast.NotIn)) and _names_triggers(right):
+                if isinstance(left, ast.Constant) and isinstance(left.value, str):
+                    out.add(left.value)
+    return out
 
 
 def _names_map(node: ast.AST, name: str) -> bool:
@@ -181,13 +219,13 @@ def exclusion(
     they lacked a key it reads, and per (expression, None) those it read whole."""
     for reason, pred in target.known_failures:
         try:
-            hit = pred(case)
+            hit = pred(case, target) if isinstance(pred, CaseExpression) else pred(case)
         except Exception as e:
             raise TargetCodeError.of(target.name, f"known_failures[{reason!r}](case)", case, e) from e
         if hit:
             return reason
     for text in expressions:
-        hit, key = _expression(text).evaluate(case)
+        hit, key = _expression(text).evaluate(case, target)
         if hit:
             return text
         if lacked is not None:

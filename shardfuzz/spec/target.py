@@ -22,6 +22,7 @@ from shardfuzz.spec.layouts import Layout, Replicate, check_layout
 from shardfuzz.spec.records import Bound, ExpectedFailure, PlantedBug, Verified, bind
 from shardfuzz.spec.refs import module_ref, ref_of_callable
 from shardfuzz.spec.tolerance import per_output_tolerances
+from shardfuzz.spec.triggers import conditions_named
 
 # Hypothesis is imported inside the functions that use it: the CLI's parser or the pytest
 # plugin loads this module at start (START_UP in tests/test_structure.py)
@@ -185,8 +186,19 @@ class Target:
                 )
         object.__setattr__(self, "gradients", tuple(self.gradients))
         object.__setattr__(self, "known_failures", known_failures(self.known_failures, self.name))
+        self._check_known_failure_triggers()
         object.__setattr__(self, "comm", check_budgets(self.comm, self.name, self.implementations))
         self._check_tolerance_and_gradients()
+
+    def _check_known_failure_triggers(self) -> None:
+        """A known failure's expression that tests a condition no case can reach would exclude nothing."""
+        named = conditions_named(self)
+        for reason, pred in self.known_failures:
+            for trigger in sorted(getattr(pred, "triggers_read", frozenset()) - named):
+                raise TargetError(
+                    f"Target {self.name!r}: known_failures[{reason!r}] tests {trigger!r} in triggers, a "
+                    f"condition no case of it can reach (a misspelling?); its own: {sorted(self.triggers)}"
+                )
 
     def _check_pieces(self) -> None:
         """inputs and oracle are callables (or the self-oracle), cases and outputs are given."""

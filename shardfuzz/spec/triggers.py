@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any
 
-from shardfuzz.case import Case
+from shardfuzz.case import EDGE_KINDS, VALUE_PROFILES, Case
 from shardfuzz.errors import TargetError
 from shardfuzz.spec.layouts import split_sizes
 
@@ -100,6 +100,16 @@ def triggers_of(target: Any, case: Case) -> set[str]:
     for name, how in target.per_group.items():
         out |= group_relations(name, quantity(target, name, how, case), case.group_size)
     return {c for c in out if is_effective(target, c, case)} if target.effective else out
+
+
+def conditions_named(target: Any) -> set[str]:
+    """Every condition name :func:`triggers_of` can give a case of ``target`` (what an exclusion's
+    ``'uneven' in triggers`` may test)."""
+    out = {*GENERIC, "strided inputs", "backward", "uneven over replicas", *target.triggers}
+    out |= {f"profile={p}" for p in VALUE_PROFILES if p != "normal"} | {f"edge={k}" for k in EDGE_KINDS}
+    for name in target.per_group:
+        out |= {f"{name}<group", f"{name}%group!=0", f"group%{name}==0"}
+    return out
 
 
 def conditions_met(target: Any, case: Case) -> tuple[str, ...]:
