@@ -169,6 +169,36 @@ def test_a_store_record_may_name_only_shardfuzz_code(tmp_path):
         prepare(record(impl_ref=f"{evil}::f"), None, check=False)
 
 
+@pytest.mark.parametrize(
+    "impl_ref, impl_kwargs",
+    [
+        # shardfuzz's own functions that take (ctx, **kwargs) and import what they are given: a
+        # security review ran a file of its choice on every rank this way, from a file or a store
+        ("shardfuzz.spec.registry:_file_targets", {"path": "PAYLOAD"}),
+        ("shardfuzz._moved:alias", {"new": "PAYLOAD_MODULE", "run_main": True}),
+    ],
+)
+def test_shardfuzz_code_that_is_no_implementation_of_the_target_is_never_called(
+    tmp_path, impl_ref, impl_kwargs
+):
+    from shardfuzz.engine.failures import prepare
+
+    marker = tmp_path / "IMPORTED"
+    evil = evil_module(tmp_path, marker)
+    kwargs = {k: {"PAYLOAD": str(evil), "PAYLOAD_MODULE": "evil"}.get(v, v) for k, v in impl_kwargs.items()}
+    rec = record(impl_ref=impl_ref, impl_kwargs=kwargs)
+    for source in (None, write(tmp_path / "f.json", rec)):  # a store's record, and a file
+        with pytest.raises(
+            InvalidArgument, match=f"field 'impl_ref': '{impl_ref}' is no implementation of target"
+        ):
+            prepare(rec, source)
+    out = cli("replay", str(tmp_path / "f.json"))
+    assert out.returncode == 2 and "--trust-refs" in out.stderr, out.stdout + out.stderr
+    assert not marker.exists()
+    # the target's own implementations still load, from a store too
+    assert prepare(record(), None)["impl_spec"].ref == "shardfuzz.targets.tp_mlp:reference"
+
+
 @pytest.mark.slow  # a pytest subprocess replaying a toy target (~15 s under load); the CLI tests above
 def test_regressions_of_committed_files_need_no_flag_and_a_moved_file_is_refused(tmp_path):
     """The committed file's absolute paths came from another machine (/home/dev/shardfuzz): they

@@ -22,7 +22,7 @@ from shardfuzz.engine.config import check_world_size
 from shardfuzz.engine.covering import check_option_kinds
 from shardfuzz.engine.failure_schema import load_failure_file, shown, validate_failure_record, where_of
 from shardfuzz.engine.input_bounds import check_input_size
-from shardfuzz.engine.trust import check_trusted
+from shardfuzz.engine.trust import TRUST_FLAG, check_trusted, own_module
 from shardfuzz.errors import CaseOutsideBounds, InvalidArgument
 from shardfuzz.protocol import ImplRef
 from shardfuzz.spec.bounds import check_in_bounds
@@ -58,7 +58,7 @@ def prepare(
         target, _ = _field(where, "target_ref", record_target, data)
         fn = _field(where, "impl_ref", load_ref, data["impl_ref"], "impl")
         _field(where, "impl_ref", ref_of_callable, data["impl_ref"], "impl")
-        _check_kwargs(where, target, data["impl_spec"], fn)
+        _check_kwargs(where, target, data["impl_spec"], fn, trust_refs)
         # before anything is built from it. A hand-edited kind is never stale: checked first, so
         # that a size out of bounds beside it does not set the file aside as stale (NOT RUN)
         _invalid_case(where, check_option_kinds, target, case)
@@ -85,10 +85,13 @@ def _invalid_case(
         raise error(f"{where}: field 'case' is invalid: {e}") from None
 
 
-def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:
+def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any, trust_refs: bool = False) -> None:
     """The implementation must take the rank's ``ctx`` and ``impl_kwargs``; ``bug=NAME`` of the
     target's own reference must name one of its planted bugs (an unknown one would run the
-    reference and pass); a built-in target's record may not name another built-in target's code."""
+    reference and pass); a built-in target's record may not name another built-in target's code;
+    and a function of shardfuzz's own (or a registered package's) code that is no implementation of
+    the target is refused unless ``trust_refs``: those packages are trusted to be imported, not
+    every function in them to be called with a record's arguments."""
     kwargs = dict(spec.kwargs)
     own = _own_refs(target)
     modules = {r.ref.partition(":")[0] for r in own}
@@ -120,6 +123,15 @@ def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:
         raise InvalidArgument(f"{where}: {what} ({e})") from None
     except ValueError:  # no signature to read (a builtin): the call reports it
         pass
+    # last, so that the more particular words above come first
+    refs = sorted({r.ref for r in own})
+    if not trust_refs and split_file_ref(spec.ref) is None and own_module(module) and spec.ref not in refs:
+        raise InvalidArgument(
+            f"{where}: field 'impl_ref': {shown(spec.ref)} is no implementation of target {target.name!r} "
+            f"(its implementations are {', '.join(map(shown, refs)) or 'none'}); a failure record may "
+            f"name shardfuzz's own or a registered package's code only as one of them. Read the record "
+            f"first; then pass {TRUST_FLAG} (regressions(trust_refs=True)) to run it (docs/trust.md)"
+        )
 
 
 def _own_refs(target: Target) -> list[ImplRef]:

@@ -5,7 +5,10 @@ and on every rank. The rule, checked before anything is imported:
 
 * shardfuzz's own code (``shardfuzz.*``, the built-in targets and their implementations) and the
   targets of installed packages registered under the ``shardfuzz.targets`` entry point may always
-  be named;
+  be named, and imported; but a record's implementation there must be one of its target's own
+  (:mod:`shardfuzz.engine.failure_load`): any other function of those packages that takes the
+  rank's ``ctx`` would be called with the record's arguments (``shardfuzz.spec.registry:
+  _file_targets`` with ``path=`` imports any file);
 * any other code (a ``file.py::NAME`` or a ``pkg.mod:attr`` reference) is imported only when the
   failure file itself *and* that code lie inside a trusted folder: the current project root (the
   nearest folder above the current one holding ``pyproject.toml``, ``setup.cfg``, ``setup.py`` or
@@ -56,6 +59,11 @@ def _registered_packages() -> set[str]:
     builtin = builtin_targets()
     registered = [ref for name, ref in available_targets().items() if name not in builtin]
     return {ref.partition(":")[0].split(".")[0] for ref in registered}
+
+
+def own_module(modname: str) -> bool:
+    """Whether ``modname`` is shardfuzz's own code or a registered package's (always importable)."""
+    return _own_module(modname)
 
 
 def _own_module(modname: str) -> bool:
