@@ -358,6 +358,47 @@ def test_a_stored_finding_is_untrusted_input(redis_server):
         store.findings()
 
 
+def test_a_stores_strings_are_printed_escaped_and_its_numbers_checked(redis_server):
+    # a security review: terminal escapes in a finding's fields and in a worker's name and heartbeat
+    # reached the terminal raw (title set, screen cleared, fake lines), and a heartbeat whose
+    # per_second was "fast" crashed `status` with a traceback
+    from shardfuzz.engine.fleet import FleetStore
+    from shardfuzz.frontends.fleet_view import format_findings, format_status
+
+    escape = "\x1b]0;owned\x07\x1b[2J\x1b[31mFAKE"
+    store = FleetStore(redis_server.url, "escapes")
+    client = _client(redis_server.url)
+    doc = {
+        **_finding_doc(found_by=escape),
+        "kind": escape,
+        "impl": escape,
+        "case": escape,
+        "versions": {"torch": escape},
+    }
+    client.set("shardfuzz:escapes:finding:0123456789abcdef", json.dumps(doc))
+    client.hset("shardfuzz:escapes:seen:0123456789abcdef", escape, 2)
+    beat = {
+        "state": escape,
+        "target": escape,
+        "impl": "i",
+        "examples": 3,
+        "per_second": 1.5,
+        "heartbeat": time.time(),
+    }
+    client.set(f"shardfuzz:escapes:worker:{escape}", json.dumps(beat))
+    client.set("shardfuzz:escapes:worker:fast", json.dumps({**beat, "per_second": "fast"}))
+    text = format_findings(store, store.findings()) + format_status(store, store.workers())
+    assert "\x1b" not in text and "\x07" not in text, repr(text)
+    assert "\\x1b]0;owned\\x07" in text  # shown, escaped
+    assert "fast                         unreadable heartbeat" in text, text
+    for command in ("findings", "status"):
+        out = run_cli(command, redis_server.url, "--fleet", "escapes")
+        assert out.returncode == 0 and "\x1b" not in out.stdout + out.stderr, out.stdout + out.stderr
+    client.set("shardfuzz:escapes:finding:0123456789abcdef", json.dumps({**doc, "margin": "big"}))
+    with pytest.raises(InvalidArgument, match="field 'margin' is 'big', expected a number"):
+        store.findings()
+
+
 @pytest.mark.parametrize(
     "url, message",
     [

@@ -29,7 +29,7 @@ import socket
 import time
 from typing import Any
 
-from shardfuzz.engine.failure_schema import MAX_FILE_BYTES, validate_failure_record
+from shardfuzz.engine.failure_schema import MAX_FILE_BYTES, printable, shown, validate_failure_record
 from shardfuzz.engine.failures import versions
 from shardfuzz.engine.shared_db import RedisLost, connect, fleet_prefix, redact, redis_errors
 from shardfuzz.errors import Finding, InvalidArgument
@@ -151,9 +151,12 @@ class FleetStore:
                 raise InvalidArgument(f"{where}: field {field!r} is {doc.get(field)!r}, expected {kind}")
         if doc["id"] != fid:
             raise InvalidArgument(f"{where}: field 'id' is {doc['id']!r}, not the key's id")
+        if not isinstance(doc.get("margin"), (int, float, type(None))) or isinstance(doc.get("margin"), bool):
+            raise InvalidArgument(f"{where}: field 'margin' is {shown(doc.get('margin'))}, expected a number")
         if doc["failure_file"] is not None:  # the schema of a failure file; imports nothing
             validate_failure_record(doc["failure_file"], f"{where}: field 'failure_file'")
-        return doc
+        # every other string as it may be printed (the failure file's fields are printed by shown())
+        return {k: v if k == "failure_file" else _printable(v) for k, v in doc.items()}
 
     def findings(self) -> list[dict[str, Any]]:
         """Every finding of the fleet, checked, with its rediscovery counts (oldest first)."""
@@ -162,8 +165,8 @@ class FleetStore:
             doc = self._read(fid, self.redis.get(self._key("finding", fid)))
             if doc is None:
                 continue  # removed since the scan
-            doc["seen"] = _numbers(self.redis.hgetall(self._key("seen", fid)))
-            doc["shrink_again"] = _numbers(self.redis.hgetall(self._key("shrink", fid)))
+            doc["seen"] = _printable(_numbers(self.redis.hgetall(self._key("seen", fid))))
+            doc["shrink_again"] = _printable(_numbers(self.redis.hgetall(self._key("shrink", fid))))
             out.append(doc)
         return sorted(out, key=lambda d: (d["found_at"], d["id"]))
 
@@ -175,16 +178,42 @@ class FleetStore:
                 doc = json.loads(raw) if raw is not None and len(raw) < MAX_FINDING_BYTES else None
             except (ValueError, RecursionError):
                 doc = None
-            if not isinstance(doc, dict):
-                out.append({"worker": name, "state": "unreadable"})
+            try:  # the numbers the view computes with; any other value is shown, escaped
+                if not isinstance(doc, dict):
+                    raise TypeError(type(doc).__name__)
+                heartbeat, interval = float(doc.get("heartbeat") or 0), float(doc.get("interval") or 10)
+                numbers = {
+                    "examples": int(doc.get("examples") or 0),
+                    "per_second": float(doc.get("per_second") or 0.0),
+                    "runs": int(doc.get("runs") or 0),
+                    "heartbeat": heartbeat,
+                    "interval": interval,
+                    "triggers": {str(t): float(x) for t, x in dict(doc.get("triggers") or {}).items()},
+                }
+            except (TypeError, ValueError, OverflowError):  # a heartbeat another writer (or a forger) wrote
+                out.append({"worker": printable(name), "state": "unreadable"})
                 continue
-            doc["worker"] = name
-            age = time.time() - float(doc.get("heartbeat") or 0)
+            doc = {**_printable(doc), **_printable(numbers), "worker": printable(name)}
+            doc["state"] = str(doc.get("state"))
+            age = time.time() - heartbeat
             doc["age"] = age
-            if doc.get("state") == "running" and age > GONE_AFTER * float(doc.get("interval") or 10):
+            if doc["state"] == "running" and age > GONE_AFTER * interval:
                 doc["state"] = "gone"
             out.append(doc)
         return out
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with every string in it (keys too) escaped as :func:`printable` does: the fleet
+    view prints what a store holds, and a store is written by other machines (a terminal escape in
+    a worker's name set the reader's window title and cleared its screen)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
 
 
 FIELDS: dict[str, type | tuple[type, ...]] = {

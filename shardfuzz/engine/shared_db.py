@@ -50,21 +50,16 @@ def is_redis_url(text: str | None) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (messages never show a password): in the
-    user part, and a ``password=`` query parameter (``unix:///PATH?db=0&password=...``)."""
-    url = _PASSWORD_PARAM.sub(r"\1***", url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return re.sub(r"//[^@/]*@", "//***@", url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """The URL (or any text holding one: ``--database=redis://...``) with any password replaced by
+    ``***`` (messages and shared reports never show a password): in the user part, up to the
+    last ``@`` (a password may hold ``/``, which ends a URL's host part for a URL parser), and a
+    ``password=`` query parameter (``unix:///PATH?db=0&password=...``)."""
+    return _USERINFO_PASSWORD.sub(r"\1***@", _PASSWORD_PARAM.sub(r"\1***", url))
 
 
-_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&#\s]*", re.IGNORECASE)
+#: ``scheme://user:password@``: the user part, a colon, and everything up to the last @ of the word
+_USERINFO_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)\S*@")
 #: the query parameters of a Redis URL that redis-py's ``from_url`` takes (any other is a TypeError
 #: from deep inside the client, or a ValueError for a bad value: a traceback)
 URL_PARAMS = frozenset(
