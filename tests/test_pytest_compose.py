@@ -107,7 +107,16 @@ def test_regression_filters_and_planted_bug_files(tmp_path):
     ]
     (tmp_path / "broken.json").write_text("{not json")
     files.append(str(tmp_path / "broken.json"))
-    stem = lambda paths: sorted(os.path.basename(p)[:-5] for p in paths)
+    # a security review: these stopped the whole session at collection (unhashable list, recursion)
+    (tmp_path / "deep.json").write_text("[" * 200_000)
+    files += [str(tmp_path / "deep.json"), _record(tmp_path, "listed", target=[])]
+    stem = lambda paths: sorted(
+        n for n in (os.path.basename(p)[:-5] for p in paths) if n not in ("deep", "listed")
+    )
+    for planted in (False, True):  # kept, whatever the filters: their tests say why they cannot load
+        assert {"deep", "listed"} <= {
+            os.path.basename(p)[:-5] for p in select_failure_files(files, target="x", planted=planted)
+        }
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", ResourceWarning)  # each file closed (a user's -W default saw one)
         kept = select_failure_files(files)

@@ -199,6 +199,23 @@ def test_shardfuzz_code_that_is_no_implementation_of_the_target_is_never_called(
     assert prepare(record(), None)["impl_spec"].ref == "shardfuzz.targets.tp_mlp:reference"
 
 
+def test_repro_makes_its_folder_cuts_a_long_name_and_names_a_place_it_cannot_write(tmp_path):
+    # a security review: -o missing/r.py and a 990-character implementation name were tracebacks
+    path = write(tmp_path / "f.json", record())
+    out = cli("repro", path, "-o", str(tmp_path / "new" / "r.py"))
+    assert out.returncode == 0 and (tmp_path / "new" / "r.py").exists(), out.stdout + out.stderr
+    (tmp_path / "a_file").write_text("")
+    out = cli("repro", path, "-o", str(tmp_path / "a_file" / "r.py"))
+    assert (
+        out.returncode == 2 and f"-o {str(tmp_path / 'a_file' / 'r.py')!r}: cannot write there" in out.stderr
+    )
+    long = write(tmp_path / "long.json", record(impl="x" * 990))
+    out = cli("repro", long, "--standalone", "-o", str(tmp_path / "st"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    (script,) = (tmp_path / "st").glob("repro_*.py")
+    assert len(script.name) <= 130, script.name
+
+
 @pytest.mark.slow  # a pytest subprocess replaying a toy target (~15 s under load); the CLI tests above
 def test_regressions_of_committed_files_need_no_flag_and_a_moved_file_is_refused(tmp_path):
     """The committed file's absolute paths came from another machine (/home/dev/shardfuzz): they
@@ -265,6 +282,10 @@ def test_the_committed_file_replays_in_the_project_and_is_refused_outside(tmp_pa
         ({"version": "1"}, "field 'version' is '1'"),
         ({"inputs_sha256": "abc"}, "field 'inputs_sha256'"),
         ({"kind": "flaky"}, "field 'kind' is 'flaky'; allowed: mismatch"),
+        # a security review: nested 900 deep, it passed as "a list" and stopped a replay after its
+        # case ran (RecursionError)
+        ({"site": [[[[[[[["grad_x"]]]]]]]]}, "field 'site' "),
+        ({"site": [{"a": 1}]}, "field 'site' "),
         ({"case": dict(OK.to_dict(), target="moe")}, "field 'case' is for target 'moe'"),
         # the case within the bounds tp_mlp's strategy declares (shardfuzz.spec.bounds)
         (

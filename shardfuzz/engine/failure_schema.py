@@ -140,6 +140,26 @@ def _trace_problem(v: Any) -> str | None:
     return None
 
 
+#: how deeply a finding's site nests (an output, its ranks, an element's index: 3 and less); a site
+#: nested 900 deep passed as "a list" and stopped a replay after its case ran (RecursionError)
+SITE_DEPTH = 6
+
+
+def _site_problem(v: Any, depth: int) -> str | None:
+    if not isinstance(v, list):
+        return "must be a list"
+    if depth <= 0:
+        return f"must be a list of lists of JSON scalars nested at most {SITE_DEPTH} deep"
+    for item in v:
+        if isinstance(item, list):
+            problem = _site_problem(item, depth - 1)
+            if problem is not None:
+                return problem
+        elif not isinstance(item, (str, int, float, bool, type(None))):
+            return "must hold lists and JSON scalars only"
+    return None
+
+
 def _optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     return lambda v: None if v is None else check(v)
 
@@ -191,7 +211,7 @@ SCHEMA: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
         False,
         _optional(lambda v: None if type(v) is int and v >= 1 else "must be an int >= 1"),
     ),
-    "site": (False, _optional(lambda v: None if isinstance(v, list) else "must be a list")),
+    "site": (False, _optional(lambda v: _site_problem(v, SITE_DEPTH))),
     "writer": (False, _optional(_plain_text)),  # shardfuzz.engine.filewriter: which process wrote it
     "created": (False, _optional(_plain_text)),
     "updated": (False, _optional(_plain_text)),

@@ -472,10 +472,11 @@ def _cmd_repro(args: Any) -> int:
     for note in (case_repr_note(record, runs), impl_note(record, target, runs)):  # an edited file
         if note:
             print(f"shardfuzz: {note}", file=sys.stderr)
-    if args.standalone:
-        path = write_standalone(record, args.output or "repro")
-    else:
-        path = write_repro(record, args.output or "repro.py")
+    output = args.output or ("repro" if args.standalone else "repro.py")
+    try:
+        path = (write_standalone if args.standalone else write_repro)(record, output)
+    except OSError as e:  # a folder that cannot be made or written, a name the file system refuses
+        raise InvalidArgument(f"-o {output!r}: cannot write there: {e.strerror or e}") from None
     n = record["case"].world_size
     print(f"wrote {path}; run it with: torchrun --nproc-per-node={n} {path} [--backend nccl]")
     return EXIT_OK

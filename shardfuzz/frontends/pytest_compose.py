@@ -173,12 +173,18 @@ def select_failure_files(
     for path in files:
         try:  # an oversized file is not parsed here: its test refuses it with the reason
             record = _read_json(path) if os.path.getsize(path) <= MAX_SUMMARY_BYTES else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep to decode
             record = None
         if not isinstance(record, dict):
             kept.append(path)
             continue
-        if any(names is not None and record.get(field) not in names for field, names in filters.items()):
+        # a field of another type (a list: unhashable) is no name a filter keeps: the file is kept,
+        # and its test refuses it with the reason (it stopped the whole session at collection)
+        read = {field: record.get(field) for field in filters}
+        if any(not isinstance(v, (str, type(None))) for v in read.values()):
+            kept.append(path)
+            continue
+        if any(names is not None and read[field] not in names for field, names in filters.items()):
             continue
         if record.get("planted") is True and not planted:
             continue

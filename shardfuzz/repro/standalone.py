@@ -42,6 +42,11 @@ from shardfuzz.verdict.oracle import confirm_noise, estimate_noise, search_flips
 INLINE_NUMEL = 512
 
 
+#: the longest script name (before "_N.py"): a 990-character implementation name made the file
+#: system refuse the script (ENAMETOOLONG)
+STEM_LIMIT = 120
+
+
 @functools.cache
 def _parsed(module_name: str) -> tuple[str, ast.Module]:
     """A module's source and its parse, once per module (every copied name looks it up)."""
@@ -348,7 +353,8 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     allowed_src = _tensors(allowed, "allowed", saved)
     # never a path: an implementation given as a reference is named by its function
     impl_name = fname if ":" in record["impl"] else record["impl"]
-    name = f"repro_{re.sub(r'[^A-Za-z0-9_]+', '_', f'{target.name}_{impl_name}')}"
+    # cut to a length every file system takes (255 bytes a name), with room for "_N.py"
+    name = f"repro_{re.sub(r'[^A-Za-z0-9_]+', '_', f'{target.name}_{impl_name}')}"[:STEM_LIMIT]
     # a file implementation by its file's name, not its path (the script is shared)
     shown_impl = f"{os.path.basename(in_file[0])}::{fname}" if in_file is not None else record["impl"]
     os.makedirs(directory, exist_ok=True)
