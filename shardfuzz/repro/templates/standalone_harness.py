@@ -36,7 +36,7 @@ class Unsupported(Exception):
 # -- the case, its inputs, the oracle's values and the allowed error ----------------------------
 CASE = {{case}}
 #@ if inputs.pt
-DATA = torch.load(os.path.splitext(os.path.abspath(__file__))[0] + ".pt")
+DATA = torch.load(os.path.splitext(os.path.abspath(__file__))[0] + ".pt", weights_only=True)  # tensors only
 #@ else
 DATA = {}
 #@ end
