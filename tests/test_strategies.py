@@ -225,6 +225,22 @@ def test_large_scales_activations_and_cotangents_not_weights_or_logits():
     assert large["weight"].equal(base["weight"]) and large["logits"].equal(base["logits"])
 
 
+def test_randn_takes_a_dtype_by_name_or_as_a_torch_dtype_and_names_one_it_cannot_make():
+    # the docs' mixed-precision advice, torch.promote_types(dtype, torch.float32), gives a torch.dtype:
+    # a new user's ZeRO target failed with "attribute name must be string", blamed on its inputs
+    import torch
+
+    from shardfuzz.spec.inputs import randn
+
+    case = Case(target="t", world_size=1, mesh=(1,), dtype="bfloat16")
+    wide = randn(case, 4, dtype=torch.promote_types(torch.bfloat16, torch.float32))
+    assert wide.dtype == torch.float32 and wide.equal(randn(case, 4, dtype="float32"))
+    assert randn(case, 4).dtype == torch.bfloat16
+    for bad in ("int64", torch.int64, "float31"):
+        with pytest.raises(ValueError, match=r"dtype=.*; expected a floating dtype, by name \('float32'\)"):
+            randn(case, 4, dtype=bad)
+
+
 def test_ties_quantise_on_a_grid_relative_to_the_tensor_scale_and_leave_cotangents():
     w = _profiled("ties", {"grid": 1.0}, "weight", scale=0.1)
     assert bool(((w / 0.1 - 0.5) == (w / 0.1 - 0.5).round()).all())  # midpoints of a grid of 0.1

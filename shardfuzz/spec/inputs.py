@@ -106,16 +106,35 @@ def randn(
     scale: float = 1.0,
     profile: bool = True,
     role: str = "activation",
-    dtype: str | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> torch.Tensor:
     """Normal values of ``shape`` and standard deviation ``scale`` in the case dtype (or
-    ``dtype``), shaped by the value profile for a tensor of ``role`` (``profile=False``: not at all)."""
+    ``dtype``: a name, ``"float32"``, or a ``torch.dtype``), shaped by the value profile for a
+    tensor of ``role`` (``profile=False``: not at all)."""
+    want = _dtype(dtype if dtype is not None else case.dtype)
     g = gen if gen is not None else generator(case)
     t = torch.randn(shape, generator=g, dtype=torch.float32) * scale
     if profile:
         t = apply_profile(t, case, role, scale)
-    t = t.to(getattr(torch, dtype or case.dtype))
+    t = t.to(want)
     return apply_edge(t, case, role) if profile else t
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A floating dtype given by name or as itself (``torch.promote_types(dtype, torch.float32)``, the
+    docs' mixed-precision advice, gives a ``torch.dtype``: a new user's target failed on it)."""
+    found = (
+        dtype
+        if isinstance(dtype, torch.dtype)
+        else getattr(torch, dtype, None)
+        if isinstance(dtype, str)
+        else None
+    )
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ValueError(
+            f"dtype={dtype!r}; expected a floating dtype, by name ('float32') or as torch.float32"
+        )
+    return found
 
 
 #: the ``max`` edge value of each dtype: the largest finite value of the next narrower dtype
