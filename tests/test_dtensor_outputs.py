@@ -104,3 +104,32 @@ def test_a_partial_destination_on_another_axis_than_the_sources_partial_sums_to_
         options={"src": "P,R", "dst": "R,P"},
     )  # fmt: skip
     assert shardfuzz.Runner("redistribute", "reference").run_case(case) < 1
+
+
+def test_an_input_layout_that_cannot_fit_the_case_mesh_is_the_targets_error_not_a_finding():
+    # a new user's AsDTensor(Shard(0), Shard(2), mesh="all") on a target that also draws 1-D meshes
+    # raised on the ranks and was reported as a rank error of their own math, with a failure file
+    from torch.distributed.tensor import Shard
+
+    from shardfuzz import Case
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.engine.runner import Runner
+    from shardfuzz.errors import TargetError
+    from shardfuzz.spec.registry import get_target
+
+    base = get_target(TARGET)
+    two = base.derive(
+        name="dtensor_all", input_layouts={"x": shardfuzz.AsDTensor(Shard(0), Shard(1), mesh="all")}
+    )
+    case = Case(target="dtensor_all", world_size=2, mesh=(2,), sizes={"rows": 2, "cols": 2}, split=("rows",))
+    with pytest.raises(
+        TargetError,
+        match=r"input_layouts\['x'\]=AsDTensor\(Shard\(dim=0\), Shard\(dim=1\), mesh='all'\) has 2 placement\(s\).*mesh \(2,\) has 1",
+    ):
+        Runner(two, "reference", RunConfig()).run_case(case)
+    with pytest.raises(TargetError, match=r"the axis under test is one mesh axis, so it takes one placement"):
+        base.derive(name="two_on_impl", input_layouts={"x": shardfuzz.AsDTensor(Shard(0), Shard(1))})
+    with pytest.raises(
+        TargetError, match=r"input_layouts=<function .*must be a mapping input name -> layout"
+    ):
+        base.derive(name="by_case", input_layouts=lambda case: {})

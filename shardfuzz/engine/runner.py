@@ -38,6 +38,7 @@ from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  
 from shardfuzz.spec import registry
 from shardfuzz.spec.bounds import bounds_of
 from shardfuzz.spec.exclude import Excluded, exclusion
+from shardfuzz.spec.placements import check_dtensor_inputs
 from shardfuzz.spec.refs import import_path_for
 from shardfuzz.spec.target import Target
 from shardfuzz.spec.triggers import conditions_met
@@ -276,6 +277,7 @@ class Runner:
                 "...), a derived target's too)"
             )
         check_world_size(case.world_size, "case world_size")
+        check_dtensor_inputs(self.target, case)
 
     def _admit(self, case: Case) -> None:
         """Raise if ``case`` is not to be run here: a placement the devices cannot take, a case the

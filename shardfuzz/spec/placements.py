@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from shardfuzz.case import Case
-from shardfuzz.errors import InvalidArgument
+from shardfuzz.errors import InvalidArgument, TargetError
 from shardfuzz.protocol import decode, encode
 from shardfuzz.spec.layouts import Layout, split_offsets, split_sizes
 
@@ -202,6 +202,25 @@ class AsDTensor(Layout):
         if len(self.placements) != mesh.ndim:
             raise InvalidArgument(f"{self!r}: {len(self.placements)} placements for a {mesh.ndim}-d mesh")
         return distribute_tensor(value, mesh, list(self.placements), src_data_rank=None)
+
+
+def check_dtensor_inputs(target: Any, case: Case) -> None:
+    """TargetError (in the driver, before any rank runs) for an ``AsDTensor(..., mesh="all")`` input
+    whose placements do not match the case's mesh, one per axis: on the ranks it raised inside the
+    implementation's example and was reported as a finding of the user's code."""
+    for name, layout in target.input_layouts.items():
+        if (
+            isinstance(layout, AsDTensor)
+            and layout.mesh == "all"
+            and len(layout.placements) != len(case.mesh)
+        ):
+            raise TargetError(
+                f"target {target.name!r}: input_layouts[{name!r}]={layout!r} has {len(layout.placements)} "
+                f"placement(s), one per axis of the whole mesh, but this case's mesh {tuple(case.mesh)} has "
+                f"{len(case.mesh)}: a strategy that draws meshes of other ranks (1-D and 2-D) needs "
+                "AsDTensor(p, mesh='impl') on the axis under test, or the DTensor built in the "
+                "implementation from ctx.mesh.device_mesh()"
+            )
 
 
 def local_input(layout: Layout, value: Any, mesh: Any, group_rank: int, group_size: int) -> Any:
