@@ -257,3 +257,32 @@ def test_a_job_hears_its_parents_sigint_where_it_inherited_sigint_ignored():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "interrupted", res.stdout + res.stderr
+
+
+def test_a_ctrl_c_swallowed_between_a_campaigns_runs_stops_it_as_interrupted(monkeypatch):
+    """Python prints a KeyboardInterrupt raised inside a garbage-collector callback as "ignored" and
+    drops it. Between a campaign's runs SIGINT had its default handler, so such a Ctrl-C was lost
+    entirely: a new user's fleet worker went on to its next run and said "finished"."""
+    import io
+
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.frontends import campaign
+
+    real, runs = campaign.search, []
+
+    def search_then_a_swallowed_ctrl_c(*args, **kwargs):
+        result = real(*args, **kwargs)
+        runs.append(result)
+        if len(runs) == 1:
+            try:  # what a gc callback does with the handler's KeyboardInterrupt: print it, drop it
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            except KeyboardInterrupt:
+                pass
+        return result
+
+    monkeypatch.setattr(campaign, "search", search_then_a_swallowed_ctrl_c)
+    t0 = time.perf_counter()
+    out = campaign.fuzz_one(TOY, "reference", RunConfig(deadline=60, max_examples=5), stream=io.StringIO())
+    assert out.interrupted and len(runs) == 1, (out.interrupted, len(runs))
+    assert time.perf_counter() - t0 < 45  # stopped, not fuzzed to its deadline
+    assert not StickyInterrupt.pending and signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -148,12 +148,18 @@ class StickyInterrupt:
     before every example) raises it again."""
 
     pending = False
+    #: whether an outer :meth:`armed` block holds SIGINT: an inner one (a campaign's search runs)
+    #: leaves the interrupt pending for it, where clearing it lost one swallowed at a run's end
+    _held = False
 
     @classmethod
     @contextlib.contextmanager
     def armed(cls) -> Iterator[None]:
         usable = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGINT) if usable else None
+        if cls._held and usable:
+            yield
+            return
         if previous is not signal.default_int_handler:
             # someone else handles SIGINT (or it is ignored: `cmd &` in a script, nohup): leave it
             # to them; a SIGTERM's pending interrupt is still acted on here, once, as when armed
@@ -168,11 +174,12 @@ class StickyInterrupt:
             raise KeyboardInterrupt()
 
         signal.signal(signal.SIGINT, _interrupt)
+        cls._held = True
         try:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
-            cls.pending = False
+            cls.pending, cls._held = False, False
 
     @classmethod
     def check(cls) -> None:

@@ -38,7 +38,7 @@ from shardfuzz.engine.finish import (
 )
 from shardfuzz.engine.fleet import signature_of
 from shardfuzz.engine.fleet_worker import FleetWorker, NoFleet
-from shardfuzz.engine.hooks import Deadline, RunHooks, TimeUp
+from shardfuzz.engine.hooks import Deadline, RunHooks, StickyInterrupt, TimeUp
 from shardfuzz.engine.runner import Runner, Stats
 from shardfuzz.engine.search import Result, search, settings_for, stable_identity
 from shardfuzz.engine.shared_db import save_only
@@ -280,32 +280,37 @@ def fuzz_one(
 
     display = display_for(stream, interval, live)
     already = len(recorder.written) if recorder is not None else 0  # one recorder serves every target
-    try:  # started inside: a Ctrl-C during a slow first heartbeat still stops the display
-        display.start(progress)
-        fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
-        with deadline.enforced() if deadline is not None else contextlib.nullcontext():
-            _search_runs(out, config, recorder, fleet)
-    except KeyboardInterrupt:
-        out.interrupted = True
-    except TimeUp:  # the grace timer fired just as the last run ended
-        pass
-    except InfrastructureError as e:
-        if not out.findings:  # nothing to lose: the caller says the fuzzer failed (exit 3)
+    # Ctrl-C stays pending for the whole campaign, between its runs too: swallowed in a garbage-
+    # collector callback there (or at a run's end) it was lost, and a new user's fleet worker went
+    # on to its next run and said "finished"
+    with StickyInterrupt.armed():
+        try:  # started inside: a Ctrl-C during a slow first heartbeat still stops the display
+            display.start(progress)
+            fleet.start(lambda: _heartbeat(runner, out, time.perf_counter() - t0, shown))
+            with deadline.enforced() if deadline is not None else contextlib.nullcontext():
+                _search_runs(out, config, recorder, fleet)
+        except KeyboardInterrupt:
+            out.interrupted = True
+            StickyInterrupt.pending = False  # acted on: what follows must not raise it again
+        except TimeUp:  # the grace timer fired just as the last run ended
+            pass
+        except InfrastructureError as e:
+            if not out.findings:  # nothing to lose: the caller says the fuzzer failed (exit 3)
+                fleet.stop("failed")
+                raise
+            # a node lost after the first findings: they are kept, reported and decide the exit code
+            # (a driver whose torchrun node was stopped printed nothing of its finding, exit 3)
+            out.failed = str(e)
+        # whatever else ended the search early (the caller reports it): the last beat says it failed
+        except BaseException:
             fleet.stop("failed")
             raise
-        # a node lost after the first findings: they are kept, reported and decide the exit code
-        # (a driver whose torchrun node was stopped printed nothing of its finding, exit 3)
-        out.failed = str(e)
-    # whatever else ended the search early (the caller reports it): the last beat says it failed
-    except BaseException:
-        fleet.stop("failed")
-        raise
-    finally:
-        display.stop()
-        out.elapsed = time.perf_counter() - t0
-        timeline.samples.append((out.elapsed, runner.stats.examples, runner.stats.failures))
-        out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
-    _finish(out, config, recorder, fleet, stream, overran=deadline is not None and deadline.overran)
+        finally:
+            display.stop()
+            out.elapsed = time.perf_counter() - t0
+            timeline.samples.append((out.elapsed, runner.stats.examples, runner.stats.failures))
+            out.interrupted = out.interrupted or bool(out.result and out.result.interrupted)
+        _finish(out, config, recorder, fleet, stream, overran=deadline is not None and deadline.overran)
     if recorder is not None:
         out.failure_files = list(recorder.written)[already:]  # this target's files only
     display.final(
@@ -392,6 +397,8 @@ def _search_runs(
     settled as they come."""
     runner, seen = out.runner, set[str]()
     while True:
+        if out.runs:
+            StickyInterrupt.check()  # a Ctrl-C swallowed at the last run's end: no new run
         out.runs += 1
         if recorder is not None:
             recorder.begin_run(out.runs)
