@@ -791,3 +791,24 @@ def test_a_worker_stopped_by_ctrl_c_inside_its_search_says_interrupted(redis_ser
         out.fleet[0]["fleet"] == "not offered"
         and not FleetStore(redis_server.url, "stopped-worker").findings()
     )
+
+
+def test_a_run_replays_the_smallest_of_a_large_shared_corpus_and_all_of_the_others():
+    # a new user's fleet: 666 primary entries after 130 runs (each run's shrink saves its own), and
+    # a worker started later replayed them all for 2 m 42 s before it searched
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from shardfuzz.engine.database import PRIMARY_REPLAYED, keyed_database
+
+    db = keyed_database(InMemoryExampleDatabase(), "t/i/gloo")
+    entries = [bytes([i % 7]) * (1 + i % 40) + i.to_bytes(2, "big") for i in range(600)]
+    for e in entries:
+        db.save(b"key", e)
+        db.save(b"key.secondary", e)
+    replayed = list(db.fetch(b"key"))
+    assert replayed == sorted(entries, key=lambda v: (len(v), v))[:PRIMARY_REPLAYED]
+    assert sorted(db.fetch(b"key.secondary")) == sorted(entries)  # Hypothesis samples that one itself
+    small = keyed_database(InMemoryExampleDatabase(), "t/i/gloo")
+    for e in entries[:5]:
+        small.save(b"key", e)
+    assert sorted(small.fetch(b"key")) == sorted(entries[:5])  # a machine's own corpus: every entry
