@@ -302,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_duration,
         default=None,
         metavar="TIME",
-        help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds",
+        help="fuzz each target for TIME (90s, 10m, 1.5h): successive Hypothesis runs with fresh seeds, "
+        "on past a finding (later runs search elsewhere for other bugs; Ctrl-C stops, keeping it)",
     )
     f.add_argument(
         "--finish-shrink",
