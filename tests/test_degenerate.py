@@ -38,3 +38,16 @@ def test_a_target_with_saturating_inputs_is_flagged():
     cases = [Case(target="softmax_toy", world_size=1, mesh=(1,), sizes={"n": 3}, seed=s) for s in range(20)]
     assert degenerate_share(_softmax_target(1000.0), cases).share > 0.9
     assert degenerate_share(_softmax_target(1.0), cases).share == 0.0
+
+
+def test_the_share_of_a_strategy_rather_than_its_cases_is_a_clear_error():
+    # a new user passed target.strategy(): "'LazyStrategy' object is not iterable"
+    import pytest
+
+    from shardfuzz.engine.degenerate import degenerate_share
+    from shardfuzz.errors import InvalidArgument
+    from shardfuzz.spec.registry import get_target
+
+    target = get_target("tp_mlp")
+    with pytest.raises(InvalidArgument, match=r"cases must be Case objects, e\.g\. a list drawn"):
+        degenerate_share(target, target.strategy())

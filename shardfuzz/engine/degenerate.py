@@ -17,10 +17,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from hypothesis.strategies import SearchStrategy
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardfuzz.case import Case
-from shardfuzz.errors import Unsupported
+from shardfuzz.errors import InvalidArgument, Unsupported
 from shardfuzz.verdict.oracle import evaluate_oracle, supports
 
 #: a softmax row whose largest probability is within this of 1 is one-hot
@@ -96,6 +97,11 @@ class DegenerateShare:
 def degenerate_share(target: Any, cases: Iterable[Case]) -> DegenerateShare:
     """:func:`degenerate` over ``cases`` (those ``target.supports`` or the oracle rejects are
     skipped: no run checks them either)."""
+    if isinstance(cases, SearchStrategy):  # was "'LazyStrategy' object is not iterable" (a new user)
+        raise InvalidArgument(
+            f"degenerate_share(target, cases={cases!r}): cases must be Case objects, e.g. a list drawn "
+            "with [strategy.example() for _ in range(200)], not the strategy itself"
+        )
     n = bad = 0
     causes: Counter[str] = Counter()
     for case in cases:
