@@ -456,6 +456,23 @@ def test_a_bad_fleet_url_given_to_status_is_named_as_the_url_it_is():
     assert "--database" not in out.stderr, out.stderr
 
 
+def test_findings_and_status_read_the_url_from_the_environment_as_fuzz_does(redis_server, monkeypatch):
+    # the docs advise $SHARDFUZZ_DATABASE to keep a password out of ps; these two required the URL
+    from shardfuzz.engine.fleet import FleetStore
+
+    FleetStore(redis_server.url, "from-env").publish(_finding_doc())
+    monkeypatch.setenv("SHARDFUZZ_DATABASE", redis_server.url)
+    for command in ("findings", "status"):
+        out = run_cli(command, "--fleet", "from-env")
+        assert out.returncode == 0 and "fleet 'from-env' at redis://" in out.stdout, out.stdout + out.stderr
+    monkeypatch.delenv("SHARDFUZZ_DATABASE")
+    out = run_cli("status")
+    assert (
+        out.returncode == 2
+        and "needs the fleet's redis://HOST:PORT/N URL, as an argument or in" in out.stderr
+    )
+
+
 def test_wrong_password_exits_2(tmp_path):
     server = RedisServer(tmp_path, "--requirepass", "s3cret")
     try:

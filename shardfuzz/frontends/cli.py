@@ -516,6 +516,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(args)
 
 
+def _fleet_url(command: str, url: str | None) -> str:
+    """``findings``/``status``'s URL: the argument, else ``$SHARDFUZZ_DATABASE`` (the variable the
+    docs advise for a password, which ``fuzz`` reads: these two required the URL on the line)."""
+    if url is not None:
+        return url
+    from shardfuzz.engine.shared_db import env_database, is_redis_url
+
+    url = env_database()
+    if url is None or not is_redis_url(url):
+        raise InvalidArgument(
+            f"{command} needs the fleet's redis://HOST:PORT/N URL, as an argument or in "
+            f"$SHARDFUZZ_DATABASE (it holds {'nothing' if url is None else 'no Redis URL'})"
+        )
+    return url
+
+
 def _main(args: Any) -> int:
     try:
         add_search_path(getattr(args, "search_path", None) or [])
@@ -537,6 +553,7 @@ def _main(args: Any) -> int:
         if args.command in ("findings", "status"):
             from shardfuzz.frontends import fleet_view
 
+            args.url = _fleet_url(args.command, args.url)
             if args.command == "status":
                 return fleet_view.cmd_status(args.url, args.fleet)
             _check_report(args.report)

@@ -477,7 +477,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, what in (("findings", "list a fleet's findings"), ("status", "show a fleet's workers")):
         fl = sub.add_parser(name, help=what)
-        fl.add_argument("url", type=_redis_url, metavar="redis://HOST:PORT/N")
+        fl.add_argument(
+            "url",
+            type=_redis_url,
+            nargs="?",
+            default=None,
+            metavar="redis://HOST:PORT/N",
+            help="the fleet's database (default: $SHARDFUZZ_DATABASE, which keeps a password out of ps)",
+        )
         fl.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
     sub.choices["findings"].add_argument(
         "--report",
