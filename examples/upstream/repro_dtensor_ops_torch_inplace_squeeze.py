@@ -519,8 +519,16 @@ def dtensor_local_shape(d):
 
 
 class Mesh:
-    def __init__(self, shape, device):
+    def __init__(self, shape, device, rank):
         self.shape, self.device = tuple(shape), device
+        # this rank's place on the mesh and the global ranks of its group along each axis, as
+        # shardfuzz's ctx.mesh has them (torch's TP and FSDP2 targets read ranks[-1])
+        grid = torch.arange(torch.Size(self.shape).numel()).view(self.shape)
+        self.coords = tuple(int(c) for c in (grid == rank).nonzero()[0])
+        self.ranks = tuple(
+            tuple(grid[self.coords[:axis] + (slice(None),) + self.coords[axis + 1 :]].tolist())
+            for axis in range(len(self.shape))
+        )
 
     def device_mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
@@ -543,7 +551,7 @@ class Ctx:
         self.group = groups[self.rank // shape[-1]]
         self.group_rank, self.group_size = self.rank % shape[-1], shape[-1]
         self.inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in INPUTS.items()}
-        self.mesh = Mesh(shape, device)
+        self.mesh = Mesh(shape, device, self.rank)
 
 
 def check(ctx, outputs):

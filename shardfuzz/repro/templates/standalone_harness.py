@@ -90,8 +90,16 @@ def dtensor_local_shape(d):
 #@ end
 #@ if ctx.mesh
 class Mesh:
-    def __init__(self, shape, device):
+    def __init__(self, shape, device, rank):
         self.shape, self.device = tuple(shape), device
+        # this rank's place on the mesh and the global ranks of its group along each axis, as
+        # shardfuzz's ctx.mesh has them (torch's TP and FSDP2 targets read ranks[-1])
+        grid = torch.arange(torch.Size(self.shape).numel()).view(self.shape)
+        self.coords = tuple(int(c) for c in (grid == rank).nonzero()[0])
+        self.ranks = tuple(
+            tuple(grid[self.coords[:axis] + (slice(None),) + self.coords[axis + 1 :]].tolist())
+            for axis in range(len(self.shape))
+        )
         #@ if inputs.dtensor
         self._device_mesh = None
         #@ end
@@ -140,7 +148,7 @@ class Ctx:
         self.group_rank, self.group_size = self.rank % shape[-1], shape[-1]
         self.inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in INPUTS.items()}
         #@ if ctx.mesh
-        self.mesh = Mesh(shape, device)
+        self.mesh = Mesh(shape, device, self.rank)
         #@ end
         #@ if ctx.local
         #@ if inputs.dtensor
