@@ -123,13 +123,7 @@ def randn(
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     """A floating dtype given by name or as itself (``torch.promote_types(dtype, torch.float32)``, the
     docs' mixed-precision advice, gives a ``torch.dtype``: a new user's target failed on it)."""
-    found = (
-        dtype
-        if isinstance(dtype, torch.dtype)
-        else getattr(torch, dtype, None)
-        if isinstance(dtype, str)
-        else None
-    )
+    found = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(found, torch.dtype) or not found.is_floating_point:
         raise ValueError(
             f"dtype={dtype!r}; expected a floating dtype, by name ('float32') or as torch.float32"

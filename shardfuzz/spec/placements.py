@@ -189,6 +189,11 @@ class AsDTensor(Layout):
             raise InvalidArgument(f"AsDTensor(mesh={mesh!r}); allowed: 'impl', 'all'")
         if not placements:
             raise InvalidArgument("AsDTensor(): give one placement per mesh axis, e.g. AsDTensor(Shard(0))")
+        if mesh == "impl" and len(placements) != 1:  # a new user's two were reported as a finding
+            raise InvalidArgument(
+                f"AsDTensor({', '.join(map(repr, placements))}): the axis under test is one mesh axis, so it "
+                "takes one placement; for one placement per axis of the case's mesh, AsDTensor(..., mesh='all')"
+            )
         object.__setattr__(self, "placements", tuple(placements))
         object.__setattr__(self, "mesh", mesh)
 

@@ -190,26 +190,14 @@ class Target:
         self._check_tolerance_and_gradients()
 
     def _checked_input_layouts(self) -> dict[str, Layout]:
-        """``input_layouts`` as a dict of layouts; an ``AsDTensor`` on the axis under test (one axis)
-        takes one placement (a new user's two, for a 2-D mesh, was reported as a finding)."""
+        """``input_layouts`` as a dict of layouts."""
         if not isinstance(self.input_layouts, Mapping):
             raise TargetError(
                 f"Target {self.name!r}: input_layouts={self.input_layouts!r}; must be a mapping input name -> "
                 "layout (a layout does not depend on the case: where it must, build the DTensor in the "
                 "implementation, from ctx.mesh.device_mesh())"
             )
-        ins = {k: check_layout(v, f"input_layouts[{k!r}]") for k, v in self.input_layouts.items()}
-        # loaded whenever an AsDTensor exists (it imports torch, which this module does not)
-        placements = sys.modules.get("shardfuzz.spec.placements")
-        for k, layout in ins.items():
-            dtensor = placements is not None and isinstance(layout, placements.AsDTensor)
-            if dtensor and layout.mesh == "impl" and len(layout.placements) != 1:  # type: ignore[attr-defined]
-                raise TargetError(
-                    f"Target {self.name!r}: input_layouts[{k!r}]={layout!r}: the axis under test is one mesh "
-                    "axis, so it takes one placement; for one placement per axis of the case's mesh, "
-                    "AsDTensor(..., mesh='all')"
-                )
-        return ins
+        return {k: check_layout(v, f"input_layouts[{k!r}]") for k, v in self.input_layouts.items()}
 
     def _check_known_failure_triggers(self) -> None:
         """A known failure's expression that tests a condition no case can reach would exclude nothing."""
