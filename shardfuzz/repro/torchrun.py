@@ -220,9 +220,8 @@ def write_repro(record: dict[str, Any], path: str) -> str:
         doc=docstring(doc), record=pprint.pformat(embedded, width=100, sort_dicts=False)
     )
     check_script(text, doc, {"RECORD": embedded})
-    os.makedirs(
-        os.path.dirname(path) or ".", exist_ok=True
-    )  # -o out/repro.py: as --standalone makes its folder
+    # -o out/repro.py: its folder is made, as --standalone makes its own
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
     os.chmod(path, 0o755)
