@@ -146,6 +146,29 @@ def test_case_of_a_refused_case_prints_its_reason_and_its_message():
     )
 
 
+def test_a_clean_run_says_when_it_refused_many_cases_and_what_it_never_reached():
+    """A new user's target refused half its cases as unsupported: Hypothesis steered away from
+    them, its own trigger stayed at 0%, and the summary said only how many were rejected. An
+    implementation that refuses odd worlds, on worlds 2 and 3: world>=3 is never reached."""
+    causes = os.path.join(os.path.dirname(__file__), "data", "cause_impls.py")
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    args = ("fuzz", toy, "--impl", f"{causes}::refuses_odd_worlds", "--max-examples", "20", "--no-progress")
+    out = cli(*args, "--world-sizes", "2,3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    refused = re.search(r"(\d+) of (\d+) drawn cases \((\d+)%\) were refused as unsupported", out.stdout)
+    assert refused, out.stdout
+    n, drawn, share = map(int, refused.groups())
+    assert (
+        drawn == n + 20 and share >= 25 and f"({n} more cases drawn, rejected as unsupported)" in out.stdout
+    )
+    never = next(x for x in out.stdout.splitlines() if "never reached:" in x)
+    assert "world>=3" in never, out.stdout
+    # every world supported: neither line
+    out = cli(*args, "--world-sizes", "2,4")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "refused as unsupported:" not in out.stdout and "never reached" not in out.stdout, out.stdout
+
+
 def test_fuzz_finding_exits_1_and_prints_the_report_and_rerun_line():
     out = cli("fuzz", EXAMPLE, "--impl", "mean_of_means", "--max-examples", "100")
     assert out.returncode == 1, out.stdout + out.stderr

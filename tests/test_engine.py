@@ -178,6 +178,20 @@ def test_bad_implementations_are_refused_clearly(impl, match):
         Runner(TOY, impl)
 
 
+def test_an_implementation_from_a_module_loaded_by_hand_names_get_target(tmp_path):
+    """A new user loaded their target file with importlib under a name of their own (not in
+    sys.modules) to derive from it; the error now names the way that works."""
+    import importlib.util
+
+    path = tmp_path / "by_hand.py"
+    path.write_text("def impl(ctx):\n    return {}\n")
+    spec = importlib.util.spec_from_file_location("by_hand_mod", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(TargetError, match=r"not in sys\.modules.*shardfuzz\.get_target\('path/file\.py'\)"):
+        Runner(TOY, module.impl)
+
+
 def test_closure_is_refused():
     def inner(ctx):
         return {}

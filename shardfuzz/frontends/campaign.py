@@ -127,6 +127,9 @@ class Outcome:
             "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
             "unsupported_reasons": dict(s.unsupported.most_common(LEAKS_SHOWN)),
+            # a clean run's blind spots: conditions its target reaches that no example met (a
+            # new user's run that refused half its cases never met its own trigger, unsaid)
+            "never_reached": [t for t in self.shown if not s.triggers.get(t)] if s.examples else [],
             # a target with budgets for other implementations: this one's bytes went unchecked
             "budgets_elsewhere": (
                 sorted(self.runner.target.comm)
@@ -616,6 +619,8 @@ def runner_recorder(runner: Runner) -> FailureRecorder | None:
 
 #: the most frequent leaks the summary table names (the rest are counted)
 LEAKS_SHOWN = 5
+#: a run that refused at least this share of its drawn cases as unsupported says so
+REFUSED_SHARE = 0.25
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
@@ -750,6 +755,15 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
                 f"; and {more} more {_cases(more)}, for reasons not shown" if more > 0 else ""
             )  # cases, not reasons
             lines.append(f"{'':<16} {words}: {shown}{rest}")
+    refused, drawn = r.get("unsupported", 0), r.get("unsupported", 0) + r.get("examples", 0)
+    if drawn and refused >= REFUSED_SHARE * drawn:
+        lines.append(
+            f"{'':<16} {refused} of {drawn} drawn cases ({100 * refused / drawn:.0f}%) were refused as "
+            "unsupported: Hypothesis steers away from them, so the conditions reached are those of what "
+            "was left; draw only cases the implementation supports (docs/reference/strategies.md)"
+        )
+    if r.get("never_reached") and not r["found"]:
+        lines.append(f"{'':<16} never reached: {', '.join(r['never_reached'])} (no example met them)")
     for text, (key, n) in (r.get("exclude_missing") or {}).items():
         lines.append(f"{'':<16} --exclude {text!r} excluded nothing: {n} cases had no {key} (a misspelling?)")
     if r.get("leaks"):

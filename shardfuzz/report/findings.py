@@ -42,8 +42,9 @@ from shardfuzz.verdict.judge import Verdict
 #: its own total to its carry fails on 1 rank: "not in how the ranks combine the work" was wrong)
 ONE_RANK_NOTE = (
     "fails on 1 rank, with no peer to exchange with: the bug needs no other rank's data; it is in "
-    "code every rank runs, its math (or a kernel it calls) or its code around the collectives (what "
-    "it hands to one, what it does with the result)"
+    "code every rank runs: which part of the inputs it takes (its shard's offsets and order), its "
+    "math (or a kernel it calls) or its code around the collectives (what it hands to one, what it "
+    "does with the result)"
 )
 
 

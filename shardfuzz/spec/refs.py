@@ -374,7 +374,11 @@ def ref_of_callable(fn: Any, what: str = "impl") -> str:
     elif file:
         ref = f"{os.path.abspath(file)}::{qual}"
     else:
-        raise TargetError(f"{what}={fn!r}: its module {modname!r} has no file that workers could import")
+        raise TargetError(
+            f"{what}={fn!r}: its module {modname!r} has no file that workers could import (a module "
+            "loaded by hand, not in sys.modules); load a target file with "
+            "shardfuzz.get_target('path/file.py') to derive from it, or pass 'path/file.py::NAME'"
+        )
     return ref
 
 
