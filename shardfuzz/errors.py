@@ -119,7 +119,7 @@ class Finding(AssertionError):
 
     kind: str = "finding"
     #: on 1 rank its report says the bug is in a rank's own work (not for a communication budget,
-    #: nor for a return value that breaks the implementation's contract)
+    #: an ignored collective, nor a return value that breaks the implementation's contract)
     notes_one_rank: bool = True
 
     def __init__(
@@ -187,6 +187,8 @@ class LayoutMismatch(Finding):
     """A rank's local shape or dtype is not what the output's layout says it must be."""
 
     kind = "layout"
+    #: what is wrong, one line per output and rank (the summary names the first)
+    problems: tuple[str, ...] = ()
 
 
 class RankError(Finding):
@@ -210,6 +212,8 @@ class CommunicationExceeded(Finding):
 
 
 class IgnoredCollective(Finding):
-    """Autograd went through a collective that has no autograd kernel and silently treated it as identity."""
+    """Autograd went through a collective that has no autograd kernel and silently treated it as
+    identity: reported whatever the values (they are not compared)."""
 
     kind = "ignored-collective"
+    notes_one_rank = False

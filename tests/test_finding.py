@@ -98,3 +98,22 @@ def test_the_conditions_a_report_names_come_in_a_readers_order_each_once():
     rest = list(met[8 + len(own) :])
     assert rest == sorted(rest) and "profile=ties" in rest and "kv_heads%group!=0" in rest, met
     assert len(set(met)) == len(met)
+
+
+def test_an_ignored_collective_on_one_rank_says_its_values_were_not_compared_not_that_its_math_is_wrong():
+    """A new user's raw all-reduce in forward (identity backward, as Megatron's g) was reported on
+    1 rank with the note that the bug is in the rank's own math; its values were never compared."""
+    from shardfuzz.errors import IgnoredCollective
+    from shardfuzz.report.findings import ONE_RANK_NOTE
+
+    one = Case(target="toy", world_size=1, mesh=(1,), sizes={"n": 3}, split=("n",))
+    verdict = Verdict(ignored={0: ["c10d::allreduce_: an autograd kernel was not registered"]})
+    with pytest.raises(IgnoredCollective) as excinfo:
+        REPORTER.raise_verdict(one, verdict, {}, ())
+    report = excinfo.value.report
+    assert ONE_RANK_NOTE not in report and not excinfo.value.notes_one_rank, report
+    assert "The values were not compared" in report, report
+    # a mismatch on 1 rank keeps the note
+    with pytest.raises(LayoutMismatch) as excinfo:
+        REPORTER.raise_verdict(one, Verdict(layout_problems=["rank 0 holds [2]"]), {}, ())
+    assert ONE_RANK_NOTE in excinfo.value.report

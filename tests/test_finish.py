@@ -17,7 +17,7 @@ from shardfuzz.engine import finish
 from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.engine.finish import finish_budget, kept_features, simplest_case, try_one_rank
 from shardfuzz.engine.hooks import Deadline
-from shardfuzz.errors import Finding
+from shardfuzz.errors import Finding, LayoutMismatch
 from shardfuzz.frontends import campaign
 from shardfuzz.frontends.cli_args import _finish_time
 
@@ -237,6 +237,20 @@ def test_a_mismatchs_distinct_options_read_as_options_in_the_summary():
     site = (("y0", (1,)), ("total", ()), ("options", (("op", "aten.cumsum.default"),)))
     text = campaign._site(Mismatch("report", site=site))
     assert text == "y0 on ranks [1], total assembled over the ranks, op=aten.cumsum.default", text
+
+
+def test_a_layout_finding_names_its_first_problem_in_the_summary(proof):
+    """A new user's MoE: ``- layout: Case(...)`` named no output, where a mismatch's line names its
+    outputs and ranks. A real layout finding (tp_mlp's floor split drops the remainder)."""
+    (path,) = proof("tp_mlp", "floor_split").glob("*.json")
+    case = load(str(path), trust_refs=True)["case"]
+    with pytest.raises(LayoutMismatch) as excinfo:
+        Runner("tp_mlp", "floor_split").run_case(case)
+    f = excinfo.value
+    assert f.problems and campaign._site(f).startswith(f.problems[0].splitlines()[0][:100]), f.problems
+    long = LayoutMismatch("report")
+    long.problems = ("x" * 500, "second", "third")
+    assert campaign._site(long) == "x" * 157 + "... (and 2 more)"
 
 
 def test_a_runner_with_other_hooks_names_the_implementation_as_its_user_did():

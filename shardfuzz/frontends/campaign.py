@@ -235,6 +235,11 @@ def _site(f: Finding) -> str:
             else f"{name} assembled over the ranks"
             for name, ranks in f.site
         )
+    problems = getattr(f, "problems", ())
+    if f.kind == "layout" and problems:  # "- layout: Case(...)" named no output (a new user's audit)
+        first = problems[0].splitlines()[0]
+        first = first if len(first) <= LINE_LIMIT else first[: LINE_LIMIT - 3] + "..."
+        return first + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
     if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
         return f"{f.site[0]} in {f.site[1]}: {f.site[2]}"
     if f.kind in ("communication", "hang") and len(f.site) >= 2:  # (what, ranks[, ("options", ...)])
@@ -619,6 +624,8 @@ def runner_recorder(runner: Runner) -> FailureRecorder | None:
 
 #: the most frequent leaks the summary table names (the rest are counted)
 LEAKS_SHOWN = 5
+#: a layout finding's first problem, as the summary names it, at most this long
+LINE_LIMIT = 160
 #: a run that refused at least this share of its drawn cases as unsupported says so
 REFUSED_SHARE = 0.25
 

@@ -166,7 +166,7 @@ class Reporter:
         parts += [f"  {p}" for p in verdict.layout_problems]
         parts.append(self._footer(case, leaks))
         err = LayoutMismatch("\n".join(parts), case=case, site=self._site(case, ()))
-        err.traces, err.leaks = dict(traces), tuple(leaks)
+        err.traces, err.leaks, err.problems = dict(traces), tuple(leaks), tuple(verdict.layout_problems)
         raise err
 
     def raise_rank_error(self, case: Case, outcome: RankFailed) -> None:
@@ -262,13 +262,17 @@ class Reporter:
     ) -> None:
         parts = [
             self._header(
-                "autograd went through a collective with no autograd kernel (treated as identity)", case
+                "autograd went through a collective with no autograd kernel (treated as identity)",
+                case,
+                note_one_rank=False,  # a pattern in the code, found on any world: not a rank's own math
             )
         ]
         for r, msgs in sorted(verdict.ignored.items()):
             parts.append(f"  {case.rank_label(r)}: {msgs[0].splitlines()[0][:300]}")
         parts.append(
-            "  Wrap the collective in an autograd Function (Megatron's f/g pair) or use "
+            "  The values were not compared: this kind is reported whatever they are. An identity "
+            "backward is right only where the collective's gradient is the identity (Megatron's g: "
+            "an all-reduce in forward); say that in an autograd Function (Megatron's f/g pair) or use "
             "torch.distributed.nn.functional; see pytorch/pytorch#152127."
         )
         parts.append(self._footer(case, leaks))
