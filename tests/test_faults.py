@@ -426,6 +426,67 @@ def test_a_run_that_took_over_an_earlier_file_and_shrank_to_another_finding_give
     assert sorted(os.listdir(tmp_path)) == [f"{stem}-2.json", f"{stem}.json"]
 
 
+def test_a_repeat_whose_shrink_drifted_off_a_taken_file_removes_its_own_file_not_the_one_given_back(tmp_path):
+    """A new user's second campaign: a finding found again took over the first campaign's file of
+    it; finishing its shrink after the deadline drifted to another signature, so the file was given
+    back and the writes went on under a new name; the drifted finding was then a repeat of another
+    one, and dropping it removed the file given back (the first campaign's finding, lost) and left
+    the new one (a duplicate)."""
+    import socket
+
+    from shardfuzz.engine.failures import FailureRecorder
+    from shardfuzz.engine.filewriter import boot_id, host_id, read_record
+
+    stem = "t-i-gloo-mismatch"
+    first, second, third = (str(tmp_path / f"{stem}{n}.json") for n in ("", "-2", "-3"))
+    dead = f"{socket.gethostname()}:{_gone()}:abc"
+    earlier = {"signature": "w2", "report": "campaign 1", "writer": dead}
+    # the b2 finding's file is held (here: by a live writer; in the campaign, by its run)
+    other = {
+        "signature": "b2",
+        "report": "campaign 1",
+        "writer": f"{host_id()}:{boot_id()}:{os.getppid()}:abc",
+    }
+    (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
+    (tmp_path / f"{stem}-2.json").write_text(json.dumps(other))
+    recorder = FailureRecorder(str(tmp_path))
+    assert recorder.writer.write(stem, ".json", {"signature": "w2", "report": "found again"}) == first
+    drifted = recorder.writer.rewrite(first, {"signature": "b2", "report": "finished shrink"})
+    assert drifted == third and read_record(first) == earlier  # given back, as it was
+    recorder.moved[first] = drifted  # as FailureRecorder.write records it
+    recorder.discard(first)  # the drifted finding: a repeat of the b2 one
+    assert read_record(first) == earlier and read_record(second) == other, sorted(os.listdir(tmp_path))
+    assert not os.path.exists(third)  # the repeat's own file
+    # a file that holds another writer's record is never removed, whatever path names it
+    recorder.discard(second)
+    assert read_record(second) == other
+    # a repeat that did not drift, in a file it took over: the earlier run's finding gets it back
+    recorder = FailureRecorder(str(tmp_path))
+    assert recorder.writer.write(stem, ".json", {"signature": "w2", "report": "found again"}) == first
+    recorder.discard(first)
+    assert read_record(first) == earlier, sorted(os.listdir(tmp_path))
+
+
+def test_a_finding_on_file_past_a_gap_in_the_names_is_updated_not_written_twice(tmp_path):
+    """The names of a key had a gap (a file removed: ``-2`` missing): the search for an earlier
+    file of the same finding stopped there, and a new user's second campaign wrote ``-2`` beside
+    the first campaign's ``-3`` of the same finding."""
+    import socket
+
+    from shardfuzz.engine.failures import FailureRecorder
+    from shardfuzz.engine.filewriter import boot_id, host_id, read_record
+
+    stem = "t-i-gloo-mismatch"
+    live = {"signature": "b2", "report": "held", "writer": f"{host_id()}:{boot_id()}:{os.getppid()}:abc"}
+    earlier = {"signature": "w2", "report": "campaign 1", "writer": f"{socket.gethostname()}:{_gone()}:abc"}
+    (tmp_path / f"{stem}.json").write_text(json.dumps(live))
+    (tmp_path / f"{stem}-3.json").write_text(json.dumps(earlier))
+    writer = FailureRecorder(str(tmp_path)).writer
+    path = writer.write(stem, ".json", {"signature": "w2", "report": "campaign 2"})
+    assert os.path.basename(path) == f"{stem}-3.json" and read_record(path)["report"] == "campaign 2"
+    assert sorted(os.listdir(tmp_path)) == [f"{stem}-3.json", f"{stem}.json"]
+
+
 @linux
 def test_a_full_disk_leaves_no_partial_file_and_warns_once(writers):
     """RLIMIT_FSIZE of 1000 bytes: every write of a ~2.3 kB failure file fails part way."""

@@ -20,6 +20,7 @@ from shardfuzz.engine.hooks import Deadline
 from shardfuzz.errors import Finding, LayoutMismatch
 from shardfuzz.frontends import campaign
 from shardfuzz.frontends.cli_args import _finish_time
+from shardfuzz.signature import finding_signature
 
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "data", "toy_target.py")
@@ -222,11 +223,18 @@ def test_a_1_rank_try_replays_its_finding_only_never_the_example_database(tmp_pa
     recorder = FailureRecorder(str(tmp_path / "failures"))
     recorder.on_finding(finding.context, finding)
     (path,) = recorder.written
-    hook = finish._Rewrite(recorder, path, lambda f: f.case.world_size == 1)
+    hook = finish._Rewrite(recorder, path, lambda f: True, finding_signature(finding))
+    hook.on_finding(finding.context, finding)
+    assert load(path, trust_refs=True)["case"] == finding.case
+    hook = finish._Rewrite(recorder, path, lambda f: f.case.world_size == 1, finding_signature(finding))
     hook.on_finding(finding.context, finding)  # on 2 ranks: not taken
     assert load(path, trust_refs=True)["case"] == finding.case
+    # on 1 rank its wrong ranks differ: another signature, written once at the end, as a finding
+    # whose shrink drifted (hold), never while the try goes on
+    assert finding_signature(one) != finding_signature(finding)
     hook.on_finding(one.context, one)
-    assert load(path, trust_refs=True)["case"] == one.case
+    assert load(path, trust_refs=True)["case"] == finding.case
+    assert load(recorder.hold(path, one), trust_refs=True)["case"] == one.case
 
 
 def test_a_mismatchs_distinct_options_read_as_options_in_the_summary():

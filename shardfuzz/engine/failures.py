@@ -264,14 +264,17 @@ class FailureRecorder(RunHooks):
         return final
 
     def discard(self, path: str) -> None:
-        """Remove ``path``, a failure file of this recorder whose finding turned out to be one
-        already on file (a finished shrink reached another finding's case)."""
+        """Remove the file of the finding first written to ``path`` (:meth:`where` its writes went
+        on), a finding that turned out to be one already on file (a finished shrink reached another
+        finding's case). A file that holds another writer's record is never removed, and one this
+        run took over from an earlier one gets its record back: the earlier run's finding stays on
+        file (a new user's second campaign removed the first one's file of a finding)."""
+        path = self.where(path)
         self.written.pop(path, None)
-        for key, owned in list(self.writer.owned.items()):
-            if owned == path:
-                self.writer.forget(*key)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+        record = read_record(path)
+        if record is not None and record.get("writer") != self.writer.token:
+            return
+        self.writer.give_back(path)  # an earlier run's file it took over: restored, as it was
 
     def _write(self, key: tuple[str, str], context: FindingContext, finding: Finding) -> None:
         os.makedirs(self.directory, exist_ok=True)

@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import socket
 import tempfile
 import uuid
@@ -150,16 +151,23 @@ class FileWriter:
             if owned == path:
                 self.owned[key] = to
 
+    def give_back(self, path: str) -> None:
+        """This writer is done with ``path`` (its finding is another one's): the file gets back the
+        record it held when this writer took it over, or is removed when it was this writer's own."""
+        self._leave(path, path)
+        for key, owned in list(self.owned.items()):
+            if owned == path:
+                del self.owned[key]
+
     def _same_elsewhere(self, stem: str, suffix: str, record: dict[str, Any], mine: str | None) -> str | None:
         """A file of the key, other than ``mine``, that another writer of this process wrote about
-        the same thing (:attr:`same`): the one to update instead. Names are claimed in order, so
-        the first free one ends the search."""
+        the same thing (:attr:`same`): the one to update instead. Every file of the key is looked
+        at: a gap in the names (a file removed) ended the search, and a new user's second campaign
+        wrote a second file of a finding whose first one came after the gap."""
         if self.same is None or record.get(self.same) is None:
             return None
         held = set(self.owned.values())
-        for path in self._names(stem, suffix):
-            if not os.path.lexists(path):
-                return None
+        for path in self._existing(stem, suffix):
             if path == mine or path in held:
                 continue
             old = read_record(path)
@@ -201,6 +209,17 @@ class FileWriter:
         """The key's file names in the order they are claimed: ``{stem}.json``, ``{stem}-2.json``..."""
         for n in range(1, 10_000):
             yield os.path.join(self.directory, f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+
+    def _existing(self, stem: str, suffix: str) -> list[str]:
+        """The key's files that exist, in the order their names are claimed."""
+        plain, numbered = f"{stem}{suffix}", re.compile(re.escape(stem) + r"-(\d+)" + re.escape(suffix))
+        try:
+            names = os.listdir(self.directory)
+        except OSError:  # a folder gone or unreadable: no file of the key to update
+            return []
+        found = sorted(int(m.group(1)) for n in names if (m := numbered.fullmatch(n)))
+        paths = [os.path.join(self.directory, f"{stem}-{k}{suffix}") for k in found if k >= 2]
+        return ([os.path.join(self.directory, plain)] if plain in names else []) + paths
 
     def _claim_free(self, stem: str, suffix: str, make: Callable[[dict | None], dict]) -> str:
         held = set(self.owned.values())

@@ -38,6 +38,7 @@ from shardfuzz.engine.search import (
     stable_identity,
 )
 from shardfuzz.errors import Finding
+from shardfuzz.signature import finding_signature
 
 #: the extra budget, when the configuration does not give one: this share of the campaign's
 #: duration, at most MAX_S seconds (so ``--duration D`` ends by 1.25 D plus the grace)
@@ -115,14 +116,18 @@ def kept_features(case: Case, simplest: Case) -> list[str]:
 class _Rewrite(RunHooks):
     """Writes each smaller failing case that ``keep`` takes over the finding's failure file (as the
     recorder does). Only those: a 1-rank try's Hypothesis run also meets failures on 2 ranks, of
-    another bug of the same kind, and wrote them over the file of a finding it did not replace."""
+    another bug of the same kind, and wrote them over the file of a finding it did not replace. And
+    only those of the finding's own ``signature``: a shrink that drifts through other findings'
+    signatures moved the file onto theirs, one after another (a new user's second campaign lost
+    a finding and kept two files of another); the case it ends at is written once, at the end
+    (``FailureRecorder.hold``), so a run killed meanwhile keeps the finding's last case of its own."""
 
-    def __init__(self, recorder: Any, path: str, keep: Callable[[Finding], bool]) -> None:
-        self.recorder, self.path, self.keep = recorder, path, keep
+    def __init__(self, recorder: Any, path: str, keep: Callable[[Finding], bool], signature: str) -> None:
+        self.recorder, self.path, self.keep, self.signature = recorder, path, keep, signature
         self.order: tuple | None = None
 
     def on_finding(self, context: FindingContext, finding: Finding) -> None:
-        if not self.keep(finding):
+        if not self.keep(finding) or finding_signature(finding) != self.signature:
             return
         order = example_order()
         if order is not None and self.order is not None and order > self.order:
@@ -149,7 +154,7 @@ def _replay_and_shrink(
     deadline = Deadline(time.perf_counter() + budget)
     hooks: list[RunHooks] = [deadline]
     if recorder is not None and path is not None:
-        hooks.append(_Rewrite(recorder, path, keep))
+        hooks.append(_Rewrite(recorder, path, keep, finding_signature(finding)))
     fresh = runner.with_hooks(hooks)
     smallest = SmallestFindings()
 

@@ -557,7 +557,7 @@ def _drop_repeats(out: Outcome, recorder: Any) -> None:
     both shrunk to world 2): it is one finding, kept once (the first), counted as found again, and
     the failure file of the repeat is removed. (A fleet keeps what each run offered it.)"""
     seen: set[str] = set()
-    kept, notes = [], []
+    kept, notes, repeats = [], [], []
     for i, (finding, path) in enumerate(out.findings):
         signature = signature_of(finding)
         if signature not in seen:
@@ -566,8 +566,13 @@ def _drop_repeats(out: Outcome, recorder: Any) -> None:
             notes += out.fleet[i : i + 1]  # the fleet's note stays beside its own finding
             continue
         out.rediscovered += 1
-        if recorder is not None and path is not None:
-            recorder.discard(path)
+        repeats.append(path)
+    if recorder is not None:
+        # never a file a kept finding's writes went to as well
+        holding = {recorder.where(path) for _, path in kept if path is not None}
+        for path in repeats:
+            if path is not None and recorder.where(path) not in holding:
+                recorder.discard(path)
     out.findings, out.fleet = kept, notes
 
 
