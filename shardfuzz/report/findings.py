@@ -394,7 +394,9 @@ def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
         if od.dtype in UNIT_ROUNDOFF
         else ""
     )
+    # "or a narrower type": a new user's float32 norm, summed in float16, read as a float32 overflow
     return [
         f"    inf or NaN where the oracle is finite: did the implementation's arithmetic overflow "
-        f"{od.dtype}{largest} or make a NaN (0 * inf, inf - inf)? The float64 oracle did not"
+        f"{od.dtype}{largest}, or a narrower type it computes in, or make a NaN (0 * inf, inf - inf)? "
+        "The float64 oracle did not"
     ]
