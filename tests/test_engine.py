@@ -228,6 +228,17 @@ def test_a_file_that_derives_its_target_from_an_imported_one_means_its_own(tmp_p
         TargetError, match=r"'base_target' is beside the file.*run with PYTHONPATH=" + str(tmp_path)
     ):
         Runner(str(tmp_path / "derived.py"))
+    # the project's own package at its root, the target file in tests/ (pytest puts tests/ on the
+    # import path, not the root: a new user's mylib did not import)
+    (tmp_path / "proj" / "mylib").mkdir(parents=True)
+    (tmp_path / "proj" / "mylib" / "__init__.py").write_text(open(TOY).read())
+    (tmp_path / "proj" / "tests").mkdir()
+    (tmp_path / "proj" / "tests" / "t.py").write_text(
+        "from mylib import TOY as BASE\n\nTARGET = BASE.derive('toy_in_tests')\n"
+    )
+    root = str(tmp_path / "proj")
+    with pytest.raises(TargetError, match=r"'mylib' is in a folder above the file.*PYTHONPATH=" + root):
+        Runner(str(tmp_path / "proj" / "tests" / "t.py"))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert Runner(str(tmp_path / "derived.py")).target.name == "toy_derived"
     two = tmp_path / "two.py"

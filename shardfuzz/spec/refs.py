@@ -256,19 +256,33 @@ def _where(error: Exception) -> str:
     return f" (at {f.filename}:{f.lineno}" + (f": {f.line.strip()}" if f.line else "") + ")"
 
 
+#: folders above a target file looked at for the module it could not import (a package at the
+#: project's root, a target file in tests/)
+ABOVE = 4
+
+
 def _beside(error: Exception, path: str) -> str:
-    """What to do when a file imports a module that sits beside it: a file is imported by path, so
-    its folder is not on the import path (in the ranks neither), as for any module but a script."""
+    """What to do when a file imports a module that sits beside it, or in a folder above it (the
+    project's own package, the file in ``tests/``): a file is imported by path, so its folder is
+    not on the import path (in the ranks neither), as for any module but a script; and pytest puts
+    a test file's folder there, not the project's root (a new user's ``mylib`` did not import)."""
     missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
-    folder = os.path.dirname(path)
     top = missing.split(".")[0] if missing else ""
-    if top and (
-        os.path.isfile(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top))
-    ):
-        return (
-            f" ({top!r} is beside the file, in {folder!r}, which is not on the import path: "
-            f"run with PYTHONPATH={shlex.quote(folder)}, or install the package it belongs to)"
-        )
+    folder = os.path.dirname(os.path.abspath(path))
+    for depth in range(ABOVE + 1):
+        if top and (
+            os.path.isfile(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top))
+        ):
+            where = "beside the file" if depth == 0 else "in a folder above the file"
+            return (
+                f" ({top!r} is {where}, in {folder!r}, which is not on the import path: run with "
+                f"PYTHONPATH={shlex.quote(folder)} (under pytest: its pythonpath setting), or install "
+                "the package it belongs to)"
+            )
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
     return ""
 
 
