@@ -106,7 +106,10 @@ def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
     fixed = dict(rec, impl_kwargs={})
     (tmp_path / "fixed.json").write_text(json.dumps(fixed))
     out = cli("replay", str(tmp_path / "fixed.json"))
-    assert out.returncode == 0 and "now passes" in out.stdout
+    # the reference ran, not missing_allreduce: no fix, and not exit 0 (a new user's edited file
+    # read as "now passes" beside the note)
+    assert out.returncode == 1, out.stdout
+    assert "passes, but ran ANOTHER IMPLEMENTATION than the one the file names (not a fix)" in out.stdout
     assert "source or bound arguments changed" in out.stdout
     # what ran is said: the file's impl_ref, not the implementation the target calls by that name
     # (a new user's edited impl_ref read as "double_divide now passes")
@@ -121,7 +124,23 @@ def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
     assert out.returncode == 1 and "DIFFERENT INPUTS" in out.stdout
 
     out = cli("replay", str(tmp_path))  # a directory: every file in it
-    assert out.returncode == 1 and "2 replayed: 1 fail, 1 pass" in out.stdout
+    assert (
+        out.returncode == 1
+        and ("2 replayed: 1 fail, 1 pass; 1 of the passes ran another implementation than the file names")
+        in out.stdout
+    ), out.stdout
+    # the same implementation moved (its file elsewhere, the same function and arguments): a pass
+    # is a pass
+    from shardfuzz.protocol import ImplRef
+    from shardfuzz.repro.replay import other_implementation
+    from shardfuzz.spec.registry import get_target
+
+    moved_impl = ImplRef("/elsewhere/targets/tp_mlp.py::reference", (("bug", "missing_allreduce"),))
+    assert not other_implementation(
+        {"impl": "missing_allreduce", "impl_spec": moved_impl}, get_target("tp_mlp")
+    )
+    edited = ImplRef("/elsewhere/targets/tp_mlp.py::reference", ())
+    assert other_implementation({"impl": "missing_allreduce", "impl_spec": edited}, get_target("tp_mlp"))
 
 
 def test_replay_says_which_file_it_runs_and_which_case_ran_when_case_repr_was_edited(found, tmp_path):
@@ -251,7 +270,7 @@ def test_repro_script_runs_on_ranks_started_as_torchrun_starts_them(
 @pytest.mark.slow  # ~9 s; the real torchrun runs in the ci suite in tests/test_standalone.py and test_rank_servers.py
 def test_torchrun_module_replays_a_passing_case(found, tmp_path):
     rec = json.loads(open(found[1]).read())
-    (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
+    (tmp_path / "fixed.json").write_text(json.dumps(dict(rec, impl="reference", impl_kwargs={})))
     run = torchrun("--nproc-per-node=2", "-m", "shardfuzz.repro.torchrun", str(tmp_path / "fixed.json"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS: worst error/tolerance" in run.stdout
@@ -263,7 +282,7 @@ def test_failure_files_become_regression_tests_that_run_first(inprocess, found):
     d = pytester.mkdir("failures")
     rec = json.loads(open(path).read())
     (d / "still_broken.json").write_text(json.dumps(rec))
-    (d / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
+    (d / "fixed.json").write_text(json.dumps(dict(rec, impl="reference", impl_kwargs={})))
     # a file the target's draws no longer admit (an option added since): its reason, no traceback
     (d / "stale.json").write_text(json.dumps(dict(rec, case=dict(rec["case"], options={"added_since": 1}))))
     pytester.makepyfile(
@@ -292,7 +311,7 @@ def test_regressions_read_the_folder_that_shardfuzz_failures_dir_names(inprocess
     _, path = found
     d = pytester.mkdir("named")
     rec = json.loads(open(path).read())
-    (d / "fixed.json").write_text(json.dumps(dict(rec, impl_kwargs={})))
+    (d / "fixed.json").write_text(json.dumps(dict(rec, impl="reference", impl_kwargs={})))
     assert os.environ["SHARDFUZZ_FAILURES_DIR"] != str(d)  # the suite's own folder: not this one
     pytester.makepyfile(test_c="import shardfuzz\ntest_regressions = shardfuzz.regressions(planted=True)\n")
     outer = pytest_plugin._SESSION["failures_dir"]

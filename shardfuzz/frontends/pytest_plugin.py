@@ -601,5 +601,7 @@ def _regression_outcome(res: Any, name: str, loosened: str) -> None:
         pytest.fail(
             f"{res.line()}\nthe inputs changed, so this file no longer tests the same case", pytrace=False
         )
+    if res.status == "another implementation":
+        pytest.fail(f"{res.line()}\nso this file does not test the implementation it names", pytrace=False)
     if loosened:
         warnings.warn(f"{name} passes{loosened}", ShardfuzzWarning, stacklevel=1)

@@ -22,7 +22,8 @@ from shardfuzz.spec.tolerance import Tolerance
 class Replayed:
     path: str | None  # None: a record from a store of findings
     record: dict[str, Any]
-    status: str  # "still fails" | "now passes" | "different inputs" | "set aside" | "refused"
+    #: "still fails" | "now passes" | "different inputs" | "another implementation" | "set aside" | "refused"
+    status: str
     failed: bool
     kind: str | None = None
     report: str = ""
@@ -42,6 +43,8 @@ class Replayed:
             what = f"{'NOT RUN' if self.status == 'set aside' else 'REFUSED'}: {self.report}"
         elif self.status == "different inputs":
             what = f"ran on DIFFERENT INPUTS (input hash changed) and {'fails' if self.failed else 'passes'}"
+        elif self.status == "another implementation":
+            what = "passes, but ran ANOTHER IMPLEMENTATION than the one the file names (not a fix)"
         elif self.failed:
             what = f"STILL FAILS ({self.kind}; was {self.record['kind']}){_same_cause(self)}"
         else:
@@ -70,6 +73,22 @@ def impl_note(record: dict[str, Any], target: Any, ran: str = "ran") -> str:
             f"implementation {printable(name)}, which is {printable(str(target.impl_ref(name)))}"
         )
     return ""
+
+
+def other_implementation(record: dict[str, Any], target: Any) -> bool:
+    """Whether the file's ``impl_ref`` names another function, or binds other arguments, than the
+    target's implementation of the file's ``impl`` (a hand-edited file, a rename): its pass says
+    nothing of that implementation (a new user's edited file replayed the reference as "now
+    passes", exit 0). A move to another module or path, the same function, is not."""
+    name = record["impl"]
+    if name not in target.implementations:
+        return False
+    ours, theirs = target.impl_ref(name), record["impl_spec"]
+
+    def function(ref: str) -> str:
+        return ref.replace("::", ":").rsplit(":", 1)[-1]
+
+    return function(ours.ref) != function(theirs.ref) or ours.kwargs != theirs.kwargs
 
 
 def _same_cause(replayed: Replayed) -> str:
@@ -160,4 +179,6 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
         return Replayed(record["path"], record, status, False, report=f"{what} now ({e})", note=note)
     same_inputs = inputs_hash(runner.last_inputs) == record["inputs_sha256"]
     status = "different inputs" if not same_inputs else ("still fails" if failed else "now passes")
+    if status == "now passes" and other_implementation(record, target):
+        status = "another implementation"
     return Replayed(record["path"], record, status, failed, kind, report, note, signature)
