@@ -467,6 +467,31 @@ def test_a_repeat_whose_shrink_drifted_off_a_taken_file_removes_its_own_file_not
     assert read_record(first) == earlier, sorted(os.listdir(tmp_path))
 
 
+def test_a_later_runs_file_moved_onto_an_earlier_campaigns_file_of_its_finding_keeps_its_created(tmp_path):
+    """A later run writes to a file of its own (``.run2.json``) and is moved to the key's name
+    when it is settled: onto the earlier campaign's file of the same finding, whose ``created``
+    (when the file was first written) was reset to the later run's."""
+    import socket
+
+    from shardfuzz.engine.failures import FailureRecorder
+    from shardfuzz.engine.filewriter import read_record
+
+    stem = "t-i-gloo-mismatch"
+    earlier = {
+        "signature": "w2",
+        "report": "campaign 1",
+        "created": "2026-01-01T00:00:00+00:00",
+        "writer": f"{socket.gethostname()}:{_gone()}:abc",
+    }
+    (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
+    writer = FailureRecorder(str(tmp_path)).writer
+    run2 = writer.write(stem, ".run2.json", {"signature": "w2", "report": "campaign 2, run 2"})
+    moved = writer.move(run2, stem, ".json")
+    assert os.path.basename(moved) == f"{stem}.json", sorted(os.listdir(tmp_path))
+    assert read_record(moved)["report"] == "campaign 2, run 2"
+    assert read_record(moved)["created"] == earlier["created"]
+
+
 def test_a_finding_on_file_past_a_gap_in_the_names_is_updated_not_written_twice(tmp_path):
     """The names of a key had a gap (a file removed: ``-2`` missing): the search for an earlier
     file of the same finding stopped there, and a new user's second campaign wrote ``-2`` beside

@@ -192,7 +192,12 @@ class FileWriter:
         record = read_record(src)
         if record is None:
             raise OSError(errno.ENOENT, f"cannot read {src}")
-        path = self._claim_free(stem, suffix, lambda _old: record)
+
+        def keep_created(old: dict[str, Any] | None) -> dict[str, Any]:
+            # an earlier run's file of the same finding, taken over: it was first written then
+            return record if old is None or "created" not in old else {**record, "created": old["created"]}
+
+        path = self._claim_free(stem, suffix, keep_created)
         os.remove(src)
         return path
 
