@@ -51,6 +51,11 @@ def test_one_line_target_test_with_ci_profile(run):
     result.stdout.fnmatch_lines(
         ["*test_bug*FAILED*", "*Rerun this case: shardfuzz case*--impl mean_of_means*"]
     )
+    # where its failure file is (the CLI's summary says; pytest's output did not)
+    lines = [x for x in result.outlines if "shardfuzz: failure file: " in x]
+    paths = {x.split("shardfuzz: failure file: ", 1)[1].split(" (shardfuzz replay")[0] for x in lines}
+    (path,) = paths
+    assert path.endswith("row_mean-mean_of_means-gloo-mismatch.json") and os.path.exists(path), lines
 
 
 def test_namespaced_options_are_applied_and_echoed(run):

@@ -180,15 +180,18 @@ class FailureRecorder(RunHooks):
         self.written[final] = kind
         return self.hold(final, finding)
 
-    def settle_run(self, findings: Iterable[Finding]) -> None:
+    def settle_run(self, findings: Iterable[Finding]) -> list[str]:
         """After a run that is not a campaign's (``shardfuzz.run``, a ``test_for`` test): settle
         its findings as a campaign's first run does, each distinct one (by signature) in a file
-        that holds it; a test's two crashes of one kind kept only one file too."""
+        that holds it; a test's two crashes of one kind kept only one file too. Returns the files."""
         seen: set[str] = set()
+        kept = []
         for finding in findings:
             if finding.context is not None:  # a finding this recorder never saw has no file
-                self.settle(finding, distinct=finding_signature(finding) not in seen)
+                path = self.settle(finding, distinct=finding_signature(finding) not in seen)
                 seen.add(finding_signature(finding))
+                kept += [path] if path is not None else []
+        return kept
 
     def hold(self, path: str, finding: Finding) -> str:
         """Make the file ``path`` (or where its writes went on) hold ``finding``'s case: the key's

@@ -87,7 +87,9 @@ def run_target_test(
         run_test(test)  # a deadline or Ctrl-C after a finding raises that finding
     except BaseException as e:
         found = findings_of(e)
-        recorder.settle_run(found)  # each distinct finding in a file that holds it
+        for path in recorder.settle_run(found):  # each distinct finding in a file that holds it
+            # the CLI's summary names it; pytest's output did not (a new user looked for it)
+            e.add_note(f"shardfuzz: failure file: {path} (shardfuzz replay {path})")
         if found and getattr(found[0], "cut_short", None) == "interrupted":
             pytest.exit(f"{found[0].report}\nshardfuzz: interrupted", returncode=1)
         if found and expected is None and Scope.current is not None and not Scope.current.full_trace:
