@@ -91,6 +91,32 @@ def test_float32_layer_norm_backward_by_hand_is_covered():
     assert worst < 1.0, worst
 
 
+def test_a_two_pass_layer_norm_on_constant_rows_summed_by_a_linear_layer_is_covered():
+    """A new user's correct sequence-parallel LayerNorm (two passes, in float32) against
+    F.layer_norm, on constant rows with a small eps, into a linear layer: the mean's rounding (one
+    per row) times rstd = 1/sqrt(eps) is the whole of ``x - mean``, and the linear layer sums it d
+    times over the row, where the rule drew it per element (sqrt(d)): 1.32x and 1.78x."""
+    worst = 0.0
+    for trial in range(40):  # drawn independently per element: 1.22x-1.44x in 4 of these 40
+        gen = torch.Generator().manual_seed(trial)
+        d, eps = 24 + 2 * trial, (1e-5, 1e-12)[trial % 2]
+        x = torch.randn(12, 1, generator=gen).expand(12, d).contiguous() * (1 + trial)  # constant rows
+        w, b = torch.randn(d, generator=gen), torch.randn(d, generator=gen)
+        lin = torch.randn(16, d, generator=gen)
+
+        def fn(t, d=d, eps=eps):
+            return {"y": F.linear(F.layer_norm(t["x"], (d,), t["w"], t["b"], eps), t["lin"])}
+
+        inputs = {"x": x, "w": w, "b": b, "lin": lin}
+        ref, noise = _noise(fn, inputs, "float32", seed=trial, samples=3)
+        mu = x.mean(-1, keepdim=True)  # two passes, in float32, as Megatron's hand-written norms
+        xc = x - mu
+        y = F.linear((xc * (xc.pow(2).mean(-1, keepdim=True) + eps).rsqrt()) * w + b, lin)
+        bound = _bound(ref, noise, fn(inputs), "float32")["y"]
+        worst = max(worst, float(((y.double() - ref["y"]).abs() / bound).max()))
+    assert worst < 1.0, worst
+
+
 #: x, weight, bias, dy of the two cases where a new user's correct SyncBatchNorm was reported against
 #: F.batch_norm: float32 on one rank (a variance of 0: grad_x cancels at 316 x dy), 3.64x; bfloat16
 #: on 3 ranks (batch 5 as [2, 2, 1]: grad_bias's partial sums -2.29, -0.36, 2.73 cancel to 0.083), 3.43x

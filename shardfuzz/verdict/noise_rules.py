@@ -154,15 +154,26 @@ def _norm_parts(x: torch.Tensor, shape: Any, mean: torch.Tensor, rstd: torch.Ten
 
 
 def _layer_norm(mode: Any, b: dict, out: tuple) -> tuple:
+    """``(x - mean) * rstd * w + bias``: each element's own roundings, and the mean's rounding,
+    one per row, shared by every element of the row (``w * rstd`` times it): drawn once per row,
+    not per element. A new user's correct two-pass LayerNorm on constant rows (``x - mean`` is
+    its rounding alone, times ``rstd = 1/sqrt(eps)``) fed a linear layer that sums the row's
+    elements: the same error d times, where independent draws grew as sqrt(d) (1.78x, float32)."""
     x, shape, w, bias = b["input"], b["normalized_shape"], b["weight"], b["bias"]
     y, mean, rstd = out
     dims, xhat, rel = _norm_parts(x, shape, mean, rstd)
     mabs = x.abs().mean(dims, keepdim=True)
-    scale = xhat.abs() * rel + mabs * rstd
+    scale = xhat.abs() * rel
     scale = scale * w.abs() if w is not None else scale
     scale = scale + bias.abs() if bias is not None else scale
     ru = mode.reduction_u
-    return (y + mode.noise(scale, ru), mean + mode.noise(mabs, ru), rstd + mode.noise(rstd * rel, ru))
+    shift = mode.noise(mabs, ru)  # the mean's rounding: one per row
+    shared = shift * rstd * (w if w is not None else 1.0)
+    return (
+        y + mode.noise(scale, ru) - shared,
+        mean + shift.reshape(mean.shape),
+        rstd + mode.noise(rstd * rel, ru),
+    )
 
 
 def _layer_norm_backward(mode: Any, b: dict, out: tuple) -> tuple:
