@@ -63,10 +63,6 @@ def _registered_packages() -> set[str]:
 
 def own_module(modname: str) -> bool:
     """Whether ``modname`` is shardfuzz's own code or a registered package's (always importable)."""
-    return _own_module(modname)
-
-
-def _own_module(modname: str) -> bool:
     top = modname.split(".")[0]
     return top == "shardfuzz" or top in _registered_packages()
 
@@ -81,7 +77,7 @@ def _code_of(ref: str) -> tuple[bool, str | None, str]:
         known = registered_ref(ref)
         return (True, None, "") if known is None else _code_of(known)
     modname = ref.partition(":")[0]
-    if _own_module(modname):
+    if own_module(modname):
         return True, None, ""
     # found without importing anything; a missing submodule still imports its parent package
     spec = find_module_spec(modname) or find_module_spec(modname.split(".")[0])
