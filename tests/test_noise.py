@@ -198,6 +198,49 @@ def test_a_fused_batch_norm_oracle_covers_a_sync_batch_norm_gradient_written_by_
     assert loosest < 0.05, loosest
 
 
+@pytest.mark.parametrize("offset", [3.0, 30.0])
+def test_a_bf16_batch_norm_bound_at_a_large_mean_covers_float32_statistics_not_one_pass_bf16(offset):
+    """A common mean far above the spread (activations after a ReLU, raw pixels): the variance rule
+    charged a one-pass variance's cancellation against E[x^2] at the bf16 rounding, so the bound on
+    y was up to 237x |y| at a mean of 30 (1,400x at 100): a new user's SyncBatchNorm that left the
+    weight out of y passed at 0.001x. Statistics in float32, as torch's kernels and the tutorial
+    keep them, two-pass or one-pass, are covered; one-pass statistics of bf16 tensors are not."""
+
+    def oracle(d):
+        return {"y": F.batch_norm(d["x"], None, None, d["w"], d["b"], training=True, eps=1e-5)}
+
+    def stats_in_float32(x, w, b, one_pass):
+        x32 = x.float()
+        m = x32.mean(0)
+        v = (x32 * x32).mean(0) - m * m if one_pass else (x32 - m).pow(2).mean(0)
+        return ((x32 - m) * torch.rsqrt(v + 1e-5) * w.float() + b.float()).bfloat16()
+
+    def one_pass_bf16(x, w, b):
+        m = x.mean(0)
+        return (x - m) * torch.rsqrt(((x * x).mean(0) - m * m).clamp_min(0) + 1e-5) * w + b
+
+    worst, one_pass_worst, loosest = 0.0, 0.0, 0.0
+    for trial in range(30):
+        gen = torch.Generator().manual_seed(trial)
+        n, c = 3 + trial % 6, 3
+        x = (torch.randn(n, c, generator=gen) + offset).bfloat16()
+        w = (1 + 0.1 * torch.randn(c, generator=gen)).bfloat16()
+        b = (0.1 * torch.randn(c, generator=gen)).bfloat16()
+        inputs = {"x": x, "w": w, "b": b}
+        ref, noise = _noise(oracle, inputs, "bfloat16", group_size=2, seed=trial)
+        bound = _bound(ref, noise, oracle(inputs), "bfloat16")["y"]
+        ratio = lambda y, ref=ref, bound=bound: float(((y.double() - ref["y"]).abs() / bound).max())
+        for got in (stats_in_float32(x, w, b, False), stats_in_float32(x, w, b, True), oracle(inputs)["y"]):
+            worst = max(worst, ratio(got))
+        one_pass_worst = max(one_pass_worst, ratio(one_pass_bf16(x, w, b)))
+        loosest = max(loosest, float(bound.max() / ref["y"].abs().max()))
+    assert worst < 1.0, worst
+    assert one_pass_worst > 1.0, one_pass_worst
+    # the two-pass variance's mean, rounded in bf16, is what is left: 3.8 at a mean of 30 (237
+    # before), 0.6 at 3 (4.8 before)
+    assert loosest < {3.0: 2.0, 30.0: 8.0}[offset], loosest
+
+
 def test_an_op_whose_decomposition_declines_the_call_gets_one_rounding():
     """torch's decomposition of adaptive max pooling returns NotImplemented where the sizes do not
     divide (5 -> 3): the op then runs whole, with one rounding of its result, as before."""
