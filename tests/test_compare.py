@@ -153,7 +153,7 @@ def test_the_numpy_path_of_a_passing_piece_describes_it_as_the_torch_path_does(m
 
 def test_a_greatest_difference_that_passes_where_it_is_says_so():
     """The largest difference may sit where more is allowed and pass there: a new user read its
-    index as the wrong element's. It says "within", and the worst element is the one listed."""
+    index as the wrong element's. It says it passes there, and the worst element is the one listed."""
     from shardfuzz.report.findings import format_output_diff
     from shardfuzz.verdict.compare import OutputDiff
 
@@ -162,7 +162,10 @@ def test_a_greatest_difference_that_passes_where_it_is_says_so():
     rd = compare_tensor(torch.tensor([1.1, 100.5]), e, bound, 0, lambda i: i)
     assert rd.bad == 1 and rd.max_abs_at == (1,)
     text = format_output_diff(OutputDiff("y", "Shard(0)", "float32", (2,), [rd], bound=bound), str)
-    assert "at index (1,) (within the 1 allowed there; the worst element, below, is " in text, text
+    assert (
+        "at index (1,) (an element that passes: 1 is allowed there; the worst element against its own tolerance, below, is "
+        in text
+    ), text
     wrong = compare_tensor(torch.tensor([1.0, 103.0]), e, bound, 0, lambda i: i)
     text = format_output_diff(OutputDiff("y", "Shard(0)", "float32", (2,), [wrong], bound=bound), str)
     assert "at index (1,) (up to 1 allowed there; the worst element is 3x its tolerance)" in text, text

@@ -149,6 +149,19 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     assert closest_pass_case("b", False, None, 0.5, "a") == "b"
 
 
+def test_an_infinite_margin_says_why_no_tolerance_passes_it():
+    """A new user read ``margin infx`` beside a float output reported at 6.7e+07x: an exactly
+    compared index output had differed too. The summary says what makes a margin infinite."""
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.errors import Mismatch
+
+    s = Stats(examples=2)
+    s.count_finding(Mismatch("", ratio=float("inf")))
+    assert "margin inf (an exactly compared output differs, or a value is NaN or inf" in s.summary()
+    s.count_finding(Mismatch("", ratio=3.5))
+    assert "margin 3.5x" in s.summary() and "infx" not in s.summary()
+
+
 def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp_path):
     import shardfuzz
     from shardfuzz.spec.tolerance import Tolerance

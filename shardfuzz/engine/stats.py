@@ -7,7 +7,7 @@ import collections
 import dataclasses
 from typing import Any
 
-from shardfuzz.report.closest_pass import closest_pass_words
+from shardfuzz.report.closest_pass import closest_pass_words, margin_text
 
 
 @dataclasses.dataclass
@@ -102,7 +102,7 @@ class Stats:
     def summary(self) -> str:
         n = self.examples
         trig = ", ".join(f"{k} {100.0 * v / n:.0f}%" for k, v in sorted(self.triggers.items()) if v > 0 and n)
-        margin = f", margin {self.margin:.3g}x" if self.margin is not None else ""
+        margin = f", margin {margin_text(self.margin)}" if self.margin is not None else ""
         if self.unsupported:
             margin += "; rejected as unsupported: " + ", ".join(
                 f"{k} x{v}" for k, v in self.unsupported.items()

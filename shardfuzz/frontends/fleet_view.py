@@ -13,6 +13,7 @@ from shardfuzz.engine.failure_load import prepare
 from shardfuzz.engine.fleet import FleetStore
 from shardfuzz.engine.shared_db import env_fleet, redact
 from shardfuzz.errors import InvalidArgument
+from shardfuzz.report.closest_pass import margin_text
 
 
 def _store(url: str, fleet: str | None) -> FleetStore:
@@ -31,7 +32,7 @@ def format_findings(store: FleetStore, docs: list[dict[str, Any]]) -> str:
         f"fleet {store.fleet!r} at {store.shown_url}: {len(docs)} finding{'' if len(docs) == 1 else 's'}"
     ]
     for d in docs:
-        margin = f", margin {d['margin']:.3g}x" if isinstance(d.get("margin"), (int, float)) else ""
+        margin = f", margin {margin_text(d['margin'])}" if isinstance(d.get("margin"), (int, float)) else ""
         again = sum(d["seen"].values())
         shrink_again = sum(d["shrink_again"].values())
         v = d["versions"]

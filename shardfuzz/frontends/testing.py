@@ -24,6 +24,7 @@ from shardfuzz.case import Case
 from shardfuzz.engine.search import Result, run
 from shardfuzz.errors import Mismatch
 from shardfuzz.frontends import cli
+from shardfuzz.report.closest_pass import margin_text
 from shardfuzz.spec.records import Expect, note_contradictions
 from shardfuzz.spec.refs import anchored_ref, caller_dir
 from shardfuzz.spec.registry import get_target
@@ -67,8 +68,8 @@ def assert_planted_bug_found(
     # the shrunk case's own margin (the run's smallest, over every failing example, is another
     # case's: a user compared it with `shardfuzz case` on the printed one and found 27.8x vs 2.1e6x)
     shrunk = next((f for f in result.failures if f.case == result.case and f.ratio is not None), None)
-    if shrunk is not None and shrunk.kind == "mismatch":
-        print(f"{name}: {result.case!r}, margin {shrunk.ratio:.3g}x")
+    if shrunk is not None and shrunk.kind == "mismatch" and shrunk.ratio is not None:
+        print(f"{name}: {result.case!r}, margin {margin_text(shrunk.ratio)}")
     return result
 
 

@@ -1,9 +1,10 @@
-"""A clean run's closest pass in words, one wording for the summary line, pytest's statistics and
-the HTML page, and measured with the noise term (imports no torch: the pytest plugin's statistics
-import it at its start)."""
+"""A clean run's closest pass and a finding's margin in words, one wording for the summary line,
+pytest's statistics and the HTML page, and measured with the noise term (imports no torch: the
+pytest plugin's statistics import it at its start)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from shardfuzz.errors import ExternalFault, Finding, InfrastructureError
@@ -152,3 +153,14 @@ def said_lower(rechecked: float, first: float) -> bool:
     """Whether a rechecked figure is worth saying beside the first: lower, and not the same to 3
     significant digits."""
     return rechecked < first and f"{rechecked:.3g}" != f"{first:.3g}"
+
+
+def margin_text(ratio: float) -> str:
+    """A finding's margin (error/tolerance) as summaries print it; an infinite one says why no
+    tolerance could pass it (a user read ``infx`` beside a float output reported at 6.7e+07x: an
+    exactly compared index output differed too)."""
+    if math.isinf(ratio):
+        return (
+            "inf (an exactly compared output differs, or a value is NaN or inf where the oracle's is finite)"
+        )
+    return f"{ratio:.3g}x"

@@ -52,10 +52,12 @@ ONE_RANK_NOTE = (
 #: oracle breaks it is two right answers (a new user's torch.topk router picked experts [6, 5] of
 #: five equal logits where the oracle's stated rule picked [2, 4], and the report named no tie)
 TIES_NOTE = (
-    "this case's values lie on a grid (profile=ties), so exact ties are common: where the code makes "
-    "a discrete decision (topk, argmax, sort, max) and breaks a tie otherwise than the oracle, both "
-    "answers are right and differ; share the decision with the oracle or state one tie rule "
-    "(docs/reference/target-spec.md, discrete decisions; torch.topk does not promise the lower index)"
+    "this case's values lie on a grid (profile=ties), so exact ties are common. Where the code makes "
+    "a discrete decision (topk, argmax, sort, max) that the contract leaves open on a tie, a tie broken "
+    "otherwise than the oracle is two right answers: share the decision with the oracle or state one "
+    "tie rule. Where the oracle states the contract's tie rule (torch.argmax's: the lowest index), a "
+    "tie broken otherwise is a bug (docs/reference/target-spec.md, discrete decisions; torch.topk "
+    "does not promise the lower index)"
 )
 
 
@@ -365,7 +367,8 @@ def _rank_account(od: OutputDiff, r: RankDiff) -> list[str]:
     # and even pass there (a new user read the index as the wrong element's)
     within = not r.max_abs_nan and r.max_abs <= r.max_abs_allowed
     allowed = (
-        f"within the {r.max_abs_allowed:.3g} allowed there; the worst element, below, is"
+        f"an element that passes: {r.max_abs_allowed:.3g} is allowed there; the worst element against "
+        "its own tolerance, below, is"
         if within
         else f"up to {r.max_abs_allowed:.3g} allowed there; the worst element is"
     )

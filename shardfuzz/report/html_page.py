@@ -16,7 +16,7 @@ import re
 import uuid
 from typing import Any
 
-from shardfuzz.report.closest_pass import closest_pass_words
+from shardfuzz.report.closest_pass import closest_pass_words, margin_text
 
 #: the page's file name inside the report folder
 PAGE = "index.html"
@@ -136,7 +136,7 @@ def _closest(r: dict[str, Any]) -> str:
 
 
 def _finding(f: dict[str, Any]) -> str:
-    margin = f", margin {f['margin']:.3g}x" if isinstance(f.get("margin"), (int, float)) else ""
+    margin = f", margin {margin_text(f['margin'])}" if isinstance(f.get("margin"), (int, float)) else ""
     parts = [
         f'<h3 class="found">{_e(f["kind"])}{_e(margin)}</h3>',
         f"<p>case: <code>{_e(f['case'])}</code></p>",
