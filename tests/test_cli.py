@@ -169,6 +169,24 @@ def test_a_clean_run_says_when_it_refused_many_cases_and_what_it_never_reached()
     assert "refused as unsupported:" not in out.stdout and "never reached" not in out.stdout, out.stdout
 
 
+def test_a_long_clean_run_says_which_conditions_it_met_far_less_often_than_its_strategy_draws():
+    """A new user's 1,500-example clean run met bfloat16 in 6% and world>=3 in 5% of its examples
+    (the strategy draws them in about a third), and nothing said so: Hypothesis dwelt near its
+    closest pass. A condition met in under a quarter of its drawn share is named, with both."""
+    import collections
+
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.frontends.campaign import _fault_lines, rarely_reached
+
+    drawn = {"bfloat16": 0.33, "world>=3": 0.40, "uneven": 0.5, "2-D mesh": 0.1}
+    seen = collections.Counter({"bfloat16": 18, "world>=3": 120, "uneven": 0, "2-D mesh": 1})
+    rare = rarely_reached(Stats(examples=300, triggers=seen), drawn)
+    assert rare == [("bfloat16", 0.06, 0.33)], rare  # 0% is "never reached"; 10% drawn too rare to say
+    assert rarely_reached(Stats(examples=100, triggers=seen), drawn) == []  # too short to say
+    line = "\n".join(_fault_lines({"found": False, "rarely_reached": rare}))
+    assert "rarely reached: bfloat16 6% (of the strategy's draws: 33%)" in line and "--dtypes" in line, line
+
+
 def test_fuzz_finding_exits_1_and_prints_the_report_and_rerun_line():
     out = cli("fuzz", EXAMPLE, "--impl", "mean_of_means", "--max-examples", "100")
     assert out.returncode == 1, out.stdout + out.stderr
@@ -326,6 +344,16 @@ def test_progress_line_shows_uneven_only_for_a_target_that_splits_a_size():
     free_only = os.path.join(os.path.dirname(__file__), "data", "relu_padding_target.py")
     assert "uneven" not in Runner(free_only).progress_conditions()
     assert "uneven" in Runner("tp_mlp").progress_conditions()
+
+
+def test_progress_line_shows_empty_shards_where_the_strategy_draws_them():
+    """A new user's two empty-shard bugs were found (so ``Split(allow_empty=True)`` reached empty
+    shards), but the line of a clean run never named the condition: nothing said it was reached."""
+    from shardfuzz import Runner
+
+    assert "empty shard" in Runner("ring_allreduce").progress_conditions()
+    free_only = os.path.join(os.path.dirname(__file__), "data", "relu_padding_target.py")
+    assert "empty shard" not in Runner(free_only).progress_conditions()
 
 
 def test_progress_line_shows_the_per_group_relations_the_cases_reach():

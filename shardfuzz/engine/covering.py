@@ -322,8 +322,8 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     run that draws it: a condition that cannot apply read as a blind spot, and a ``--dtypes
     float16`` run showed bfloat16's 0%, not its own dtype's share), then the target's own declared
     triggers that are not among them (ddp_buckets declares ``backward`` too, which the line showed
-    twice); then its ``per_group`` relations and ``uneven over replicas`` where some case of the
-    pool reaches them (a ZeRO target's ``numel%group!=0`` showed only in pytest's statistics). Read
+    twice); then the empty shards (``empty shard``, ``empty DTensor shard``), its ``per_group``
+    relations and ``uneven over replicas`` where some case of the pool reaches them (a ZeRO target's ``numel%group!=0`` showed only in pytest's statistics). Read
     from the pool the run's covering rows come from (drawn once, cached)."""
     c = runner.config
     target = runner.target
@@ -359,7 +359,19 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
         t for n in target.per_group for t in (f"{n}<group", f"{n}%group!=0", f"group%{n}==0")
     }  # what shardfuzz.spec.triggers.group_relations names
     relations = sorted(reached & names)
-    return shown + tuple(t for t in relations if t not in shown)
+    # shown where the strategy reaches them (Split(allow_empty=True)): a new user whose two
+    # empty-shard bugs were found could not tell a clean run reached empty shards at all
+    empties = [t for t in ("empty shard", "empty DTensor shard") if t in reached]
+    return shown + tuple(t for t in empties + relations if t not in shown)
+
+
+def strategy_shares(runner: Any, conditions: Sequence[str]) -> dict[str, float]:
+    """The share of the strategy's draws (the run's covering pool) that meets each of
+    ``conditions``: what a run's own shares are read against."""
+    c = runner.config
+    pool = pool_for(runner.target, runner.world_sizes(), c.dtypes, c.options)
+    met = collections.Counter(t for case, _ in pool for t in triggers_of(runner.target, case))
+    return {t: met[t] / len(pool) for t in conditions} if pool else {}
 
 
 def check_option_kinds(target: Any, case: Case) -> None:

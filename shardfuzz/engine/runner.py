@@ -239,6 +239,11 @@ class Runner:
         (:func:`shardfuzz.engine.covering.progress_conditions`)."""
         return covering.progress_conditions(self)
 
+    def strategy_shares(self, conditions: Sequence[str]) -> dict[str, float]:
+        """The share of the strategy's draws that meets each of ``conditions``
+        (:func:`shardfuzz.engine.covering.strategy_shares`)."""
+        return covering.strategy_shares(self, conditions)
+
     def rerun_command(self, case: Case) -> str:
         return self.reporter.rerun_command(case)
 
