@@ -72,6 +72,20 @@ def test_a_death_that_recurs_only_sometimes_is_reported_as_flaky(tmp_path):
     assert runner.stats.external_faults == 1 and runner.stats.failures == 1
 
 
+def test_a_failure_refused_when_hypothesis_replays_it_is_reported_not_a_traceback(tmp_path):
+    """A new user's campaign over a nondeterministic bf16 kernel ended in a raw exception group:
+    Hypothesis' final replay of the failing case was rejected (``reject()`` in check), so its Flaky
+    error held no finding. The failure is reported, with a note that it was not reproduced."""
+    import shardfuzz
+    from shardfuzz import bind
+
+    impl = bind("fails_once_then_refused", counter=str(tmp_path / "n"), at=20)
+    result = shardfuzz.run(TOY, impl, profile="shardfuzz-ci", database=None)
+    assert result.found and result.kind == "mismatch" and result.flaky, result.report
+    assert result.report.startswith("shardfuzz: this failure did not fail again when Hypothesis replayed it")
+    assert result.stats.unsupported, result.stats.summary()  # the replay and everything after: refused
+
+
 def test_a_rank_that_aborts_on_its_own_uncaught_cpp_exception_is_not_rerun(tmp_path):
     """The same death that recurs only sometimes, but one the rank causes itself: gloo's size check
     throws, uncaught, and libstdc++ writes so before it aborts. Nothing outside can cause that, so

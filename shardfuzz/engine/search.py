@@ -319,9 +319,38 @@ def run_test(test: Callable[[], None]) -> None:
     except BaseException as exc:
         why = _stopped_by(exc)
         cut = smallest.cut_short(why, _failure_of(exc)) if smallest is not None and why is not None else None
+        if cut is None and smallest is not None:
+            cut = _rejected_on_replay(exc, smallest)
         if cut is None:
             raise
         raise cut from None
+
+
+def _rejected_on_replay(exc: BaseException, smallest: SmallestFindings) -> BaseException | None:
+    """Hypothesis' final replay of a failing case was rejected (refused as unsupported, an
+    external fault): it raises Flaky with no finding in it, and a new user's campaign over a
+    nondeterministic bf16 kernel ended in that raw traceback. The findings seen are reported,
+    each with a note, as the smallest failing case found (its shrink stopped there)."""
+    if not isinstance(exc, Flaky) or findings_of(exc) or not smallest:
+        return None
+    note = (
+        "shardfuzz: this failure did not fail again when Hypothesis replayed it: the case was "
+        "refused the second time (unsupported, or a fault from outside the example), so shrinking "
+        "stopped and this is the smallest failing case seen. Code that answers differently on the "
+        "same case (a kernel that reads uninitialised memory, state carried between examples) "
+        "does this: run it again with `shardfuzz case`.\n"
+    )
+    marked = []
+    for f in smallest.findings():
+        m = copy.copy(f)
+        m.__dict__.update(vars(f))
+        m.report = note + f.report
+        m.args = (m.report,)
+        m.flaky = True  # type: ignore[attr-defined]
+        marked.append(m)
+    if len(marked) == 1 or _EXCEPTION_GROUP is None:
+        return marked[0]
+    return _EXCEPTION_GROUP(f"{len(marked)} distinct failures (not reproduced on replay)", marked)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -478,7 +507,7 @@ def search(runner: Runner, settings: Any = None, *, database: Any = "default", r
         if not findings:
             raise
         result.found = True
-        result.flaky = isinstance(exc, Flaky)
+        result.flaky = isinstance(exc, Flaky) or any(getattr(f, "flaky", False) for f in findings)
         result.failures = findings
         first = findings[0]
         result.kind, result.case, result.report = first.kind, first.case, first.report
@@ -488,7 +517,7 @@ def search(runner: Runner, settings: Any = None, *, database: Any = "default", r
             result.out_of_time = why == "deadline"
             result.interrupted = why == "interrupted"
             result.failed = getattr(first, "fuzzer_failure", None)
-        if result.flaky:
+        if isinstance(exc, Flaky):
             result.report = (
                 "Hypothesis reports this failure as flaky (it did not reproduce):\n" + result.report
             )

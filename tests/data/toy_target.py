@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import shardfuzz.strategies as sst
-from shardfuzz import Partial, Replicate, Shard, Target, bind
+from shardfuzz import Partial, Replicate, Shard, Target, Unsupported, bind
 from shardfuzz.spec.inputs import generator, randn
 
 
@@ -234,6 +234,23 @@ def dies_on_odd_runs(ctx):
     return reference(ctx)
 
 
+def fails_once_then_refused(ctx, *, counter, at):
+    """The reference, but the ``at``-th case it runs (counted in the file ``counter``) is wrong and
+    every later one refused as unsupported: a failure that Hypothesis' replay does not see fail
+    again (a nondeterministic kernel whose second run takes another path)."""
+    out = reference(ctx)
+    seen = torch.tensor([os.path.getsize(counter) if os.path.exists(counter) else 0])
+    dist.all_reduce(seen, op=dist.ReduceOp.MIN)  # the world's ranks decide alike, on any mesh
+    if ctx.rank == 0:
+        with open(counter, "a") as f:
+            f.write("x")
+    if int(seen) > at:
+        raise Unsupported("refused after its failure", reason="refused after its failure")
+    if int(seen) == at:
+        out["total"] = out["total"] + 1
+    return out
+
+
 def aborts_on_odd_runs(ctx):
     """On the 1st, 3rd, 5th... run of the case (counted in the file ``options['counter']``) the
     ranks all-gather chunks of different sizes: gloo's size check throws in rank 1, uncaught, and
@@ -386,6 +403,7 @@ TOY = Target(
         "kill_forkserver_once": "kill_forkserver_once",
         "dies_on_odd_runs": "dies_on_odd_runs",
         "aborts_on_odd_runs": "aborts_on_odd_runs",
+        "fails_once_then_refused": "fails_once_then_refused",
         "peer_killed_then_aborts_once": "peer_killed_then_aborts_once",
         "dies_after_closing_rank1": "dies_after_closing_rank1",
         "leak_environment": "leak_environment",
