@@ -130,6 +130,19 @@ def test_a_usage_error_is_the_message_first_and_a_misspelled_option_gets_the_clo
     assert len(out.stderr.splitlines()) == 2, out.stderr
 
 
+def test_an_option_from_other_fuzzers_says_what_shardfuzz_does_instead(capsys):
+    """A new user's ``--seed 3`` was answered "did you mean --fleet?"."""
+    from shardfuzz.frontends.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["fuzz", "tp_mlp", "--seed", "3"])
+    err = capsys.readouterr().err
+    assert (
+        e.value.code == 2 and "--seed (no such option: --profile shardfuzz-ci draws the same cases" in err
+    ), err
+    assert "did you mean" not in err, err
+
+
 def test_case_of_a_refused_case_prints_its_reason_and_its_message():
     """``case`` printed only the short reason an implementation counts its refusals by (``q heads %
     sp``), not its message (``q heads 2 not divisible by sp 3``): a new user's Ulysses audit."""

@@ -29,6 +29,14 @@ from shardfuzz.verdict.comm import ALGORITHMS, RATE_UNITS, TIME_UNITS, parse_qua
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
+#: options users bring from other fuzzers that shardfuzz has no use for, with what it does instead
+#: (a new user's ``--seed`` was answered "did you mean --fleet?")
+ABSENT = {
+    "--seed": "no such option: --profile shardfuzz-ci draws the same cases on every run, the "
+    "other profiles fresh ones, each case carries its own seed, and `shardfuzz case` reruns one",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, with usage errors a user can read: the message and where the options are
     listed, not the whole usage first (``fuzz``'s is 15 lines, above the message); an unknown
@@ -46,7 +54,9 @@ class _Parser(argparse.ArgumentParser):
             command = self.commands.get(getattr(parsed, "command", None) or "", self)
             known = [o for action in command._actions for o in action.option_strings]
             guesses = [
-                f"{e} (did you mean {close[0]}?)"
+                f"{e} ({ABSENT[e.split('=')[0]]})"
+                if e.split("=")[0] in ABSENT
+                else f"{e} (did you mean {close[0]}?)"
                 if (close := difflib.get_close_matches(e.split("=")[0], known, n=1))
                 else e
                 for e in extras
