@@ -241,6 +241,45 @@ def test_a_bf16_batch_norm_bound_at_a_large_mean_covers_float32_statistics_not_o
     assert loosest < {3.0: 2.0, 30.0: 8.0}[offset], loosest
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_embedding_bag_oracle_covers_a_weighted_bag_whose_rows_cancel(dtype):
+    """F.embedding_bag forward and backward are single ops with no decomposition: they got one
+    rounding of their result, and a new user's correct row-sharded EmbeddingBag, whose weighted
+    rows cancelled (-0.909 and 1.006), was 1.23x and 1.8x its float32 bound (1.6x in bf16). Each
+    bag's sum (and each row's gradient, each weight's dot product) rounds on its |terms|."""
+    low = getattr(torch, dtype)
+    worst = 0.0
+    for trial in range(30):
+        gen = torch.Generator().manual_seed(trial)
+        rows, dim, n = 4, 1 + trial % 3, 3 + trial % 4
+        idx = torch.randint(0, rows, (n,), generator=gen)
+        offsets = torch.tensor([0, n // 2])
+        psw = torch.randn(n, generator=gen)
+        psw[1::2] = -psw[0::2][: len(psw[1::2])] * (1 + 0.05 * torch.randn(len(psw[1::2]), generator=gen))
+        inputs = {"w": torch.randn(rows, dim, generator=gen).to(low), "psw": psw.to(low)}
+        inputs["dy"] = torch.randn(2, dim, generator=gen).to(low)
+
+        def oracle(d, idx=idx, offsets=offsets):
+            w, p = d["w"].clone().requires_grad_(), d["psw"].clone().requires_grad_()
+            y = F.embedding_bag(idx, w, offsets, mode="sum", per_sample_weights=p)
+            y.backward(d["dy"])
+            return {"y": y.detach(), "dw": w.grad, "dpsw": p.grad}
+
+        ref, noise = _noise(oracle, inputs, dtype, seed=trial)
+        bound = _bound(ref, noise, oracle(inputs), dtype)
+        # by hand, in float32 from the case-dtype values, rows gathered and summed in reverse
+        w32, p32, dy32 = (inputs[k].float() for k in ("w", "psw", "dy"))
+        bag = torch.tensor([0 if k < n // 2 else 1 for k in range(n)])
+        terms = w32[idx] * p32[:, None]
+        y = torch.zeros(2, dim).index_add_(0, bag.flip(0), terms.flip(0))
+        dw = torch.zeros(rows, dim).index_add_(0, idx.flip(0), (dy32[bag] * p32[:, None]).flip(0))
+        dpsw = (dy32[bag] * w32[idx]).sum(1)
+        got = {"y": y.to(low), "dw": dw.to(low), "dpsw": dpsw.to(low)}
+        for k in got:
+            worst = max(worst, float(((got[k].double() - ref[k]).abs() / bound[k]).max()))
+    assert worst < 1.0, worst
+
+
 def test_an_op_whose_decomposition_declines_the_call_gets_one_rounding():
     """torch's decomposition of adaptive max pooling returns NotImplemented where the sizes do not
     divide (5 -> 3): the op then runs whole, with one rounding of its result, as before."""
