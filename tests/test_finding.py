@@ -117,3 +117,34 @@ def test_an_ignored_collective_on_one_rank_says_its_values_were_not_compared_not
     with pytest.raises(LayoutMismatch) as excinfo:
         REPORTER.raise_verdict(one, Verdict(layout_problems=["rank 0 holds [2]"]), {}, ())
     assert ONE_RANK_NOTE in excinfo.value.report
+
+
+def test_a_near_mismatch_names_the_oracle_ops_the_noise_model_gave_one_rounding():
+    """A new user's correct EmbeddingBag was reported at 1.8x against F.embedding_bag, an op the
+    noise model then had no rule for, and nothing pointed at it. The noise samples record such ops,
+    and a mismatch within 100x of its bound names them; a far one does not."""
+    import torch
+
+    from shardfuzz.errors import Mismatch
+    from shardfuzz.verdict.compare import OutputDiff, compare_tensor
+    from shardfuzz.verdict.noise import estimate
+
+    x = torch.randn(3, 2, dtype=torch.float64)
+    seen: set[str] = set()
+    estimate(
+        lambda: {"d": torch.cdist(x, x + 1)}, {"d": torch.cdist(x, x + 1)}, "float32", 0, 2, 2, seen=seen
+    )
+    assert seen == {"_cdist_forward"}, seen
+    seen.clear()
+    estimate(lambda: {"y": x @ x.T}, {"y": x @ x.T}, "float32", 0, 2, 2, seen=seen)
+    assert seen == set(), seen
+
+    e, bound = torch.tensor([1.0], dtype=torch.float64), torch.tensor([1e-3], dtype=torch.float64)
+    for got, named in ((1.002, True), (2.0, False)):  # 2x its bound; 1000x
+        rd = compare_tensor(torch.tensor([got]), e, bound, 0, lambda i: i)
+        diff = OutputDiff("d", "Replicate()", "float32", (1,), [rd], bound=bound)
+        verdict = Verdict(diffs=[diff], worst=rd.max_ratio, unmodelled=("_cdist_forward",))
+        with pytest.raises(Mismatch) as e_info:
+            REPORTER.raise_verdict(CASE, verdict, {})
+        said = "the noise model has no rule for aten._cdist_forward in the oracle" in e_info.value.report
+        assert said == named, e_info.value.report

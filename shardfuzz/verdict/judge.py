@@ -30,6 +30,8 @@ class Verdict:
     #: ``worst`` was judged without the noise term (a sure pass: shardfuzz.verdict.decide), so it
     #: is an upper bound on the ratio with it
     upper_bound: bool = False
+    #: the oracle's ops its noise samples gave one rounding of their result (sorted)
+    unmodelled: tuple[str, ...] = ()
 
     @property
     def mismatched(self) -> list[OutputDiff]:
@@ -58,7 +60,11 @@ def judge(
     if problems:
         return Verdict(layout_problems=problems)
     diffs = compare_values(case, outputs, locals_, expected, tolerance)
-    return Verdict(diffs=diffs, worst=max((d.max_ratio for d in diffs), default=0.0))
+    return Verdict(
+        diffs=diffs,
+        worst=max((d.max_ratio for d in diffs), default=0.0),
+        unmodelled=tuple(sorted(expected.unmodelled)),
+    )
 
 
 def check_layouts(

@@ -75,6 +75,9 @@ class OpKind:
     #: op inside gets its own rounding (one rounding of the whole result would miss a cancellation
     #: inside it: a correct SyncBatchNorm's grad_x, whose terms cancel, was reported at 3.6x)
     decompose: Callable[..., Any] | None = None
+    #: neither exact, elementwise, a sum nor ruled: it gets one rounding of its result unless
+    #: its decomposition runs, which underrates a cancellation inside it (reports name such ops)
+    unmodelled: bool = False
 
 
 _KINDS: dict[Any, OpKind] = {}
@@ -111,6 +114,7 @@ def _kind(func: Any) -> OpKind:
             base in REDUCTIONS,
             rule,
             None if known or elementwise else decomposition_table.get(func),
+            not (known or elementwise),
         )
         _KINDS[func] = kind
     return kind
@@ -146,6 +150,8 @@ class NoiseDraws:
         #: attention and cross-entropy kernel does: their rounding over a rounding in the case dtype
         self.stat_ratio = min(1.0, UNIT_ROUNDOFF["float32"] / self.case_u)
         self.gen = torch.Generator().manual_seed(seed)
+        #: the ops of this run that got one rounding of their result (:attr:`OpKind.unmodelled`)
+        self.unmodelled: set[str] = set()
         #: id -> (weak reference, |terms|) of matmul-like results and their views, for rules
         #: that need the terms behind an operand (:meth:`terms_of`); nothing keeps a result alive
         self._terms: dict[int, tuple[Any, torch.Tensor]] = {}
@@ -325,6 +331,8 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
             # then runs whole below, with one rounding
             if decomposed is not NotImplemented:
                 return decomposed
+        if kind.unmodelled:  # no decomposition, or it declined the call: one rounding below
+            self.unmodelled.add(kind.base)
         absolute = _absolute(kind.base, args, kwargs) if kind.sum_like else None  # copies: before the op
         written = _written(kind, args, kwargs)
         rule_args = _before_written(written, args) if kind.rule is not None and written else args
@@ -634,6 +642,7 @@ def estimate(
     samples: int,
     first: int = 0,
     full_scale: bool = False,
+    seen: set[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per floating output of ``ref``: the root mean square over ``samples`` perturbed float64
     runs of ``run_oracle()`` (fresh inputs each time) of their distance to ``ref``, in the case
@@ -644,7 +653,9 @@ def estimate(
     of extreme draws: one seed, every xi = +-1 and then its negation, so each rounding is pushed
     as far as it goes both ways, and a flip within reach is seen by one of the pair (uniform draws
     missed one in 6 samples out of 4: 53 of 200 reached it). Their spread is scaled by 1/sqrt(3),
-    the RMS of a uniform xi, so where the output is linear it matches the uniform estimate."""
+    the RMS of a uniform xi, so where the output is linear it matches the uniform estimate.
+    ``seen``: gets the names of the ops that got one rounding of their result (no rule, no
+    decomposition)."""
     u, back = (UNIT_ROUNDOFF[dtype], 1 / math.sqrt(3)) if full_scale else unit_for(dtype)
     tiny = TINY[dtype] if dtype != "float64" else 0.0  # a float64 underflow is 2^-1075: none to model
     dists: dict[str, list[torch.Tensor]] = {}
@@ -653,8 +664,10 @@ def estimate(
             draw, extreme = sample_seed(seed, FULL_SCALE_SEEDS + k - k % 2), (1.0, -1.0)[k % 2]
         else:
             draw, extreme = sample_seed(seed, k), 0.0
-        with rounding_noise()(u, draw, group_size, UNIT_ROUNDOFF[dtype], extreme, tiny):
+        with rounding_noise()(u, draw, group_size, UNIT_ROUNDOFF[dtype], extreme, tiny) as mode:
             got = run_oracle()
+        if seen is not None:
+            seen |= mode.unmodelled
         for name, r in ref.items():
             g = got.get(name) if isinstance(got, dict) else None
             if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(g, torch.Tensor)):

@@ -325,15 +325,15 @@ def _lerp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
 def _abs_terms(func: Any, args: tuple, kwargs: dict, names: tuple[str, ...]) -> Any:
     """``func`` again with its tensor arguments named ``names`` in absolute value: the |terms| of
     the sums it makes (each bag's rows, each row's gradient, each dot product)."""
-    args, kwargs = list(args), dict(kwargs)
+    pos, named = list(args), dict(kwargs)
     for i, a in enumerate(func._schema.arguments):
         if a.name not in names:
             continue
-        if i < len(args) and not a.kwarg_only:
-            args[i] = args[i].abs() if isinstance(args[i], torch.Tensor) else args[i]
-        elif isinstance(kwargs.get(a.name), torch.Tensor):
-            kwargs[a.name] = kwargs[a.name].abs()
-    return func(*args, **kwargs)
+        if i < len(pos) and not a.kwarg_only:
+            pos[i] = pos[i].abs() if isinstance(pos[i], torch.Tensor) else pos[i]
+        elif isinstance(named.get(a.name), torch.Tensor):
+            named[a.name] = named[a.name].abs()
+    return func(*pos, **named)
 
 
 def _embedding_bag(mode: Any, func: Any, args: tuple, kwargs: dict, out: tuple) -> tuple:
@@ -357,7 +357,6 @@ def _embedding_bag_grad(names: tuple[str, ...]) -> Callable[..., Any]:
     return rule
 
 
-Rule = Callable[[Any, dict, Any], Any]
 Rule = Callable[[Any, dict, Any], Any]
 
 

@@ -56,6 +56,8 @@ class Expected:
     case_scale: Any = 0.0  # the largest rms of the case's floating inputs and outputs (callable: lazy)
     rng: RandomState | None = None  # the random states the reference run started from (noise samples too)
     source: Any = None  # a self-oracle (shardfuzz.engine.selforacle): fills ref/low, draws noise on a rank
+    #: the oracle's ops that its noise samples gave one rounding of their result (no rule or decomposition)
+    unmodelled: set[str] = dataclasses.field(default_factory=set)
 
 
 class CppWarningsOnce:
@@ -594,7 +596,17 @@ def _spread(
     if expected.source is not None:
         return expected.source.noise(samples, first, full_scale)
     rerun, ref = _noise_runs(target, case, expected, outputs)
-    return estimate(rerun, ref, case.dtype, case.seed, case.group_size, samples, first, full_scale)
+    return estimate(
+        rerun,
+        ref,
+        case.dtype,
+        case.seed,
+        case.group_size,
+        samples,
+        first,
+        full_scale,
+        seen=expected.unmodelled,
+    )
 
 
 def _noise_runs(
