@@ -579,3 +579,17 @@ def test_a_long_implementation_path_keeps_its_name_in_the_file_name():
     assert slug.endswith("fleet_impls.py_parity_bugs") and len(slug) <= 60, slug
     assert slug != _slug(long.replace("/tmp/", "/var/"))  # the hash of the whole keeps two apart
     assert _slug("tp_mlp") == "tp_mlp"
+
+
+def test_a_case_repr_whose_tuple_option_the_file_keeps_as_a_list_is_not_called_edited():
+    """A new user's tuple-valued options (bag lengths) are lists in the file's ``case`` (JSON), so
+    every replay said "the file's case_repr reads ... that is not the case that ran"."""
+    from shardfuzz.case import Case
+    from shardfuzz.repro.replay import case_repr_note
+
+    drawn = Case(target="toy", world_size=1, mesh=(1,), sizes={"n": 2}, options={"lens": (2, 1)})
+    stored = Case.from_dict(json.loads(drawn.to_json_str()))  # as a failure file gives it back
+    assert repr(drawn) != repr(stored)  # (2, 1) against [2, 1]
+    assert case_repr_note({"case_repr": repr(drawn), "case": stored}) == ""
+    edited = repr(drawn).replace("(2, 1)", "(3, 1)")
+    assert "that is not the case that ran" in case_repr_note({"case_repr": edited, "case": stored})

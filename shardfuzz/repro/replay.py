@@ -4,15 +4,17 @@ fails, now passes, or ran on different inputs than were recorded."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
+from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, default_device
 from shardfuzz.engine.failure_schema import printable
 from shardfuzz.engine.failures import file_hash, record_impl, record_target, source_hash
 from shardfuzz.engine.finding import inputs_hash
 from shardfuzz.engine.runner import Runner
-from shardfuzz.errors import Finding, Unsupported
+from shardfuzz.errors import Finding, InvalidArgument, Unsupported
 from shardfuzz.signature import stored_signature
 from shardfuzz.spec.exclude import Excluded
 from shardfuzz.spec.tolerance import Tolerance
@@ -58,9 +60,19 @@ def case_repr_note(record: dict[str, Any], ran: str = "ran") -> str:
     """What an edited file's ``case_repr`` says, where it is not its ``case`` (what runs); ""
     where it is. ``ran``: the verb (a replay ran it, a reproducer's script runs it)."""
     shown = record.get("case_repr")
-    if isinstance(shown, str) and shown != repr(record["case"]):
+    if isinstance(shown, str) and shown != repr(record["case"]) and not _same_case(shown, record["case"]):
         return f"the file's case_repr reads {printable(shown)}: that is not the case that {ran}, which is its field 'case'"
     return ""
+
+
+def _same_case(shown: str, case: Case) -> bool:
+    """``shown`` (a case's repr) is ``case`` as JSON keeps it: an option's tuple is a list in the
+    file's ``case`` (a new user's tuple-valued options were each called an edited case_repr)."""
+    try:
+        parsed = Case.parse(shown)
+    except InvalidArgument:
+        return False
+    return json.loads(parsed.to_json_str()) == json.loads(case.to_json_str())
 
 
 def impl_note(record: dict[str, Any], target: Any, ran: str = "ran") -> str:
