@@ -79,6 +79,11 @@ class InfrastructureError(ShardfuzzError):
     """The fuzzer itself failed: a pool would not start, a worker could not be reached."""
 
 
+class RankSetupError(InfrastructureError):
+    """A rank could not load the target or implementation that the driver loaded: that rank's
+    environment differs (a file missing on another node, another ``PYTHONPATH``), not a finding."""
+
+
 class ExternalFault(InfrastructureError):
     """A rank was killed by a signal from outside the example (SIGKILL, SIGTERM: the OOM killer, a
     user, a CI timeout) and the same case passed when rerun on fresh ranks: not a finding of the

@@ -86,6 +86,26 @@ def test_a_failure_refused_when_hypothesis_replays_it_is_reported_not_a_tracebac
     assert result.stats.unsupported, result.stats.summary()  # the replay and everything after: refused
 
 
+def test_a_rank_that_cannot_load_the_target_the_driver_loaded_is_a_setup_error_not_a_finding(tmp_path):
+    """A new user's target file was missing on one node of a torchrun world: the run reported a
+    rank-error finding, wrote its failure file and exited 1. The driver loaded the file, so the
+    rank's environment differs: a setup error (exit 3) that names the rank, its host and the cause."""
+    import shutil
+
+    from shardfuzz.errors import InfrastructureError, RankSetupError
+
+    shutil.copy(TOY, tmp_path / "gone_target.py")
+    runner = Runner(str(tmp_path / "gone_target.py"), "reference")  # the driver loads it here
+    (tmp_path / "gone_target.py").rename(tmp_path / "elsewhere.py")  # what the ranks will not find
+    with pytest.raises(
+        RankSetupError,
+        match=r"(?s)rank 0 on host .* could not load what the driver loaded: "
+        r"TargetError: .*gone_target.py' does not exist.*each node needs those files",
+    ) as e:
+        runner.run_case(toy_case())
+    assert isinstance(e.value, InfrastructureError) and runner.stats.failures == 0
+
+
 def test_a_rank_that_aborts_on_its_own_uncaught_cpp_exception_is_not_rerun(tmp_path):
     """The same death that recurs only sometimes, but one the rank causes itself: gloo's size check
     throws, uncaught, and libstdc++ writes so before it aborts. Nothing outside can cause that, so

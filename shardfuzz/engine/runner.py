@@ -14,7 +14,7 @@ import functools
 import os
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -25,7 +25,7 @@ from shardfuzz.engine.finding import FindingContext, inputs_hash
 from shardfuzz.engine.hooks import RunHooks
 from shardfuzz.engine.selforacle import SELF, self_expected
 from shardfuzz.engine.stats import Stats
-from shardfuzz.errors import Finding, InvalidArgument, Unsupported
+from shardfuzz.errors import Finding, InvalidArgument, RankSetupError, Unsupported
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply
 from shardfuzz.ranks.faults import ProcessState, confirm_death
 from shardfuzz.ranks.gpu import check_placement
@@ -310,6 +310,19 @@ class Runner:
         finally:
             self.stats.leaks.update(self._driver_state.restore())
 
+    def _raise_rank_failed(self, case: Case, outcome: RankFailed) -> NoReturn:
+        """A rank's error as a finding; or, where the rank could not load the target or
+        implementation the driver loaded (a file missing on another node), a setup error."""
+        if outcome.error.exc_type == RankSetupError.__name__:
+            last = outcome.error.traceback.rstrip().splitlines()[-1]
+            raise RankSetupError(
+                f"{last.removeprefix('shardfuzz.errors.RankSetupError: ')}\nEvery rank imports the "
+                "target and implementation the driver names, by the same path: with rank servers on "
+                "other nodes (--ranks), each node needs those files at that path and the same "
+                "PYTHONPATH (docs/how-to/multi-node.md)"
+            )
+        self.reporter.raise_rank_error(case, outcome)
+
     def _run_on_pool(self, case: Case) -> tuple[float, float | None]:
         """Worst error/tolerance and the time taken (None: the first example of this target on a
         fresh pool, which pays imports and is not learnt from)."""
@@ -345,7 +358,7 @@ class Runner:
         if not_a_case is not None:
             raise not_a_case
         if isinstance(outcome, RankFailed):  # (leaks: only a completed example reports them)
-            self.reporter.raise_rank_error(case, outcome)
+            self._raise_rank_failed(case, outcome)
         if isinstance(outcome, RankDied):  # confirmed on fresh ranks first: it may come from outside
             note = confirm_death(self, case, outcome)
             try:

@@ -20,6 +20,7 @@ import itertools
 import math
 import os
 import random
+import socket
 import time
 import warnings
 from collections.abc import Callable
@@ -31,7 +32,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
-from shardfuzz.errors import ImplementationReturnError
+from shardfuzz.errors import ImplementationReturnError, RankSetupError
 from shardfuzz.protocol import Reply, Task, encode, numerics_flags
 from shardfuzz.ranks.faults import ProcessState
 from shardfuzz.ranks.spawn import open_fds, os_threads
@@ -302,8 +303,16 @@ def run_task(state: RankState, task: Task) -> Reply:
     """Run one task on this rank: reset state, build inputs and shards, call the implementation."""
     case = task.case
     state.leaks, state.restart = (), False
-    target = state.target(task.target_ref)
-    impl = state.impl(task.impl.ref)
+    try:
+        target = state.target(task.target_ref)
+        impl = state.impl(task.impl.ref)
+    # any exception: whatever importing the user's module raises; the driver loaded it, so this
+    # rank's environment differs (a file missing on another node)
+    except Exception as e:
+        raise RankSetupError(
+            f"rank {state.rank} on host {socket.gethostname()} could not load what the driver loaded: "
+            f"{type(e).__name__}: {e}"
+        ) from e
     mesh = state.mesh(tuple(case.mesh), task.timeout)
     if mesh is None:  # only a rank server outside the case's ranks, which the driver never sends it
         raise RuntimeError(f"rank {state.rank} is not one of the case's {case.world_size} ranks")

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import shlex
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import torch
 
@@ -190,7 +191,7 @@ class Reporter:
         err.traces, err.leaks, err.problems = dict(traces), tuple(leaks), tuple(verdict.layout_problems)
         raise err
 
-    def raise_rank_error(self, case: Case, outcome: RankFailed) -> None:
+    def raise_rank_error(self, case: Case, outcome: RankFailed) -> NoReturn:
         # a return value that breaks the contract is not the rank's math, on 1 rank or 4
         contract = outcome.error.exc_type == ImplementationReturnError.__name__
         parts = [self._header(f"rank {outcome.rank} raised an exception", case, note_one_rank=not contract)]
