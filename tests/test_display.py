@@ -126,10 +126,13 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     s.note_pass(0.9, "a", upper_bound=False)
     s.note_pass(0.95, "b", upper_bound=True)
     assert s.closest_pass == "b" and s.measured_pass_ratio == 0.9
-    bounded = "at most 0.95 (passes judged without the noise term are bounded, not measured)"
-    assert closest_pass_words(0.95, True, 0.2, None, s.measured_pass_ratio) == f"0.9 measured, {bounded}"
-    assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"0.3 measured, {bounded}"
-    assert s.closest_pass_words == f"0.9 measured, {bounded}"  # before the bound's case is measured
+    bounded = "and 0.95 (the bound of the passes judged without the noise term, not measured)"
+    assert (
+        closest_pass_words(0.95, True, 0.2, None, s.measured_pass_ratio)
+        == f"between 0.9 (measured) {bounded}"
+    )
+    assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"between 0.3 (measured) {bounded}"
+    assert s.closest_pass_words == f"between 0.9 (measured) {bounded}"  # before the bound's case is measured
     assert closest_pass_words(0.95, True) == "at most 0.95 (judged without the noise term)"
     # a bound of 1 says only that they passed: not shown ("at most 1" told a new user nothing)
     assert closest_pass_words(0.9999, True, 0.3, None, 0.0) == (
@@ -187,8 +190,8 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
     assert out.returncode == cli.EXIT_OK, out.stdout + out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("toy "))
     assert re.search(
-        r"nothing found; closest pass [\d.e+-]+ measured, at most [\d.e+-]+ \(passes judged without the "
-        r"noise term are bounded, not measured\)",
+        r"nothing found; closest pass between [\d.e+-]+ \(measured\) and [\d.e+-]+ \(the bound of the "
+        r"passes judged without the noise term, not measured\)",
         row,
     )
     # the case is the measured figure's (a new user could not tell which of the two it was of)
@@ -236,8 +239,8 @@ def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qual
     said = "with the recheck a failure gets before it is reported"
     assert closest_pass_words(0.962, False, rechecked=0.299) == f"0.962 (0.299 {said})"
     assert closest_pass_words(0.95, True, 0.576, None, 0.3, rechecked=0.283) == (
-        f"0.576 measured (0.283 {said}), at most 0.95 (passes judged without the noise term are bounded, "
-        "not measured)"
+        f"between 0.576 (measured; 0.283 {said}) and 0.95 (the bound of the passes judged without the "
+        "noise term, not measured)"
     )
     assert closest_pass_words(0.962, False, rechecked=0.97) == "0.962"  # higher: the first figure stands
     # a bound of 1 or more is not shown: the recheck still comes right after the measure it is of,
@@ -247,7 +250,7 @@ def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qual
     )
     # the bound's case measured 0.2, another pass 0.576: the recheck is of the 0.576 (the figure said)
     assert closest_pass_words(0.95, True, 0.2, None, 0.576, rechecked=0.283).startswith(
-        f"0.576 measured (0.283 {said})"
+        f"between 0.576 (measured; 0.283 {said})"
     )
     assert closest_pass_words(0.9, False, None, "hang", 0.0, rechecked=None) == (
         "0.9; its case gave a hang when run again: not deterministic?"

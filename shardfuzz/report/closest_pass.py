@@ -28,8 +28,9 @@ def closest_pass_words(
     rechecked: float | None = None,
 ) -> str:
     """``0.405``; where the run's highest ratio is a bound judged without the noise term (a sure
-    pass: the true ratio is lower), what was measured first and the bound after: ``0.155 measured,
-    at most 1 (passes judged without the noise term are bounded, not measured)``. The measure is
+    pass: the true ratio is lower), the range from what was measured to the bound: ``between 0.155
+    (measured) and 0.62 (the bound of the passes judged without the noise term, not measured)``
+    (three new users could not tell which of "0.155 measured, at most 0.62" to quote). The measure is
     the larger of ``measured`` (the bound's case judged again with the noise term) and
     ``measured_elsewhere`` (the highest ratio among the passes judged with it): the closest pass
     lies between the two figures. Three new users read "closest pass at most 1 (...; its case
@@ -62,8 +63,8 @@ def closest_pass_words(
                 f"{lead:.3g} measured{second}; passes judged without the noise term are within their "
                 "bound, not measured"
                 if vacuous
-                else f"{lead:.3g} measured{second}, at most {words} (passes judged without the noise term are "
-                "bounded, not measured)"
+                else f"between {lead:.3g} (measured{'; ' + recheck if recheck else ''}) and {words} (the "
+                "bound of the passes judged without the noise term, not measured)"
             )
         else:
             words = (
