@@ -37,7 +37,10 @@ def _every_rule_op() -> dict[str, tuple]:
         loss = x.softmax(-1).sum() + x.log_softmax(-1).sum() + torch.logsumexp(x, -1).sum()
         loss = loss + F.gelu(x).sum() + F.layer_norm(x, (4,), w, b).sum()
         loss = loss + F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+        idx, offsets, psw = torch.tensor([0, 2, 2, 1]), torch.tensor([0, 1]), t(4)
+        loss = loss + F.embedding_bag(idx, x, offsets, mode="sum", per_sample_weights=psw).sum()
         loss.backward()
+        F.embedding_bag(idx, x.detach(), offsets, mode="mean")  # no gradient: the forward-only op
         y = x.detach().clone()
         torch.lerp(y, torch.ones_like(y), 0.3)
         y.lerp_(torch.zeros_like(y), torch.full_like(y, 0.25))  # the in-place Tensor-weight form

@@ -383,9 +383,7 @@ SPECIAL: dict[str, Callable[..., Any]] = {
     "_scaled_dot_product_flash_attention_for_cpu_backward": _named(_sdpa_backward),
 }
 SPECIAL["_embedding_bag"] = SPECIAL["_embedding_bag_forward_only"] = _embedding_bag
-SPECIAL["_embedding_bag_backward"] = SPECIAL["_embedding_bag_dense_backward"] = _embedding_bag_grad(
-    ("grad", "per_sample_weights")
-)
+SPECIAL["_embedding_bag_backward"] = _embedding_bag_grad(("grad", "per_sample_weights"))
 SPECIAL["_embedding_bag_per_sample_weights_backward"] = _embedding_bag_grad(("grad", "weight"))
 for _name in ("var", "std", "var_mean", "std_mean"):
     SPECIAL[_name] = (lambda n: lambda mode, f, a, k, o: _moments(mode, _bind(f, a, k), o, n))(_name)
