@@ -271,8 +271,12 @@ class RemoteWorld:
 
     def pool(self, world_size: int) -> RemotePool:
         if not self.alive:  # a server that stopped answering between examples
+            # named, with its host: a new user's lost node was never said, only the waits after it
+            gone = [r for r, s in enumerate(self.servers) if s.closed]
+            who = "; ".join(f"rank {r}: {self._who(r)}" for r in gone) or "none closed"
             print(
-                "shardfuzz: a rank server stopped answering; rebuilding the torchrun world", file=sys.stderr
+                f"shardfuzz: rank servers stopped answering ({who}); rebuilding the torchrun world",
+                file=sys.stderr,
             )
             self.rebuild()
         if self.regrouping is not None:
