@@ -593,6 +593,30 @@ def test_a_fuzzer_failure_after_a_finding_reports_the_finding_and_exits_1(monkey
     assert f"the fuzzer itself failed: {lost}" in capsys.readouterr().err
 
 
+def test_a_fuzzer_failure_after_clean_examples_says_how_many_ran(monkeypatch, capsys):
+    """A new user's torchrun node was lost after 755 clean examples: the run ended with "the fuzzer
+    itself failed: no rank server connected ...", nothing of what had run."""
+    from shardfuzz.errors import InfrastructureError
+    from shardfuzz.frontends import campaign
+    from shardfuzz.frontends import cli as main_cli
+
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    real, runs = campaign.search, []
+
+    def search(runner, *args, **kw):  # the first run is clean; the next loses the ranks
+        runs.append(runner)
+        if len(runs) == 1:
+            return real(runner, *args, **kw)
+        raise InfrastructureError("no rank server connected to 127.0.0.1:29600 within 60 s")
+
+    monkeypatch.setattr(campaign, "search", search)
+    argv = ["fuzz", toy, "--duration", "60", "--no-progress"]
+    assert main_cli.main(argv) == main_cli.EXIT_INFRA
+    err = capsys.readouterr().err
+    ran = runs[0].stats.examples
+    assert ran > 0 and f"within 60 s (after {ran} examples of toy/reference, nothing found)" in err, err
+
+
 def test_ranks_lost_while_a_finding_shrinks_or_in_a_later_target_keep_the_finding(monkeypatch, capsys):
     """Ranks lost for good in the very run that found a bug (while it shrank), or in the next
     target of the command: the finding was lost (exit 3, or Hypothesis' group of two failures as a

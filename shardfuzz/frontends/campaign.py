@@ -313,6 +313,11 @@ def fuzz_one(
         except InfrastructureError as e:
             if not out.findings:  # nothing to lose: the caller says the fuzzer failed (exit 3)
                 fleet.stop("failed")
+                if runner.stats.examples and len(e.args) == 1:  # what ran before it: a node lost
+                    # after 755 examples said nothing of them
+                    e.args = (
+                        f"{e.args[0]} (after {runner.stats.examples} examples of {label}, nothing found)",
+                    )
                 raise
             # a node lost after the first findings: they are kept, reported and decide the exit code
             # (a driver whose torchrun node was stopped printed nothing of its finding, exit 3)
