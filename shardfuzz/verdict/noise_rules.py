@@ -216,7 +216,8 @@ def _layer_norm_backward(mode: Any, b: dict, out: tuple) -> tuple:
 
 # -- scaled-dot-product attention (the fused CPU kernels) ---------------------------------------
 def _attention_parts(b: dict, q: torch.Tensor, k: torch.Tensor) -> tuple:
-    """Probabilities ``P``, the |q|.|k| terms ``M`` of each score, ``|score - row max|``, ``scale``."""
+    """Probabilities ``P``, the |q|.|k| terms ``M`` of each score, ``|score - row max|``, ``scale``,
+    the row max."""
     scale = b.get("scale") or q.shape[-1] ** -0.5
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
@@ -232,8 +233,9 @@ def _attention_parts(b: dict, q: torch.Tensor, k: torch.Tensor) -> tuple:
         s = s + mask
     s = s.masked_fill(~visible, -math.inf)
     p = _fin(torch.softmax(s, -1))
-    z = _fin((s - s.amax(-1, keepdim=True)).abs())
-    return p, mterms.masked_fill(~visible, 0.0), z.masked_fill(~visible, 0.0), scale
+    m = s.amax(-1, keepdim=True)
+    z = _fin((s - m).abs())
+    return p, mterms.masked_fill(~visible, 0.0), z.masked_fill(~visible, 0.0), scale, m
 
 
 def _heads_back(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -245,19 +247,25 @@ def _heads_back(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 def _sdpa(mode: Any, b: dict, out: tuple) -> tuple:
     q, k, v = b["query"], b["key"], b["value"]
-    p, mterms, z, _ = _attention_parts(b, q, k)
+    p, mterms, z, _, m = _attention_parts(b, q, k)
     if v.shape[1] != q.shape[1]:
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     ds = mode.noise(mterms, mode.reduction_u) + mode.noise(1 + z)  # score rounding, exp rounding
     shift = (p * ds).sum(-1, keepdim=True)
     dout = (p * (ds - shift)) @ v + mode.noise(p @ v.abs(), mode.reduction_u)
+    # an implementation that keeps a logsumexp (split-K decoding, ring attention merging partial
+    # results) takes exp(s - lse) with lse rounded on the scale of |max|: one relative error per
+    # row, as softmax's rule has (_stat_error). Without it, a new user's correct flash-decoding
+    # merge was reported at 2.79x (float64) and 2.49x (float32) against SDPA, where one score
+    # dominated (64 against -17 and 32), and passed against torch.softmax
+    dout = dout + out[0] * mode.noise(_stat_error(mode, m))
     dlse = shift.squeeze(-1) + mode.noise(out[1])
     return (out[0] + dout, out[1] + dlse.reshape(out[1].shape), *out[2:])
 
 
 def _sdpa_backward(mode: Any, b: dict, out: tuple) -> tuple:
     dout, q, k, v, o = b["grad_out"], b["query"], b["key"], b["value"], b["out"]
-    p, mterms, z, scale = _attention_parts(b, q, k)
+    p, mterms, z, scale, _ = _attention_parts(b, q, k)
     kk, vv = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
     dp = dout @ vv.transpose(-1, -2)
     d = (dout * o).sum(-1, keepdim=True)
