@@ -134,9 +134,9 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"between 0.3 (measured) {bounded}"
     assert s.closest_pass_words == f"between 0.9 (measured) {bounded}"  # before the bound's case is measured
     assert closest_pass_words(0.95, True) == "at most 0.95 (judged without the noise term)"
-    # a bound of 1 says only that they passed: not shown ("at most 1" told a new user nothing)
+    # a bound of 1 says only that they passed: the range ends at 1 ("at most 1" told a new user nothing)
     assert closest_pass_words(0.9999, True, 0.3, None, 0.0) == (
-        "0.3 measured; passes judged without the noise term are within their bound, not measured"
+        "between 0.3 (measured) and 1 (passes judged without the noise term are within their bound, not measured)"
     )
     assert closest_pass_words(1.0, True).startswith("not measured (every pass was judged without")
     assert closest_pass_words(0.0, True, 0.0, None, 0.0) == "0 (every compared element equal)"  # exact
@@ -246,7 +246,8 @@ def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qual
     # a bound of 1 or more is not shown: the recheck still comes right after the measure it is of,
     # and what the bound says last, as above (a new user read the two orders as two things)
     assert closest_pass_words(1.0, True, 0.7, None, 0.0, rechecked=0.3) == (
-        f"0.7 measured (0.3 {said}); passes judged without the noise term are within their bound, not measured"
+        f"between 0.7 (measured; 0.3 {said}) and 1 (passes judged without the noise term are within their "
+        "bound, not measured)"
     )
     # the bound's case measured 0.2, another pass 0.576: the recheck is of the 0.576 (the figure said)
     assert closest_pass_words(0.95, True, 0.2, None, 0.576, rechecked=0.283).startswith(

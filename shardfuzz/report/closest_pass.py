@@ -54,14 +54,15 @@ def closest_pass_words(
     )
     second = f" ({recheck})" if recheck else ""
     if upper_bound:
-        # a bound of 1 says only that they passed ("at most 1" told a new user nothing)
+        # a bound of 1 says only that they passed ("at most 1" told a new user nothing): the range
+        # ends at 1, said so (one form for every range: a new user read two forms as two things)
         vacuous = float(words) >= 1.0
         if measured is not None or measured_elsewhere > 0:
             # the same order as below: the measure, its recheck, then what the bound says (a new
             # user read the two orders as two different things)
             words = (
-                f"{lead:.3g} measured{second}; passes judged without the noise term are within their "
-                "bound, not measured"
+                f"between {lead:.3g} (measured{'; ' + recheck if recheck else ''}) and 1 (passes judged "
+                "without the noise term are within their bound, not measured)"
                 if vacuous
                 else f"between {lead:.3g} (measured{'; ' + recheck if recheck else ''}) and {words} (the "
                 "bound of the passes judged without the noise term, not measured)"
