@@ -357,3 +357,19 @@ def test_a_budget_below_the_covering_rows_says_that_every_row_ran(inprocess):
         ["*run as * covering rows, then 1 Hypothesis run*examples for a budget of 2: every covering row "
          "runs, then Hypothesis at least once*"]
     )  # fmt: skip
+
+
+def test_a_deadline_on_a_shardfuzz_test_is_one_line_not_the_plugins_frames(inprocess):
+    """@settings(deadline=500) on a test_for test is refused (shardfuzz times examples itself); a
+    new user's refusal came after about 75 lines of the plugin's frames and locals."""
+    inprocess.makepyfile(
+        test_dl=(
+            "import shardfuzz\nfrom hypothesis import settings\n"
+            f"test_dl = settings(deadline=500)(shardfuzz.test_for({TOY!r}))\n"
+        )
+    )
+    result = inprocess.runpytest_inprocess("-p", "no:cacheprovider", "--import-mode=importlib", "test_dl.py")
+    result.assert_outcomes(failed=1)
+    text = "\n".join(result.outlines)
+    assert "@settings(deadline=timedelta(milliseconds=500)) on a shardfuzz test" in text, text
+    assert "pytest_compose.py" not in text and "compose_settings" not in text, text

@@ -79,7 +79,11 @@ def run_target_test(
     if Scope.current is not None:
         Scope.current.add(runner)
     expected = runner.target.expected_failures.get(runner.impl_name)
-    test = build_test(runner, test_settings(test_fn, config, **explicit))
+    try:
+        composed = test_settings(test_fn, config, **explicit)
+    except InvalidArgument as e:  # the message says it all: not 75 lines of the plugin's frames
+        pytest.fail(str(e), pytrace=False)
+    test = build_test(runner, composed)
     for attr in FORWARDED:
         if hasattr(test_fn, attr):
             setattr(test.shardfuzz_given, attr, getattr(test_fn, attr))  # type: ignore[attr-defined]
