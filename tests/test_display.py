@@ -359,3 +359,19 @@ def test_a_recheck_that_now_fails_says_so_unless_its_narrower_bound_is_all():
     # a pool that cannot start for this extra figure leaves the pass as it is (shared with
     # `shardfuzz case`, whose PASS a review saw turned into an error)
     assert recheck_closest_pass(Run(InfrastructureError("no pool")), None) == (None, None)
+
+
+def test_a_rank_errors_summary_line_quotes_its_message_with_its_numbers():
+    """The signature's message has every number as N (one finding whatever the sizes); the summary
+    showed that, and a new user read "required CUDA N+ and NCCL N+" as torch's own text."""
+    from shardfuzz.errors import RankError
+    from shardfuzz.frontends.campaign import _site
+    from shardfuzz.signature import normalise_message
+
+    said = "BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ or XPU and XCCL"
+    report = f"shardfuzz: rank 0 raised an exception\nTraceback ...\nTypeError: {said}\n"
+    site = ("TypeError", "hook.py in bf16_compress_hook", normalise_message(said))
+    assert "CUDA N+" in site[2]
+    assert _site(RankError(report, site=site)) == f"TypeError in hook.py in bf16_compress_hook: {said}"
+    # no such line in the report (an older file): the site's own words
+    assert _site(RankError("no traceback", site=site)).endswith(site[2])

@@ -247,7 +247,13 @@ def _site(f: Finding) -> str:
         first = first if len(first) <= LINE_LIMIT else first[: LINE_LIMIT - 3] + "..."
         return first + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
     if f.kind == "rank-error" and len(f.site) == 3:  # the cause: shardfuzz.signature.Cause
-        return f"{f.site[0]} in {f.site[1]}: {f.site[2]}"
+        # the message in its own words, from the report: the site's has every number as N, and a
+        # new user read "required CUDA N+ and NCCL N+" as torch's text
+        said = (ln.strip() for ln in f.report.splitlines())
+        raw = next((ln for ln in said if ln.startswith(f"{f.site[0]}: ")), None)
+        message = raw.split(": ", 1)[1] if raw else f.site[2]
+        message = message if len(message) <= LINE_LIMIT else message[: LINE_LIMIT - 3] + "..."
+        return f"{f.site[0]} in {f.site[1]}: {message}"
     if f.kind in ("communication", "hang") and len(f.site) >= 2:  # (what, ranks[, ("options", ...)])
         # "over budget (0, 1)" read as a pair of numbers; distinct options close it as above
         what, ranks, *rest = f.site
