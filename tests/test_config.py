@@ -8,7 +8,7 @@ import os
 import pytest
 
 import shardfuzz
-from shardfuzz import Case, InvalidArgument, Mismatch, RunConfig, RunHooks, Runner
+from shardfuzz import Case, InvalidArgument, Mismatch, OutputTolerance, RunConfig, RunHooks, Runner, Tolerance
 from shardfuzz.engine.finding import inputs_hash
 from shardfuzz.spec.registry import get_target
 
@@ -201,6 +201,30 @@ def test_run_applies_a_per_output_tolerance():
     assert tight.found and tight.kind == "mismatch" and tight.case.dtype == "bfloat16", tight.report
     loose = shardfuzz.run(EXAMPLE, max_examples=10, tolerance={"mean": (1.0, 1.0)}, **kw)
     assert not loose.found and loose.stats.triggers["bfloat16"] == loose.stats.examples == 10
+
+
+def test_a_per_output_tolerance_may_name_a_pattern_of_outputs_and_an_outputs_own_wins():
+    """A new user's outputs per step (grad_w_0, grad_w_1, ...) took 18 --tolerance flags."""
+    from shardfuzz.engine.config import check_tolerance_names
+
+    tol = Tolerance(per_output={"grad_*": (1e-3, 0.0), "grad_x": (1.0, 0.0)})
+    assert tol.for_output("grad_w_1") == OutputTolerance(1e-3, 0.0)
+    assert tol.for_output("grad_x") == OutputTolerance(1.0, 0.0)  # its own, over the pattern
+    assert tol.for_output("y") is None  # the noise model
+    check_tolerance_names({"t": ["y", "grad_w_0", "grad_x"]}, tol, "--tolerance")  # each matches an output
+    with pytest.raises(InvalidArgument, match=r"--tolerance names output 'loss_\*', which target 't'"):
+        check_tolerance_names(
+            {"t": ["y", "grad_w_0"]}, Tolerance(per_output={"loss_*": (0, 1)}), "--tolerance"
+        )
+    loose = shardfuzz.run(
+        EXAMPLE,
+        profile="shardfuzz-ci",
+        database=None,
+        max_examples=10,
+        dtypes=("bfloat16",),
+        tolerance={"m*": (0, 0)},
+    )  # the pattern reaches the run's one output, "mean": as tight as the test above
+    assert loose.found and "except output 'm*': " in loose.report, loose.report
 
 
 def test_a_mismatch_under_a_per_output_tolerance_says_so():

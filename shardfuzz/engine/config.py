@@ -12,6 +12,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
+from fnmatch import fnmatchcase
 from typing import Any
 
 from shardfuzz.case import DTYPES
@@ -211,7 +212,9 @@ def check_tolerance_names(declared: dict[str, list[str] | None], tolerance: Tole
     if len(known) < len(declared):  # a target whose outputs depend on the case: any name may be one
         return
     for name, _ in tolerance.per_output:
-        if known and not any(name in outs for outs in known.values()):
+        if known and not any(
+            name in outs or any(fnmatchcase(o, name) for o in outs) for outs in known.values()
+        ):
             if len(known) == 1:
                 tname, outs = next(iter(known.items()))
                 raise InvalidArgument(

@@ -279,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="OUTPUT=rtol:X,atol:Y",
         help="a fixed tolerance for one output in place of the noise model (repeatable; the last for "
-        "an output wins); OUTPUT must be an output of the target (of one of the targets)",
+        "an output wins); OUTPUT must be an output of the target (of one of the targets), or a pattern "
+        "of them ('grad_*', quoted), which an output's own --tolerance overrides",
     )
 
     add_search_path_option(where)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from shardfuzz.errors import InvalidArgument
@@ -76,6 +77,11 @@ class OutputTolerance:
 
     def bound(self, ref: torch.Tensor) -> torch.Tensor:
         return self.atol + self.rtol * ref.abs().nan_to_num(0.0, 0.0, 0.0)
+
+
+def is_pattern(name: str) -> bool:
+    """A per-output tolerance's name that is a pattern of output names (``*``, ``?``, ``[...]``)."""
+    return any(c in name for c in "*?[")
 
 
 def per_output_tolerances(value: Any, where: str) -> tuple[tuple[str, OutputTolerance], ...]:
@@ -154,7 +160,15 @@ class Tolerance:
         object.__setattr__(self, "per_output", per_output_tolerances(self.per_output, "per_output"))
 
     def for_output(self, name: str) -> OutputTolerance | None:
-        return dict(self.per_output).get(name)
+        """The fixed tolerance for output ``name``: its own, else the first pattern (``grad_*``, as
+        :func:`fnmatch.fnmatchcase` reads it) that matches it (a new user's per-step outputs took
+        18 ``--tolerance`` flags); None where the noise model judges it."""
+        own = dict(self.per_output)
+        if name in own:
+            return own[name]
+        return next(
+            (t for pattern, t in self.per_output if is_pattern(pattern) and fnmatchcase(name, pattern)), None
+        )
 
     def with_overrides(self, overrides: Any) -> Tolerance:
         """A copy whose per-output tolerances are ``overrides`` on top of this one's."""
