@@ -133,7 +133,8 @@ def supports(target: Any, case: Case) -> Any:
 
 #: the end of every error of the target's own code: how to leave out a case it cannot handle
 REFUSE_A_CASE = (
-    "If the target cannot handle such a case, keep it out of the strategy (e.g. sst.Split(min_size=2))"
+    "If the target cannot handle such a case, keep it out of the strategy (e.g. sst.Split(min_size=2);"
+    " a condition on several sizes, a .map over the cases: docs/reference/strategies.md)"
     " or raise shardfuzz.Unsupported('why', reason='key') there: the case is then rejected and counted"
 )
 
