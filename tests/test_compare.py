@@ -200,6 +200,8 @@ def test_an_inf_or_nan_where_the_oracle_is_finite_asks_whether_the_case_dtype_ov
     py = compare_tensor(torch.tensor([math.nan, 2.0]), e, bound, 0, lambda i: i)
     text = format_output_diff(OutputDiff("y", "Replicate()", "float", (2,), [py], bound=bound), str)
     assert "overflow float, or a narrower type it computes in, or make a NaN" in text, text
+    # or an element never written: a new user's resharding target filled its buffer with NaN
+    assert "an element the implementation never wrote" in text, text
 
 
 def test_a_nan_is_printed_as_nan_where_it_is_the_greatest_difference():

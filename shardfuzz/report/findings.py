@@ -421,5 +421,6 @@ def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
     return [
         f"    inf or NaN where the oracle is finite: did the implementation's arithmetic overflow "
         f"{od.dtype}{largest}, or a narrower type it computes in, or make a NaN (0 * inf, inf - inf)? "
-        "The float64 oracle did not"
+        "Or is it an element the implementation never wrote (a buffer filled with NaN or left "
+        "uninitialised, as torch.empty leaves it)? The float64 oracle did not"
     ]
