@@ -140,6 +140,13 @@ def test_ranks_that_all_hold_the_same_infinity_or_nan_do_not_differ():
     assert "the ranks hold different values: against rank 0, rank 1 by up to inf" in format_output_diff(
         d, LABEL
     )
+    # an inf beside a number is inf apart, not 1.8e+308 (a new user's loss scaler read it as a clamp)
+    finite = diff(Replicate(), ref, ref.clone(), 2)
+    finite.ranks[1] = compare_tensor(
+        torch.tensor([1.0, math.inf, 3.0]).double(), ref, torch.full_like(ref, 1e-9), 1, lambda i: i
+    )
+    text = format_output_diff(finite, LABEL)
+    assert "rank 1 by up to inf" in text and "by up to 1.8e+308" not in text, text
 
 
 def test_a_replicated_output_whose_ranks_hold_parts_of_the_oracle_says_so():

@@ -250,7 +250,9 @@ def _disagreement(
         # the same infinity, or NaN on both, is the same value (inf - inf is nan: "by up to inf"
         # was said of ranks that all held -inf); a NaN beside a number is as far apart as can be
         same = (a == b) | (a.isnan() & b.isnan())
-        gap = torch.where(same, 0.0, (a - b).abs().nan_to_num(nan=float("inf")))
+        # (posinf too: nan_to_num's default turns an infinite gap into 1.8e+308, which a new user
+        # read as a clamp beside the block's "inf")
+        gap = torch.where(same, 0.0, (a - b).abs().nan_to_num(nan=float("inf"), posinf=float("inf")))
         if gap.numel() and float(gap.max()) > 0:
             apart.append(f"{rank_label(p.rank)} by up to {float(gap.max()):.3g}")
     if not apart:
