@@ -295,6 +295,12 @@ def test_the_summary_names_why_cases_were_rejected_as_unsupported_or_excluded():
     }
     text = campaign.summary_table([flaky])
     assert "its case gave a mismatch when run again: not deterministic?" in text, text
+    # the closest pass's case is named, but not where every compared element was equal: any case is
+    # as close (a new user's exact resharding target named one and looked for what was special)
+    named = campaign.summary_table([dict(row, closest_pass=0.3, closest_pass_case="Case(x)")])
+    assert "closest pass at Case(x)" in named, named
+    exact = campaign.summary_table([dict(row, closest_pass=0.0, closest_pass_case="Case(x)")])
+    assert "Case(x)" not in exact and "every compared element equal" in exact, exact
 
 
 def test_a_summary_row_names_every_kind_among_its_distinct_findings():
