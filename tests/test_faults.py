@@ -340,6 +340,14 @@ def _gone() -> int:
     return done.pid
 
 
+def _dead_writer() -> str:
+    """The ``writer`` of an earlier campaign's failure file (an earlier version's form: this host's
+    name and a pid): a process that has exited, so a later run may take the file over."""
+    import socket
+
+    return f"{socket.gethostname()}:{_gone()}:abc"
+
+
 def test_a_failure_file_names_no_machine_and_a_later_run_still_knows_its_writer_is_gone(tmp_path):
     """A failure file is shared with others: its ``writer`` names this host and its boot by hashes,
     not by its name (a new user found their host name in a file they were about to share). A later
@@ -381,18 +389,12 @@ def test_a_failure_file_names_no_machine_and_a_later_run_still_knows_its_writer_
 def test_a_later_run_updates_an_earlier_runs_file_of_its_finding_and_keeps_one_of_another(tmp_path):
     """An earlier run's writer is gone: its file of the same finding is updated in place, one of
     another finding is kept (a new user's later run wrote its cumprod finding over the cummax one)."""
-    import socket
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import read_record
 
-    gone = _gone()
     stem = "t-i-gloo-rank-error"
-    earlier = {
-        "signature": "cummax backward",
-        "report": "run 1",
-        "writer": f"{socket.gethostname()}:{gone}:abc",
-    }
+    earlier = {"signature": "cummax backward", "report": "run 1", "writer": _dead_writer()}
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
     later = FailureRecorder(str(tmp_path)).writer
     other = later.write(stem, ".json", {"signature": "cumprod backward", "report": "run 2"})
@@ -412,16 +414,13 @@ def test_a_run_that_took_over_an_earlier_file_and_shrank_to_another_finding_give
     in place, silently. The file now gets it back, as it was, and the run goes on under the next
     name; coming back to the earlier finding, it takes that file over again (one file of a
     finding, never two: a new user's second campaign left two files of one finding)."""
-    import socket
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import read_record
 
-    gone = _gone()
     stem = "t-i-gloo-rank-error"
     first, second = str(tmp_path / f"{stem}.json"), str(tmp_path / f"{stem}-2.json")
-    dead = f"{socket.gethostname()}:{gone}:abc"
-    earlier = {"signature": "cummax backward", "report": "run 1", "writer": dead}
+    earlier = {"signature": "cummax backward", "report": "run 1", "writer": _dead_writer()}
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
     run = FailureRecorder(str(tmp_path)).writer
     assert run.write(stem, ".json", {"signature": "cummax backward", "report": "first example"}) == first
@@ -447,7 +446,7 @@ def test_a_run_that_took_over_an_earlier_file_and_shrank_to_another_finding_give
     assert recorder.where(first) == second
     # a shrink that reaches the finding of another earlier file moves there: the first one is
     # restored in place
-    other = {"signature": "cumsum backward", "report": "run 0", "writer": dead}
+    other = {"signature": "cumsum backward", "report": "run 0", "writer": _dead_writer()}
     for name in os.listdir(tmp_path):
         os.remove(tmp_path / name)
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
@@ -466,15 +465,13 @@ def test_a_repeat_whose_shrink_drifted_off_a_taken_file_removes_its_own_file_not
     back and the writes went on under a new name; the drifted finding was then a repeat of another
     one, and dropping it removed the file given back (the first campaign's finding, lost) and left
     the new one (a duplicate)."""
-    import socket
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import boot_id, host_id, read_record
 
     stem = "t-i-gloo-mismatch"
     first, second, third = (str(tmp_path / f"{stem}{n}.json") for n in ("", "-2", "-3"))
-    dead = f"{socket.gethostname()}:{_gone()}:abc"
-    earlier = {"signature": "w2", "report": "campaign 1", "writer": dead}
+    earlier = {"signature": "w2", "report": "campaign 1", "writer": _dead_writer()}
     # the b2 finding's file is held (here: by a live writer; in the campaign, by its run)
     other = {
         "signature": "b2",
@@ -505,7 +502,6 @@ def test_a_later_runs_file_moved_onto_an_earlier_campaigns_file_of_its_finding_k
     """A later run writes to a file of its own (``.run2.json``) and is moved to the key's name
     when it is settled: onto the earlier campaign's file of the same finding, whose ``created``
     (when the file was first written) was reset to the later run's."""
-    import socket
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import read_record
@@ -515,7 +511,7 @@ def test_a_later_runs_file_moved_onto_an_earlier_campaigns_file_of_its_finding_k
         "signature": "w2",
         "report": "campaign 1",
         "created": "2026-01-01T00:00:00+00:00",
-        "writer": f"{socket.gethostname()}:{_gone()}:abc",
+        "writer": _dead_writer(),
     }
     (tmp_path / f"{stem}.json").write_text(json.dumps(earlier))
     writer = FailureRecorder(str(tmp_path)).writer
@@ -530,14 +526,13 @@ def test_a_finding_on_file_past_a_gap_in_the_names_is_updated_not_written_twice(
     """The names of a key had a gap (a file removed: ``-2`` missing): the search for an earlier
     file of the same finding stopped there, and a new user's second campaign wrote ``-2`` beside
     the first campaign's ``-3`` of the same finding."""
-    import socket
 
     from shardfuzz.engine.failures import FailureRecorder
     from shardfuzz.engine.filewriter import boot_id, host_id, read_record
 
     stem = "t-i-gloo-mismatch"
     live = {"signature": "b2", "report": "held", "writer": f"{host_id()}:{boot_id()}:{os.getppid()}:abc"}
-    earlier = {"signature": "w2", "report": "campaign 1", "writer": f"{socket.gethostname()}:{_gone()}:abc"}
+    earlier = {"signature": "w2", "report": "campaign 1", "writer": _dead_writer()}
     (tmp_path / f"{stem}.json").write_text(json.dumps(live))
     (tmp_path / f"{stem}-3.json").write_text(json.dumps(earlier))
     writer = FailureRecorder(str(tmp_path)).writer
