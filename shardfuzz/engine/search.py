@@ -340,17 +340,7 @@ def _rejected_on_replay(exc: BaseException, smallest: SmallestFindings) -> BaseE
         "same case (a kernel that reads uninitialised memory, state carried between examples) "
         "does this: run it again with `shardfuzz case`.\n"
     )
-    marked = []
-    for f in smallest.findings():
-        m = copy.copy(f)
-        m.__dict__.update(vars(f))
-        m.report = note + f.report
-        m.args = (m.report,)
-        m.flaky = True  # type: ignore[attr-defined]
-        marked.append(m)
-    if len(marked) == 1 or _EXCEPTION_GROUP is None:
-        return marked[0]
-    return _EXCEPTION_GROUP(f"{len(marked)} distinct failures (not reproduced on replay)", marked)
+    return _raised([_noted(f, note, flaky=True) for f in smallest.findings()], "not reproduced on replay")
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -417,11 +407,7 @@ class SmallestFindings(RunHooks):
         """The findings, marked as cut short by ``why`` (None: nothing was found); ``failure``: the
         fuzzer's own failure that cut them, kept on each (``fuzzer_failure``)."""
         marked = [_mark_cut_short(f, why, failure) for f in self.findings()]
-        if not marked:
-            return None
-        if len(marked) == 1 or _EXCEPTION_GROUP is None:
-            return marked[0]
-        return _EXCEPTION_GROUP(f"{len(marked)} distinct failures (shrinking cut short)", marked)
+        return _raised(marked, "shrinking cut short") if marked else None
 
 
 def _mark_cut_short(finding: Finding, why: str, failure: str | None = None) -> Finding:
@@ -431,13 +417,25 @@ def _mark_cut_short(finding: Finding, why: str, failure: str | None = None) -> F
         "shrinking was cut short, and this is the smallest failing case found so far (not "
         "necessarily minimal).\n"
     )
+    return _noted(finding, note, cut_short=why, fuzzer_failure=failure)
+
+
+def _noted(finding: Finding, note: str, **marks: Any) -> Finding:
+    """A copy of ``finding`` whose report starts with ``note``, with ``marks`` set on it."""
     marked = copy.copy(finding)
     marked.__dict__.update(vars(finding))
     marked.report = note + finding.report
     marked.args = (marked.report,)
-    marked.cut_short = why  # type: ignore[attr-defined]
-    marked.fuzzer_failure = failure  # type: ignore[attr-defined]
+    for name, value in marks.items():
+        setattr(marked, name, value)
     return marked
+
+
+def _raised(marked: list[Finding], why: str) -> BaseException:
+    """One finding as it is; several as one exception group, ``why`` in its message."""
+    if len(marked) == 1 or _EXCEPTION_GROUP is None:
+        return marked[0]
+    return _EXCEPTION_GROUP(f"{len(marked)} distinct failures ({why})", marked)
 
 
 def settings_for(config: RunConfig, *, quiet: bool = False, **overrides: Any) -> hypothesis.settings:
