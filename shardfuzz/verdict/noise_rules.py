@@ -144,8 +144,9 @@ def _cancelling(mode: Any, x: torch.Tensor, dims: list[int], keep: bool) -> torc
     squared, ``(u * mean)^2``. ``E[x^2]`` whole allowed a bf16 SyncBatchNorm at a mean of 100 an
     error 60x its output (a new user's forward bug, 23% off, passed at 0.001x; torch's kernel is
     0.0076 off there): a one-pass variance of bf16 tensors has no digit left there."""
-    var = (x - x.mean(dims, keepdim=True)).pow(2).mean(dims, keepdim=keep)
-    m2 = x.mean(dims, keepdim=keep).pow(2)
+    mean = x.mean(dims, keepdim=True)
+    var = (x - mean).pow(2).mean(dims, keepdim=keep)
+    m2 = (mean if keep else mean.squeeze(tuple(dims))).pow(2)
     r = mode.stat_ratio
     return var + (1 - r) * torch.minimum(m2, ONE_PASS_SPREAD * var) + (r + mode.case_u) * m2
 
