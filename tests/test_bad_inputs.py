@@ -311,6 +311,8 @@ def test_an_oracle_that_raises_while_fuzzing_is_the_targets_error():
     assert os.path.join("shardfuzz", "oracle.py") not in out.stderr  # only the target's frames
     # and the two ways out, for a reference op that refuses a case the strategy draws
     assert "keep it out of the strategy" in out.stderr and "raise shardfuzz.Unsupported(" in out.stderr
+    # a condition on several sizes (a new user's GroupNorm: C/G*H*W >= 2) has no min_size: a .map
+    assert "a condition on several sizes, a .map over the cases" in out.stderr, out.stderr
 
 
 def test_an_oracle_may_refuse_a_case_as_an_implementation_does():
