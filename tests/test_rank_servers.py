@@ -602,3 +602,28 @@ def test_a_wait_for_rank_servers_says_so_then_names_what_is_missing(capsys):
         world.close()
     err = capsys.readouterr().err
     assert err.count("waiting up to 3 s for the rank servers to connect to 127.0.0.1:") == 1, err
+
+
+def test_a_rebuild_after_servers_stopped_answering_names_them(capsys, monkeypatch):
+    """A new user's lost node was never named: the driver said only "a rank server stopped
+    answering" before each wait for the world to come back. It names the servers whose channels
+    closed, with their pid, host and local rank."""
+    from shardfuzz.protocol import Hello
+    from shardfuzz.ranks.remote import RemoteWorld, Server
+
+    world = RemoteWorld(("127.0.0.1", 0), b"s" * 32, "gloo", "cpu")
+    try:
+        hello = lambda r, host: Hello("task", r, 2, r % 2, host, 1000 + r)
+        world.servers = [
+            Server(hello(0, "node-a"), None, None),
+            Server(hello(1, "node-b"), None, None, closed=True),
+        ]
+        world.world_size = 2
+        monkeypatch.setattr(world, "rebuild", lambda: None)  # the wait for torchrun's new world
+        world.pool(1)
+    finally:
+        world.servers = []
+        world.close()
+    err = capsys.readouterr().err
+    assert "rank servers stopped answering (rank 1: pid 1001 on node-b, local rank 1)" in err, err
+    assert "node-a" not in err, err
