@@ -126,17 +126,14 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     s.note_pass(0.9, "a", upper_bound=False)
     s.note_pass(0.95, "b", upper_bound=True)
     assert s.closest_pass == "b" and s.measured_pass_ratio == 0.9
-    bounded = "and 0.95 (the bound of the passes judged without the noise term, not measured)"
-    assert (
-        closest_pass_words(0.95, True, 0.2, None, s.measured_pass_ratio)
-        == f"between 0.9 (measured) {bounded}"
-    )
-    assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"between 0.3 (measured) {bounded}"
-    assert s.closest_pass_words == f"between 0.9 (measured) {bounded}"  # before the bound's case is measured
+    bounded = "the passes judged without the noise term, not measured, are within 0.95)"
+    assert closest_pass_words(0.95, True, 0.2, None, s.measured_pass_ratio) == f"0.9 (measured; {bounded}"
+    assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"0.3 (measured; {bounded}"
+    assert s.closest_pass_words == f"0.9 (measured; {bounded}"  # before the bound's case is measured
     assert closest_pass_words(0.95, True) == "at most 0.95 (judged without the noise term)"
-    # a bound of 1 says only that they passed: the range ends at 1 ("at most 1" told a new user nothing)
+    # a bound of 1 says only that they passed: no figure ("at most 1" told a new user nothing)
     assert closest_pass_words(0.9999, True, 0.3, None, 0.0) == (
-        "between 0.3 (measured) and 1 (passes judged without the noise term are within their bound, not measured)"
+        "0.3 (measured; the passes judged without the noise term, not measured, are within their bound)"
     )
     assert closest_pass_words(1.0, True).startswith("not measured (every pass was judged without")
     assert closest_pass_words(0.0, True, 0.0, None, 0.0) == "0 (every compared element equal)"  # exact
@@ -190,8 +187,8 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
     assert out.returncode == cli.EXIT_OK, out.stdout + out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("toy "))
     assert re.search(
-        r"nothing found; closest pass between [\d.e+-]+ \(measured\) and [\d.e+-]+ \(the bound of the "
-        r"passes judged without the noise term, not measured\)",
+        r"nothing found; closest pass [\d.e+-]+ \(measured; the passes judged without the noise term, not "
+        r"measured, are within [\d.e+-]+\)",
         row,
     )
     # the case is the measured figure's (a new user could not tell which of the two it was of)
@@ -239,19 +236,19 @@ def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qual
     said = "with the recheck a failure gets before it is reported"
     assert closest_pass_words(0.962, False, rechecked=0.299) == f"0.962 (0.299 {said})"
     assert closest_pass_words(0.95, True, 0.576, None, 0.3, rechecked=0.283) == (
-        f"between 0.576 (measured; 0.283 {said}) and 0.95 (the bound of the passes judged without the "
-        "noise term, not measured)"
+        f"0.576 (measured; 0.283 {said}; the passes judged without the noise term, not measured, are "
+        "within 0.95)"
     )
     assert closest_pass_words(0.962, False, rechecked=0.97) == "0.962"  # higher: the first figure stands
     # a bound of 1 or more is not shown: the recheck still comes right after the measure it is of,
     # and what the bound says last, as above (a new user read the two orders as two things)
     assert closest_pass_words(1.0, True, 0.7, None, 0.0, rechecked=0.3) == (
-        f"between 0.7 (measured; 0.3 {said}) and 1 (passes judged without the noise term are within their "
-        "bound, not measured)"
+        f"0.7 (measured; 0.3 {said}; the passes judged without the noise term, not measured, are within "
+        "their bound)"
     )
     # the bound's case measured 0.2, another pass 0.576: the recheck is of the 0.576 (the figure said)
     assert closest_pass_words(0.95, True, 0.2, None, 0.576, rechecked=0.283).startswith(
-        f"between 0.576 (measured; 0.283 {said})"
+        f"0.576 (measured; 0.283 {said};"
     )
     assert closest_pass_words(0.9, False, None, "hang", 0.0, rechecked=None) == (
         "0.9; its case gave a hang when run again: not deterministic?"

@@ -123,7 +123,10 @@ def test_the_page_says_what_was_set_aside_and_that_a_run_was_interrupted():
         "closest_pass_upper_bound": True,
     }
     measured.update(closest_pass_measured=0.2, measured_pass_ratio=0.9)
-    assert "closest pass: error/tolerance between 0.9 (measured) and 0.95" in render([measured], "x")
+    assert (
+        "closest pass: error/tolerance 0.9 (measured; the passes judged without the noise term, not "
+        "measured, are within 0.95)" in render([measured], "x")
+    )
     assert "closest pass" not in render([{**measured, "found": True}], "x")
 
 

@@ -28,9 +28,10 @@ def closest_pass_words(
     rechecked: float | None = None,
 ) -> str:
     """``0.405``; where the run's highest ratio is a bound judged without the noise term (a sure
-    pass: the true ratio is lower), the range from what was measured to the bound: ``between 0.155
-    (measured) and 0.62 (the bound of the passes judged without the noise term, not measured)``
-    (three new users could not tell which of "0.155 measured, at most 0.62" to quote). The measure is
+    pass: the true ratio is lower), what was measured, and the bound in its bracket: ``0.155
+    (measured; the passes judged without the noise term, not measured, are within 0.62)`` (three new
+    users could not tell which of "0.155 measured, at most 0.62" to quote, and two which of "between
+    0.155 (measured) and 0.62 (the bound ...)" was the headroom). The measure is
     the larger of ``measured`` (the bound's case judged again with the noise term) and
     ``measured_elsewhere`` (the highest ratio among the passes judged with it): the closest pass
     lies between the two figures. Three new users read "closest pass at most 1 (...; its case
@@ -60,12 +61,12 @@ def closest_pass_words(
         if measured is not None or measured_elsewhere > 0:
             # the same order as below: the measure, its recheck, then what the bound says (a new
             # user read the two orders as two different things)
+            # the figure first, alone, and the bound inside its bracket: "between 0.124 (measured)
+            # and 0.988 (the bound ...)" left two new users unsure which number was the headroom
+            within = "their bound" if vacuous else words
             words = (
-                f"between {lead:.3g} (measured{'; ' + recheck if recheck else ''}) and 1 (passes judged "
-                "without the noise term are within their bound, not measured)"
-                if vacuous
-                else f"between {lead:.3g} (measured{'; ' + recheck if recheck else ''}) and {words} (the "
-                "bound of the passes judged without the noise term, not measured)"
+                f"{lead:.3g} (measured{'; ' + recheck if recheck else ''}; the passes judged without the "
+                f"noise term, not measured, are within {within})"
             )
         else:
             words = (

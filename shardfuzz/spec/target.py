@@ -328,7 +328,9 @@ class Target:
             return f"expected failure: {self.expected_failures[impl_name].description}"
         if impl_name in self.verified:
             return f"verified to pass: {self.verified[impl_name].what}"
-        return "under test (no record: not a planted bug, an expected failure or verified to pass)"
+        # not "no record: not a planted bug, ...": two new users whose tutorial-style bugs are plain
+        # implementations read that as something wrong with them
+        return "under test (fuzz it with --impl NAME; a record is optional: docs/reference/target-spec.md)"
 
     def strategy(
         self,
