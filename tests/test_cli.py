@@ -9,6 +9,7 @@ import pytest
 from shardfuzz.engine import covering
 from shardfuzz.engine.runner import Runner
 from shardfuzz.frontends.testing import run_cli
+from shardfuzz.spec.triggers import SPLIT_RULES_DIFFER
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "mean_target.py")
 
@@ -367,6 +368,10 @@ def test_progress_line_shows_empty_shards_where_the_strategy_draws_them():
     assert "empty shard" in Runner("ring_allreduce").progress_conditions()
     free_only = os.path.join(os.path.dirname(__file__), "data", "relu_padding_target.py")
     assert "empty shard" not in Runner(free_only).progress_conditions()
+    # where the split rules cut apart too: a new user's tensor_split target (heads 5 on 4 ranks)
+    # saw only "empty DTensor shard" on its line, not the condition its bug needed
+    assert SPLIT_RULES_DIFFER in Runner("tp_mlp").progress_conditions()
+    assert SPLIT_RULES_DIFFER not in Runner(free_only).progress_conditions()
 
 
 def test_progress_line_shows_the_per_group_relations_the_cases_reach():

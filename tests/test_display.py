@@ -5,6 +5,7 @@ The terminal is a real pseudo-terminal (``os.openpty``) that the CLI writes to i
 read back from its other end while the campaign runs."""
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import re
@@ -193,6 +194,16 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
     )
     # the case is the measured figure's (a new user could not tell which of the two it was of)
     assert re.search(r"^ +closest pass measured at Case\(target='toy', .*\)$", out.stdout, re.M), out.stdout
+
+
+def test_a_progress_line_before_the_first_verdict_says_what_is_happening():
+    """A new user read "0 examples (0.0/s), 0 failing" for the first 6 s as a stalled run."""
+    from shardfuzz.frontends.display import FIRST_EXAMPLE, Progress, progress_line
+
+    start = Progress("t/i", 0, 0, 0, 6.0, None, (("uneven", 0),))
+    assert progress_line(start) == f"[   6.0s] t/i: {FIRST_EXAMPLE}"
+    later = dataclasses.replace(start, examples=3, failing=3)
+    assert progress_line(later) == "[   6.0s] t/i: 3 examples (0.5/s), 3 failing; uneven 0%"
 
 
 def test_a_progress_line_counts_an_example_once_it_has_a_verdict():

@@ -322,7 +322,8 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     run that draws it: a condition that cannot apply read as a blind spot, and a ``--dtypes
     float16`` run showed bfloat16's 0%, not its own dtype's share), then the target's own declared
     triggers that are not among them (ddp_buckets declares ``backward`` too, which the line showed
-    twice); then the empty shards (``empty shard``, ``empty DTensor shard``), its ``per_group``
+    twice); then the empty shards (``empty shard``, ``empty DTensor shard``) and the split rules'
+    difference (:data:`SPLIT_RULES_DIFFER`), its ``per_group``
     relations and ``uneven over replicas`` where some case of the pool reaches them (a ZeRO target's ``numel%group!=0`` showed only in pytest's statistics). Read
     from the pool the run's covering rows come from (drawn once, cached)."""
     c = runner.config
@@ -359,9 +360,10 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
         t for n in target.per_group for t in (f"{n}<group", f"{n}%group!=0", f"group%{n}==0")
     }  # what shardfuzz.spec.triggers.group_relations names
     relations = sorted(reached & names)
-    # shown where the strategy reaches them (Split(allow_empty=True)): a new user whose two
-    # empty-shard bugs were found could not tell a clean run reached empty shards at all
-    empties = [t for t in ("empty shard", "empty DTensor shard") if t in reached]
+    # shown where the strategy reaches them: a new user whose two empty-shard bugs were found could
+    # not tell a clean run reached empty shards at all; and where the two split rules cut apart,
+    # which a new user's tensor_split target needed (its line showed only DTensor's empty shards)
+    empties = [t for t in ("empty shard", "empty DTensor shard", SPLIT_RULES_DIFFER) if t in reached]
     return shown + tuple(t for t in empties + relations if t not in shown)
 
 

@@ -45,9 +45,15 @@ class Progress:
         return self.examples / self.elapsed if self.elapsed > 0 else 0.0
 
 
+#: what a progress line says before the first example has its verdict
+FIRST_EXAMPLE = "no example finished yet (the ranks start, then the covering rows run first)"
+
+
 def progress_line(p: Progress) -> str:
     """The plain line: elapsed, label, examples and rate, failing, then every condition's share."""
     n = p.examples
+    if not n and not p.failing:  # "0 examples (0.0/s)" for the first seconds read as a stall
+        return f"[{p.elapsed:6.1f}s] {p.label}: {FIRST_EXAMPLE}"
     share = ", ".join(f"{t} {100.0 * hits / n:.0f}%" for t, hits in p.triggers) if n else ""
     return f"[{p.elapsed:6.1f}s] {p.label}: {n} examples ({p.rate:.1f}/s), {p.failing} failing" + (
         f"; {share}" if share else ""
@@ -112,8 +118,11 @@ def verdict_style(p: Progress) -> str:
 def live_lines(p: Progress, width: int = 120) -> Any:
     """The live display: a status line, the time line, then a bar for each condition shown, as many
     to a row as ``width`` columns hold (up to 3)."""
-    status = Text(f"{p.label}: {p.examples} examples ({p.rate:.1f}/s), ")
-    status.append(f"{p.failing} failing, {p.findings} distinct findings", style=verdict_style(p))
+    if not p.examples and not p.failing:
+        status = Text(f"{p.label}: {FIRST_EXAMPLE}")
+    else:
+        status = Text(f"{p.label}: {p.examples} examples ({p.rate:.1f}/s), ")
+        status.append(f"{p.failing} failing, {p.findings} distinct findings", style=verdict_style(p))
     left = f", about {p.remaining:.0f} s left" if p.remaining is not None else ""
     clock = Text(f"{p.elapsed:.0f} s elapsed{left}", style="dim")
     bars = Table.grid(padding=(0, 1))
