@@ -53,12 +53,14 @@ ONE_RANK_NOTE = (
 #: oracle breaks it is two right answers (a new user's torch.topk router picked experts [6, 5] of
 #: five equal logits where the oracle's stated rule picked [2, 4], and the report named no tie)
 TIES_NOTE = (
-    "this case's values lie on a grid (profile=ties), so exact ties are common. Where the code makes "
-    "a discrete decision (topk, argmax, sort, max) that the contract leaves open on a tie, a tie broken "
-    "otherwise than the oracle is two right answers: share the decision with the oracle or state one "
-    "tie rule. Where the oracle states the contract's tie rule (torch.argmax's: the lowest index), a "
-    "tie broken otherwise is a bug (docs/reference/target-spec.md, discrete decisions; torch.topk "
-    "does not promise the lower index)"
+    # the stated rule first: a new user whose oracle stated one (lowest id) read the note, which
+    # led with "two right answers", as a hint that the finding was a false alarm
+    "this case's values lie on a grid (profile=ties), so exact ties are common. Where the oracle "
+    "states a tie rule (torch.argmax's: the lowest index), a tie broken otherwise is a bug. Where the "
+    "contract leaves a tie open (a topk, argmax, sort or max whose order it does not fix), a tie "
+    "broken otherwise than the oracle is two right answers: share the decision with the oracle or "
+    "state one tie rule (docs/reference/target-spec.md, discrete decisions; torch.topk does not "
+    "promise the lower index)"
 )
 
 
