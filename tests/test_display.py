@@ -127,14 +127,16 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     s.note_pass(0.9, "a", upper_bound=False)
     s.note_pass(0.95, "b", upper_bound=True)
     assert s.closest_pass == "b" and s.measured_pass_ratio == 0.9
-    bounded = "the passes judged without the noise term, not measured, are within 0.95)"
+    bounded = (
+        "the passes not measured passed a stricter check, the bound without the noise term, at up to 0.95)"
+    )
     assert closest_pass_words(0.95, True, 0.2, None, s.measured_pass_ratio) == f"0.9 (measured; {bounded}"
     assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"0.3 (measured; {bounded}"
     assert s.closest_pass_words == f"0.9 (measured; {bounded}"  # before the bound's case is measured
     assert closest_pass_words(0.95, True) == "at most 0.95 (judged without the noise term)"
     # a bound of 1 says only that they passed: no figure ("at most 1" told a new user nothing)
     assert closest_pass_words(0.9999, True, 0.3, None, 0.0) == (
-        "0.3 (measured; the passes judged without the noise term, not measured, are within their bound)"
+        "0.3 (measured; the passes not measured passed a stricter check, the bound without the noise term)"
     )
     assert closest_pass_words(1.0, True).startswith("not measured (every pass was judged without")
     assert closest_pass_words(0.0, True, 0.0, None, 0.0) == "0 (every compared element equal)"  # exact
@@ -163,6 +165,29 @@ def test_an_infinite_margin_says_why_no_tolerance_passes_it():
     assert "margin 3.5x" in s.summary() and "infx" not in s.summary()
 
 
+def test_an_infinite_margin_names_its_cause_where_the_comparisons_are_at_hand():
+    """A new user's loss was 0/0 on the shrunk case: the summary said "an exactly compared output
+    differs, or a value is NaN or inf", not which. A campaign's line names the output and the cause."""
+    from shardfuzz.report.closest_pass import infinite_margin_why, margin_text
+    from shardfuzz.verdict.compare import ElementDiff, OutputDiff, RankDiff
+
+    def output(name, dtype, actual, expected, ratio):
+        worst = [ElementDiff((0,), actual, expected, 0.0, ratio)]
+        return OutputDiff(name, "Replicate()", dtype, (1,), [RankDiff(0, 1, 1, max_ratio=ratio, worst=worst)])
+
+    nan = output("loss", "float32", float("nan"), 0.5, float("inf"))
+    index = output("token", "int64", 3.0, 2.0, float("inf"))
+    near = output("grad", "float32", 1.1, 1.0, 4.0)
+    assert infinite_margin_why([nan, near]) == "loss is NaN or inf where the oracle's is finite"
+    assert infinite_margin_why([index]) == "token, compared exactly, differs"
+    assert infinite_margin_why([near]) is None and infinite_margin_why(None) is None
+    assert margin_text(float("inf"), infinite_margin_why([nan])) == (
+        "inf (loss is NaN or inf where the oracle's is finite)"
+    )
+    zero = output("count", "float32", 1.0, 0.0, float("inf"))
+    assert infinite_margin_why([zero]) == "count differs where its bound is 0"
+
+
 def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp_path):
     import shardfuzz
     from shardfuzz.spec.tolerance import Tolerance
@@ -188,8 +213,8 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
     assert out.returncode == cli.EXIT_OK, out.stdout + out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("toy "))
     assert re.search(
-        r"nothing found; closest pass [\d.e+-]+ \(measured; the passes judged without the noise term, not "
-        r"measured, are within [\d.e+-]+\)",
+        r"nothing found; closest pass [\d.e+-]+ \(measured; the passes not measured passed a stricter "
+        r"check, the bound without the noise term, at up to [\d.e+-]+\)",
         row,
     )
     # the case is the measured figure's (a new user could not tell which of the two it was of)
@@ -247,15 +272,15 @@ def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qual
     said = "with the recheck a failure gets before it is reported"
     assert closest_pass_words(0.962, False, rechecked=0.299) == f"0.962 (0.299 {said})"
     assert closest_pass_words(0.95, True, 0.576, None, 0.3, rechecked=0.283) == (
-        f"0.576 (measured; 0.283 {said}; the passes judged without the noise term, not measured, are "
-        "within 0.95)"
+        f"0.576 (measured; 0.283 {said}; the passes not measured passed a stricter check, the bound "
+        "without the noise term, at up to 0.95)"
     )
     assert closest_pass_words(0.962, False, rechecked=0.97) == "0.962"  # higher: the first figure stands
     # a bound of 1 or more is not shown: the recheck still comes right after the measure it is of,
     # and what the bound says last, as above (a new user read the two orders as two things)
     assert closest_pass_words(1.0, True, 0.7, None, 0.0, rechecked=0.3) == (
-        f"0.7 (measured; 0.3 {said}; the passes judged without the noise term, not measured, are within "
-        "their bound)"
+        f"0.7 (measured; 0.3 {said}; the passes not measured passed a stricter check, the bound without "
+        "the noise term)"
     )
     # the bound's case measured 0.2, another pass 0.576: the recheck is of the 0.576 (the figure said)
     assert closest_pass_words(0.95, True, 0.2, None, 0.576, rechecked=0.283).startswith(

@@ -49,6 +49,7 @@ from shardfuzz.report import plot
 from shardfuzz.report.closest_pass import (
     closest_pass_case,
     closest_pass_words,
+    infinite_margin_why,
     margin_text,
     measure_closest_pass,
     recheck_closest_pass,
@@ -177,6 +178,7 @@ class Outcome:
                 {
                     "kind": f.kind,
                     "margin": f.ratio,
+                    "margin_why": infinite_margin_why(getattr(f, "diffs", None)),
                     "case": repr(f.case),
                     "file": path,
                     "site": _site(f),
@@ -769,7 +771,9 @@ def rarely_reached(s: Stats, drawn: dict[str, float]) -> list[tuple[str, float, 
 def _finding_lines(f: dict[str, Any]) -> list[str]:
     """One finding's lines: its kind, site, margin and case, then the notes that apply to it (it
     fails on one rank too, what the fleet says of it, its failure file)."""
-    margin = f", margin {margin_text(f['margin'])}" if f.get("margin") is not None else ""
+    margin = (
+        f", margin {margin_text(f['margin'], f.get('margin_why'))}" if f.get("margin") is not None else ""
+    )
     site = f" ({f['site']})" if f.get("site") else ""
     lines = [f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}"]
     if f.get("cut_short"):

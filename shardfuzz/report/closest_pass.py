@@ -29,7 +29,8 @@ def closest_pass_words(
 ) -> str:
     """``0.405``; where the run's highest ratio is a bound judged without the noise term (a sure
     pass: the true ratio is lower), what was measured, and the bound in its bracket: ``0.155
-    (measured; the passes judged without the noise term, not measured, are within 0.62)`` (three new
+    (measured; the passes not measured passed a stricter check, the bound without the noise term, at
+    up to 0.62)`` (three new
     users could not tell which of "0.155 measured, at most 0.62" to quote, and two which of "between
     0.155 (measured) and 0.62 (the bound ...)" was the headroom). The measure is
     the larger of ``measured`` (the bound's case judged again with the noise term) and
@@ -63,10 +64,12 @@ def closest_pass_words(
             # user read the two orders as two different things)
             # the figure first, alone, and the bound inside its bracket: "between 0.124 (measured)
             # and 0.988 (the bound ...)" left two new users unsure which number was the headroom
-            within = "their bound" if vacuous else words
+            # "a stricter check": a new user read "are within 0.992" as a pass at the edge of its
+            # tolerance; the bound without the noise term is the tighter one
+            up_to = "" if vacuous else f", at up to {words}"
             words = (
-                f"{lead:.3g} (measured{'; ' + recheck if recheck else ''}; the passes judged without the "
-                f"noise term, not measured, are within {within})"
+                f"{lead:.3g} (measured{'; ' + recheck if recheck else ''}; the passes not measured passed a "
+                f"stricter check, the bound without the noise term{up_to})"
             )
         else:
             words = (
@@ -158,12 +161,33 @@ def said_lower(rechecked: float, first: float) -> bool:
     return rechecked < first and f"{rechecked:.3g}" != f"{first:.3g}"
 
 
-def margin_text(ratio: float) -> str:
+def margin_text(ratio: float, why: str | None = None) -> str:
     """A finding's margin (error/tolerance) as summaries print it; an infinite one says why no
     tolerance could pass it (a user read ``infx`` beside a float output reported at 6.7e+07x: an
-    exactly compared index output differed too)."""
+    exactly compared index output differed too): ``why`` from :func:`infinite_margin_why` where the
+    finding's comparisons are at hand, else both causes."""
     if math.isinf(ratio):
-        return (
-            "inf (an exactly compared output differs, or a value is NaN or inf where the oracle's is finite)"
-        )
+        return f"inf ({why or INFINITE_MARGIN})"
     return f"{ratio:.3g}x"
+
+
+#: why a margin is infinite, where the finding's comparisons are not at hand
+INFINITE_MARGIN = "an exactly compared output differs, or a value is NaN or inf where the oracle's is finite"
+
+
+def infinite_margin_why(diffs: Any) -> str | None:
+    """Which of :data:`INFINITE_MARGIN`'s causes a mismatch's comparisons (its ``diffs``) show, by
+    output (a new user whose loss was 0/0 could not tell from the summary line which it was); None
+    where none of its outputs is infinitely past its bound."""
+    why = []
+    for od in diffs or ():
+        if not math.isinf(od.max_ratio):
+            continue
+        worst = [e for r in od.ranks for e in r.worst if math.isinf(e.ratio)]
+        if any(not math.isfinite(e.actual) and math.isfinite(e.expected) for e in worst):
+            why.append(f"{od.name} is NaN or inf where the oracle's is finite")
+        elif "float" not in od.dtype:
+            why.append(f"{od.name}, compared exactly, differs")
+        else:  # a bound of 0 (a fixed tolerance of 0, an exactly known value) and any difference
+            why.append(f"{od.name} differs where its bound is 0")
+    return "; ".join(why) or None

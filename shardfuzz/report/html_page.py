@@ -136,7 +136,8 @@ def _closest(r: dict[str, Any]) -> str:
 
 
 def _finding(f: dict[str, Any]) -> str:
-    margin = f", margin {margin_text(f['margin'])}" if isinstance(f.get("margin"), (int, float)) else ""
+    why = f.get("margin_why") if isinstance(f.get("margin_why"), str) else None
+    margin = f", margin {margin_text(f['margin'], why)}" if isinstance(f.get("margin"), (int, float)) else ""
     parts = [
         f'<h3 class="found">{_e(f["kind"])}{_e(margin)}</h3>',
         f"<p>case: <code>{_e(f['case'])}</code></p>",
