@@ -36,8 +36,9 @@ def test_list_shows_a_files_target_and_its_implementations():
     assert out.stdout.splitlines() == [
         "row_mean:",
         "  reference                reference (fuzzed when no --impl is given)",
-        "  mean_of_means            under test (fuzz it with --impl NAME; a record is optional: "
-        "docs/reference/target-spec.md)",
+        "  mean_of_means            under test",
+        "(under test: fuzz it with --impl NAME; a record (PlantedBug, ExpectedFailure, Verified) is "
+        "optional and lets a test check what a run finds (docs/reference/target-spec.md))",
     ]
     out = cli("list", "nope.py")
     assert out.returncode == 2 and "'nope.py' does not exist" in out.stderr, out.stderr

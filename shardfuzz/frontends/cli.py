@@ -51,6 +51,7 @@ from shardfuzz.report.closest_pass import RECHECK_FROM, judged_with_recheck, sai
 from shardfuzz.report.divergence import format_trace
 from shardfuzz.spec.refs import add_search_path, split_file_ref
 from shardfuzz.spec.registry import available_targets, builtin_targets, get_target, listed_targets
+from shardfuzz.spec.target import UNDER_TEST, UNDER_TEST_NOTE
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
 from shardfuzz.verdict.comm import CostModel, format_comm
 
@@ -60,10 +61,14 @@ def _cmd_list(specs: list[str]) -> int:
     targets = [t for spec in specs for t in listed_targets(spec)] or [
         get_target(n) for n in sorted(available_targets())
     ]
+    roles = []
     for t in targets:
         print(f"{t.name}:" + (f" {t.description}" if t.description else ""))
         for impl in t.implementations:
-            print(f"  {impl:<24} {t.role(impl)}")
+            roles.append(t.role(impl))
+            print(f"  {impl:<24} {roles[-1]}")
+    if UNDER_TEST in roles:  # said once, not on every line (a new user found it noisy there)
+        print(f"({UNDER_TEST_NOTE})")
     return EXIT_OK
 
 

@@ -40,6 +40,14 @@ MAX_IMPORTANT = 6
 Outputs = Mapping[str, Layout]
 
 
+#: the role of an implementation with no record, and what ``shardfuzz list`` says of them once
+UNDER_TEST = "under test"
+UNDER_TEST_NOTE = (
+    "under test: fuzz it with --impl NAME; a record (PlantedBug, ExpectedFailure, Verified) is optional "
+    "and lets a test check what a run finds (docs/reference/target-spec.md)"
+)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Target:
     """A named differential test.
@@ -329,8 +337,8 @@ class Target:
         if impl_name in self.verified:
             return f"verified to pass: {self.verified[impl_name].what}"
         # not "no record: not a planted bug, ...": two new users whose tutorial-style bugs are plain
-        # implementations read that as something wrong with them
-        return "under test (fuzz it with --impl NAME; a record is optional: docs/reference/target-spec.md)"
+        # implementations read that as something wrong with them (what a record adds: UNDER_TEST_NOTE)
+        return UNDER_TEST
 
     def strategy(
         self,
