@@ -366,6 +366,30 @@ def _embedding_bag_grad(names: tuple[str, ...]) -> Callable[..., Any]:
     return rule
 
 
+# -- FFTs -----------------------------------------------------------------------------------------
+def _fft(mode: Any, func: Any, args: tuple, kwargs: dict, out: torch.Tensor) -> torch.Tensor:
+    """Each output element of a DFT is a sum over the transformed dims of every input element times
+    a root of unity: it rounds on the scale of those |terms|, the sum of ``|x|`` (scaled as the op
+    normalises), which is the transform of ``|x|`` at frequency 0; real and imaginary parts each.
+    An FFT's error grows as ``log n`` times the norm, within that sum for the sizes drawn. One
+    rounding of the result undercounts where frequencies cancel (a new user's correct
+    distributed rfft2/irfft2 was 1.1x past its bound, when complex results got no noise at all)."""
+    b = _bind(func, args, kwargs)
+    x, dims = b["self"], b["dim"]
+    magnitude = x.abs()
+    if func.overloadpacket.__name__ != "_fft_r2c":  # c2c and c2r take complex input
+        magnitude = magnitude.to(x.dtype if x.is_complex() else torch.complex128)
+    at_zero = func(magnitude, *args[1:], **kwargs)
+    index = [slice(None)] * at_zero.dim()
+    for d in dims:
+        index[d] = slice(0, 1)
+    terms = _fin(at_zero[tuple(index)].abs())  # broadcast along the transformed dims
+    noise = mode.noise(terms.expand(out.shape), mode.reduction_u)
+    if out.is_complex():
+        noise = torch.complex(noise, mode.noise(terms.expand(out.shape), mode.reduction_u))
+    return out + noise
+
+
 Rule = Callable[[Any, dict, Any], Any]
 
 
@@ -392,6 +416,7 @@ SPECIAL: dict[str, Callable[..., Any]] = {
     "_scaled_dot_product_flash_attention_for_cpu_backward": _named(_sdpa_backward),
 }
 SPECIAL["_embedding_bag"] = SPECIAL["_embedding_bag_forward_only"] = _embedding_bag
+SPECIAL["_fft_r2c"] = SPECIAL["_fft_c2r"] = SPECIAL["_fft_c2c"] = _fft
 SPECIAL["_embedding_bag_backward"] = _embedding_bag_grad(("grad", "per_sample_weights"))
 SPECIAL["_embedding_bag_per_sample_weights_backward"] = _embedding_bag_grad(("grad", "weight"))
 for _name in ("var", "std", "var_mean", "std_mean"):
