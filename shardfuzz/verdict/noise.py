@@ -48,7 +48,7 @@ import torch
 from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from shardfuzz.errors import NoiseModelRefusal
+from shardfuzz.errors import NoiseModelRefusal, TargetCodeError
 from shardfuzz.spec.tolerance import TINY, UNIT_ROUNDOFF
 from shardfuzz.verdict.noise_rules import EXACT, REDUCTIONS, SPECIAL, SUM_LIKE
 
@@ -165,6 +165,10 @@ class NoiseDraws:
         #: (:meth:`normalized` refuses it, see :data:`LIVE_MAX_SOFTMAX`)
         self._maxes: dict[int, tuple[Any, None]] = {}
         self._live_shifts: dict[int, tuple[Any, None]] = {}
+        #: only in a sample run again after the oracle raised under the perturbation
+        #: (:func:`estimate`): id -> (weak reference, its unperturbed value) of every result, which
+        #: the integer conversions (:data:`_TO_INTEGER`) read instead (:meth:`RoundingNoise.shadowed`)
+        self.shadow: dict[int, tuple[Any, Any]] | None = None
 
     def terms_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The |terms| behind ``t`` if a sum-like op (or a view of one) made it, else None."""
@@ -323,6 +327,47 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.shadow is not None:
+            return self.shadowed(func, args, kwargs)
+        return self.perturbed(func, args, kwargs)
+
+    def shadowed(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The op as :meth:`perturbed` runs it, and again on the unperturbed values of its operands
+        (kept in :attr:`shadow`); an integer conversion (a ``ceil``, a cast to ``long``) gives the
+        unperturbed one's result: the noise model leaves discrete decisions alone, and a position
+        ``q * (n - 1)`` pushed past ``n - 1`` indexed out of range (``torch.quantile`` at q = 1)."""
+        clean_args, clean_kwargs = self._clean(args), self._clean(kwargs)
+        kind = _kind(func)
+        for i, _ in kind.written:  # the unperturbed run writes into copies of its own
+            if 0 <= i < len(clean_args) and clean_args[i] is args[i] and isinstance(args[i], torch.Tensor):
+                clean_args = (*clean_args[:i], args[i].clone(), *clean_args[i + 1 :])
+        clean = func(*clean_args, **clean_kwargs)
+        if _to_integer(kind, args, kwargs):
+            for t, c in zip(
+                _written(kind, args, kwargs), _flat(clean if not kind.written else clean_args[0])
+            ):
+                t.copy_(c)
+            out = args[0] if kind.written else clean
+        else:
+            out = self.perturbed(func, args, kwargs)
+        for t, c in zip(_flat(out), _flat(clean)):
+            if isinstance(t, torch.Tensor) and isinstance(c, torch.Tensor):
+                self.shadow[id(t)] = (weakref.ref(t), c)  # type: ignore[index]
+        return out
+
+    def _clean(self, x: Any) -> Any:
+        """``x`` with each tensor the mode has an unperturbed value of replaced by that value."""
+        if isinstance(x, torch.Tensor):
+            entry = self.shadow.get(id(x)) if self.shadow is not None else None
+            return entry[1] if entry is not None and entry[0]() is x else x
+        if isinstance(x, (tuple, list)):
+            return type(x)(self._clean(v) for v in x)
+        if isinstance(x, dict):
+            return {k: self._clean(v) for k, v in x.items()}
+        return x
+
+    def perturbed(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The op with its rounding (see the module)."""
         kind = _kind(func)
         if kind.skip or not _has_float64(args, kwargs):
             return _exact_op(self, kind, func, args, kwargs)
@@ -372,6 +417,20 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
             self.note_shift(args, result)
         elif base in ("mul", "div") and args and self._held(self._live_shifts, args[0]):
             self._keep(self._live_shifts, result, None)
+
+
+#: ops that turn a float into an integer (or an integer-valued float): discrete decisions
+_ROUNDING = frozenset({"floor", "ceil", "round", "trunc"})
+
+
+def _to_integer(kind: OpKind, args: tuple, kwargs: dict) -> bool:
+    """Whether the op turns floats into integers: a rounding, or a cast to an integer dtype."""
+    if kind.base in _ROUNDING:
+        return True
+    if kind.base in ("_to_copy", "to"):
+        dtype = kwargs.get("dtype", next((a for a in args[1:] if isinstance(a, torch.dtype)), None))
+        return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
+    return False
 
 
 def rounding_noise() -> type[RoundingNoise]:
@@ -671,8 +730,17 @@ def estimate(
             draw, extreme = sample_seed(seed, FULL_SCALE_SEEDS + k - k % 2), (1.0, -1.0)[k % 2]
         else:
             draw, extreme = sample_seed(seed, k), 0.0
-        with rounding_noise()(u, draw, group_size, UNIT_ROUNDOFF[dtype], extreme, tiny) as mode:
-            got = run_oracle()
+        try:
+            with rounding_noise()(u, draw, group_size, UNIT_ROUNDOFF[dtype], extreme, tiny) as mode:
+                got = run_oracle()
+        except TargetCodeError:  # it ran clean without noise: a perturbed float became an index
+            mode = rounding_noise()(u, draw, group_size, UNIT_ROUNDOFF[dtype], extreme, tiny)
+            mode.shadow = {}  # integer conversions read the unperturbed values: see shadowed
+            try:
+                with mode:
+                    got = run_oracle()
+            except TargetCodeError as e:
+                raise NoiseModelRefusal(f"{e}\n{PERTURBED_ORACLE}") from e
         if seen is not None:
             seen |= mode.unmodelled
         for name, r in ref.items():
@@ -684,6 +752,16 @@ def estimate(
             d = (g.detach().double() - r.double()).abs()
             dists.setdefault(name, []).append(torch.where(torch.isfinite(d), d, torch.zeros_like(d)))
     return {name: _rms(ds) * back for name, ds in dists.items()}
+
+
+#: what a refusal adds where the oracle raised only under the noise model's perturbation
+PERTURBED_ORACLE = (
+    "The oracle ran clean without noise, and raised under the noise model's perturbation of its "
+    "float64 results (each is moved by a rounding of the case dtype), even with its roundings and "
+    "casts to integers taken from the unperturbed values: something it computes in floats decides a "
+    "size, an index or a branch that fails when moved. Compute that from Python numbers or integer "
+    "tensors (docs/explanation/noise-model.md)"
+)
 
 
 def _rms(dists: list[torch.Tensor]) -> torch.Tensor:
