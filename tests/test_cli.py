@@ -720,3 +720,22 @@ def test_a_jobs_parent_says_a_childs_failure_beside_its_findings(monkeypatch, ca
     err = capsys.readouterr().err
     assert code == main_cli.EXIT_FOUND, err
     assert f"the fuzzer itself failed: toy/wrong_rank1: {row['failed']}" in err, err
+
+
+def test_a_run_of_16_bit_cases_only_says_which_wider_outputs_it_judged_at_their_bound():
+    """A new user's bfloat16-only run of an Adafactor step kept W, R and C in float32 (as the docs
+    advise) and missed a per-shard RMS that float32 cases find at once: nothing said those outputs
+    were judged at bfloat16's bound. A clean run that drew only 16-bit cases names them."""
+    master = os.path.join(os.path.dirname(__file__), "data", "master_target.py")
+    args = ("fuzz", master, "--max-examples", "6", "--no-progress")
+    out = cli(*args, "--dtypes", "bfloat16")
+    assert out.returncode == 0, out.stdout + out.stderr
+    note = next((x for x in out.stdout.splitlines() if "judged at the case dtype's bound" in x), None)
+    assert note is not None and "m (float32 in bfloat16 cases)" in note, out.stdout
+    for more in (
+        ("--dtypes", "bfloat16,float32"),
+        ("--dtypes", "bfloat16", "--tolerance", "m=rtol:1e-6,atol:0"),
+    ):
+        out = cli(*args, *more)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "judged at the case dtype's bound" not in out.stdout, (more, out.stdout)

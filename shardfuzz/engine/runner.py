@@ -267,9 +267,23 @@ class Runner:
         self.stats.examples += 1
         upper_bound = self.last_verdict is not None and self.last_verdict.upper_bound
         self.stats.note_pass(ratio, case, upper_bound=upper_bound)
+        self._note_wider_outputs(case)
         if elapsed is not None:
             TIMEOUTS.record(self._timeout_key(case), elapsed)
         return ratio
+
+    def _note_wider_outputs(self, case: Case) -> None:
+        """Outputs a 16-bit case's oracle gives in float32 or float64 (master weights, optimizer
+        state) and no fixed tolerance judges: their bound is the case dtype's, where a bug in their
+        float32 arithmetic can pass (a new user's bfloat16-only run missed a per-shard RMS of an
+        Adafactor update, found at once in float32 cases)."""
+        verdict = self.last_verdict
+        self.stats.pass_dtypes.add(case.dtype)
+        if verdict is None or case.dtype not in ("bfloat16", "float16"):
+            return
+        for od in verdict.diffs:
+            if od.dtype in ("float32", "float64") and self.tolerance.for_output(od.name) is None:
+                self.stats.wider_outputs.setdefault(od.name, f"{od.dtype} in {case.dtype} cases")
 
     def _check_case(self, case: Case) -> None:
         """``case`` is a Case of this runner's target at a world size shardfuzz runs."""

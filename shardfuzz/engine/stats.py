@@ -38,6 +38,11 @@ class Stats:
     unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: global state examples left behind (restored, or the pool restarted), by description
     leaks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: output -> "float32 in bfloat16 cases": passing outputs the oracle gives wider than a 16-bit
+    #: case dtype, judged at that dtype's bound without a fixed tolerance of their own
+    wider_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the dtypes of the passing examples
+    pass_dtypes: set[str] = dataclasses.field(default_factory=set)
     #: ranks killed from outside whose case then passed (set aside, not findings)
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason

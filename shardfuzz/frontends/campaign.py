@@ -137,6 +137,11 @@ class Outcome:
             # conditions the search met far less often than the strategy draws them (a new user's
             # 1,500 examples met bfloat16 in 6%, unsaid: Hypothesis dwelt near its closest pass)
             "rarely_reached": rarely_reached(s, self.drawn_shares),
+            # said of a run that drew only 16-bit cases: no float32 case judged those outputs at
+            # float32's bound (a new user's bfloat16-only run passed a per-shard RMS bug there)
+            "wider_outputs": (
+                dict(s.wider_outputs) if s.wider_outputs and s.pass_dtypes <= {"bfloat16", "float16"} else {}
+            ),
             # a target with budgets for other implementations: this one's bytes went unchecked
             "budgets_elsewhere": (
                 sorted(self.runner.target.comm)
@@ -829,6 +834,16 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
         lines.append(
             f"{'':<16} rarely reached: {rare}: the search dwelt on other cases (it steers towards the "
             "largest error/tolerance); pin one with --dtypes, --world-sizes or --option for a run of its own"
+        )
+    if r.get("wider_outputs") and not r["found"]:
+        by_kind: dict[str, list[str]] = {}
+        for name, kind in r["wider_outputs"].items():
+            by_kind.setdefault(kind, []).append(name)
+        wider = "; ".join(f"{', '.join(names)} ({kind})" for kind, names in by_kind.items())
+        lines.append(
+            f"{'':<16} judged at the case dtype's bound: {wider}; a bug in their own arithmetic can pass "
+            "there: run float32 cases too, or give them a fixed tolerance (docs/explanation/noise-model.md, "
+            "mixed precision)"
         )
     for text, (key, n) in (r.get("exclude_missing") or {}).items():
         lines.append(f"{'':<16} --exclude {text!r} excluded nothing: {n} cases had no {key} (a misspelling?)")
