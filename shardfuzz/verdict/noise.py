@@ -167,7 +167,7 @@ class NoiseDraws:
         self._live_shifts: dict[int, tuple[Any, None]] = {}
         #: only in a sample run again after the oracle raised under the perturbation
         #: (:func:`estimate`): id -> (weak reference, its unperturbed value) of every result, which
-        #: the integer conversions (:data:`_TO_INTEGER`) read instead (:meth:`RoundingNoise.shadowed`)
+        #: the integer conversions (:func:`_to_integer`) read instead (:meth:`RoundingNoise.shadowed`)
         self.shadow: dict[int, tuple[Any, Any]] | None = None
 
     def terms_of(self, t: torch.Tensor) -> torch.Tensor | None:
