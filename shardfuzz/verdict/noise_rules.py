@@ -30,7 +30,7 @@ EXACT = frozenset(
     isnan isinf isfinite logical_and logical_or logical_not _local_scalar_dense equal rand randn
     rand_like randn_like normal uniform bernoulli randint randperm resize set nan_to_num
     repeat_interleave index_fill masked_scatter take expand_copy view_copy permute_copy
-    split_with_sizes_copy unbind_copy""".split()
+    split_with_sizes_copy unbind_copy squeeze unsqueeze transpose t swapdims swapaxes as_strided""".split()
 )
 
 #: ops whose terms' magnitude is the op itself on the operands' absolute values
@@ -390,6 +390,58 @@ def _fft(mode: Any, func: Any, args: tuple, kwargs: dict, out: torch.Tensor) -> 
     return out + noise
 
 
+# -- scans -----------------------------------------------------------------------------------------
+def _walk(mode: Any, like: torch.Tensor, dim: int) -> torch.Tensor:
+    """One rounding's draw at every step of a scan along ``dim``, summed up to each step: the
+    relative error of a running product, or the absolute one of a running log-sum-exp."""
+    return mode.noise(torch.ones_like(like)).cumsum(dim)
+
+
+def _cumprod(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    """A running product rounds at every step: its relative error walks, ``out * sum of the steps'
+    roundings`` (one rounding of the result undercounted a long product's)."""
+    return out + out * _walk(mode, out, b["dim"])
+
+
+def _logcumsumexp(mode: Any, b: dict, out: torch.Tensor) -> torch.Tensor:
+    """Each running sum of exps rounds at every step, a relative error that its log turns absolute,
+    and the log rounds its result."""
+    return out + _walk(mode, out, b["dim"]) + mode.noise(out.abs())
+
+
+# -- dense linear algebra ------------------------------------------------------------------------
+def _backward_stable(matrix: str, symmetric: bool = False) -> Callable[..., Any]:
+    """A backward-stable factorisation or solve (Householder QR, Cholesky, an LU inverse, a
+    triangular solve) computes the exact result of a nearby input: ``matrix`` off by about ``u``
+    times its norm. Its rounding is the op rerun on such an input, which an ill
+    conditioned one amplifies as any correct implementation's would (a new user's correct TSQR was
+    1.07x-2.03x past a bound of one rounding of ``linalg_qr``'s results, and of Householder's steps
+    written out: a different algorithm's error, amplified along other directions). A symmetric
+    input (Cholesky's) gets a symmetric nudge."""
+
+    def rule(mode: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:  # noqa: ARG001 (rerun, not perturbed)
+        b = _bind(func, args, kwargs)
+        a = b[matrix]
+        if not (isinstance(a, torch.Tensor) and a.is_floating_point() and a.dim() >= 2 and a.numel()):
+            raise ValueError("no matrix to perturb")  # RULE_DOES_NOT_APPLY: one rounding instead
+        # normwise: a blocked or tree algorithm (TSQR) is stable in the matrix's norm, not column
+        # by column (per column, R's small columns were 1.12x past it in float64)
+        norm = torch.linalg.matrix_norm(a, keepdim=True).expand(a.shape)
+        nudge = mode.noise(_fin(norm))
+        if symmetric:
+            nudge = (nudge + nudge.mT) / 2
+        pos, named = list(args), dict(kwargs)
+        names = [x.name for x in func._schema.arguments]
+        i = names.index(matrix)
+        if i < len(pos):
+            pos[i] = a + nudge
+        else:
+            named[matrix] = a + nudge
+        return func(*pos, **named)
+
+    return rule
+
+
 Rule = Callable[[Any, dict, Any], Any]
 
 
@@ -417,6 +469,12 @@ SPECIAL: dict[str, Callable[..., Any]] = {
 }
 SPECIAL["_embedding_bag"] = SPECIAL["_embedding_bag_forward_only"] = _embedding_bag
 SPECIAL["_fft_r2c"] = SPECIAL["_fft_c2r"] = SPECIAL["_fft_c2c"] = _fft
+SPECIAL["cumprod"] = _named(_cumprod)
+SPECIAL["logcumsumexp"] = _named(_logcumsumexp)
+SPECIAL["linalg_qr"] = _backward_stable("A")
+SPECIAL["linalg_inv_ex"] = _backward_stable("A")
+SPECIAL["linalg_cholesky_ex"] = _backward_stable("self", symmetric=True)
+SPECIAL["linalg_solve_triangular"] = _backward_stable("self")
 SPECIAL["_embedding_bag_backward"] = _embedding_bag_grad(("grad", "per_sample_weights"))
 SPECIAL["_embedding_bag_per_sample_weights_backward"] = _embedding_bag_grad(("grad", "weight"))
 for _name in ("var", "std", "var_mean", "std_mean"):
