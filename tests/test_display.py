@@ -408,3 +408,19 @@ def test_a_rank_errors_summary_line_quotes_its_message_with_its_numbers():
     assert _site(RankError(report, site=site)) == f"TypeError in hook.py in bf16_compress_hook: {said}"
     # no such line in the report (an older file): the site's own words
     assert _site(RankError("no traceback", site=site)).endswith(site[2])
+
+
+def test_an_implementation_may_return_outputs_the_target_does_not_declare():
+    """A new user's block returned every gradient and declared a few: reported as a layout finding
+    with a one-rank diagnosis. An undeclared output is not compared (as an oracle's is not); a
+    declared one left out is still a layout finding, which names it."""
+    from shardfuzz import Case, Runner
+    from shardfuzz.errors import LayoutMismatch
+
+    data = os.path.join(os.path.dirname(__file__), "data")
+    impls = os.path.join(data, "toy_impls.py")
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",), seed=1)
+    assert Runner(TOY, f"{impls}::with_extra").run_case(case) < 1.0
+    with pytest.raises(LayoutMismatch) as e:
+        Runner(TOY, f"{impls}::without_x2").run_case(case)
+    assert "without ['x2']" in str(e.value), str(e.value)

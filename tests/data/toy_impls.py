@@ -71,3 +71,15 @@ def rare_random_offset(ctx):
     global generator is under 0.05 (a dropout-like bug): only a run seeded as the ranks were
     fails, so a reproducer must seed torch as they did (1 in 20 of unseeded runs fail)."""
     return _toy_reference(ctx, 1.0 if torch.rand(1).item() < 0.05 else 0.0)
+
+
+def with_extra(ctx):
+    """Every declared output, and one more (not compared, as an oracle's extra is not)."""
+    return {**_toy_reference(ctx, 0), "debug": 3 * ctx.local["x"]}
+
+
+def without_x2(ctx):
+    """A declared output left out: a layout finding."""
+    out = _toy_reference(ctx, 0)
+    del out["x2"]
+    return out
