@@ -127,9 +127,8 @@ def test_a_closest_pass_that_is_a_bound_leads_with_the_highest_ratio_measured():
     s.note_pass(0.9, "a", upper_bound=False)
     s.note_pass(0.95, "b", upper_bound=True)
     assert s.closest_pass == "b" and s.measured_pass_ratio == 0.9
-    bounded = (
-        "the passes not measured passed a stricter check, the bound without the noise term, at up to 0.95)"
-    )
+    # 0.95: at or above BOUND_SAID_BELOW, no figure (any long run has such a bound)
+    bounded = "the passes not measured passed a stricter check, the bound without the noise term)"
     assert closest_pass_words(0.95, True, 0.2, None, s.measured_pass_ratio) == f"0.9 (measured; {bounded}"
     assert closest_pass_words(0.95, True, 0.3, None, 0.0) == f"0.3 (measured; {bounded}"
     assert s.closest_pass_words == f"0.9 (measured; {bounded}"  # before the bound's case is measured
@@ -214,7 +213,7 @@ def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp
     row = next(line for line in out.stdout.splitlines() if line.startswith("toy "))
     assert re.search(
         r"nothing found; closest pass [\d.e+-]+ \(measured; the passes not measured passed a stricter "
-        r"check, the bound without the noise term, at up to [\d.e+-]+\)",
+        r"check, the bound without the noise term(, at up to [\d.e+-]+)?\)",
         row,
     )
     # the case is the measured figure's (a new user could not tell which of the two it was of)
@@ -273,7 +272,12 @@ def test_a_recheck_lower_than_the_closest_pass_is_said_beside_the_figure_it_qual
     assert closest_pass_words(0.962, False, rechecked=0.299) == f"0.962 (0.299 {said})"
     assert closest_pass_words(0.95, True, 0.576, None, 0.3, rechecked=0.283) == (
         f"0.576 (measured; 0.283 {said}; the passes not measured passed a stricter check, the bound "
-        "without the noise term, at up to 0.95)"
+        "without the noise term)"
+    )
+    # a bound below BOUND_SAID_BELOW says something (every unmeasured pass was far from its bound)
+    assert closest_pass_words(0.62, True, 0.576, None, 0.3) == (
+        "0.576 (measured; the passes not measured passed a stricter check, the bound without the noise "
+        "term, at up to 0.62)"
     )
     assert closest_pass_words(0.962, False, rechecked=0.97) == "0.962"  # higher: the first figure stands
     # a bound of 1 or more is not shown: the recheck still comes right after the measure it is of,

@@ -125,7 +125,7 @@ def test_the_page_says_what_was_set_aside_and_that_a_run_was_interrupted():
     measured.update(closest_pass_measured=0.2, measured_pass_ratio=0.9)
     assert (
         "closest pass: error/tolerance 0.9 (measured; the passes not measured passed a stricter check, "
-        "the bound without the noise term, at up to 0.95)" in render([measured], "x")
+        "the bound without the noise term)" in render([measured], "x")
     )
     assert "closest pass" not in render([{**measured, "found": True}], "x")
 
