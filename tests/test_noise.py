@@ -1031,3 +1031,24 @@ def test_an_oracle_whose_floats_become_indices_is_judged_not_crashed():
     clean = Runner(target, "reference")
     clean.always_noise = True  # the noise samples drawn for a pass too
     assert clean.run_case(dataclasses.replace(case, dtype="bfloat16")) < 1.0
+
+
+def test_an_oracle_that_still_raises_under_the_noise_is_refused_with_the_reason():
+    """Where the retry with unperturbed integer conversions raises too (the oracle checks a float
+    result for exactness, which any rounding breaks), the refusal says the oracle ran clean
+    without noise and why it fails under it, not that the case is one to keep out."""
+    from shardfuzz.errors import NoiseModelRefusal, TargetCodeError
+    from shardfuzz.verdict.noise import PERTURBED_ORACLE
+
+    x = torch.arange(1.0, 5.0, dtype=torch.float64)
+
+    def oracle():
+        y = x + 0.0  # exact without noise; every noise sample moves it
+        if not torch.equal(y, x):
+            raise TargetCodeError("target 't': its oracle(inputs, case) raised AssertionError")
+        return {"y": y}
+
+    ref = oracle()
+    with pytest.raises(NoiseModelRefusal) as e:
+        estimate(oracle, ref, "float32", 0, 1, 3)
+    assert PERTURBED_ORACLE in str(e.value) and "AssertionError" in str(e.value)

@@ -343,9 +343,7 @@ class RoundingNoise(NoiseDraws, TorchDispatchMode):
                 clean_args = (*clean_args[:i], args[i].clone(), *clean_args[i + 1 :])
         clean = func(*clean_args, **clean_kwargs)
         if _to_integer(kind, args, kwargs):
-            for t, c in zip(
-                _written(kind, args, kwargs), _flat(clean if not kind.written else clean_args[0])
-            ):
+            for t, c in zip(_written(kind, args, kwargs), _flat(clean)):  # in place: what it wrote
                 t.copy_(c)
             out = args[0] if kind.written else clean
         else:
