@@ -3,6 +3,7 @@
 import os
 import pathlib
 import re
+import types
 
 import pytest
 
@@ -597,6 +598,42 @@ def test_a_fuzzer_failure_after_a_finding_reports_the_finding_and_exits_1(monkey
     assert f"the fuzzer itself failed after the findings above: {lost}" in err, err
     assert main_cli.main(argv) == main_cli.EXIT_INFRA  # no finding this time: the first run fails
     assert f"the fuzzer itself failed: {lost}" in capsys.readouterr().err
+
+
+def test_max_examples_beside_a_duration_ends_the_campaign_at_those_examples_in_all_its_runs(
+    monkeypatch, capsys
+):
+    """Two new users asked for "N examples or T minutes, whichever comes first": the two flags were
+    refused together. Each run of the campaign gets what the earlier runs left of N."""
+    from shardfuzz.frontends import campaign
+    from shardfuzz.frontends import cli as main_cli
+
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    real, budgets = campaign.search, []
+
+    def search(runner, settings, **kw):  # runs of at most 10 examples: the campaign needs three
+        budgets.append(settings.max_examples)
+        return real(runner, type(settings)(settings, max_examples=min(settings.max_examples, 10)), **kw)
+
+    monkeypatch.setattr(campaign, "search", search)
+    argv = ["fuzz", toy, "--duration", "10m", "--max-examples", "25", "--no-progress"]
+    assert main_cli.main(argv) == main_cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert budgets == [25, 15, 5], budgets
+    (row,) = [line for line in out.splitlines() if line.startswith("toy ")]
+    assert row.split()[2:3] == ["25"] and row.split()[4:5] == ["3"], row  # examples, runs
+
+
+def test_progress_beside_a_duration_and_examples_shows_the_nearer_end():
+    from shardfuzz.frontends import campaign
+
+    stats = types.SimpleNamespace(examples=10, failures=0, triggers={})
+    out = types.SimpleNamespace(runner=types.SimpleNamespace(stats=stats), label="toy", findings=[])
+    # 10 examples in 5 s: 40 more take 20 s, before the deadline's 95 s; 4 more take 2 s
+    assert campaign._progress(out, 100.0, 50, 5.0, ()).remaining == 20.0
+    assert campaign._progress(out, 100.0, 14, 5.0, ()).remaining == 2.0
+    assert campaign._progress(out, 8.0, 50, 5.0, ()).remaining == 3.0  # the deadline first
+    assert campaign._progress(out, 100.0, None, 5.0, ()).remaining == 95.0  # a duration alone
 
 
 def test_a_fuzzer_failure_after_clean_examples_says_how_many_ran(monkeypatch, capsys):

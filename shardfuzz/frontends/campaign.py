@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import math
 import os
 import sys
 import tempfile
@@ -301,7 +302,8 @@ def fuzz_one(
         label, runner, shown=shown, drawn_shares=runner.strategy_shares(shown), timeline=timeline.samples
     )
 
-    budget = settings_for(config, quiet=True).max_examples  # the examples a run without a deadline has
+    # the examples a run without a deadline has; with one, the examples asked beside it (or none)
+    budget = settings_for(config, quiet=True).max_examples if config.deadline is None else config.max_examples
 
     def progress(elapsed: float | None = None) -> Progress:
         now = time.perf_counter() - t0 if elapsed is None else elapsed
@@ -439,6 +441,8 @@ def _search_runs(
         fleet.begin_run()
         first = out.runs == 1  # later runs: no covering rows, no replay of saved failures
         settings = settings_for(config, quiet=True)
+        if config.deadline is not None and config.max_examples is not None:  # both: whichever first
+            settings = type(settings)(settings, max_examples=config.max_examples - runner.stats.examples)
         result = search(runner, settings, database=_run_database(settings, first), rows=first)
         _settle(out, result, seen, runner, recorder, fleet)
         if out.result is None or not out.result.found:
@@ -448,20 +452,22 @@ def _search_runs(
             return
         if result.out_of_time or config.deadline is None or result.interrupted:
             return
+        if config.max_examples is not None and runner.stats.examples >= config.max_examples:
+            return  # the examples asked are spent before the time
 
 
 def _progress(
-    out: Outcome, deadline: float | None, budget: int, elapsed: float, shown: tuple[str, ...]
+    out: Outcome, deadline: float | None, budget: int | None, elapsed: float, shown: tuple[str, ...]
 ) -> Progress:
     """Where ``out``'s campaign stands after ``elapsed`` seconds; the time left is the deadline's,
-    or (a ``budget`` of examples) the examples left at the rate so far (shrinking comes on top)."""
+    or (a ``budget`` of examples) the examples left at the rate so far (shrinking comes on top),
+    whichever comes first."""
     s = out.runner.stats
-    if deadline is not None:
-        remaining: float | None = max(0.0, deadline - elapsed)
-    elif s.examples and elapsed > 0 and budget > s.examples:
+    remaining: float | None = None
+    if budget is not None and s.examples and elapsed > 0 and budget > s.examples:
         remaining = (budget - s.examples) * elapsed / s.examples
-    else:
-        remaining = None
+    if deadline is not None:  # with a budget of examples too: whichever comes first
+        remaining = min(max(0.0, deadline - elapsed), remaining if remaining is not None else math.inf)
     return Progress(
         label=out.label,
         examples=s.examples,

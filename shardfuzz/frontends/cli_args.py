@@ -299,16 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument(
         "targets", nargs="*", metavar="TARGET", help="target names, 'pkg.mod:ATTR' or file.py paths"
     )
-    budget = f.add_mutually_exclusive_group()
-    budget.add_argument(
+    f.add_argument(
         "--max-examples",
         type=_positive_int,
         default=None,
         help="examples per target (default: the profile's; never fewer than the target's covering rows, "
         "which run first: docs/explanation/covering-rows.md); the search's budget: shrinking a finding "
-        "runs more, which the examples printed count",
+        "runs more, which the examples printed count. With --duration, the campaign stops at whichever "
+        "comes first: these examples in all its runs, or the time",
     )
-    budget.add_argument(
+    f.add_argument(
         "--duration",
         type=_duration,
         default=None,
