@@ -50,6 +50,22 @@ def test_the_rerun_line_keeps_a_target_path_with_a_space_whole(tmp_path):
     )
 
 
+def test_the_rerun_line_runs_where_the_case_ran_torchrun_servers_and_a_device():
+    """A finding on torchrun's rank servers (``--ranks``) said ``shardfuzz case ...`` without them:
+    pasted, it ran on local ranks, not the nodes that failed. A device other than the backend's
+    default is kept too; the secret file is a path, never the secret."""
+    import shlex
+
+    from shardfuzz import RunConfig
+    from shardfuzz.engine.runner import rerun_flags
+
+    config = RunConfig(ranks="0.0.0.0:29600", secret_file="/keys/my secret", device="cuda")
+    flags = ["--device", "cuda", "--ranks", "0.0.0.0:29600", "--secret-file", "/keys/my secret"]
+    assert shlex.split(rerun_flags(config)) == flags
+    assert rerun_flags(RunConfig()) == rerun_flags(RunConfig(device="cpu")) == ""
+    assert shlex.split(rerun_flags(RunConfig(backend="nccl"))) == ["--backend", "nccl"]  # cuda: its default
+
+
 def test_a_findings_report_names_the_trigger_conditions_its_shrunk_case_meets(proof):
     """What the minimal case still has is what the bug needs: a new user's GQA bug shrank to
     kv_heads 1 on 2 ranks, and the report never said kv_heads%group!=0 (the condition the target

@@ -146,6 +146,7 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
         remote = shardfuzz.run("tp_mlp", "missing_allreduce", ranks=str(driver), **kwargs)
         assert remote.found and remote.kind == "mismatch", remote.stats.summary()
         assert "shardfuzz: 4 rank servers joined from " in capsys.readouterr().err  # the driver says so
+        assert f"--impl missing_allreduce --ranks {driver} " in remote.report  # reruns on the servers
         # the same search on local ranks (test_targets' proof, same settings, shared): the same minimal case
         (local,) = failures.find_files([str(proof("tp_mlp", "missing_allreduce"))])
         local_case = Case.from_dict(json.loads(Path(local).read_text())["case"])

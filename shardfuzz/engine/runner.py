@@ -26,6 +26,7 @@ from shardfuzz.engine.hooks import RunHooks
 from shardfuzz.engine.selforacle import SELF, self_expected
 from shardfuzz.engine.stats import Stats
 from shardfuzz.errors import Finding, InvalidArgument, RankSetupError, Unsupported
+from shardfuzz.limits import default_device
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply
 from shardfuzz.ranks.faults import ProcessState, confirm_death
 from shardfuzz.ranks.gpu import check_placement
@@ -156,10 +157,6 @@ class Runner:
             per_output=dict(self.target.tolerance) | dict(self.config.tolerance.per_output),
         )
         impl_arg = self.impl_name if self.impl_name in self.target.implementations else str(self.impl_ref)
-        backend = "" if self.config.backend == "gloo" else f" --backend {self.config.backend}"
-        overrides = "".join(
-            f" --tolerance {format_tolerance(n, t)}" for n, t in self.config.tolerance.per_output
-        )
         self.reporter = Reporter(
             self.target.name,
             self.impl_name,
@@ -167,7 +164,7 @@ class Runner:
             self.config.backend,
             # quoted for a shell: a bound implementation's "(bug='x')" or a path with a space
             f"{self._import_path()}shardfuzz case {_for_shell(str(self.target_spec))} --impl "
-            f"{_for_shell(impl_arg)}{backend}{overrides}",
+            f"{_for_shell(impl_arg)}{rerun_flags(self.config)}",
             self.tolerance,
             self_oracle=self.target.oracle == SELF,
             distinct=tuple(self.target.distinct),
@@ -457,6 +454,21 @@ class Runner:
             leaks=tuple(finding.leaks),
             planted=self.impl_name in self.target.planted,
         )
+
+
+def rerun_flags(config: RunConfig) -> str:
+    """The flags of a rerun line that say where and how the case ran: a backend and device other
+    than the defaults, torchrun's rank servers (a multi-node finding reran on local ranks without
+    them: docs/how-to/multi-node.md) and their secret file (a path, never the secret), and the
+    run's own tolerances."""
+    flags = "" if config.backend == "gloo" else f" --backend {config.backend}"
+    if config.device != default_device(config.backend):
+        flags += f" --device {config.device}"
+    if config.ranks is not None:
+        flags += f" --ranks {_for_shell(config.ranks)}"
+        if config.secret_file is not None:
+            flags += f" --secret-file {_for_shell(config.secret_file)}"
+    return flags + "".join(f" --tolerance {format_tolerance(n, t)}" for n, t in config.tolerance.per_output)
 
 
 def _for_shell(arg: str) -> str:
