@@ -181,7 +181,7 @@ def test_a_replicated_output_reduced_once_too_often_says_so(parts):
     ref = torch.randn(3, 4).double() + 0.5
     twice = format_output_diff(diff(Replicate(), ref, parts * ref, parts), LABEL)
     assert (
-        f"every rank holds {parts} times the oracle, within its tolerance scaled alike: reduced once too often"
+        f"every rank holds {parts} times the oracle, within its tolerance scaled alike: as if reduced once too often"
         in twice
     )
     halved = format_output_diff(diff(Replicate(), ref, ref / parts, parts), LABEL)

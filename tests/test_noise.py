@@ -1033,6 +1033,40 @@ def test_an_oracle_whose_floats_become_indices_is_judged_not_crashed():
     assert clean.run_case(dataclasses.replace(case, dtype="bfloat16")) < 1.0
 
 
+def test_an_integer_output_flipped_within_rounding_of_a_tie_is_named_in_the_report():
+    """A new user's k-means chose clusters from its own bfloat16 distances: correct code whose
+    choice flips where two distances are within a rounding, reported at inf with no word of why.
+    The noise samples, which move the oracle's float64 results by a bfloat16 rounding, flip the
+    oracle's own choice there; the report names those elements. An integer output stays compared
+    exactly: the verdict is unchanged."""
+    from shardfuzz import Case, Runner
+    from shardfuzz.errors import Mismatch
+
+    target = os.path.join(os.path.dirname(__file__), "data", "near_tie_target.py")
+    case = Case(
+        target="near_tie", world_size=2, mesh=(2,), sizes={"n": 4}, split=("n",), dtype="bfloat16", seed=0
+    )
+    with pytest.raises(Mismatch) as e:
+        Runner(target, "reference").run_case(case)
+    report = e.value.report
+    # rows 0 and 2 (the 2^-8 gap) are wrong, one on each rank; rows 1 and 3 are decided clearly
+    assert "decisions within rounding of a tie: at 2 of the 2 wrong elements of 'choice'" in report, report
+
+
+def test_the_noise_samples_mark_only_the_integer_elements_they_flip():
+    # scores 1 (|terms| 1) and 1 + 2^-8 (|terms| 3): a bfloat16 rounding of each, pushed the same way,
+    # reverses the first row's order; the second row's scores are 1 and 3
+    a = torch.tensor([[1.0, 2.0], [1.0, 2.0]], dtype=torch.float64)
+    b = torch.tensor([[0.0, -1.0 + 2.0**-8], [0.0, 1.0]], dtype=torch.float64)
+
+    def oracle():
+        return {"choice": (a + b).argmax(-1), "y": a + b}
+
+    flips: dict = {}
+    estimate(oracle, oracle(), "bfloat16", 0, 1, 2, full_scale=True, flips=flips)
+    assert set(flips) == {"choice"} and flips["choice"].tolist() == [True, False]
+
+
 def test_an_oracle_that_still_raises_under_the_noise_is_refused_with_the_reason():
     """Where the retry with unperturbed integer conversions raises too (the oracle checks a float
     result for exactness, which any rounding breaks), the refusal says the oracle ran clean

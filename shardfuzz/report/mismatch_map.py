@@ -293,10 +293,14 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
             for p in g
         )
         if pieces_ok:
+            # "as if": a value it is computed from, off by the same factor, fits too (a new user's
+            # GNN degree counted from local edges only read as an all_reduce done twice)
             why = (
-                "reduced once too often (an all_reduce of a value already whole, or a sum where a mean was due)"
+                "as if reduced once too often (an all_reduce of a value already whole, or a sum where a "
+                "mean was due), or computed from a value off by that factor (other outputs wrong alike?)"
                 if factor > 1
-                else "divided by the group size once too often (a mean of a mean, or a mean where a sum was due)"
+                else "as if divided by the group size once too often (a mean of a mean, or a mean where a sum "
+                "was due), or computed from a value off by that factor (other outputs wrong alike?)"
             )
             each = " in each group" if len(groups) > 1 else ""
             return [f"    every rank holds {says}{each}, within its tolerance scaled alike: {why}"]

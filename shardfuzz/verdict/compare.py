@@ -89,6 +89,8 @@ class OutputDiff:
     groups: list[list[int]] = dataclasses.field(default_factory=list)  # world ranks per replica
     ref: Any = dataclasses.field(default=None, repr=False)  # the oracle's global value (float64)
     bound: Any = dataclasses.field(default=None, repr=False)  # the tolerance bound over it
+    #: an exactly compared output: where the oracle's noise samples gave another value (global mask)
+    flipped: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def bad(self) -> int:

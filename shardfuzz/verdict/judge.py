@@ -162,7 +162,8 @@ def compare_values(
             dtype = _dtype_name(ref)
         groups = layout.replicas(case) if layout.per_rank else []
         shape = tuple(getattr(ref, "shape", ()))
-        diffs.append(OutputDiff(name, repr(layout), dtype, shape, rds, groups, ref, bound))
+        flipped = None if floating else expected.flipped.get(name)
+        diffs.append(OutputDiff(name, repr(layout), dtype, shape, rds, groups, ref, bound, flipped))
     return diffs
 
 

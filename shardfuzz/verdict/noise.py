@@ -707,6 +707,7 @@ def estimate(
     first: int = 0,
     full_scale: bool = False,
     seen: set[str] | None = None,
+    flips: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per floating output of ``ref``: the root mean square over ``samples`` perturbed float64
     runs of ``run_oracle()`` (fresh inputs each time) of their distance to ``ref``, in the case
@@ -719,7 +720,8 @@ def estimate(
     missed one in 6 samples out of 4: 53 of 200 reached it). Their spread is scaled by 1/sqrt(3),
     the RMS of a uniform xi, so where the output is linear it matches the uniform estimate.
     ``seen``: gets the names of the ops that got one rounding of their result (no rule, no
-    decomposition)."""
+    decomposition). ``flips``: per integer (or boolean) output, where some sample's value differs
+    from ``ref``'s: decisions within rounding of a tie (a report names them; never a bound)."""
     u, back = (UNIT_ROUNDOFF[dtype], 1 / math.sqrt(3)) if full_scale else unit_for(dtype)
     tiny = TINY[dtype] if dtype != "float64" else 0.0  # a float64 underflow is 2^-1075: none to model
     dists: dict[str, list[torch.Tensor]] = {}
@@ -743,9 +745,14 @@ def estimate(
             seen |= mode.unmodelled
         for name, r in ref.items():
             g = got.get(name) if isinstance(got, dict) else None
-            if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(g, torch.Tensor)):
+            if not (isinstance(r, torch.Tensor) and isinstance(g, torch.Tensor)) or g.shape != r.shape:
                 continue
-            if g.shape != r.shape:
+            if not (r.is_floating_point() or r.is_complex()):
+                if flips is not None:
+                    moved = g.detach().cpu().to(r.dtype) != r.cpu()
+                    flips[name] = flips[name] | moved if name in flips else moved
+                continue
+            if not r.is_floating_point():
                 continue
             d = (g.detach().double() - r.double()).abs()
             dists.setdefault(name, []).append(torch.where(torch.isfinite(d), d, torch.zeros_like(d)))

@@ -58,6 +58,9 @@ class Expected:
     source: Any = None  # a self-oracle (shardfuzz.engine.selforacle): fills ref/low, draws noise on a rank
     #: the oracle's ops that its noise samples gave one rounding of their result (no rule or decomposition)
     unmodelled: set[str] = dataclasses.field(default_factory=set)
+    #: per integer or boolean output: the elements some noise sample gave another value (a decision
+    #: within rounding of a tie; a mismatch's report names them)
+    flipped: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class CppWarningsOnce:
@@ -607,6 +610,7 @@ def _spread(
         first,
         full_scale,
         seen=expected.unmodelled,
+        flips=expected.flipped,
     )
 
 
