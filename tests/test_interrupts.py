@@ -270,8 +270,8 @@ def test_a_ctrl_c_swallowed_between_a_campaigns_runs_stops_it_as_interrupted(mon
 
     real, runs = campaign.search, []
 
-    def search_then_a_swallowed_ctrl_c(*args, **kwargs):
-        result = real(*args, **kwargs)
+    def search_then_a_swallowed_ctrl_c(runner, settings, **kwargs):  # runs of 5 examples
+        result = real(runner, type(settings)(settings, max_examples=5), **kwargs)
         runs.append(result)
         if len(runs) == 1:
             try:  # what a gc callback does with the handler's KeyboardInterrupt: print it, drop it
@@ -282,7 +282,7 @@ def test_a_ctrl_c_swallowed_between_a_campaigns_runs_stops_it_as_interrupted(mon
 
     monkeypatch.setattr(campaign, "search", search_then_a_swallowed_ctrl_c)
     t0 = time.perf_counter()
-    out = campaign.fuzz_one(TOY, "reference", RunConfig(deadline=60, max_examples=5), stream=io.StringIO())
+    out = campaign.fuzz_one(TOY, "reference", RunConfig(deadline=60), stream=io.StringIO())
     assert out.interrupted and len(runs) == 1, (out.interrupted, len(runs))
     assert time.perf_counter() - t0 < 45  # stopped, not fuzzed to its deadline
     assert not StickyInterrupt.pending and signal.getsignal(signal.SIGINT) is signal.default_int_handler
