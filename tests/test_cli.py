@@ -636,6 +636,25 @@ def test_progress_beside_a_duration_and_examples_shows_the_nearer_end():
     assert campaign._progress(out, 100.0, None, 5.0, ()).remaining == 95.0  # a duration alone
 
 
+def test_a_clean_run_whose_outputs_were_all_zero_says_it_compared_nothing(capsys):
+    """A new user's dropout at p = 0.999 passed a whole run at "closest pass 0 (every compared
+    element equal)": every output was 0 or x whatever the code did, and nothing said so."""
+    from shardfuzz.frontends import cli as main_cli
+
+    scaled = os.path.join(os.path.dirname(__file__), "data", "scaled_target.py")
+    base = ["fuzz", scaled, "--max-examples", "10", "--no-progress", "--profile", "shardfuzz-ci"]
+    assert main_cli.main([*base, "--option", "p=1.0"]) == main_cli.EXIT_OK
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("scaled ")]
+    ran = int(row.split()[2])
+    said = (
+        f"{ran} of {ran} passing examples (100%) had every output all zero or constant, where no bug can show"
+    )
+    assert said in out and "outputs all zero or constant in passing examples: y 100%" in out, out
+    assert main_cli.main([*base, "--option", "p=0.5"]) == main_cli.EXIT_OK
+    assert "all zero or constant" not in capsys.readouterr().out
+
+
 def test_a_fuzzer_failure_after_clean_examples_says_how_many_ran(monkeypatch, capsys):
     """A new user's torchrun node was lost after 755 clean examples: the run ended with "the fuzzer
     itself failed: no rank server connected ...", nothing of what had run."""

@@ -21,6 +21,7 @@ import torch
 from shardfuzz.case import Case
 from shardfuzz.engine import covering
 from shardfuzz.engine.config import RunConfig, bind_address, check_world_size, env_int, format_tolerance
+from shardfuzz.engine.degenerate import is_degenerate
 from shardfuzz.engine.finding import FindingContext, inputs_hash
 from shardfuzz.engine.hooks import RunHooks
 from shardfuzz.engine.selforacle import SELF, self_expected
@@ -265,6 +266,7 @@ class Runner:
         upper_bound = self.last_verdict is not None and self.last_verdict.upper_bound
         self.stats.note_pass(ratio, case, upper_bound=upper_bound)
         self._note_wider_outputs(case)
+        self._note_degenerate()
         if elapsed is not None:
             TIMEOUTS.record(self._timeout_key(case), elapsed)
         return ratio
@@ -281,6 +283,21 @@ class Runner:
         for od in verdict.diffs:
             if od.dtype in ("float32", "float64") and self.tolerance.for_output(od.name) is None:
                 self.stats.wider_outputs.setdefault(od.name, f"{od.dtype} in {case.dtype} cases")
+
+    def _note_degenerate(self) -> None:
+        """Count the passing example's outputs that the oracle gave all zero or constant (a new
+        user's dropout at p = 0.999 passed a whole run "at 0 (every compared element equal)",
+        which read as a strong pass where nothing was compared)."""
+        verdict = self.last_verdict
+        if verdict is None:
+            return
+        floating = [
+            od for od in verdict.diffs if isinstance(od.ref, torch.Tensor) and od.ref.is_floating_point()
+        ]
+        flat = [od.name for od in floating if is_degenerate(od.ref)]
+        self.stats.degenerate_outputs.update(flat)
+        if floating and len(flat) == len(floating):
+            self.stats.degenerate_passes += 1
 
     def _check_case(self, case: Case) -> None:
         """``case`` is a Case of this runner's target at a world size shardfuzz runs."""

@@ -43,6 +43,11 @@ class Stats:
     wider_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the dtypes of the passing examples
     pass_dtypes: set[str] = dataclasses.field(default_factory=set)
+    #: passing examples whose every floating output the oracle gave all zero or constant: nothing
+    #: there could show a bug (``shardfuzz.engine.degenerate.is_degenerate``)
+    degenerate_passes: int = 0
+    #: output -> the passing examples where the oracle gave it all zero or constant
+    degenerate_outputs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: ranks killed from outside whose case then passed (set aside, not findings)
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason

@@ -143,6 +143,8 @@ class Outcome:
             "wider_outputs": (
                 dict(s.wider_outputs) if s.wider_outputs and s.pass_dtypes <= {"bfloat16", "float16"} else {}
             ),
+            # passing examples whose outputs were all zero or constant: nothing compared there
+            "degenerate": degenerate_record(s),
             # a target with budgets for other implementations: this one's bytes went unchecked
             "budgets_elsewhere": (
                 sorted(self.runner.target.comm)
@@ -851,6 +853,8 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
             "there: run float32 cases too, or give them a fixed tolerance (docs/explanation/noise-model.md, "
             "mixed precision)"
         )
+    if r.get("degenerate") and not r["found"]:
+        lines.append(f"{'':<16} {degenerate_line(r['degenerate'])}")
     for text, (key, n) in (r.get("exclude_missing") or {}).items():
         lines.append(f"{'':<16} --exclude {text!r} excluded nothing: {n} cases had no {key} (a misspelling?)")
     if r.get("leaks"):
@@ -861,6 +865,39 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
             + (f" and {more} more" if more > 0 else "")
         )
     return lines
+
+
+#: a clean run says how many passes compared nothing from this share of its passing examples on
+DEGENERATE_SHARE = 0.2
+
+
+def degenerate_record(s: Stats) -> dict[str, Any]:
+    """The passing examples whose every output was all zero or constant, when they are at least
+    :data:`DEGENERATE_SHARE` of the passes, and the outputs that were so in that share (or {})."""
+    if not s.passed:
+        return {}
+    outputs = {k: v for k, v in s.degenerate_outputs.most_common() if v >= DEGENERATE_SHARE * s.passed}
+    if s.degenerate_passes < DEGENERATE_SHARE * s.passed and not outputs:
+        return {}
+    return {"passes": s.degenerate_passes, "of": s.passed, "outputs": outputs}
+
+
+def degenerate_line(d: dict[str, Any]) -> str:
+    """The summary's line for :func:`degenerate_record`."""
+    said = []
+    if d["passes"] >= DEGENERATE_SHARE * d["of"]:
+        said.append(
+            f"{d['passes']} of {d['of']} passing examples ({100 * d['passes'] / d['of']:.0f}%) had every "
+            "output all zero or constant, where no bug can show"
+        )
+    some = ", ".join(f"{k} {100 * v / d['of']:.0f}%" for k, v in d["outputs"].items())
+    if some:
+        said.append(f"outputs all zero or constant in passing examples: {some}")
+    return (
+        "; ".join(said) + " (an option or size that makes the code do nothing, such as a dropout p near 1 "
+        "or a softmax over one element; make those cases rare in the strategy: "
+        "docs/reference/strategies.md, degenerate_share)"
+    )
 
 
 def fleet_note(note: dict[str, Any]) -> str:
