@@ -66,6 +66,33 @@ def test_the_rerun_line_runs_where_the_case_ran_torchrun_servers_and_a_device():
     assert shlex.split(rerun_flags(RunConfig(backend="nccl"))) == ["--backend", "nccl"]  # cuda: its default
 
 
+def test_a_non_finite_mismatch_on_an_empty_shard_says_how_to_look_past_it():
+    """A new user's vocab-parallel loss that all-reduced the log of the sums, wrong on every split
+    at 9e6x, shrank to vocab 1 on 2 ranks: log(0) on the rank without vocabulary, margin inf, read
+    as an empty-shard bug. An integer output's mismatch (inf too) or a finite one says nothing."""
+    import math
+
+    import torch
+
+    from shardfuzz.verdict.compare import OutputDiff, RankDiff
+
+    def verdict(ratio, bound):
+        ranks = [RankDiff(0, 1, 1, max_ratio=ratio)]
+        return Verdict(
+            diffs=[OutputDiff("loss", "Replicate()", "float32", (1,), ranks, bound=bound)], worst=ratio
+        )
+
+    reporter = Reporter(
+        "t", "impl", "mod:impl", "gloo", "shardfuzz case t --impl impl", Tolerance(),
+        conditions=lambda case: ["uneven", "empty shard"],
+    )  # fmt: skip
+    note = "run again with --exclude \"'empty shard' in triggers\""
+    assert note in reporter._empty_shard_note(CASE, verdict(math.inf, torch.ones(1)))
+    assert reporter._empty_shard_note(CASE, verdict(9e6, torch.ones(1))) is None
+    assert reporter._empty_shard_note(CASE, verdict(math.inf, None)) is None  # compared exactly
+    assert REPORTER._empty_shard_note(CASE, verdict(math.inf, torch.ones(1))) is None  # no conditions
+
+
 def test_a_findings_report_names_the_trigger_conditions_its_shrunk_case_meets(proof):
     """What the minimal case still has is what the bug needs: a new user's GQA bug shrank to
     kv_heads 1 on 2 ranks, and the report never said kv_heads%group!=0 (the condition the target

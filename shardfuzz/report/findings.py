@@ -163,6 +163,23 @@ class Reporter:
             + (f"\ntrigger conditions this case meets: {', '.join(met)}" if met else "")
         )
 
+    def _empty_shard_note(self, case: Case, verdict: Verdict) -> str | None:
+        """Where a non-finite mismatch shrank to a case with an empty shard: the shrinker prefers the
+        smallest case, and a log(0) on a rank without data can stand in for a bug every split has (a
+        new user's vocab-parallel loss, wrong on every split at 9e6x, was reported on vocab 1 over 2
+        ranks at inf)."""
+        floating_inf = any(od.bound is not None and math.isinf(od.max_ratio) for od in verdict.mismatched)
+        if not floating_inf or self.conditions is None:  # (an integer output's mismatch is inf too)
+            return None
+        empty = [c for c in self.conditions(case) if c in ("empty shard", "empty DTensor shard")]
+        if not empty:
+            return None
+        return (
+            f"the outputs are not finite on a case with an {empty[0]}, the smallest the shrinker found: "
+            f"if the bug should show with data on every rank too, run again with --exclude "
+            f"\"'{empty[0]}' in triggers\" to see it there"
+        )
+
     def _footer(self, case: Case, leaks: Sequence[str] = ()) -> str:
         """The rerun line, after the global state the example left behind (if any)."""
         rerun = f"Rerun this case: {self.rerun_command(case)}"
@@ -216,6 +233,9 @@ class Reporter:
         near = near_tie_note(bad, case.dtype)
         if near:
             parts.append(near)
+        empty = self._empty_shard_note(case, verdict)
+        if empty:
+            parts.append(empty)
         if verdict.unmodelled and verdict.worst < UNMODELLED_NOTE_BELOW:
             parts.append(unmodelled_note(verdict.unmodelled))
         parts.append(self._footer(case, leaks))
