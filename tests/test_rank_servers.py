@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import shardfuzz
-from shardfuzz import Case, InfrastructureError
+from shardfuzz import Case, InfrastructureError, RunConfig, Runner
 from shardfuzz.engine import failures
 from shardfuzz.frontends.testing import budget
 from shardfuzz.ranks import pool_cache
@@ -178,6 +178,16 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
         world, codes, left = nodes.end()  # the servers' channels close: they exit 0, torchrun ends
     assert codes == [0, 0], nodes.output()[-3000:]
     assert left == []
+
+
+def test_a_duration_bounds_the_wait_for_rank_servers(driver, monkeypatch):
+    """Servers that never come: the driver waited $SHARDFUZZ_RANKS_WAIT (5 minutes by default)
+    before a campaign of --duration 2s began; the duration bounds that wait too."""
+    monkeypatch.setenv("SHARDFUZZ_RANKS_WAIT", "120")
+    t0 = time.monotonic()
+    with pytest.raises(InfrastructureError, match="within 2 s"):
+        Runner("tp_mlp", "reference", RunConfig(ranks=str(driver), deadline=2.0))
+    assert time.monotonic() - t0 < 30
 
 
 @pytest.mark.slow

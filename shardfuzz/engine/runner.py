@@ -134,6 +134,9 @@ class Runner:
                 str(self.config.device),
                 self.config.debug_collectives,
                 hard_cap(TIMEOUTS.initial),
+                # a --duration bounds the wait too, as it bounds the campaign (by it plus the grace):
+                # without it, servers that never came kept a 1-minute run waiting 5 minutes
+                self.config.deadline,
             )
         self._confirming = False  # rerunning a case whose rank died (shardfuzz.ranks.faults)
         self.deaths_set_aside: set[str] = set()  # cases whose rank death did not recur (reprs)

@@ -63,17 +63,23 @@ def remote_world() -> RemoteWorld | None:
 
 
 def connect_rank_servers(
-    bind: tuple[str, int], secret: bytes, backend: str, device: str, debug: bool, timeout_s: float
+    bind: tuple[str, int],
+    secret: bytes,
+    backend: str,
+    device: str,
+    debug: bool,
+    timeout_s: float,
+    wait_s: float | None = None,
 ) -> RemoteWorld:
-    """The world of rank servers listening at ``bind`` (waited for once per driver process), and
-    every pool taken from it from now on."""
+    """The world of rank servers listening at ``bind`` (waited for once per driver process, for at
+    most ``wait_s`` seconds beside ``$SHARDFUZZ_RANKS_WAIT``), and every pool taken from it from now on."""
     with _lock:
         world = _remote
     if world is not None and world.bind == bind:
         return world
     if world is not None:
         world.close()
-    world = RemoteWorld(bind, secret, backend, device, debug=debug)
+    world = RemoteWorld(bind, secret, backend, device, debug=debug, wait_s=wait_s)
     try:
         world.start(timeout_s)
     except BaseException:  # the port and what connected are let go, whatever stopped the start

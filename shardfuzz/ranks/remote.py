@@ -79,6 +79,11 @@ class Server:
     closed: bool = False
 
 
+def ranks_wait_s() -> float:
+    """How long a driver waits for its rank servers (``$SHARDFUZZ_RANKS_WAIT``)."""
+    return float(env_int("SHARDFUZZ_RANKS_WAIT", DEFAULT_WAIT_S, 1))
+
+
 class RemoteWorld:
     """The driver's end of a torchrun world of rank servers (see the module)."""
 
@@ -149,12 +154,9 @@ class RemoteWorld:
 
     @property
     def wait_s(self) -> float:
-        """How long to wait for the world (``$SHARDFUZZ_RANKS_WAIT``, read at each wait)."""
-        return (
-            float(env_int("SHARDFUZZ_RANKS_WAIT", DEFAULT_WAIT_S, 1))
-            if self._wait_s is None
-            else self._wait_s
-        )
+        """How long to wait for the world (``$SHARDFUZZ_RANKS_WAIT``, read at each wait; at most
+        the ``wait_s`` the world was made with)."""
+        return ranks_wait_s() if self._wait_s is None else min(ranks_wait_s(), self._wait_s)
 
     def start(self, timeout_s: float) -> RemoteWorld:
         """Wait for every rank server (both channels), send the configuration, wait until all
