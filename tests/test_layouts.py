@@ -85,6 +85,25 @@ def test_zigzag_8_on_2():
     assert Zigzag(0).piece(torch.arange(8), 1, 2).tolist() == [2, 3, 4, 5]
 
 
+def test_owned_with_a_rank_needs_that_rank_to_own():
+    """A new user's pipeline with tied embeddings: the first stage's copy of the shared weight's
+    gradient returned by the last stage passed as Owned(), which any one rank may hold."""
+    from shardfuzz import InvalidArgument, Owned
+
+    first, last = Owned(rank=0), Owned(rank=-1)
+    assert first.check_group([(3,), (0,), (0,)], (3,)) is None
+    assert last.check_group([(0,), (0,), (3,)], (3,)) is None
+    assert last.check_group([(3,)], (3,)) is None  # one stage: first and last
+    said = first.check_group([(0,), (0,), (3,)], (3,))
+    assert said == "group rank 0 (Owned(rank=0)) must hold [3]; group rank 2 holds it", said
+    assert "exactly one rank" in last.check_group([(3,), (0,), (3,)], (3,))
+    assert "does not have" in Owned(rank=3).check_group([(3,), (0,)], (3,))
+    assert repr(last) == "Owned(rank=-1)" and repr(Owned()) == "Owned()"
+    for bad in ("last", 1.0, True):
+        with pytest.raises(InvalidArgument, match="Owned\\(rank="):
+            Owned(rank=bad)
+
+
 def test_owned_needs_exactly_one_owner():
     from shardfuzz import Owned
 

@@ -269,7 +269,7 @@ class Runner:
         upper_bound = self.last_verdict is not None and self.last_verdict.upper_bound
         self.stats.note_pass(ratio, case, upper_bound=upper_bound)
         self._note_wider_outputs(case)
-        self._note_degenerate()
+        self._note_degenerate(case)
         if elapsed is not None:
             TIMEOUTS.record(self._timeout_key(case), elapsed)
         return ratio
@@ -287,7 +287,7 @@ class Runner:
             if od.dtype in ("float32", "float64") and self.tolerance.for_output(od.name) is None:
                 self.stats.wider_outputs.setdefault(od.name, f"{od.dtype} in {case.dtype} cases")
 
-    def _note_degenerate(self) -> None:
+    def _note_degenerate(self, case: Case) -> None:
         """Count the passing example's outputs that the oracle gave all zero or constant (a new
         user's dropout at p = 0.999 passed a whole run "at 0 (every compared element equal)",
         which read as a strong pass where nothing was compared)."""
@@ -299,6 +299,8 @@ class Runner:
         ]
         flat = [od.name for od in floating if is_degenerate(od.ref)]
         self.stats.degenerate_outputs.update(flat)
+        ones = [k for k, v in case.sizes.items() if v == 1]  # the usual cause, said beside the share
+        self.stats.degenerate_at_one.update((name, k) for name in flat for k in ones)
         if floating and len(flat) == len(floating):
             self.stats.degenerate_passes += 1
 

@@ -48,6 +48,8 @@ class Stats:
     degenerate_passes: int = 0
     #: output -> the passing examples where the oracle gave it all zero or constant
     degenerate_outputs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: (output, size name) -> those passes where that size was 1 (a softmax over one key, seq 1)
+    degenerate_at_one: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: ranks killed from outside whose case then passed (set aside, not findings)
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason

@@ -879,7 +879,14 @@ def degenerate_record(s: Stats) -> dict[str, Any]:
     outputs = {k: v for k, v in s.degenerate_outputs.most_common() if v >= DEGENERATE_SHARE * s.passed}
     if s.degenerate_passes < DEGENERATE_SHARE * s.passed and not outputs:
         return {}
-    return {"passes": s.degenerate_passes, "of": s.passed, "outputs": outputs}
+    # per output, a size that was 1 in most of its degenerate passes: where to look
+    at_one = {}
+    for name, n in outputs.items():
+        sizes = [(c, k) for (o, k), c in s.degenerate_at_one.items() if o == name and c > n / 2]
+        if sizes:
+            c, k = max(sizes)
+            at_one[name] = [k, c]
+    return {"passes": s.degenerate_passes, "of": s.passed, "outputs": outputs, "at_one": at_one}
 
 
 def degenerate_line(d: dict[str, Any]) -> str:
@@ -890,7 +897,12 @@ def degenerate_line(d: dict[str, Any]) -> str:
             f"{d['passes']} of {d['of']} passing examples ({100 * d['passes'] / d['of']:.0f}%) had every "
             "output all zero or constant, where no bug can show"
         )
-    some = ", ".join(f"{k} {100 * v / d['of']:.0f}%" for k, v in d["outputs"].items())
+    at_one = d.get("at_one", {})
+    some = ", ".join(
+        f"{k} {100 * v / d['of']:.0f}%"
+        + (f" ({at_one[k][0]} 1 in {100 * at_one[k][1] / v:.0f}% of them)" if k in at_one else "")
+        for k, v in d["outputs"].items()
+    )
     if some:
         said.append(f"outputs all zero or constant in passing examples: {some}")
     return (

@@ -298,12 +298,21 @@ class Zigzag(Layout):
 class Owned(Layout):
     """Exactly one rank of the group (the owner) holds the whole value; every other rank holds an
     empty tensor of shape ``(0,)``. For state that one rank owns, e.g. ZeroRedundancyOptimizer's
-    per-parameter optimizer state. Which rank owns it is the implementation's business; that
-    exactly one does is checked.
+    per-parameter optimizer state. Which rank owns it is the implementation's business, unless
+    ``rank`` names it: a group rank, negative from the end (``Owned(rank=0)``: a pipeline's first
+    stage, ``Owned(rank=-1)``: its last). That exactly one does (the one named) is checked.
     """
 
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int)):
+            raise InvalidArgument(
+                f"Owned(rank={self.rank!r}); must be a group rank (an int, -1: the last) or None"
+            )
+
     def __repr__(self) -> str:
-        return "Owned()"
+        return "Owned()" if self.rank is None else f"Owned(rank={self.rank})"
 
     def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         return tuple(global_shape)  # the owner's; every other rank holds (0,)
@@ -317,10 +326,18 @@ class Owned(Layout):
         return tuple(held) != (0,) or tuple(global_shape) == (0,)
 
     def check_group(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, ...]) -> str | None:
-        if self.owner_of(shapes, global_shape) is None:
+        owner = self.owner_of(shapes, global_shape)
+        if owner is None:
             return (
                 f"exactly one rank must hold {list(global_shape)} and the others [0]; "
                 f"they hold {[list(s) for s in shapes]}"
+            )
+        if self.rank is not None and not -len(shapes) <= self.rank < len(shapes):
+            return f"{self!r} names a rank the group of {len(shapes)} does not have"
+        if self.rank is not None and owner != self.rank % len(shapes):
+            return (
+                f"group rank {self.rank % len(shapes)} ({self!r}) must hold {list(global_shape)}; "
+                f"group rank {owner} holds it"
             )
         return None
 
