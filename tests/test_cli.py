@@ -655,6 +655,25 @@ def test_a_clean_run_whose_outputs_were_all_zero_says_it_compared_nothing(capsys
     assert "all zero or constant" not in capsys.readouterr().out
 
 
+def test_the_degenerate_line_names_a_size_that_was_1_in_most_of_those_passes():
+    """A new user's block-sparse attention: grad_q and grad_k were 0 in 42% of the passes (one key
+    per query row), and the line did not say which size did it: seq 1, in most of them."""
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.frontends.campaign import degenerate_line, degenerate_record
+
+    s = Stats(passed=10, degenerate_passes=1)
+    s.degenerate_outputs.update({"grad_q": 4, "y": 1})
+    s.degenerate_at_one.update({("grad_q", "seq"): 3, ("grad_q", "batch"): 1, ("y", "seq"): 1})
+    record = degenerate_record(s)
+    assert record["outputs"] == {"grad_q": 4} and record["at_one"] == {"grad_q": ["seq", 3]}
+    line = degenerate_line(record)
+    assert line.startswith(
+        "outputs all zero or constant in passing examples: grad_q 40% (seq 1 in 75% of them)"
+    )
+    assert "passing examples (" not in line  # 1 of 10 with every output so: below the 20% said
+    assert degenerate_record(Stats(passed=10, degenerate_passes=1)) == {}
+
+
 def test_a_fuzzer_failure_after_clean_examples_says_how_many_ran(monkeypatch, capsys):
     """A new user's torchrun node was lost after 755 clean examples: the run ended with "the fuzzer
     itself failed: no rank server connected ...", nothing of what had run."""
