@@ -78,12 +78,23 @@ ARG_OPTIONS = {"dim": ("dim", "dim2"), "flag": ("flag0", "flag1", "flag2"), "sca
 SIZE_NAMES = frozenset("size shape stride sizes repeats pad split_sizes output_size normalized_shape".split())
 #: int arguments that are not dims: their small values
 NAMED_INTS = {"k": (1, 2), "index": (0, 1), "decimals": (0, 1), "diagonal": (0, 1), "offset": (0, 1)}
-#: ops whose values are random, uninitialised, or not a function of the input; internal variants
+#: ops whose values are random, uninitialised, or not a function of the input
 NOT_A_FUNCTION = re.compile(
     r"rand|dropout|bernoulli|normal|uniform|multinomial|exponential|cauchy|geometric|random|empty|"
-    r"new_|_like$|_backward|foreach|^_|fill|zero|copy|^set_|resize|as_strided|scatter|index_put|"
-    r"nonzero|masked_scatter|detach|alias|lift|clone|view_as|native_|to$|view$|rrelu"
+    r"new_|_like$|fill|zero|copy|^set_|resize|as_strided|scatter|index_put|"
+    r"nonzero|masked_scatter|detach|alias|lift|clone|view_as|to$|view$|rrelu"
 )
+#: internal and backward variants: their arguments are what autograd or a decomposition passes
+#: (saved statistics, an output to reuse), not what a user calls with
+INTERNAL = re.compile(r"_backward|foreach|^_|native_")
+#: internal ops a case draws all the same: the kernels behind torch.softmax and log_softmax, whose
+#: DTensor strategies (a sharded softmax dim) every softmax over a DTensor goes through
+INTERNAL_DRAWN = frozenset({"_softmax", "_log_softmax"})
+#: the softmaxes: a case over a dim of one element is refused (every output constant)
+SOFTMAXES = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
+#: flags passed as False, never drawn: half_to_float is True only for a half input on CUDA (a CPU
+#: float kernel refuses it, and a third of the softmax cases were spent refused)
+FIXED_FALSE = frozenset({"half_to_float"})
 #: comparisons and logical ops in place: they write a 0/1 mask into the float input, which hides
 #: nearly any wrong value (their out-of-place forms, with bool results, are drawn)
 MASKS_IN_PLACE = re.compile(r"^(eq|ne|lt|le|gt|ge|logical_and|logical_or|logical_xor|logical_not)_$")
@@ -156,6 +167,8 @@ def _spec(op: Any) -> OpSpec | str:
     base = schema.name.split("::")[1]
     if NOT_A_FUNCTION.search(base):
         return "not a function of its input"
+    if INTERNAL.search(base) and base not in INTERNAL_DRAWN:
+        return "an internal or backward variant"
     if MASKS_IN_PLACE.match(base):
         return "a 0/1 mask written in place"
     if OTHER_FAMILIES.search(base):
@@ -195,6 +208,8 @@ def _drawn_args(base: str, args: Any) -> tuple[Arg, ...] | str:
             return "a size or shape argument"
         if kind == "dims" and base == "permute":
             kind = "perm"
+        if kind == "flag" and a.name in FIXED_FALSE:
+            kind = "false"
         drawn.append(Arg(a.name, kind, a.kwarg_only, positions.get(a.name, 0)))
     if sum(a.kind == "other" for a in drawn) > 1:
         return "more than one tensor argument"
@@ -261,6 +276,7 @@ def _simplest(arg: Arg) -> Any:
         "dtype?": None,
         "perm": [1, 0],
         "flag": False,
+        "false": False,
         "scalar": 0.5,
         "other": "other",
     }[arg.kind]
@@ -404,6 +420,8 @@ def values_of(case) -> list[Any]:
             values.append(None if opts["result_dtype"] is None else getattr(torch, opts["result_dtype"]))
         elif kind == "other":
             values.append("other")
+        elif kind == "false":
+            values.append(False)
         else:  # a named small int: k of topk counts from 1
             lo, _ = NAMED_INTS[kind[4:]]
             values.append(lo + opts["small_int"])
@@ -474,6 +492,11 @@ def inputs(case):
     g = generator(case)
     shape = shape_of(case)
     spec = spec_of(case)
+    if spec.name in SOFTMAXES and shape:
+        dim = values_of(case)[0]
+        if -len(shape) <= dim < len(shape) and shape[dim] <= 1:
+            # one element: softmax is 1 and log_softmax 0 whatever DTensor does, and no gradient
+            raise Unsupported(f"{spec.name} over a dim of {shape[dim]}", reason="softmax over one element")
     x = randn(case, *shape, gen=g)
     other = randn(case, *shape, gen=g)
     for key in ("place", "other_place"):

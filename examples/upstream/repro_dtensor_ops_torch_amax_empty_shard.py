@@ -2,7 +2,7 @@
 
 2 rank(s), mesh (2,); sizes d0=1, d1=1, d2=1; float32; options {'op': 'aten.amax.default', 'ndim': 1, 'place': 'S0', 'other_place': 'R', 'backward': False, 'dim': 0, 'dim2': 0, 'dims': '[0]', 'all_dims': False, 'flag0': False, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 0.5, 'small_int': 0, 'perm': '[0]', 'result_dtype': None}.
 Run: torchrun --nproc-per-node=2 repro_dtensor_ops_torch_amax_empty_shard.py    (add --backend nccl for GPUs)
-Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-05). Each rank runs the
+Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-07). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
 within the tolerance shardfuzz allows a mismatch after its recheck (a report of a mismatch far
 past it shows the narrower bound before the recheck, which it skips there); every wrong output of
@@ -221,6 +221,9 @@ NAMED_INTS = {"k": (1, 2), "index": (0, 1), "decimals": (0, 1), "diagonal": (0, 
 SIZE_NAMES = frozenset("size shape stride sizes repeats pad split_sizes output_size normalized_shape".split())
 
 
+FIXED_FALSE = frozenset({"half_to_float"})
+
+
 def _drawn_args(base: str, args: Any) -> tuple[Arg, ...] | str:
     """The arguments after ``self`` a case draws (those with a default left out, but optional dim
     lists and flags), or why the op cannot be drawn."""
@@ -241,6 +244,8 @@ def _drawn_args(base: str, args: Any) -> tuple[Arg, ...] | str:
             return "a size or shape argument"
         if kind == "dims" and base == "permute":
             kind = "perm"
+        if kind == "flag" and a.name in FIXED_FALSE:
+            kind = "false"
         drawn.append(Arg(a.name, kind, a.kwarg_only, positions.get(a.name, 0)))
     if sum(a.kind == "other" for a in drawn) > 1:
         return "more than one tensor argument"
@@ -252,9 +257,12 @@ def _drawn_args(base: str, args: Any) -> tuple[Arg, ...] | str:
 
 NOT_A_FUNCTION = re.compile(
     r"rand|dropout|bernoulli|normal|uniform|multinomial|exponential|cauchy|geometric|random|empty|"
-    r"new_|_like$|_backward|foreach|^_|fill|zero|copy|^set_|resize|as_strided|scatter|index_put|"
-    r"nonzero|masked_scatter|detach|alias|lift|clone|view_as|native_|to$|view$|rrelu"
+    r"new_|_like$|fill|zero|copy|^set_|resize|as_strided|scatter|index_put|"
+    r"nonzero|masked_scatter|detach|alias|lift|clone|view_as|to$|view$|rrelu"
 )
+
+
+INTERNAL_DRAWN = frozenset({"_softmax", "_log_softmax"})
 
 
 MASKS_IN_PLACE = re.compile(r"^(eq|ne|lt|le|gt|ge|logical_and|logical_or|logical_xor|logical_not)_$")
@@ -268,6 +276,9 @@ OTHER_FAMILIES = re.compile(
 )
 
 
+INTERNAL = re.compile(r"_backward|foreach|^_|native_")
+
+
 def _spec(op: Any) -> OpSpec | str:
     """The op as a case can draw it, or why not."""
     if getattr(op, "namespace", "") != "aten":
@@ -276,6 +287,8 @@ def _spec(op: Any) -> OpSpec | str:
     base = schema.name.split("::")[1]
     if NOT_A_FUNCTION.search(base):
         return "not a function of its input"
+    if INTERNAL.search(base) and base not in INTERNAL_DRAWN:
+        return "an internal or backward variant"
     if MASKS_IN_PLACE.match(base):
         return "a 0/1 mask written in place"
     if OTHER_FAMILIES.search(base):
@@ -319,6 +332,7 @@ def _simplest(arg: Arg) -> Any:
         "dtype?": None,
         "perm": [1, 0],
         "flag": False,
+        "false": False,
         "scalar": 0.5,
         "other": "other",
     }[arg.kind]
@@ -393,6 +407,8 @@ def values_of(case) -> list[Any]:
             values.append(None if opts["result_dtype"] is None else getattr(torch, opts["result_dtype"]))
         elif kind == "other":
             values.append("other")
+        elif kind == "false":
+            values.append(False)
         else:  # a named small int: k of topk counts from 1
             lo, _ = NAMED_INTS[kind[4:]]
             values.append(lo + opts["small_int"])
