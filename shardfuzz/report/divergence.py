@@ -253,7 +253,11 @@ def _cycle(waits: Mapping[int, int]) -> tuple[int, ...]:
 def describe_sequences(traces: Traces) -> str:
     """One line for a report: the sequences agree (with counts), or where they first part."""
     if not traces or not any(traces.values()):
-        return "collectives: none entered on any rank"
+        # a DDP hang said "none entered" flatly: its reducer's all-reduces come from C++
+        return (
+            "collectives: none entered on any rank from Python (those C++ issues on its own, such as "
+            "DistributedDataParallel's reducer in backward, are not traced: the rank stacks show them)"
+        )
     d = first_divergence(traces)
     counts = ", ".join(f"rank {r}: {len(t)}" for r, t in sorted(traces.items()))
     if d is None:
