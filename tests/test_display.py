@@ -228,6 +228,11 @@ def test_a_progress_line_before_the_first_verdict_says_what_is_happening():
     assert progress_line(start) == f"[   6.0s] t/i: {FIRST_EXAMPLE}"
     later = dataclasses.replace(start, examples=3, failing=3)
     assert progress_line(later) == "[   6.0s] t/i: 3 examples (0.5/s), 3 failing; uneven 0%"
+    # two new users took a hang's shrink, 0.1 examples/s, for the tool itself stuck
+    hung = dataclasses.replace(later, hangs=2)
+    assert "3 failing (2 hung, each after its timeout: shrinking a hang is slow); uneven" in progress_line(
+        hung
+    )
 
 
 def test_a_progress_line_counts_an_example_once_it_has_a_verdict():

@@ -17,6 +17,8 @@ class Stats:
     examples: int = 0
     passed: int = 0
     failures: int = 0
+    #: failing examples that hung (each waited out its timeout: a shrink of a hang is slow)
+    hangs: int = 0
     elapsed: float = 0.0
     #: how many examples ran until the first failure (None: no failure)
     first_failure_at: int | None = None
@@ -102,6 +104,7 @@ class Stats:
     def count_finding(self, finding: Any) -> None:
         """One more failing example: the first failure's position, and a mismatch's margin."""
         self.failures += 1
+        self.hangs += finding.kind == "hang"
         if self.first_failure_at is None:
             self.first_failure_at = self.examples
         if finding.ratio is not None and finding.kind == "mismatch":

@@ -478,6 +478,7 @@ def _progress(
         elapsed=elapsed,
         remaining=remaining,
         triggers=tuple((t, s.triggers.get(t, 0)) for t in shown),
+        hangs=s.hangs,
     )
 
 

@@ -39,6 +39,15 @@ class Progress:
     elapsed: float  # seconds
     remaining: float | None  # seconds left: to the deadline, or the examples left at the current rate
     triggers: tuple[tuple[str, int], ...]  # each condition shown and the examples that reached it
+    hangs: int = 0  # failing examples that hung, each after its timeout
+
+    @property
+    def failing_words(self) -> str:
+        """ "3 failing", and how many hung: a shrink of a hang runs at one example per timeout, and a
+        new user took 0.1 examples/s for the tool itself stuck."""
+        if not self.hangs:
+            return f"{self.failing} failing"
+        return f"{self.failing} failing ({self.hangs} hung, each after its timeout: shrinking a hang is slow)"
 
     @property
     def rate(self) -> float:
@@ -55,7 +64,7 @@ def progress_line(p: Progress) -> str:
     if not n and not p.failing:  # "0 examples (0.0/s)" for the first seconds read as a stall
         return f"[{p.elapsed:6.1f}s] {p.label}: {FIRST_EXAMPLE}"
     share = ", ".join(f"{t} {100.0 * hits / n:.0f}%" for t, hits in p.triggers) if n else ""
-    return f"[{p.elapsed:6.1f}s] {p.label}: {n} examples ({p.rate:.1f}/s), {p.failing} failing" + (
+    return f"[{p.elapsed:6.1f}s] {p.label}: {n} examples ({p.rate:.1f}/s), {p.failing_words}" + (
         f"; {share}" if share else ""
     )
 
@@ -122,7 +131,7 @@ def live_lines(p: Progress, width: int = 120) -> Any:
         status = Text(f"{p.label}: {FIRST_EXAMPLE}")
     else:
         status = Text(f"{p.label}: {p.examples} examples ({p.rate:.1f}/s), ")
-        status.append(f"{p.failing} failing, {p.findings} distinct findings", style=verdict_style(p))
+        status.append(f"{p.failing_words}, {p.findings} distinct findings", style=verdict_style(p))
     left = f", about {p.remaining:.0f} s left" if p.remaining is not None else ""
     clock = Text(f"{p.elapsed:.0f} s elapsed{left}", style="dim")
     bars = Table.grid(padding=(0, 1))
