@@ -233,6 +233,14 @@ def test_a_progress_line_before_the_first_verdict_says_what_is_happening():
     assert "3 failing (2 hung, each after its timeout: shrinking a hang is slow); uneven" in progress_line(
         hung
     )
+    from types import SimpleNamespace
+
+    from shardfuzz.engine.stats import Stats
+
+    stats = Stats()
+    stats.count_finding(SimpleNamespace(kind="hang", ratio=None))
+    stats.count_finding(SimpleNamespace(kind="mismatch", ratio=2.0))
+    assert (stats.failures, stats.hangs) == (2, 1)
 
 
 def test_a_progress_line_counts_an_example_once_it_has_a_verdict():
