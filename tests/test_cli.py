@@ -146,6 +146,22 @@ def test_an_option_from_other_fuzzers_says_what_shardfuzz_does_instead(capsys):
     assert "did you mean" not in err, err
 
 
+def test_repro_given_a_rerun_line_says_it_takes_failure_files(capsys):
+    """A new user gave ``repro`` the report's rerun line (``--impl X 'Case(...)'``) and read only
+    "unrecognized arguments"."""
+    from shardfuzz.frontends.cli import main
+
+    case = "Case(target='tp_mlp', world_size=2, mesh=(2,), sizes={}, split=())"
+    with pytest.raises(SystemExit) as e:
+        main(["repro", "tp_mlp", "--impl", "missing_allreduce", case])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "; repro takes failure files (FILE: a finding writes one under" in err, err
+    assert "shardfuzz case TARGET --impl IMPL 'Case(...)', reruns a case" in err, err
+    with pytest.raises(SystemExit):
+        main(["fuzz", "tp_mlp", "--impl", "missing_allreduce", case])  # a target, not a failure file
+    assert "takes failure files" not in capsys.readouterr().err
+
+
 def test_case_of_a_refused_case_prints_its_reason_and_its_message():
     """``case`` printed only the short reason an implementation counts its refusals by (``q heads %
     sp``), not its message (``q heads 2 not divisible by sp 3``): a new user's Ulysses audit."""

@@ -37,6 +37,14 @@ ABSENT = {
 }
 
 
+#: the commands that read failure files, and what to say to one given a case instead
+FILE_COMMANDS = {
+    c: "takes failure files (FILE: a finding writes one under .shardfuzz/failures/, its report names it); "
+    "a report's rerun line, shardfuzz case TARGET --impl IMPL 'Case(...)', reruns a case"
+    for c in ("repro", "replay")
+}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, with usage errors a user can read: the message and where the options are
     listed, not the whole usage first (``fuzz``'s is 15 lines, above the message); an unknown
@@ -61,7 +69,11 @@ class _Parser(argparse.ArgumentParser):
                 else e
                 for e in extras
             ]
-            command.error(f"unrecognized arguments: {' '.join(guesses)}")
+            name = getattr(parsed, "command", None)
+            # a new user gave repro what `shardfuzz case` takes, the report's rerun line
+            case_line = name in FILE_COMMANDS and any(e.startswith(("Case(", "--impl")) for e in extras)
+            hint = f"; {name} {FILE_COMMANDS[name]}" if case_line and name else ""
+            command.error(f"unrecognized arguments: {' '.join(guesses)}{hint}")
         return parsed
 
 
