@@ -650,6 +650,9 @@ def test_a_size_the_replicas_do_not_divide_is_a_trigger_of_its_own():
     assert "uneven over replicas" in reached((3, 1), 4)
     assert not {"uneven over replicas", "uneven"} & reached((2, 2), 4)  # 2 rows a replica; hidden even
     assert "uneven over replicas" not in reached((2,), 3)  # one replica: nothing to split
+    # fewer rows than replicas: one holds none (a new user's 2-D halo exchange could not tell)
+    assert "empty shard over replicas" in reached((3, 1), 2)
+    assert "empty shard over replicas" not in reached((2, 2), 2) | reached((2,), 1)
 
 
 def test_the_simplest_case_is_the_one_a_search_tries_first():

@@ -356,7 +356,7 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     )
     shown = generic + tuple(t for t in target.triggers if t not in generic)
     reached = {t for case, _ in pool for t in triggers_of(target, case)}
-    names = {"uneven over replicas"} | {
+    names = {"uneven over replicas", "empty shard over replicas"} | {
         t for n in target.per_group for t in (f"{n}<group", f"{n}%group!=0", f"group%{n}==0")
     }  # what shardfuzz.spec.triggers.group_relations names
     relations = sorted(reached & names)

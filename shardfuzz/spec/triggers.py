@@ -32,6 +32,7 @@ GENERIC = (
     "empty DTensor shard",
     SPLIT_RULES_DIFFER,
     "uneven over replicas",
+    "empty shard over replicas",
     "batch>1",
     "bfloat16",
     "float64",
@@ -105,7 +106,7 @@ def triggers_of(target: Any, case: Case) -> set[str]:
 def conditions_named(target: Any) -> set[str]:
     """Every condition name :func:`triggers_of` can give a case of ``target`` (what an exclusion's
     ``'uneven' in triggers`` may test)."""
-    out = {*GENERIC, "strided inputs", "backward", "uneven over replicas", *target.triggers}
+    out = {*GENERIC, "strided inputs", "backward", *target.triggers}
     out |= {f"profile={p}" for p in VALUE_PROFILES if p != "normal"} | {f"edge={k}" for k in EDGE_KINDS}
     for name in target.per_group:
         out |= {f"{name}<group", f"{name}%group!=0", f"group%{name}==0"}
@@ -124,11 +125,16 @@ def conditions_met(target: Any, case: Case) -> tuple[str, ...]:
 
 def replica_triggers(case: Case, names: frozenset[str]) -> set[str]:
     """What the sizes a target splits over the replicas of a dp x tp mesh (``Split(over="replicas")``,
-    not in ``case.split``) reach: a batch the replicas do not divide hides a mean of means."""
+    not in ``case.split``) reach: a batch the replicas do not divide hides a mean of means; fewer
+    rows than replicas leaves one without any (a new user's 2-D halo exchange could not tell
+    whether an empty row shard was ever drawn)."""
     replicas = case.world_size // case.group_size
-    if replicas < 2 or not any(case.sizes.get(n, 0) % replicas for n in names):
-        return set()
-    return {"uneven over replicas"}
+    out = set()
+    if replicas >= 2 and any(case.sizes.get(n, 0) % replicas for n in names):
+        out.add("uneven over replicas")
+    if replicas >= 2 and any(case.sizes.get(n, replicas) < replicas for n in names):
+        out.add("empty shard over replicas")
+    return out
 
 
 def group_relations(name: str, q: int, g: int) -> set[str]:
