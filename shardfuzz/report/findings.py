@@ -44,14 +44,12 @@ from shardfuzz.verdict.judge import Verdict
 ONE_RANK_NOTE = (
     "fails on 1 rank, with no peer to exchange with: the bug needs no other rank's data; it is in "
     "code every rank runs: which part of the inputs it takes (its shard's offsets and order), its "
-    "math (or a kernel it calls) or its code around the collectives (what it hands to one, what it "
-    "does with the result)"
+    "math (or a kernel it calls), its random draws (an RNG state not restored for a recompute, a "
+    "draw the oracle does not make) or its code around the collectives (what it hands to one, what "
+    "it does with the result, an async one's result read before its wait())"
 )
 
 
-#: the note of a mismatch whose case draws its values on a grid: a tie broken otherwise than the
-#: oracle breaks it is two right answers (a new user's torch.topk router picked experts [6, 5] of
-#: five equal logits where the oracle's stated rule picked [2, 4], and the report named no tie)
 def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:
     """Where an exactly compared output is wrong at elements the oracle itself decides otherwise
     under the noise model's samples: a choice within rounding of a tie (a new user's k-means that
@@ -89,6 +87,9 @@ def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:
 NEAR_TIE_LOOKS = 10_000
 
 
+#: the note of a mismatch whose case draws its values on a grid: a tie broken otherwise than the
+#: oracle breaks it is two right answers (a new user's torch.topk router picked experts [6, 5] of
+#: five equal logits where the oracle's stated rule picked [2, 4], and the report named no tie)
 TIES_NOTE = (
     # the stated rule first: a new user whose oracle stated one (lowest id) read the note, which
     # led with "two right answers", as a hint that the finding was a false alarm
