@@ -44,6 +44,7 @@ def inputs(case):
     }
 
 
+@shardfuzz.decision()  # the oracle and every rank call it on the same values: exact on both sides
 def choose_expert(x, router):
     """Top-1 expert ids, from float64 logits made by elementwise ops (the same bits for a token
     whatever the batch around it); ``argmax`` gives a tie to the lower id."""

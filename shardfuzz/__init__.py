@@ -50,6 +50,7 @@ __all__ = [
     "Zigzag",
     "__version__",
     "bind",
+    "decision",
     "get_target",
     "regressions",
     "run",
@@ -96,6 +97,7 @@ _LAZY = {
     "PlantedBug": "shardfuzz.spec.records",
     "Verified": "shardfuzz.spec.records",
     "bind": "shardfuzz.spec.records",
+    "decision": "shardfuzz.spec.decisions",
     "Tolerance": "shardfuzz.spec.tolerance",
     "OutputTolerance": "shardfuzz.spec.tolerance",
     "get_target": "shardfuzz.spec.registry",
@@ -128,6 +130,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from shardfuzz.frontends.pytest_plugin import regressions, test_for
     from shardfuzz.ranks.task import RankContext
     from shardfuzz.spec.budget import CommBudget
+    from shardfuzz.spec.decisions import decision
     from shardfuzz.spec.layouts import Owned, PaddedFlat, Partial, Replicate, Shard, Zigzag
     from shardfuzz.spec.records import Bound, Expect, ExpectedFailure, PlantedBug, Verified, bind
     from shardfuzz.spec.registry import get_target

@@ -1053,6 +1053,30 @@ def test_an_integer_output_flipped_within_rounding_of_a_tie_is_named_in_the_repo
     assert "decisions within rounding of a tie: at 2 of the 2 wrong elements of 'choice'" in report, report
 
 
+def test_a_shared_decision_marked_as_such_keeps_its_exact_ties_and_a_tie_rule_bug_shows():
+    """A new user's expert-choice router shared its decision with the oracle as the docs say (one
+    function, float64 on the case-dtype values): the noise samples flipped its exact ties, the bound
+    on y took in both experts, and a tie-rule bug passed at 0.07. Inside shardfuzz.decision() the
+    noise model leaves the decision exact: the same bug fails by far; the reference passes."""
+    from shardfuzz import Case, Runner
+    from shardfuzz.errors import Mismatch
+
+    path = os.path.join(os.path.dirname(__file__), "data", "shared_decision_target.py")
+    case = Case(
+        target="shared_decision", world_size=2, mesh=(2,), sizes={"tokens": 4}, split=("tokens",),
+        dtype="bfloat16", seed=1,
+    )  # fmt: skip
+    with pytest.raises(Mismatch) as e:
+        Runner(f"{path}::TARGET", "higher_on_ties").run_case(case)
+    assert e.value.ratio > 10, e.value.report  # bfloat16: about 40x
+    clean = Runner(f"{path}::TARGET", "reference")
+    clean.always_noise = True
+    assert clean.run_case(case) < 1.0
+    # unmarked, the same bug passes: the samples flip the oracle's ties (why decision() exists)
+    unmarked = dataclasses.replace(case, target="shared_decision_unmarked")
+    assert Runner(f"{path}::UNMARKED", "higher_on_ties").run_case(unmarked) < 1.0
+
+
 def test_the_noise_samples_mark_only_the_integer_elements_they_flip():
     # scores 1 (|terms| 1) and 1 + 2^-8 (|terms| 3): a bfloat16 rounding of each, pushed the same way,
     # reverses the first row's order; the second row's scores are 1 and 3

@@ -79,7 +79,8 @@ def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:
         "scores or logits of the implementation's own, in the case dtype) goes either way, and an "
         "integer output is compared exactly. Where the contract fixes the choice (an exact tie with a "
         "stated rule), this is a bug; else make the decision the same on both sides: one function the "
-        "oracle and every rank call on the same values (docs/reference/target-spec.md, discrete decisions)"
+        "oracle and every rank call on the same values, marked with shardfuzz.decision() "
+        "(docs/reference/target-spec.md, discrete decisions)"
     )
 
 

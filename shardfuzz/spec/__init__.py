@@ -10,6 +10,8 @@ budgets and DTensor placements. Imports only the core.
 - ``budget.py``: communication budgets as a target declares them (`CommBudget`,
   `Target(comm=...)`) and the byte formulas they are written with (`all_reduce_bytes`,
   `all_gather_bytes`, `ITEMSIZE`).
+- ``decisions.py``: `decision()`, around a discrete decision the oracle and the ranks make with
+  the same code on the same values: the noise model leaves its arithmetic exact.
 - ``exclude.py``: known failures set aside: `--exclude` case expressions (checked against an AST
   allow-list) and `Target(known_failures=)`.
 - ``inputs.py``: seeded input builders and value profiles, by role (activation, weight, logits,
