@@ -896,7 +896,7 @@ def degenerate_line(d: dict[str, Any]) -> str:
     if d["passes"] >= DEGENERATE_SHARE * d["of"]:
         said.append(
             f"{d['passes']} of {d['of']} passing examples ({100 * d['passes'] / d['of']:.0f}%) had every "
-            "output all zero or constant, where no bug can show"
+            "output all zero or constant in the oracle, where a sum, a scale or an order gone wrong cannot show"
         )
     at_one = d.get("at_one", {})
     some = ", ".join(
