@@ -50,8 +50,8 @@ from shardfuzz.report import plot
 from shardfuzz.report.closest_pass import (
     closest_pass_case,
     closest_pass_words,
-    infinite_margin_why,
     margin_text,
+    margin_why,
     measure_closest_pass,
     recheck_closest_pass,
 )
@@ -186,7 +186,7 @@ class Outcome:
                 {
                     "kind": f.kind,
                     "margin": f.ratio,
-                    "margin_why": infinite_margin_why(getattr(f, "diffs", None)),
+                    "margin_why": margin_why(getattr(f, "diffs", None), f.ratio),
                     "case": repr(f.case),
                     "file": path,
                     "site": _site(f),

@@ -174,11 +174,21 @@ def margin_text(ratio: float, why: str | None = None) -> str:
     finding's comparisons are at hand, else both causes."""
     if math.isinf(ratio):
         return f"inf ({why or INFINITE_MARGIN})"
-    return f"{ratio:.3g}x"
+    return f"{ratio:.3g}x ({why})" if why else f"{ratio:.3g}x"
 
 
 #: why a margin is infinite, where the finding's comparisons are not at hand
 INFINITE_MARGIN = "an exactly compared output differs, or a value is NaN or inf where the oracle's is finite"
+
+
+def margin_why(diffs: Any, ratio: float | None) -> str | None:
+    """What a summary says beside a mismatch's margin: why it is infinite
+    (:func:`infinite_margin_why`), or the output it is of (a new user read 44.9x in the summary
+    and 2.48x at the top of the report, the first output's, and could not tell which it was)."""
+    if ratio is None or math.isinf(ratio):
+        return infinite_margin_why(diffs)
+    names = [od.name for od in diffs or () if od.max_ratio == ratio]
+    return f"in {', '.join(names)}" if names else None
 
 
 def infinite_margin_why(diffs: Any) -> str | None:
