@@ -20,6 +20,14 @@ def _report(leaks):
     return excinfo.value
 
 
+def test_a_layout_report_says_the_values_were_not_compared():
+    """Two new users read a layout finding as the only thing wrong: a count beside the misshapen
+    output was wrong too, and the report never compared it."""
+    from shardfuzz.report.findings import LAYOUT_FIRST
+
+    assert LAYOUT_FIRST in _report(()).report
+
+
 def test_the_leak_note_sits_above_the_rerun_line_as_before():
     plain, leaky = _report(()), _report(["rank 0 left x = 1", "rank 1 left y = 2"])
     # what the runner made of the plain report before issue 22, by cutting it at the rerun line
@@ -90,7 +98,9 @@ def test_a_non_finite_mismatch_on_an_empty_shard_says_how_to_look_past_it():
     assert note in reporter._empty_shard_note(CASE, verdict(math.inf, torch.ones(1)))
     assert reporter._empty_shard_note(CASE, verdict(9e6, torch.ones(1))) is None
     assert reporter._empty_shard_note(CASE, verdict(math.inf, None)) is None  # compared exactly
-    assert REPORTER._empty_shard_note(CASE, verdict(math.inf, torch.ones(1))) is None  # no conditions
+    # no empty shard met (a chunked loop that skipped its partial last chunk): the general word
+    general = REPORTER._empty_shard_note(CASE, verdict(math.inf, torch.ones(1)))
+    assert general.startswith("the outputs are not finite in the smallest case the shrinker found"), general
 
 
 def test_a_findings_report_names_the_trigger_conditions_its_shrunk_case_meets(proof):

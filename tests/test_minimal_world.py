@@ -12,7 +12,7 @@ import shardfuzz.strategies as sst
 from shardfuzz import RunConfig
 from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.frontends import campaign
-from shardfuzz.report.findings import ONE_RANK_NOTE
+from shardfuzz.report.findings import ONE_RANK_NOTE, ONE_RANK_SHORT
 from shardfuzz.spec.sampling import draw_pool
 
 HERE = os.path.dirname(__file__)
@@ -68,10 +68,10 @@ def test_a_bug_without_communication_is_reported_on_1_rank_with_the_note(tmp_pat
     assert finding.kind == "mismatch" and (finding.case.world_size, finding.case.sizes["n"]) == (1, 3)
     assert ONE_RANK_NOTE in finding.report and "found on 2 ranks" in finding.report
     assert out.result.case == finding.case
-    assert ONE_RANK_NOTE in campaign.summary_table([out.row()])
+    assert ONE_RANK_SHORT in campaign.summary_table([out.row()])
 
 
 def test_a_bug_that_needs_2_ranks_is_reported_on_2_without_the_note():
     out, finding = _fuzz("wrong_on_rank1")
     assert finding.kind == "mismatch" and finding.case.world_size == 2
-    assert ONE_RANK_NOTE not in finding.report and ONE_RANK_NOTE not in campaign.summary_table([out.row()])
+    assert ONE_RANK_NOTE not in finding.report and ONE_RANK_SHORT not in campaign.summary_table([out.row()])

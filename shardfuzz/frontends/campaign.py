@@ -55,7 +55,7 @@ from shardfuzz.report.closest_pass import (
     measure_closest_pass,
     recheck_closest_pass,
 )
-from shardfuzz.report.findings import ONE_RANK_NOTE
+from shardfuzz.report.findings import ONE_RANK_SHORT
 from shardfuzz.spec.budget import budget_for
 
 
@@ -793,7 +793,7 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
     if f.get("cut_short"):
         lines.append(f"{'':<16}   shrinking cut short ({f['cut_short']}): the smallest case found so far")
     if f.get("one_rank"):
-        lines.append(f"{'':<16}   {ONE_RANK_NOTE}")
+        lines.append(f"{'':<16}   {ONE_RANK_SHORT}")
     if f.get("fleet"):
         lines.append(f"{'':<16}   fleet finding {f['id']}: {fleet_note(f)}")
         if f.get("offered_case") not in (None, f["case"]):

@@ -41,6 +41,10 @@ from shardfuzz.verdict.judge import Verdict
 #: a collective (a cast before an all_gather fails on 1 rank too; "not a distribution bug" sent a
 #: user away from the collective path) and what it does with what comes back (a scan that adds
 #: its own total to its carry fails on 1 rank: "not in how the ranks combine the work" was wrong)
+#: the summary's word for it, beside each finding (the whole note is in the report: a new user
+#: found 450 characters repeated under every finding hard to scan)
+ONE_RANK_SHORT = "fails on 1 rank, with no peer to exchange with: the report says where to look"
+
 ONE_RANK_NOTE = (
     "fails on 1 rank, with no peer to exchange with: the bug needs no other rank's data; it is in "
     "code every rank runs: which part of the inputs it takes (its shard's offsets and order), its "
@@ -86,6 +90,13 @@ def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:
 
 #: the wrong elements of one rank a near-tie note looks at
 NEAR_TIE_LOOKS = 10_000
+
+
+#: what a layout finding's report says of the values it did not compare
+LAYOUT_FIRST = (
+    "values not compared: every output's local shapes and dtypes must match its layout first, so "
+    "an output listed nowhere here may be wrong too"
+)
 
 
 #: the note of a mismatch whose case draws its values on a grid: a tie broken otherwise than the
@@ -171,15 +182,23 @@ class Reporter:
         new user's vocab-parallel loss, wrong on every split at 9e6x, was reported on vocab 1 over 2
         ranks at inf)."""
         floating_inf = any(od.bound is not None and math.isinf(od.max_ratio) for od in verdict.mismatched)
-        if not floating_inf or self.conditions is None:  # (an integer output's mismatch is inf too)
+        if not floating_inf:  # (an integer output's mismatch is inf too)
             return None
-        empty = [c for c in self.conditions(case) if c in ("empty shard", "empty DTensor shard")]
-        if not empty:
-            return None
+        met = self.conditions(case) if self.conditions is not None else ()
+        empty = [c for c in met if c in ("empty shard", "empty DTensor shard")]
+        if empty:
+            return (
+                f"the outputs are not finite on a case with an {empty[0]}, the smallest the shrinker found: "
+                f"if the bug should show with data on every rank too, run again with --exclude "
+                f"\"'{empty[0]}' in triggers\" to see it there"
+            )
+        # a chunked loop that skipped its partial last chunk shrank to a shard of one partial
+        # chunk: nothing processed, NaN, where larger shards gave finite wrong values
         return (
-            f"the outputs are not finite on a case with an {empty[0]}, the smallest the shrinker found: "
-            f"if the bug should show with data on every rank too, run again with --exclude "
-            f"\"'{empty[0]}' in triggers\" to see it there"
+            "the outputs are not finite in the smallest case the shrinker found: where the code has "
+            "nothing to do there (a chunk, a shard or a batch with no elements), the same bug may give "
+            "finite wrong values on larger cases: set that edge aside with --exclude (a size, an option) "
+            "to see them"
         )
 
     def _footer(self, case: Case, leaks: Sequence[str] = ()) -> str:
@@ -250,6 +269,8 @@ class Reporter:
     def raise_layout(self, case: Case, verdict: Verdict, traces: Traces, leaks: Sequence[str] = ()) -> None:
         parts = [self._header("local shapes/dtypes do not match the output layouts", case)]
         parts += [f"  {p}" for p in verdict.layout_problems]
+        # two new users read a layout report as the only thing wrong (a count beside it was too)
+        parts.append(LAYOUT_FIRST)
         parts.append(self._footer(case, leaks))
         err = LayoutMismatch("\n".join(parts), case=case, site=self._site(case, ()))
         err.traces, err.leaks, err.problems = dict(traces), tuple(leaks), tuple(verdict.layout_problems)
