@@ -220,6 +220,28 @@ def test_a_campaign_started_with_sigint_ignored_keeps_its_finding_on_sigterm(pro
     assert procs.wait_gone(everything) == []
 
 
+def test_an_error_raised_while_an_interrupt_was_handled_counts_as_the_interrupt():
+    """A SIGTERM's KeyboardInterrupt landed in Hypothesis' own bookkeeping (seen once in the ci
+    suite: the campaign test above); Hypothesis' cleanup then raised "IndexError: pop from empty
+    list", and the campaign ended as the fuzzer's own failure with its finding lost."""
+    from shardfuzz.engine.search import _stopped_by
+
+    def raised(inner: BaseException | None) -> BaseException:
+        try:
+            try:
+                if inner is not None:
+                    raise inner
+            finally:
+                raise IndexError("pop from empty list")
+        except IndexError as e:
+            return e
+
+    assert _stopped_by(raised(KeyboardInterrupt())) == "interrupted"
+    assert _stopped_by(raised(TimeUp())) == "deadline"
+    assert _stopped_by(raised(None)) is None  # an error of its own stays one
+    assert _stopped_by(raised(ValueError("x"))) is None
+
+
 def test_a_sigterm_is_acted_on_once_where_sigint_is_ignored():
     """``cmd &`` in a script, nohup and some CI runners start shardfuzz with SIGINT ignored: the
     search then leaves SIGINT alone, and the interrupt a SIGTERM left pending (jobs.py) was never

@@ -358,9 +358,19 @@ _STOPS = (("interrupted", KeyboardInterrupt), ("deadline", TimeUp), ("failed", I
 
 def _stopped_by(exc: BaseException) -> str | None:
     """What in ``exc`` (or its group) stopped the run: ``"interrupted"``, ``"deadline"`` or
-    ``"failed"`` (:data:`_STOPS`); else None."""
-    leaves = _leaves(exc)
+    ``"failed"`` (:data:`_STOPS`); else None. An error raised while one of those was being handled
+    counts as it: a SIGTERM that landed in Hypothesis' own bookkeeping left its span stack empty,
+    and the IndexError its cleanup then raised lost a campaign's finding (exit 3, no report)."""
+    leaves = [c for e in _leaves(exc) for c in _handling(e)]
     return next((why for why, kind in _STOPS if any(isinstance(e, kind) for e in leaves)), None)
+
+
+def _handling(exc: BaseException, depth: int = 16) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised while handling (its ``__context__`` chain)."""
+    chain = [exc]
+    while len(chain) < depth and chain[-1].__context__ is not None and chain[-1].__context__ not in chain:
+        chain.append(chain[-1].__context__)
+    return chain
 
 
 def _failure_of(exc: BaseException) -> str | None:
