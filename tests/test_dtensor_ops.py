@@ -38,6 +38,28 @@ def test_ops_come_from_the_registry_and_every_other_op_is_counted_by_reason():
     assert any(s.inplace for s in ops.OPS) and any(s.differentiable for s in ops.OPS)
 
 
+def test_the_softmaxes_are_drawn_without_half_to_float_and_never_over_one_element():
+    """A new user fuzzing DTensor's normalisation ops found softmax and log_softmax refused as "not a
+    function of its input" (the internal-variant pattern): every softmax of a DTensor goes through
+    them. ``half_to_float`` is passed as False (a CPU float kernel refuses True); a softmax over one
+    element, whose outputs are constant whatever DTensor does, is refused."""
+    from shardfuzz import Unsupported
+
+    for name in ("aten._softmax.default", "aten._log_softmax.default"):
+        spec = ops.spec_named(name)
+        assert not isinstance(spec, str), spec
+        assert [a.kind for a in spec.args] == ["dim", "false"], spec.args
+        assert name in {s.name for s in ops.FAMILIES["dims"]}
+    assert ops.spec_named("aten.native_layer_norm.default") == "an internal or backward variant"
+    base, _ = simplest_case(TARGET.strategy())
+    case = dataclasses.replace(base, sizes={"d0": 1, "d1": 3, "d2": 1}, options={
+        **base.options, "op": "aten._softmax.default", "ndim": 2, "dim": 0, "place": "R", "backward": False,
+    })  # fmt: skip
+    with pytest.raises(Unsupported, match="over a dim of 1"):
+        ops.inputs(case)
+    ops.inputs(dataclasses.replace(case, options={**case.options, "dim": 1}))  # a dim of 3: drawn
+
+
 @pytest.mark.parametrize(
     "name,values,plain",
     [  # a flag drawn after an argument left at its default: keepdim went in as amax's dim

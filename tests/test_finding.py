@@ -28,6 +28,27 @@ def test_a_layout_report_says_the_values_were_not_compared():
     assert LAYOUT_FIRST in _report(()).report
 
 
+def test_a_finite_margin_names_its_output_and_an_infinite_one_says_why():
+    """A new user read 44.9x in the summary and 2.48x at the top of the report (the first output's)
+    and could not tell which output the margin was of."""
+    import math
+
+    import torch
+
+    from shardfuzz.report.closest_pass import margin_text, margin_why
+    from shardfuzz.verdict.compare import OutputDiff, RankDiff
+
+    def od(name, ratio):
+        return OutputDiff(
+            name, "Replicate()", "float32", (1,), [RankDiff(0, 1, 1, max_ratio=ratio)], bound=torch.ones(1)
+        )
+
+    diffs = [od("y", 2.48), od("grad_w1", 44.9)]
+    assert margin_text(44.9, margin_why(diffs, 44.9)) == "44.9x (in grad_w1)"
+    assert margin_text(3.0, margin_why(diffs, 3.0)) == "3x"  # no output of that ratio: the figure alone
+    assert margin_why([od("y", math.inf)], math.inf) == "y differs where its bound is 0"
+
+
 def test_the_leak_note_sits_above_the_rerun_line_as_before():
     plain, leaky = _report(()), _report(["rank 0 left x = 1", "rank 1 left y = 2"])
     # what the runner made of the plain report before issue 22, by cutting it at the rerun line
