@@ -116,11 +116,11 @@ def test_a_non_finite_mismatch_on_an_empty_shard_says_how_to_look_past_it():
         conditions=lambda case: ["uneven", "empty shard"],
     )  # fmt: skip
     note = "run again with --exclude \"'empty shard' in triggers\""
-    assert note in reporter._empty_shard_note(CASE, verdict(math.inf, torch.ones(1)))
-    assert reporter._empty_shard_note(CASE, verdict(9e6, torch.ones(1))) is None
-    assert reporter._empty_shard_note(CASE, verdict(math.inf, None)) is None  # compared exactly
+    assert note in reporter._non_finite_edge_note(CASE, verdict(math.inf, torch.ones(1)))
+    assert reporter._non_finite_edge_note(CASE, verdict(9e6, torch.ones(1))) is None
+    assert reporter._non_finite_edge_note(CASE, verdict(math.inf, None)) is None  # compared exactly
     # no empty shard met (a chunked loop that skipped its partial last chunk): the general word
-    general = REPORTER._empty_shard_note(CASE, verdict(math.inf, torch.ones(1)))
+    general = REPORTER._non_finite_edge_note(CASE, verdict(math.inf, torch.ones(1)))
     assert general.startswith("the outputs are not finite in the smallest case the shrinker found"), general
 
 

@@ -45,8 +45,8 @@ class Stats:
     wider_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the dtypes of the passing examples
     pass_dtypes: set[str] = dataclasses.field(default_factory=set)
-    #: passing examples whose every floating output the oracle gave all zero or constant: nothing
-    #: there could show a bug (``shardfuzz.engine.degenerate.is_degenerate``)
+    #: passing examples whose every floating output the oracle gave all zero or constant, where a
+    #: sum, a scale or an order gone wrong cannot show (``shardfuzz.engine.degenerate.is_degenerate``)
     degenerate_passes: int = 0
     #: output -> the passing examples where the oracle gave it all zero or constant
     degenerate_outputs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -104,7 +104,7 @@ class Stats:
     def count_finding(self, finding: Any) -> None:
         """One more failing example: the first failure's position, and a mismatch's margin."""
         self.failures += 1
-        self.hangs += finding.kind == "hang"
+        self.hangs += int(finding.kind == "hang")
         if self.first_failure_at is None:
             self.first_failure_at = self.examples
         if finding.ratio is not None and finding.kind == "mismatch":

@@ -41,10 +41,6 @@ from shardfuzz.verdict.judge import Verdict
 #: a collective (a cast before an all_gather fails on 1 rank too; "not a distribution bug" sent a
 #: user away from the collective path) and what it does with what comes back (a scan that adds
 #: its own total to its carry fails on 1 rank: "not in how the ranks combine the work" was wrong)
-#: the summary's word for it, beside each finding (the whole note is in the report: a new user
-#: found 450 characters repeated under every finding hard to scan)
-ONE_RANK_SHORT = "fails on 1 rank, with no peer to exchange with: the report says where to look"
-
 ONE_RANK_NOTE = (
     "fails on 1 rank, with no peer to exchange with: the bug needs no other rank's data; it is in "
     "code every rank runs: which part of the inputs it takes (its shard's offsets and order), its "
@@ -52,6 +48,10 @@ ONE_RANK_NOTE = (
     "draw the oracle does not make) or its code around the collectives (what it hands to one, what "
     "it does with the result, an async one's result read before its wait())"
 )
+
+#: the summary's word for it, beside each finding (the whole note is in the report: a new user
+#: found 450 characters repeated under every finding hard to scan)
+ONE_RANK_SHORT = "fails on 1 rank, with no peer to exchange with: the report says where to look"
 
 
 def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:
@@ -64,15 +64,18 @@ def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:
         if flipped is None or not bool(flipped.any()):
             continue
         wrong = there = 0
+        capped = False
         for r in d.ranks:
             mask = getattr(r, "wrong", None)
             if mask is None:
                 continue
-            for idx in mask.nonzero().tolist()[:NEAR_TIE_LOOKS]:
+            at = mask.nonzero().tolist()
+            capped |= len(at) > NEAR_TIE_LOOKS
+            for idx in at[:NEAR_TIE_LOOKS]:
                 wrong += 1
                 there += bool(flipped[r.to_global(tuple(idx))])
         if there:
-            looked = " looked at" if wrong == NEAR_TIE_LOOKS else ""
+            looked = " looked at" if capped else ""
             found.append(f"{there} of the {wrong} wrong elements{looked} of {d.name!r}")
     if not found:
         return None
@@ -176,11 +179,12 @@ class Reporter:
             + (f"\ntrigger conditions this case meets: {', '.join(met)}" if met else "")
         )
 
-    def _empty_shard_note(self, case: Case, verdict: Verdict) -> str | None:
-        """Where a non-finite mismatch shrank to a case with an empty shard: the shrinker prefers the
-        smallest case, and a log(0) on a rank without data can stand in for a bug every split has (a
-        new user's vocab-parallel loss, wrong on every split at 9e6x, was reported on vocab 1 over 2
-        ranks at inf)."""
+    def _non_finite_edge_note(self, case: Case, verdict: Verdict) -> str | None:
+        """Where a non-finite mismatch shrank to an edge where the code has nothing to do (an empty
+        shard, named where the case meets one; an empty chunk or batch): the shrinker prefers the
+        smallest case, and a log(0) there can stand in for a bug every case has (a new user's
+        vocab-parallel loss, wrong on every split at 9e6x, was reported on vocab 1 over 2 ranks at
+        inf)."""
         floating_inf = any(od.bound is not None and math.isinf(od.max_ratio) for od in verdict.mismatched)
         if not floating_inf:  # (an integer output's mismatch is inf too)
             return None
@@ -254,9 +258,9 @@ class Reporter:
         near = near_tie_note(bad, case.dtype)
         if near:
             parts.append(near)
-        empty = self._empty_shard_note(case, verdict)
-        if empty:
-            parts.append(empty)
+        edge = self._non_finite_edge_note(case, verdict)
+        if edge:
+            parts.append(edge)
         if verdict.unmodelled and verdict.worst < UNMODELLED_NOTE_BELOW:
             parts.append(unmodelled_note(verdict.unmodelled))
         parts.append(self._footer(case, leaks))
