@@ -91,7 +91,7 @@ INTERNAL = re.compile(r"_backward|foreach|^_|native_")
 #: DTensor strategies (a sharded softmax dim) every softmax over a DTensor goes through
 INTERNAL_DRAWN = frozenset({"_softmax", "_log_softmax"})
 #: the softmaxes: a case over a dim of one element is refused (every output constant)
-SOFTMAXES = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
+SOFTMAXES = frozenset(f"aten.{base}.default" for base in INTERNAL_DRAWN)
 #: flags passed as False, never drawn: half_to_float is True only for a half input on CUDA (a CPU
 #: float kernel refuses it, and a third of the softmax cases were spent refused)
 FIXED_FALSE = frozenset({"half_to_float"})
