@@ -24,7 +24,8 @@ _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("shardfuzz_decision
 def decision() -> Iterator[None]:
     """A ``with`` block or a decorator around a discrete decision that the oracle and every rank
     make with the same code on the same values: the noise model leaves its arithmetic exact (on
-    the ranks, and outside a noise sample, it does nothing)."""
+    the ranks, and outside a noise sample, it does nothing). Wrap the decision only: a computation
+    the ranks do in the case dtype, wrapped, gets no noise and is held to float64's exactness."""
     token = _DEPTH.set(_DEPTH.get() + 1)
     try:
         yield
