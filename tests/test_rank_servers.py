@@ -65,7 +65,10 @@ class Nodes:
     def __init__(self, tmp_path, port: int, *, count: int = 2, nnodes: int = 2, nproc: int = 2,
                  secret: str = SECRET, max_restarts: int = 0) -> None:  # fmt: skip
         rdzv = free_port()
-        env = {**os.environ, "SHARDFUZZ_SECRET": secret, "OMP_NUM_THREADS": "1"}
+        #: the agents' and servers' temporary folders (torchrun's logs, each server's output)
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir()
+        env = {**os.environ, "SHARDFUZZ_SECRET": secret, "OMP_NUM_THREADS": "1", "TMPDIR": str(self.tmp)}
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
             "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv}",
@@ -178,6 +181,8 @@ def test_two_torchrun_nodes_find_shrink_and_replay_a_planted_bug(tmp_path, drive
         world, codes, left = nodes.end()  # the servers' channels close: they exit 0, torchrun ends
     assert codes == [0, 0], nodes.output()[-3000:]
     assert left == []
+    # a server removes its folder of output and trace as it leaves (each left one in /tmp)
+    assert not list(nodes.tmp.glob("shardfuzz-serve-*")), sorted(p.name for p in nodes.tmp.iterdir())
 
 
 def test_a_duration_bounds_the_wait_for_rank_servers(driver, monkeypatch):

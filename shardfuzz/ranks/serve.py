@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -32,7 +33,7 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
@@ -84,7 +85,7 @@ def _answer(msg: Control, outdir: str) -> Any:
         return read_trace(path)
     if msg.what == "exit":
         sys.stderr.flush()
-        os._exit(msg.offset)
+        leave(msg.offset, outdir)
     raise ValueError(f"unknown control question {msg.what!r}")
 
 
@@ -94,11 +95,19 @@ def _control_loop(conn: Any, outdir: str) -> None:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
-            os._exit(0)  # the driver is gone: leave, so that torchrun ends the job
+            leave(0, outdir)  # the driver is gone: leave, so that torchrun ends the job
         try:
             conn.send(reply(msg, outdir))
         except (EOFError, OSError):
-            os._exit(0)
+            leave(0, outdir)
+
+
+def leave(code: int, outdir: str) -> NoReturn:
+    """Exit with ``code`` now, without Python's teardown (a thread may be inside a collective),
+    first removing this server's folder of output, stacks and trace: only the driver reads it, and
+    the driver is gone or sent this server away (each torchrun campaign left one per rank in /tmp)."""
+    shutil.rmtree(outdir, ignore_errors=True)
+    os._exit(code)
 
 
 def reply(msg: Control, outdir: str) -> tuple[int, Any]:
@@ -171,10 +180,10 @@ def serve(address: tuple[str, int], secret: bytes, wait_s: float) -> None:
         state = RankState(rank, world_size, device, config.timeout_s)
     except BaseException:  # noqa: BLE001 (a server that cannot join says why to the driver, whatever it was, then exits)
         task_conn.send(StartFailed(traceback.format_exc()))
-        os._exit(1)
+        leave(1, outdir)
     task_conn.send(Ready(os.getpid()))
-    serve_tasks(state, task_conn, join, config.backend)
-    os._exit(0)
+    serve_tasks(state, task_conn, join, config.backend, exit_now=lambda code: leave(code, outdir))
+    leave(0, outdir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -202,12 +202,20 @@ def join_world(
     return join
 
 
-def serve_tasks(state: RankState, conn: Any, join: Callable[[str], None], backend: str) -> None:
+def serve_tasks(
+    state: RankState,
+    conn: Any,
+    join: Callable[[str], None],
+    backend: str,
+    exit_now: Callable[[int], Any] = os._exit,
+) -> None:
+    """Answer the driver's messages until it sends Stop; ``exit_now(0)`` when it is gone (a rank
+    server's also removes its folder of output and trace: :func:`shardfuzz.ranks.serve.leave`)."""
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
-            os._exit(0)
+            exit_now(0)
         if isinstance(msg, Stop):
             break
         if isinstance(msg, Warm):
