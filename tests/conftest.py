@@ -36,11 +36,18 @@ def slack():
 @pytest.fixture(scope="session", autouse=True)
 def _state_in_tmp(tmp_path_factory):
     """Failure files and Hypothesis databases go under pytest's temporary directory, for this
-    process and every subprocess it starts (CLI runs, pytester runs): never into the checkout."""
+    process and every subprocess it starts (CLI runs, pytester runs): never into the checkout. So
+    do temporary folders (``TMPDIR``): a driver a test kills with SIGKILL cannot remove its pools'
+    folders, and each suite run left a dozen in /tmp; pytest keeps its last three runs' only."""
+    import tempfile
+
     from hypothesis import configuration
 
     root = tmp_path_factory.mktemp("shardfuzz-state")
+    (root / "tmp").mkdir()
     mp = pytest.MonkeyPatch()
+    mp.setenv("TMPDIR", str(root / "tmp"))
+    mp.setattr(tempfile, "tempdir", None)  # read TMPDIR again at the next use
     mp.setenv("SHARDFUZZ_FAILURES_DIR", str(root / "failures"))
     mp.setenv("HYPOTHESIS_STORAGE_DIRECTORY", str(root / "hypothesis"))
     configuration.set_hypothesis_home_dir(root / "hypothesis")
