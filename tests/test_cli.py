@@ -678,14 +678,34 @@ def test_the_degenerate_line_names_a_size_that_was_1_in_most_of_those_passes():
     s = Stats(passed=10, degenerate_passes=1)
     s.degenerate_outputs.update({"grad_q": 4, "y": 1})
     s.degenerate_at_one.update({("grad_q", "seq"): 3, ("grad_q", "batch"): 1, ("y", "seq"): 1})
+    s.passes_at_one.update({"seq": 3, "batch": 5})
     record = degenerate_record(s)
-    assert record["outputs"] == {"grad_q": 4} and record["at_one"] == {"grad_q": ["seq", 3]}
+    assert record["outputs"] == {"grad_q": 4} and record["at_one"] == {"grad_q": ["seq", 3, 3]}
     line = degenerate_line(record)
     assert line.startswith(
-        "outputs all zero or constant in passing examples: grad_q 40% (seq 1 in 75% of them)"
+        "outputs all zero or constant in passing examples: grad_q 40% "
+        "(seq 1 in 75% of them, in 30% of all passes)"
     )
     assert "passing examples (" not in line  # 1 of 10 with every output so: below the 20% said
     assert degenerate_record(Stats(passed=10, degenerate_passes=1)) == {}
+
+
+def test_the_degenerate_line_names_no_size_that_is_as_often_1_in_every_pass():
+    """A new user's causal attention: grad_q was 0 in 21% of the passes (seq 1, or equal keys),
+    and the line named heads 1, in 79% of them: the strategy drew heads 1 in as many of all its
+    passes. A size is named only where it is 1 far more often in those passes than in all."""
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.frontends.campaign import DEGENERATE_LIFT, degenerate_line, degenerate_record
+
+    s = Stats(passed=100, degenerate_passes=0)
+    s.degenerate_outputs.update({"grad_q": 21})
+    s.degenerate_at_one.update({("grad_q", "heads"): 17, ("grad_q", "seq"): 9})
+    s.passes_at_one.update({"heads": 75, "seq": 9})
+    record = degenerate_record(s)
+    assert record["at_one"] == {}, record  # heads: 81% against 75% of all; seq: 43%, under half
+    assert "heads" not in degenerate_line(record)
+    s.passes_at_one["heads"] = int(100 * 17 / 21 / DEGENERATE_LIFT) - 1  # now well over its base rate
+    assert degenerate_record(s)["at_one"] == {"grad_q": ["heads", 17, s.passes_at_one["heads"]]}
 
 
 def test_a_fuzzer_failure_after_clean_examples_says_how_many_ran(monkeypatch, capsys):

@@ -294,12 +294,13 @@ class Runner:
         verdict = self.last_verdict
         if verdict is None:
             return
+        ones = [k for k, v in case.sizes.items() if v == 1]  # the usual cause, said beside the share
+        self.stats.passes_at_one.update(ones)
         floating = [
             od for od in verdict.diffs if isinstance(od.ref, torch.Tensor) and od.ref.is_floating_point()
         ]
         flat = [od.name for od in floating if is_degenerate(od.ref)]
         self.stats.degenerate_outputs.update(flat)
-        ones = [k for k, v in case.sizes.items() if v == 1]  # the usual cause, said beside the share
         self.stats.degenerate_at_one.update((name, k) for name in flat for k in ones)
         if floating and len(flat) == len(floating):
             self.stats.degenerate_passes += 1

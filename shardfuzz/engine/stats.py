@@ -52,6 +52,8 @@ class Stats:
     degenerate_outputs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: (output, size name) -> those passes where that size was 1 (a softmax over one key, seq 1)
     degenerate_at_one: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: size name -> the passing examples where that size was 1 (what the share above is compared with)
+    passes_at_one: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: ranks killed from outside whose case then passed (set aside, not findings)
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason

@@ -870,6 +870,11 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
 
 #: a clean run says how many passes compared nothing from this share of its passing examples on
 DEGENERATE_SHARE = 0.2
+#: a size named beside a degenerate output was 1 at least this many times as often in those passes
+#: as in all of them: a size the strategy draws small anyway (heads 1 in 79% of a causal
+#: attention's degenerate passes, and in as many of all) is no cause, and sent a new user looking
+#: there instead of at seq 1
+DEGENERATE_LIFT = 1.5
 
 
 def degenerate_record(s: Stats) -> dict[str, Any]:
@@ -880,14 +885,25 @@ def degenerate_record(s: Stats) -> dict[str, Any]:
     outputs = {k: v for k, v in s.degenerate_outputs.most_common() if v >= DEGENERATE_SHARE * s.passed}
     if s.degenerate_passes < DEGENERATE_SHARE * s.passed and not outputs:
         return {}
-    # per output, a size that was 1 in most of its degenerate passes: where to look
+    # per output, a size that was 1 in most of its degenerate passes, and far more often there than
+    # in all passes (DEGENERATE_LIFT): where to look
     at_one = {}
     for name, n in outputs.items():
-        sizes = [(c, k) for (o, k), c in s.degenerate_at_one.items() if o == name and c > n / 2]
-        if sizes:
-            c, k = max(sizes)
-            at_one[name] = [k, c]
+        sizes = [
+            (c / max(s.passes_at_one[k], c) * s.passed / n, c, k)
+            for (o, k), c in s.degenerate_at_one.items()
+            if o == name and c > n / 2
+        ]
+        lift, c, k = max(sizes, default=(0.0, 0, ""))
+        if lift >= DEGENERATE_LIFT:
+            at_one[name] = [k, c, s.passes_at_one[k]]
     return {"passes": s.degenerate_passes, "of": s.passed, "outputs": outputs, "at_one": at_one}
+
+
+def _at_one_words(at_one: list, n: int, passed: int) -> str:
+    size, count, *overall = at_one  # a record of an older version has no overall count
+    said = f"{size} 1 in {100 * count / n:.0f}% of them"
+    return said + (f", in {100 * overall[0] / passed:.0f}% of all passes" if overall else "")
 
 
 def degenerate_line(d: dict[str, Any]) -> str:
@@ -901,7 +917,7 @@ def degenerate_line(d: dict[str, Any]) -> str:
     at_one = d.get("at_one", {})
     some = ", ".join(
         f"{k} {100 * v / d['of']:.0f}%"
-        + (f" ({at_one[k][0]} 1 in {100 * at_one[k][1] / v:.0f}% of them)" if k in at_one else "")
+        + (f" ({_at_one_words(at_one[k], v, d['of'])})" if k in at_one else "")
         for k, v in d["outputs"].items()
     )
     if some:
