@@ -193,6 +193,35 @@ def test_an_ignored_collective_on_one_rank_says_its_values_were_not_compared_not
     assert ONE_RANK_NOTE in excinfo.value.report
 
 
+def test_a_layout_problem_of_the_dtype_alone_says_so_and_drops_the_one_rank_note():
+    """A new user's FSDP2 MLP built its nn.Linear without dtype=: float64 cases held float32
+    parameters, and the report's 1-rank note sent them to the math. A dtype alone is said as such;
+    a wrong shape keeps the note."""
+    import torch
+
+    from shardfuzz.errors import LayoutMismatch
+    from shardfuzz.report.findings import ONE_RANK_NOTE
+    from shardfuzz.spec.layouts import Replicate
+    from shardfuzz.verdict.judge import DTYPE_ONLY, check_layouts
+    from shardfuzz.verdict.oracle import Expected
+
+    one = Case(target="toy", world_size=1, mesh=(1,), sizes={"n": 3}, split=("n",), dtype="float64")
+    ref = torch.ones(3, dtype=torch.float64)
+    expected = Expected(ref={"y": ref}, low={"y": ref}, mag={}, inputs={})
+    outputs = {"y": Replicate()}
+    problems = check_layouts(one, outputs, [{"y": ref.float()}], expected)
+    assert problems == ["output 'y' (Replicate()): rank 0 holds [3] float32, expected [3] float64 "
+                        f"(global [3] over 1 ranks){DTYPE_ONLY}"], problems  # fmt: skip
+    with pytest.raises(LayoutMismatch) as excinfo:
+        REPORTER.raise_verdict(one, Verdict(layout_problems=problems), {}, ())
+    assert ONE_RANK_NOTE not in excinfo.value.report and "ctx.dtype" in excinfo.value.report
+    problems = check_layouts(one, outputs, [{"y": ref[:2]}], expected)  # the shape: the note stays
+    assert problems and not problems[0].endswith(DTYPE_ONLY), problems
+    with pytest.raises(LayoutMismatch) as excinfo:
+        REPORTER.raise_verdict(one, Verdict(layout_problems=problems), {}, ())
+    assert ONE_RANK_NOTE in excinfo.value.report
+
+
 def test_a_near_mismatch_names_the_oracle_ops_the_noise_model_gave_one_rounding():
     """A new user's correct EmbeddingBag was reported at 1.8x against F.embedding_bag, an op the
     noise model then had no rule for, and nothing pointed at it. The noise samples record such ops,

@@ -33,7 +33,7 @@ from shardfuzz.signature import cause_of
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
 from shardfuzz.verdict.comm import CommBudget, format_comm
 from shardfuzz.verdict.compare import WORST_SHOWN, OutputDiff, RankDiff
-from shardfuzz.verdict.judge import Verdict
+from shardfuzz.verdict.judge import DTYPE_ONLY, Verdict
 
 #: the note of a finding on 1 rank: the strategy lets the shrinker run a failure found on 2+ ranks
 #: on 1 rank with the same global sizes (``shardfuzz.strategies``), so this is its minimal world
@@ -271,7 +271,13 @@ class Reporter:
         raise err
 
     def raise_layout(self, case: Case, verdict: Verdict, traces: Traces, leaks: Sequence[str] = ()) -> None:
-        parts = [self._header("local shapes/dtypes do not match the output layouts", case)]
+        # a dtype alone is no rank's math: the 1-rank note would send the user there
+        dtype_only = all(p.endswith(DTYPE_ONLY) for p in verdict.layout_problems)
+        parts = [
+            self._header(
+                "local shapes/dtypes do not match the output layouts", case, note_one_rank=not dtype_only
+            )
+        ]
         parts += [f"  {p}" for p in verdict.layout_problems]
         # two new users read a layout report as the only thing wrong (a count beside it was too)
         parts.append(LAYOUT_FIRST)

@@ -42,6 +42,16 @@ class Verdict:
         return not (self.ignored or self.layout_problems or self.mismatched)
 
 
+#: what a layout problem of the dtype alone adds: a new user's FSDP2 MLP built its nn.Linear without
+#: ``dtype=``, so float64 cases held float32 parameters, and the report's 1-rank note sent them to
+#: the math
+DTYPE_ONLY = (
+    ": the shape is right, the dtype is not (a module or tensor made in a fixed dtype, such as "
+    "nn.Linear or torch.zeros without dtype=, where the oracle's follows the inputs: make it in "
+    "ctx.dtype or an input's dtype)"
+)
+
+
 def judge(
     case: Case,
     outputs: dict[str, Layout],
@@ -116,6 +126,7 @@ def check_layouts(
                     f"output {name!r} ({layout!r}): {label(r)} holds "
                     f"{list(got.shape)} {_dtype_name(got)}, expected "
                     f"{list(want_shape)} {_dtype_name(low)} (global {list(ref.shape)} over {g} ranks)"
+                    + (DTYPE_ONLY if tuple(got.shape) == want_shape else "")
                 )
         if isinstance(ref, torch.Tensor) and len(problems) == before:
             for replica in layout.replicas(case):
