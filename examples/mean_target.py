@@ -16,7 +16,7 @@ def oracle(inp, case):  # the single-process answer
     return {"mean": inp["x"].mean(0)}
 
 
-def sharded_mean(ctx):  # runs on every rank, with this rank's rows in ctx.local
+def sharded_mean(ctx):  # every rank: its rows in ctx.local, every input whole in ctx.inputs
     x = ctx.local["x"]
     total = torch.cat([x.sum(0), x.new_tensor([x.shape[0]])])
     dist.all_reduce(total, group=ctx.group)
