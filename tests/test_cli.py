@@ -474,6 +474,60 @@ def test_a_job_killed_before_its_summary_is_named_beside_a_finding():
     assert "[job 1] ended killed by signal 9 with no summary" in out.getvalue(), out.getvalue()
 
 
+def test_stop_at_first_ends_a_timed_campaign_after_its_first_finding():
+    """A new user's CI job ran `--duration` past its first finding (found at example 2, then 1,598
+    more): --stop-at-first ends the campaign after the run that made it, shrunk and saved. The
+    duration here is far longer than the subprocess may take: only the flag ends it in time."""
+    args = ("fuzz", "tp_mlp", "--impl", "missing_f_backward", "--no-progress", "--duration", "20m")
+    out = cli(*args, "--stop-at-first", timeout=240)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FOUND mismatch" in out.stdout + out.stderr, out.stdout + out.stderr
+    out = cli("fuzz", "tp_mlp", "--stop-at-first", "--max-examples", "5")
+    assert out.returncode == 2 and "--stop-at-first without --duration" in out.stderr, out.stderr
+
+
+def test_stop_at_first_stops_the_workers_of_the_target_that_found(tmp_path):
+    """With --workers, the worker that found stops its siblings (SIGINT, as Ctrl-C does: each keeps
+    its summary), and a sibling not started yet never starts; another target's job runs on."""
+    import io
+    import sys
+    import textwrap
+
+    from shardfuzz.frontends.jobs import run_jobs
+
+    child = textwrap.dedent(
+        """
+        import json, os, sys, time
+        out = sys.argv[sys.argv.index("--summary-json") + 1]
+        role, flag = sys.argv[1], sys.argv[2]
+        def done(row, code):
+            json.dump([{"target": role, **row}], open(out, "w"))
+            sys.exit(code)
+        try:
+            if role == "worker":  # the first worker finds, a second later; its siblings search on
+                try:
+                    os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+                    time.sleep(1)
+                    done({"found": True}, 1)
+                except FileExistsError:
+                    time.sleep(120)
+                    done({"found": False}, 0)
+            time.sleep(3)  # another target's job: clean, after the finder
+            done({"found": False}, 0)
+        except KeyboardInterrupt:
+            done({"found": False, "stopped": True}, 130)
+        """
+    )
+    flag = str(tmp_path / "found")
+    worker, other = ([sys.executable, "-c", child, role, flag] for role in ("worker", "other"))
+    out = io.StringIO()
+    # three at once: a worker, the other target's job, a worker; the fourth job, a worker, waits
+    jobs = [worker, other, worker, worker]
+    rows, codes, interrupted = run_jobs(jobs, [1] * 4, budget=4, parallel=3, stream=out, stop_at_first=True)
+    assert sorted(codes) == [0, 1, 130] and codes[1] == 0 and not interrupted, (codes, out.getvalue())
+    assert len(rows) == 3 and sum(r.get("stopped", False) for r in rows) == 1, rows  # the 4th never ran
+
+
 def test_a_rerun_line_carries_the_import_path_a_fresh_process_lacks(tmp_path, monkeypatch):
     """Under pytest (its root on sys.path) a target file that imports a module beside it ran, but
     the report's `shardfuzz case` rerun line failed to import it in a new shell (a new user's

@@ -254,6 +254,9 @@ class RunConfig:
         deadline: wall-clock seconds for the whole search (``None``: no limit).
         finish_shrink: extra seconds after a campaign's deadline to finish shrinks it cut
             (:mod:`shardfuzz.engine.finish`; ``0``: none; ``None``: a quarter of the deadline, at most 120 s).
+        stop_at_first: end a campaign (``shardfuzz fuzz --duration``, whose runs follow each other
+            until the deadline) after the run that made its first finding, shrunk and saved; with
+            ``--workers``, that worker's siblings stop too (a CI job that needs one failure, not all).
         failures_dir: write failure files there (``None``: none from Python; the CLI and pytest
             pass ``.shardfuzz/failures``).
         deterministic: ``torch.use_deterministic_algorithms(True)`` on every rank.
@@ -286,6 +289,7 @@ class RunConfig:
     derandomize: bool | None = None
     deadline: float | None = None
     finish_shrink: float | None = None
+    stop_at_first: bool = False
     failures_dir: str | None = None
     deterministic: bool = False
     debug_collectives: bool = False
@@ -312,6 +316,8 @@ class RunConfig:
         if isinstance(self.finish_shrink, bool) or self.finish_shrink != 0:  # 0 turns finishing off
             _positive("finish_shrink", self.finish_shrink)
         _positive("max_examples", self.max_examples, integer=True)
+        if not isinstance(self.stop_at_first, bool):
+            raise InvalidArgument(f"stop_at_first={self.stop_at_first!r}; expected True or False")
         if self.profile is not None and self.profile not in PROFILES:
             raise InvalidArgument(f"profile={self.profile!r}; allowed: {', '.join(PROFILES)}")
         object.__setattr__(self, "tolerance", as_tolerance(self.tolerance))

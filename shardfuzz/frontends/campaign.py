@@ -457,6 +457,8 @@ def _search_runs(
             return
         if result.out_of_time or config.deadline is None or result.interrupted:
             return
+        if config.stop_at_first and out.findings:  # shrunk and saved: the job needed one
+            return
         if config.max_examples is not None and runner.stats.examples >= config.max_examples:
             return  # the examples asked are spent before the time
 

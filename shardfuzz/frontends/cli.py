@@ -105,6 +105,7 @@ def _fuzz_config(args: Any) -> RunConfig:
             max_examples=args.max_examples,
             deadline=args.duration,
             finish_shrink=args.finish_shrink,
+            stop_at_first=args.stop_at_first,
             failures_dir=args.failures_dir,
             database=args.database,
             fleet=args.fleet,
@@ -113,6 +114,11 @@ def _fuzz_config(args: Any) -> RunConfig:
         )
     if config.deadline is not None:
         grace_seconds()  # a bad $SHARDFUZZ_GRACE is a usage error before any fuzzing
+    elif config.stop_at_first:
+        raise InvalidArgument(
+            "--stop-at-first without --duration: a run of --max-examples ends after its first "
+            "finding's shrink anyway; allowed: --stop-at-first with --duration TIME"
+        )
     if args.workers > 1:
         _check_workers(args.workers, config)
     if config.ranks is not None and (args.workers > 1 or args.jobs > 1):
@@ -295,7 +301,9 @@ def _fuzz_jobs(args: Any, targets: list[str], config: RunConfig) -> int:
         f"running {len(jobs)} jobs, up to {parallel} at once within {budget} ranks (each job uses up to {cost})",
         flush=True,
     )
-    rows, codes, interrupted = run_jobs(jobs, [cost] * len(jobs), budget, parallel)
+    rows, codes, interrupted = run_jobs(
+        jobs, [cost] * len(jobs), budget, parallel, stop_at_first=config.stop_at_first
+    )
     display.print_summary(campaign.summary_table(rows), live=not args.no_progress)
     _write_summary(args.summary_json, rows)
     _write_report(args.report, rows, args.command_line)

@@ -329,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
         "on past a finding (later runs search elsewhere for other bugs; Ctrl-C stops, keeping it)",
     )
     f.add_argument(
+        "--stop-at-first",
+        action="store_true",
+        help="with --duration: end the campaign after the run that made its first finding (shrunk "
+        "and saved), not at the end of the duration",
+    )
+    f.add_argument(
         "--finish-shrink",
         type=_finish_time,
         default=None,

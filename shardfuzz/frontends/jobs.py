@@ -16,6 +16,7 @@ import time
 from typing import Any, TextIO
 
 from shardfuzz.engine.hooks import StickyInterrupt
+from shardfuzz.frontends.cli_args import EXIT_FOUND
 from shardfuzz.ranks.parent_death import set_pdeathsig
 
 
@@ -64,7 +65,12 @@ Running = dict[int, tuple[subprocess.Popen, str, threading.Thread]]
 
 
 def run_jobs(
-    jobs: list[list[str]], costs: list[int], budget: int, parallel: int, stream: TextIO | None = None
+    jobs: list[list[str]],
+    costs: list[int],
+    budget: int,
+    parallel: int,
+    stream: TextIO | None = None,
+    stop_at_first: bool = False,
 ) -> tuple[list[dict[str, Any]], list[int], bool]:
     """Run child ``shardfuzz fuzz`` commands side by side: at most ``parallel`` at once, and the sum of
     their costs within ``budget`` ranks (a job larger than the budget runs alone).
@@ -72,7 +78,9 @@ def run_jobs(
     Children run in their own session (a terminal's Ctrl-C reaches only this parent, which forwards
     it once) and die with this parent (``--parent-pid``: PR_SET_PDEATHSIG). Ctrl-C or SIGTERM here
     (KeyboardInterrupt) is forwarded to every running child as SIGINT; each stops cleanly, keeping
-    its verdict and summary, within 30 s or is killed. Returns the children's summary rows (each
+    its verdict and summary, within 30 s or is killed. ``stop_at_first``: a child that ends with a
+    finding stops the others running the same command (a target's ``--workers``) the same way,
+    and those not started yet never start. Returns the children's summary rows (each
     names its ``job``, 1-based), their exit codes, and whether the run was interrupted (``stream``:
     ``sys.stdout`` at the call, so that a caller's redirected stdout gets the children's lines)."""
     stream = stream if stream is not None else sys.stdout
@@ -95,8 +103,14 @@ def run_jobs(
                 running[i] = _start_job(i, jobs[i], tmp, stream)
                 pending.remove(i)
             for i, (proc, _, _) in list(running.items()):
-                if proc.poll() is not None:
+                if i in running and proc.poll() is not None:
                     finish(i)
+                    if stop_at_first and codes[i] == EXIT_FOUND:
+                        pending = [j for j in pending if jobs[j] != jobs[i]]
+                        siblings = {j: job for j, job in running.items() if jobs[j] == jobs[i]}
+                        _stop_children(siblings)
+                        for j in siblings:
+                            finish(j)
             time.sleep(0.1)
     except KeyboardInterrupt:
         interrupted = True
