@@ -239,6 +239,14 @@ def test_case_that_passes_exits_0():
     out = cli("case", EXAMPLE, case)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("PASS")
+    assert "never draws this case" not in out.stderr, out.stderr
+    # one its strategy never draws runs too, and says so (a new user's seq 3 on 2 ranks, where
+    # their strategy drew only sizes the group divides, ran without a word)
+    out = cli("case", EXAMPLE, case.replace("'cols': 2", "'cols': 5"))
+    assert out.returncode == 0 and out.stdout.startswith("PASS"), out.stdout + out.stderr
+    assert "note: target 'row_mean' never draws this case: sizes['cols']=5; it draws 1..3" in out.stderr, (
+        out.stderr
+    )
     # each output's ratio, judged with the noise term: not a sure pass's upper bound as in a run
     assert "per output (error/tolerance; 0: compared exactly and equal): mean " in out.stdout, out.stdout
     from shardfuzz import Case, Runner
