@@ -38,7 +38,8 @@ class Collective:
     of a send's destination, a recv's source, or a rooted op's root; ``strides``: empty when every
     tensor was contiguous, else one entry per tensor of ``shapes`` then ``out_shapes``, its strides
     where it was not contiguous and None where it was (gloo's c10d collectives use a
-    non-contiguous tensor's raw memory: :func:`shardfuzz.report.divergence.describe_layouts`).
+    non-contiguous tensor's raw memory: :func:`shardfuzz.report.divergence.describe_layouts`);
+    ``tag``: a point-to-point operation's tag (a send matches only a receive of its own tag).
     """
 
     seq: int
@@ -52,6 +53,7 @@ class Collective:
     api: str = "c10d"
     call: str = ""
     strides: tuple[tuple[int, ...] | None, ...] = ()
+    tag: int | None = None
 
     def signature(self) -> str:
         """``all_reduce(float32[4, 2])``: the op and what this rank contributed."""
@@ -63,7 +65,7 @@ class Collective:
     def to_json(self) -> str:
         return json.dumps(
             [self.seq, self.op, self.group, self.shapes, self.dtype, self.out_shapes, self.splits, self.peer,
-             self.api, self.call, self.strides],
+             self.api, self.call, self.strides, self.tag],
             separators=(",", ":"),
         )  # fmt: skip
 
@@ -71,9 +73,10 @@ class Collective:
     def from_json(cls, line: str) -> Collective:
         seq, op, group, shapes, dtype, outs, splits, peer, api, call, *rest = json.loads(line)
         strides = tuple(None if s is None else tuple(s) for s in rest[0]) if rest else ()
+        tag = rest[1] if len(rest) > 1 else None
         return cls(
             seq, op, tuple(group), tuple(map(tuple, shapes)), dtype, tuple(map(tuple, outs)),
-            None if splits is None else (tuple(splits[0]), tuple(splits[1])), peer, api, call, strides,
+            None if splits is None else (tuple(splits[0]), tuple(splits[1])), peer, api, call, strides, tag,
         )  # fmt: skip
 
 

@@ -110,6 +110,29 @@ def test_an_all_to_all_whose_splits_do_not_cover_its_tensor_is_named():
     assert first_divergence(even) is None
 
 
+def test_a_send_pairs_only_with_a_receive_of_its_own_tag():
+    """A new user's interleaved pipeline sent its last gradient with the wrong tag and hung, and
+    the report said every rank entered the same sequence: sends and receives paired by order alone.
+    They pair per tag now, as gloo and NCCL match them; a trace line keeps the tag."""
+    send = dataclasses.replace(_c(0, "isend", (0, 1), [6], peer=1), op="send", tag=7)
+    recv = dataclasses.replace(_c(0, "irecv", (0, 1), None, peer=0, out=((6,),)), op="recv", tag=7)
+    assert first_divergence({0: [send], 1: [recv]}) is None
+    wrong = {0: [send], 1: [dataclasses.replace(recv, tag=8)]}
+    d = first_divergence(wrong)
+    assert d is not None, describe_sequences(wrong)
+    assert (
+        "rank 0's send #1 to rank 1 with tag 7 (send(float32[6])) has no matching receive: rank 1 "
+        "posted 0 receive(s) from rank 0 with tag 7; and 1 receive(s) with tag 8" in d.text
+    ), d.text
+    assert Collective.from_json(send.to_json()) == send  # the tag travels in the trace file
+    old = send.to_json().rsplit(",", 1)[0] + "]"  # a line written before tags: tag 0, as before
+    assert Collective.from_json(old).tag is None
+    assert (
+        first_divergence({0: [dataclasses.replace(send, tag=None)], 1: [dataclasses.replace(recv, tag=0)]})
+        is None
+    )
+
+
 def test_point_to_point_pairs_by_order_and_size():
     ok = {0: [_c(0, "send", (0, 1), [2, 3], peer=1)], 1: [_c(0, "recv", (0, 1), None, peer=0, out=((6,),))]}
     assert first_divergence(ok) is None  # same element count, another shape: gloo only sees bytes

@@ -201,9 +201,11 @@ def _c10d_event(name: str, sig: inspect.Signature, args: tuple, kwargs: dict, se
         splits = (tuple(int(s) * row_in for s in sin), tuple(int(s) * row_out for s in sout))
     elif name == "all_to_all":
         splits = (tuple(t.numel() for t in tin), tuple(t.numel() for t in tout))
+    # a point-to-point op's tag (0 unless given): a send matches only a receive of its own tag
+    tag = int(b.get("tag") or 0) if "tag" in sig.parameters else None
     return Collective(
         seq, CANONICAL.get(name, name), ranks, _shapes(tin), _dtype(tin or tout), _shapes(tout), splits, peer,
-        "c10d", name, _strides(tin + tout),
+        "c10d", name, _strides(tin + tout), tag,
     )  # fmt: skip
 
 

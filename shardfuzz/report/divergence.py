@@ -159,19 +159,25 @@ def _unpaired_splits(group: tuple[int, ...], at: Mapping[int, Collective]) -> st
 
 
 def _p2p_divergences(traces: Traces) -> list[Divergence]:
-    sends: dict[tuple[int, int], list[Collective]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[Collective]] = defaultdict(list)
+    """Sends and receives paired in order per (sender, receiver, tag): a send matches only a
+    receive of its own tag (a new user's pipeline sent a gradient with the wrong tag and hung, and
+    the report said every rank entered the same sequence)."""
+    sends: dict[tuple[int, int, int], list[Collective]] = defaultdict(list)
+    recvs: dict[tuple[int, int, int], list[Collective]] = defaultdict(list)
     for r, events in traces.items():
         for c in events:
+            tag = c.tag if c.tag is not None else 0  # a trace of an older version: none recorded
             if c.op == "send" and c.peer is not None:
-                sends[(r, c.peer)].append(c)
+                sends[(r, c.peer, tag)].append(c)
             elif c.op == "recv" and c.peer is not None:
-                recvs[(c.peer, r)].append(c)
+                recvs[(c.peer, r, tag)].append(c)
+    tagged = any(key[2] for key in (*sends, *recvs))  # said only where some tag is not 0
     found = []
-    for a, b in sorted(set(sends) | set(recvs)):
+    for a, b, tag in sorted(set(sends) | set(recvs)):
         if a not in traces or b not in traces:
             continue
-        s, v = sends[(a, b)], recvs[(a, b)]
+        s, v = sends[(a, b, tag)], recvs[(a, b, tag)]
+        with_tag = f" with tag {tag}" if tagged else ""
         for k in range(max(len(s), len(v))):
             ck, rk = (s[k] if k < len(s) else None), (v[k] if k < len(v) else None)
             if ck is not None and rk is not None:
@@ -187,8 +193,9 @@ def _p2p_divergences(traces: Traces) -> list[Divergence]:
                 found.append(Divergence(min(ck.seq, rk.seq), text, "send", (a,), (b,), False))
             elif ck is not None:
                 text = (
-                    f"rank {a}'s send #{k + 1} to rank {b} ({ck.signature()}) has no matching receive: "
-                    f"rank {b} posted {len(v)} receive(s) from rank {a}"
+                    f"rank {a}'s send #{k + 1} to rank {b}{with_tag} ({ck.signature()}) has no matching "
+                    f"receive: rank {b} posted {len(v)} receive(s) from rank {a}{with_tag}"
+                    + _other_tags(recvs, a, b, tag, "receive")
                 )
                 # a blocking send waits for its receive (an isend does not): only those make a cycle
                 found.append(
@@ -199,12 +206,23 @@ def _p2p_divergences(traces: Traces) -> list[Divergence]:
             else:
                 assert rk is not None
                 text = (
-                    f"rank {b}'s receive #{k + 1} from rank {a} ({rk.signature()}) has no matching send: "
-                    f"rank {a} posted {len(s)} send(s) to rank {b}"
+                    f"rank {b}'s receive #{k + 1} from rank {a}{with_tag} ({rk.signature()}) has no matching "
+                    f"send: rank {a} posted {len(s)} send(s) to rank {b}{with_tag}"
+                    + _other_tags(sends, a, b, tag, "send")
                 )
                 found.append(Divergence(rk.seq, text, "recv", (b,), (a,), False, "recv"))
             break
     return found
+
+
+def _other_tags(
+    ops: Mapping[tuple[int, int, int], list[Collective]], a: int, b: int, tag: int, what: str
+) -> str:
+    """``"; and 1 send with tag 7"``: what rank ``a`` to rank ``b`` posted under other tags."""
+    other = {t: len(v) for (x, y, t), v in ops.items() if (x, y) == (a, b) and t != tag and v}
+    if not other:
+        return ""
+    return "; and " + ", ".join(f"{n} {what}(s) with tag {t}" for t, n in sorted(other.items()))
 
 
 #: how many other unmatched point-to-point operations a report names beside the first
