@@ -944,8 +944,8 @@ def degenerate_line(d: dict[str, Any]) -> str:
         said.append(f"outputs all zero or constant in passing examples: {some}")
     return (
         "; ".join(said) + " (an option or size that makes the code do nothing, such as a dropout p near 1 "
-        "or a softmax over one element; make those cases rare in the strategy: "
-        "docs/reference/strategies.md, degenerate_share)"
+        "or a softmax over one element; make those cases rare in the strategy, e.g. a size's lower "
+        "bound Free(2, N) or the value in sst.mostly(...): docs/reference/strategies.md)"
     )
 
 
