@@ -511,16 +511,23 @@ def test_stop_at_first_stops_the_workers_of_the_target_that_found(tmp_path):
         def done(row, code):
             json.dump([{"target": role, **row}], open(out, "w"))
             sys.exit(code)
+        def wait_for(path):  # no fixed sleeps: a loaded machine starts processes late
+            end = time.time() + 60
+            while not os.path.exists(path) and time.time() < end:
+                time.sleep(0.05)
         try:
-            if role == "worker":  # the first worker finds, a second later; its siblings search on
+            if role == "worker":  # the first worker finds once a sibling searches; siblings search on
                 try:
                     os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
-                    time.sleep(1)
-                    done({"found": True}, 1)
                 except FileExistsError:
+                    open(flag + ".searching", "w").close()
                     time.sleep(120)
                     done({"found": False}, 0)
-            time.sleep(3)  # another target's job: clean, after the finder
+                wait_for(flag + ".searching")
+                open(flag + ".found", "w").close()
+                done({"found": True}, 1)
+            wait_for(flag + ".found")  # another target's job: clean, a second after the finder
+            time.sleep(1)
             done({"found": False}, 0)
         except KeyboardInterrupt:
             done({"found": False, "stopped": True}, 130)
