@@ -141,7 +141,7 @@ class Outcome:
             # said of a run that drew only 16-bit cases: no float32 case judged those outputs at
             # float32's bound (a new user's bfloat16-only run passed a per-shard RMS bug there)
             "wider_outputs": (
-                dict(s.wider_outputs) if s.wider_outputs and s.pass_dtypes <= {"bfloat16", "float16"} else {}
+                dict(s.wider_outputs) if s.wider_outputs and s.pass_dtypes <= LOW_PRECISION else {}
             ),
             # and that it drew no other: a bug under one rounding of its outputs cannot show (a new
             # user's ZeRO step clipped to a 1e-3 update: 496x in float32 cases, clean in 1,690 bf16)
@@ -888,7 +888,8 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
 
 #: a clean run says how many passes compared nothing from this share of its passing examples on
 DEGENERATE_SHARE = 0.2
-#: the dtypes whose runs alone get a line: a bug under one of their roundings passes them
+#: the dtypes whose runs alone get a line (wider outputs judged at their bound; a bug under one
+#: of their roundings passes them)
 LOW_PRECISION = frozenset({"bfloat16", "float16"})
 #: a size named beside a degenerate output was 1 at least this many times as often in those passes
 #: as in all of them: a size the strategy draws small anyway (heads 1 in 79% of a causal
