@@ -318,10 +318,24 @@ def test_an_oracle_that_raises_while_fuzzing_is_the_targets_error():
 def test_an_oracle_may_refuse_a_case_as_an_implementation_does():
     """The way out the error above names: Unsupported from the oracle rejects the case, counted
     by its reason, never an error and never a pass."""
-    target = os.path.join(DATA, "oracle_refuses.py")
+    target = os.path.join(DATA, "oracle_refuses.py") + "::TARGET"
     result = shardfuzz.run(target, profile="shardfuzz-ci", database=None, max_examples=15, world_sizes=(1, 2))
     assert not result.found, result.report
     assert result.stats.unsupported["one row"] > 0 and result.stats.passed > 0, result.stats.summary()
+
+
+def test_a_run_whose_every_case_is_refused_says_it_tested_nothing():
+    """A new user's torch TP on Conv2d, mapped to Unsupported as the docs say: every case refused
+    ended in Hypothesis' Unsatisfiable traceback and exit 1, which reads as found. It is a usage
+    error naming the implementation and the reasons counted."""
+    target = os.path.join(DATA, "oracle_refuses.py") + "::REFUSES_ALL"
+    said = r"impl='reference': target 'row_mean_refusing_all' ran no example, every case drawn was rejected"
+    with pytest.raises(
+        InvalidArgument, match=said + r" \(unsupported: not implemented x\d+\): nothing was tested"
+    ):
+        shardfuzz.run(target, profile="shardfuzz-ci", database=None, max_examples=5, world_sizes=(1,))
+    out = cli("fuzz", target, "--max-examples", "5", "--world-sizes", "1")
+    refused(out, 2, "ran no example, every case drawn was rejected", "nothing was tested")
 
 
 def test_an_oracle_that_raises_on_a_given_case_is_the_targets_error():

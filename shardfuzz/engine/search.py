@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import hypothesis
 from hypothesis.control import current_build_context
-from hypothesis.errors import Flaky, UnsatisfiedAssumption
+from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from shardfuzz.case import Case
 from shardfuzz.engine.config import RunConfig, check_exclude_keys, check_tolerance_outputs
@@ -497,6 +497,21 @@ def findings_of(exc: BaseException) -> list[Finding]:
     return [e for e in _leaves(exc) if isinstance(e, Finding)]
 
 
+def nothing_tested(runner: Runner) -> str:
+    """What to say when every case drawn was rejected (Hypothesis' ``Unsatisfiable``): a run that
+    tested nothing, which is neither clean nor a finding (a new user's torch TP on Conv2d, mapped to
+    Unsupported as the docs say, ended in Hypothesis' traceback and exit 1, which reads as found)."""
+    s = runner.stats
+    why = [f"unsupported: {k} x{v}" for k, v in s.unsupported.most_common(3)]
+    why += [f"excluded as a known failure: {k} x{v}" for k, v in s.excluded.most_common(3)]
+    why += [f"external faults x{s.external_faults}"] if s.external_faults else []
+    return (
+        f"impl={runner.impl_name!r}: target {runner.target.name!r} ran no example, every case drawn was "
+        f"rejected ({'; '.join(why) or 'no reason counted'}): nothing was tested. Draw only cases it "
+        "supports (--world-sizes, --dtypes, --option; a target's strategy), or fix what refuses them"
+    )
+
+
 def search(runner: Runner, settings: Any = None, *, database: Any = "default", rows: bool = True) -> Result:
     """One Hypothesis run over ``runner``'s cases, after the covering rows unless ``rows`` is False;
     a :class:`Result` (it does not raise on findings).
@@ -510,6 +525,8 @@ def search(runner: Runner, settings: Any = None, *, database: Any = "default", r
         run_test(test)
     except TimeUp:
         result.out_of_time = True
+    except Unsatisfiable as exc:  # Hypothesis ran no example: every case drawn was rejected
+        raise InvalidArgument(nothing_tested(runner)) from exc
     except BaseException as exc:
         findings = findings_of(exc)
         if not findings:

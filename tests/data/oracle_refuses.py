@@ -18,3 +18,11 @@ def oracle(inp, case):
 
 
 TARGET = ROW_MEAN.derive("row_mean_refusing", oracle=oracle)
+
+
+def refuse_every_case(inp, case):
+    raise shardfuzz.Unsupported("torch: ColwiseParallel supports nn.Linear only", reason="not implemented")
+
+
+#: a target that refuses every case it draws: a run of it tests nothing
+REFUSES_ALL = ROW_MEAN.derive("row_mean_refusing_all", oracle=refuse_every_case)
