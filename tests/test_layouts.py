@@ -134,3 +134,49 @@ def test_stepwise_padded_flat_layout():
     assert torch.equal(layout.comparable(local, 2, 4, (2, 5)), layout.piece(value, 2, 4))
     assert layout.global_index((1, 0), 2, 4, (2, 5)) == (1, 4)
     assert layout.assemble([torch.zeros(2, 2)] * 4).shape == (2, 8)
+
+
+@pytest.mark.parametrize("rule", ["dtensor", "tensor_split"])
+@pytest.mark.parametrize("blocks,m,parts", [(2, 3, 2), (3, 4, 3), (2, 5, 4), (2, 1, 3), (3, 2, 1)])
+def test_a_fused_shard_gives_each_rank_its_shard_of_every_block(rule, blocks, m, parts):
+    """Shard(0, blocks=k): a fused [gate; up] (or [q; k; v]) weight whose blocks are each split over
+    the ranks, as Megatron's fused projections hold them; not a plain Shard(0) of the whole."""
+    x = torch.arange(blocks * m * 2).view(blocks * m, 2)
+    layout = Shard(0, rule=rule, blocks=blocks)
+    sizes, offsets = split_sizes(m, parts, rule), [sum(split_sizes(m, parts, rule)[:r]) for r in range(parts)]
+    pieces = [layout.piece(x, r, parts) for r in range(parts)]
+    for r, p in enumerate(pieces):
+        want = torch.cat([x[b * m + offsets[r] : b * m + offsets[r] + sizes[r]] for b in range(blocks)])
+        assert torch.equal(p, want), (r, p, want)
+        assert layout.local_shape(tuple(x.shape), r, parts) == tuple(p.shape)
+        for i in range(p.shape[0]):  # every local row maps back to where it came from
+            (g, _) = layout.global_index((i, 0), r, parts, tuple(x.shape))
+            assert torch.equal(x[g], p[i]), (r, i, g)
+    assert torch.equal(layout.assemble(pieces), x)
+
+
+def test_a_fused_shard_is_not_a_plain_one_and_says_what_it_needs():
+    x = torch.arange(8)  # [gate 0..3; up 4..7] on 2 ranks
+    assert Shard(0, blocks=2).piece(x, 0, 2).tolist() == [0, 1, 4, 5]
+    assert Shard(0).piece(x, 0, 2).tolist() == [0, 1, 2, 3]  # the naive chunk: gate rows only
+    assert repr(Shard(0, blocks=2)) == "Shard(0, blocks=2)"
+    assert repr(Shard(1, rule="tensor_split", blocks=3)) == "Shard(1, rule='tensor_split', blocks=3)"
+    with pytest.raises(InvalidArgument, match="size 7, not a multiple of blocks=2"):
+        Shard(0, blocks=2).local_shape((7,), 0, 2)
+    for bad in (0, 1.5, True):
+        with pytest.raises(InvalidArgument, match=r"blocks=.*must be an int >= 1"):
+            Shard(0, blocks=bad)
+
+
+def test_a_fused_weight_is_handed_over_and_compared_by_block():
+    """A target that declares its fused [gate; up] weight as Shard(0, blocks=2): the reference
+    passes, and the naive contiguous chunk of the fused weight is found."""
+    import os
+
+    import shardfuzz
+
+    target = os.path.join(os.path.dirname(__file__), "data", "fused_target.py") + "::fused"
+    clean = shardfuzz.run(target, "reference", profile="shardfuzz-ci", database=None, max_examples=12)
+    assert not clean.found and clean.stats.passed >= 12, clean.report
+    naive = shardfuzz.run(target, "naive_chunk", profile="shardfuzz-ci", database=None, max_examples=12)
+    assert naive.found and naive.kind == "mismatch", naive.report

@@ -2,7 +2,7 @@
 
 2 rank(s), mesh (2,); sizes batch=1, seq=1, d_model=1, hidden=3, d_out=1; float32; options {}.
 Run: torchrun --nproc-per-node=2 repro_tp_mlp_torch_tp.py    (add --backend nccl for GPUs)
-Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-06). Each rank runs the
+Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-07). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
 within the tolerance shardfuzz allows a mismatch after its recheck (a report of a mismatch far
 past it shows the narrower bound before the recheck, which it skips there); every wrong output of
@@ -183,43 +183,76 @@ def _split(size: int, parts: int, rule: str) -> tuple[tuple[int, ...], tuple[int
 
 @dataclasses.dataclass(frozen=True)
 class Shard(Layout):
-    """Rank ``i`` holds the ``i``-th shard of ``dim`` under ``rule`` (``"dtensor"`` or ``"tensor_split"``)."""
+    """Rank ``i`` holds the ``i``-th shard of ``dim`` under ``rule`` (``"dtensor"`` or ``"tensor_split"``).
+
+    ``blocks=k``: ``dim`` is ``k`` equal blocks fused into one tensor (a fused ``[q; k; v]`` or
+    ``[gate; up]`` projection weight), each block split over the ranks, and rank ``i`` holds its shard
+    of every block, in block order (Megatron's fused QKV, vLLM's ``MergedColumnParallelLinear``). A
+    plain ``Shard(0)`` of a fused ``[gate; up]`` weight gives rank 0 gate rows only: the classic bug."""
 
     dim: int
     rule: str = "dtensor"
+    blocks: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.dim, int):
             raise InvalidArgument(f"Shard(dim={self.dim!r}); dim must be an int")
         if self.rule not in SPLIT_RULES:
             raise InvalidArgument(f"Shard(rule={self.rule!r}); allowed: {', '.join(map(repr, SPLIT_RULES))}")
+        if not isinstance(self.blocks, int) or isinstance(self.blocks, bool) or self.blocks < 1:
+            raise InvalidArgument(f"Shard(blocks={self.blocks!r}); blocks must be an int >= 1 (1: not fused)")
 
     def __repr__(self) -> str:
-        return f"Shard({self.dim})" if self.rule == "dtensor" else f"Shard({self.dim}, rule={self.rule!r})"
+        args = [str(self.dim)]
+        if self.rule != "dtensor":
+            args.append(f"rule={self.rule!r}")
+        if self.blocks != 1:
+            args.append(f"blocks={self.blocks}")
+        return f"Shard({', '.join(args)})"
+
+    def _block(self, size: int) -> int:
+        """The size of one fused block of a dim of ``size``."""
+        if size % self.blocks:
+            raise InvalidArgument(
+                f"{self!r}: dim {self.dim} has size {size}, not a multiple of blocks={self.blocks} "
+                "(the fused blocks must be equal)"
+            )
+        return size // self.blocks
 
     def local_shape(self, global_shape: tuple[int, ...], rank: int, parts: int) -> tuple[int, ...]:
         d = _norm_dim(self.dim, len(global_shape), self)
         shape = list(global_shape)
-        shape[d] = split_sizes(global_shape[d], parts, self.rule)[rank]
+        shape[d] = self.blocks * split_sizes(self._block(global_shape[d]), parts, self.rule)[rank]
         return tuple(shape)
 
     def piece(self, value: Any, rank: int, parts: int) -> Any:
+        import torch
+
         d = _norm_dim(self.dim, value.ndim, self)
-        sizes, offsets = _split(value.shape[d], parts, self.rule)
-        return value.narrow(d, offsets[rank], sizes[rank])
+        m = self._block(value.shape[d])
+        sizes, offsets = _split(m, parts, self.rule)
+        pieces = [value.narrow(d, b * m + offsets[rank], sizes[rank]) for b in range(self.blocks)]
+        return pieces[0] if self.blocks == 1 else torch.cat(pieces, dim=d)
 
     def assemble(self, locals_: list[Any]) -> Any:
         import torch
 
         d = _norm_dim(self.dim, locals_[0].ndim, self)
-        return torch.cat(list(locals_), dim=d)
+        if self.blocks == 1:
+            return torch.cat(list(locals_), dim=d)
+        # each local is its shard of every block, in block order: block b of rank r is its b-th chunk
+        chunked = [t.chunk(self.blocks, dim=d) if t.shape[d] else [t] * self.blocks for t in locals_]
+        return torch.cat([c[b] for b in range(self.blocks) for c in chunked], dim=d)
 
     def global_index(
         self, local_index: tuple[int, ...], rank: int, parts: int, global_shape: tuple[int, ...]
     ) -> tuple[int, ...]:
         d = _norm_dim(self.dim, len(global_shape), self)
+        m = self._block(global_shape[d])
         idx = list(local_index)
-        idx[d] += split_offsets(global_shape[d], parts, self.rule)[rank]
+        size = split_sizes(m, parts, self.rule)[rank]
+        block, within = divmod(idx[d], size) if self.blocks > 1 and size else (0, idx[d])
+        idx[d] = block * m + split_offsets(m, parts, self.rule)[rank] + within
         return tuple(idx)
 
 
@@ -355,6 +388,10 @@ def piece(value, layout, rank, parts):
     if layout[0] != "shard":
         return value
     dim, rule = layout[1], layout[2]
+    if len(layout) > 3 and layout[3] > 1:  # a fused dim: this rank's shard of each equal block, in order
+        m = value.shape[dim] // layout[3]
+        blocks = [piece(value.narrow(dim, b * m, m), layout[:3], rank, parts) for b in range(layout[3])]
+        return torch.cat(blocks, dim=dim)
     sizes = split(value.shape[dim], parts, rule)
     return value.narrow(dim, sum(sizes[:rank]), sizes[rank])
 
@@ -395,7 +432,8 @@ class Ctx:
         self.mesh = Mesh(shape, device, self.rank)
 
     def shard(self, value, layout):
-        return piece(value, ("shard", layout.dim, getattr(layout, "rule", "dtensor")), self.group_rank, self.group_size)
+        spec = ("shard", layout.dim, getattr(layout, "rule", "dtensor"), getattr(layout, "blocks", 1))
+        return piece(value, spec, self.group_rank, self.group_size)
 
 
 def check(ctx, outputs):

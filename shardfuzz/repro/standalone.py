@@ -231,8 +231,8 @@ def _layout_spec(layout: Layout, name: str, what: str = "output") -> tuple:
         return ("replicate",)
     if isinstance(layout, Partial):
         return ("partial",)
-    if isinstance(layout, Shard):
-        return ("shard", layout.dim, layout.rule)
+    if isinstance(layout, Shard):  # a fused dim (blocks > 1) says so: the script splits each block
+        return ("shard", layout.dim, layout.rule) + ((layout.blocks,) if layout.blocks != 1 else ())
     if type(layout) is PaddedFlat:  # ZeRO's flat buffers (a subclass may lay values out otherwise)
         return ("padded_flat",)
     if isinstance(layout, FromDTensor):  # the script compares the DTensor's full_tensor()
@@ -411,6 +411,11 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
             "padded_flat": any(
                 spec == ("padded_flat",) for spec in (*layouts.values(), *in_layouts.values())
             ),
+            # fused blocks, declared or handed to ctx.shard (the script's piece splits each block)
+            "shard.blocks": any(
+                spec[0] == "shard" and len(spec) > 3 for spec in (*layouts.values(), *in_layouts.values())
+            )
+            or (uses["ctx.shard"] and "blocks" in code),
             "inputs.strided": bool(strided),
             "inputs.dtensor": dtensor_inputs,
             **uses,

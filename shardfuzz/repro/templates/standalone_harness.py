@@ -12,7 +12,8 @@
 #@                        them), `Unsupported` when it raises shardfuzz's Unsupported, `inputs.pt`
 #@                        when the inputs are too large to inline (they go to SCRIPT.pt beside it),
 #@                        `inputs.strided` when the case hands layout-free inputs over as strided
-#@                        views (shardfuzz's strided_view is then copied in with the implementation)
+#@                        views (shardfuzz's strided_view is then copied in with the implementation),
+#@                        `shard.blocks` when a layout is a fused Shard (blocks > 1)
 #@ The scripts written from it are compared byte for byte with examples/upstream/, blank lines
 #@ included (tests/test_standalone.py). Package data (pyproject.toml), not a module: not linted.
 {{doc}}
@@ -70,6 +71,12 @@ def piece(value, layout, rank, parts):
     if layout[0] != "shard":
         return value
     dim, rule = layout[1], layout[2]
+#@ if shard.blocks
+    if len(layout) > 3 and layout[3] > 1:  # a fused dim: this rank's shard of each equal block, in order
+        m = value.shape[dim] // layout[3]
+        blocks = [piece(value.narrow(dim, b * m, m), layout[:3], rank, parts) for b in range(layout[3])]
+        return torch.cat(blocks, dim=dim)
+#@ end
     sizes = split(value.shape[dim], parts, rule)
     return value.narrow(dim, sum(sizes[:rank]), sizes[rank])
 
@@ -169,7 +176,12 @@ class Ctx:
     #@ if ctx.shard
 
     def shard(self, value, layout):
+        #@ if shard.blocks
+        spec = ("shard", layout.dim, getattr(layout, "rule", "dtensor"), getattr(layout, "blocks", 1))
+        return piece(value, spec, self.group_rank, self.group_size)
+        #@ else
         return piece(value, ("shard", layout.dim, getattr(layout, "rule", "dtensor")), self.group_rank, self.group_size)
+        #@ end
     #@ end
     #@ if ctx.dtype
 
