@@ -12,7 +12,7 @@ import shardfuzz.strategies as sst
 from shardfuzz import RunConfig
 from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.frontends import campaign
-from shardfuzz.report.findings import ONE_RANK_NOTE, ONE_RANK_SHORT
+from shardfuzz.report.findings import ONE_RANK_NOTE, ONE_RANK_SHORT, REFUSAL_NOTE
 from shardfuzz.spec.sampling import draw_pool
 
 HERE = os.path.dirname(__file__)
@@ -74,4 +74,13 @@ def test_a_bug_without_communication_is_reported_on_1_rank_with_the_note(tmp_pat
 def test_a_bug_that_needs_2_ranks_is_reported_on_2_without_the_note():
     out, finding = _fuzz("wrong_on_rank1")
     assert finding.kind == "mismatch" and finding.case.world_size == 2
+    assert ONE_RANK_NOTE not in finding.report and ONE_RANK_SHORT not in campaign.summary_table([out.row()])
+
+
+def test_a_not_implemented_error_is_reported_as_a_possible_refusal_without_the_note():
+    """A new user's torch TP on a Conv2d: torch's 'not supported' read as a bug in the rank's math on
+    1 rank; the report says how to map such a refusal to Unsupported instead."""
+    out, finding = _fuzz("not_implemented")
+    assert finding.kind == "rank-error" and finding.case.world_size == 1
+    assert REFUSAL_NOTE in finding.report, finding.report
     assert ONE_RANK_NOTE not in finding.report and ONE_RANK_SHORT not in campaign.summary_table([out.row()])

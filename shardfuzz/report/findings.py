@@ -141,6 +141,16 @@ CONTRACT_NOTE = (
 )
 
 
+#: after a NotImplementedError: torch's way of saying "not supported" (ColwiseParallel on a Conv2d),
+#: which a new user's report read as a bug in "its math" on 1 rank
+REFUSAL_NOTE = (
+    "NotImplementedError: if this is the code under test refusing such a case (torch's 'not "
+    "supported'), not a wrong result, catch it in the implementation and raise "
+    "shardfuzz.Unsupported('why', reason='key'): the case is then rejected and counted "
+    "(docs/how-to/fuzz-pytorch.md)"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Reporter:
     """Writes the reports of one (target, implementation, backend)."""
@@ -289,7 +299,11 @@ class Reporter:
     def raise_rank_error(self, case: Case, outcome: RankFailed) -> NoReturn:
         # a return value that breaks the contract is not the rank's math, on 1 rank or 4
         contract = outcome.error.exc_type == ImplementationReturnError.__name__
-        parts = [self._header(f"rank {outcome.rank} raised an exception", case, note_one_rank=not contract)]
+        refusal = outcome.error.exc_type == NotImplementedError.__name__
+        one_rank = not (contract or refusal)
+        parts = [self._header(f"rank {outcome.rank} raised an exception", case, note_one_rank=one_rank)]
+        if refusal:
+            parts.append(REFUSAL_NOTE)
         if contract:  # shardfuzz's own frames would say nothing: the message names the return value
             last = outcome.error.traceback.rstrip().splitlines()[-1]
             parts += [CONTRACT_NOTE, f"rank {outcome.rank}: {last.removeprefix('shardfuzz.errors.')}"]
@@ -303,7 +317,7 @@ class Reporter:
         err = RankError(
             "\n".join(parts), case=case, site=self._site(case, cause_of(outcome.error.traceback).site())
         )
-        err.traces, err.notes_one_rank = dict(outcome.traces), not contract
+        err.traces, err.notes_one_rank = dict(outcome.traces), one_rank
         raise err
 
     def raise_rank_died(self, case: Case, outcome: RankDied) -> None:
