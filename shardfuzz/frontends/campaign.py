@@ -944,9 +944,12 @@ def degenerate_line(d: dict[str, Any]) -> str:
     if some:
         said.append(f"outputs all zero or constant in passing examples: {some}")
     return (
-        "; ".join(said) + " (an option or size that makes the code do nothing, such as a dropout p near 1 "
-        "or a softmax over one element; make those cases rare in the strategy, e.g. a size's lower "
-        "bound Free(2, N) or the value in sst.mostly(...): docs/reference/strategies.md)"
+        # "right there" first: a new user's recurrence, whose decay gradient is 0 at seq 1 by the math,
+        # read the line as a sign that something was wrong
+        "; ".join(said) + " (often right there: an option or size that makes the code do nothing, such "
+        "as a dropout p near 1, a softmax over one element or a recurrence over one step; but a pass "
+        "there shows nothing of that output, so make those cases rare in the strategy, e.g. a size's "
+        "lower bound Free(2, N) or the value in sst.mostly(...): docs/reference/strategies.md)"
     )
 
 
