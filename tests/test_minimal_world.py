@@ -5,6 +5,7 @@ fails there is reported on 1 rank and says so, one that needs 2 ranks is not."""
 import io
 import os
 
+import pytest
 from hypothesis.control import BuildContext
 from hypothesis.internal.conjecture.data import ConjectureData
 
@@ -12,7 +13,7 @@ import shardfuzz.strategies as sst
 from shardfuzz import RunConfig
 from shardfuzz.engine.failures import FailureRecorder, load
 from shardfuzz.frontends import campaign
-from shardfuzz.report.findings import ONE_RANK_NOTE, ONE_RANK_SHORT, REFUSAL_NOTE
+from shardfuzz.report.findings import ONE_RANK_NOTE, ONE_RANK_SHORT, REFUSAL_NOTE, is_refusal
 from shardfuzz.spec.sampling import draw_pool
 
 HERE = os.path.dirname(__file__)
@@ -84,3 +85,23 @@ def test_a_not_implemented_error_is_reported_as_a_possible_refusal_without_the_n
     assert finding.kind == "rank-error" and finding.case.world_size == 1
     assert REFUSAL_NOTE in finding.report, finding.report
     assert ONE_RANK_NOTE not in finding.report and ONE_RANK_SHORT not in campaign.summary_table([out.row()])
+
+
+@pytest.mark.parametrize(
+    "exc_type,line,refusal",
+    [
+        ("NotImplementedError", "NotImplementedError: anything", True),
+        ("ValueError", "ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU", True),
+        (
+            "RuntimeError",
+            "RuntimeError: BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+",
+            True,
+        ),
+        ("RuntimeError", "RuntimeError: this op only supports contiguous inputs", True),
+        ("RuntimeError", "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x2 and 1x1)", False),
+        ("ValueError", "ValueError: the loss is not finite", False),
+        ("TypeError", "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'", False),
+    ],
+)
+def test_a_refusal_is_told_from_a_crash_by_its_type_or_its_words(exc_type, line, refusal):
+    assert is_refusal(exc_type, f"Traceback (most recent call last):\n  ...\n{line}\n") is refusal

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -144,11 +145,25 @@ CONTRACT_NOTE = (
 #: after a NotImplementedError: torch's way of saying "not supported" (ColwiseParallel on a Conv2d),
 #: which a new user's report read as a bug in "its math" on 1 rank
 REFUSAL_NOTE = (
-    "NotImplementedError: if this is the code under test refusing such a case (torch's 'not "
-    "supported'), not a wrong result, catch it in the implementation and raise "
+    "if this is the code under test refusing such a case (torch's 'not supported', or a device or "
+    "backend it needs), not a wrong result, catch it in the implementation and raise "
     "shardfuzz.Unsupported('why', reason='key'): the case is then rejected and counted "
     "(docs/how-to/fuzz-pytorch.md)"
 )
+
+#: how torch words a refusal, besides NotImplementedError: SyncBatchNorm's "expected input tensor
+#: to be on GPU" (a ValueError), "only supports", "requires CUDA 11+ and NCCL 2.10+" (bf16 hooks)
+REFUSAL_WORDS = re.compile(
+    r"not (yet )?(supported|implemented)|only supports?\b|currently only|"
+    r"expected .*\bto be on (GPU|CUDA)|requir(e|es|ed) (CUDA|NCCL|a GPU|GPU)",
+    re.IGNORECASE,
+)
+
+
+def is_refusal(exc_type: str, traceback: str) -> bool:
+    """Whether a rank's exception reads as the code under test refusing the case (its last line)."""
+    lines = traceback.rstrip().splitlines()
+    return exc_type == NotImplementedError.__name__ or bool(lines and REFUSAL_WORDS.search(lines[-1]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,7 +314,7 @@ class Reporter:
     def raise_rank_error(self, case: Case, outcome: RankFailed) -> NoReturn:
         # a return value that breaks the contract is not the rank's math, on 1 rank or 4
         contract = outcome.error.exc_type == ImplementationReturnError.__name__
-        refusal = outcome.error.exc_type == NotImplementedError.__name__
+        refusal = not contract and is_refusal(outcome.error.exc_type, outcome.error.traceback)
         one_rank = not (contract or refusal)
         parts = [self._header(f"rank {outcome.rank} raised an exception", case, note_one_rank=one_rank)]
         if refusal:
