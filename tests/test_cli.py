@@ -178,6 +178,16 @@ def test_case_of_a_refused_case_prints_its_reason_and_its_message():
     )
 
 
+def test_a_run_with_a_finding_does_not_warn_of_its_refused_share():
+    """A new user's batch norm was told to rewrite its strategy (63% of 27 drawn cases refused) in a
+    run that found its bug at example 1: the shrink drew tiny cases the target refuses."""
+    from shardfuzz.frontends.campaign import _fault_lines
+
+    row = {"found": False, "unsupported": 17, "examples": 10}
+    assert any("17 of 27 drawn cases (63%) were refused" in line for line in _fault_lines(row))
+    assert not any("were refused" in line for line in _fault_lines({**row, "found": True}))
+
+
 def test_a_clean_run_says_when_it_refused_many_cases_and_what_it_never_reached():
     """A new user's target refused half its cases as unsupported: Hypothesis steered away from
     them, its own trigger stayed at 0%, and the summary said only how many were rejected. An

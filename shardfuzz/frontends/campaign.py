@@ -854,7 +854,9 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
             )  # cases, not reasons
             lines.append(f"{'':<16} {words}: {shown}{rest}")
     refused, drawn = r.get("unsupported", 0), r.get("unsupported", 0) + r.get("examples", 0)
-    if drawn and refused >= REFUSED_SHARE * drawn:
+    # said of a clean run's coverage: a finding's shrink draws tiny cases a target often refuses
+    # (63% of 27 in a new user's batch norm, found at example 1, against 19-27% in its clean runs)
+    if drawn and refused >= REFUSED_SHARE * drawn and not r["found"]:
         lines.append(
             f"{'':<16} {refused} of {drawn} drawn cases ({100 * refused / drawn:.0f}%) were refused as "
             "unsupported: Hypothesis steers away from them, so the conditions reached are those of what "
