@@ -366,6 +366,7 @@ class RunConfig:
         parts = [f"world sizes {', '.join(map(str, self.world_sizes))}"] if self.world_sizes else []
         parts += [f"dtypes {', '.join(self.dtypes)}"] if self.dtypes else []
         parts += [f"tolerance {format_tolerance(n, t)}" for n, t in self.tolerance.per_output]
+        parts += [f"precision {self.tolerance.precision}"] if self.tolerance.precision else []
         parts += [f"excluding {e}" for e in self.exclude]
         parts += [f"option {n}={v!r}" for n, v in self.options]
         return f" ({'; '.join(parts)})" if parts else ""

@@ -74,8 +74,8 @@ def _cmd_list(specs: list[str]) -> int:
 
 def _tolerance(args: Any) -> Tolerance:
     """``--tolerance OUTPUT=...`` flags as per-output overrides on the default Tolerance (the last
-    one for an output wins)."""
-    return Tolerance().with_overrides(dict(args.tolerance))
+    one for an output wins), judged at ``--precision`` where given."""
+    return Tolerance(precision=getattr(args, "precision", None)).with_overrides(dict(args.tolerance))
 
 
 def _config(args: Any, **extra: Any) -> RunConfig:

@@ -295,6 +295,16 @@ def build_parser() -> argparse.ArgumentParser:
         "of them ('grad_*', quoted), which an output's own --tolerance overrides",
     )
 
+    where.add_argument(
+        "--precision",
+        choices=("bfloat16", "float16", "float32"),
+        default=None,
+        metavar="DTYPE",
+        help="the implementation computes part of its work in DTYPE by design, whatever the case "
+        "dtype (a bf16-compressed all-reduce, FSDP's reduce_dtype): judge every case at least at "
+        "DTYPE's rounding (bfloat16, float16 or float32); a bug must be larger to be seen",
+    )
+
     add_search_path_option(where)
 
     impl = _Parser(add_help=False)

@@ -143,9 +143,11 @@ def record_config(
 
 
 def _replay_tolerance(record: dict[str, Any], given: Tolerance | None) -> Tolerance:
-    """The record's per-output overrides (the run's ``--tolerance``), then the given ones on top."""
-    recorded = (record.get("tolerance") or {}).get("per_output") or ()
-    tol = Tolerance().with_overrides(recorded)
+    """The record's per-output overrides (the run's ``--tolerance``) and ``precision``, then the
+    given ones on top (a given precision replaces the record's)."""
+    recorded = record.get("tolerance") or {}
+    precision = given.precision if given is not None and given.precision else recorded.get("precision")
+    tol = Tolerance(precision=precision).with_overrides(recorded.get("per_output") or ())
     return tol.with_overrides(given.per_output) if given is not None else tol
 
 
@@ -156,10 +158,10 @@ def file_tolerance_note(record: dict[str, Any], given: Tolerance | None = None) 
     recorded = _replay_tolerance(record, None)
     replaced = {name for name, _ in given.per_output} if given is not None else set()
     kept = [(name, t) for name, t in recorded.per_output if name not in replaced]
-    if not kept:
-        return ""
-    said = ", ".join(f"{name!r} rtol={t.rtol!r} atol={t.atol!r}" for name, t in kept)
-    return f" (judged with the file's tolerance overrides: {said})"
+    said = [f"{name!r} rtol={t.rtol!r} atol={t.atol!r}" for name, t in kept]
+    if recorded.precision and not (given is not None and given.precision):
+        said.append(f"precision={recorded.precision!r}")
+    return f" (judged with the file's tolerance overrides: {', '.join(said)})" if said else ""
 
 
 def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:

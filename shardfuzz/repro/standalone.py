@@ -315,6 +315,8 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     tol = runner.tolerance
     floating = {n for n, v in expected.ref.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
     if tol.noise_model == "mca" and floating:
+        judged = tol.judged_dtype(case.dtype)
+        expected.unit_dtype = judged if judged != case.dtype else None
         estimate_noise(target, case, expected, tol.samples, outputs)
         first = dict(expected.noise)
         # the bound a reported mismatch had: rechecked, and its flips looked for to the end (a gross
@@ -337,7 +339,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
                 expected.low[n],
                 expected.noise.get(n),
                 expected.mag.get(n),
-                case.dtype,
+                tol.judged_dtype(case.dtype),
                 case.group_size,
                 expected.case_scale,
             )

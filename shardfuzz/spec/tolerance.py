@@ -141,6 +141,10 @@ class Tolerance:
     full_scale_samples: int = 6
     flip_samples: int = 6
     per_output: Any = ()  # Mapping[str, OutputTolerance] in; sorted pairs after __post_init__
+    #: a dtype the implementation computes part of its work in by design, whatever the case dtype
+    #: (a bf16-compressed all-reduce of float32 gradients, FSDP's reduce_dtype): every case is
+    #: judged at the coarser of its unit roundoff and the case dtype's (None: the case dtype's)
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.noise_model not in NOISE_MODELS:
@@ -157,7 +161,16 @@ class Tolerance:
                 raise InvalidArgument(f"{name}={value!r}; must be an int >= 0")
         if self.flip_samples % 2:
             raise InvalidArgument(f"flip_samples={self.flip_samples!r}; must be even (antithetic pairs)")
+        if self.precision is not None and self.precision not in UNIT_ROUNDOFF:
+            raise InvalidArgument(f"precision={self.precision!r}; allowed: {', '.join(UNIT_ROUNDOFF)}")
         object.__setattr__(self, "per_output", per_output_tolerances(self.per_output, "per_output"))
+
+    def judged_dtype(self, case_dtype: str) -> str:
+        """The dtype whose rounding the noise model charges every op of a ``case_dtype`` case: the
+        case's, or :attr:`precision` where that is coarser."""
+        if self.precision is not None and UNIT_ROUNDOFF[self.precision] > UNIT_ROUNDOFF[case_dtype]:
+            return self.precision
+        return case_dtype
 
     def for_output(self, name: str) -> OutputTolerance | None:
         """The fixed tolerance for output ``name``: its own, else the first pattern (``grad_*``, as
@@ -213,6 +226,18 @@ class Tolerance:
         return self.wide_noise_factor if dtype in ("float32", "float64") else self.noise_factor
 
     def describe(self, dtype: str | None = None) -> str:
+        judged = self.judged_dtype(dtype) if dtype else None
+        if judged is not None and judged != dtype:  # said first: every term below is in its unit
+            return f"judged at {judged}'s rounding (precision={judged!r}; the case is {dtype}): " + (
+                self._describe(judged)
+            )
+        if dtype is None and self.precision is not None:
+            return f"judged at least at {self.precision}'s rounding (precision={self.precision!r}): " + (
+                self._describe(None)
+            )
+        return self._describe(dtype)
+
+    def _describe(self, dtype: str | None) -> str:
         if self.noise_model == "dtype-rerun":
             return (
                 f"|actual - oracle64| <= {self.noise_factor:g} * |oracle_in_case_dtype - oracle64| "

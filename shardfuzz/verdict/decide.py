@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from shardfuzz.case import Case
+from shardfuzz.errors import InvalidArgument
 from shardfuzz.protocol import Reply, decode
 from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.judge import Verdict, judge
@@ -55,8 +56,15 @@ class DecideConfig:
 def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideConfig) -> Verdict:
     """The verdict of every rank's :class:`Reply` on ``case`` against ``expected`` (noise samples
     are drawn into ``expected`` where the verdict needs them)."""
+    unit = config.tolerance.judged_dtype(case.dtype)
     if expected.source is not None:  # a self-oracle: its values now, the ranks being done
+        if unit != case.dtype:  # its noise is drawn on a rank, in the case dtype's unit
+            raise InvalidArgument(
+                f"precision={unit!r}: a target whose oracle is its own implementation (oracle=SELF) "
+                "is judged in the case dtype's rounding; run its cases in that dtype (--dtypes)"
+            )
         expected.source.values(expected)
+    expected.unit_dtype = unit if unit != case.dtype else None
     ignored = {r: list(rep.ignored_collectives) for r, rep in enumerate(replies) if rep.ignored_collectives}
     locals_ = [decode(rep.outputs) for rep in replies]
     outputs, tol = config.target.outputs_for(case), config.tolerance

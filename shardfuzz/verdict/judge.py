@@ -161,12 +161,13 @@ def compare_values(
                     low,
                     expected.noise.get(name),
                     expected.mag.get(name),
-                    case.dtype,
+                    tolerance.judged_dtype(case.dtype),
                     case.group_size,
                     expected.case_scale,
                 )
             noise = expected.noise.get(name) if fixed is None else None
-            rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound, noise)
+            u = UNIT_ROUNDOFF[tolerance.judged_dtype(case.dtype)]
+            rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound, noise, u)
             dtype = _dtype_name(low)
         else:
             rds, bound = _compare_exact(case, layout, [out[name] for out in locals_], ref), None
@@ -179,9 +180,9 @@ def compare_values(
 
 
 def _compare_floating(
-    case: Case, layout: Layout, got: list[Any], ref: Any, bound: Any, noise: Any
+    case: Case, layout: Layout, got: list[Any], ref: Any, bound: Any, noise: Any, u: float
 ) -> list[RankDiff]:
-    g, shape, u = case.group_size, tuple(ref.shape), UNIT_ROUNDOFF[case.dtype]
+    g, shape = case.group_size, tuple(ref.shape)
     if not layout.per_rank:
         return [
             compare_tensor(

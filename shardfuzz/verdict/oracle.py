@@ -61,6 +61,8 @@ class Expected:
     #: per integer or boolean output: the elements some noise sample gave another value (a decision
     #: within rounding of a tie; a mismatch's report names them)
     flipped: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the dtype whose rounding the noise samples charge (``Tolerance.judged_dtype``; None: the case's)
+    unit_dtype: str | None = None
 
 
 class CppWarningsOnce:
@@ -603,7 +605,7 @@ def _spread(
     return estimate(
         rerun,
         ref,
-        case.dtype,
+        expected.unit_dtype or case.dtype,
         case.seed,
         case.group_size,
         samples,
