@@ -337,16 +337,16 @@ def test_a_zero_style_flat_buffer_gets_a_reproducer_that_compares_its_shards_wit
 
 
 def test_a_fused_layout_gets_a_reproducer_that_splits_each_block(tmp_path):
-    # Shard(0, blocks=2) (a fused [gate; up] weight, tests/data/fused_target.py): the script hands
+    # Shard(0, blocks=2) (a fused [gate; up] weight, examples/fused_swiglu.py): the script hands
     # each rank its shard of both blocks and compares them so; the reference passes it
-    target = str(Path(__file__).resolve().parent / "data" / "fused_target.py") + "::fused"
+    target = str(UPSTREAM.parent / "fused_swiglu.py")
     result, script = _standalone_of_a_finding(tmp_path, target, "naive_chunk", examples=12)
     text = script.read_text()
     assert "'grad_w_gu': ('shard', 0, 'dtensor', 2)" in text, text
     _fails_the_same_way(script, result.case.world_size, tmp_path, "grad_w_gu")
     call = "**{'naive': True})"
     assert call in text
-    right = script.with_name("repro_fused_reference.py")
+    right = script.with_name("repro_fused_swiglu_reference.py")
     right.write_text(text.replace(call, "**{})"))
     ref = _torchrun(right, result.case.world_size, tmp_path, agent=False)
     assert (

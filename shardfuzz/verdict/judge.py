@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from shardfuzz.case import Case
+from shardfuzz.errors import InvalidArgument
 from shardfuzz.spec.layouts import Layout
 from shardfuzz.spec.placements import resolve as resolve_dtensors
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
@@ -120,7 +121,12 @@ def check_layouts(
                     f"(the oracle's global value is {list(ref.shape)} {_dtype_name(low)}){never}"
                 )
                 continue
-            want_shape = layout.expected_shape(tuple(got.shape), tuple(ref.shape), layout.index_of(r, g), g)
+            try:
+                want_shape = layout.expected_shape(
+                    tuple(got.shape), tuple(ref.shape), layout.index_of(r, g), g
+                )
+            except InvalidArgument as e:  # the layout cannot lay out the oracle's value (Shard's blocks)
+                raise InvalidArgument(f"output {name!r}: {e}") from None
             if tuple(got.shape) != want_shape or got.dtype != low.dtype:
                 problems.append(
                     f"output {name!r} ({layout!r}): {label(r)} holds "

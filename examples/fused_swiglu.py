@@ -1,6 +1,15 @@
-"""A SwiGLU MLP under tensor parallelism whose gate and up projections are one fused weight
-``w_gu = [gate; up]`` ([2 * hidden, d_model]): each rank holds its shard of both halves,
-``Shard(0, blocks=2)``, as Megatron's fused projections are held (tests/test_layouts.py)."""
+"""A SwiGLU MLP under tensor parallelism whose gate and up projections are one fused weight,
+``w_gu = [gate; up]`` of shape [2 * hidden, d_model], as Megatron and vLLM store it: each rank holds
+its shard of BOTH halves, which ``Shard(0, blocks=2)`` says (declared as an input layout, so
+``ctx.local["w_gu"]`` is that shard, and as the gradient's layout). ``naive_chunk`` takes the
+contiguous rows of the fused weight instead, the classic bug: rank 0 holds gate rows only.
+
+    shardfuzz fuzz examples/fused_swiglu.py                      # the reference: nothing found
+    shardfuzz fuzz examples/fused_swiglu.py --impl naive_chunk   # found at once
+
+``blocks`` splits each block's rows by DTensor's rule; for a fused [q; k; v] weight give the heads a
+dim of their own ([3 * heads, head_dim, d_model]) so that a shard holds whole heads.
+"""
 
 import torch.nn.functional as F
 
@@ -43,13 +52,14 @@ def swiglu(ctx, *, naive=False):
     return {"y": y.detach(), "grad_w_gu": w_gu.grad}
 
 
-fused = shardfuzz.Target(
-    name="fused",
+fused_swiglu = shardfuzz.Target(
+    name="fused_swiglu",
     cases=sst.cases(
-        "fused",
+        "fused_swiglu",
         sizes={
             "tokens": sst.Free(1, 3),
             "d_model": sst.Free(1, 3),
+            # even: on an uneven hidden the naive chunk's halves differ and its matmul raises
             "hidden": sst.Split(min_per_rank=1, max_per_rank=2, uneven=False),
         },
         max_world=3,
