@@ -225,6 +225,27 @@ test_another_bug = shardfuzz.test_for("known.py::ANOTHER_BUG", "crash_rank1", wo
     )
 
 
+def test_a_test_judges_an_implementation_lossy_by_design_at_its_precision(inprocess):
+    """``test_for(precision=)``: a sum sent as bfloat16 whatever the case dtype (as DDP's
+    bf16_compress_hook sends float32 gradients) passes at bfloat16's rounding; without it, found."""
+    compressed = os.path.join(os.path.dirname(__file__), "data", "compressed_target.py") + "::TARGET"
+    inprocess.makepyfile(
+        test_lossy=f"""
+import shardfuzz
+test_strict = shardfuzz.test_for({compressed!r}, max_examples=10)
+test_lossy = shardfuzz.test_for({compressed!r}, max_examples=10, precision="bfloat16")
+"""
+    )
+    result = inprocess.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--import-mode=importlib", "--hypothesis-profile=ci"
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    assert (
+        "test_strict FAILED" in result.stdout.str()
+        or "FAILED test_lossy.py::test_strict" in result.stdout.str()
+    )
+
+
 def test_a_test_sets_its_own_dtypes_and_known_failures(inprocess, monkeypatch):
     """``test_for(dtypes=, exclude=)``: per test, beside the session's options (a new user fuzzing
     torch past a known crash had to exclude it for every test of the session)."""
@@ -253,6 +274,7 @@ test_known = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), excl
         ("world_sizes=[0, 2]", "*world_sizes=*0, 2*"),
         ("timeout=-1", "*timeout=-1*"),
         ("max_examples=0", "*max_examples=0*"),
+        ("precision='bf16'", "*precision='bf16'*"),
     ):
         inprocess.makepyfile(test_bad=f"import shardfuzz\ntest_bad = shardfuzz.test_for({TOY!r}, {arg})\n")
         result = inprocess.runpytest_inprocess(

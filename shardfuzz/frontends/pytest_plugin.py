@@ -380,13 +380,15 @@ def test_for(
     max_examples: int | None = None,
     dtypes: tuple[str, ...] | str | None = None,
     exclude: tuple[str, ...] | str = (),
+    precision: str | None = None,
 ) -> Any:
     """A pytest test that fuzzes ``impl`` of ``target``: ``test_mine = shardfuzz.test_for("my_target.py")``.
 
     ``world_sizes``, ``timeout`` and ``dtypes`` replace ``--shardfuzz-world-sizes``,
     ``--shardfuzz-timeout`` and ``--shardfuzz-dtypes`` for this test; ``exclude``
     sets aside this test's known failures (case expressions, as ``--shardfuzz-exclude``, whose
-    expressions still apply). Every argument is checked here, so a mistake fails at collection;
+    expressions still apply); ``precision`` judges an implementation that computes part of its
+    work in that narrower dtype by design at its rounding (``--precision`` of the CLI). Every argument is checked here, so a mistake fails at collection;
     when the test runs, an ``exclude`` key no case of the target has (``sizes['hedas']``) fails it,
     and a world size above this machine's limit too.
 
@@ -428,6 +430,7 @@ def test_for(
         exclude=(exclude,) if isinstance(exclude, str) else tuple(exclude),
     )
     own_dtypes, own_exclude = own.dtypes, own.exclude
+    lossy = Tolerance(precision=precision) if precision is not None else None  # checked at collection
 
     def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
@@ -451,6 +454,10 @@ def test_for(
             except InvalidArgument as e:  # the argument's fault, not shardfuzz's frames
                 _fail(str(e))
             config = config.replace(exclude=(*config.exclude, *own_exclude))
+        if lossy is not None:
+            config = config.replace(
+                tolerance=dataclasses.replace(config.tolerance, precision=lossy.precision)
+            )
         compose.run_target_test(
             test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
         )
