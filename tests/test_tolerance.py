@@ -34,6 +34,7 @@ def test_an_implementation_lossy_by_design_passes_at_its_precision_and_a_bug_sti
     target = os.path.join(os.path.dirname(__file__), "data", "compressed_target.py") + "::TARGET"
     strict = shardfuzz.run(target, "reference", profile="shardfuzz-ci", database=None, max_examples=15)
     assert strict.found and strict.kind == "mismatch", strict.report
+    assert "is exactly a bfloat16 value" in strict.report and "--precision bfloat16" in strict.report
     lossy = Tolerance(precision="bfloat16")
     run = dict(profile="shardfuzz-ci", database=None, max_examples=30, tolerance=lossy)
     clean = shardfuzz.run(target, "reference", **run)
@@ -46,3 +47,41 @@ def test_an_implementation_lossy_by_design_passes_at_its_precision_and_a_bug_sti
     assert json.loads(path.read_text())["tolerance"]["precision"] == "bfloat16"
     code = cli.main(["replay", str(path), "--trust-refs"])
     assert code == cli.EXIT_FOUND
+
+
+def test_the_narrower_note_needs_every_wrong_value_to_be_a_narrower_dtypes_and_no_grid():
+    from types import SimpleNamespace
+
+    import torch
+
+    from shardfuzz.case import Case
+    from shardfuzz.report.findings import narrower_note
+
+    case = Case(target="t", world_size=1, mesh=(1,), sizes={"n": 4}, split=("n",))
+
+    def note(values, on=case, judged="float32"):
+        local = torch.tensor(values, dtype=torch.float32)
+        rank = SimpleNamespace(local=local, wrong=torch.ones_like(local, dtype=torch.bool))
+        return narrower_note([SimpleNamespace(ranks=[rank])], on, judged)
+
+    generic = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    assert note(generic.tolist()) is None
+    said = note(generic.to(torch.bfloat16).float().tolist())
+    assert (
+        said.startswith("every wrong element (8) is exactly a bfloat16 value")
+        and "--precision bfloat16" in said
+    )
+    assert "exactly a float16 value" in note(generic.half().float().tolist())
+    assert note([1.0, 2.0, -3.0]) is None  # integers (a count, a zero): representable anywhere
+    assert note([0.3359375]) is None  # one element: 1 in 65,536 by chance
+    assert note(generic.to(torch.bfloat16).float().tolist(), judged="bfloat16") is None
+    ties = Case(
+        target="t",
+        world_size=1,
+        mesh=(1,),
+        sizes={"n": 4},
+        split=("n",),
+        profile="ties",
+        options={"grid": 0.5},
+    )
+    assert note(generic.to(torch.bfloat16).float().tolist(), on=ties) is None

@@ -55,6 +55,36 @@ ONE_RANK_NOTE = (
 ONE_RANK_SHORT = "fails on 1 rank, with no peer to exchange with: the report says where to look"
 
 
+def narrower_note(diffs: Sequence[Any], case: Case, judged: str) -> str | None:
+    """Where every wrong element of a float32 or float64 case is exactly a value of a narrower
+    dtype (two or more, not all integers, off the ``ties`` and ``edge`` grids): code that computes
+    or sends them in that dtype, by design or not (a new user's FSDP2 reduce_dtype=bfloat16 was
+    sent by the 1-rank note to the math; a float32 value is a bfloat16 one by chance 1 in 65,536)."""
+    if judged not in ("float32", "float64") or case.profile in ("ties", "edge"):
+        return None
+    values = []
+    for d in diffs:
+        for r in d.ranks:
+            local, wrong = getattr(r, "local", None), getattr(r, "wrong", None)
+            if not isinstance(local, torch.Tensor) or not isinstance(wrong, torch.Tensor):
+                continue
+            if local.is_floating_point() and local.numel() == wrong.numel():
+                values.append(local.detach().reshape(-1)[wrong.reshape(-1).to(local.device)].cpu())
+    got = torch.cat(values).double() if values else torch.empty(0)
+    got = got[torch.isfinite(got)]
+    if got.numel() < 2 or bool((got == got.round()).all()):
+        return None
+    for narrow in ("bfloat16", "float16"):
+        if bool((got.to(getattr(torch, narrow)).double() == got).all()):
+            return (
+                f"every wrong element ({got.numel()}) is exactly a {narrow} value: code that computes "
+                f"or sends these values in {narrow}. If it does so by design (a compressed all-reduce, "
+                f"FSDP's reduce_dtype), judge it at that precision: --precision {narrow} "
+                "(docs/explanation/noise-model.md); if not, that cast is the bug"
+            )
+    return None
+
+
 def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:
     """Where an exactly compared output is wrong at elements the oracle itself decides otherwise
     under the noise model's samples: a choice within rounding of a tie (a new user's k-means that
@@ -283,6 +313,9 @@ class Reporter:
         near = near_tie_note(bad, case.dtype)
         if near:
             parts.append(near)
+        narrower = narrower_note(bad, case, self.tolerance.judged_dtype(case.dtype))
+        if narrower:
+            parts.append(narrower)
         edge = self._non_finite_edge_note(case, verdict)
         if edge:
             parts.append(edge)
