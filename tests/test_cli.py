@@ -581,6 +581,10 @@ def test_a_rerun_line_carries_the_import_path_a_fresh_process_lacks(tmp_path, mo
         prefix = Runner(str(target), "mean_of_means").reporter.rerun_prefix
         assert prefix.startswith(f"PYTHONPATH={tmp_path} shardfuzz case {target}::row_mean"), prefix
         assert Runner(EXAMPLE, "mean_of_means").reporter.rerun_prefix.startswith("shardfuzz case ")  # none
+        # the same prefix for pytest's replay note and the standalone script's torchrun line (a new
+        # user's replay as printed failed: No module named 'mylib')
+        assert Runner(str(target), "mean_of_means").import_path_prefix() == f"PYTHONPATH={tmp_path} "
+        assert refs.pythonpath_prefix([f"{target}::row_mean"]) == f"PYTHONPATH={tmp_path} "
         # an implementation named as pkg.mod:func from that folder needs it too
         from shardfuzz.spec.refs import import_file
 
@@ -637,10 +641,8 @@ def test_a_rerun_line_whose_import_path_cannot_be_read_stays_bare(tmp_path, monk
         with monkeypatch.context() as m:
             m.setattr(subprocess, "run", no_interpreter)
             assert refs.import_path_for([f"{target}::row_mean"]) == []  # every folder counts as fresh
-        from shardfuzz.engine import runner as runner_module
-
         with monkeypatch.context() as m:
-            m.setattr(runner_module, "import_path_for", lambda refs_: 1 / 0)
+            m.setattr(refs, "import_path_for", lambda refs_: 1 / 0)
             assert Runner(str(target), "mean_of_means").reporter.rerun_prefix.startswith("shardfuzz case ")
     finally:
         refs._fresh_import_path.cache_clear()

@@ -41,7 +41,7 @@ from shardfuzz.spec import registry
 from shardfuzz.spec.bounds import bounds_of
 from shardfuzz.spec.exclude import Excluded, exclusion
 from shardfuzz.spec.placements import check_dtensor_inputs
-from shardfuzz.spec.refs import import_path_for
+from shardfuzz.spec.refs import pythonpath_prefix
 from shardfuzz.spec.target import Target
 from shardfuzz.spec.triggers import conditions_met
 from shardfuzz.verdict.comm import over_budget
@@ -167,7 +167,7 @@ class Runner:
             str(self.impl_ref),
             self.config.backend,
             # quoted for a shell: a bound implementation's "(bug='x')" or a path with a space
-            f"{self._import_path()}shardfuzz case {_for_shell(str(self.target_spec))} --impl "
+            f"{self.import_path_prefix()}shardfuzz case {_for_shell(str(self.target_spec))} --impl "
             f"{_for_shell(impl_arg)}{rerun_flags(self.config)}",
             self.tolerance,
             self_oracle=self.target.oracle == SELF,
@@ -175,18 +175,11 @@ class Runner:
             conditions=functools.partial(conditions_met, self.target),
         )
 
-    def _import_path(self) -> str:
-        """``PYTHONPATH=... `` for a rerun line, where the target's or implementation's modules
-        import from folders only this process has on its import path (pytest's root, a script's
-        folder); else nothing."""
-        try:
-            folders = import_path_for([self.worker_target, self.impl_ref.ref])
-            inherited = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        except Exception:  # noqa: BLE001 (advice on a rerun line must never fail a run: a bare line)
-            return ""
-        if not folders:
-            return ""
-        return f"PYTHONPATH={shlex.quote(os.pathsep.join(dict.fromkeys([*folders, *inherited])))} "
+    def import_path_prefix(self) -> str:
+        """``PYTHONPATH=... `` for a command printed to rerun this runner's code elsewhere, where
+        its modules import from folders only this process has on its import path (pytest's root,
+        a script's folder); else nothing."""
+        return pythonpath_prefix([self.worker_target, self.impl_ref.ref])
 
     def with_hooks(self, hooks: Sequence[RunHooks]) -> Runner:
         """A new runner of the same target, implementation (named as this one was: its failure

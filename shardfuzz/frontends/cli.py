@@ -49,7 +49,7 @@ from shardfuzz.ranks.fast_exit import exit_without_teardown
 from shardfuzz.ranks.spawn import start_forkserver
 from shardfuzz.report.closest_pass import RECHECK_FROM, judged_with_recheck, said_lower
 from shardfuzz.report.divergence import format_trace
-from shardfuzz.spec.refs import add_search_path, split_file_ref
+from shardfuzz.spec.refs import add_search_path, pythonpath_prefix, split_file_ref
 from shardfuzz.spec.registry import available_targets, builtin_targets, get_target, listed_targets
 from shardfuzz.spec.target import UNDER_TEST, UNDER_TEST_NOTE
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
@@ -506,7 +506,10 @@ def _cmd_repro(args: Any) -> int:
     except OSError as e:  # a folder that cannot be made or written, a name the file system refuses
         raise InvalidArgument(f"-o {output!r}: cannot write there: {e.strerror or e}") from None
     n = record["case"].world_size
-    print(f"wrote {path}; run it with: torchrun --nproc-per-node={n} {path} [--backend nccl]")
+    # the script imports what the implementation imports (a new user's own package): from here
+    refs = [r for r in (record.get("target_ref"), record.get("impl_ref")) if isinstance(r, str) and r]
+    env = pythonpath_prefix(refs) if args.standalone else ""
+    print(f"wrote {path}; run it with: {env}torchrun --nproc-per-node={n} {path} [--backend nccl]")
     return EXIT_OK
 
 

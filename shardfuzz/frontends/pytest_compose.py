@@ -94,7 +94,9 @@ def run_target_test(
         for path in recorder.settle_run(found):  # each distinct finding in a file that holds it
             # the CLI's summary names it; pytest's output did not (a new user looked for it). A note
             # as Python 3.11's add_note writes it, which pytest shows on 3.10 too
-            note = f"shardfuzz: failure file: {path} (shardfuzz replay {path})"
+            # with the import path the rerun line has (a new user's replay of a target that
+            # imports their package, as printed, failed: No module named 'mylib')
+            note = f"shardfuzz: failure file: {path} ({runner.import_path_prefix()}shardfuzz replay {path})"
             setattr(e, "__notes__", [*getattr(e, "__notes__", []), note])  # noqa: B010 (3.10's BaseException has none)
         if found and getattr(found[0], "cut_short", None) == "interrupted":
             pytest.exit(f"{found[0].report}\nshardfuzz: interrupted", returncode=1)

@@ -458,6 +458,20 @@ def import_path_for(refs: Iterable[str]) -> list[str]:
     return [p for p in candidates if p in needed]
 
 
+def pythonpath_prefix(refs: Iterable[str]) -> str:
+    """``PYTHONPATH=... `` for a command printed to run elsewhere (a rerun line, a replay or
+    torchrun command), where the modules ``refs`` name import from folders only this process has
+    on its import path (:func:`import_path_for`); else nothing."""
+    try:
+        folders = import_path_for(refs)
+        inherited = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    except Exception:  # noqa: BLE001 (advice on a printed command must never fail a run: a bare line)
+        return ""
+    if not folders:
+        return ""
+    return f"PYTHONPATH={shlex.quote(os.pathsep.join(dict.fromkeys([*folders, *inherited])))} "
+
+
 def _homes(module: Any) -> list[str]:
     """The import-path folders a top-level module was found in: a file's folder, a package's
     parent, each parent of a namespace package's paths."""
