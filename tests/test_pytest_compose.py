@@ -300,6 +300,11 @@ def test_under_xdist_with_a_user_profile_settings_statistics_and_readable_failur
         r"shardfuzz toy/wrong_rank1/gloo \(world sizes 2[^)]*\): \d+ examples \(\d+ passed, [1-9]",
         sections["test_bug"],
     )
+    # a minimum over the shrink's failing examples too: a new user read 1.16 beside a report's 8.2e5x
+    assert re.search(
+        r"smallest failing margin: error/tolerance \S+ \(of every failing example, the shrink's included",
+        sections["test_bug"],
+    ), sections["test_bug"]
     # run_case in the test's own @given: the run's restrictions shaped none of its cases, so the
     # header does not claim them (a new user's said "world sizes 2; dtypes float64" above bf16 cases
     # on 3 ranks), and the target's pool is not what drew them: no "never reached"
