@@ -234,12 +234,16 @@ def test_a_test_judges_an_implementation_lossy_by_design_at_its_precision(inproc
 import shardfuzz
 test_strict = shardfuzz.test_for({compressed!r}, max_examples=10)
 test_lossy = shardfuzz.test_for({compressed!r}, max_examples=10, precision="bfloat16")
+# a test's own per-output tolerance, as the CLI's --tolerance (a loose one: passes); a misspelt one fails
+test_fixed = shardfuzz.test_for({compressed!r}, max_examples=10, tolerance={{"total": {{"rtol": 0.1, "atol": 1.0}}}})
+test_typo = shardfuzz.test_for({compressed!r}, max_examples=10, tolerance={{"totl": (0.1, 1.0)}})
 """
     )
     result = inprocess.runpytest_inprocess(
         "-p", "no:cacheprovider", "--import-mode=importlib", "--hypothesis-profile=ci"
     )
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*tolerance names output 'totl'*"])
     assert (
         "test_strict FAILED" in result.stdout.str()
         or "FAILED test_lossy.py::test_strict" in result.stdout.str()
@@ -275,6 +279,7 @@ test_known = shardfuzz.test_for({TOY!r}, "wrong_rank1", world_sizes=(1, 2), excl
         ("timeout=-1", "*timeout=-1*"),
         ("max_examples=0", "*max_examples=0*"),
         ("precision='bf16'", "*precision='bf16'*"),
+        ("tolerance={'y': (1, -1)}", "*tolerance*atol=-1*"),
     ):
         inprocess.makepyfile(test_bad=f"import shardfuzz\ntest_bad = shardfuzz.test_for({TOY!r}, {arg})\n")
         result = inprocess.runpytest_inprocess(

@@ -35,6 +35,7 @@ from shardfuzz.engine.config import (
     DEVICES,
     PROFILES,
     RunConfig,
+    as_tolerance,
     check_exclude_keys,
     check_tolerance_names,
     declared_outputs,
@@ -381,6 +382,7 @@ def test_for(
     dtypes: tuple[str, ...] | str | None = None,
     exclude: tuple[str, ...] | str = (),
     precision: str | None = None,
+    tolerance: Any = None,
 ) -> Any:
     """A pytest test that fuzzes ``impl`` of ``target``: ``test_mine = shardfuzz.test_for("my_target.py")``.
 
@@ -388,7 +390,9 @@ def test_for(
     ``--shardfuzz-timeout`` and ``--shardfuzz-dtypes`` for this test; ``exclude``
     sets aside this test's known failures (case expressions, as ``--shardfuzz-exclude``, whose
     expressions still apply); ``precision`` judges an implementation that computes part of its
-    work in that narrower dtype by design at its rounding (``--precision`` of the CLI). Every argument is checked here, so a mistake fails at collection;
+    work in that narrower dtype by design at its rounding (``--precision`` of the CLI);
+    ``tolerance`` (output name -> ``OutputTolerance`` / ``{"rtol": X, "atol": Y}``) fixes this
+    test's per-output tolerances on top of ``--shardfuzz-tolerance``'s. Every argument is checked here, so a mistake fails at collection;
     when the test runs, an ``exclude`` key no case of the target has (``sizes['hedas']``) fails it,
     and a world size above this machine's limit too.
 
@@ -431,6 +435,7 @@ def test_for(
     )
     own_dtypes, own_exclude = own.dtypes, own.exclude
     lossy = Tolerance(precision=precision) if precision is not None else None  # checked at collection
+    fixed = as_tolerance(tolerance, "tolerance") if tolerance is not None else None
 
     def test(shardfuzz_options: Options, pytestconfig: pytest.Config) -> None:
         start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
@@ -448,16 +453,7 @@ def test_for(
             if isinstance(e, TargetCodeError):  # the target's own code failed: its traceback counts
                 raise
             _fail(str(e))
-        if own_exclude:  # this test's own: meant for its target, so their keys are checked against it
-            try:
-                check_exclude_keys([get_target(target)], own_exclude, "exclude", config.world_sizes)
-            except InvalidArgument as e:  # the argument's fault, not shardfuzz's frames
-                _fail(str(e))
-            config = config.replace(exclude=(*config.exclude, *own_exclude))
-        if lossy is not None:
-            config = config.replace(
-                tolerance=dataclasses.replace(config.tolerance, precision=lossy.precision)
-            )
+        config = _with_own(config, get_target(target), own_exclude, lossy, fixed)
         compose.run_target_test(
             test, target, impl, config, lambda t: _tested(pytestconfig, t), max_examples=max_examples
         )
@@ -465,6 +461,28 @@ def test_for(
     test.__name__ = f"test_shardfuzz_{name}"
     test.is_hypothesis_test = True  # type: ignore[attr-defined]  # see shardfuzz.frontends.pytest_compose
     return test
+
+
+def _with_own(
+    config: RunConfig, target: Any, exclude: tuple[str, ...], lossy: Tolerance | None, fixed: Tolerance | None
+) -> RunConfig:
+    """``config`` with a ``test_for``'s own known failures, precision and per-output tolerances on
+    top of the session's; the first two are checked against its target (the argument's fault,
+    said as such, not shardfuzz's frames)."""
+    try:
+        if exclude:
+            check_exclude_keys([target], exclude, "exclude", config.world_sizes)
+        if fixed is not None:
+            check_tolerance_names(declared_outputs([target]), fixed, "tolerance")
+    except InvalidArgument as e:
+        _fail(str(e))
+    if exclude:
+        config = config.replace(exclude=(*config.exclude, *exclude))
+    if lossy is not None:
+        config = config.replace(tolerance=dataclasses.replace(config.tolerance, precision=lossy.precision))
+    if fixed is not None:
+        config = config.replace(tolerance=config.tolerance.with_overrides(fixed.per_output))
+    return config
 
 
 def _fail(message: str) -> NoReturn:
