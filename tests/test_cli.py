@@ -386,6 +386,25 @@ def test_progress_line_names_each_condition_once(target):
     assert set(runner.target.triggers) <= set(shown)
 
 
+def test_progress_line_leaves_out_the_targets_conditions_a_pinned_option_cannot_reach():
+    """A DTensor maintainer's run pinned to a pointwise op listed "never reached: a sharded dim the
+    op reduces or scans, keepdim, in-place op": no case of that op can reach them. Without the pin
+    they are blind spots worth naming, and stay."""
+    from shardfuzz import RunConfig, Runner
+
+    unpinned = set(Runner("dtensor_ops", "torch_dtensor").progress_conditions())
+    assert {"a sharded dim the op reduces or scans", "keepdim", "in-place op"} <= unpinned
+    gelu = RunConfig(options={"op": "aten.gelu.default"})
+    pinned = set(Runner("dtensor_ops", "torch_dtensor", gelu).progress_conditions())
+    assert not {"a sharded dim the op reduces or scans", "keepdim", "in-place op"} & pinned, pinned
+    assert {"uneven", "world>=3"} <= pinned  # the generic ones stay, as the run's world sizes allow
+    summed = RunConfig(options={"op": "aten.sum.dim_IntList"})
+    assert (
+        "a sharded dim the op reduces or scans"
+        in Runner("dtensor_ops", "torch_dtensor", summed).progress_conditions()
+    )
+
+
 def test_progress_line_shows_uneven_only_for_a_target_that_splits_a_size():
     """A target whose sizes are all Free (a ZeRO flat buffer the implementation pads itself) cannot
     be uneven: two new users read its ``uneven 0%`` as a blind spot."""

@@ -354,8 +354,13 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
         and (t not in DTYPE_CONDITIONS or t in drawn)
         and allowed.get(t, True)
     )
-    shown = generic + tuple(t for t in target.triggers if t not in generic)
     reached = {t for case, _ in pool for t in triggers_of(target, case)}
+    # the target's own, each a blind spot where not reached; but under pinned options only those
+    # the pinned pool reaches (a DTensor maintainer's gelu run listed "never reached: a sharded dim
+    # the op reduces or scans", which no pointwise op can reach)
+    shown = generic + tuple(
+        t for t in target.triggers if t not in generic and (not c.options or t in reached)
+    )
     names = {"uneven over replicas", "empty shard over replicas"} | {
         t for n in target.per_group for t in (f"{n}<group", f"{n}%group!=0", f"group%{n}==0")
     }  # what shardfuzz.spec.triggers.group_relations names
