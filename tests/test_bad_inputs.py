@@ -618,7 +618,11 @@ def test_a_pinned_value_profile_on_a_target_without_bounds_replays():
         # exclusion by the op's full name, the known scan bug coming back as new
         ({"place": "X3"}, "place not one of R, S<dim of the tensor>, Psum"),
         ({"op": "aten.cumsum"}, "op named without its overload: aten.cumsum.default (x250)"),
-        ({"op": "cumsum"}, "op not drawn: not an op of this torch (x250)"),
+        (
+            {"op": "cumsum"},
+            "op not drawn: not an op of this torch as named: did you mean 'aten.cumsum.default'? (x250)",
+        ),
+        ({"op": "nope_op"}, "op not drawn: not an op of this torch (x250)"),
         ({"op": "aten.lgamma.default"}, "op not drawn: numerics or input structure of its own (x250)"),
     ],
 )

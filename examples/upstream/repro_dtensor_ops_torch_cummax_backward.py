@@ -361,6 +361,9 @@ def spec_named(name: str) -> OpSpec | str:
     namespace, _, rest = name.partition(".")
     packet, _, overload = rest.partition(".")
     op = getattr(getattr(getattr(torch.ops, namespace, None), packet, None), overload or "default", None)
+    if op is None and "." not in name and hasattr(getattr(torch.ops.aten, name, None), "default"):
+        # a bare name (a DTensor maintainer's op=gelu): the full one an op is drawn and pinned by
+        return f"not an op of this torch as named: did you mean 'aten.{name}.default'?"
     if op is None:
         return "not an op of this torch"
     spec = _spec(op)
