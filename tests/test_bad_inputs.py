@@ -338,6 +338,23 @@ def test_a_run_whose_every_case_is_refused_says_it_tested_nothing():
     refused(out, 2, "ran no example, every case drawn was rejected", "nothing was tested")
 
 
+def test_a_run_whose_covering_rows_passed_and_then_every_draw_was_refused_says_what_was_tested():
+    """The covering rows run before Hypothesis: where they ran, "nothing was tested" was untrue."""
+    import collections
+    from types import SimpleNamespace
+
+    from shardfuzz.engine.search import nothing_tested
+    from shardfuzz.engine.stats import Stats
+
+    stats = Stats(examples=3, unsupported=collections.Counter({"not implemented": 459}))
+    runner = SimpleNamespace(stats=stats, impl_name="refuses", target=SimpleNamespace(name="t"))
+    said = nothing_tested(runner)
+    assert said.startswith(
+        "impl='refuses': target 't' ran its 3 covering rows, then every case Hypothesis drew"
+    )
+    assert "(unsupported: not implemented x459): only those 3 cases were tested" in said, said
+
+
 def test_an_oracle_that_raises_on_a_given_case_is_the_targets_error():
     case = (
         "Case(target='row_mean', world_size=1, mesh=(1,), sizes={'rows': 2, 'cols': 1}, split=('rows',), "

@@ -505,10 +505,18 @@ def nothing_tested(runner: Runner) -> str:
     why = [f"unsupported: {k} x{v}" for k, v in s.unsupported.most_common(3)]
     why += [f"excluded as a known failure: {k} x{v}" for k, v in s.excluded.most_common(3)]
     why += [f"external faults x{s.external_faults}"] if s.external_faults else []
+    # the covering rows run before Hypothesis: where some passed, the run tested those alone
+    if s.examples:
+        ran, tested = (
+            f"ran its {s.examples} covering rows, then every case Hypothesis drew was rejected",
+            f"only those {s.examples} cases were tested",
+        )
+    else:
+        ran, tested = "ran no example, every case drawn was rejected", "nothing was tested"
     return (
-        f"impl={runner.impl_name!r}: target {runner.target.name!r} ran no example, every case drawn was "
-        f"rejected ({'; '.join(why) or 'no reason counted'}): nothing was tested. Draw only cases it "
-        "supports (--world-sizes, --dtypes, --option; a target's strategy), or fix what refuses them"
+        f"impl={runner.impl_name!r}: target {runner.target.name!r} {ran} "
+        f"({'; '.join(why) or 'no reason counted'}): {tested}. Draw only cases it supports "
+        "(--world-sizes, --dtypes, --option; a target's strategy), or fix what refuses them"
     )
 
 

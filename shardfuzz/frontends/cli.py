@@ -75,7 +75,7 @@ def _cmd_list(specs: list[str]) -> int:
 def _tolerance(args: Any) -> Tolerance:
     """``--tolerance OUTPUT=...`` flags as per-output overrides on the default Tolerance (the last
     one for an output wins), judged at ``--precision`` where given."""
-    return Tolerance(precision=getattr(args, "precision", None)).with_overrides(dict(args.tolerance))
+    return Tolerance(precision=args.precision).with_overrides(dict(args.tolerance))
 
 
 def _config(args: Any, **extra: Any) -> RunConfig:
@@ -506,7 +506,8 @@ def _cmd_repro(args: Any) -> int:
     except OSError as e:  # a folder that cannot be made or written, a name the file system refuses
         raise InvalidArgument(f"-o {output!r}: cannot write there: {e.strerror or e}") from None
     n = record["case"].world_size
-    # the script imports what the implementation imports (a new user's own package): from here
+    # a standalone script imports what the implementation imports (a new user's own package) as
+    # plain imports; the shardfuzz one loads the target as shardfuzz does, and finds it from there
     refs = [r for r in (record.get("target_ref"), record.get("impl_ref")) if isinstance(r, str) and r]
     env = pythonpath_prefix(refs) if args.standalone else ""
     print(f"wrote {path}; run it with: {env}torchrun --nproc-per-node={n} {path} [--backend nccl]")
