@@ -415,6 +415,16 @@ def test_progress_line_shows_uneven_only_for_a_target_that_splits_a_size():
     assert "uneven" in Runner("tp_mlp").progress_conditions()
 
 
+def test_progress_line_shows_no_2d_mesh_condition_for_a_strategy_of_1d_meshes():
+    """A new user's ``cases(max_dims=1)`` run listed "never reached: 2-D mesh, group<world (no
+    example met them)": its strategy cannot draw them, and the line read as a gap in the search."""
+    from shardfuzz import Runner
+
+    one_d = os.path.join(os.path.dirname(__file__), "data", "parallel_target.py")
+    assert not {"2-D mesh", "group<world"} & set(Runner(one_d).progress_conditions())
+    assert {"2-D mesh", "group<world"} <= set(Runner("tp_mlp").progress_conditions())
+
+
 def test_progress_line_shows_empty_shards_where_the_strategy_draws_them():
     """A new user's two empty-shard bugs were found (so ``Split(allow_empty=True)`` reached empty
     shards), but the line of a clean run never named the condition: nothing said it was reached."""
@@ -767,6 +777,24 @@ def test_a_clean_run_whose_outputs_were_all_zero_says_it_compared_nothing(capsys
     assert said in out and "outputs all zero or constant in passing examples: y 100%" in out, out
     assert main_cli.main([*base, "--option", "p=0.5"]) == main_cli.EXIT_OK
     assert "all zero or constant" not in capsys.readouterr().out
+
+
+def test_a_clean_run_whose_bound_was_as_wide_as_an_output_says_it_checked_little(capsys):
+    """A new user's one-pass variance over features offset by 1,000 passed with an allowed error of
+    141 on LayerNorm outputs of +-1, and the summary read as a healthy pass. An output whose allowed
+    error covered its whole value (a zero answer would have passed) in 20% of the passes is named;
+    a fixed tolerance of 1e9 is the plainest such bound."""
+    from shardfuzz.frontends import cli as main_cli
+
+    scaled = os.path.join(os.path.dirname(__file__), "data", "scaled_target.py")
+    base = ["fuzz", scaled, "--max-examples", "10", "--no-progress", "--profile", "shardfuzz-ci"]
+    base += ["--option", "p=0.5"]  # no output all zero (said by the line above instead)
+    assert main_cli.main([*base, "--tolerance", "y=atol:1e9,rtol:0"]) == main_cli.EXIT_OK
+    out = capsys.readouterr().out
+    said = "passes where an output's allowed error was as large as the output itself (a zero answer would have passed): y 100%"
+    assert said in out, out
+    assert main_cli.main(base) == main_cli.EXIT_OK
+    assert "allowed error was as large" not in capsys.readouterr().out
 
 
 def test_the_degenerate_line_names_a_size_that_was_1_in_most_of_those_passes():

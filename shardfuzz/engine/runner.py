@@ -294,6 +294,9 @@ class Runner:
         ]
         flat = [od.name for od in floating if is_degenerate(od.ref)]
         self.stats.degenerate_outputs.update(flat)
+        # a bound as wide as the output itself checks little there (a new user's one-pass variance
+        # over features offset by 1,000 passed with an allowed error of 141 on values of +-1)
+        self.stats.wide_bound_outputs.update(od.name for od in floating if od.name not in flat and _wide(od))
         self.stats.degenerate_at_one.update((name, k) for name in flat for k in ones)
         if floating and len(flat) == len(floating):
             self.stats.degenerate_passes += 1
@@ -491,3 +494,14 @@ def _for_shell(arg: str) -> str:
     """``arg`` as is where a shell reads it so, else quoted (a bound implementation's ``(bug='x')``,
     a path with a space): the rerun line is pasted into a shell."""
     return arg if shlex.quote(arg) == arg else shell_quote(arg)
+
+
+def _wide(od: Any) -> bool:
+    """Whether ``od``'s allowed error was at least its oracle value at every element: an all-zero
+    answer would have passed (a sure pass's bound, without the noise term, is the narrower one:
+    never counted where the full bound would not be)."""
+    ref, bound = od.ref, od.bound
+    if not isinstance(bound, torch.Tensor) or ref.numel() == 0 or bound.shape != ref.shape:
+        return False
+    finite = torch.isfinite(ref)
+    return bool(finite.any()) and bool((ref.abs() <= bound)[finite].all())

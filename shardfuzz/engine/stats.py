@@ -52,6 +52,9 @@ class Stats:
     degenerate_outputs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: (output, size name) -> those passes where that size was 1 (a softmax over one key, seq 1)
     degenerate_at_one: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: output -> the passing examples where its allowed error was at least its value at every
+    #: element (not all zero or constant): a zero answer would have passed (``Runner._note_degenerate``)
+    wide_bound_outputs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: size name -> the passing examples where that size was 1 (what the share above is compared with)
     passes_at_one: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: ranks killed from outside whose case then passed (set aside, not findings)

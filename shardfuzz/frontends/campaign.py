@@ -148,6 +148,8 @@ class Outcome:
             "only_dtypes": sorted(s.pass_dtypes) if s.pass_dtypes and s.pass_dtypes <= LOW_PRECISION else [],
             # passing examples whose outputs were all zero or constant: nothing compared there
             "degenerate": degenerate_record(s),
+            # outputs whose allowed error was as wide as the output in many passes: checked little
+            "wide_bounds": wide_bound_record(s),
             # a target with budgets for other implementations: this one's bytes went unchecked
             "budgets_elsewhere": (
                 sorted(self.runner.target.comm)
@@ -876,6 +878,8 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
     lines += _precision_lines(r)
     if r.get("degenerate") and not r["found"]:
         lines.append(f"{'':<16} {degenerate_line(r['degenerate'])}")
+    if r.get("wide_bounds") and not r["found"]:
+        lines.append(f"{'':<16} {wide_bound_line(r['wide_bounds'])}")
     for text, (key, n) in (r.get("exclude_missing") or {}).items():
         lines.append(f"{'':<16} --exclude {text!r} excluded nothing: {n} cases had no {key} (a misspelling?)")
     if r.get("leaks"):
@@ -951,7 +955,34 @@ def degenerate_line(d: dict[str, Any]) -> str:
         "; ".join(said) + " (often right there: an option or size that makes the code do nothing, such "
         "as a dropout p near 1, a softmax over one element or a recurrence over one step; but a pass "
         "there shows nothing of that output, so make those cases rare in the strategy, e.g. a size's "
-        "lower bound Free(2, N) or the value in sst.mostly(...): docs/reference/strategies.md)"
+        "lower bound (Free(2, N); Split(min_size=2) for a split size) or the value in sst.mostly(...): "
+        "docs/reference/strategies.md)"
+    )
+
+
+#: a clean run names an output whose allowed error was as wide as the output in this share of its passes
+WIDE_BOUND_SHARE = 0.2
+
+
+def wide_bound_record(s: Stats) -> dict[str, Any]:
+    """The outputs whose allowed error was at least their value at every element (a zero answer
+    would have passed) in :data:`WIDE_BOUND_SHARE` of the passes or more, with their counts (or {})."""
+    outputs = {
+        k: v for k, v in s.wide_bound_outputs.most_common() if s.passed and v >= WIDE_BOUND_SHARE * s.passed
+    }
+    return {"of": s.passed, "outputs": outputs} if outputs else {}
+
+
+def wide_bound_line(d: dict[str, Any]) -> str:
+    """The summary's line for :func:`wide_bound_record`."""
+    some = ", ".join(f"{k} {100 * v / d['of']:.0f}%" for k, v in d["outputs"].items())
+    return (
+        "passes where an output's allowed error was as large as the output itself (a zero answer would "
+        f"have passed): {some}. The bound is that wide where the inputs make the computation "
+        "ill-conditioned in the case dtype (a normalisation over a few features, or over values offset "
+        "far from their spread; a gradient that is zero up to rounding) or where a fixed tolerance is: "
+        "those passes checked little of that output; draw such inputs rarer "
+        "(docs/reference/strategies.md)"
     )
 
 
