@@ -108,6 +108,9 @@ DTENSOR_OPS = {
     "torch_logsumexp_keepdim": "holds a local piece of shape [1, 0]",
     "torch_sgn_backward_plain_grad": "output 'grad_x' must be a DTensor, got Tensor",
     "torch_add_partial_product_sum": "elements wrong",
+    "torch_norm_inf_empty_shard": "cannot compute the inf norm",
+    "torch_norm_inf_partial_max": "elements wrong",
+    "torch_norm_inf_backward": "elements wrong",
 }
 
 

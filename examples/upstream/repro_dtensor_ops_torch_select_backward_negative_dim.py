@@ -1,6 +1,6 @@
 """Reproducer: dtensor_ops / torch_select_backward_negative_dim (rank-error).
 
-2 rank(s), mesh (1, 2); sizes d0=1, d1=1, d2=1; float32; options {'op': 'aten.select.int', 'ndim': 2, 'place': 'R,S0', 'other_place': 'R,R', 'backward': True, 'dim': -1, 'dim2': 0, 'dims': '[0]', 'all_dims': False, 'flag0': False, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 0.5, 'small_int': 0, 'perm': '[0, 1]', 'result_dtype': None}.
+2 rank(s), mesh (1, 2); sizes d0=1, d1=1, d2=1; float32; options {'op': 'aten.select.int', 'ndim': 2, 'place': 'R,S0', 'other_place': 'R,R', 'backward': True, 'dim': -1, 'dim2': 0, 'dims': '[0]', 'all_dims': False, 'flag0': False, 'flag1': False, 'flag2': False, 'scalar': 0.5, 'scalar2': 0.5, 'small_int': 0, 'perm': '[0, 1]', 'result_dtype': None, 'ord': '2'}.
 Run: torchrun --nproc-per-node=2 repro_dtensor_ops_torch_select_backward_negative_dim.py    (add --backend nccl for GPUs)
 Needs only torch (written with torch 2.13.0+cpu by shardfuzz 0.1.0 on 2026-12-07). Each rank runs the
 implementation below on its inputs and compares its outputs with the oracle's float64 values,
@@ -198,9 +198,6 @@ class OpSpec:
         return any(a.kind in ("dim", "dims", "dims?", "perm") for a in self.args)
 
 
-ARG_OPTIONS = {"dim": ("dim", "dim2"), "flag": ("flag0", "flag1", "flag2"), "scalar": ("scalar", "scalar2")}
-
-
 ARG_KINDS = {
     "int": "dim",  # a dim unless the name says otherwise (``NAMED_INTS``)
     "List[int]": "dims",  # a list of distinct dims, unless it is a size (``SIZE_NAMES``) or ``perm``
@@ -213,6 +210,22 @@ ARG_KINDS = {
 
 
 DTYPE_ARGS = frozenset({"dtype"})
+
+
+NORM_ORDER_ARGS = frozenset({"p", "ord"})
+
+
+def _kind_of(arg: Any) -> str | None:
+    """The kind of a schema argument by its type, and by its name where that says more."""
+    kind = ARG_KINDS.get(str(arg.type))
+    if kind == "dtype?" and arg.name not in DTYPE_ARGS:
+        return None
+    if kind == "scalar" and arg.name in NORM_ORDER_ARGS:
+        return "ord"
+    return kind
+
+
+ARG_OPTIONS = {"dim": ("dim", "dim2"), "flag": ("flag0", "flag1", "flag2"), "scalar": ("scalar", "scalar2")}
 
 
 NAMED_INTS = {"k": (1, 2), "index": (0, 1), "decimals": (0, 1), "diagonal": (0, 1), "offset": (0, 1)}
@@ -231,10 +244,8 @@ def _drawn_args(base: str, args: Any) -> tuple[Arg, ...] | str:
     positions = {a.name: i for i, a in enumerate(x for x in args if not x.kwarg_only)}
     for a in args:
         t = str(a.type)
-        kind = ARG_KINDS.get(t)
-        if kind == "dtype?" and a.name not in DTYPE_ARGS:
-            kind = None
-        if a.has_default_value() and kind not in ("dims?", "flag", "dtype?"):
+        kind = _kind_of(a)
+        if a.has_default_value() and kind not in ("dims?", "flag", "dtype?", "ord"):
             continue  # left at its default
         if kind is None:
             return f"argument type {t}"
@@ -269,7 +280,7 @@ MASKS_IN_PLACE = re.compile(r"^(eq|ne|lt|le|gt|ge|logical_and|logical_or|logical
 
 
 OTHER_FAMILIES = re.compile(
-    r"^(linalg_|special_|cholesky|triangular|lu_|geqrf|ormqr|grid_sampler|histc|bucketize|"
+    r"^(linalg_(?!vector_norm)|special_|cholesky|triangular|lu_|geqrf|ormqr|grid_sampler|histc|bucketize|"
     r"embedding|polygamma|mvlgamma|igamma|nextafter|frexp|bitwise_|gcd|lcm|ldexp|i0|lgamma|digamma|"
     r"erfinv|logit|mode|median|nanmedian|kthvalue|float_power|pow|xlogy|heaviside|fmod|remainder|"
     r"mm$|bmm|addmm|baddbmm|dot|diag)"
@@ -334,6 +345,7 @@ def _simplest(arg: Arg) -> Any:
         "flag": False,
         "false": False,
         "scalar": 0.5,
+        "ord": 2.0,
         "other": "other",
     }[arg.kind]
 
@@ -412,6 +424,8 @@ def values_of(case) -> list[Any]:
             values.append("other")
         elif kind == "false":
             values.append(False)
+        elif kind == "ord":
+            values.append(float(opts["ord"]))
         else:  # a named small int: k of topk counts from 1
             lo, _ = NAMED_INTS[kind[4:]]
             values.append(lo + opts["small_int"])
@@ -491,7 +505,8 @@ CASE = {'world_size': 2,
              'scalar2': 0.5,
              'small_int': 0,
              'perm': '[0, 1]',
-             'result_dtype': None},
+             'result_dtype': None,
+             'ord': '2'},
  'seed': 0}
 DATA = {}
 INPUTS = {
