@@ -362,6 +362,24 @@ def test_alpha_beta_formulas_are_the_handbooks():
     assert "tree" not in format_comm({0: [_c(0, "all_reduce", (0, 1), [8])]}, slow)
 
 
+def test_comm_says_the_backward_of_functional_autograd_collectives_is_not_counted():
+    """A new user's sequence-parallel MLP on functional collectives entered 5 collectives a rank;
+    ``--comm`` listed the 3 of the forward and said nothing of the 2 its backward ran from C++."""
+    import dataclasses
+
+    gather = dataclasses.replace(
+        _c(0, "all_gather_into_tensor", (0, 1), [2, 3]), api="functional", call="all_gather_tensor_autograd"
+    )
+    reduce = dataclasses.replace(_c(1, "all_reduce", (0, 1), [3]), api="functional", call="all_reduce")
+    text = format_comm({0: [gather, reduce], 1: [gather, reduce]})
+    assert (
+        "not counted: the backward collectives of functional collectives with an autograd kernel "
+        "(all_gather_tensor_autograd x2, all_reduce x2, over all ranks)"
+    ) in text, text
+    plain = format_comm({0: [_c(0, "all_reduce", (0, 1), [8])], 1: [_c(0, "all_reduce", (0, 1), [8])]})
+    assert "not counted" not in plain
+
+
 def test_bad_cost_model_and_units_name_the_argument():
     with pytest.raises(InvalidArgument, match="algorithm='fast'"):
         CostModel(algorithm="fast")

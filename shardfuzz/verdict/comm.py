@@ -19,6 +19,7 @@ steps of ``S``; :func:`estimate` has the formula of every op.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -217,7 +218,35 @@ def format_comm(traces: Mapping[int, Sequence[Collective]], model: CostModel | N
         "  the slowest rank's collectives in sequence: "
         + ", ".join(f"{a} {_t(v)}" for a, v in per_rank.items())
     )
+    unseen = unseen_backward_note(traces)
+    if unseen:
+        lines.append(unseen)
     return "\n".join(lines)
+
+
+#: functional collectives whose autograd kernel issues a collective of its own in backward, from
+#: C++, where the trace does not see it (torch 2.13: the ``_autograd`` variants, and all_reduce)
+FUNCTIONAL_WITH_BACKWARD = ("all_reduce",)
+
+
+def unseen_backward_note(traces: Mapping[int, Sequence[Collective]]) -> str | None:
+    """A line for the functional collectives entered whose backward collectives (issued by C++ where
+    the input requires grad) are neither traced nor counted: a new user's sequence-parallel MLP
+    entered 5 collectives a rank, ``--comm`` listed 3, and nothing said why."""
+    calls = collections.Counter(
+        c.call
+        for events in traces.values()
+        for c in events
+        if c.api == "functional" and (c.call.endswith("_autograd") or c.call in FUNCTIONAL_WITH_BACKWARD)
+    )
+    if not calls:
+        return None
+    said = ", ".join(f"{name} x{n}" for name, n in sorted(calls.items()))
+    return (
+        f"not counted: the backward collectives of functional collectives with an autograd kernel "
+        f"({said}, over all ranks), which C++ issues where their input requires grad, out of the "
+        "trace's sight (docs/how-to/communication-budgets.md)"
+    )
 
 
 def _seconds(c: Collective, rank: int, algorithm: str, model: CostModel) -> float:
