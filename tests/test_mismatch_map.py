@@ -192,6 +192,25 @@ def test_a_replicated_output_reduced_once_too_often_says_so(parts):
     assert "times the oracle" not in format_output_diff(diff(Shard(0), ref, parts * ref, parts), LABEL)
 
 
+def test_a_replicated_output_reduced_over_the_world_where_the_group_was_due_says_so():
+    """A new user's all_reduce on dist.group.WORLD in place of the TP group, on a mesh (2, 1): every
+    rank held exactly 2x the oracle, and the report gave no hint (its groups have one rank each)."""
+    ref = torch.randn(3, 4).double() + 0.5
+    d = diff(Replicate(), ref, 2 * ref, 2)
+    d.groups = [[0], [1]]  # two replicas of a group of one rank
+    text = format_output_diff(d, LABEL)
+    assert (
+        "every rank holds 2 times the oracle (the world's size, 2, where the group has 1 rank), within "
+        "its tolerance scaled alike: as if reduced over the world where the group was due"
+    ) in text, text
+    d.groups = [[0, 1]]  # the world is the group: said as the group's factor
+    text = format_output_diff(d, LABEL)
+    assert "every rank holds 2 times the oracle, within" in text and "world's size" not in text, text
+    d = diff(Replicate(), ref, 3 * ref, 2)
+    d.groups = [[0], [1]]
+    assert "times the oracle" not in format_output_diff(d, LABEL)
+
+
 def test_a_replicated_output_wrong_on_different_elements_per_rank_says_on_which_rank():
     """Rank 0's copy wrong at index 1, rank 1's at index 0: half the elements are wrong, and every
     global element on some rank (a new user read "every element of the global value is wrong"

@@ -227,7 +227,9 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
         lines.append(f"    {who}: wrong at " + "; ".join(where))
     if clean:
         lines.append(f"    clean: rank{'s' if len(clean) > 1 else ''} {', '.join(clean)}")
-    lines += _disagreement(od, pieces, rank_label, replicated=head.startswith("every rank holds"))
+    # groups of one rank each (a mesh (2, 1)) hold one value too, copy by copy
+    replicated = head.startswith(("every rank holds", "each rank holds"))
+    lines += _disagreement(od, pieces, rank_label, replicated=replicated)
     return lines + _grid_lines(od, pieces, sharded)
 
 
@@ -271,39 +273,69 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
     """Where every rank of each group holds the same value and that is its group's size times the
     oracle, or the oracle over it, within the tolerance scaled alike: a reduction done once too
     often (a new user's LayerNorm gradients all-reduced again after DTensor had reduced them: every
-    element exactly 2x on 2 ranks, and the report gave no hint)."""
-    groups = _groups_to_weigh(od, pieces)
-    sizes = {len(g) for g in groups}
-    if len(sizes) != 1:
-        return []
-    k = sizes.pop()
+    element exactly 2x on 2 ranks, and the report gave no hint). Or the world's size times it,
+    where that is not the group's: a collective over the world where the group was due (a new
+    user's all_reduce on dist.group.WORLD, on a mesh (2, 1), gave exactly 2x and no hint)."""
     ref, bound = od.ref, od.bound
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+        return []
     r = ref.double()
     if not bool((r.abs() > bound).any()):  # an oracle within its own tolerance of 0: any multiple fits
         return []
-    for factor, says in (
-        (k, f"{k} times the oracle"),
-        (1 / k, f"1/{k} of the oracle"),
-    ):
-        pieces_ok = all(
+    groups = _groups_to_weigh(od, pieces)
+    sizes = {len(g) for g in groups}
+    everyone = [p for g in replica_groups(od, pieces) for p in g]
+    world = len(everyone)
+    tries: list[tuple[float, str, list[list[Any]], str]] = []
+    if len(sizes) == 1:
+        k = sizes.pop()
+        each = " in each group" if len(groups) > 1 else ""
+        tries += [
+            (
+                k,
+                f"{k} times the oracle{each}",
+                groups,
+                "as if reduced once too often (an all_reduce of a value already whole, or a sum where a "
+                "mean was due), or computed from a value off by that factor (other outputs wrong alike?)",
+            ),
+            (
+                1 / k,
+                f"1/{k} of the oracle{each}",
+                groups,
+                "as if divided by the group size once too often (a mean of a mean, or a mean where a sum "
+                "was due), or computed from a value off by that factor (other outputs wrong alike?)",
+            ),
+        ]
+    group = len(od.groups[0]) if od.groups else world
+    if world >= 2 and world != group:
+        over = f"the world's size, {world}, where the group has {group} rank{'s' if group != 1 else ''}"
+        tries += [
+            (
+                world,
+                f"{world} times the oracle ({over})",
+                [everyone],
+                "as if reduced over the world where the group was due (a collective on the default "
+                "group, dist.group.WORLD or group=None, in the group's place)",
+            ),
+            (
+                1 / world,
+                f"1/{world} of the oracle ({over})",
+                [everyone],
+                "as if divided by the world's size where the group's was due",
+            ),
+        ]
+    for factor, says, weighed, why in tries:
+        fits = all(
             p.local.shape == ref.shape
             and p.local.is_floating_point()
             and bool(((p.local.double() - factor * r).abs() <= max(factor, 1.0) * bound).all())
-            for g in groups
+            for g in weighed
             for p in g
         )
-        if pieces_ok:
+        if fits:
             # "as if": a value it is computed from, off by the same factor, fits too (a new user's
             # GNN degree counted from local edges only read as an all_reduce done twice)
-            why = (
-                "as if reduced once too often (an all_reduce of a value already whole, or a sum where a "
-                "mean was due), or computed from a value off by that factor (other outputs wrong alike?)"
-                if factor > 1
-                else "as if divided by the group size once too often (a mean of a mean, or a mean where a sum "
-                "was due), or computed from a value off by that factor (other outputs wrong alike?)"
-            )
-            each = " in each group" if len(groups) > 1 else ""
-            return [f"    every rank holds {says}{each}, within its tolerance scaled alike: {why}"]
+            return [f"    every rank holds {says}, within its tolerance scaled alike: {why}"]
     return []
 
 
