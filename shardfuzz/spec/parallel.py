@@ -70,55 +70,70 @@ def dense_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def gather_seq(t: torch.Tensor, group: Any, seq_len: int) -> torch.Tensor:
-    """All-gather of dim 1 shards (DTensor's rule), as an all-reduce of a zero-filled full buffer:
-    uneven and empty shards need no padding, and it runs wherever all_reduce does (gloo on CUDA)."""
+def gather_seq(t: torch.Tensor, group: Any, seq_len: int, dim: int = 1) -> torch.Tensor:
+    """All-gather of ``dim`` shards (DTensor's rule; dim 1, the sequence, by default), as an
+    all-reduce of a zero-filled full buffer: uneven and empty shards need no padding, and it runs
+    wherever all_reduce does (gloo on CUDA)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    full = t.new_zeros(t.shape[0], seq_len, *t.shape[2:])
+    full = t.new_zeros(*t.shape[:dim], seq_len, *t.shape[dim + 1 :])
     off = split_offsets(seq_len, size)[rank]
-    full[:, off : off + t.shape[1]] = t
+    full.narrow(dim, off, t.shape[dim]).copy_(t)
     dist.all_reduce(full, group=group)
     return full
 
 
-def reduce_scatter_seq(t: torch.Tensor, group: Any, reduce: bool = True) -> torch.Tensor:
-    """This rank's dim 1 shard of the sum over the group (``reduce=False``: of its own ``t``)."""
+def reduce_scatter_seq(t: torch.Tensor, group: Any, reduce: bool = True, dim: int = 1) -> torch.Tensor:
+    """This rank's ``dim`` shard of the sum over the group (``reduce=False``: of its own ``t``)."""
     full = dense_copy(t)
     if reduce:
         dist.all_reduce(full, group=group)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    off, n = split_offsets(t.shape[1], size)[rank], split_sizes(t.shape[1], size)[rank]
-    return full[:, off : off + n].clone()
+    off, n = split_offsets(t.shape[dim], size)[rank], split_sizes(t.shape[dim], size)[rank]
+    return full.narrow(dim, off, n).clone()
 
 
 class GatherSequence(torch.autograd.Function):
-    """All-gather of the sequence forward, reduce-scatter of the gradient backward
-    (``reduce_backward=False`` only slices it, for planted bugs)."""
+    """All-gather of the sequence (``dim``, 1 by default) forward, reduce-scatter of the gradient
+    backward (``reduce_backward=False`` only slices it, for planted bugs)."""
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, group: Any, seq_len: int, reduce_backward: bool = True
+        ctx: Any, x: torch.Tensor, group: Any, seq_len: int, reduce_backward: bool = True, dim: int = 1
     ) -> torch.Tensor:
-        ctx.group, ctx.reduce_backward = group, reduce_backward
-        return gather_seq(x, group, seq_len)
+        ctx.group, ctx.reduce_backward, ctx.dim = group, reduce_backward, dim
+        return gather_seq(x, group, seq_len, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return reduce_scatter_seq(grad, ctx.group, ctx.reduce_backward), None, None, None
+        return reduce_scatter_seq(grad, ctx.group, ctx.reduce_backward, ctx.dim), None, None, None, None
 
 
 class ReduceScatterSequence(torch.autograd.Function):
-    """Reduce-scatter of the sequence forward (``reduce=False`` only slices, for planted bugs),
-    all-gather of the gradient backward."""
+    """Reduce-scatter of the sequence (``dim``, 1 by default) forward (``reduce=False`` only slices,
+    for planted bugs), all-gather of the gradient backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, reduce: bool = True) -> torch.Tensor:
-        ctx.group, ctx.seq_len = group, x.shape[1]
-        return reduce_scatter_seq(x, group, reduce)
+    def forward(ctx: Any, x: torch.Tensor, group: Any, reduce: bool = True, dim: int = 1) -> torch.Tensor:
+        ctx.group, ctx.seq_len, ctx.dim = group, x.shape[dim], dim
+        return reduce_scatter_seq(x, group, reduce, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return gather_seq(grad, ctx.group, ctx.seq_len), None, None
+        return gather_seq(grad, ctx.group, ctx.seq_len, ctx.dim), None, None, None
+
+
+def gather_shards(x: torch.Tensor, group: Any, size: int, dim: int = 1) -> torch.Tensor:
+    """The whole tensor from each rank's ``dim`` shard (``size`` long in all, split by DTensor's
+    rule, uneven and empty shards included), inside autograd: all-gather forward, reduce-scatter of
+    the gradient backward (Megatron's sequence-parallel gather)."""
+    return GatherSequence.apply(x, group, size, True, dim)
+
+
+def reduce_scatter_shards(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
+    """This rank's ``dim`` shard (DTensor's rule) of the sum of ``x`` over the group, inside
+    autograd: reduce-scatter forward, all-gather of the gradient backward (Megatron's
+    sequence-parallel reduce-scatter; a TorchRec-style combine over the batch with ``dim=0``)."""
+    return ReduceScatterSequence.apply(x, group, True, dim)
 
 
 class AllToAll(torch.autograd.Function):

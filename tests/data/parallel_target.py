@@ -24,7 +24,9 @@ from shardfuzz.spec.parallel import (
     ReduceScatterSequence,
     all_gather_by_all_to_all,
     all_reduce_by_all_to_all,
+    gather_shards,
     reduce_scatter_by_all_to_all,
+    reduce_scatter_shards,
 )
 
 DENSE = ("rowmajor", "transposed", "sliced", "offset")
@@ -91,6 +93,9 @@ def reference(ctx):
     splits = [ROWS_PER_RANK] * w
     seq = y.shape[1]
     y_shard = lay_out(_shard(y, r, w, 1), layout)
+    rows = y.transpose(0, 1)  # [s, 2, 3]: the split size first
+    # its rows differ (broadcast makes y's dim 0 equal, not this one): no expanded view of them
+    rows_layout = "transposed" if layout == "expanded" else layout
     return {
         "sum": ReduceFromGroup.apply(mine, g),
         "sum_copy_backward": CopyToGroup.backward(SimpleNamespace(group=g, reduce_backward=True), mine)[0],
@@ -102,12 +107,21 @@ def reference(ctx):
             SimpleNamespace(splits=(splits, splits), group=g, grad_dtype=None), mine
         )[0],
         "gather_seq": GatherSequence.apply(y_shard, g, seq),
-        "gather_seq_backward": ReduceScatterSequence.backward(SimpleNamespace(seq_len=seq, group=g), y_shard)[
-            0
-        ],
+        "gather_seq_backward": ReduceScatterSequence.backward(
+            SimpleNamespace(seq_len=seq, group=g, dim=1), y_shard
+        )[0],
         "scatter_seq": ReduceScatterSequence.apply(lay_out(y, layout), g),
         "scatter_seq_backward": GatherSequence.backward(
-            SimpleNamespace(group=g, reduce_backward=True), lay_out(y, layout)
+            SimpleNamespace(group=g, reduce_backward=True, dim=1), lay_out(y, layout)
+        )[0],
+        # the same over dim 0 (a batch), through the autograd wrappers
+        "gather_rows": gather_shards(lay_out(_shard(rows, r, w, 0), rows_layout), g, seq, dim=0),
+        "scatter_rows": reduce_scatter_shards(lay_out(rows, rows_layout), g, dim=0),
+        "gather_rows_backward": ReduceScatterSequence.backward(
+            SimpleNamespace(seq_len=seq, group=g, dim=0), lay_out(_shard(rows, r, w, 0), rows_layout)
+        )[0],
+        "scatter_rows_backward": GatherSequence.backward(
+            SimpleNamespace(group=g, reduce_backward=True, dim=0), lay_out(rows, rows_layout)
         )[0],
     }
 
@@ -131,6 +145,10 @@ def oracle(inp, case):
         "gather_seq_backward": gathered_y,
         "scatter_seq": y * total,
         "scatter_seq_backward": y * total,
+        "gather_rows": gathered_y.transpose(0, 1),
+        "scatter_rows": y.transpose(0, 1) * total,
+        "gather_rows_backward": gathered_y.transpose(0, 1),
+        "scatter_rows_backward": y.transpose(0, 1) * total,
     }
 
 
@@ -150,7 +168,14 @@ def cloning(ctx):
         parallel.dense_copy = original
 
 
-REPLICATED = ("sum", "sum_copy_backward", "sum_by_all_to_all", "gathered_by_all_to_all", "gather_seq")
+REPLICATED = (
+    "sum",
+    "sum_copy_backward",
+    "sum_by_all_to_all",
+    "gathered_by_all_to_all",
+    "gather_seq",
+    "gather_rows",
+)
 PARALLEL = Target(
     name="parallel_helpers",
     description="shardfuzz.spec.parallel's collective helpers over inputs of any strides",
@@ -165,6 +190,9 @@ PARALLEL = Target(
         "all_to_all_backward": Shard(0),
         "scatter_seq": Shard(1),
         "scatter_seq_backward": Shard(1),
+        "scatter_rows": Shard(0),
+        "gather_rows_backward": Replicate(),
+        "scatter_rows_backward": Shard(0),
     },
     implementations={"reference": "reference", "cloning": "cloning"},
 )
