@@ -151,7 +151,11 @@ def _target_in_file(spec: str, path: str, name: str) -> Target:
     if len(own) == 1:
         return own[0]
     if len(targets) > 1:
-        raise TargetError(f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME")
+        first = sorted(targets)[0]
+        raise TargetError(
+            f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME, a target's "
+            f"name or the module attribute that holds it (e.g. {spec}::{first})"
+        )
     return next(iter(targets.values()))
 
 
