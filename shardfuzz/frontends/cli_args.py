@@ -302,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DTYPE",
         help="the implementation computes part of its work in DTYPE by design, whatever the case "
         "dtype (a bf16-compressed all-reduce, FSDP's reduce_dtype): judge every case at least at "
-        "DTYPE's rounding (bfloat16, float16 or float32); a bug must be larger to be seen",
+        "DTYPE's rounding (bfloat16, float16 or float32); a bug must be larger to be seen. Not for "
+        "quantization (an int8 or float8 cast with a scale): replay it in the oracle "
+        "(docs/reference/target-spec.md, Quantization)",
     )
 
     add_search_path_option(where)
