@@ -414,3 +414,19 @@ def test_rank_killed_from_outside_is_an_external_fault_not_a_finding(tmp_path):
     plain = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
     with pytest.raises(RankError, match="rank 1 died"):
         Runner(TOY, "sigkill_rank1").run_case(plain)
+
+
+def test_a_rank_that_aborts_on_a_cpp_exception_names_its_message_in_the_head_and_the_summary():
+    """A new user's uneven sequence under torch's SequenceParallel: gloo aborted the rank, and the
+    summary row said only "rank-error (exit code -6)"; the message was 99 lines down the report."""
+    from shardfuzz import RankError, Runner
+    from shardfuzz.case import Case
+    from shardfuzz.frontends.campaign import _site
+
+    plain = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+    with pytest.raises(RankError) as info:
+        Runner(TOY, "abort_rank1").run_case(plain)
+    said = "Received data size doesn't match expected size"
+    head = str(info.value).splitlines()[0]
+    assert head == f"shardfuzz: rank 1 died (exit code -6): {said}", head
+    assert _site(info.value) == f"exit code -6: {said}"

@@ -269,6 +269,12 @@ def _site(f: Finding) -> str:
         message = raw.split(": ", 1)[1] if raw else f.site[2]
         message = message if len(message) <= LINE_LIMIT else message[: LINE_LIMIT - 3] + "..."
         return f"{f.site[0]} in {f.site[1]}: {message}"
+    if f.kind == "rank-error" and f.site and str(f.site[0]).startswith("exit code"):
+        # a rank that died: the C++ error it printed, where the report's head has one
+        head = f.report.split("\n", 1)[0]
+        printed = head.split("): ", 1)[1] if "died (exit code" in head and "): " in head else ""
+        code = " ".join(str(x) for x in f.site if x != ())
+        return f"{code}: {printed}" if printed else code
     if f.kind in ("communication", "hang") and len(f.site) >= 2:  # (what, ranks[, ("options", ...)])
         # "over budget (0, 1)" read as a pair of numbers; distinct options close it as above
         what, ranks, *rest = f.site

@@ -371,7 +371,12 @@ class Reporter:
     def raise_rank_died(self, case: Case, outcome: RankDied) -> None:
         code = "unknown: not reported (a rank server's is in torchrun's log on its node)"
         code = code if outcome.exitcode is None else str(outcome.exitcode)
-        parts = [self._header(f"rank {outcome.rank} died (exit code {code})", case)]
+        # the C++ error an abort printed, in the head too: the summary row said only "exit code -6",
+        # and a new user found gloo's "Received data size doesn't match expected size" 99 lines down
+        said = abort_message("\n".join(t for t in outcome.output.values() if t))
+        parts = [
+            self._header(f"rank {outcome.rank} died (exit code {code})" + (f": {said}" if said else ""), case)
+        ]
         parts.append(describe_sequences(outcome.traces))
         parts += [t for t in outcome.output.values() if t]
         parts.append(self._footer(case))
@@ -583,3 +588,19 @@ def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
         "implementation never wrote (a buffer filled with NaN or left uninitialised, as torch.empty "
         "leaves it)? The float64 oracle did not"
     ]
+
+
+#: a C++ exception's message as libstdc++ prints it before an abort, and a source-location prefix
+_WHAT = re.compile(r"^\s*what\(\):\s*(.*\S)")
+_WHERE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+
+
+def abort_message(output: str) -> str | None:
+    """The message of the C++ exception a dead rank printed (``what(): [pair.cc:553] Received data
+    size doesn't match expected size``: its text, without the source location), else None."""
+    for line in output.splitlines():
+        m = _WHAT.match(line)
+        if m:
+            text = _WHERE.sub("", m.group(1)).strip()
+            return text if len(text) <= 200 else text[:197] + "..."
+    return None

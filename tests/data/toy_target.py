@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import sys
 import time
 import weakref
 
@@ -364,6 +365,20 @@ def sigkill_rank1(ctx):
     return reference(ctx)
 
 
+def abort_rank1(ctx):
+    """Rank 1 aborts as a C++ exception does (gloo's size check under an uneven all-gather): the
+    message libstdc++ prints, then SIGABRT."""
+    if ctx.group_rank == 1:
+        sys.stderr.write(
+            "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+            "  what():  [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+            "Received data size doesn't match expected size\n"
+        )
+        sys.stderr.flush()
+        os.abort()
+    return reference(ctx)
+
+
 def cases(world_sizes=None):
     return sst.cases(
         "toy",
@@ -400,6 +415,7 @@ TOY = Target(
         "gil_held_rank0": "gil_held_rank0",
         "derived_group_per_case_group": "derived_group_per_case_group",
         "sigkill_rank1": "sigkill_rank1",
+        "abort_rank1": "abort_rank1",
         "kill_forkserver_once": "kill_forkserver_once",
         "dies_on_odd_runs": "dies_on_odd_runs",
         "aborts_on_odd_runs": "aborts_on_odd_runs",
