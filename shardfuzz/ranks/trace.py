@@ -14,8 +14,9 @@ to the rank's trace file as it is entered, so that the driver can still read it 
 abort or a dead rank (:func:`read_trace`).
 
 Not seen: collectives that C++ issues by itself (the backward of the functional collectives'
-autograd variants), and functions a module bound by name before :func:`install` ran (the worker
-installs before it imports any target or implementation).
+autograd variants), and functions a module outside ``torch.distributed`` bound by name before
+:func:`install` ran (the worker installs before it imports any target or implementation; the
+modules of ``torch.distributed`` already imported get the traced functions).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -262,20 +264,37 @@ def install(trace_path: str | None = None) -> Tracer:
     import torch.distributed._functional_collectives as funcol
     import torch.distributed.distributed_c10d as c10d
 
+    wrapped: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
     for name in C10D_OPS:
         original = getattr(c10d, name, None)
         if original is None or hasattr(original, "__shardfuzz_traced__"):
             continue
         traced = _wrap(original, functools.partial(_c10d_event, name))
+        wrapped[id(original)] = (original, traced)
         for module in (c10d, dist):
             if getattr(module, name, None) is original:
                 setattr(module, name, traced)
+    _rebind(wrapped)
     for name in FUNCTIONAL_OPS:
         original = getattr(funcol, name, None)
         if original is not None and not hasattr(original, "__shardfuzz_traced__"):
             setattr(funcol, name, _wrap(original, functools.partial(_functional_event, name)))
     _adopt_p2p_ops(c10d)
     return TRACER
+
+
+def _rebind(wrapped: dict[int, tuple[Callable[..., Any], Callable[..., Any]]]) -> None:
+    """Give the traced collectives to the modules of ``torch.distributed`` already imported that
+    bound the originals by name: DTensor's ``distribute_tensor`` broadcasts and scatters through
+    ``from distributed_c10d import broadcast, scatter``. Unseen, a rank blocked in one looked as if
+    it had entered no collective yet, and every rank error beside it waited a second for it."""
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("torch.distributed."):
+            continue
+        for attr, value in list(vars(module).items()):
+            pair = wrapped.get(id(value))
+            if pair is not None and pair[0] is value:
+                setattr(module, attr, pair[1])
 
 
 def _adopt_p2p_ops(c10d: Any) -> None:
