@@ -440,6 +440,18 @@ def test_the_single_tensor_collectives_are_traced():
         assert got == want, got
 
 
+def test_a_collective_torch_bound_by_name_is_traced():
+    """DTensor's ``distribute_tensor`` broadcasts through ``from distributed_c10d import
+    broadcast``, bound before the trace was installed: rank 0, blocked there after rank 1 raised,
+    read as "none entered", so the report waited the whole RUNNABLE_GRACE_S for it (a second a
+    rank error on DTensor targets; a rank in a traced collective is not on its way)."""
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+    with pytest.raises(RankError) as info:
+        Runner(TOY, f"{TOY_IMPLS}::raise_after_distribute", RunConfig(timeout=5)).run_case(case)
+    assert [c.op for c in info.value.traces[0]] == ["broadcast"], info.value.report
+    assert "broadcast" in info.value.report
+
+
 @pytest.mark.parametrize("impl", ["raise_while_peer_computes", "raise_while_peer_sleeps"])
 def test_a_peer_on_its_way_to_a_collective_after_a_crash_is_waited_for_before_the_report(impl):
     """Rank 1 raises while rank 0 has not reached its collective yet: it still computes (0.1 s of

@@ -83,3 +83,14 @@ def without_x2(ctx):
     out = _toy_reference(ctx, 0)
     del out["x2"]
     return out
+
+
+def raise_after_distribute(ctx):
+    """Rank 1 raises while rank 0 replicates x through DTensor's ``distribute_tensor``, which
+    broadcasts with a function torch bound by name (``_collective_utils.broadcast``)."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    if ctx.group_rank == 1:
+        raise ValueError("boom on rank 1 before distribute_tensor")
+    distribute_tensor(ctx.inputs["x"], ctx.mesh.device_mesh(), [Replicate()])
+    return _toy_reference(ctx, 0.0)
