@@ -332,6 +332,7 @@ def _placements_for(ndim: int) -> list[str]:
     return ["R", *(f"S{d}" for d in range(ndim)), *PARTIALS]  # simplest first
 
 
+@functools.cache  # a strategy made once: see _with_op
 def _arg_draws(ndim: int) -> dict[str, st.SearchStrategy]:
     dims = st.integers(-ndim, ndim - 1)
     dim_list = st.lists(dims, min_size=1, max_size=ndim, unique_by=lambda d: d % ndim)
@@ -362,20 +363,35 @@ def _fair_partial(mesh: tuple[int, ...], places: list[str]) -> bool:
     return pieces & (pieces - 1) == 0
 
 
+# the strategies a case draws from are made once, not per draw: a new strategy cost Hypothesis its
+# label, and a filter's lambda a parse of its source, at every draw (most of this target's draw time)
+_FAMILY_NAMES = st.sampled_from([name for name, family in FAMILIES.items() if family])
+_NDIMS = st.integers(1, 3)
+
+
+@functools.cache
+def _ops_of(family: str) -> st.SearchStrategy[OpSpec]:
+    return st.sampled_from(FAMILIES[family])
+
+
+@functools.cache
+def _placements_drawn(ndim: int, mesh: tuple[int, ...]) -> st.SearchStrategy[list[str]]:
+    """A placement per mesh axis, at most one kind of Partial (:func:`_fair_partial`)."""
+    return st.lists(st.sampled_from(_placements_for(ndim)), min_size=len(mesh), max_size=len(mesh)).filter(
+        lambda placed: _fair_partial(mesh, placed)
+    )
+
+
 @st.composite
 def _with_op(draw, base):
     case = draw(base)
-    family = draw(st.sampled_from([f for f in FAMILIES.values() if f]))
-    spec = draw(st.sampled_from(family))
-    ndim = draw(st.integers(1, 3))
-    axes = len(case.mesh)
-    choices = st.lists(st.sampled_from(_placements_for(ndim)), min_size=axes, max_size=axes).filter(
-        lambda placed: _fair_partial(case.mesh, placed)
-    )
+    spec = draw(_ops_of(draw(_FAMILY_NAMES)))
+    ndim = draw(_NDIMS)
+    choices = _placements_drawn(ndim, tuple(case.mesh))
     place = draw(choices)
     other = draw(choices)
     backward = draw(st.booleans())
-    draws = _arg_draws(ndim)
+    draws = dict(_arg_draws(ndim))  # a copy: the cached one stays whole
     if not any(a.kind == "ord" for a in spec.args):
         # a constant spends no choice: the cases of every other op are drawn as before the norm
         # orders were (a draw more per case reshuffled the derandomized runs, and with them the
