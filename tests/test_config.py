@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 
@@ -9,6 +10,7 @@ import pytest
 
 import shardfuzz
 from shardfuzz import Case, InvalidArgument, Mismatch, OutputTolerance, RunConfig, RunHooks, Runner, Tolerance
+from shardfuzz.engine.covering import pool_for
 from shardfuzz.engine.finding import inputs_hash
 from shardfuzz.spec.registry import get_target
 
@@ -61,6 +63,19 @@ def test_run_refuses_a_config_and_its_fields_together():
 def test_dtypes_restrict_what_is_drawn():
     res = shardfuzz.run(TOY, profile="shardfuzz-ci", database=None, max_examples=15, dtypes=("float64",))
     assert not res.found and res.stats.triggers["float64"] == res.stats.examples == 15
+
+
+@pytest.mark.parametrize(
+    "dtypes", [("float32", "float64", "bfloat16", "float16"), ("float16", "float32"), ("float64", "bfloat16")]
+)
+def test_dtypes_are_spread_over_every_one_listed(dtypes):
+    """A dtype the target never draws gets its share beside those it does: keeping every drawn
+    dtype that was listed, a new user's run of float32,float64,bfloat16,float16 drew no float16."""
+    t = get_target("tp_mlp")  # draws float32, float64 and bfloat16
+    pool = pool_for(t, None, dtypes, ())
+    drawn = collections.Counter(case.dtype for case, _ in pool)
+    assert set(drawn) == set(dtypes), drawn
+    assert min(drawn.values()) >= len(pool) / len(dtypes) / 2, drawn
 
 
 class Count(RunHooks):

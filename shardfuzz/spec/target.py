@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from shardfuzz.case import PROFILE_PARAM_NAMES, Case, pin_options
+from shardfuzz.case import DTYPES, PROFILE_PARAM_NAMES, Case, pin_options
 from shardfuzz.errors import InvalidArgument, TargetCodeError, TargetError
 from shardfuzz.protocol import ImplRef
 from shardfuzz.spec.bounds import PROFILE_PARAMS, CaseBounds, Split, bounds_of, branches_drawing, declare
@@ -574,10 +574,15 @@ def _records(
 
 
 def _in_dtypes(chosen: tuple[str, ...], case: Case) -> Case:
-    """``case`` in one of the ``chosen`` dtypes: its own when allowed, else one picked by its seed."""
-    if case.dtype in chosen:
-        return case
-    return dataclasses.replace(case, dtype=chosen[case.seed % len(chosen)])
+    """``case`` in one of the ``chosen`` dtypes, spread evenly over them: picked by its drawn dtype
+    and its seed (a map draws no choice), so that a dtype the target never draws gets its share
+    too (keeping each drawn dtype that was chosen, a run of ``float32,float64,bfloat16,float16``
+    drew no float16 at all). A case shrinks toward seed 0 and the target's first dtype (float32,
+    mostly): toward the first chosen dtype."""
+    if len(chosen) == 1:
+        return case if case.dtype == chosen[0] else dataclasses.replace(case, dtype=chosen[0])
+    dtype = chosen[(DTYPES.index(case.dtype) + case.seed) % len(chosen)]
+    return case if dtype == case.dtype else dataclasses.replace(case, dtype=dtype)
 
 
 def _through(steps: tuple[Callable[[Case], Case], ...], case: Case) -> Case:
