@@ -678,3 +678,16 @@ def test_the_simplest_case_is_the_one_a_search_tries_first():
     assert simplest_case(strategy.filter(lambda c: c.seed > 0)) is None  # a filter rejects it: none
     tp = get_target("tp_mlp")
     assert drawn_sizes(tp).smallest == simplest_case(tp.strategy())[0].sizes
+
+
+@pytest.mark.parametrize("field", ["options", "late_options"])
+def test_an_option_named_like_a_value_profiles_parameter_is_refused(field):
+    """A new user's attention target drew its softmax ``scale`` as an option: every ``large`` case
+    overwrote it with the profile's scale (10 to 10,000), silently."""
+    with pytest.raises(InvalidArgument) as e:
+        sst.cases("attn", **{field: {"scale": st.sampled_from([0.5, 1.0]), "causal": st.booleans()}})
+    assert (
+        f"{field} names 'scale'" in str(e.value)
+        and "grid, scale are taken" in str(e.value)
+        and "rename" in str(e.value)
+    )
