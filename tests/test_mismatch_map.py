@@ -189,7 +189,25 @@ def test_a_replicated_output_reduced_once_too_often_says_so(parts):
     for other in (ref * (parts + 1), ref + 1):
         text = format_output_diff(diff(Replicate(), ref, other, parts), LABEL)
         assert "every rank holds" in text and "times the oracle" not in text and "of the oracle" not in text
-    assert "times the oracle" not in format_output_diff(diff(Shard(0), ref, parts * ref, parts), LABEL)
+    assert "every rank holds" not in format_output_diff(diff(Shard(0), ref, parts * ref, parts), LABEL)
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_a_sharded_output_off_by_the_group_size_says_so(parts):
+    """A new user's k and v gradients all-reduced and averaged where a reduce-scatter's sum was due:
+    every element exactly 1/2 of the oracle over 2 ranks, and the report said only "greatest
+    relative difference: 0.5". Another factor, or an offset, says neither."""
+    ref = torch.randn(6, 4).double() + 0.5
+    halved = format_output_diff(diff(Shard(0), ref, ref / parts, parts), LABEL)
+    assert (
+        f"the ranks' pieces, put together, are 1/{parts} of the oracle (group of {parts}), within its "
+        "tolerance scaled alike: as if a mean where a sum was due"
+    ) in halved, halved
+    twice = format_output_diff(diff(Shard(0), ref, parts * ref, parts), LABEL)
+    assert f"are {parts} times the oracle (group of {parts})" in twice, twice
+    for other in (ref * (parts + 1), ref + 1):
+        text = format_output_diff(diff(Shard(0), ref, other, parts), LABEL)
+        assert "put together" not in text, text
 
 
 def test_a_replicated_output_reduced_over_the_world_where_the_group_was_due_says_so():

@@ -230,6 +230,7 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
     # groups of one rank each (a mesh (2, 1)) hold one value too, copy by copy
     replicated = head.startswith(("every rank holds", "each rank holds"))
     lines += _disagreement(od, pieces, rank_label, replicated=replicated)
+    lines += _assembled_scaled(od, pieces, replicated)
     return lines + _grid_lines(od, pieces, sharded)
 
 
@@ -336,6 +337,44 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
             # "as if": a value it is computed from, off by the same factor, fits too (a new user's
             # GNN degree counted from local edges only read as an all_reduce done twice)
             return [f"    every rank holds {says}, within its tolerance scaled alike: {why}"]
+    return []
+
+
+def _assembled_scaled(od: OutputDiff, pieces: list[Piece], replicated: bool) -> list[str]:
+    """For a value split over the ranks (not ``replicated``, no sum over ranks): where each replica,
+    put back together, is its group's size times the oracle, or the oracle over it, within the
+    tolerance scaled alike (a new user's k and v gradients all-reduced and averaged over 2 ranks
+    where a reduce-scatter's sum was due: every element exactly half, and the report said only
+    "greatest relative difference: 0.5")."""
+    if replicated or not pieces or any(p.rank is None for p in pieces):
+        return []
+    ref, bound = od.ref, od.bound
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+        return []
+    r = ref.double()
+    if not bool((r.abs() > bound).any()):  # an oracle within its own tolerance of 0: any multiple fits
+        return []
+    views = global_views(od, pieces)
+    if not views or any(v.actual.shape != r.shape or bool(v.actual.isnan().any()) for v in views):
+        return []  # a piece missing, or a value that is not a number: nothing to weigh
+    sizes = {len(g) for g in replica_groups(od, pieces)}
+    if len(sizes) != 1 or (k := sizes.pop()) < 2:
+        return []
+    each = " in each replica" if len(views) > 1 else ""
+    for factor, says, why in (
+        (k, f"{k} times the oracle", "a sum where a mean was due, or a value reduced once too often"),
+        (
+            1 / k,
+            f"1/{k} of the oracle",
+            "a mean where a sum was due (an all-reduce averaged, where a "
+            "reduce-scatter or an all-reduce summed), or divided by the group size once too often",
+        ),
+    ):
+        if all(bool(((v.actual - factor * r).abs() <= max(factor, 1.0) * bound).all()) for v in views):
+            return [
+                f"    the ranks' pieces, put together{each}, are {says} (group of {k}), within its tolerance "
+                f"scaled alike: as if {why}, or computed from a value off by that factor"
+            ]
     return []
 
 
