@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import contextvars
+import copy
 import dataclasses
 import json
 import math
@@ -244,10 +245,28 @@ class Case:
                 f"case={text!r}; expected Case(target=..., world_size=..., ...) with keywords"
             )
         try:
-            kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+            kw = {k.arg: read_literal(k.value) for k in node.keywords if k.arg is not None}
         except ValueError as e:
             raise InvalidArgument(f"case={text!r} holds a non-literal value: {e}") from None
         return cls.from_dict(kw)
+
+
+#: the names ``repr`` writes a non-finite float as (``float('inf')`` is ``inf``)
+FLOAT_NAMES = {"inf": math.inf, "nan": math.nan}
+
+
+def read_literal(node: ast.AST | str) -> Any:
+    """``ast.literal_eval`` that also reads ``inf`` and ``nan`` as ``repr`` writes them: the rerun
+    line of a case with an option ``norm_type=inf`` was refused as "malformed node"."""
+
+    class _Floats(ast.NodeTransformer):
+        def visit_Name(self, name: ast.Name) -> ast.AST:
+            if name.id in FLOAT_NAMES:
+                return ast.copy_location(ast.Constant(FLOAT_NAMES[name.id]), name)
+            return name
+
+    tree = ast.parse(node.strip(), mode="eval").body if isinstance(node, str) else node
+    return ast.literal_eval(_Floats().visit(copy.deepcopy(tree)))
 
 
 def pin_options(
@@ -266,6 +285,8 @@ def pin_options(
             f"option {unknown[0]!r} pinned, but target {target!r} has no such option; "
             f"its options: {', '.join(own) or 'none'}"
         )
+    # a non-finite float given as a word (--option norm_type=inf) where the target draws a float
+    pinned = {name: _float_word(value, case.options[name]) for name, value in pinned.items()}
     for name, value in pinned.items():
         problem = option_kind_problem(target, name, value, [case.options[name]])
         if problem:
@@ -275,6 +296,18 @@ def pin_options(
     if problem:
         raise InvalidArgument(f"{problem} (pinned: {', '.join(f'{k}={v!r}' for k, v in pinned.items())})")
     return dataclasses.replace(case, options=options)
+
+
+def _float_word(value: Any, drawn: Any) -> Any:
+    """``value``, or the float it names where it is ``inf``, ``-inf`` or ``nan`` and the target
+    draws a float there (a target that draws the word itself, dtensor_ops' ``ord``, keeps it)."""
+    if (
+        isinstance(value, str)
+        and isinstance(drawn, float)
+        and value.strip().lower() in ("inf", "+inf", "-inf", "nan")
+    ):
+        return float(value)
+    return value
 
 
 def profile_param_problem(profile: str, options: Mapping[str, Any]) -> str | None:

@@ -15,14 +15,17 @@ import glob
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from shardfuzz import Case
 from shardfuzz.errors import ShardfuzzError
 from shardfuzz.frontends import cli
+from shardfuzz.frontends.testing import run_cli
 from shardfuzz.repro.codegen import fill_template
 from shardfuzz.repro.standalone_script import harness_template
 
@@ -513,3 +516,30 @@ def test_every_dtensor_ops_expected_failure_has_a_reproducer_test():
     from shardfuzz.spec.registry import get_target
 
     assert set(DTENSOR_OPS) == set(get_target("dtensor_ops").expected_failures)
+
+
+def test_a_case_with_an_infinite_option_reruns_replays_and_gets_scripts_that_run(tmp_path):
+    """A new user's clipping norm drew norm_type inf: the report's rerun line was refused ("malformed
+    node"), ``repro`` crashed with a ValueError, ``--option norm_type=inf`` and an exclusion naming
+    inf were refused. repr writes inf as ``inf``: every reader takes it, and a script defines it."""
+    here = Path(__file__).resolve().parent
+    target = str(here / "data" / "norm_target.py")
+    result, found = _search(tmp_path / "failures", target, "inf_summed")
+    assert result.kind == "mismatch" and result.case.options["p"] == float("inf"), result.report
+    line = next(ln for ln in result.report.splitlines() if ln.startswith("Rerun this case"))
+    assert Case.parse(re.search(r"\"(Case\(.*\))\"", line).group(1)) == result.case, line
+    rerun = run_cli("case", target, "--impl", "inf_summed", repr(result.case))
+    assert rerun.returncode == 1 and "FAIL (mismatch)" in rerun.stdout, rerun.stdout + rerun.stderr
+    pinned = run_cli("fuzz", target, "--impl", "inf_summed", "--option", "p=inf", "--max-examples", "5",
+                     "--failures-dir", str(tmp_path / "pinned"))  # fmt: skip
+    assert pinned.returncode == 1 and "FOUND mismatch" in pinned.stdout, pinned.stdout + pinned.stderr
+    excluded = run_cli("fuzz", target, "--impl", "inf_summed", "--exclude", "options['p'] == inf",
+                       "--max-examples", "20", "--failures-dir", str(tmp_path / "excluded"))  # fmt: skip
+    assert excluded.returncode == 0 and "nothing found" in excluded.stdout, excluded.stdout + excluded.stderr
+    torchrun_script = tmp_path / "repro.py"
+    assert cli.main(["repro", found, "--trust-refs", "-o", str(torchrun_script)]) == cli.EXIT_OK
+    module = runpy.run_path(str(torchrun_script))  # not as __main__: its RECORD, not a run
+    assert module["RECORD"]["case"]["options"] == {"p": float("inf")}
+    script = _script_of(found, tmp_path / "out")
+    assert 'inf, nan = float("inf"), float("nan")' in script.read_text()
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "norm")

@@ -21,7 +21,7 @@ from shardfuzz.engine.config import (
 from shardfuzz.engine.shared_db import check_database, check_fleet, is_redis_url, redact
 from shardfuzz.engine.trust import add_trust_option
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.spec.exclude import BUILTINS, CaseExpression
+from shardfuzz.spec.exclude import CALLS, CaseExpression
 from shardfuzz.spec.refs import add_search_path_option
 from shardfuzz.spec.tolerance import OutputTolerance
 from shardfuzz.verdict.comm import ALGORITHMS, RATE_UNITS, TIME_UNITS, parse_quantity
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="EXPR",
         help="set aside cases of a known failure, e.g. \"options['smoothing'] > 0\" or \"'empty "
         "DTensor shard' in triggers\": comparisons, and, or, not, in, arithmetic and the calls "
-        f"{', '.join(sorted(k for k in BUILTINS if k.islower()))}() on the case's fields (no methods) "
+        f"{', '.join(sorted(CALLS))}() on the case's fields (no methods; inf and nan name the floats) "
         "(repeatable; excluded cases are counted and shown)",
     )
     f.add_argument(

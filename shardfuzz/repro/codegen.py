@@ -15,6 +15,7 @@ import ast
 import re
 from typing import Any
 
+from shardfuzz.case import FLOAT_NAMES, read_literal
 from shardfuzz.errors import ShardfuzzError
 
 
@@ -46,8 +47,23 @@ def check_script(text: str, doc: str, assigned: dict[str, Any]) -> None:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
     }
     for name, value in assigned.items():
-        if name not in found or ast.literal_eval(found[name]) != value:
+        # compared as repr writes them: a NaN option is not equal to itself
+        if name not in found or repr(read_literal(found[name])) != repr(value):
             raise ShardfuzzError(f"generated script: {name} is not the literal meant (a shardfuzz bug)")
+
+
+#: what a script that writes ``inf`` or ``nan`` (a case's non-finite values, as ``repr`` writes
+#: them) defines first, so that they read back as the floats they were
+FLOAT_NAMES_LINE = 'inf, nan = float("inf"), float("nan")  # the non-finite values below, as repr writes them'
+
+
+def uses_float_names(*literals: str) -> bool:
+    """Whether any of the Python ``literals`` (shardfuzz wrote them) names ``inf`` or ``nan``."""
+    return any(
+        isinstance(node, ast.Name) and node.id in FLOAT_NAMES
+        for text in literals
+        for node in ast.walk(ast.parse(text, mode="eval"))
+    )
 
 
 #: a mark: ``#@ if NAME``, ``#@ if not NAME``, ``#@ else``, ``#@ end``, ``#@ insert NAME`` (a whole line)

@@ -30,7 +30,7 @@ import shardfuzz
 from shardfuzz.engine.failures import record_impl, record_target
 from shardfuzz.engine.runner import Runner
 from shardfuzz.errors import InvalidArgument, Unsupported
-from shardfuzz.repro.codegen import check_script, docstring, fill_template
+from shardfuzz.repro.codegen import check_script, docstring, fill_template, uses_float_names
 from shardfuzz.repro.replay import record_config
 from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_names, harness_template
 from shardfuzz.spec.layouts import Layout, PaddedFlat, Partial, Replicate, Shard, strided_view
@@ -417,6 +417,9 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
         },
         code={"imports": "\n".join(sorted({*HARNESS_IMPORTS, *closure.imports})), "impl": code},
         parts={
+            "float.names": uses_float_names(
+                pprint.pformat(case_data, width=100, sort_dicts=False), inputs_src, expected_src, allowed_src
+            ),
             "Unsupported": bool(closure.shims),
             "inputs.pt": bool(saved),
             "outputs.dtensor": any(spec == ("dtensor",) for spec in layouts.values()),

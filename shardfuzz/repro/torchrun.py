@@ -36,7 +36,7 @@ from shardfuzz.protocol import ErrorReply, Task, UnsupportedReply
 from shardfuzz.ranks.task import RankState, select_device
 from shardfuzz.ranks.trace import install
 from shardfuzz.ranks.worker import answer
-from shardfuzz.repro.codegen import check_script, docstring
+from shardfuzz.repro.codegen import FLOAT_NAMES_LINE, check_script, docstring, uses_float_names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -171,7 +171,7 @@ REPRO_TEMPLATE = """#!/usr/bin/env python
 import sys
 
 from shardfuzz.repro.torchrun import main
-
+{float_names}
 RECORD = {record}
 
 if __name__ == "__main__":
@@ -216,8 +216,11 @@ def write_repro(record: dict[str, Any], path: str) -> str:
         name=os.path.basename(path),
         impl_ref=record["impl_ref"],
     )
+    record_text = pprint.pformat(embedded, width=100, sort_dicts=False)
     text = REPRO_TEMPLATE.format(
-        doc=docstring(doc), record=pprint.pformat(embedded, width=100, sort_dicts=False)
+        doc=docstring(doc),
+        record=record_text,
+        float_names=f"\n{FLOAT_NAMES_LINE}\n" if uses_float_names(record_text) else "",
     )
     check_script(text, doc, {"RECORD": embedded})
     # -o out/repro.py: its folder is made, as --standalone makes its own

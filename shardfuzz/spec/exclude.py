@@ -16,6 +16,7 @@ import ast
 import collections
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,9 +40,14 @@ CASE_NAMES = (
 #: the trigger conditions the case reaches for its target (``"'empty DTensor shard' in triggers"``):
 #: the names its progress lines and reports print (:func:`shardfuzz.spec.triggers.conditions_met`)
 TRIGGERS = "triggers"
-BUILTINS: dict[str, Any] = {
+#: the functions an expression may call
+CALLS: dict[str, Any] = {
     "len": len, "min": min, "max": max, "abs": abs, "sum": sum, "any": any, "all": all,
+}  # fmt: skip
+BUILTINS: dict[str, Any] = {
+    **CALLS,
     "True": True, "False": False, "None": None,
+    "inf": math.inf, "nan": math.nan,  # as a case's repr writes them (options['norm_type'] == inf)
 }  # fmt: skip
 _NODES = (
     ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
@@ -89,12 +95,9 @@ class CaseExpression:
                     f"{self.what}={self.text!r}: unknown name {node.id!r}; allowed: "
                     f"{', '.join((*CASE_NAMES, TRIGGERS))}"
                 )
-            if isinstance(node, ast.Call) and not (
-                isinstance(node.func, ast.Name) and node.func.id in BUILTINS
-            ):
+            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in CALLS):
                 raise InvalidArgument(
-                    f"{self.what}={self.text!r}: only {', '.join(sorted(k for k in BUILTINS if k.islower()))} "
-                    "may be called"
+                    f"{self.what}={self.text!r}: only {', '.join(sorted(CALLS))} may be called"
                 )
             if (
                 isinstance(node, ast.BinOp)

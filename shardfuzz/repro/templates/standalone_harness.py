@@ -13,7 +13,8 @@
 #@                        when the inputs are too large to inline (they go to SCRIPT.pt beside it),
 #@                        `inputs.strided` when the case hands layout-free inputs over as strided
 #@                        views (shardfuzz's strided_view is then copied in with the implementation),
-#@                        `shard.blocks` when a layout is a fused Shard (blocks > 1)
+#@                        `shard.blocks` when a layout is a fused Shard (blocks > 1), `float.names`
+#@                        when a value below is written with inf or nan (a case option norm_type=inf)
 #@ The scripts written from it are compared byte for byte with examples/upstream/, blank lines
 #@ included (tests/test_standalone.py). Package data (pyproject.toml), not a module: not linted.
 {{doc}}
@@ -35,6 +36,9 @@ class Unsupported(Exception):
 
 
 # -- the case, its inputs, the oracle's values and the allowed error ----------------------------
+#@ if float.names
+inf, nan = float("inf"), float("nan")  # the non-finite values below, as repr writes them
+#@ end
 CASE = {{case}}
 #@ if inputs.pt
 DATA = torch.load(os.path.splitext(os.path.abspath(__file__))[0] + ".pt", weights_only=True)  # tensors only
