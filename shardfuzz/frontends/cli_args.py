@@ -386,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=VALUE",
         help="pin a target option, e.g. lse_grad=False (a Python literal of the kind the target draws "
-        "there, a bare word is a string; repeatable): the contract choice of an implementation that "
+        "there, a bare word is a string, and inf, -inf or nan a float where the target draws one; repeatable): the contract choice of an implementation that "
         "supports only that value. A string the target never draws, where it draws a few, is warned about. "
         "A value profile's parameter (scale, grid, edge, edge_exp, edge_slot) puts every case in that "
         "profile (scale=1e3: large values; grid=0.5: ties)",
