@@ -215,11 +215,13 @@ def test_a_layout_problem_of_the_dtype_alone_says_so_and_drops_the_one_rank_note
     with pytest.raises(LayoutMismatch) as excinfo:
         REPORTER.raise_verdict(one, Verdict(layout_problems=problems), {}, ())
     assert ONE_RANK_NOTE not in excinfo.value.report and "ctx.dtype" in excinfo.value.report
+    # nor does the summary point at the note (a new user's: "the report says where to look")
+    assert not excinfo.value.notes_one_rank
     problems = check_layouts(one, outputs, [{"y": ref[:2]}], expected)  # the shape: the note stays
     assert problems and not problems[0].endswith(DTYPE_ONLY), problems
     with pytest.raises(LayoutMismatch) as excinfo:
         REPORTER.raise_verdict(one, Verdict(layout_problems=problems), {}, ())
-    assert ONE_RANK_NOTE in excinfo.value.report
+    assert ONE_RANK_NOTE in excinfo.value.report and excinfo.value.notes_one_rank
 
 
 def test_a_near_mismatch_names_the_oracle_ops_the_noise_model_gave_one_rounding():

@@ -342,6 +342,7 @@ class Reporter:
         parts.append(self._footer(case, leaks))
         err = LayoutMismatch("\n".join(parts), case=case, site=self._site(case, ()))
         err.traces, err.leaks, err.problems = dict(traces), tuple(leaks), tuple(verdict.layout_problems)
+        err.notes_one_rank = not dtype_only  # the summary's note points at the report's
         raise err
 
     def raise_rank_error(self, case: Case, outcome: RankFailed) -> NoReturn:
