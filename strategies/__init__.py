@@ -39,7 +39,7 @@ from shardfuzz.case import (
     EDGE_KINDS,
     EDGE_SLOTS,
     ONE_RANK_PATH,
-    PROFILE_PARAM_NAMES,
+    PROFILE_PARAMS,
     VALUE_PROFILES,
     Case,
     one_rank_path,
@@ -289,13 +289,16 @@ def cases(
         drawn_worlds = range(min_world, max_world + 1)
     check_int("max_dims", max_dims, 1)
     options, late_options = dict(options or {}), dict(late_options or {})
+    # the drawn profiles' parameters go into the same options dict: an option of one's name is
+    # overwritten in every case of that profile
+    params = {p for profile in profiles for p in PROFILE_PARAMS.get(profile, ())}
     for field, drawn in (("options", options), ("late_options", late_options)):
-        taken = sorted(set(drawn) & PROFILE_PARAM_NAMES)
-        if taken:  # the profile's parameters go into the same options dict: one would overwrite it
+        taken = sorted(set(drawn) & params)
+        if taken:
             raise InvalidArgument(
-                f"{field} names {', '.join(map(repr, taken))}: a value profile's parameter of that name "
-                f"goes into the case's options ({', '.join(sorted(PROFILE_PARAM_NAMES))} are taken); "
-                "rename the option (e.g. 'softmax_scale')"
+                f"{field} names {', '.join(map(repr, taken))}: a parameter of the value profiles drawn "
+                f"({', '.join(profiles)}) goes into the case's options under that name ({', '.join(sorted(params))}"
+                " are taken); rename the option (e.g. 'softmax_scale')"
             )
     if strided_inputs:
         late_options.setdefault("strided", st.booleans())

@@ -691,3 +691,5 @@ def test_an_option_named_like_a_value_profiles_parameter_is_refused(field):
         and "grid, scale are taken" in str(e.value)
         and "rename" in str(e.value)
     )
+    # where no profile drawn has that parameter, the name is free (the normal profile has none)
+    sst.cases("attn", profiles=("normal",), **{field: {"scale": st.sampled_from([0.5, 1.0])}})
