@@ -88,6 +88,16 @@ def test_an_all_to_all_whose_splits_do_not_pair_up_is_named():
     assert "#1   all_to_all_single(float32[4]) on group [0, 1] sends [1, 3] receives [1, 3]" in format_trace(
         swapped
     )
+    assert "in rows" not in d.text  # 1-D tensors: elements are rows
+    # rows of 4 elements (d_model 4): the splits said in rows too, as all_to_all_single is given them
+    rows = {
+        r: [dataclasses.replace(c, shapes=((sum(c.splits[0]), 4),), splits=tuple(
+            tuple(4 * n for n in part) for part in c.splits))]
+        for r, (c,) in swapped.items()
+    }  # fmt: skip
+    d = first_divergence(rows)
+    assert "rank 0 sends 12 element(s) to rank 1, which expects 8 from rank 0" in d.text, d.text
+    assert "in rows of 4 elements, [1, 3] and [2, 0]" in d.text, d.text
 
 
 def test_an_all_to_all_whose_splits_do_not_cover_its_tensor_is_named():

@@ -153,9 +153,22 @@ def _unpaired_splits(group: tuple[int, ...], at: Mapping[int, Collective]) -> st
                 to, back = ("itself", "") if a == b else (f"rank {b}", f" from rank {a}")
                 return (
                     f"rank {a} sends {sent} element(s) to {to}, which expects {expected}{back} (in "
-                    f"elements, rank {a} sends {list(sends)}, rank {b} receives {list(receives)})"
+                    f"elements, rank {a} sends {list(sends)}, rank {b} receives {list(receives)}"
+                    f"{_in_rows(at[a], at[b], sends, receives)})"
                 )
     return None
+
+
+def _in_rows(sender: Collective, receiver: Collective, sends: Sequence[int], receives: Sequence[int]) -> str:
+    """The same splits in rows of dim 0, where both tensors have rows of one size above 1 (the
+    split sizes an all_to_all_single call is given; a new user's d_model of 4 made every element
+    count 4 times theirs)."""
+    rows = {
+        math.prod(shape[1:]) for shape in (*sender.shapes[:1], *receiver.out_shapes[:1]) if len(shape) > 1
+    }
+    if len(rows) != 1 or (row := rows.pop()) <= 1 or any(n % row for n in (*sends, *receives)):
+        return ""
+    return f"; in rows of {row} elements, [{', '.join(str(n // row) for n in sends)}] and [{', '.join(str(n // row) for n in receives)}]"
 
 
 def _p2p_divergences(traces: Traces) -> list[Divergence]:
