@@ -245,3 +245,20 @@ def test_dtensor_code_is_refused_by_the_noise_model_and_runs_under_dtype_rerun()
         shardfuzz.RunConfig(tolerance=shardfuzz.Tolerance(noise_model="dtype-rerun")),
     )
     assert rerun.run_case(case) <= 1.0
+
+
+def test_an_expect_of_even_sizes_on_an_uneven_shrunk_case_says_what_to_write(w_offset_zero):
+    """A new user's row-parallel target drew Split(allow_empty=True): the bug shrank to one row on
+    two ranks (uneven), and Expect's default uneven=() failed the proof with no word of the fix."""
+    from shardfuzz.frontends.testing import uneven_sizes
+
+    name = "row_parallel_self_bugs/w_offset_zero"
+    case = w_offset_zero.case
+    odd = dataclasses.replace(case, sizes={**case.sizes, "inner": 1})  # one row on two ranks
+    assert uneven_sizes(odd) == ("inner",), odd
+    with pytest.raises(AssertionError) as e:
+        check_finding(
+            dataclasses.replace(w_offset_zero, case=odd), Expect(kind="mismatch", world_size=2), SELF, name
+        )
+    first = str(e.value).splitlines()[0]
+    assert first.endswith("say so: Expect(uneven=('inner',)), or uneven=None for any"), first

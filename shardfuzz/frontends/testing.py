@@ -100,6 +100,13 @@ def check_finding(result: Result, expect: Expect, target: Any, name: str) -> Non
                 if unsplit
                 else ""
             )
+            # a Split(allow_empty=True) bug often shrinks to fewer rows than ranks, which is uneven
+            + (
+                f"; if the bug shows on these sizes too, say so: Expect(uneven={uneven_sizes(case)!r}), or "
+                "uneven=None for any"
+                if uneven_sizes(case) and not unsplit
+                else ""
+            )
             + f"\n{result.report}"
         )
     if expect.check is not None:
