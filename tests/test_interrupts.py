@@ -308,3 +308,22 @@ def test_a_ctrl_c_swallowed_between_a_campaigns_runs_stops_it_as_interrupted(mon
     assert out.interrupted and len(runs) == 1, (out.interrupted, len(runs))
     assert time.perf_counter() - t0 < 45  # stopped, not fuzzed to its deadline
     assert not StickyInterrupt.pending and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_interrupt_that_lands_while_a_finding_is_handled_keeps_the_finding(tmp_path):
+    """A SIGTERM that landed while the runner's hooks wrote a finding's failure file, before the
+    search had seen the finding: the campaign ended "interrupted" (exit 130) with its finding in a
+    file and not in the report (once in clean-ci: the SIGINT-ignored campaign test above). The
+    interrupt is raised here from a hook, as the signal handler raises it."""
+    from shardfuzz import Mismatch
+
+    class Interrupts(shardfuzz.RunHooks):
+        def on_finding(self, context, finding):
+            raise KeyboardInterrupt  # as the SIGTERM handler raises it, inside the hooks' loop
+
+    res = shardfuzz.run(
+        TOY, "wrong_rank1", profile="shardfuzz-ci", database=None, max_examples=10, world_sizes=(2,),
+        hooks=[Interrupts()], failures_dir=str(tmp_path),
+    )  # fmt: skip
+    assert res.found and res.interrupted and res.shrink_cut_short, res
+    assert isinstance(res.failures[0], Mismatch) and "the run was interrupted" in res.report, res.report
