@@ -270,6 +270,17 @@ def _disagreement(
     return lines
 
 
+def _weighable(od: OutputDiff) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The oracle (float64) and the bound of an output whose value a factor can be weighed
+    against: floating, with a bound, and not within its own tolerance of 0 (any multiple of such
+    an oracle fits); None otherwise."""
+    ref, bound = od.ref, od.bound
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+        return None
+    r = ref.double()
+    return (r, bound) if bool((r.abs() > bound).any()) else None
+
+
 def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
     """Where every rank of each group holds the same value and that is its group's size times the
     oracle, or the oracle over it, within the tolerance scaled alike: a reduction done once too
@@ -277,12 +288,10 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
     element exactly 2x on 2 ranks, and the report gave no hint). Or the world's size times it,
     where that is not the group's: a collective over the world where the group was due (a new
     user's all_reduce on dist.group.WORLD, on a mesh (2, 1), gave exactly 2x and no hint)."""
-    ref, bound = od.ref, od.bound
-    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+    oracle = _weighable(od)
+    if oracle is None:
         return []
-    r = ref.double()
-    if not bool((r.abs() > bound).any()):  # an oracle within its own tolerance of 0: any multiple fits
-        return []
+    r, bound = oracle
     groups = _groups_to_weigh(od, pieces)
     sizes = {len(g) for g in groups}
     everyone = [p for g in replica_groups(od, pieces) for p in g]
@@ -327,7 +336,7 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
         ]
     for factor, says, weighed, why in tries:
         fits = all(
-            p.local.shape == ref.shape
+            p.local.shape == r.shape
             and p.local.is_floating_point()
             and bool(((p.local.double() - factor * r).abs() <= max(factor, 1.0) * bound).all())
             for g in weighed
@@ -348,12 +357,10 @@ def _assembled_scaled(od: OutputDiff, pieces: list[Piece], replicated: bool) -> 
     "greatest relative difference: 0.5")."""
     if replicated or not pieces or any(p.rank is None for p in pieces):
         return []
-    ref, bound = od.ref, od.bound
-    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+    oracle = _weighable(od)
+    if oracle is None:
         return []
-    r = ref.double()
-    if not bool((r.abs() > bound).any()):  # an oracle within its own tolerance of 0: any multiple fits
-        return []
+    r, bound = oracle
     views = global_views(od, pieces)
     if not views or any(v.actual.shape != r.shape or bool(v.actual.isnan().any()) for v in views):
         return []  # a piece missing, or a value that is not a number: nothing to weigh
