@@ -255,18 +255,20 @@ class Case:
 FLOAT_NAMES = {"inf": math.inf, "nan": math.nan}
 
 
+class _FloatNames(ast.NodeTransformer):
+    """``inf`` and ``nan`` as the float constants they name."""
+
+    def visit_Name(self, name: ast.Name) -> ast.AST:
+        if name.id in FLOAT_NAMES:
+            return ast.copy_location(ast.Constant(FLOAT_NAMES[name.id]), name)
+        return name
+
+
 def read_literal(node: ast.AST | str) -> Any:
     """``ast.literal_eval`` that also reads ``inf`` and ``nan`` as ``repr`` writes them: the rerun
     line of a case with an option ``norm_type=inf`` was refused as "malformed node"."""
-
-    class _Floats(ast.NodeTransformer):
-        def visit_Name(self, name: ast.Name) -> ast.AST:
-            if name.id in FLOAT_NAMES:
-                return ast.copy_location(ast.Constant(FLOAT_NAMES[name.id]), name)
-            return name
-
     tree = ast.parse(node.strip(), mode="eval").body if isinstance(node, str) else node
-    return ast.literal_eval(_Floats().visit(copy.deepcopy(tree)))
+    return ast.literal_eval(_FloatNames().visit(copy.deepcopy(tree)))  # a copy: the caller's stays
 
 
 def pin_options(
