@@ -333,7 +333,8 @@ def bounded_like(strategy: st.SearchStrategy[Case], like: st.SearchStrategy[Case
     changes option values (``targets/redistribute.py``) or moves a ``Free`` size within its own
     bounds (GQA's head counts rounded to what the group needs). A failure file's case is checked
     against these bounds before it is replayed (``docs/trust.md``); a ``.map``, ``.filter`` or
-    ``@composite`` strategy declares none unless wrapped so. Returns ``strategy``."""
+    ``@composite`` strategy declares none unless wrapped so. A run checks every case it draws
+    against them: one outside is a usage error naming the size. Returns ``strategy``."""
     return declare(strategy, bounds_of(like))
 
 

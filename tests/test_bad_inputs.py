@@ -389,6 +389,24 @@ def test_case_on_a_file_of_several_targets_runs_the_target_the_case_names(capsys
         shardfuzz.run(MISTAKES + "::misspelt_layout", max_examples=5, database=None)
 
 
+def test_a_strategy_that_draws_past_the_bounds_it_declares_is_a_usage_error_before_a_finding():
+    """A ``.map`` under ``bounded_like`` that moves a size past the declared bounds made findings
+    whose failure files replay refused ("never draws this case"): now the first such draw stops the
+    run, naming the size and its bounds, from the covering rows and from Hypothesis' draws alike
+    (there shrunk to a smaller case outside, and never reported as flaky)."""
+    from shardfuzz.engine.search import search
+    from shardfuzz.engine.settings import build_settings
+
+    where = "its strategy drew a case outside the bounds it declares (sizes['cols']=3; it draws 1..2"
+    with pytest.raises(TargetError, match=re.escape(where)):
+        shardfuzz.run(MISTAKES + "::past_bounds", max_examples=20, database=None)
+    runner = Runner(MISTAKES + "::past_bounds", config=shardfuzz.RunConfig(world_sizes=(1, 2)))
+    with pytest.raises(TargetError, match=re.escape(where)) as e:
+        search(runner, build_settings("shardfuzz-ci", max_examples=20), database=None, rows=False)
+    assert "world_size=1" in str(e.value) and "'rows': 1" in str(e.value), str(e.value)  # shrunk
+    assert runner.stats.examples < 20  # nothing ran after it: the shrink looks only at draws
+
+
 def test_a_misspelt_option_name_is_a_usage_error():
     case = (
         "Case(target='ulysses', world_size=2, mesh=(2,), sizes={'batch': 1, 'seq': 2, 'kv_heads': 1, "

@@ -442,6 +442,7 @@ class CoveringRun:
                 row = queue.pop(0)
                 StickyInterrupt.check()
                 self.ran.append(row)
+                self.runner.check_drawn(row.case)
                 try:
                     counted_run(self.runner, row.case)
                 except Unsupported:  # Excluded too: another case reaches what this one was for

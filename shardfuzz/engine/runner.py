@@ -26,7 +26,7 @@ from shardfuzz.engine.finding import FindingContext, inputs_hash
 from shardfuzz.engine.hooks import RunHooks
 from shardfuzz.engine.selforacle import SELF, self_expected
 from shardfuzz.engine.stats import Stats
-from shardfuzz.errors import Finding, InvalidArgument, RankSetupError, Unsupported
+from shardfuzz.errors import Finding, InvalidArgument, RankSetupError, TargetError, Unsupported
 from shardfuzz.limits import default_device
 from shardfuzz.protocol import Completed, Hung, RankDied, RankFailed, Reply, Task, UnsupportedReply
 from shardfuzz.ranks.faults import ProcessState, confirm_death
@@ -38,7 +38,7 @@ from shardfuzz.ranks.spawn import hard_cap, start_forkserver
 from shardfuzz.report.findings import Reporter, shell_quote
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec import registry
-from shardfuzz.spec.bounds import bounds_of
+from shardfuzz.spec.bounds import bounds_of, check_in_bounds
 from shardfuzz.spec.exclude import Excluded, exclusion
 from shardfuzz.spec.placements import check_dtensor_inputs
 from shardfuzz.spec.refs import pythonpath_prefix
@@ -139,6 +139,8 @@ class Runner:
                 self.config.deadline,
             )
         self._confirming = False  # rerunning a case whose rank died (shardfuzz.ranks.faults)
+        #: what the run's strategy declares it draws (:meth:`check_drawn`), read at the first draw
+        self._declared: tuple | None = None
         self.deaths_set_aside: set[str] = set()  # cases whose rank death did not recur (reprs)
         self._driver_state = ProcessState("the driver")  # the target's inputs and oracle run here
         #: numerics flags reported by rank 0 of the first example
@@ -300,6 +302,26 @@ class Runner:
         self.stats.degenerate_at_one.update((name, k) for name in flat for k in ones)
         if floating and len(flat) == len(floating):
             self.stats.degenerate_passes += 1
+
+    def check_drawn(self, case: Case) -> None:
+        """A case the run's own strategy drew lies within the bounds that strategy declares: a
+        ``.map`` or :func:`~shardfuzz.strategies.bounded_like` that moves a size past them (a new
+        user's GQA rounding drew ``q_per_kv=6`` against ``Free(1, 4)``) made findings whose failure
+        files ``replay`` and ``shardfuzz case`` then refused as cases the target never draws."""
+        if self._declared is None:
+            self._declared = self.target.case_bounds(self.world_sizes()) or ()
+        if not self._declared or any(b.problem(case) is None for b in self._declared):
+            return
+        try:  # names what lies outside, and admits a campaign's 1-rank retry of a larger world
+            check_in_bounds(self.target, case)
+        except InvalidArgument as e:
+            raise TargetError(
+                f"Target {self.target.name!r}: its strategy drew a case outside the bounds it declares "
+                f"({str(e).split('never draws this case: ', 1)[-1]}), so a finding on it could not be "
+                "replayed. A .map or sst.bounded_like that changes a size must keep it within the "
+                f"bounds of the strategy it wraps: widen those bounds (Free(max_size=...), "
+                f"Split(max_per_rank=...)) or clamp the size in the map. The case: {case!r}"
+            ) from None
 
     def _check_case(self, case: Case) -> None:
         """``case`` is a Case of this runner's target at a world size shardfuzz runs."""

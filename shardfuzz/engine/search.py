@@ -35,6 +35,7 @@ from shardfuzz.errors import (
     InfrastructureError,
     InvalidArgument,
     RankHang,
+    TargetError,
     Unsupported,
 )
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
@@ -210,6 +211,25 @@ class Quota:
         self.ran += 1
 
 
+class OutsideBounds:
+    """A case drawn outside the bounds its strategy declares (:meth:`Runner.check_drawn`): the
+    strategy's error, not the implementation's, raised as it is. Hypothesis shrinks it like any
+    failure, so every later call runs (not skipped by the quota, which Hypothesis' replay read as
+    flaky), and nothing runs on the ranks after it: the shrink looks for a smaller draw outside."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def check(self, runner: Runner, case: Case, quota: Quota) -> None:
+        try:
+            runner.check_drawn(case)
+        except TargetError:
+            quota.found = self.seen = True
+            raise
+        if self.seen:
+            hypothesis.reject()
+
+
 def build_test(
     runner: Runner,
     settings: Any = None,
@@ -235,11 +255,13 @@ def build_test(
     covering = CoveringRun(runner, rows)
     quota = Quota()
     repeats = RepeatedCases()
+    outside = OutsideBounds()
 
     def test_case(case: Case) -> None:
         if quota.spent():  # past this chunk's share of the budget: drawn, not run (see CHUNK)
             hypothesis.event(NOT_RUN)  # Hypothesis' statistics count it as a passing test case
             return
+        outside.check(runner, case, quota)
         try:
             # before a finding every case runs, so a budget's examples stay the same cases
             check(runner, case, repeats=repeats, answer=quota.found)

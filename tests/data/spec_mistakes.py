@@ -87,3 +87,30 @@ UNDECLARED = shardfuzz.Target(
     outputs={"total": shardfuzz.Replicate(), "totl": shardfuzz.Replicate()},
     implementations={"reference": total},
 )
+
+
+def _past_bounds(world_sizes=None):
+    """A map that moves ``cols`` past the ``Free(1, 2)`` it wraps (2 becomes 3), declared within
+    those bounds all the same (as a new user's GQA rounding of head counts did)."""
+    base = sst.cases(
+        "past_bounds",
+        sizes={"rows": sst.Split(), "cols": sst.Free(1, 2)},
+        world_sizes=world_sizes,
+        dtypes=("float32",),
+        profiles=("normal",),
+    )
+    moved = base.map(
+        lambda c: dataclasses.replace(c, sizes={**c.sizes, "cols": c.sizes["cols"] + c.sizes["cols"] // 2})
+    )
+    return sst.bounded_like(moved, base)
+
+
+PAST_BOUNDS = shardfuzz.Target(
+    name="past_bounds",
+    cases=_past_bounds,
+    inputs=inputs,
+    oracle=oracle,
+    input_layouts={"x": shardfuzz.Shard(0)},
+    outputs={"total": shardfuzz.Replicate(), "unused": shardfuzz.Replicate()},
+    implementations={"reference": total},
+)
