@@ -127,6 +127,14 @@ def test_none_for_a_tensor_output_is_a_finding_naming_output_and_rank():
     refused(out, 1, "layout", "output 'grad_b2': rank 0 returned None, expected a tensor", "not a zero one")
 
 
+def test_gradients_a_raw_collective_cut_off_are_none_and_the_report_says_what_cuts_a_graph():
+    """Two new users' raw all_to_all_single into a new buffer (no backward) left their gradients
+    None: the report spoke only of a gradient never computed for an expert without tokens."""
+    impl = os.path.join(DATA, "bad_returns.py") + "::gather_into_new_buffer"
+    out = cli("case", "tp_mlp", "--impl", impl, OK)
+    refused(out, 1, "layout", "output 'grad_x': rank 0 returned None", "a raw torch.distributed collective")
+
+
 def test_a_target_file_that_raises_at_import_names_its_line(tmp_path):
     """A NameError at a target file's top level was reported with no line, and no traceback either."""
     bad = tmp_path / "broken_target.py"

@@ -34,7 +34,7 @@ from shardfuzz.signature import cause_of
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
 from shardfuzz.verdict.comm import CommBudget, format_comm
 from shardfuzz.verdict.compare import WORST_SHOWN, OutputDiff, RankDiff
-from shardfuzz.verdict.judge import DTYPE_ONLY, Verdict
+from shardfuzz.verdict.judge import DTYPE_ONLY, NEVER_COMPUTED, RETURNED_NONE, Verdict
 
 #: the note of a finding on 1 rank: the strategy lets the shrinker run a failure found on 2+ ranks
 #: on 1 rank with the same global sizes (``shardfuzz.strategies``), so this is its minimal world
@@ -337,6 +337,8 @@ class Reporter:
             )
         ]
         parts += [f"  {p}" for p in verdict.layout_problems]
+        if any(p.endswith(RETURNED_NONE) for p in verdict.layout_problems):
+            parts.append(NEVER_COMPUTED)
         # two new users read a layout report as the only thing wrong (a count beside it was too)
         parts.append(LAYOUT_FIRST)
         parts.append(self._footer(case, leaks))

@@ -78,6 +78,20 @@ def judge(
     )
 
 
+#: the end of a problem line where a rank returned None and the oracle has a tensor
+RETURNED_NONE = "(None: never computed)"
+#: said once under such lines: two new users' raw all_to_all_single into a new buffer (no backward)
+#: cut the graph, and their gradients came back None with only the first sentence, which read as
+#: being about experts without tokens
+NEVER_COMPUTED = (
+    "None: a gradient never computed is not a zero one (an optimizer skips the parameter: no weight "
+    "decay, no momentum). Where autograd should have reached it, something cut the graph before it: "
+    "a raw torch.distributed collective into a new buffer (it has no backward: wrap it in an "
+    "autograd.Function, e.g. shardfuzz.spec.parallel's AllToAll or GatherSequence), a .detach() or "
+    "torch.no_grad()"
+)
+
+
 def check_layouts(
     case: Case, outputs: dict[str, Layout], locals_: list[dict[str, Any]], expected: Expected
 ) -> list[str]:
@@ -109,12 +123,7 @@ def check_layouts(
             if not isinstance(got, torch.Tensor):
                 # None where the oracle has a value is the implementation's to answer for (a
                 # gradient never computed, for an expert that got no tokens), not a usage error
-                never = (
-                    ": a gradient never computed is not a zero one (an optimizer skips the parameter: "
-                    "no weight decay, no momentum)"
-                    if got is None
-                    else ""
-                )
+                never = f" {RETURNED_NONE}" if got is None else ""
                 problems.append(
                     f"output {name!r}: {label(r)} returned {_what(got)}, expected a tensor "
                     # the global value: this rank's piece needs its own shape, which None has not
