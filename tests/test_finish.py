@@ -327,6 +327,14 @@ def test_a_summary_names_an_assembled_outputs_mismatch_without_an_empty_rank_lis
 
     finding = types.SimpleNamespace(kind="mismatch", site=(("aux", ()), ("y", (0, 1))))
     assert campaign._site(finding) == "aux assembled over the ranks, y on ranks [0, 1]"
+    # in the order the target declares its outputs (the site is sorted by name: the forward output
+    # y came after every gradient, a new user said), the distinct options last
+    declared = types.SimpleNamespace(
+        kind="mismatch",
+        site=(("grad_w", (1,)), ("grad_x", (0,)), ("y", (0, 1)), ("options", (("op", "sum"),))),
+        outputs={"y": [0, 1], "grad_x": [0], "grad_w": [1]},
+    )
+    assert campaign._site(declared) == "y on ranks [0, 1], grad_x on ranks [0], grad_w on ranks [1], op=sum"
     # a communication finding's and a hang's ranks are named as ranks ("over budget (0, 1)" read
     # as a pair of numbers to a new user)
     over = types.SimpleNamespace(kind="communication", site=("over budget", (0, 1)))

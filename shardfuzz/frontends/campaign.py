@@ -246,6 +246,10 @@ class Timeline(RunHooks):
 def _site(f: Finding) -> str:
     """A finding's site in words, for the summary (the wrong outputs and ranks, the exception...)."""
     if f.kind == "mismatch":
+        # in the target's order of its outputs, as the report lists them (the site is sorted by
+        # name: "grad_wk, ..., grad_x, y" hid whether the forward was wrong, a new user said)
+        declared = {name: i for i, name in enumerate(getattr(f, "outputs", None) or {})}
+        site = sorted(f.site, key=lambda entry: declared.get(entry[0], len(declared)))
         # an output compared assembled (Partial: the sum over ranks) is wrong on no rank of its own;
         # a target's distinct options (dtensor_ops' op) close the site: "op=aten.cumsum.default"
         return ", ".join(
@@ -254,7 +258,7 @@ def _site(f: Finding) -> str:
             else f"{name} on ranks {list(ranks)}"
             if ranks
             else f"{name} assembled over the ranks"
-            for name, ranks in f.site
+            for name, ranks in site
         )
     problems = getattr(f, "problems", ())
     if f.kind == "layout" and problems:  # "- layout: Case(...)" named no output (a new user's audit)
