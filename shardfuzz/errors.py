@@ -189,7 +189,8 @@ class Mismatch(Finding):
 
 
 class LayoutMismatch(Finding):
-    """A rank's local shape or dtype is not what the output's layout says it must be."""
+    """A rank's local shape or dtype is not what the output's layout says it must be (where the
+    target's reference fails so too, its declared layout is wrong)."""
 
     kind = "layout"
     #: what is wrong, one line per output and rank (the summary names the first)

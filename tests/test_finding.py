@@ -193,14 +193,14 @@ def test_an_ignored_collective_on_one_rank_says_its_values_were_not_compared_not
     assert ONE_RANK_NOTE in excinfo.value.report
 
 
-def test_a_layout_problem_of_the_dtype_alone_says_so_and_drops_the_one_rank_note():
+def test_a_layout_problem_of_the_dtype_alone_says_so_and_a_shape_names_the_declaration_too():
     """A new user's FSDP2 MLP built its nn.Linear without dtype=: float64 cases held float32
     parameters, and the report's 1-rank note sent them to the math. A dtype alone is said as such;
     a wrong shape keeps the note."""
     import torch
 
     from shardfuzz.errors import LayoutMismatch
-    from shardfuzz.report.findings import ONE_RANK_NOTE
+    from shardfuzz.report.findings import LAYOUT_DECLARED, ONE_RANK_NOTE
     from shardfuzz.spec.layouts import Replicate
     from shardfuzz.verdict.judge import DTYPE_ONLY, check_layouts
     from shardfuzz.verdict.oracle import Expected
@@ -215,6 +215,7 @@ def test_a_layout_problem_of_the_dtype_alone_says_so_and_drops_the_one_rank_note
     with pytest.raises(LayoutMismatch) as excinfo:
         REPORTER.raise_verdict(one, Verdict(layout_problems=problems), {}, ())
     assert ONE_RANK_NOTE not in excinfo.value.report and "ctx.dtype" in excinfo.value.report
+    assert LAYOUT_DECLARED not in excinfo.value.report  # a dtype is no layout's
     # nor does the summary point at the note (a new user's: "the report says where to look")
     assert not excinfo.value.notes_one_rank
     problems = check_layouts(one, outputs, [{"y": ref[:2]}], expected)  # the shape: the note stays
@@ -222,6 +223,9 @@ def test_a_layout_problem_of_the_dtype_alone_says_so_and_drops_the_one_rank_note
     with pytest.raises(LayoutMismatch) as excinfo:
         REPORTER.raise_verdict(one, Verdict(layout_problems=problems), {}, ())
     assert ONE_RANK_NOTE in excinfo.value.report and excinfo.value.notes_one_rank
+    # a shape may be the declaration's mistake: a new user's correct code returned an output
+    # sharded that the target declared Replicate(), and read the finding as a bug in the code
+    assert LAYOUT_DECLARED in excinfo.value.report
 
 
 def test_a_near_mismatch_names_the_oracle_ops_the_noise_model_gave_one_rounding():

@@ -127,6 +127,15 @@ NEAR_TIE_LOOKS = 10_000
 
 
 #: what a layout finding's report says of the values it did not compare
+#: under a shape that is not its layout's: a new user's target declared an output Replicate() that
+#: its (correct) implementation returned sharded, and read the finding as a bug in the code
+LAYOUT_DECLARED = (
+    "a shape that is not the layout's: either the implementation returns that output laid out "
+    "otherwise, or the target declares its layout wrong (Target(outputs=...)); where the target's "
+    "reference implementation fails the same way, the declaration is what to fix"
+)
+
+
 LAYOUT_FIRST = (
     "values not compared: every output's local shapes and dtypes must match its layout first, so "
     "an output listed nowhere here may be wrong too"
@@ -339,6 +348,8 @@ class Reporter:
         parts += [f"  {p}" for p in verdict.layout_problems]
         if any(p.endswith(RETURNED_NONE) for p in verdict.layout_problems):
             parts.append(NEVER_COMPUTED)
+        if any(" holds " in p and not p.endswith(DTYPE_ONLY) for p in verdict.layout_problems):
+            parts.append(LAYOUT_DECLARED)
         # two new users read a layout report as the only thing wrong (a count beside it was too)
         parts.append(LAYOUT_FIRST)
         parts.append(self._footer(case, leaks))
