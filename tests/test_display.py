@@ -233,6 +233,10 @@ def test_a_progress_line_before_the_first_verdict_says_what_is_happening():
     assert "3 failing (2 hung, each after its timeout: shrinking a hang is slow); uneven" in progress_line(
         hung
     )
+    # with the adaptive timeout (no --timeout), the line says what shortens each: four new users
+    # waited 2-5 minutes for a hang's shrink, and 15-80 s with --timeout 2
+    adaptive = progress_line(dataclasses.replace(hung, adaptive_timeout=True))
+    assert "shrinking a hang is slow; a fixed --timeout of a few seconds shortens each); uneven" in adaptive
     from types import SimpleNamespace
 
     from shardfuzz.engine.stats import Stats

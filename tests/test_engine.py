@@ -297,6 +297,15 @@ def test_timeout_adapts_and_can_be_fixed():
     p.record(key, 1.2)
     assert p.timeout(key) == 30  # 24 s rounded up to a bucket
     assert p.timeout(key, fixed=7) == 7
+    # another world size of the target, where none has passed yet: its passes elsewhere, not the
+    # initial window (a hang there waited 10 s a shrink step); another target's say nothing
+    assert p.timeout(("t", 3, "gloo")) == 30 and p.timeout(("u", 3, "gloo")) == 30
+    for _ in range(5):
+        p.record(("t", 4, "gloo"), 0.01)
+    assert p.timeout(("t", 3, "gloo")) == 30  # the slowest over the siblings: 1.2 s at world 2
+    p.recent.pop(key)
+    assert p.timeout(("t", 3, "gloo")) == 5 and p.timeout(("u", 3, "gloo")) == 30
+    assert p.timeout(("t", 3, "nccl")) == 30  # another backend is no sibling
 
 
 def test_a_case_that_comes_again_while_shrinking_gets_its_first_verdict_and_the_final_replay_runs(

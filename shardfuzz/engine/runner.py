@@ -72,7 +72,8 @@ class TimeoutPolicy:
     :class:`~shardfuzz.ranks.spawn.ProgressWatch`); while ranks compute, it may run on up to the hard cap
     (:func:`~shardfuzz.ranks.spawn.hard_cap`: max(120 s, 10 x the window)), which is also the gloo
     timeout of the ranks' groups. Adaptive: ``max(floor, factor * slowest of the last 50 passing
-    examples)``, ``initial`` before five examples have passed, rounded up to a bucket (2, 3, 5,
+    examples)``, from the target's passes at its other world sizes before five have passed at
+    this one, ``initial`` before five have passed at any, rounded up to a bucket (2, 3, 5,
     10, 20, 30, 60 s; at most 60 s). The runner does not record the first pass of a target on a
     freshly started pool, which pays the ranks' imports.
     """
@@ -86,12 +87,24 @@ class TimeoutPolicy:
     def timeout(self, key: tuple, fixed: float | None = None) -> float:
         if fixed is not None:
             return float(fixed)
-        seen = self.recent[key]
+        seen: Sequence[float] = self.recent[key]
+        if len(seen) < 5:
+            # the target's passes at its other world sizes, where it has five: a hang at a world
+            # size it rarely passed at waited the 10 s initial window at every shrink step (a new
+            # user's Ulysses hang took 150 s to shrink, 15 s with --timeout 2)
+            seen = [
+                t for k, ts in list(self.recent.items()) if _siblings(k, key) and len(ts) >= 5 for t in ts
+            ]
         value = self.initial if len(seen) < 5 else max(self.floor, self.factor * max(seen))
         return float(next((b for b in TIMEOUT_BUCKETS if b >= value), TIMEOUT_BUCKETS[-1]))
 
     def record(self, key: tuple, seconds: float) -> None:
         self.recent[key].append(seconds)
+
+
+def _siblings(a: tuple, b: tuple) -> bool:
+    """Keys of one target, backend and device at other world sizes (:meth:`Runner._timeout_key`)."""
+    return a != b and len(a) == len(b) >= 2 and a[0] == b[0] and a[2:] == b[2:]
 
 
 TIMEOUTS = TimeoutPolicy()

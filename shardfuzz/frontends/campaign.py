@@ -496,6 +496,7 @@ def _progress(
         remaining=remaining,
         triggers=tuple((t, s.triggers.get(t, 0)) for t in shown),
         hangs=s.hangs,
+        adaptive_timeout=out.runner.config.timeout is None,
     )
 
 

@@ -40,6 +40,9 @@ class Progress:
     remaining: float | None  # seconds left: to the deadline, or the examples left at the current rate
     triggers: tuple[tuple[str, int], ...]  # each condition shown and the examples that reached it
     hangs: int = 0  # failing examples that hung, each after its timeout
+    #: the example timeout adapts (no ``--timeout``): a hang's shrink waits 10 s an example where the
+    #: target has no passes to learn from yet, and four new users waited minutes for one
+    adaptive_timeout: bool = False
 
     @property
     def failing_words(self) -> str:
@@ -47,7 +50,8 @@ class Progress:
         new user took 0.1 examples/s for the tool itself stuck."""
         if not self.hangs:
             return f"{self.failing} failing"
-        return f"{self.failing} failing ({self.hangs} hung, each after its timeout: shrinking a hang is slow)"
+        faster = "; a fixed --timeout of a few seconds shortens each" if self.adaptive_timeout else ""
+        return f"{self.failing} failing ({self.hangs} hung, each after its timeout: shrinking a hang is slow{faster})"
 
     @property
     def rate(self) -> float:
