@@ -52,6 +52,30 @@ def test_the_same_bug_in_float32_is_found():
     assert Runner(TARGET, "reference").run_case(_case("float32")) <= 1.0
 
 
+def test_an_overflow_that_decides_a_branch_refuses_an_output_the_branch_left_far_off():
+    """A new user's float16 ZeRO step: the oracle checks its gradient with isfinite, in Python, and
+    skips the step; in float16 the check overflowed and the float64 oracle stepped, so the bound's
+    rerun term held the whole update, and any output passed (0.499). The outputs hold no value
+    computed from the inf: the overflow reached them through the branch alone."""
+    skip = TARGET.replace("::TARGET", "::SKIP_TARGET")
+    case = dataclasses.replace(_case("float16"), target="collapse_skipped_step")
+    with pytest.raises(Unsupported, match=r"overflows float16 in mul .* output 'w_new' is off by more") as e:
+        Runner(skip, "reference").run_case(case)
+    assert e.value.reason == REFUSED
+    assert Runner(skip, "reference").run_case(dataclasses.replace(case, dtype="float32")) <= 1.0  # judged
+
+
+def test_an_exact_output_the_oracle_decides_otherwise_in_the_case_dtype_says_so():
+    """The same new user's skip flag, compared exactly: the ranks and the oracle's float16 run skip,
+    its float64 run does not, and the report sent them to the code every rank runs."""
+    flag = TARGET.replace("::TARGET", "::FLAG_TARGET")
+    case = dataclasses.replace(_case("float16"), target="collapse_skip_flag")
+    with pytest.raises(shardfuzz.Mismatch) as e:
+        Runner(flag, "reference").run_case(case)
+    assert "the oracle run in float16 gives 'skipped' otherwise than its float64 run" in e.value.report
+    assert "shardfuzz.decision()" in e.value.report
+
+
 def test_only_an_overflow_behind_a_wrong_output_refuses():
     ref = {"y": torch.tensor([1.0, 2.0, -4.0], dtype=torch.float64)}
     calls = []

@@ -122,6 +122,24 @@ def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:
     )
 
 
+def dtype_decision_note(diffs: Sequence[Any], dtype: str) -> str | None:
+    """Where an exactly compared output that is wrong is one the oracle itself gives otherwise when
+    run in the case dtype: its float64 run decides what the ranks, in the case dtype, cannot (a new
+    user's loss scaler skipped a step on a float16 overflow that float64 never has, and the report
+    sent them to the code every rank runs)."""
+    names = [d.name for d in diffs if getattr(d, "dtype_decided", False)]
+    if not names:
+        return None
+    return (
+        f"the oracle run in {dtype} gives {', '.join(repr(n) for n in names)} otherwise than its "
+        f"float64 run: a decision that depends on the dtype (an overflow check, a threshold on values "
+        f"{dtype} rounds), which the ranks make in {dtype}. Where that is the code's contract, the "
+        "oracle must decide it as the ranks do: compute the decision from the case-dtype values in "
+        "one function both call, marked with shardfuzz.decision() "
+        "(docs/reference/target-spec.md, discrete decisions)"
+    )
+
+
 #: the wrong elements of one rank a near-tie note looks at
 NEAR_TIE_LOOKS = 10_000
 
@@ -322,6 +340,9 @@ class Reporter:
         near = near_tie_note(bad, case.dtype)
         if near:
             parts.append(near)
+        decided = dtype_decision_note(bad, case.dtype)
+        if decided:
+            parts.append(decided)
         narrower = narrower_note(bad, case, self.tolerance.judged_dtype(case.dtype))
         if narrower:
             parts.append(narrower)

@@ -91,6 +91,9 @@ class OutputDiff:
     bound: Any = dataclasses.field(default=None, repr=False)  # the tolerance bound over it
     #: an exactly compared output: where the oracle's noise samples gave another value (global mask)
     flipped: Any = dataclasses.field(default=None, repr=False)
+    #: an exactly compared output whose value the oracle's run in the case dtype gives otherwise than
+    #: its float64 run: a decision that depends on the dtype (an overflow check in float16)
+    dtype_decided: bool = False
 
     @property
     def bad(self) -> int:

@@ -16,7 +16,7 @@ from shardfuzz.errors import InvalidArgument
 from shardfuzz.spec.layouts import Layout
 from shardfuzz.spec.placements import resolve as resolve_dtensors
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
-from shardfuzz.verdict.compare import OutputDiff, RankDiff, compare_exact, compare_tensor
+from shardfuzz.verdict.compare import OutputDiff, RankDiff, compare_exact, compare_tensor, exact_equal
 from shardfuzz.verdict.oracle import Expected
 
 
@@ -190,7 +190,9 @@ def compare_values(
         groups = layout.replicas(case) if layout.per_rank else []
         shape = tuple(getattr(ref, "shape", ()))
         flipped = None if floating else expected.flipped.get(name)
-        diffs.append(OutputDiff(name, repr(layout), dtype, shape, rds, groups, ref, bound, flipped))
+        decided = not floating and isinstance(ref, torch.Tensor) and isinstance(low, torch.Tensor)
+        decided = decided and not exact_equal(ref, low)
+        diffs.append(OutputDiff(name, repr(layout), dtype, shape, rds, groups, ref, bound, flipped, decided))
     return diffs
 
 

@@ -380,6 +380,10 @@ class OverflowWatch(TorchDispatchMode):
         super().__init__()
         self.first: str | None = None
         self._tainted: dict[int, Any] = {}
+        #: a Python number or bool was read from a value computed from an overflow (``bool()``,
+        #: ``.item()``): the code may have branched on it, and from there no data flow tells which
+        #: output it reached (a loss scaler's ``isfinite`` check skips a step: every output moved)
+        self.branched = False
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -413,6 +417,8 @@ class OverflowWatch(TorchDispatchMode):
         if from_overflow:
             for t in results:
                 self._tainted[id(t)] = weakref.ref(t)
+            if not results:  # a Python number, the input of a branch (is_nonzero, _local_scalar_dense)
+                self.branched = True
         return out
 
 
@@ -461,8 +467,8 @@ def _finite_in_float64(func: Any, args: Any, kwargs: Any) -> bool:
 
 def watched_overflow(watch: OverflowWatch, outputs: dict[str, Any], off: list[str]) -> str | None:
     """The first overflow of a watched run, where one of the far-off outputs ``off`` came from an
-    overflow (else None: they are off for another reason)."""
-    if watch.first is None or not any(watch.tainted(outputs.get(name)) for name in off):
+    overflow, or the run branched on a value that did (else None: they are off for another reason)."""
+    if watch.first is None or not (watch.branched or any(watch.tainted(outputs.get(name)) for name in off)):
         return None
     return watch.first
 

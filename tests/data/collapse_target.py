@@ -88,3 +88,57 @@ def oracle_dropped(inp, case):
 
 
 DROPPED_TARGET = TARGET.derive("collapse_rmsnorm_dropped", oracle=oracle_dropped)
+
+
+def _stepped(x, w, dy, group=None):
+    """``w`` stepped by its gradient of ``sum(x * w * dy)``, unless the gradient's square overflows:
+    a loss scaler's skip, decided in Python (a new user's ZeRO step)."""
+    g = (x * dy).sum(0)
+    if group is not None:
+        dist.all_reduce(g, group=group)
+    overflow = not bool(torch.isfinite((g * g).sum()))
+    return {"w_new": w if overflow else w - 0.1 * g}
+
+
+def oracle_stepped(inp, case):
+    return _stepped(inp["x"], inp["w"], inp["dy"])
+
+
+def stepped(ctx):
+    return _stepped(ctx.local["x"], ctx.inputs["w"], ctx.local["dy"], ctx.group)
+
+
+#: at scale 10^3 in float16 the squared gradient overflows: the case-dtype oracle (and the ranks)
+#: skip the step, where the float64 oracle takes it; nothing the outputs hold came from the inf
+SKIP_TARGET = TARGET.derive(
+    "collapse_skipped_step",
+    oracle=oracle_stepped,
+    outputs={"w_new": Replicate()},
+    implementations={"reference": stepped},
+)
+
+
+def _skip_flag(x, dy, group=None):
+    """Whether a loss scaler skips the step: the gradient's square overflows (decided in Python)."""
+    g = (x * dy).sum(0)
+    if group is not None:
+        dist.all_reduce(g, group=group)
+    return {"skipped": torch.tensor([int(not bool(torch.isfinite((g * g).sum())))])}
+
+
+def oracle_skip_flag(inp, case):
+    return _skip_flag(inp["x"], inp["dy"])
+
+
+def skip_flag(ctx):
+    return _skip_flag(ctx.local["x"], ctx.local["dy"], ctx.group)
+
+
+#: only the skip flag, compared exactly: 1 in float16 at scale 10^3 (on the ranks and in the
+#: oracle's float16 run), 0 in float64
+FLAG_TARGET = TARGET.derive(
+    "collapse_skip_flag",
+    oracle=oracle_skip_flag,
+    outputs={"skipped": Replicate()},
+    implementations={"reference": skip_flag},
+)
