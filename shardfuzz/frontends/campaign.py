@@ -860,7 +860,9 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
     ):
         reasons = r.get(f"{key}_reasons")
         if reasons:
-            shown = "; ".join(f"{k} x{v}" for k, v in reasons.items())
+            # an --exclude that matched nothing is listed too (the docs promise each): said as such,
+            # "x0" alone read as a display bug to a new user
+            shown = "; ".join(f"{k} x{v}" + ("" if v else " (matched no case)") for k, v in reasons.items())
             more = r.get(key, 0) - sum(reasons.values())
             rest = (
                 f"; and {more} more {_cases(more)}, for reasons not shown" if more > 0 else ""

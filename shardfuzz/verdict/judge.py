@@ -49,7 +49,9 @@ class Verdict:
 DTYPE_ONLY = (
     ": the shape is right, the dtype is not (a module or tensor made in a fixed dtype, such as "
     "nn.Linear or torch.zeros without dtype=, where the oracle's follows the inputs: make it in "
-    "ctx.dtype or an input's dtype)"
+    "ctx.dtype or an input's dtype; or, where the implementation's dtype is the one meant, as "
+    "float32 master weights or optimizer state in a 16-bit step are, the oracle returns another: "
+    "keep it there too, e.g. torch.promote_types(x.dtype, torch.float32))"
 )
 
 
