@@ -173,6 +173,43 @@ def test_a_replicated_output_whose_ranks_hold_parts_of_the_oracle_says_so():
     assert "the ranks hold different values" in text and hint not in text, text
 
 
+def copies(layout, ref, values):
+    """The OutputDiff of a value split over 2 ranks and copied over 2 more (a mesh (2, 2): copy c
+    on world ranks c and c + 2), each copy's ranks holding their pieces of ``values[c]``."""
+    ref, shape, bound = ref.double(), tuple(ref.shape), torch.full(ref.shape, 1e-9, dtype=torch.float64)
+    rds = {}
+    for c, actual in enumerate(values):
+        for i, rank in enumerate((c, c + 2)):
+            to_global = lambda idx, i=i: layout.global_index(idx, i, 2, shape)
+            want = layout.piece(ref, i, 2)
+            local = layout.piece(actual.double(), i, 2)
+            rds[rank] = compare_tensor(local, want, torch.full_like(want, 1e-9), rank, to_global)
+    ranks = [rds[r] for r in sorted(rds)]
+    return OutputDiff("y", repr(layout), "float64", shape, ranks, [[0, 2], [1, 3]], ref, bound)
+
+
+def test_a_split_output_whose_copies_hold_parts_of_the_oracle_says_so():
+    """A new user's DTensor output, (Shard(0), Replicate()) on a mesh (2, 2), was a Partial sum over
+    the tp axis: its two copies differed and summed to the oracle, and the report gave no hint
+    (the same bug on a mesh (2,) got one)."""
+    ref = torch.randn(4, 3).double()
+    part = torch.rand(4, 3).double()
+    text = format_output_diff(copies(Shard(0), ref, [part, ref - part]), LABEL)
+    said = "ranks that hold the same elements hold different values: rank 1 against rank 0 by up to"
+    assert said in text and "rank 3 against rank 2 by up to" in text, text
+    assert (
+        "what those ranks hold sums to the oracle, within its tolerance: a partial sum never reduced" in text
+    )
+    # copies that differ and do not sum to it; a copy right beside zeros (a broadcast missing)
+    text = format_output_diff(copies(Shard(0), ref, [part, ref - 2 * part]), LABEL)
+    assert "hold different values" in text and "sums to the oracle" not in text, text
+    text = format_output_diff(copies(Shard(0), ref, [ref, torch.zeros_like(ref)]), LABEL)
+    assert "hold different values" in text and "sums to the oracle" not in text, text
+    # copies alike (wrong alike): nothing said of copies
+    text = format_output_diff(copies(Shard(0), ref, [ref + 1, ref + 1]), LABEL)
+    assert "hold different values" not in text, text
+
+
 @pytest.mark.parametrize("parts", [2, 3])
 def test_a_replicated_output_reduced_once_too_often_says_so(parts):
     """A new user's LayerNorm gradients all-reduced again after DTensor had reduced them: every

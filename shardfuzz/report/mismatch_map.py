@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -230,6 +231,7 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
     # groups of one rank each (a mesh (2, 1)) hold one value too, copy by copy
     replicated = head.startswith(("every rank holds", "each rank holds"))
     lines += _disagreement(od, pieces, rank_label, replicated=replicated)
+    lines += _copies_apart(od, pieces, replicated)
     lines += _assembled_scaled(od, pieces, replicated)
     return lines + _grid_lines(od, pieces, sharded)
 
@@ -268,6 +270,60 @@ def _disagreement(
             "reduced (a Partial value returned as Replicate, or an all_reduce missing)"
         )
     return lines
+
+
+def _copies_apart(od: OutputDiff, pieces: list[Piece], replicated: bool) -> list[str]:
+    """For a value split over some ranks and copied over others (a DTensor ``(Shard(0),
+    Replicate())`` on a dp x tp mesh): whether the ranks that hold the same elements hold the same
+    values, and whether, where every element is held by two or more, the copies sum to the oracle
+    (a partial sum never reduced over the copies: a new user's Partial output labelled Replicate
+    on a mesh (2, 2) got no hint, where the same bug on a mesh (2,) got :func:`_disagreement`'s)."""
+    if replicated or not pieces or any(p.rank is None or not p.local.is_floating_point() for p in pieces):
+        return []
+    places: dict[tuple, list[Piece]] = {}
+    for p in pieces:
+        places.setdefault(tuple(tuple(segs) for segs in p.segs), []).append(p)
+    apart = []
+    for held in places.values():
+        for p in held[1:]:
+            a, b = p.local.double(), held[0].local.double()
+            if a.shape != b.shape:
+                return []
+            gap = torch.where(a == b, 0.0, (a - b).abs().nan_to_num(nan=math.inf, posinf=math.inf))
+            if gap.numel() and float(gap.max()) > 0:
+                apart.append(f"rank {p.rank} against rank {held[0].rank} by up to {float(gap.max()):.3g}")
+    if not apart:
+        return []
+    lines = ["    ranks that hold the same elements hold different values: " + ", ".join(apart)]
+    return lines + _copies_sum_to_the_oracle(od, list(places.values()))
+
+
+def _copies_sum_to_the_oracle(od: OutputDiff, places: list[list[Piece]]) -> list[str]:
+    """The line of :func:`_copies_apart` where every element is held by two or more ranks and what
+    they hold, summed, is the oracle within its bound."""
+    ref, bound = od.ref, od.bound
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(bound, torch.Tensor)):
+        return []
+    # a copy right on its own beside copies of zeros is a value never sent, not parts of a sum
+    if any(len(held) < 2 or any(p.clean for p in held) for held in places):
+        return []
+    total = torch.zeros(tuple(od.shape), dtype=torch.float64)
+    covered = torch.zeros(tuple(od.shape), dtype=torch.bool)
+    for held in places:
+        summed = torch.stack([p.local.double() for p in held]).sum(0)
+        for box in itertools.product(*held[0].segs):
+            src = tuple(slice(lo, lo + k) for lo, k, _ in box)
+            dst = tuple(slice(g, g + k) for _, k, g in box)
+            total[dst] = summed[src]
+            covered[dst] = True
+    r = ref.double()
+    if not (bool(covered.all()) and total.shape == r.shape and bool(((total - r).abs() <= bound).all())):
+        return []
+    return [
+        "    what those ranks hold sums to the oracle, within its tolerance: a partial sum never "
+        "reduced over the ranks that hold copies (a Partial placement returned as Replicate, or an "
+        "all_reduce missing on that mesh axis)"
+    ]
 
 
 def _weighable(od: OutputDiff) -> tuple[torch.Tensor, torch.Tensor] | None:
