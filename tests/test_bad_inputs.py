@@ -330,6 +330,12 @@ def test_an_oracle_may_refuse_a_case_as_an_implementation_does():
     result = shardfuzz.run(target, profile="shardfuzz-ci", database=None, max_examples=15, world_sizes=(1, 2))
     assert not result.found, result.report
     assert result.stats.unsupported["one row"] > 0 and result.stats.passed > 0, result.stats.summary()
+    # the first case refused for a reason can be looked at: a new user could not, from a count alone
+    rerun = result.stats.first_refused["one row"]
+    assert rerun.startswith("shardfuzz case ") and "Case(target='row_mean_refusing'" in rerun, rerun
+    out = cli("fuzz", target, "--max-examples", "15", "--world-sizes", "1,2", "--no-progress")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "the first refused (one row): shardfuzz case " in out.stdout, out.stdout
 
 
 def test_a_run_whose_every_case_is_refused_says_it_tested_nothing():

@@ -227,6 +227,7 @@ def counted_run(runner: Any, case: Case) -> CaseRun:
     except Unsupported as e:
         if not isinstance(e, Excluded):  # an excluded case is counted by the runner
             runner.stats.unsupported[e.reason] += 1
+            runner.stats.first_refused.setdefault(e.reason, runner.rerun_command(case))
         raise
     runner.stats.triggers.update(reached)
     verdict = runner.last_verdict

@@ -38,6 +38,9 @@ class Stats:
     triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: cases rejected as unsupported, by reason
     unsupported: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: reason -> the command that reruns the first case refused for it (a new user could not look
+    #: at the one case "the oracle overflows the case dtype x1" counted)
+    first_refused: dict[str, str] = dataclasses.field(default_factory=dict)
     #: global state examples left behind (restored, or the pool restarted), by description
     leaks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: output -> "float32 in bfloat16 cases": passing outputs the oracle gives wider than a 16-bit

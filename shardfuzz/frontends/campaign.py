@@ -132,6 +132,12 @@ class Outcome:
             "overran": self.overran,
             "unsupported": sum(s.unsupported.values()),
             "unsupported_reasons": dict(s.unsupported.most_common(LEAKS_SHOWN)),
+            # the command that reruns the first case refused for each reason shown
+            "unsupported_first": {
+                k: s.first_refused[k]
+                for k, _ in s.unsupported.most_common(LEAKS_SHOWN)
+                if k in s.first_refused
+            },
             # a clean run's blind spots: conditions its target reaches that no example met (a
             # new user's run that refused half its cases never met its own trigger, unsaid)
             "never_reached": [t for t in self.shown if not s.triggers.get(t)] if s.examples else [],
@@ -682,6 +688,8 @@ def runner_recorder(runner: Runner) -> FailureRecorder | None:
 
 #: the most frequent leaks the summary table names (the rest are counted)
 LEAKS_SHOWN = 5
+#: reasons for refusal whose first case's rerun command the summary shows
+REFUSED_RERUNS_SHOWN = 2
 #: a layout finding's first problem, as the summary names it, at most this long
 LINE_LIMIT = 160
 #: a run that refused at least this share of its drawn cases as unsupported says so
@@ -868,6 +876,9 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
                 f"; and {more} more {_cases(more)}, for reasons not shown" if more > 0 else ""
             )  # cases, not reasons
             lines.append(f"{'':<16} {words}: {shown}{rest}")
+    firsts = r.get("unsupported_first") or {}
+    for reason, rerun in list(firsts.items())[:REFUSED_RERUNS_SHOWN]:
+        lines.append(f"{'':<16} the first refused ({reason}): {rerun}")
     refused, drawn = r.get("unsupported", 0), r.get("unsupported", 0) + r.get("examples", 0)
     # said of a clean run's coverage: a finding's shrink draws tiny cases a target often refuses
     # (63% of 27 in a new user's batch norm, found at example 1, against 19-27% in its clean runs)
