@@ -754,7 +754,11 @@ def test_progress_beside_a_duration_and_examples_shows_the_nearer_end():
     from shardfuzz.frontends import campaign
 
     stats = types.SimpleNamespace(examples=10, failures=0, hangs=0, triggers={})
-    out = types.SimpleNamespace(runner=types.SimpleNamespace(stats=stats), label="toy", findings=[])
+    out = types.SimpleNamespace(
+        runner=types.SimpleNamespace(stats=stats, config=types.SimpleNamespace(timeout=None)),
+        label="toy",
+        findings=[],
+    )
     # 10 examples in 5 s: 40 more take 20 s, before the deadline's 95 s; 4 more take 2 s
     assert campaign._progress(out, 100.0, 50, 5.0, ()).remaining == 20.0
     assert campaign._progress(out, 100.0, 14, 5.0, ()).remaining == 2.0

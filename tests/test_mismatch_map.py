@@ -441,6 +441,23 @@ def test_case_plot_writes_a_png(tmp_path):
     assert nowhere.returncode == 2 and "does not exist" in nowhere.stderr
 
 
+def test_a_plot_of_a_dim_of_one_element_has_integer_ticks(tmp_path, monkeypatch):
+    """A new user's plot of a [1, 4] output put ticks at -0.5, 0 and 0.5 on its one-element dim."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from shardfuzz.report.plot import plot_mismatch
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    ref = torch.randn(1, 4).double()
+    plot_mismatch([diff(Shard(1), ref, ref + 1, 2)], str(tmp_path / "x.png"))
+    (fig,) = drawn
+    for ax in fig.axes[:3]:  # the oracle, the result, the error (their colour bars follow)
+        ticks = [t for t in ax.get_yticks() if ax.get_ylim()[1] <= t <= ax.get_ylim()[0]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
 def test_plot_draws_the_chosen_output_only(tmp_path):
     pytest.importorskip("matplotlib")
     from PIL import Image

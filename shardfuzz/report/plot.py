@@ -108,8 +108,10 @@ def _draw(row: Any, od: Any) -> None:
     what = "error / tolerance" if od.bound is not None else "wrong (compared exactly)"
     row[2].set_title(f"{od.name}: {what}" + (" (max over other dims)" if others else ""))
     for ax in row:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        # min_n_ticks=1: a dim of one element got ticks at -0.5, 0 and 0.5 (fewer than two integer
+        # ticks fit, and the locator left integers), which a new user read as half indices
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         _cuts(ax, view, rows, cols)
         ax.set_ylabel(f"dim {rows}")
         ax.set_xlabel(f"dim {cols}")
