@@ -169,6 +169,39 @@ def test_a_store_record_may_name_only_shardfuzz_code(tmp_path):
         prepare(record(impl_ref=f"{evil}::f"), None, check=False)
 
 
+def test_trust_refs_never_lets_a_record_call_shardfuzz_code_that_is_no_implementation(tmp_path):
+    """A new user's audit forged a fleet record of their own target whose implementation was
+    shardfuzz.spec.registry:_file_targets with path= a file of its choice: the refusal named only
+    the target's file, and replaying it with --trust-refs, the one way to replay a fleet finding of
+    one's own target, imported that file. The refusal now names every argument --trust-refs would
+    pass, and no flag lets a record call shardfuzz code that is no implementation of its target."""
+    from shardfuzz.engine.failures import prepare
+
+    marker = tmp_path / "IMPORTED"
+    evil = evil_module(tmp_path / "elsewhere", marker)
+    mine = tmp_path / "mine" / "my_mlp.py"
+    mine.parent.mkdir()
+    mine.write_text("import shardfuzz\nTARGET = shardfuzz.get_target('tp_mlp').derive('my_mlp')\n")
+    rec = record(
+        target="my_mlp",
+        target_ref=f"{mine}::TARGET",
+        impl="reference",
+        impl_ref="shardfuzz.spec.registry:_file_targets",
+        impl_kwargs={"path": str(evil)},
+        case={**OK.to_dict(), "target": "my_mlp"},
+    )
+    with pytest.raises(InvalidArgument) as e:
+        prepare(rec, None)  # from a store: its target's file is refused, and what it would be given is said
+    said = str(e.value)
+    assert "field 'target_ref'" in said and f"impl_kwargs = {{'path': {str(evil)!r}}}" in said, said
+    assert "a record from a store names no folder to trust" in said, said
+    with pytest.raises(
+        InvalidArgument, match=r"is no implementation of target 'my_mlp'.*even with --trust-refs"
+    ):
+        prepare(rec, None, trust_refs=True)
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize(
     "impl_ref, impl_kwargs",
     [
@@ -188,10 +221,12 @@ def test_shardfuzz_code_that_is_no_implementation_of_the_target_is_never_called(
     kwargs = {k: {"PAYLOAD": str(evil), "PAYLOAD_MODULE": "evil"}.get(v, v) for k, v in impl_kwargs.items()}
     rec = record(impl_ref=impl_ref, impl_kwargs=kwargs)
     for source in (None, write(tmp_path / "f.json", rec)):  # a store's record, and a file
-        with pytest.raises(
-            InvalidArgument, match=f"field 'impl_ref': '{impl_ref}' is no implementation of target"
-        ):
-            prepare(rec, source)
+        for trust in (False, True):  # whatever --trust-refs says
+            with pytest.raises(
+                InvalidArgument,
+                match=f"field 'impl_ref': '{impl_ref}' with impl_kwargs = .* is no implementation of",
+            ):
+                prepare(rec, source, trust_refs=trust)
     out = cli("replay", str(tmp_path / "f.json"))
     assert out.returncode == 2 and "--trust-refs" in out.stderr, out.stdout + out.stderr
     assert not marker.exists()

@@ -58,7 +58,7 @@ def prepare(
         target, _ = _field(where, "target_ref", record_target, data)
         fn = _field(where, "impl_ref", load_ref, data["impl_ref"], "impl")
         _field(where, "impl_ref", ref_of_callable, data["impl_ref"], "impl")
-        _check_kwargs(where, target, data["impl_spec"], fn, trust_refs)
+        _check_kwargs(where, target, data["impl_spec"], fn)
         # before anything is built from it. A hand-edited kind is never stale: checked first, so
         # that a size out of bounds beside it does not set the file aside as stale (NOT RUN)
         _invalid_case(where, check_option_kinds, target, case)
@@ -85,12 +85,12 @@ def _invalid_case(
         raise error(f"{where}: field 'case' is invalid: {e}") from None
 
 
-def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any, trust_refs: bool = False) -> None:
+def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any) -> None:
     """The implementation must take the rank's ``ctx`` and ``impl_kwargs``; ``bug=NAME`` of the
     target's own reference must name one of its planted bugs (an unknown one would run the
     reference and pass); a built-in target's record may not name another built-in target's code;
     and a function of shardfuzz's own (or a registered package's) code that is no implementation of
-    the target is refused unless ``trust_refs``: those packages are trusted to be imported, not
+    the target is refused, ``--trust-refs`` or not: those packages are trusted to be imported, not
     every function in them to be called with a record's arguments."""
     kwargs = dict(spec.kwargs)
     own = _own_refs(target)
@@ -125,12 +125,17 @@ def _check_kwargs(where: str, target: Target, spec: ImplRef, fn: Any, trust_refs
         pass
     # last, so that the more particular words above come first
     refs = sorted({r.ref for r in own})
-    if not trust_refs and split_file_ref(spec.ref) is None and own_module(module) and spec.ref not in refs:
+    # whatever --trust-refs says: it trusts the code a record names, and a function of those
+    # packages called with the record's arguments runs code the record names nowhere as a reference
+    # (shardfuzz.spec.registry:_file_targets with path= imports any file: a forged fleet record did,
+    # behind a refusal of its target's file alone, which --trust-refs then let through)
+    if split_file_ref(spec.ref) is None and own_module(module) and spec.ref not in refs:
+        given = f" with impl_kwargs = {shown(kwargs)}" if kwargs else ""
         raise InvalidArgument(
-            f"{where}: field 'impl_ref': {shown(spec.ref)} is no implementation of target {target.name!r} "
-            f"(its implementations are {', '.join(map(shown, refs)) or 'none'}); a failure record may "
-            f"name shardfuzz's own or a registered package's code only as one of them. Read the record "
-            f"first; then pass {TRUST_FLAG} (regressions(trust_refs=True)) to run it (docs/trust.md)"
+            f"{where}: field 'impl_ref': {shown(spec.ref)}{given} is no implementation of target "
+            f"{target.name!r} (its implementations are {', '.join(map(shown, refs)) or 'none'}); a failure "
+            "record may name shardfuzz's own or a registered package's code only as one of them, even "
+            f"with {TRUST_FLAG}: declare it as one of the target's implementations to run it (docs/trust.md)"
         )
 
 

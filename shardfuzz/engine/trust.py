@@ -6,7 +6,7 @@ and on every rank. The rule, checked before anything is imported:
 * shardfuzz's own code (``shardfuzz.*``, the built-in targets and their implementations) and the
   targets of installed packages registered under the ``shardfuzz.targets`` entry point may always
   be named, and imported; but a record's implementation there must be one of its target's own
-  (:mod:`shardfuzz.engine.failure_load`): any other function of those packages that takes the
+  (:mod:`shardfuzz.engine.failure_load`; ``--trust-refs`` or not): any other function of those packages that takes the
   rank's ``ctx`` would be called with the record's arguments (``shardfuzz.spec.registry:
   _file_targets`` with ``path=`` imports any file);
 * any other code (a ``file.py::NAME`` or a ``pkg.mod:attr`` reference) is imported only when the
@@ -95,6 +95,8 @@ def check_trusted(record: dict[str, Any], source: str | None, *, trust_refs: boo
     where = f"failure file {shown(source)}" if source is not None else "failure record"
     folders = trusted_folders()
     record_trusted = source is not None and inside(source, folders)
+    refused = []  # every field the user would trust with --trust-refs, not only the first
+    why = ""
     for field in ("target_ref", "target_worker_ref", "impl_ref"):
         ref = record.get(field)
         if not isinstance(ref, str):
@@ -102,6 +104,7 @@ def check_trusted(record: dict[str, Any], source: str | None, *, trust_refs: boo
         own, code, what = _code_of(ref)
         if own or (record_trusted and code is not None and inside(code, folders)):
             continue
+        refused.append(f"field {field!r} = {shown(ref)} would import and run {what}")
         if not record_trusted:
             why = (
                 "the failure file is outside the current project and the search path"
@@ -109,16 +112,26 @@ def check_trusted(record: dict[str, Any], source: str | None, *, trust_refs: boo
                 else "a record from a store of findings"
             )
             why += ", so it may name only shardfuzz's own and registered targets and implementations"
+        elif code is not None and os.path.realpath(code) != os.path.abspath(code):  # a link: where to
+            why = (
+                f"that code is a link to {shown(os.path.realpath(code))}, outside the current project "
+                "and the search path"
+            )
         else:
-            why = "that code is outside the current project and the search path"
-            if code is not None and os.path.realpath(code) != os.path.abspath(code):  # a link: where to
-                why = (
-                    f"that code is a link to {shown(os.path.realpath(code))}, outside the current project "
-                    "and the search path"
-                )
-        raise InvalidArgument(
-            f"{where}: field {field!r} = {shown(ref)} would import and run {what}; {why} "
-            f"(trusted folders: {', '.join(map(repr, folders)) or 'none'}). Read that code first; then "
-            f"pass {TRUST_FLAG} (regressions(trust_refs=True)) to run it, or put the failure file and "
-            "the code in your project or a folder of --search-path / $SHARDFUZZ_PATH"
-        )
+            why = why or "that code is outside the current project and the search path"
+    if not refused:
+        return
+    kwargs = record.get("impl_kwargs")
+    # what --trust-refs would pass the implementation too (a forged record hid a file to import in
+    # the arguments of an implementation of shardfuzz's own, behind a refusal of its target alone)
+    given = f"; the implementation would be called with impl_kwargs = {shown(kwargs)}" if kwargs else ""
+    fix = (
+        "put the failure file and the code in your project or a folder of --search-path / $SHARDFUZZ_PATH"
+        if source is not None
+        else "a record from a store names no folder to trust: only that flag runs it"
+    )
+    raise InvalidArgument(
+        f"{where}: {'; '.join(refused)}{given}; {why} "
+        f"(trusted folders: {', '.join(map(repr, folders)) or 'none'}). Read that code first; then "
+        f"pass {TRUST_FLAG} (regressions(trust_refs=True)) to run it, or {fix}"
+    )
