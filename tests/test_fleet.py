@@ -110,8 +110,9 @@ def _notes(failures_dir):
 
 
 def _worker_doc(url, fleet, pid):
+    """The heartbeat key of the worker of process ``pid`` (its name: host, pid, a random suffix)."""
     for key in _client(url).scan_iter(match=f"shardfuzz:{fleet}:worker:*"):
-        if key.decode().endswith(f"-{pid}"):
+        if re.search(rf"-{pid}-[0-9a-f]+$", key.decode()):
             return key.decode()
     return None
 
@@ -324,8 +325,17 @@ def test_the_findings_list_says_a_rerun_lines_password_is_masked(redis_server):
     assert "shows as ***" not in format_findings(store, docs)  # no password: nothing to say
     url = redis_server.url.replace("redis://", "redis://:pw@")
     text = format_findings(types.SimpleNamespace(url=url, fleet="masked", shown_url=redact(url)), docs)
-    assert "rerun: shardfuzz replay 'redis://:***@" in text and "pw@" not in text, text
-    assert text.endswith("(the password shows as ***: put yours in its place in a rerun line)"), text
+    # a rerun line leaves a URL with a password out, for $SHARDFUZZ_DATABASE (with *** it asked the
+    # reader to type the password on a command line, where ps shows it)
+    rerun = next(line for line in text.splitlines() if "rerun:" in line)
+    assert "rerun: shardfuzz replay --finding" in rerun and "redis://" not in rerun, text
+    assert "pw@" not in text and "(the URL from $SHARDFUZZ_DATABASE)" in text, text
+    assert text.endswith(
+        "a rerun line reads it from $SHARDFUZZ_DATABASE, export SHARDFUZZ_DATABASE='redis://:PASSWORD@...' first)"
+    ), text
+    # and replay reads it there
+    out = run_cli("replay", "--fleet", "masked", env={**os.environ, "SHARDFUZZ_DATABASE": redis_server.url})
+    assert "fleet finding 0123456789abcdef has no failure record" in out.stderr, out.stdout + out.stderr
 
 
 def test_a_stored_finding_is_untrusted_input(redis_server):
@@ -387,10 +397,18 @@ def test_a_stores_strings_are_printed_escaped_and_its_numbers_checked(redis_serv
     }
     client.set(f"shardfuzz:escapes:worker:{escape}", json.dumps(beat))
     client.set("shardfuzz:escapes:worker:fast", json.dumps({**beat, "per_second": "fast"}))
+    # numbers out of any worker's range: a rate of 1e308 printed 300 digits into the table, and a
+    # count of -5 was added to the fleet's total (a new user's audit)
+    client.set("shardfuzz:escapes:worker:huge", json.dumps({**beat, "per_second": 1e308}))
+    client.set("shardfuzz:escapes:worker:minus", json.dumps({**beat, "examples": -5}))
     text = format_findings(store, store.findings()) + format_status(store, store.workers())
     assert "\x1b" not in text and "\x07" not in text, repr(text)
     assert "\\x1b]0;owned\\x07" in text  # shown, escaped
     assert "fast                         unreadable heartbeat" in text, text
+    assert "huge                         unreadable heartbeat" in text, text
+    assert (
+        "minus                        unreadable heartbeat" in text and "fleet total: 3 examples" in text
+    ), text
     for command in ("findings", "status"):
         out = run_cli(command, redis_server.url, "--fleet", "escapes")
         assert out.returncode == 0 and "\x1b" not in out.stdout + out.stderr, out.stdout + out.stderr
@@ -829,3 +847,14 @@ def test_a_run_replays_the_smallest_of_a_large_shared_corpus_and_all_of_the_othe
     for e in entries[:5]:
         small.save(b"key", e)
     assert sorted(small.fetch(b"key")) == sorted(entries[:5])  # a machine's own corpus: every entry
+
+
+def test_two_workers_of_one_host_name_and_pid_are_two_workers(monkeypatch):
+    """Two containers with the same hostname and pid (unshare --pid) counted as one worker: status
+    showed one, and each was told it had rediscovered its own finding."""
+    from shardfuzz.engine.fleet import worker_name
+
+    monkeypatch.setattr("socket.gethostname", lambda: "worker")
+    monkeypatch.setattr("os.getpid", lambda: 3)
+    a, b = worker_name(), worker_name()
+    assert a != b and a.startswith("worker-3-") and b.startswith("worker-3-"), (a, b)

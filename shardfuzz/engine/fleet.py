@@ -25,6 +25,7 @@ import datetime
 import hashlib
 import json
 import os
+import secrets
 import socket
 import time
 from typing import Any
@@ -60,7 +61,10 @@ def _now() -> str:
 
 
 def worker_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """The host, the process and a random suffix: two containers with the same hostname and the
+    same pid (``unshare --pid``, pid 3 in each) counted as one worker, and each was told it had
+    rediscovered its own finding."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
 class FleetStore:
@@ -181,14 +185,18 @@ class FleetStore:
             try:  # the numbers the view computes with; any other value is shown, escaped
                 if not isinstance(doc, dict):
                     raise TypeError(type(doc).__name__)
-                heartbeat, interval = float(doc.get("heartbeat") or 0), float(doc.get("interval") or 10)
+                heartbeat = _within(float(doc.get("heartbeat") or 0), 0.0, 1e11)
+                interval = _within(float(doc.get("interval") or 10), 1e-3, 1e6)
                 numbers = {
-                    "examples": int(doc.get("examples") or 0),
-                    "per_second": float(doc.get("per_second") or 0.0),
-                    "runs": int(doc.get("runs") or 0),
+                    "examples": _within(int(doc.get("examples") or 0), 0, MAX_COUNT),
+                    "per_second": _within(float(doc.get("per_second") or 0.0), 0.0, 1e9),
+                    "runs": _within(int(doc.get("runs") or 0), 0, MAX_COUNT),
                     "heartbeat": heartbeat,
                     "interval": interval,
-                    "triggers": {str(t): float(x) for t, x in dict(doc.get("triggers") or {}).items()},
+                    "triggers": {
+                        str(t): _within(float(x), 0.0, 1.0)
+                        for t, x in dict(doc.get("triggers") or {}).items()
+                    },
                 }
             except (TypeError, ValueError, OverflowError):  # a heartbeat another writer (or a forger) wrote
                 out.append({"worker": printable(name), "state": "unreadable"})
@@ -201,6 +209,19 @@ class FleetStore:
                 doc["state"] = "gone"
             out.append(doc)
         return out
+
+
+#: the largest count a heartbeat may carry (examples, runs): more is no worker's
+MAX_COUNT = 10**15
+
+
+def _within(value: Any, low: Any, high: Any) -> Any:
+    """``value`` where it is a number in ``[low, high]``, else ValueError: a forged heartbeat's
+    ``per_second`` of 1e308 printed 300 digits into the status table, and ``examples: -5`` was
+    added to the fleet's total."""
+    if not low <= value <= high:  # NaN fails both
+        raise ValueError(f"{value!r} is outside [{low}, {high}]")
+    return value
 
 
 def _printable(value: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -132,7 +133,7 @@ class FleetWorker(RunHooks):
             **self._describe(),
             "state": state,
             "started": self.started,
-            "host": self.name.rsplit("-", 1)[0],
+            "host": socket.gethostname(),
             "pid": os.getpid(),
             "versions": versions(),
         }

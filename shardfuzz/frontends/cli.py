@@ -419,6 +419,8 @@ def _print_collectives(args: Any, traces: dict[int, Any]) -> None:
 
 
 def _cmd_replay(args: Any) -> int:
+    if not args.paths:  # a fleet's, from the variable: its password stays out of ps
+        args.paths = [_fleet_url("replay", None)]
     if args.finding is not None and not any(map(is_redis_url, args.paths)):
         raise InvalidArgument(f"--finding={args.finding!r} names a fleet finding: give a redis://... URL")
     start_forkserver()  # first: its preload of torch overlaps with the engine's own import of it
@@ -549,8 +551,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fleet_url(command: str, url: str | None) -> str:
-    """``findings``/``status``'s URL: the argument, else ``$SHARDFUZZ_DATABASE`` (the variable the
-    docs advise for a password, which ``fuzz`` reads: these two required the URL on the line)."""
+    """``findings``/``status``/``replay``'s URL: the argument, else ``$SHARDFUZZ_DATABASE`` (the
+    variable the docs advise for a password, which ``fuzz`` reads: these required the URL on the
+    line)."""
     if url is not None:
         return url
     from shardfuzz.engine.shared_db import env_database, is_redis_url

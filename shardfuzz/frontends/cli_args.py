@@ -492,7 +492,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--plot-output", default=None, metavar="OUTPUT", help="with --plot: draw only this output")
 
     r = sub.add_parser("replay", parents=[where], help="rerun the cases in failure files or of a fleet")
-    r.add_argument("paths", nargs="+", metavar="FILE|DIR|redis://...")
+    r.add_argument(
+        "paths",
+        nargs="*",
+        metavar="FILE|DIR|redis://...",
+        help="failure files, folders of them, or a fleet's database (none: $SHARDFUZZ_DATABASE's fleet, "
+        "which keeps a password out of ps)",
+    )
     r.add_argument("--fleet", type=_fleet, default=None, metavar="NAME", help=FLEET_HELP)
     r.add_argument("--finding", default=None, metavar="ID", help="with redis://...: replay only this finding")
     r.add_argument(

@@ -21,10 +21,15 @@ def _store(url: str, fleet: str | None) -> FleetStore:
 
 
 def rerun_command(url: str, fleet: str, fid: str) -> str:
-    parts = ["shardfuzz", "replay", redact(url), "--finding", fid]
+    """The line that replays finding ``fid``: a URL with a password is left out, for
+    ``$SHARDFUZZ_DATABASE`` to give (written with *** it asked the reader to type the password on a
+    command line, where ps shows it)."""
+    secret = redact(url) != url
+    parts = ["shardfuzz", "replay", *([] if secret else [url]), "--finding", fid]
     if fleet != "default":
         parts += ["--fleet", fleet]
-    return " ".join(shlex.quote(p) for p in parts)
+    line = " ".join(shlex.quote(p) for p in parts)
+    return f"{line}   (the URL from $SHARDFUZZ_DATABASE)" if secret else line
 
 
 def format_findings(store: FleetStore, docs: list[dict[str, Any]]) -> str:
@@ -47,7 +52,10 @@ def format_findings(store: FleetStore, docs: list[dict[str, Any]]) -> str:
             f"  rerun: {rerun_command(store.url, store.fleet, d['id'])}",
         ]
     if docs and redact(store.url) != store.url:  # a pasted rerun line met "Redis refused the password"
-        lines.append("\n(the password shows as ***: put yours in its place in a rerun line)")
+        lines.append(
+            "\n(the URL holds a password: a rerun line reads it from $SHARDFUZZ_DATABASE, "
+            "export SHARDFUZZ_DATABASE='redis://:PASSWORD@...' first)"
+        )
     return "\n".join(lines)
 
 
