@@ -842,6 +842,8 @@ def shard_sizes(case, rule: str = "dtensor") -> list[list[int]]:
     keys = ("place", "other_place") if spec_of(case).has_other else ("place",)
     for key in keys:
         placed = places(case, key)
+        if len(placed) != len(case.mesh):  # a pinned placement of another mesh: refused (supports)
+            continue
         for d, n in enumerate(shape):
             pieces = [n]
             for axis, p in enumerate(placed):

@@ -21,6 +21,23 @@ def cli(*args, timeout=300):
     return run_cli(*args)
 
 
+def test_an_error_nobody_caught_exits_3_with_its_traceback_never_1(monkeypatch, capsys):
+    """A maintainer's pinned placement crashed the progress line's conditions with an IndexError:
+    the traceback, and exit 1, which CI reads as a counterexample found."""
+    from shardfuzz.frontends import cli
+
+    def crash(argv=None):
+        raise IndexError("tuple index out of range")
+
+    codes = []
+    monkeypatch.setattr(cli, "main", crash)
+    monkeypatch.setattr(cli, "exit_without_teardown", codes.append)
+    cli.entry()
+    err = capsys.readouterr().err
+    assert codes == [cli.EXIT_INFRA] and "Traceback" in err and "IndexError: tuple index out of range" in err
+    assert "the fuzzer itself failed: an error nobody caught" in err and "nothing was found" in err
+
+
 def test_list_shows_targets_and_implementations():
     out = cli("list")
     assert out.returncode == 0, out.stderr

@@ -233,6 +233,29 @@ def test_shard_conditions_are_met_only_where_a_placement_cuts_the_dim():
     assert not triggers_of(TARGET, even) & shards
 
 
+def test_a_pinned_placement_of_two_mesh_axes_is_refused_on_a_one_d_mesh_not_a_crash():
+    """A maintainer pinned the placement a report printed, place=R,S0, on world size 2: the 1-D
+    mesh cases of the pool crashed the progress line's conditions (IndexError, exit 1, which reads
+    as a finding). Such a case cuts nothing and is refused (``supports``); the 2-D ones run."""
+    from shardfuzz.engine import covering
+    from shardfuzz.engine.config import RunConfig
+    from shardfuzz.spec.triggers import triggers_of
+
+    base = simplest_case(TARGET.strategy())[0]
+    one_d = dataclasses.replace(
+        base,
+        world_size=2,
+        mesh=(2,),
+        sizes={"d0": 3, "d1": 2, "d2": 1},
+        options={**base.options, "op": "aten.sum.dim_IntList", "ndim": 2, "place": "R,S0"},
+    )
+    assert "uneven" not in triggers_of(TARGET, one_d) and ops.supports(one_d).startswith("place not one of")
+    assert "uneven" in triggers_of(TARGET, dataclasses.replace(one_d, mesh=(1, 2)))
+    pinned = (("op", "aten.sum.dim_IntList"), ("place", "R,S0"))
+    runner = Runner("dtensor_ops", "torch_dtensor", RunConfig(world_sizes=(2,), options=dict(pinned)))
+    assert "uneven" in covering.progress_conditions(runner)
+
+
 @pytest.mark.parametrize(
     "place,other,known",
     [

@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 import sys
+import traceback
 import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -610,7 +611,7 @@ def _main(args: Any) -> int:
 def entry() -> NoReturn:
     """The ``shardfuzz`` command: :func:`main`, then an exit without the interpreter's teardown of
     torch (1.2-1.7 s after the last line is printed: :mod:`shardfuzz.ranks.fast_exit`). An error
-    nobody caught still exits the usual way, with its traceback."""
+    nobody caught prints its traceback and exits 3, the fuzzer itself failed (never 1, found)."""
     try:
         code = main()
     except SystemExit as e:  # argparse's usage errors and --help: the code sys.exit would give
@@ -622,6 +623,16 @@ def entry() -> NoReturn:
     except BrokenPipeError:  # the reader left (`shardfuzz list | head`): quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 1
+    except Exception:  # noqa: BLE001 (must catch all: an error nobody caught is shardfuzz's or a target's bug, and Python's own exit code, 1, is the one that says "found")
+        # its traceback as ever, and exit 3: a maintainer's pinned placement crashed the progress
+        # conditions with an IndexError, and CI read the exit 1 as a counterexample found
+        traceback.print_exc()
+        print(
+            "shardfuzz: the fuzzer itself failed: an error nobody caught (its traceback is above), "
+            "in shardfuzz or in the target's code; nothing was found",
+            file=sys.stderr,
+        )
+        code = EXIT_INFRA
     exit_without_teardown(code)
 
 
