@@ -387,7 +387,10 @@ def option_kind_problem(target: str, name: str, value: Any, drawn: Sequence[Any]
     if value is None or not kinds or any(_kind(value) in _TAKES[k] for k in kinds):
         return None
     kind, example = next(iter(kinds.items()))
-    return f"target {target!r} draws {name} as {_A[kind]} (e.g. {example!r}); give {_A[kind]}"
+    # a number typed for a string option: the shell eats bare quotes (ord="2" is ord=2), so say
+    # the quoting that keeps them (a DTensor maintainer tried both)
+    quoted = f""" (on the command line: --option "{name}='{value}'")""" if kind == "string" else ""
+    return f"target {target!r} draws {name} as {_A[kind]} (e.g. {example!r}); give {_A[kind]}{quoted}"
 
 
 #: the kinds of pinned value each kind of drawn option value takes (None is taken by any: an

@@ -701,7 +701,8 @@ def test_a_second_impl_is_a_usage_error_not_a_silent_replacement():
             "option 'steps'='2' pinned, but target 'zero_adamw' draws steps as an int",
         ),
         ("ring_attention", {"lse_grad": 1}, "draws lse_grad as a bool (e.g. "),
-        ("ring_attention", {"variant": 2}, "draws variant as a string (e.g. "),
+        # and the quoting the shell keeps (ord="2" is ord=2 to it: a DTensor maintainer tried both)
+        ("ring_attention", {"variant": 2}, """give a string (on the command line: --option "variant='2'")"""),
         ("ring_attention", {"logit_scale": "big"}, "draws logit_scale as a float (e.g. "),
     ],
 )
@@ -713,6 +714,12 @@ def test_a_pinned_option_value_of_another_kind_than_drawn_is_an_error_naming_it(
     fine = 3 if name == "logit_scale" else case.options[name]  # an int for a float is fine
     assert pin_options(target, {name: fine}, case).options[name] == fine
     assert pin_options(target, {name: None}, case).options[name] is None  # an option may be optional
+
+
+def test_a_list_option_value_says_how_to_give_it_quoted():
+    """A DTensor maintainer's --option dims=[0] got a generic error; dtensor_ops draws it as a string."""
+    out = cli("fuzz", "dtensor_ops", "--option", "dims=[0]", "--max-examples", "1")
+    assert out.returncode == 2 and "--option \"dims='[0]'\"" in out.stderr, out.stderr
 
 
 def test_a_moved_file_is_found_beside_a_colleague_without_a_project_marker(tmp_path, monkeypatch):

@@ -114,8 +114,10 @@ def _option(text: str) -> tuple[str, Any]:
     except (ValueError, SyntaxError):
         parsed = value.strip()  # a bare word is a string
     if not isinstance(parsed, (str, int, float, bool, type(None))):
+        # a target that draws a list as a string (dtensor_ops' dims='[0]') takes it quoted
         raise argparse.ArgumentTypeError(
-            f"--option {text!r}: the value must be a number, string, bool or None"
+            f"--option {text!r}: the value must be a number, string, bool or None (a target that "
+            f"""draws this option as a string takes it quoted: --option "{name.strip()}='{value.strip()}'")"""
         )
     return name.strip(), parsed
 
