@@ -459,7 +459,8 @@ def dtensor_ops_generated() -> str:
     return (
         f"torch {version('torch').split('+')[0]}: {len(module.OPS)} ops drawn ({families}), "
         f"{sum(module.SKIPPED.values())} skipped.\n\n| skipped because | ops |\n|---|---|\n{rows}\n"
-        f"The ops drawn, by family (pin one with `--option op=NAME`):\n\n{names}"
+        "The ops drawn, by family (pin one with `--option op=NAME`; `--impl torch_dtensor` runs DTensor "
+        f"on it, the default implementation is shardfuzz's own reference):\n\n{names}"
     )
 
 
