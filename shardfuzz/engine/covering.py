@@ -227,7 +227,8 @@ def counted_run(runner: Any, case: Case) -> CaseRun:
     except Unsupported as e:
         if not isinstance(e, Excluded):  # an excluded case is counted by the runner
             runner.stats.unsupported[e.reason] += 1
-            runner.stats.first_refused.setdefault(e.reason, runner.rerun_command(case))
+            if e.reason not in runner.stats.first_refused:  # the first case refused for it, to rerun
+                runner.stats.first_refused[e.reason] = runner.rerun_command(case)
         raise
     runner.stats.triggers.update(reached)
     verdict = runner.last_verdict
