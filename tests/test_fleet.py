@@ -858,3 +858,36 @@ def test_two_workers_of_one_host_name_and_pid_are_two_workers(monkeypatch):
     monkeypatch.setattr("os.getpid", lambda: 3)
     a, b = worker_name(), worker_name()
     assert a != b and a.startswith("worker-3-") and b.startswith("worker-3-"), (a, b)
+
+
+def test_a_failing_example_another_worker_saved_is_shrunk_again_not_reported_as_it_is():
+    """Hypothesis reports a failing entry of its primary corpus as already shrunk, and a fleet
+    worker saves its shrink steps there as it goes: two workers started together stored a case
+    shrunk 0.1 s as a second "distinct" finding of one bug. The shared store's primary entries are
+    fetched as the secondary corpus, which Hypothesis shrinks."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from hypothesis.database import InMemoryExampleDatabase, MultiplexedDatabase, choices_to_bytes
+
+    from shardfuzz.engine.shared_db import _fallible_class
+
+    shared, local, seen = InMemoryExampleDatabase(), InMemoryExampleDatabase(), []
+
+    @settings(
+        database=MultiplexedDatabase(local, _fallible_class()(shared, "redis://shared")), max_examples=50
+    )
+    @given(st.integers(0, 1000))
+    def worker(x):
+        seen.append(x)
+        assert x < 10
+
+    with pytest.raises(AssertionError):  # a first run, for the key Hypothesis saves this test under
+        worker()
+    (primary,) = [k for k in local.data if not k.endswith((b".secondary", b".pareto"))]
+    local.data.clear()
+    shared.data.clear()
+    shared.save(primary, choices_to_bytes((50,)))  # another worker's shrink step: 10 is minimal
+    seen.clear()
+    with pytest.raises(AssertionError):
+        worker()
+    assert seen[0] == 50 and seen[-1] == 10, seen  # replayed first, then shrunk: 10 is what is reported
