@@ -12,10 +12,8 @@ from typing import Any
 
 from hypothesis.database import ExampleDatabase
 
-#: how many entries of a test's primary corpus a run replays, the smallest first (Hypothesis' own
-#: shortlex order): every distinct finding's minimal example where the corpus is a machine's own,
-#: the smallest of a shared corpus that many runs saved into
-PRIMARY_REPLAYED = 32
+from shardfuzz.engine.shared_db import PRIMARY_REPLAYED
+
 #: Hypothesis' other corpora of a test (its key plus these): sampled by Hypothesis itself
 _SIDE_CORPORA = (b".secondary", b".pareto")
 
