@@ -231,7 +231,7 @@ def describe(od: OutputDiff, rank_label: Callable[[int], str]) -> list[str]:
     # groups of one rank each (a mesh (2, 1)) hold one value too, copy by copy
     replicated = head.startswith(("every rank holds", "each rank holds"))
     lines += _disagreement(od, pieces, rank_label, replicated=replicated)
-    lines += _copies_apart(od, pieces, replicated)
+    lines += _copies_apart(od, pieces, rank_label, replicated)
     lines += _assembled_scaled(od, pieces, replicated)
     return lines + _grid_lines(od, pieces, sharded)
 
@@ -251,15 +251,9 @@ def _disagreement(
             p.local.is_floating_point() and first.local.is_floating_point()
         ):
             continue
-        a, b = p.local.double(), first.local.double()
-        # the same infinity, or NaN on both, is the same value (inf - inf is nan: "by up to inf"
-        # was said of ranks that all held -inf); a NaN beside a number is as far apart as can be
-        same = (a == b) | (a.isnan() & b.isnan())
-        # (posinf too: nan_to_num's default turns an infinite gap into 1.8e+308, which a new user
-        # read as a clamp beside the block's "inf")
-        gap = torch.where(same, 0.0, (a - b).abs().nan_to_num(nan=float("inf"), posinf=float("inf")))
-        if gap.numel() and float(gap.max()) > 0:
-            apart.append(f"{rank_label(p.rank)} by up to {float(gap.max()):.3g}")
+        gap = _max_gap(p.local, first.local)
+        if gap > 0:
+            apart.append(f"{rank_label(p.rank)} by up to {gap:.3g}")
     if not apart:
         return _scaled_by_the_group(od, pieces)
     lines = [f"    the ranks hold different values: against {rank_label(first.rank)}, " + ", ".join(apart)]
@@ -272,7 +266,20 @@ def _disagreement(
     return lines
 
 
-def _copies_apart(od: OutputDiff, pieces: list[Piece], replicated: bool) -> list[str]:
+def _max_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest difference between two copies of one value (0: none). The same infinity, or NaN
+    on both, is the same value (inf - inf is nan: "by up to inf" was said of ranks that all held
+    -inf); a NaN beside a number is as far apart as can be; an infinite gap stays inf (nan_to_num's
+    default turns it into 1.8e+308, which a new user read as a clamp beside the block's "inf")."""
+    a, b = a.double(), b.double()
+    same = (a == b) | (a.isnan() & b.isnan())
+    gap = torch.where(same, 0.0, (a - b).abs().nan_to_num(nan=math.inf, posinf=math.inf))
+    return float(gap.max()) if gap.numel() else 0.0
+
+
+def _copies_apart(
+    od: OutputDiff, pieces: list[Piece], rank_label: Callable[[int], str], replicated: bool
+) -> list[str]:
     """For a value split over some ranks and copied over others (a DTensor ``(Shard(0),
     Replicate())`` on a dp x tp mesh): whether the ranks that hold the same elements hold the same
     values, and whether, where every element is held by two or more, the copies sum to the oracle
@@ -280,18 +287,18 @@ def _copies_apart(od: OutputDiff, pieces: list[Piece], replicated: bool) -> list
     on a mesh (2, 2) got no hint, where the same bug on a mesh (2,) got :func:`_disagreement`'s)."""
     if replicated or not pieces or any(p.rank is None or not p.local.is_floating_point() for p in pieces):
         return []
+    label: dict[int | None, str] = {p.rank: rank_label(p.rank) for p in pieces if p.rank is not None}
     places: dict[tuple, list[Piece]] = {}
     for p in pieces:
         places.setdefault(tuple(tuple(segs) for segs in p.segs), []).append(p)
     apart = []
     for held in places.values():
         for p in held[1:]:
-            a, b = p.local.double(), held[0].local.double()
-            if a.shape != b.shape:
+            if p.local.shape != held[0].local.shape:
                 return []
-            gap = torch.where(a == b, 0.0, (a - b).abs().nan_to_num(nan=math.inf, posinf=math.inf))
-            if gap.numel() and float(gap.max()) > 0:
-                apart.append(f"rank {p.rank} against rank {held[0].rank} by up to {float(gap.max()):.3g}")
+            gap = _max_gap(p.local, held[0].local)
+            if gap > 0:
+                apart.append(f"{label[p.rank]} against {label[held[0].rank]} by up to {gap:.3g}")
     if not apart:
         return []
     lines = ["    ranks that hold the same elements hold different values: " + ", ".join(apart)]
