@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 import shardfuzz
 from shardfuzz import Case, Mismatch, Runner
@@ -141,6 +142,82 @@ def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):
     )
     edited = ImplRef("/elsewhere/targets/tp_mlp.py::reference", ())
     assert other_implementation({"impl": "missing_allreduce", "impl_spec": edited}, get_target("tp_mlp"))
+    # an impl that is no implementation of the target (a file's): its label names the function
+    # that ran, or the file was edited (a new user's "/tmp/evil.py::pwn" replayed the reference
+    # under that name, "now passes")
+    tp = get_target("tp_mlp")
+    assert not other_implementation(
+        {"impl": "/elsewhere/tp_mlp.py::reference(bug=1)", "impl_spec": moved_impl}, tp
+    )
+    assert other_implementation({"impl": "/tmp/evil.py::pwn", "impl_spec": moved_impl}, tp)
+
+    # a case edited so that it passes (one rank: nothing to all-reduce), on the file's inputs or
+    # other ones: exit 1, as regressions() fails it, never 0 (it says nothing of the failure)
+    for name in ("fixed.json", "moved.json"):
+        (tmp_path / name).unlink()
+    one_rank = dict(rec["case"], world_size=1, mesh=[1])
+    (tmp_path / "one_rank.json").write_text(json.dumps(dict(rec, case=one_rank)))
+    wider = dict(one_rank, sizes=dict(one_rank["sizes"], hidden=one_rank["sizes"]["hidden"] + 1))
+    (tmp_path / "wider.json").write_text(json.dumps(dict(rec, case=wider)))
+    out = cli("replay", str(tmp_path))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "one_rank.json: tp_mlp/missing_allreduce now passes" in out.stdout
+    assert (
+        "wider.json: tp_mlp/missing_allreduce ran on DIFFERENT INPUTS (input hash changed) and passes"
+        in out.stdout
+    )
+    assert (
+        "2 replayed: 0 fail, 2 pass; 2 of the passes ran another case than the file recorded (not a fix)"
+        in out.stdout
+    )
+
+
+def test_a_file_whose_label_names_another_function_than_its_impl_ref_says_what_ran(found, tmp_path):
+    rec = json.loads(open(found[1]).read())
+    (tmp_path / "label.json").write_text(json.dumps(dict(rec, impl="/tmp/evil.py::pwn")))
+    out = cli("replay", str(tmp_path / "label.json"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert (
+        "(what ran is the file's impl_ref shardfuzz.targets.tp_mlp:reference(bug='missing_allreduce'), not its "
+        "impl /tmp/evil.py::pwn, which names another function)"
+    ) in out.stdout, out.stdout
+
+
+def test_nccl_on_the_cpu_is_refused_by_the_schema_naming_both_fields(found, tmp_path):
+    """Only an edited file has it: refused before anything runs, as every schema error (it was a
+    RunConfig error naming neither file nor field, a traceback under regressions())."""
+    rec = json.loads(open(found[1]).read())
+    (tmp_path / "nccl.json").write_text(json.dumps(dict(rec, backend="nccl", device="cpu")))
+    out = cli("replay", str(tmp_path / "nccl.json"))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert str(tmp_path / "nccl.json") in out.stderr
+    assert (
+        "field 'device' is 'cpu' with field 'backend' 'nccl'; nccl runs on device 'cuda' only" in out.stderr
+    )
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine can run nccl on 2 ranks")
+@pytest.mark.parametrize(
+    "edit, error",
+    [
+        (dict(backend="nccl", device="cuda"), "backend='nccl' needs one CUDA device per rank: world_size=2"),
+        # the file's device, not the backend's default one (it ran on the CPU)
+        (dict(backend="gloo", device="cuda"), "device='cuda' but no CUDA device is visible"),
+    ],
+)
+def test_the_torchrun_module_says_when_there_is_no_device_for_the_files_ranks(
+    found, tmp_path, monkeypatch, capsys, edit, error
+):
+    """It divided by zero choosing a device (``rank % torch.cuda.device_count()``): now rank 0
+    says why, before any process group, and every rank exits 3."""
+    from shardfuzz.repro import torchrun as torchrun_module
+
+    rec = json.loads(open(found[1]).read())
+    (tmp_path / "gpu.json").write_text(json.dumps(dict(rec, **edit)))
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert torchrun_module.main([str(tmp_path / "gpu.json")]) == 3
+    assert error in capsys.readouterr().err
 
 
 def test_replay_says_which_file_it_runs_and_which_case_ran_when_case_repr_was_edited(found, tmp_path):

@@ -405,6 +405,20 @@ def test_two_scripts_in_one_folder_keep_their_own_names_and_inputs(tmp_path, mon
     _fails_the_same_way(second, result.case.world_size, tmp_path, "norm")
 
 
+def test_a_script_is_named_after_the_function_that_runs_not_an_edited_label(tmp_path, flat_finding):
+    """A file whose ``impl`` was edited to another implementation of the target (``reference``)
+    while its ``impl_ref`` still names the bug: the script was called ``..._reference.py`` and
+    titled so, while it runs padding_in_norm."""
+    _, found = flat_finding
+    record = json.loads(Path(found).read_text())
+    assert record["impl"] == "padding_in_norm"
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(dict(record, impl="reference")))
+    script = _script_of(str(edited), tmp_path / "out")
+    assert "padding_in_norm" in script.name and "reference" not in script.name, script.name
+    assert "/ reference (" not in script.read_text()
+
+
 def _with_impl(script: Path, name: str) -> Path:
     """The script with its call of the implementation under test replaced by ``name``, a function
     of tests/data/flat_target.py that the script does not carry (copied in after the harness)."""

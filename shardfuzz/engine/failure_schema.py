@@ -260,6 +260,11 @@ def validate_failure_record(data: Any, where: str = "failure record") -> dict[st
         why = check(data[field])
         if why is not None:
             raise InvalidArgument(f"{where}: field {field!r} is {shown(data[field])}; {why}")
+    if data["backend"] == "nccl" and data["device"] != "cuda":  # RunConfig's rule, before anything runs
+        raise InvalidArgument(
+            f"{where}: field 'device' is {shown(data['device'])} with field 'backend' 'nccl'; nccl runs on "
+            "device 'cuda' only (a file written by shardfuzz says so: an edited one)"
+        )
     case = data["case"]
     try:
         record["case"] = case if isinstance(case, Case) else Case.from_dict(case)

@@ -399,8 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PROFILES,
         help="the Hypothesis settings: shardfuzz-ci is what CI runs (30 examples, derandomized: the same "
         "cases on every run, the first of any larger --max-examples; no database), shardfuzz-dev 100 "
-        "examples with the local database, shardfuzz-fuzz 2000 with it too (each run first replays what "
-        "earlier runs saved there: their failures and the cases nearest one)",
+        "examples with the local database, shardfuzz-fuzz 2000 with it too (each run replays what "
+        "earlier runs saved there, right after the target's covering rows: their failures and the "
+        "cases nearest one)",
     )
     f.add_argument(
         "--failures-dir",

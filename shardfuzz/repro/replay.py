@@ -84,23 +84,30 @@ def impl_note(record: dict[str, Any], target: Any, ran: str = "ran") -> str:
             f"what {ran} is the file's impl_ref {printable(str(record['impl_spec']))}, not the target's "
             f"implementation {printable(name)}, which is {printable(str(target.impl_ref(name)))}"
         )
+    if name not in target.implementations and _function(name) != _function(record["impl_spec"].ref):
+        return (
+            f"what {ran} is the file's impl_ref {printable(str(record['impl_spec']))}, not its impl "
+            f"{printable(name)}, which names another function"
+        )
     return ""
+
+
+def _function(ref: str) -> str:
+    """The function a reference or an implementation's label names: ``file.py::fn(k=1)`` -> ``fn``."""
+    return ref.split("(", 1)[0].replace("::", ":").rsplit(":", 1)[-1]
 
 
 def other_implementation(record: dict[str, Any], target: Any) -> bool:
     """Whether the file's ``impl_ref`` names another function, or binds other arguments, than the
-    target's implementation of the file's ``impl`` (a hand-edited file, a rename): its pass says
-    nothing of that implementation (a new user's edited file replayed the reference as "now
-    passes", exit 0). A move to another module or path, the same function, is not."""
-    name = record["impl"]
+    target's implementation of the file's ``impl`` (a hand-edited file, a rename), or another
+    function than an ``impl`` that is no implementation of the target names (a file's, a module's):
+    its pass says nothing of that implementation (a new user's edited file replayed the reference
+    as "now passes", exit 0). A move to another module or path, the same function, is not."""
+    name, theirs = record["impl"], record["impl_spec"]
     if name not in target.implementations:
-        return False
-    ours, theirs = target.impl_ref(name), record["impl_spec"]
-
-    def function(ref: str) -> str:
-        return ref.replace("::", ":").rsplit(":", 1)[-1]
-
-    return function(ours.ref) != function(theirs.ref) or ours.kwargs != theirs.kwargs
+        return _function(name) != _function(theirs.ref)
+    ours = target.impl_ref(name)
+    return _function(ours.ref) != _function(theirs.ref) or ours.kwargs != theirs.kwargs
 
 
 def _same_cause(replayed: Replayed) -> str:

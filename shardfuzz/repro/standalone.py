@@ -363,12 +363,15 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
     inputs_src = _tensors(expected.inputs, "inputs", saved)
     expected_src = _tensors({n: expected.ref[n] for n in outputs}, "expected", saved)
     allowed_src = _tensors(allowed, "allowed", saved)
-    # never a path: an implementation given as a reference is named by its function
-    impl_name = fname if ":" in record["impl"] else record["impl"]
+    # never a path, nor a label an edited file put on another function (impl_ref is what runs)
+    named = (
+        record["impl"] in target.implementations and target.impl_ref(record["impl"]) == record["impl_spec"]
+    )
+    impl_name = record["impl"] if named else fname
     # cut to a length every file system takes (255 bytes a name), with room for "_N.py"
     name = f"repro_{re.sub(r'[^A-Za-z0-9_]+', '_', f'{target.name}_{impl_name}')}"[:STEM_LIMIT]
     # a file implementation by its file's name, not its path (the script is shared)
-    shown_impl = f"{os.path.basename(in_file[0])}::{fname}" if in_file is not None else record["impl"]
+    shown_impl = f"{os.path.basename(in_file[0])}::{fname}" if in_file is not None else impl_name
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name + ".py")
     taken = 2

@@ -6,7 +6,8 @@
 Under torchrun there is no driver: every rank runs the implementation on the group under test,
 then the locals are gathered to rank 0 through a *separate* CPU gloo group (never the group under
 test), and rank 0 runs the oracle, compares, and prints the result. Every rank exits with rank 0's
-verdict: 0 passes, 1 still fails, 2 usage error.
+verdict: 0 passes, 1 still fails, 2 usage error (a bad file or option), 3 no device to run it on
+(nccl without one CUDA device per rank).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from shardfuzz.engine.finding import inputs_hash
 from shardfuzz.engine.runner import Runner
 from shardfuzz.engine.selforacle import refuse
 from shardfuzz.engine.trust import add_trust_option
-from shardfuzz.errors import Finding, InvalidArgument
+from shardfuzz.errors import Finding, InfrastructureError, InvalidArgument
 from shardfuzz.protocol import ErrorReply, Task, UnsupportedReply
+from shardfuzz.ranks.gpu import check_placement
 from shardfuzz.ranks.task import RankState, select_device
 from shardfuzz.ranks.trace import install
 from shardfuzz.ranks.worker import answer
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
         return 2
     case: Case = record["case"]
     backend = args.backend or record["backend"]
-    device = args.device or default_device(backend)
+    # the file's device, unless the run names another backend (whose default device it takes)
+    device = args.device or (record["device"] if backend == record["backend"] else default_device(backend))
     if world != case.world_size:
         if rank == 0:
             print(
@@ -88,6 +91,13 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
             )
         return 2
 
+    try:  # before a device is chosen: without one per rank, select_device divides by zero
+        RunConfig(backend=backend, device=device)
+        check_placement(target, backend, device, world)
+    except (InvalidArgument, InfrastructureError) as e:
+        if rank == 0:
+            print(f"shardfuzz.repro.torchrun: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, InvalidArgument) else 3
     torch.set_num_threads(1)
     device_obj = select_device(backend, device, local_rank)
     bind_device: dict[str, Any] = {"device_id": device_obj} if device_obj.type == "cuda" else {}
