@@ -21,9 +21,9 @@ from shardfuzz.verdict.compare import OutputDiff, compare_tensor
 LABEL = lambda r: f"rank {r}"
 
 
-def diff(layout, ref, actual, parts):
+def diff(layout, ref, actual, parts, tol=1e-9):
     """The OutputDiff the judge makes for a per-rank layout: each rank's piece of ``actual`` against
-    its piece of ``ref`` (tolerance 1e-9)."""
+    its piece of ``ref`` (tolerance ``tol``)."""
     ref, actual = ref.double(), actual.double()
     shape = tuple(ref.shape)
     if not layout.per_rank:  # Partial: rank 0 holds the whole value, the others zeros
@@ -36,8 +36,8 @@ def diff(layout, ref, actual, parts):
         local = layout.piece(actual, r, parts)
         to_global = lambda idx, r=r: layout.global_index(idx, r, parts, shape)
         want = layout.piece(ref, r, parts)
-        rds.append(compare_tensor(local, want, torch.full_like(want, 1e-9), r, to_global))
-    bound = torch.full_like(ref, 1e-9)
+        rds.append(compare_tensor(local, want, torch.full_like(want, tol), r, to_global))
+    bound = torch.full_like(ref, tol)
     return OutputDiff("y", repr(layout), "float64", shape, rds, [list(range(parts))], ref, bound)
 
 
@@ -247,6 +247,20 @@ def test_a_sharded_output_off_by_the_group_size_says_so(parts):
     for other in (ref * (parts + 1), ref + 1):
         text = format_output_diff(diff(Shard(0), ref, other, parts), LABEL)
         assert "put together" not in text, text
+
+
+def test_a_factor_is_said_only_where_it_explains_the_wrong_elements():
+    """A new user's pipeline received into a buffer of the wrong dtype: under a wide bf16 bound,
+    rank 0's small element was right and rank 1's 2.53x the oracle, and the report said "2 times
+    the oracle ... as if a sum where a mean was due" (0.053 off twice the oracle, within twice the
+    bound, but that is a third of its error). Exactly twice it still says so."""
+    ref = torch.tensor([-0.004, -0.1004])
+    text = format_output_diff(diff(Shard(0), ref, torch.tensor([-0.0045, -0.2539]), 2, tol=0.03), LABEL)
+    assert "rank 1" in text and "times the oracle" not in text, text
+    text = format_output_diff(diff(Shard(0), ref, torch.tensor([-0.0045, -0.2009]), 2, tol=0.03), LABEL)
+    assert "are 2 times the oracle (group of 2)" in text, text
+    rep = diff(Replicate(), ref, torch.tensor([-0.0045, -0.2539]), 2, tol=0.03)
+    assert "times the oracle" not in format_output_diff(rep, LABEL)
 
 
 def test_a_replicated_output_reduced_over_the_world_where_the_group_was_due_says_so():

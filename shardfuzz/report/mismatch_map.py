@@ -401,7 +401,7 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
         fits = all(
             p.local.shape == r.shape
             and p.local.is_floating_point()
-            and bool(((p.local.double() - factor * r).abs() <= max(factor, 1.0) * bound).all())
+            and _scaled_fits(p.local, r, bound, factor)
             for g in weighed
             for p in g
         )
@@ -410,6 +410,24 @@ def _scaled_by_the_group(od: OutputDiff, pieces: list[Any]) -> list[str]:
             # GNN degree counted from local edges only read as an all_reduce done twice)
             return [f"    every rank holds {says}, within its tolerance scaled alike: {why}"]
     return []
+
+
+#: a factor explains a wrong element when it leaves at most this share of its error
+EXPLAINED_SHARE = 0.25
+
+
+def _scaled_fits(actual: torch.Tensor, r: torch.Tensor, bound: torch.Tensor, factor: float) -> bool:
+    """Whether ``actual`` is ``factor`` times the oracle ``r`` within the bound scaled alike, and
+    the factor explains the error of every element outside the bound (it leaves at most
+    :data:`EXPLAINED_SHARE` of it): where 16-bit bounds are wide, a small value fits any factor,
+    and a pipeline's wrong recv buffer (rank 1's element 2.53x the oracle) read as "2 times the
+    oracle ... a sum where a mean was due"."""
+    a = actual.double()
+    off = (a - factor * r).abs()
+    if not bool((off <= max(factor, 1.0) * bound).all()):
+        return False
+    wrong = (a - r).abs() > bound
+    return bool((off[wrong] <= EXPLAINED_SHARE * (a - r).abs()[wrong]).all())
 
 
 def _assembled_scaled(od: OutputDiff, pieces: list[Piece], replicated: bool) -> list[str]:
@@ -440,7 +458,7 @@ def _assembled_scaled(od: OutputDiff, pieces: list[Piece], replicated: bool) -> 
             "reduce-scatter or an all-reduce summed), or divided by the group size once too often",
         ),
     ):
-        if all(bool(((v.actual - factor * r).abs() <= max(factor, 1.0) * bound).all()) for v in views):
+        if all(_scaled_fits(v.actual, r, bound, factor) for v in views):
             return [
                 f"    the ranks' pieces, put together{each}, are {says} (group of {k}), within its tolerance "
                 f"scaled alike: as if {why}, or computed from a value off by that factor"
