@@ -243,6 +243,19 @@ def _fails_the_same_way(script: Path, world_size: int, tmp_path: Path, output: s
         assert json.loads(path.read_text()) == [], path.stem
 
 
+def test_an_output_its_named_rank_owns_gets_a_reproducer_that_fails_the_same_way(tmp_path):
+    """``Owned(rank=-1)``, the layout the docs give a pipeline's loss on its last stage: the
+    standalone script refused it, so no pipeline finding got one. The owner compares the whole
+    value; every other rank must hold an empty tensor."""
+    target = str(Path(__file__).resolve().parent / "data" / "owned_target.py")
+    result, script = _standalone_of_a_finding(tmp_path, target, "own_rows_only")
+    assert result.kind == "mismatch" and result.case.world_size >= 2, result.report
+    assert "'loss': ('owned', -1)" in script.read_text()
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "loss")
+    res = _torchrun(script, result.case.world_size, tmp_path, agent=False)
+    assert "rank 0: all outputs within the allowed error" in res.stdout, res.stdout  # not its owner
+
+
 def test_a_file_implementation_with_a_dtensor_output_gets_a_reproducer_that_fails_the_same_way(tmp_path):
     # the README's way of writing an implementation (file.py::NAME), on a file target, returning a
     # FromDTensor() output: amax's pending max relabelled as a pending sum (tests/data)

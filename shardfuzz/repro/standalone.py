@@ -33,7 +33,7 @@ from shardfuzz.errors import InvalidArgument, Unsupported
 from shardfuzz.repro.codegen import check_script, docstring, fill_template, uses_float_names
 from shardfuzz.repro.replay import record_config
 from shardfuzz.repro.standalone_script import CTX_USES, DOC, HARNESS_IMPORTS, harness_names, harness_template
-from shardfuzz.spec.layouts import Layout, PaddedFlat, Partial, Replicate, Shard, strided_view
+from shardfuzz.spec.layouts import Layout, Owned, PaddedFlat, Partial, Replicate, Shard, strided_view
 from shardfuzz.spec.placements import AsDTensor, FromDTensor
 from shardfuzz.spec.refs import load_ref, split_file_ref
 from shardfuzz.verdict.decide import FLIP_PROBE
@@ -238,10 +238,13 @@ def _layout_spec(layout: Layout, name: str, what: str = "output") -> tuple:
         return ("padded_flat",)
     if isinstance(layout, FromDTensor):  # the script compares the DTensor's full_tensor()
         return ("dtensor",)
+    if what == "output" and isinstance(layout, Owned) and layout.rank is not None:
+        return ("owned", layout.rank)  # the owner compares the whole value, the others hold (0,)
     raise InvalidArgument(
         f"{what} {name!r} has layout {layout!r}; a standalone script handles Replicate, Shard, Partial, "
         + (
-            "PaddedFlat and FromDTensor"
+            "PaddedFlat, FromDTensor and Owned(rank=...) (the owner named: Owned() is found only by "
+            "asking every rank)"
             if what == "output"
             else "PaddedFlat and AsDTensor of Shard and Replicate"
         )
@@ -426,6 +429,7 @@ def write_standalone(record: dict[str, Any], directory: str) -> str:
             "Unsupported": bool(closure.shims),
             "inputs.pt": bool(saved),
             "outputs.dtensor": any(spec == ("dtensor",) for spec in layouts.values()),
+            "outputs.owned": any(spec[0] == "owned" for spec in layouts.values()),
             "padded_flat": any(
                 spec == ("padded_flat",) for spec in (*layouts.values(), *in_layouts.values())
             ),

@@ -225,6 +225,15 @@ def check(ctx, outputs):
         elif layout[0] == "partial":
             got = got.clone()
             dist.all_reduce(got, group=ctx.group)
+#@ if outputs.owned
+        elif layout[0] == "owned" and ctx.group_rank != layout[1] % ctx.group_size:  # not its owner
+            if tuple(got.shape) != (0,):
+                raise AssertionError(
+                    f"rank {ctx.rank}: output {name!r} has shape {list(got.shape)}; group rank "
+                    f"{layout[1] % ctx.group_size} owns it, and every other rank holds an empty tensor, shape [0]"
+                )
+            continue
+#@ end
         want = piece(EXPECTED[name], ("replicate",) if hasattr(outputs[name], "full_tensor") else layout,
                      ctx.group_rank, ctx.group_size)
 #@ if padded_flat
