@@ -818,6 +818,28 @@ def test_a_clean_run_whose_bound_was_as_wide_as_an_output_says_it_checked_little
     assert "allowed error was as large" not in capsys.readouterr().out
 
 
+def test_a_clean_run_says_which_value_profiles_changed_no_input(capsys):
+    """A new user's attention target gave its input the role ``logits`` and its weights ``weight``,
+    as the docs advise: ``large`` then changed nothing, and a quarter of the examples repeated
+    normal-profile cases, unsaid. A target whose inputs it scales (examples/mean_target.py) gets
+    no line."""
+    from shardfuzz.frontends import cli as main_cli
+
+    here = os.path.dirname(__file__)
+    base = ["--max-examples", "30", "--no-progress", "--profile", "shardfuzz-ci"]
+    target = os.path.join(here, "data", "logits_target.py")
+    assert main_cli.main(["fuzz", target, *base]) == main_cli.EXIT_OK
+    out = capsys.readouterr().out
+    (line,) = [line.strip() for line in out.splitlines() if "changed no input" in line]
+    assert re.match(r"value profiles that changed no input: large \(\d+ passing examples\): each of", line), (
+        out
+    )
+    assert "ties" not in line.split(":")[1]  # it quantises logits and weights: not inert
+    mean = os.path.join(here, "..", "examples", "mean_target.py")
+    assert main_cli.main(["fuzz", mean, *base]) == main_cli.EXIT_OK
+    assert "changed no input" not in capsys.readouterr().out
+
+
 def test_the_degenerate_line_names_a_size_that_was_1_in_most_of_those_passes():
     """A new user's block-sparse attention: grad_q and grad_k were 0 in 42% of the passes (one key
     per query row), and the line did not say which size did it: seq 1, in most of them."""

@@ -117,3 +117,46 @@ def degenerate_share(target: Any, cases: Iterable[Case]) -> DegenerateShare:
             causes.update(found.outputs)
             causes.update(["softmax one-hot"] if found.saturated_softmax else [])
     return DegenerateShare(n, bad, dict(causes))
+
+
+def _same_inputs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
+            same = (
+                isinstance(v, torch.Tensor)
+                and isinstance(w, torch.Tensor)
+                and v.dtype == w.dtype
+                and v.shape == w.shape
+                and torch.equal(v, w)
+            )
+        else:
+            same = bool(v == w)
+        if not same:
+            return False
+    return True
+
+
+def inert_profiles(target: Any, profile_samples: dict[str, list[Case]], passes: Counter) -> dict[str, int]:
+    """The value profiles (not ``normal``) under which the target's inputs came out exactly as under
+    ``normal`` in every sampled passing case, with their passing examples: those examples repeat
+    normal-profile cases. A target that gives every tensor a role the profile leaves alone (``large``
+    scales activations and cotangents only: a new user's attention target, its input a ``logits``
+    tensor and its cotangent unprofiled, drew ``large`` in a quarter of its examples, each exactly
+    a ``normal`` one), or builds its inputs without shardfuzz's helpers, gets none of them."""
+    inert = {}
+    for profile, cases in profile_samples.items():
+        if profile == "normal" or not cases:
+            continue
+        same = True
+        for case in cases:
+            # its options kept: the normal profile reads none of them, and a target may
+            normal = dataclasses.replace(case, profile="normal")
+            if not _same_inputs(target.inputs(case), target.inputs(normal)):
+                same = False
+                break
+        if same:
+            inert[profile] = passes[profile]
+    return inert

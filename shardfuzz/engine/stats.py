@@ -9,6 +9,9 @@ from typing import Any
 
 from shardfuzz.report.closest_pass import closest_pass_words, margin_text
 
+#: the passing cases kept per value profile, to tell whether it changed any input
+PROFILE_SAMPLES = 3
+
 
 @dataclasses.dataclass
 class Stats:
@@ -48,6 +51,10 @@ class Stats:
     wider_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the dtypes of the passing examples
     pass_dtypes: set[str] = dataclasses.field(default_factory=set)
+    #: value profile -> its passing examples, and the first few of their cases (whether the profile
+    #: changed any input: :func:`shardfuzz.engine.degenerate.inert_profiles`)
+    profile_passes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    profile_samples: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
     #: passing examples whose every floating output the oracle gave all zero or constant, where a
     #: sum, a scale or an order gone wrong cannot show (``shardfuzz.engine.degenerate.is_degenerate``)
     degenerate_passes: int = 0
@@ -96,6 +103,12 @@ class Stats:
         """Count a passing example whose worst error/tolerance was ``ratio`` (``upper_bound``: judged
         without the noise term, so at most ``ratio``)."""
         self.passed += 1
+        profile = getattr(case, "profile", None)
+        if profile is not None:
+            self.profile_passes[profile] += 1
+            samples = self.profile_samples.setdefault(profile, [])
+            if len(samples) < PROFILE_SAMPLES:
+                samples.append(case)
         if not upper_bound and (self.measured_pass_case is None or ratio > self.measured_pass_ratio):
             self.measured_pass_ratio, self.measured_pass_case = ratio, case
         if self.closest_pass is None or ratio > self.worst_pass_ratio:

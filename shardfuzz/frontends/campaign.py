@@ -27,6 +27,7 @@ import time
 from typing import Any, TextIO
 
 from shardfuzz.engine.config import RunConfig
+from shardfuzz.engine.degenerate import inert_profiles
 from shardfuzz.engine.failures import FailureRecorder
 from shardfuzz.engine.finish import (
     ONE_RANK_S,
@@ -156,6 +157,10 @@ class Outcome:
             "degenerate": degenerate_record(s),
             # outputs whose allowed error was as wide as the output in many passes: checked little
             "wide_bounds": wide_bound_record(s),
+            # value profiles that changed no input: their passes repeated normal-profile cases
+            "inert_profiles": inert_profiles(self.runner.target, s.profile_samples, s.profile_passes)
+            if not (self.result and self.result.found)
+            else {},
             # a target with budgets for other implementations: this one's bytes went unchecked
             "budgets_elsewhere": (
                 sorted(self.runner.target.comm)
@@ -853,6 +858,21 @@ def _precision_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _checked_little_lines(r: dict[str, Any]) -> list[str]:
+    """A clean run's lines for passes that checked little: degenerate outputs, bounds as wide as
+    the output, value profiles that changed no input."""
+    if r["found"]:
+        return []
+    lines = []
+    if r.get("degenerate"):
+        lines.append(f"{'':<16} {degenerate_line(r['degenerate'])}")
+    if r.get("wide_bounds"):
+        lines.append(f"{'':<16} {wide_bound_line(r['wide_bounds'])}")
+    if r.get("inert_profiles"):
+        lines.append(f"{'':<16} {inert_profile_line(r['inert_profiles'])}")
+    return lines
+
+
 def _fault_lines(r: dict[str, Any]) -> list[str]:
     """The summary's lines for what a row counted but is no finding: the reasons cases were
     rejected as unsupported or excluded, external faults and leaks."""
@@ -900,10 +920,7 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
             "largest error/tolerance); pin one with --dtypes, --world-sizes or --option for a run of its own"
         )
     lines += _precision_lines(r)
-    if r.get("degenerate") and not r["found"]:
-        lines.append(f"{'':<16} {degenerate_line(r['degenerate'])}")
-    if r.get("wide_bounds") and not r["found"]:
-        lines.append(f"{'':<16} {wide_bound_line(r['wide_bounds'])}")
+    lines += _checked_little_lines(r)
     for text, (key, n) in (r.get("exclude_missing") or {}).items():
         lines.append(f"{'':<16} --exclude {text!r} excluded nothing: {n} cases had no {key} (a misspelling?)")
     if r.get("leaks"):
@@ -981,6 +998,17 @@ def degenerate_line(d: dict[str, Any]) -> str:
         "there shows nothing of that output, so make those cases rare in the strategy, e.g. a size's "
         "lower bound (Free(2, N); Split(min_size=2) for a split size) or the value in sst.mostly(...): "
         "docs/reference/strategies.md)"
+    )
+
+
+def inert_profile_line(inert: dict[str, int]) -> str:
+    """The summary's line for :func:`~shardfuzz.engine.degenerate.inert_profiles`."""
+    some = ", ".join(f"{p} ({n} passing example{'s' if n != 1 else ''})" for p, n in inert.items())
+    return (
+        f"value profiles that changed no input: {some}: each of those examples was a normal-profile case "
+        "again. large and small scale only the tensors of role activation or cotangent, ties every role "
+        "but cotangent; give the inputs they should reach such a role in randn(..., role=...), or draw "
+        "fewer profiles (sst.cases(..., profiles=...): docs/reference/strategies.md)"
     )
 
 
