@@ -50,6 +50,19 @@ def test_a_dtensor_that_breaks_its_placements_is_a_layout_finding(impl, message)
     assert message in result.report
 
 
+def test_dtensors_whose_ranks_disagree_on_the_global_shape_name_each_and_from_local():
+    """A new user's from_local without shape= on uneven rows: the report named rank 0's wrong global
+    shape alone, and told them to fix the target's declared layout (Target(outputs=...)), which a
+    DTensor's placements override."""
+    result = _run("from_local_without_shape", max_examples=40)
+    assert result.found and result.kind == "layout", result.report
+    (line,) = [line for line in result.report.splitlines() if "global shape" in line]
+    assert line.count("holds a DTensor of global shape") == result.case.world_size, line
+    assert "DTensor.from_local infers it from each rank's own local piece" in line
+    assert "pass shape= and stride=" in line
+    assert "Target(outputs=...)" not in result.report
+
+
 def test_the_piece_of_each_rank_follows_dtensor_rule_on_every_axis():
     # 5 rows on 2 x 2: axis 0 takes [3, 2] rows, axis 1 splits those again: [2, 1] and [1, 1]
     placements = (("shard", 0), ("shard", 0))

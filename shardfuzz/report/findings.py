@@ -369,7 +369,11 @@ class Reporter:
         parts += [f"  {p}" for p in verdict.layout_problems]
         if any(p.endswith(RETURNED_NONE) for p in verdict.layout_problems):
             parts.append(NEVER_COMPUTED)
-        if any(" holds " in p and not p.endswith(DTYPE_ONLY) for p in verdict.layout_problems):
+        # a DTensor's layout is its placements, never the declared one
+        if any(
+            " holds " in p and "DTensor" not in p and not p.endswith(DTYPE_ONLY)
+            for p in verdict.layout_problems
+        ):
             parts.append(LAYOUT_DECLARED)
         # two new users read a layout report as the only thing wrong (a count beside it was too)
         parts.append(LAYOUT_FIRST)

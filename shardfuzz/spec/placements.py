@@ -353,12 +353,7 @@ def _placed(case: Case, name: str, values: list[Any], shape: tuple[int, ...]) ->
                 f"{[placement_text(p) for p in first.placements]} on mesh {first.mesh_shape}"
             )
         if v.global_shape != shape:  # its placements say why: a sharded value labelled Replicate
-            who = "every rank" if all(w.global_shape == v.global_shape for w in values) else label(r)
-            return None, (
-                f"output {name!r}: {who} holds a DTensor of global shape {list(v.global_shape)} "
-                f"({[placement_text(p) for p in v.placements]} on mesh {v.mesh_shape}), the oracle "
-                f"gives {list(shape)}"
-            )
+            return None, _wrong_global_shape(case, name, values, shape)
         if v.mesh_ranks[int(_flat(v.coordinate, v.mesh_shape))] != r:
             return (
                 None,
@@ -389,6 +384,33 @@ def _placed(case: Case, name: str, values: list[Any], shape: tuple[int, ...]) ->
         norm_p=norms[0] if norms else 2.0,
         via=first.via,
     ), ""
+
+
+#: said where the ranks' DTensors disagree on their global shape
+FROM_LOCAL_INFERRED = (
+    "the ranks disagree on the global shape: DTensor.from_local infers it from each rank's own local "
+    "piece, as if every piece were as large (under Replicate, as if each were the whole value): check "
+    "the placements, and pass shape= and stride= where the pieces differ"
+)
+
+
+def _wrong_global_shape(case: Case, name: str, values: list[Any], shape: tuple[int, ...]) -> str:
+    """The problem of DTensors whose global shape is not the oracle's: every rank that holds a wrong
+    one (a new user's report named rank 0 alone, where rank 1's was wrong too), and why where they
+    disagree. Its placements, not the target's declared layout, are what is wrong."""
+    first = values[0]
+    placed = f"{[placement_text(p) for p in first.placements]} on mesh {first.mesh_shape}"
+    if len({v.global_shape for v in values}) == 1:
+        return (
+            f"output {name!r}: every rank holds a DTensor of global shape {list(first.global_shape)} "
+            f"({placed}), the oracle gives {list(shape)}"
+        )
+    wrong = ", ".join(
+        f"{case.rank_label(r)} holds a DTensor of global shape {list(v.global_shape)}"
+        for r, v in enumerate(values)
+        if v.global_shape != shape
+    )
+    return f"output {name!r}: {wrong} ({placed}), the oracle gives {list(shape)} ({FROM_LOCAL_INFERRED})"
 
 
 def _flat(coordinate: tuple[int, ...], mesh_shape: tuple[int, ...]) -> int:

@@ -96,6 +96,14 @@ def shard_called_replicate(ctx):
     return {**out, "y": DTensor.from_local(out["y"].to_local(), mesh, [Replicate()], run_check=False)}
 
 
+def from_local_without_shape(ctx):
+    """Bug: this rank's rows labelled Shard(0) without ``shape=``: ``from_local`` takes every
+    rank's piece to be as large as this one's, right only where the rows divide evenly."""
+    mesh = _impl_mesh(ctx)
+    out = shard_rows(ctx)
+    return {**out, "y": DTensor.from_local(out["y"].to_local(), mesh, [Shard(0)], run_check=False)}
+
+
 def plain_for_dtensor(ctx):
     """Bug: a plain local tensor where the target says the output is a DTensor."""
     out = shard_rows(ctx)
@@ -124,5 +132,6 @@ TARGET = shardfuzz.Target(
         "wrong_local_shape": wrong_local_shape,
         "shard_called_replicate": shard_called_replicate,
         "plain_for_dtensor": plain_for_dtensor,
+        "from_local_without_shape": from_local_without_shape,
     },
 )
