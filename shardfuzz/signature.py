@@ -171,6 +171,29 @@ def _exception_line(block: str) -> str:
     return ""
 
 
+#: torch's own sharded code, above its collectives: DTensor and its parallel plans, FSDP2, pipelining
+TORCH_SHARDED_CODE = (
+    "torch/distributed/tensor/",
+    "torch/distributed/_tensor/",
+    "torch/distributed/fsdp/",
+    "torch/distributed/_composable/",
+    "torch/distributed/pipelining/",
+)
+
+
+def raised_in_torch(traceback_text: str) -> str | None:
+    """Where the last exception of a formatted traceback was raised when that is torch's own
+    sharded code (``torch/distributed/tensor/_sharding_prop.py in propagate``), else None: not a
+    collective's own error (a wrong size handed to it), nor autograd's engine re-raising what a
+    backward raised."""
+    block = traceback_text.split(_BLOCK)[-1].split(_CAUSE)[0]
+    frames = _FRAME.findall(block)
+    where = short_path(frames[-1][0]) if frames else ""
+    if not where.startswith(TORCH_SHARDED_CODE):
+        return None
+    return f"{where} in {frames[-1][2]}"
+
+
 def cause_of(traceback_text: str) -> Cause:
     """The :class:`Cause` of the last exception in a formatted traceback (``traceback.format_exc()``
     text, chained exceptions included; text after the exception line is ignored)."""

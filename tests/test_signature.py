@@ -13,6 +13,7 @@ from shardfuzz.signature import (
     cause_of,
     finding_signature,
     normalise_message,
+    raised_in_torch,
     signature_fields,
     stored_signature,
 )
@@ -105,6 +106,23 @@ def test_framework_frames_are_skipped_shardfuzz_torch_and_stdlib():
     )
     # the op's own rule (torch/distributed/tensor/_ops) is not framework: the deepest op frame wins
     assert cause_of(tb).frame == "torch/distributed/tensor/_ops/_view_ops.py in view_groups"
+
+
+def test_a_rank_error_raised_inside_torchs_sharded_code_says_so(proof):
+    """A new user's parallelize_module plan failed in DTensor's own code on 1 rank, and the report's
+    one-rank note sent them to their own math: it now says where in torch it was raised. A user's
+    own error, or one autograd re-raises from a backward, says nothing of torch."""
+    import glob
+    import json
+
+    (found,) = glob.glob(str(proof("tp_mlp", "torch_tp") / "*.json"))
+    report = json.loads(open(found).read())["report"]
+    assert "raised inside torch (torch/distributed/tensor/" in report, report
+    assert "docs/how-to/fuzz-pytorch.md lists the known ones" in report
+    for impl in ("backward_scale", "flatten_too_far"):
+        assert "raised inside torch" not in _rank_error(impl, _case(1, 3)).report
+    tb = 'Traceback (most recent call last):\n  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 9, in all_reduce\nRuntimeError: x\n'
+    assert raised_in_torch(tb) is None
 
 
 def test_a_users_folder_named_shardfuzz_is_not_shardfuzzs_own_code():

@@ -30,7 +30,7 @@ from shardfuzz.report import mismatch_map
 from shardfuzz.report.divergence import Traces, describe_layouts, describe_sequences
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.report.tracebacks import rank_stack
-from shardfuzz.signature import cause_of
+from shardfuzz.signature import cause_of, raised_in_torch
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
 from shardfuzz.verdict.comm import CommBudget, format_comm
 from shardfuzz.verdict.compare import WORST_SHOWN, OutputDiff, RankDiff
@@ -48,6 +48,15 @@ ONE_RANK_NOTE = (
     "math (or a kernel it calls), its random draws (an RNG state not restored for a recompute, a "
     "draw the oracle does not make) or its code around the collectives (what it hands to one, what "
     "it does with the result, an async one's result read before its wait())"
+)
+
+#: a rank error raised inside torch itself: the one-rank note's "its math" may be torch's (a new
+#: user's parallelize_module plan failed in DTensor's sharding propagation on 1 rank, and the note
+#: sent them to their own code)
+TORCH_RAISED = (
+    "raised inside torch ({where}): where the implementation hands the case to torch's own sharded "
+    "code (DTensor, parallelize_module, FSDP2), this can be torch refusing the case or torch's bug; "
+    "docs/how-to/fuzz-pytorch.md lists the known ones and how to set one aside (--exclude)"
 )
 
 #: the summary's word for it, beside each finding (the whole note is in the report: a new user
@@ -391,6 +400,9 @@ class Reporter:
         parts = [self._header(f"rank {outcome.rank} raised an exception", case, note_one_rank=one_rank)]
         if refusal:
             parts.append(REFUSAL_NOTE)
+        in_torch = raised_in_torch(outcome.error.traceback) if one_rank else None
+        if in_torch is not None:
+            parts.append(TORCH_RAISED.format(where=in_torch))
         if contract:  # shardfuzz's own frames would say nothing: the message names the return value
             last = outcome.error.traceback.rstrip().splitlines()[-1]
             parts += [CONTRACT_NOTE, f"rank {outcome.rank}: {last.removeprefix('shardfuzz.errors.')}"]
