@@ -122,6 +122,28 @@ def test_owned_needs_exactly_one_owner():
     assert layout.check_group([(0,), (3, 2)], (3, 2)) is None
 
 
+@pytest.mark.parametrize(
+    "impl, said",
+    [
+        # None from a non-owner read as "a gradient never computed ... something cut the graph"
+        ("none_elsewhere", "returned None; Owned(rank=-1) wants the oracle's global value [] on its owner and an empty tensor, torch.empty(0), on every other rank"),
+        # a 0-d zero: said only as shapes
+        ("zero_elsewhere", "exactly one rank must hold [] and the others [0] (torch.empty(0): a rank that does not own it)"),
+    ],
+)  # fmt: skip
+def test_a_non_owner_that_returns_no_empty_tensor_is_told_what_to_return(impl, said):
+    """A new user's pipeline returned its loss as None (or a 0-d zero) on the stages that do not
+    own it; the reports spoke of a cut graph, or of shapes alone."""
+    import os
+
+    import shardfuzz
+
+    target = os.path.join(os.path.dirname(__file__), "data", "owned_target.py")
+    result = shardfuzz.run(target, impl, profile="shardfuzz-ci", database=None, max_examples=20)
+    assert result.found and result.kind == "layout", result.report
+    assert said in result.report and "cut the graph" not in result.report, result.report
+
+
 def test_stepwise_padded_flat_layout():
     """5 elements on 4 ranks: chunks of 2, real elements [2, 2, 1, 0], padding never compared."""
     from shardfuzz.targets.zero_adamw import StepwisePaddedFlat

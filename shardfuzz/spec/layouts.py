@@ -362,8 +362,8 @@ class Owned(Layout):
         owner = self.owner_of(shapes, global_shape)
         if owner is None:
             return (
-                f"exactly one rank must hold {list(global_shape)} and the others [0]; "
-                f"they hold {[list(s) for s in shapes]}"
+                f"exactly one rank must hold {list(global_shape)} and the others [0] (torch.empty(0): a "
+                f"rank that does not own it); they hold {[list(s) for s in shapes]}"
             )
         if self.rank is not None and not -len(shapes) <= self.rank < len(shapes):
             return f"{self!r} names a rank the group of {len(shapes)} does not have"

@@ -13,7 +13,7 @@ import torch
 
 from shardfuzz.case import Case
 from shardfuzz.errors import InvalidArgument
-from shardfuzz.spec.layouts import Layout
+from shardfuzz.spec.layouts import Layout, Owned
 from shardfuzz.spec.placements import resolve as resolve_dtensors
 from shardfuzz.spec.tolerance import UNIT_ROUNDOFF, Tolerance
 from shardfuzz.verdict.compare import OutputDiff, RankDiff, compare_exact, compare_tensor, exact_equal
@@ -94,6 +94,20 @@ NEVER_COMPUTED = (
 )
 
 
+def _not_a_tensor(layout: Layout, got: Any, ref: torch.Tensor, low: Any) -> str:
+    """What a rank returned in place of a tensor, and what was due."""
+    if got is None and isinstance(layout, Owned):  # "not mine" on a non-owner, not a graph cut
+        return (
+            f"None; {layout!r} wants the oracle's global value {list(ref.shape)} on its owner and an "
+            "empty tensor, torch.empty(0), on every other rank"
+        )
+    # None where the oracle has a value is the implementation's to answer for (a gradient never
+    # computed, for an expert that got no tokens), not a usage error
+    never = f" {RETURNED_NONE}" if got is None else ""
+    # the global value: this rank's piece needs its own shape, which None has not
+    return f"{_what(got)}, expected a tensor (the oracle's global value is {list(ref.shape)} {_dtype_name(low)}){never}"
+
+
 def check_layouts(
     case: Case, outputs: dict[str, Layout], locals_: list[dict[str, Any]], expected: Expected
 ) -> list[str]:
@@ -123,13 +137,8 @@ def check_layouts(
                     )
                 continue
             if not isinstance(got, torch.Tensor):
-                # None where the oracle has a value is the implementation's to answer for (a
-                # gradient never computed, for an expert that got no tokens), not a usage error
-                never = f" {RETURNED_NONE}" if got is None else ""
                 problems.append(
-                    f"output {name!r}: {label(r)} returned {_what(got)}, expected a tensor "
-                    # the global value: this rank's piece needs its own shape, which None has not
-                    f"(the oracle's global value is {list(ref.shape)} {_dtype_name(low)}){never}"
+                    f"output {name!r}: {label(r)} returned {_not_a_tensor(layout, got, ref, low)}"
                 )
                 continue
             try:

@@ -29,6 +29,18 @@ def own_rows_only(ctx):  # planted bug: the last rank's loss forgets the reduce
     return {"loss": total if ctx.group_rank == ctx.group_size - 1 else torch.empty(0, dtype=total.dtype)}
 
 
+def none_elsewhere(ctx):  # a contract slip: the non-owners return None, not torch.empty(0)
+    total = (ctx.local["x"] ** 2).sum()
+    dist.all_reduce(total, group=ctx.group)
+    return {"loss": total if ctx.group_rank == ctx.group_size - 1 else None}
+
+
+def zero_elsewhere(ctx):  # another: a 0-d zero on the non-owners
+    total = (ctx.local["x"] ** 2).sum()
+    dist.all_reduce(total, group=ctx.group)
+    return {"loss": total if ctx.group_rank == ctx.group_size - 1 else torch.zeros(())}
+
+
 TARGET = shardfuzz.Target(
     name="owned_loss",
     cases=lambda world_sizes=None: sst.cases(
@@ -40,5 +52,10 @@ TARGET = shardfuzz.Target(
     oracle=oracle,
     input_layouts={"x": shardfuzz.Shard(0)},
     outputs={"loss": shardfuzz.Owned(rank=-1)},
-    implementations={"reference": reduced_to_last, "own_rows_only": own_rows_only},
+    implementations={
+        "reference": reduced_to_last,
+        "own_rows_only": own_rows_only,
+        "none_elsewhere": none_elsewhere,
+        "zero_elsewhere": zero_elsewhere,
+    },
 )
