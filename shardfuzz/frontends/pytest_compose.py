@@ -66,6 +66,17 @@ def _check_explicit_examples(test_fn: Any) -> None:
             )
 
 
+def _settings_or_fail(test_fn: Any, config: RunConfig, explicit: dict[str, Any]) -> Any:
+    """:func:`test_settings`, or the test fails with the message alone: not 75 lines of the plugin's
+    frames, nor the message twice (failed inside the ``except``, it came again under "During
+    handling of the above exception")."""
+    try:
+        return test_settings(test_fn, config, **explicit)
+    except InvalidArgument as e:
+        refused = str(e)
+    pytest.fail(refused, pytrace=False)
+
+
 def run_target_test(
     test_fn: Any, target: Any, impl: Any, config: RunConfig, tested: Callable[[Any], None], **explicit: Any
 ) -> Runner:
@@ -79,11 +90,7 @@ def run_target_test(
     if Scope.current is not None:
         Scope.current.add(runner)
     expected = runner.target.expected_failures.get(runner.impl_name)
-    try:
-        composed = test_settings(test_fn, config, **explicit)
-    except InvalidArgument as e:  # the message says it all: not 75 lines of the plugin's frames
-        pytest.fail(str(e), pytrace=False)
-    test = build_test(runner, composed)
+    test = build_test(runner, _settings_or_fail(test_fn, config, explicit))
     for attr in FORWARDED:
         if hasattr(test_fn, attr):
             setattr(test.shardfuzz_given, attr, getattr(test_fn, attr))  # type: ignore[attr-defined]
