@@ -487,7 +487,7 @@ def _cmd_replay(args: Any) -> int:
         # a pass on other inputs, or another case, than the file recorded (an edited case) says
         # nothing of its failure, as regressions() fails it: never exit 0 on it
         edited = res.status == "different inputs" or bool(case_repr_note(res.record))
-        moved += edited and res.status in ("different inputs", "now passes")
+        moved += edited and not res.failed and res.status in ("different inputs", "now passes")
     rest = f", {aside} set aside (a known failure now, or refused)" if aside else ""
     rest += f"; {other} of the passes ran another implementation than the file names" if other else ""
     rest += f"; {moved} of the passes ran another case than the file recorded (not a fix)" if moved else ""
