@@ -751,3 +751,17 @@ def test_a_failure_file_field_is_named_once_in_its_error():
         )
     assert str(e.value).startswith("failure file 'f.json': field 'target_ref': file "), str(e.value)
     assert str(e.value).count("target_ref") == 1, str(e.value)
+
+
+def test_a_target_hook_that_raises_on_a_pinned_option_is_the_targets_error_not_the_fuzzers(tmp_path):
+    """A new user's per_group function looked a pinned ``--option`` up in a table of the values the
+    strategy draws: KeyError while the covering rows were made, and exit 3, "the fuzzer itself
+    failed". It is the target's error: exit 2, naming the hook and the case, with its traceback."""
+    target = os.path.join(os.path.dirname(__file__), "data", "hook_raises_target.py")
+    out = run_cli(
+        "fuzz", target, "--option", "k=4", "--max-examples", "5", "--no-progress", cwd=str(tmp_path)
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "its per_group['width'](case) raised KeyError: 4" in out.stderr, out.stderr
+    assert "the fuzzer itself failed" not in out.stdout + out.stderr
+    assert run_cli("fuzz", target, "--max-examples", "5", "--no-progress", cwd=str(tmp_path)).returncode == 0

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from shardfuzz.case import EDGE_KINDS, VALUE_PROFILES, Case
-from shardfuzz.errors import TargetError
+from shardfuzz.errors import TargetCodeError, TargetError
 from shardfuzz.spec.layouts import split_sizes
 
 #: shards that all hold something, cut apart by DTensor's rule (torch.chunk's) and tensor_split's
@@ -97,7 +97,11 @@ def triggers_of(target: Any, case: Case) -> set[str]:
     if target.gradients and set(target.gradients) & set(target.outputs_for(case)):
         out.add("backward")
     out |= replica_triggers(case, target.replica_splits)
-    out.update(name for name, reached in target.triggers.items() if reached(case))
+    out.update(
+        name
+        for name, reached in target.triggers.items()
+        if _hook(target, f"triggers[{name!r}]", reached, case)
+    )
     for name, how in target.per_group.items():
         out |= group_relations(name, quantity(target, name, how, case), case.group_size)
     return {c for c in out if is_effective(target, c, case)} if target.effective else out
@@ -152,7 +156,7 @@ def group_relations(name: str, q: int, g: int) -> set[str]:
 def quantity(target: Any, name: str, how: Any, case: Case) -> int:
     """The value of a ``per_group`` quantity on ``case``: a size, an option, or a callable's."""
     if callable(how):
-        return int(how(case))
+        return int(_hook(target, f"per_group[{name!r}]", how, case))
     for where in (case.sizes, case.options):
         if how in where:
             return int(where[how])
@@ -172,4 +176,15 @@ def is_effective(target: Any, condition: str, case: Case) -> bool:
     if pred is None:
         option = re.match(r"([A-Za-z_]\w*)=", condition)
         pred = effective.get(option.group(1)) if option else None
-    return pred is None or bool(pred(case))
+    return pred is None or bool(_hook(target, f"effective[{condition!r}]", pred, case))
+
+
+def _hook(target: Any, piece: str, fn: Any, case: Case) -> Any:
+    """``fn(case)``, a predicate or quantity of the target's; what it raises is the target's error
+    (exit 2 with its traceback), not the fuzzer's: a new user's per_group function raised KeyError
+    on a case an ``--option`` pinned out of its range, and the CLI said "the fuzzer itself failed"."""
+    try:
+        return fn(case)
+    # any exception: whatever the target's own code raises
+    except Exception as e:
+        raise TargetCodeError.of(target.name, f"{piece}(case)", case, e) from e
