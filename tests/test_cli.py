@@ -840,6 +840,23 @@ def test_a_clean_run_says_which_value_profiles_changed_no_input(capsys):
     assert "changed no input" not in capsys.readouterr().out
 
 
+def test_a_clean_run_that_compared_no_element_says_so(capsys):
+    """A new user's --option n_params=0 made every output empty: the run passed "at 0 (every
+    compared element equal)", and only a line about value profiles hinted that nothing changed."""
+    from shardfuzz.frontends import cli as main_cli
+
+    target = os.path.join(os.path.dirname(__file__), "data", "empty_outputs_target.py")
+    base = ["fuzz", target, "--max-examples", "10", "--no-progress", "--profile", "shardfuzz-ci"]
+    assert main_cli.main([*base, "--option", "n_params=0"]) == main_cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert re.search(
+        r"(\d+) of \1 passing examples \(100%\) compared no element: every output was empty", out
+    ), out
+    assert "changed no input" not in out  # empty inputs: no profile could change them
+    assert main_cli.main(base) == main_cli.EXIT_OK
+    assert "compared no element" not in capsys.readouterr().out
+
+
 def test_the_degenerate_line_names_a_size_that_was_1_in_most_of_those_passes():
     """A new user's block-sparse attention: grad_q and grad_k were 0 in 42% of the passes (one key
     per query row), and the line did not say which size did it: seq 1, in most of them."""

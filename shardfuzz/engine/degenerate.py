@@ -150,13 +150,17 @@ def inert_profiles(target: Any, profile_samples: dict[str, list[Case]], passes: 
     for profile, cases in profile_samples.items():
         if profile == "normal" or not cases:
             continue
-        same = True
+        same, seen = True, False
         for case in cases:
+            drawn = target.inputs(case)
+            if all(t.numel() == 0 for t in drawn.values() if isinstance(t, torch.Tensor)):
+                continue  # nothing a profile could change: no evidence (said as an empty pass)
             # its options kept: the normal profile reads none of them, and a target may
             normal = dataclasses.replace(case, profile="normal")
-            if not _same_inputs(target.inputs(case), target.inputs(normal)):
+            seen = True
+            if not _same_inputs(drawn, target.inputs(normal)):
                 same = False
                 break
-        if same:
+        if same and seen:
             inert[profile] = passes[profile]
     return inert

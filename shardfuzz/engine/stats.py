@@ -58,6 +58,9 @@ class Stats:
     #: passing examples whose every floating output the oracle gave all zero or constant, where a
     #: sum, a scale or an order gone wrong cannot show (``shardfuzz.engine.degenerate.is_degenerate``)
     degenerate_passes: int = 0
+    #: passing examples where every output was empty: no element was compared at all (a size or an
+    #: option of 0: a new user's --option n_params=0 passed "at 0 (every compared element equal)")
+    empty_passes: int = 0
     #: output -> the passing examples where the oracle gave it all zero or constant
     degenerate_outputs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: (output, size name) -> those passes where that size was 1 (a softmax over one key, seq 1)

@@ -951,7 +951,8 @@ def degenerate_record(s: Stats) -> dict[str, Any]:
     if not s.passed:
         return {}
     outputs = {k: v for k, v in s.degenerate_outputs.most_common() if v >= DEGENERATE_SHARE * s.passed}
-    if s.degenerate_passes < DEGENERATE_SHARE * s.passed and not outputs:
+    many = DEGENERATE_SHARE * s.passed
+    if s.degenerate_passes < many and s.empty_passes < many and not outputs:
         return {}
     # per output, a size that was 1 in most of its degenerate passes, and far more often there than
     # in all passes (DEGENERATE_LIFT): where to look
@@ -965,7 +966,13 @@ def degenerate_record(s: Stats) -> dict[str, Any]:
         lift, c, k = max(sizes, default=(0.0, 0, ""))
         if lift >= DEGENERATE_LIFT:
             at_one[name] = [k, c, s.passes_at_one[k]]
-    return {"passes": s.degenerate_passes, "of": s.passed, "outputs": outputs, "at_one": at_one}
+    return {
+        "passes": s.degenerate_passes,
+        "of": s.passed,
+        "outputs": outputs,
+        "at_one": at_one,
+        "empty": s.empty_passes,
+    }
 
 
 def _at_one_words(at_one: list, n: int, passed: int) -> str:
@@ -977,6 +984,12 @@ def _at_one_words(at_one: list, n: int, passed: int) -> str:
 def degenerate_line(d: dict[str, Any]) -> str:
     """The summary's line for :func:`degenerate_record`."""
     said = []
+    empty = d.get("empty", 0)  # a record of an older version has none
+    if empty >= DEGENERATE_SHARE * d["of"]:
+        said.append(
+            f"{empty} of {d['of']} passing examples ({100 * empty / d['of']:.0f}%) compared no element: "
+            "every output was empty (a size or an option of 0, drawn or pinned)"
+        )
     if d["passes"] >= DEGENERATE_SHARE * d["of"]:
         said.append(
             f"{d['passes']} of {d['of']} passing examples ({100 * d['passes'] / d['of']:.0f}%) had every "
