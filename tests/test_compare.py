@@ -186,6 +186,7 @@ def test_an_inf_or_nan_where_the_oracle_is_finite_asks_whether_the_case_dtype_ov
             "inf or NaN where the oracle is finite: did the implementation's arithmetic overflow float16 (its "
             "largest finite value is 65504), or a narrower type it computes in," in text
         ), text
+        assert "Did an exp underflow to 0 and then meet a log or a division" in text, text
     wrong = compare_tensor(torch.tensor([1.0, 2.0], dtype=torch.float16), e, bound, 0, lambda i: i)
     text = format_output_diff(OutputDiff("y", "Shard(0)", "float16", (2,), [wrong], bound=bound), str)
     assert "inf or NaN" not in text, text

@@ -122,6 +122,9 @@ def test_a_non_finite_mismatch_on_an_empty_shard_says_how_to_look_past_it():
     # no empty shard met (a chunked loop that skipped its partial last chunk): the general word
     general = REPORTER._non_finite_edge_note(CASE, verdict(math.inf, torch.ones(1)))
     assert general.startswith("the outputs are not finite in the smallest case the shrinker found"), general
+    # said as one possibility: a log-sum-exp without its max is -inf on seq 2, nothing empty (a new
+    # user's report blamed an empty edge)
+    assert "if the code has nothing to do there" in general and "if it has, the values themselves" in general
 
 
 def test_a_findings_report_names_the_trigger_conditions_its_shrunk_case_meets(proof):

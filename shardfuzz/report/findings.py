@@ -288,12 +288,14 @@ class Reporter:
                 f"\"'{empty[0]}' in triggers\" to see it there"
             )
         # a chunked loop that skipped its partial last chunk shrank to a shard of one partial
-        # chunk: nothing processed, NaN, where larger shards gave finite wrong values
+        # chunk: nothing processed, NaN, where larger shards gave finite wrong values. Said as a
+        # possibility only: a log-sum-exp without its max, -inf on seq 2 with nothing empty, read
+        # as blamed on an empty edge
         return (
-            "the outputs are not finite in the smallest case the shrinker found: where the code has "
+            "the outputs are not finite in the smallest case the shrinker found: if the code has "
             "nothing to do there (a chunk, a shard or a batch with no elements), the same bug may give "
             "finite wrong values on larger cases: set that edge aside with --exclude (a size, an option) "
-            "to see them"
+            "to see them; if it has, the values themselves did it (see the lines above)"
         )
 
     def _footer(self, case: Case, leaks: Sequence[str] = ()) -> str:
@@ -635,8 +637,9 @@ def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
         f"    inf or NaN where the oracle is finite: did the implementation's arithmetic overflow "
         f"{od.dtype}{largest}, or a narrower type it computes in, or make a NaN (0 * inf, inf - inf)? "
         "Did a sum cancel to exactly 0 in the case dtype and then divide (a norm under an eps clamp, "
-        "x / max(|x|, eps): a spectral norm whose partial sums cancelled)? Or is it an element the "
-        "implementation never wrote (a buffer filled with NaN or left uninitialised, as torch.empty "
+        "x / max(|x|, eps): a spectral norm whose partial sums cancelled)? Did an exp underflow to 0 "
+        "and then meet a log or a division (a log-sum-exp without its max subtracted: log(exp(-334)) "
+        "is -inf in float32)? Or is it an element the implementation never wrote (a buffer filled with NaN or left uninitialised, as torch.empty "
         "leaves it)? The float64 oracle did not"
     ]
 
