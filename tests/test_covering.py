@@ -488,3 +488,16 @@ def test_a_pinned_string_the_target_never_draws_warns_from_the_python_api_too():
             options={"kind": "GPipe"},
         )
     assert not result.found, result.report
+
+
+def test_a_target_laid_out_by_no_split_rule_shows_no_split_rule_conditions():
+    """A Zigzag-only context-parallel target's progress line counted "empty DTensor shard" and
+    "tensor_split != DTensor shards", and a clean run listed them as never reached: two new users
+    read them as blind spots. A target with Shard layouts keeps them where its pool reaches them."""
+    from shardfuzz.engine.covering import progress_conditions
+
+    here = os.path.join(os.path.dirname(__file__), "data")
+    rules = {"empty DTensor shard", shardfuzz.spec.triggers.SPLIT_RULES_DIFFER}
+    assert not rules & set(progress_conditions(Runner(os.path.join(here, "zigzag_target.py"))))
+    assert "uneven" in progress_conditions(Runner(os.path.join(here, "zigzag_target.py")))
+    assert rules <= set(progress_conditions(Runner("tp_mlp")))

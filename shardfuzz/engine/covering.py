@@ -37,6 +37,8 @@ from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, ShardfuzzW
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.bounds import bounds_of
 from shardfuzz.spec.exclude import Excluded
+from shardfuzz.spec.layouts import Shard
+from shardfuzz.spec.placements import AsDTensor, FromDTensor
 from shardfuzz.spec.sampling import POOL_SIZE, Draws, distinct_cases, draw_pool, stable_seed
 from shardfuzz.spec.triggers import DTYPE_CONDITIONS, PROGRESS, SPLIT_RULES_DIFFER, is_effective, triggers_of
 from shardfuzz.verdict.oracle import supports
@@ -317,6 +319,18 @@ def _rows_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple
     return tuple(rows_from_pool(target, pool_for(target, world_sizes, dtypes, options)))
 
 
+def _lays_out_shards(target: Any) -> bool:
+    """Whether some input or output of ``target`` is laid out by a split rule (``Shard``, a
+    DTensor's placements), where DTensor's empty shards and the rules' difference mean something;
+    a target whose outputs depend on the case may. A Zigzag-only context-parallel target's progress
+    line counted "empty DTensor shard" and listed it as never reached (two new users read it as a
+    blind spot)."""
+    if callable(target.outputs):
+        return True
+    layouts = [*target.input_layouts.values(), *target.outputs.values()]
+    return any(isinstance(layout, (Shard, AsDTensor, FromDTensor)) for layout in layouts)
+
+
 def progress_conditions(runner: Any) -> tuple[str, ...]:
     """The conditions a run's progress line and its pytest statistics show, each at its share, 0%
     included: the usual generic ones (those the run's world sizes allow; ``backward`` only for a target that declares gradients,
@@ -375,7 +389,8 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     # shown where the strategy reaches them: a new user whose two empty-shard bugs were found could
     # not tell a clean run reached empty shards at all; and where the two split rules cut apart,
     # which a new user's tensor_split target needed (its line showed only DTensor's empty shards)
-    empties = [t for t in ("empty shard", "empty DTensor shard", SPLIT_RULES_DIFFER) if t in reached]
+    rules = ("empty DTensor shard", SPLIT_RULES_DIFFER) if _lays_out_shards(target) else ()
+    empties = [t for t in ("empty shard", *rules) if t in reached]
     return shown + tuple(t for t in empties + relations if t not in shown)
 
 
