@@ -863,14 +863,12 @@ def _checked_little_lines(r: dict[str, Any]) -> list[str]:
     the output, value profiles that changed no input."""
     if r["found"]:
         return []
-    lines = []
-    if r.get("degenerate"):
-        lines.append(f"{'':<16} {degenerate_line(r['degenerate'])}")
-    if r.get("wide_bounds"):
-        lines.append(f"{'':<16} {wide_bound_line(r['wide_bounds'])}")
-    if r.get("inert_profiles"):
-        lines.append(f"{'':<16} {inert_profile_line(r['inert_profiles'])}")
-    return lines
+    said = (
+        ("degenerate", degenerate_line),
+        ("wide_bounds", wide_bound_line),
+        ("inert_profiles", inert_profile_line),
+    )
+    return [f"{'':<16} {line(r[key])}" for key, line in said if r.get(key)]
 
 
 def _fault_lines(r: dict[str, Any]) -> list[str]:
