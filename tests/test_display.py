@@ -185,6 +185,35 @@ def test_an_infinite_margin_names_its_cause_where_the_comparisons_are_at_hand():
     )
     zero = output("count", "float32", 1.0, 0.0, float("inf"))
     assert infinite_margin_why([zero]) == "count differs where its bound is 0"
+    # the oracle's 0/0 (a loss averaged over no token) beside a finite answer: not "a bound of 0"
+    oracle_nan = output("loss", "float32", 0.0, float("nan"), float("inf"))
+    assert (
+        infinite_margin_why([oracle_nan])
+        == "the oracle's loss is NaN or inf where the implementation's is finite"
+    )
+
+
+def test_the_not_finite_footer_is_said_only_where_the_implementations_values_are_not_finite():
+    """A new user's loss averaged over no token was NaN in the oracle and 0 on the ranks: the
+    footer said "the outputs are not finite in the smallest case", of finite outputs."""
+    import torch
+
+    from shardfuzz import Case
+    from shardfuzz.report.findings import Reporter
+    from shardfuzz.spec.tolerance import Tolerance
+    from shardfuzz.verdict.compare import ElementDiff, OutputDiff, RankDiff
+    from shardfuzz.verdict.judge import Verdict
+
+    def verdict(actual, expected):
+        worst = [ElementDiff((0,), actual, expected, 0.0, float("inf"))]
+        ranks = [RankDiff(0, 1, 1, max_ratio=float("inf"), worst=worst)]
+        od = OutputDiff("loss", "Replicate()", "float32", (1,), ranks, bound=torch.ones(1))
+        return Verdict(diffs=[od], worst=float("inf"))
+
+    reporter = Reporter("t", "impl", "mod:impl", "gloo", "shardfuzz case t --impl impl", Tolerance())
+    case = Case(target="toy", world_size=1, mesh=(1,), sizes={"n": 1}, split=("n",))
+    assert reporter._non_finite_edge_note(case, verdict(float("nan"), 0.5)) is not None
+    assert reporter._non_finite_edge_note(case, verdict(0.0, float("nan"))) is None
 
 
 def test_the_summary_names_the_closest_pass_and_whether_it_is_an_upper_bound(tmp_path):

@@ -178,7 +178,9 @@ def margin_text(ratio: float, why: str | None = None) -> str:
 
 
 #: why a margin is infinite, where the finding's comparisons are not at hand
-INFINITE_MARGIN = "an exactly compared output differs, or a value is NaN or inf where the oracle's is finite"
+INFINITE_MARGIN = (
+    "an exactly compared output differs, or a value is NaN or inf where the other side's is finite"
+)
 
 
 def margin_why(diffs: Any, ratio: float | None) -> str | None:
@@ -202,6 +204,9 @@ def infinite_margin_why(diffs: Any) -> str | None:
         worst = [e for r in od.ranks for e in r.worst if math.isinf(e.ratio)]
         if any(not math.isfinite(e.actual) and math.isfinite(e.expected) for e in worst):
             why.append(f"{od.name} is NaN or inf where the oracle's is finite")
+        elif any(math.isfinite(e.actual) and not math.isfinite(e.expected) for e in worst):
+            # a new user's loss averaged over no token: the oracle's 0/0 read as "a bound of 0"
+            why.append(f"the oracle's {od.name} is NaN or inf where the implementation's is finite")
         elif "float" not in od.dtype:
             why.append(f"{od.name}, compared exactly, differs")
         else:  # a bound of 0 (a fixed tolerance of 0, an exactly known value) and any difference
