@@ -243,6 +243,16 @@ def _fails_the_same_way(script: Path, world_size: int, tmp_path: Path, output: s
         assert json.loads(path.read_text()) == [], path.stem
 
 
+def test_a_reduction_over_the_dp_groups_of_a_2d_mesh_gets_a_reproducer_that_fails_the_same_way(tmp_path):
+    """The tutorial's dp x tp pattern reduces over ``ctx.mesh.groups[0]``: the script's mesh had no
+    ``groups``, and every rank of a new user's reproducer raised AttributeError."""
+    target = str(Path(__file__).resolve().parent / "data" / "dp_target.py")
+    result, script = _standalone_of_a_finding(tmp_path, target, "averaged_over_dp")
+    assert result.kind == "mismatch" and len(result.case.mesh) == 2, result.report
+    assert "self.groups = tuple(" in script.read_text()
+    _fails_the_same_way(script, result.case.world_size, tmp_path, "total")
+
+
 def test_an_output_its_named_rank_owns_gets_a_reproducer_that_fails_the_same_way(tmp_path):
     """``Owned(rank=-1)``, the layout the docs give a pipeline's loss on its last stage: the
     standalone script refused it, so no pipeline finding got one. The owner compares the whole

@@ -30,6 +30,8 @@ CTX_USES = {
     "ctx.local": "ctx.local",
     "ctx.shard": "ctx.shard(",
     "ctx.dtype": "ctx.dtype",
+    # the mesh's per-axis groups (ctx.mesh.groups[0], or a mesh read into a name first)
+    "mesh.groups": ".groups",
 }
 
 #: the script's docstring (written as a literal by :func:`shardfuzz.repro.codegen.docstring`)

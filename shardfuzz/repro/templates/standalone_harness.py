@@ -111,10 +111,25 @@ class Mesh:
             tuple(grid[self.coords[:axis] + (slice(None),) + self.coords[axis + 1 :]].tolist())
             for axis in range(len(self.shape))
         )
+        #@ if mesh.groups
+        # this rank's process group along each axis (ctx.mesh.groups[0]: its dp group on a dp x tp
+        # mesh), every group of every axis made by every rank in one order (new_group is collective)
+        self.groups = tuple(self._group(grid, axis, rank) for axis in range(len(self.shape)))
+        #@ end
         #@ if inputs.dtensor
         self._device_mesh = None
         #@ end
 
+    #@ if mesh.groups
+    def _group(self, grid, axis, rank):
+        mine = None
+        for members in grid.movedim(axis, -1).reshape(-1, self.shape[axis]).tolist():
+            group = dist.new_group(members)
+            if rank in members:
+                mine = group
+        return mine
+
+    #@ end
     def device_mesh(self):
         #@ if inputs.dtensor
         if self._device_mesh is not None:  # one mesh per case, as shardfuzz's: the inputs live on it
