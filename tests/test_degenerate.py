@@ -51,3 +51,17 @@ def test_the_share_of_a_strategy_rather_than_its_cases_is_a_clear_error():
     target = get_target("tp_mlp")
     with pytest.raises(InvalidArgument, match=r"cases must be Case objects, e\.g\. a list drawn"):
         degenerate_share(target, target.strategy())
+
+
+def test_inputs_are_compared_whole_whatever_they_hold():
+    """A target's inputs may hold lists of tensors or numpy arrays: comparing them raised, and a
+    clean run's summary became "the fuzzer itself failed" (a review found it)."""
+    import numpy as np
+
+    from shardfuzz.engine.degenerate import _same_inputs
+
+    a = {"xs": [torch.ones(2), torch.zeros(1)], "table": np.arange(3), "k": 2}
+    b = {"xs": [torch.ones(2), torch.zeros(1)], "table": np.arange(3), "k": 2}
+    assert not _same_inputs(a, b)  # an array's == gives no one answer: never called the same
+    assert _same_inputs({"xs": [torch.ones(2)], "k": {"n": 1}}, {"xs": [torch.ones(2)], "k": {"n": 1}})
+    assert not _same_inputs({"xs": [torch.ones(2)]}, {"xs": [torch.zeros(2)]})

@@ -119,24 +119,27 @@ def degenerate_share(target: Any, cases: Iterable[Case]) -> DegenerateShare:
     return DegenerateShare(n, bad, dict(causes))
 
 
+def _same(v: Any, w: Any) -> bool:
+    """Whether two inputs are the same values: tensors bit for bit (dtype and shape too), lists,
+    tuples and dicts item by item, anything else by ``==`` where that gives one answer."""
+    if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
+        return (
+            isinstance(v, torch.Tensor)
+            and isinstance(w, torch.Tensor)
+            and v.dtype == w.dtype
+            and v.shape == w.shape
+            and torch.equal(v, w)
+        )
+    if isinstance(v, (list, tuple)) and isinstance(w, (list, tuple)):
+        return type(v) is type(w) and len(v) == len(w) and all(_same(x, y) for x, y in zip(v, w))
+    if isinstance(v, dict) and isinstance(w, dict):
+        return v.keys() == w.keys() and all(_same(v[k], w[k]) for k in v)
+    same = v == w
+    return same if isinstance(same, bool) else False  # an array's elementwise answer: not one
+
+
 def _same_inputs(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for k, v in a.items():
-        w = b[k]
-        if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
-            same = (
-                isinstance(v, torch.Tensor)
-                and isinstance(w, torch.Tensor)
-                and v.dtype == w.dtype
-                and v.shape == w.shape
-                and torch.equal(v, w)
-            )
-        else:
-            same = bool(v == w)
-        if not same:
-            return False
-    return True
+    return _same(a, b)
 
 
 def inert_profiles(target: Any, profile_samples: dict[str, list[Case]], passes: Counter) -> dict[str, int]:

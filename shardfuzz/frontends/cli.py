@@ -484,13 +484,17 @@ def _cmd_replay(args: Any) -> int:
             print(res.report + "\n", flush=True)
         aside += res.not_judged
         other += res.status == "another implementation"
-        # a pass on other inputs, or another case, than the file recorded (an edited case) says
-        # nothing of its failure, as regressions() fails it: never exit 0 on it
+        # a pass on other inputs (regressions() fails it) or another case (its case_repr edited)
+        # than the file recorded says nothing of its failure: never exit 0 on it
         edited = res.status == "different inputs" or bool(case_repr_note(res.record))
         moved += edited and not res.failed and res.status in ("different inputs", "now passes")
     rest = f", {aside} set aside (a known failure now, or refused)" if aside else ""
     rest += f"; {other} of the passes ran another implementation than the file names" if other else ""
-    rest += f"; {moved} of the passes ran another case than the file recorded (not a fix)" if moved else ""
+    rest += (
+        f"; {moved} of the passes ran other inputs or another case than the file recorded (not a fix)"
+        if moved
+        else ""
+    )
     rest += f"; {len(outside)} not run (cases their targets no longer draw)" if outside else ""
     print(f"{len(records)} replayed: {still} fail, {len(records) - still - aside} pass{rest}")
     return EXIT_FOUND if still or other or moved else EXIT_OK

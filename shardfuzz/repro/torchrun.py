@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None, record: dict[str, Any] | None = None) ->
 
     try:  # before a device is chosen: without one per rank, select_device divides by zero
         RunConfig(backend=backend, device=device)
-        check_placement(target, backend, device, world)
+        # this node's ranks: a GPU per rank is per node (2 nodes x 4 GPUs run a world of 8)
+        check_placement(target, backend, device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     except (InvalidArgument, InfrastructureError) as e:
         if rank == 0:
             print(f"shardfuzz.repro.torchrun: error: {e}", file=sys.stderr)

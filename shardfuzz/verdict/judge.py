@@ -94,9 +94,11 @@ NEVER_COMPUTED = (
 )
 
 
-def _not_a_tensor(layout: Layout, got: Any, ref: torch.Tensor, low: Any) -> str:
-    """What a rank returned in place of a tensor, and what was due."""
-    if got is None and isinstance(layout, Owned):  # "not mine" on a non-owner, not a graph cut
+def _not_a_tensor(layout: Layout, got: Any, ref: torch.Tensor, low: Any, group_rank: int, group: int) -> str:
+    """What a rank (``group_rank`` of a group of ``group``) returned in place of a tensor, and what
+    was due. The named owner of an ``Owned`` output that returns None never computed it."""
+    owner = isinstance(layout, Owned) and layout.rank is not None and group_rank == layout.rank % group
+    if got is None and isinstance(layout, Owned) and not owner:  # "not mine", not a graph cut
         return (
             f"None; {layout!r} wants the oracle's global value {list(ref.shape)} on its owner and an "
             "empty tensor, torch.empty(0), on every other rank"
@@ -138,7 +140,7 @@ def check_layouts(
                 continue
             if not isinstance(got, torch.Tensor):
                 problems.append(
-                    f"output {name!r}: {label(r)} returned {_not_a_tensor(layout, got, ref, low)}"
+                    f"output {name!r}: {label(r)} returned {_not_a_tensor(layout, got, ref, low, layout.index_of(r, g), g)}"
                 )
                 continue
             try:

@@ -35,6 +35,10 @@ def none_elsewhere(ctx):  # a contract slip: the non-owners return None, not tor
     return {"loss": total if ctx.group_rank == ctx.group_size - 1 else None}
 
 
+def none_on_the_owner(ctx):  # a bug: the owner's loss never computed
+    return {"loss": None if ctx.group_rank == ctx.group_size - 1 else torch.empty(0)}
+
+
 def zero_elsewhere(ctx):  # another: a 0-d zero on the non-owners
     total = (ctx.local["x"] ** 2).sum()
     dist.all_reduce(total, group=ctx.group)
@@ -57,5 +61,6 @@ TARGET = shardfuzz.Target(
         "own_rows_only": own_rows_only,
         "none_elsewhere": none_elsewhere,
         "zero_elsewhere": zero_elsewhere,
+        "none_on_the_owner": none_on_the_owner,
     },
 )
