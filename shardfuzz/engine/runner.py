@@ -315,8 +315,10 @@ class Runner:
         self.stats.degenerate_at_one.update((name, k) for name in flat for k in ones)
         if floating and len(flat) == len(floating):
             self.stats.degenerate_passes += 1
-        tensors = [od.ref for od in verdict.diffs if isinstance(od.ref, torch.Tensor)]
-        if tensors and all(t.numel() == 0 for t in tensors):
+        # every output a tensor and empty (a scalar output was compared)
+        if verdict.diffs and all(
+            isinstance(od.ref, torch.Tensor) and od.ref.numel() == 0 for od in verdict.diffs
+        ):
             self.stats.empty_passes += 1
 
     def check_drawn(self, case: Case) -> None:
