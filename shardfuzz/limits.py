@@ -225,6 +225,12 @@ OTHER_ENVIRONMENT: tuple[EnvVar, ...] = (
     ),
     EnvVar("WORLD_SIZE", "int", "1", "under torchrun: the number of ranks"),
     EnvVar("LOCAL_RANK", "int", "0", "under torchrun: the CUDA device of this rank (nccl)"),
+    EnvVar(
+        "LOCAL_WORLD_SIZE",
+        "int",
+        "WORLD_SIZE",
+        "under torchrun: the ranks on this node, each needing a CUDA device of its own (nccl)",
+    ),
     EnvVar("PYTEST_CURRENT_TEST", "string", "", "set by pytest: a failure file's `origin` names the test"),
     EnvVar(
         "PYTEST_XDIST_WORKER", "string", "", "set by pytest-xdist: a failure file's `origin` names the worker"
