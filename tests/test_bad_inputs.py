@@ -765,3 +765,16 @@ def test_a_target_hook_that_raises_on_a_pinned_option_is_the_targets_error_not_t
     assert "its per_group['width'](case) raised KeyError: 4" in out.stderr, out.stderr
     assert "the fuzzer itself failed" not in out.stdout + out.stderr
     assert run_cli("fuzz", target, "--max-examples", "5", "--no-progress", cwd=str(tmp_path)).returncode == 0
+
+
+def test_a_target_hook_that_returns_no_number_is_the_targets_error_too():
+    """A per_group function returning None (a lookup that missed) was converted outside the guard:
+    a TypeError, and "the fuzzer itself failed" (a review found it)."""
+    import types
+
+    from shardfuzz.spec.triggers import quantity
+
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 2}, split=("n",))
+    with pytest.raises(TargetCodeError, match=r"its per_group\['width'\]\(case\) raised TypeError"):
+        quantity(types.SimpleNamespace(name="toy"), "width", lambda c: None, case)
+    assert quantity(types.SimpleNamespace(name="toy"), "width", lambda c: 3.0, case) == 3

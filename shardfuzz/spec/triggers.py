@@ -100,7 +100,7 @@ def triggers_of(target: Any, case: Case) -> set[str]:
     out.update(
         name
         for name, reached in target.triggers.items()
-        if _hook(target, f"triggers[{name!r}]", reached, case)
+        if _hook(target, f"triggers[{name!r}]", reached, case, bool)
     )
     for name, how in target.per_group.items():
         out |= group_relations(name, quantity(target, name, how, case), case.group_size)
@@ -156,7 +156,7 @@ def group_relations(name: str, q: int, g: int) -> set[str]:
 def quantity(target: Any, name: str, how: Any, case: Case) -> int:
     """The value of a ``per_group`` quantity on ``case``: a size, an option, or a callable's."""
     if callable(how):
-        return int(_hook(target, f"per_group[{name!r}]", how, case))
+        return _hook(target, f"per_group[{name!r}]", how, case, int)
     for where in (case.sizes, case.options):
         if how in where:
             return int(where[how])
@@ -176,15 +176,15 @@ def is_effective(target: Any, condition: str, case: Case) -> bool:
     if pred is None:
         option = re.match(r"([A-Za-z_]\w*)=", condition)
         pred = effective.get(option.group(1)) if option else None
-    return pred is None or bool(_hook(target, f"effective[{condition!r}]", pred, case))
+    return pred is None or _hook(target, f"effective[{condition!r}]", pred, case, bool)
 
 
-def _hook(target: Any, piece: str, fn: Any, case: Case) -> Any:
-    """``fn(case)``, a predicate or quantity of the target's; what it raises is the target's error
+def _hook(target: Any, piece: str, fn: Any, case: Case, kind: Any) -> Any:
+    """``kind(fn(case))``, a predicate or quantity of the target's; what it raises is the target's error
     (exit 2 with its traceback), not the fuzzer's: a new user's per_group function raised KeyError
     on a case an ``--option`` pinned out of its range, and the CLI said "the fuzzer itself failed"."""
     try:
-        return fn(case)
-    # any exception: whatever the target's own code raises
+        return kind(fn(case))  # bool or int of what it returns: None for a count raises here too
+    # any exception: whatever the target's own code raises, or its value's conversion
     except Exception as e:
         raise TargetCodeError.of(target.name, f"{piece}(case)", case, e) from e
