@@ -58,10 +58,10 @@ def test_inputs_are_compared_whole_whatever_they_hold():
     clean run's summary became "the fuzzer itself failed" (a review found it)."""
     import numpy as np
 
-    from shardfuzz.engine.degenerate import _same_inputs
+    from shardfuzz.engine.degenerate import same_values
 
     a = {"xs": [torch.ones(2), torch.zeros(1)], "table": np.arange(3), "k": 2}
     b = {"xs": [torch.ones(2), torch.zeros(1)], "table": np.arange(3), "k": 2}
-    assert not _same_inputs(a, b)  # an array's == gives no one answer: never called the same
-    assert _same_inputs({"xs": [torch.ones(2)], "k": {"n": 1}}, {"xs": [torch.ones(2)], "k": {"n": 1}})
-    assert not _same_inputs({"xs": [torch.ones(2)]}, {"xs": [torch.zeros(2)]})
+    assert not same_values(a, b)  # an array's == gives no one answer: never called the same
+    assert same_values({"xs": [torch.ones(2)], "k": {"n": 1}}, {"xs": [torch.ones(2)], "k": {"n": 1}})
+    assert not same_values({"xs": [torch.ones(2)]}, {"xs": [torch.zeros(2)]})

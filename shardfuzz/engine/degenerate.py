@@ -119,7 +119,7 @@ def degenerate_share(target: Any, cases: Iterable[Case]) -> DegenerateShare:
     return DegenerateShare(n, bad, dict(causes))
 
 
-def _same(v: Any, w: Any) -> bool:
+def same_values(v: Any, w: Any) -> bool:
     """Whether two inputs are the same values: tensors bit for bit (dtype and shape too), lists,
     tuples and dicts item by item, anything else by ``==`` where that gives one answer."""
     if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
@@ -131,15 +131,11 @@ def _same(v: Any, w: Any) -> bool:
             and torch.equal(v, w)
         )
     if isinstance(v, (list, tuple)) and isinstance(w, (list, tuple)):
-        return type(v) is type(w) and len(v) == len(w) and all(_same(x, y) for x, y in zip(v, w))
+        return type(v) is type(w) and len(v) == len(w) and all(same_values(x, y) for x, y in zip(v, w))
     if isinstance(v, dict) and isinstance(w, dict):
-        return v.keys() == w.keys() and all(_same(v[k], w[k]) for k in v)
+        return v.keys() == w.keys() and all(same_values(v[k], w[k]) for k in v)
     same = v == w
     return same if isinstance(same, bool) else False  # an array's elementwise answer: not one
-
-
-def _same_inputs(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return _same(a, b)
 
 
 def inert_profiles(target: Any, profile_samples: dict[str, list[Case]], passes: Counter) -> dict[str, int]:
@@ -161,7 +157,7 @@ def inert_profiles(target: Any, profile_samples: dict[str, list[Case]], passes: 
             # its options kept: the normal profile reads none of them, and a target may
             normal = dataclasses.replace(case, profile="normal")
             seen = True
-            if not _same_inputs(drawn, target.inputs(normal)):
+            if not same_values(drawn, target.inputs(normal)):
                 same = False
                 break
         if same and seen:
