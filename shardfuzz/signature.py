@@ -185,13 +185,18 @@ def raised_in_torch(traceback_text: str) -> str | None:
     """Where the last exception of a formatted traceback was raised when that is torch's own
     sharded code (``torch/distributed/tensor/_sharding_prop.py in propagate``), else None: not a
     collective's own error (a wrong size handed to it), nor autograd's engine re-raising what a
-    backward raised."""
+    backward raised. The innermost frames that are torch's are read, not the last one alone: an op
+    that DTensor's dispatch ran on a local shard raises in ``torch/_ops.py`` (a new user's
+    ``RowwiseParallel`` embedding on a rank with no vocabulary rows got no note); the deepest frame
+    of torch's sharded code among them is named."""
     block = traceback_text.split(_BLOCK)[-1].split(_CAUSE)[0]
-    frames = _FRAME.findall(block)
-    where = short_path(frames[-1][0]) if frames else ""
-    if not where.startswith(TORCH_SHARDED_CODE):
-        return None
-    return f"{where} in {frames[-1][2]}"
+    innermost = []
+    for path, _line, func in reversed(_FRAME.findall(block)):
+        where = short_path(path)
+        if not where.startswith("torch/"):
+            break
+        innermost.append(f"{where} in {func}")
+    return next((w for w in innermost if w.startswith(TORCH_SHARDED_CODE)), None)
 
 
 def cause_of(traceback_text: str) -> Cause:

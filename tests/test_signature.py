@@ -125,6 +125,34 @@ def test_a_rank_error_raised_inside_torchs_sharded_code_says_so(proof):
     assert raised_in_torch(tb) is None
 
 
+def test_an_op_that_dtensors_dispatch_ran_on_a_local_shard_is_raised_inside_torch_too():
+    """A new user's RowwiseParallel embedding on a rank with no vocabulary rows raised in
+    torch/_ops.py, called from DTensor's dispatch: the last frame alone was not torch's sharded code,
+    and the report sent them to their own math. The innermost torch frames are read; the user's own
+    frame in between, or torch code that is no sharded code, still says nothing."""
+    site = "/x/site-packages/torch"
+    frames = [
+        '  File "/home/u/sp_block.py", line 94, in forward',
+        f'  File "{site}/nn/modules/module.py", line 1789, in _call_impl',
+        f'  File "{site}/nn/functional.py", line 2615, in embedding',
+        f'  File "{site}/distributed/tensor/_dispatch.py", line 440, in _dispatch_get_local_results_slow_path',
+        f'  File "{site}/_ops.py", line 875, in __call__',
+    ]
+    error = "RuntimeError: index_select(): self indexing axis dim should be positive\n"
+    tb = "Traceback (most recent call last):\n" + "\n".join(frames) + "\n" + error
+    assert (
+        raised_in_torch(tb)
+        == "torch/distributed/tensor/_dispatch.py in _dispatch_get_local_results_slow_path"
+    )
+    user_between = [*frames[:4], '  File "/home/u/sp_block.py", line 20, in helper', frames[4]]
+    assert (
+        raised_in_torch("Traceback (most recent call last):\n" + "\n".join(user_between) + "\n" + error)
+        is None
+    )
+    plain = [frames[0], frames[2], frames[4]]  # torch, but no sharded code of it
+    assert raised_in_torch("Traceback (most recent call last):\n" + "\n".join(plain) + "\n" + error) is None
+
+
 def test_a_users_folder_named_shardfuzz_is_not_shardfuzzs_own_code():
     """``git clone`` puts the repository in a folder named shardfuzz: every file under it was
     taken for shardfuzz's own machinery, and a user's frame was skipped when a finding was named
