@@ -68,6 +68,22 @@ def test_a_rank_that_stopped_early_and_a_shape_disagreement():
     assert describe_sequences(agree).startswith("collectives: every rank entered the same sequence")
 
 
+def test_ranks_that_all_stopped_at_the_differing_collective_are_not_said_to_lag():
+    """A new user's uneven all_gather_into_tensor killed a rank at #7: both ranks entered 7, and
+    the line said "rank 1 never reached a #8" beside "collectives entered: rank 0: 7, rank 1: 7"."""
+    g = (0, 1)
+    same = [_c(k, "all_reduce", g, [3]) for k in range(6)]
+    both_stopped = {
+        0: [*same, _c(6, "all_gather_into_tensor", g, [1, 2, 3])],
+        1: [*same, _c(6, "all_gather_into_tensor", g, [1, 1, 3])],
+    }
+    d = first_divergence(both_stopped)
+    assert "rank 1's #7 is all_gather_into_tensor(float32[1, 1, 3])" in d.text
+    assert "never reached" not in d.text, d.text
+    went_on = {0: [*both_stopped[0], _c(7, "all_reduce", g, [3])], 1: both_stopped[1]}
+    assert "rank 1 never reached a #8" in first_divergence(went_on).text
+
+
 def test_an_all_to_all_whose_splits_do_not_pair_up_is_named():
     """Every rank entered the same all_to_all_single, but rank 0 sends what rank 1 does not expect
     (receive splits copied from the send splits: a new user's MoE bug)."""

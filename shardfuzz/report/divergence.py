@@ -110,9 +110,13 @@ def _group_divergences(traces: Traces) -> list[Divergence]:
                         else " (none on this group)"
                     )
                 )
+            # a rank that stopped at the differing one, where the others went on (all stopping
+            # there, as when the mismatch killed a rank, is no rank lagging: a new user read
+            # "never reached a #8" beside "collectives entered: rank 0: 7, rank 1: 7")
+            went_on = any(len(per_rank[r]) > i + 1 for r in order[0])
             for rs in order[1:]:
                 for r in rs:
-                    if len(per_rank[r]) == i + 1:
+                    if went_on and len(per_rank[r]) == i + 1:
                         parts.append(f"rank {r} never reached a #{i + 2}")
             where = min([c.seq for c in at.values()] + [len(traces[r]) for r in missing])
             others = tuple(sorted(r for r in members if r not in order[0]))
