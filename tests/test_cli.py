@@ -240,10 +240,52 @@ def test_a_long_clean_run_says_which_conditions_it_met_far_less_often_than_its_s
     drawn = {"bfloat16": 0.33, "world>=3": 0.40, "uneven": 0.5, "2-D mesh": 0.1}
     seen = collections.Counter({"bfloat16": 18, "world>=3": 120, "uneven": 0, "2-D mesh": 1})
     rare = rarely_reached(Stats(examples=300, triggers=seen), drawn)
-    assert rare == [("bfloat16", 0.06, 0.33)], rare  # 0% is "never reached"; 10% drawn too rare to say
+    assert rare == [("bfloat16", 0.06, 0.33, 0)], rare  # 0% is "never reached"; 10% drawn too rare to say
     assert rarely_reached(Stats(examples=100, triggers=seen), drawn) == []  # too short to say
     line = "\n".join(_fault_lines({"found": False, "rarely_reached": rare}))
-    assert "rarely reached: bfloat16 6% (of the strategy's draws: 33%)" in line and "--dtypes" in line, line
+    assert "rarely reached: bfloat16 6% (of the strategy's draws: 33%): the search dwelt" in line, line
+    assert "--dtypes" in line and "exclusions" not in line, line
+
+
+def test_a_condition_met_rarely_because_its_cases_were_excluded_says_so_not_the_search():
+    """A new user excluded the sizes the group does not divide (--exclude), and the summary said
+    "rarely reached: uneven 2% ... the search dwelt on other cases", with nothing said of the 1,136
+    drawn cases the exclusions set aside to run 150."""
+    import collections
+
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.frontends.campaign import _fault_lines, rarely_reached
+
+    stats = Stats(examples=300, triggers=collections.Counter({"uneven": 6, "bfloat16": 18}))
+    stats.excluded_triggers.update({"uneven": 1136})
+    rare = rarely_reached(stats, {"uneven": 0.5, "bfloat16": 0.33})
+    assert rare == [("uneven", 0.02, 0.5, 1136), ("bfloat16", 0.06, 0.33, 0)], rare
+    lines = "\n".join(
+        _fault_lines({"found": False, "rarely_reached": rare[:1], "excluded": 1136, "examples": 300})
+    )
+    assert (
+        "uneven 2% (of the strategy's draws: 50%; 1136 cases that met it excluded as known failures)" in lines
+    )
+    assert "exclusions set their cases aside" in lines and "dwelt" not in lines, lines
+    assert "1136 of 1436 drawn cases (79%) were excluded as known failures" in lines, lines
+    both = "\n".join(_fault_lines({"found": False, "rarely_reached": rare}))
+    assert (
+        "the search dwelt on other cases (it steers towards the largest error/tolerance), or exclusions"
+        in both
+    )
+    few = "\n".join(_fault_lines({"found": False, "excluded": 10, "examples": 300}))
+    assert "were excluded" not in few, few
+
+
+def test_the_runner_counts_the_conditions_of_the_cases_it_excludes():
+    from shardfuzz import Case, RunConfig
+    from shardfuzz.errors import Unsupported
+
+    case = Case(target="row_mean", world_size=3, mesh=(3,), sizes={"rows": 4, "cols": 2}, split=("rows",))
+    runner = Runner(EXAMPLE, config=RunConfig(exclude=("world_size == 3",)))
+    with pytest.raises(Unsupported):
+        runner.run_case(case)
+    assert runner.stats.excluded_triggers["world>=3"] == 1 and runner.stats.excluded_triggers["uneven"] == 1
 
 
 def test_fuzz_finding_exits_1_and_prints_the_report_and_rerun_line():

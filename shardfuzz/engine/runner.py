@@ -43,7 +43,7 @@ from shardfuzz.spec.exclude import Excluded, exclusion
 from shardfuzz.spec.placements import check_dtensor_inputs
 from shardfuzz.spec.refs import pythonpath_prefix
 from shardfuzz.spec.target import Target
-from shardfuzz.spec.triggers import conditions_met
+from shardfuzz.spec.triggers import conditions_met, triggers_of
 from shardfuzz.verdict.comm import over_budget
 from shardfuzz.verdict.decide import DecideConfig, decide
 from shardfuzz.verdict.judge import Verdict
@@ -367,6 +367,7 @@ class Runner:
         reason = exclusion(case, self.target, self.config.exclude, self.stats.exclude_lacked)
         if reason is not None:  # a known failure: counted and shown, never run
             self.stats.excluded[reason] += 1
+            self.stats.excluded_triggers.update(triggers_of(self.target, case))
             raise Excluded(f"excluded as a known failure: {reason}", reason=reason)
 
     def _timeout_key(self, case: Case) -> tuple:

@@ -74,6 +74,9 @@ class Stats:
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason
     excluded: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: trigger condition -> the excluded cases that met it (a condition the run met rarely because
+    #: its cases were excluded is said so, not put down to the search)
+    excluded_triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: (``--exclude`` expression, key) -> the cases it left in because they lacked that key; with
     #: key None, the cases it read whole and left in
     exclude_lacked: collections.Counter = dataclasses.field(default_factory=collections.Counter)

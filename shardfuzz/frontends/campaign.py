@@ -800,17 +800,41 @@ def _count_words(r: dict[str, Any]) -> str:
 RARE_MIN_EXAMPLES, RARE_FACTOR, RARE_DRAWN = 200, 0.25, 0.2
 
 
-def rarely_reached(s: Stats, drawn: dict[str, float]) -> list[tuple[str, float, float]]:
-    """(condition, the run's share, the strategy's share) of each condition a long run met far
-    less often than its strategy draws it."""
+def rarely_reached(s: Stats, drawn: dict[str, float]) -> list[tuple[str, float, float, int]]:
+    """(condition, the run's share, the strategy's share, the excluded cases that met it) of each
+    condition a long run met far less often than its strategy draws it."""
     if s.examples < RARE_MIN_EXAMPLES:
         return []
     out = []
     for t, share in drawn.items():
         run = s.triggers.get(t, 0) / s.examples
         if share >= RARE_DRAWN and 0 < run < RARE_FACTOR * share:  # 0: said as never reached
-            out.append((t, run, share))
+            out.append((t, run, share, s.excluded_triggers.get(t, 0)))
     return out
+
+
+def _rare_line(rarely: list) -> str:
+    """The summary's "rarely reached" line: why each was rare (the search dwelt elsewhere, or the
+    run excluded its cases: a new user's --exclude of sizes the group does not divide left
+    "uneven 2%", put down to the search) and what pins one."""
+    rare = ", ".join(
+        f"{t} {100 * run:.0f}% (of the strategy's draws: {100 * drawn:.0f}%"
+        + (f"; {excluded} {_cases(excluded)} that met it excluded as known failures)" if excluded else ")")
+        for t, run, drawn, excluded in rarely
+    )
+    dwelt = "the search dwelt on other cases (it steers towards the largest error/tolerance)"
+    excluded = sum(1 for *_, n in rarely if n)
+    why = (
+        dwelt
+        if not excluded
+        else "exclusions set their cases aside"
+        if excluded == len(rarely)
+        else (f"{dwelt}, or exclusions set their cases aside")
+    )
+    return (
+        f"{'':<16} rarely reached: {rare}: {why}; pin a dtype, a world size or an option with "
+        "--dtypes, --world-sizes or --option for a run of its own"
+    )
 
 
 def _finding_lines(f: dict[str, Any]) -> list[str]:
@@ -906,17 +930,17 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
             "unsupported: Hypothesis steers away from them, so the conditions reached are those of what "
             "was left; draw only cases the implementation supports (docs/reference/strategies.md)"
         )
+    excluded = r.get("excluded", 0)
+    if excluded and excluded >= REFUSED_SHARE * (excluded + r.get("examples", 0)) and not r["found"]:
+        lines.append(  # a new user's exclusions set aside 1,136 drawn cases to run 150, unsaid
+            f"{'':<16} {excluded} of {excluded + r.get('examples', 0)} drawn cases "
+            f"({100 * excluded / (excluded + r.get('examples', 0)):.0f}%) were excluded as known failures: "
+            "the conditions reached are those of what was left"
+        )
     if r.get("never_reached") and not r["found"]:
         lines.append(f"{'':<16} never reached: {', '.join(r['never_reached'])} (no example met them)")
     if r.get("rarely_reached") and not r["found"]:
-        rare = ", ".join(
-            f"{t} {100 * run:.0f}% (of the strategy's draws: {100 * drawn:.0f}%)"
-            for t, run, drawn in r["rarely_reached"]
-        )
-        lines.append(
-            f"{'':<16} rarely reached: {rare}: the search dwelt on other cases (it steers towards the "
-            "largest error/tolerance); pin one with --dtypes, --world-sizes or --option for a run of its own"
-        )
+        lines.append(_rare_line(r["rarely_reached"]))
     lines += _precision_lines(r)
     lines += _checked_little_lines(r)
     for text, (key, n) in (r.get("exclude_missing") or {}).items():
