@@ -1110,3 +1110,30 @@ def test_an_oracle_that_still_raises_under_the_noise_is_refused_with_the_reason(
     with pytest.raises(NoiseModelRefusal) as e:
         estimate(oracle, ref, "float32", 0, 1, 3)
     assert PERTURBED_ORACLE in str(e.value) and "AssertionError" in str(e.value)
+
+
+def test_an_overflow_that_a_correct_order_of_the_sum_makes_is_counted_not_judged():
+    """A new user's float16 LayerNorm bias gradient: partial sums whose total fits, reduced by
+    gloo's all-reduce in an order that overflowed, reported as a mismatch at margin inf on correct
+    code. Where the terms behind an element reach past the dtype's range, a correct order can
+    overflow: the case is refused, with the reach named. An infinity that no order of the sum
+    makes (small values), and the same big values in float32, are judged as ever."""
+    from shardfuzz import Case, Runner
+    from shardfuzz.errors import Finding, Unsupported
+    from shardfuzz.verdict.decide import BEYOND_RANGE
+
+    target = os.path.join(os.path.dirname(__file__), "data", "fp16_sum_target.py")
+
+    def case(dtype, big):
+        return Case(
+            target="fp16_sum", world_size=2, mesh=(2,), sizes={"rows": 4}, split=("rows",), dtype=dtype,
+            options={"big": big},
+        )  # fmt: skip
+
+    with pytest.raises(Unsupported, match=r"reach about .* past the largest finite value") as e:
+        Runner(target, "reference").run_case(case("float16", True))
+    assert e.value.reason == BEYOND_RANGE
+    assert Runner(target, "reference").run_case(case("float32", True)) < 1
+    assert Runner(target, "reference").run_case(case("float16", False)) < 1
+    with pytest.raises(Finding, match="mismatch"):
+        Runner(target, "inf_on_rank_0").run_case(case("float16", False))

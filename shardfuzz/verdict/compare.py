@@ -35,6 +35,11 @@ class RankDiff:
     max_abs_nan: bool = False
     max_rel_nan: bool = False
     note: str = ""
+    #: wrong elements that are not finite where the oracle is, whose noise says the terms summed
+    #: into them reach past the dtype's largest finite value (see :func:`compare_tensor`), and the
+    #: largest such reach (the noise over the unit roundoff)
+    beyond_range: int = 0
+    beyond_reach: float = 0.0
     worst: list[ElementDiff] = dataclasses.field(default_factory=list)  # the worst elements, worst first
     # for the map and the plot of a mismatch (shardfuzz.report.mismatch_map, shardfuzz.report.plot): the compared
     # tensor, its mask of wrong elements (None when none is) and its layout's local -> global map
@@ -149,6 +154,25 @@ def compare_exact(rank: int | None, local: Any, want: Any, to_global: Any, what:
 WORST_SHOWN = 3
 
 
+def _note_beyond_range(
+    rd: RankDiff, overflowed: torch.Tensor, actual: torch.Tensor, noise: torch.Tensor | None, u: float | None
+) -> None:
+    """Count on ``rd`` the ``overflowed`` elements (not finite where the oracle is) whose terms reach
+    past ``actual``'s dtype range. The noise there is about ``u`` times the sum of the absolute
+    values of the terms behind the element (less: it adds the roundings in quadrature), so where
+    the noise over ``u`` reaches the dtype's largest finite value, those terms do: summed in another
+    order than the oracle's (each rank's partial sum, then the all-reduce's), a correct computation
+    overflows (a new user's float16 LayerNorm bias gradient: partial sums 50752, -30944, 17152 and
+    0, whose total 36960 fits, made inf in gloo's all-reduce)."""
+    if noise is None or not u or not actual.is_floating_point() or not bool(overflowed.any()):
+        return
+    reach = noise.double() / u
+    beyond = overflowed & (reach >= torch.finfo(actual.dtype).max)
+    rd.beyond_range = int(beyond.sum())
+    if rd.beyond_range:
+        rd.beyond_reach = float(reach[beyond].max())
+
+
 def compare_tensor(
     actual: torch.Tensor,
     expected: torch.Tensor,
@@ -187,6 +211,7 @@ def compare_tensor(
         wrong = ratio > 1
         rd = RankDiff(rank, n, int(wrong.sum()), local=actual, to_global=to_global)
         rd.max_ratio = float(ratio.max())
+        _note_beyond_range(rd, wrong & fin_e & ~torch.isfinite(a), actual, noise, u)
         d = torch.where(
             fin_e, diff.nan_to_num(nan=math.inf, posinf=math.inf), torch.where(ok_nonfinite, 0.0, math.inf)
         )

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from shardfuzz.case import Case
-from shardfuzz.errors import InvalidArgument
+from shardfuzz.errors import InvalidArgument, Unsupported
 from shardfuzz.protocol import Reply, decode
 from shardfuzz.spec.tolerance import Tolerance
 from shardfuzz.verdict.judge import Verdict, judge
@@ -104,7 +104,36 @@ def decide(case: Case, replies: list[Reply], expected: Expected, config: DecideC
 
             search_flips(config.target, case, expected, tol, outputs, passes)
             verdict = judged[-1]
+    if not verdict.passed:
+        _refuse_beyond_range(config.target, case, verdict)
     return verdict
+
+
+def _refuse_beyond_range(target: Any, case: Case, verdict: Verdict) -> None:
+    """Unsupported when every wrong element is an overflow that a correct computation can make:
+    not finite where the oracle is, with terms summed into it that reach past the dtype's range
+    (:func:`shardfuzz.verdict.compare._note_beyond_range`). Like an oracle that overflows the case
+    dtype, the case is counted, never judged: a sum whose order the oracle does not fix (each
+    rank's partial sum, then the all-reduce's) has no value in that dtype to hold the
+    implementation to."""
+    if verdict.layout_problems or verdict.ignored or not verdict.mismatched:
+        return
+    rds = [rd for od in verdict.mismatched for rd in od.ranks if rd.bad]
+    if not rds or any(rd.beyond_range < rd.bad for rd in rds):
+        return
+    name = next(od.name for od in verdict.mismatched if any(rd.bad for rd in od.ranks))
+    reach = max(rd.beyond_reach for rd in rds)
+    raise Unsupported(
+        f"target {target.name!r}: output {name!r} is not finite where the oracle's is, and the terms "
+        f"summed into it reach about {reach:.3g}, past the largest finite value of its dtype: summed "
+        "in another order (each rank's partial sum, then the all-reduce's), a correct computation "
+        f"overflows there too, so the case is counted, never judged ({case.dtype} has no headroom for it)",
+        reason=BEYOND_RANGE,
+    )
+
+
+#: the reason a case whose terms reach past its dtype's range is counted under
+BEYOND_RANGE = "the terms of an output reach past the case dtype's range"
 
 
 def _noise_judged(verdict: Verdict, expected: Expected, tol: Tolerance) -> bool:
