@@ -117,6 +117,10 @@ def test_a_non_finite_mismatch_on_an_empty_shard_says_how_to_look_past_it():
     )  # fmt: skip
     note = "run again with --exclude \"'empty shard' in triggers\""
     assert note in reporter._non_finite_edge_note(CASE, verdict(math.inf, torch.ones(1)))
+    # a case rerun as given was never shrunk: said as a condition (a new user's `shardfuzz case`)
+    assert "where this is the shrunk case" in reporter._non_finite_edge_note(
+        CASE, verdict(math.inf, torch.ones(1))
+    )
     assert reporter._non_finite_edge_note(CASE, verdict(9e6, torch.ones(1))) is None
     assert reporter._non_finite_edge_note(CASE, verdict(math.inf, None)) is None  # compared exactly
     # no empty shard met (a chunked loop that skipped its partial last chunk): the general word

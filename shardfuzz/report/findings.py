@@ -288,8 +288,9 @@ class Reporter:
         empty = [c for c in met if c in ("empty shard", "empty DTensor shard")]
         if empty:
             return (
-                f"the outputs are not finite on a case with an {empty[0]}, the smallest the shrinker found: "
-                f"if the bug should show with data on every rank too, run again with --exclude "
+                f"the outputs are not finite on a case with an {empty[0]}: where this is the shrunk case "
+                "(the smallest the shrinker found; `shardfuzz case` reruns one as given) and the bug "
+                "should show with data on every rank too, run again with --exclude "
                 f"\"'{empty[0]}' in triggers\" to see it there"
             )
         # a chunked loop that skipped its partial last chunk shrank to a shard of one partial
