@@ -85,3 +85,31 @@ def test_the_narrower_note_needs_every_wrong_value_to_be_a_narrower_dtypes_and_n
         options={"grid": 0.5},
     )
     assert note(generic.to(torch.bfloat16).float().tolist(), on=ties) is None
+
+
+def test_the_narrower_note_leaves_out_values_that_a_cancellation_left_with_few_bits():
+    """A new user's float32 LayerNorm gradients over 2 features (a summing bug): 2 wrong elements,
+    -7.7486e-07 and 8.64267e-07 where the terms were about 5.6 (noise 3.3e-07 and 4.1e-07), were
+    said to be "exactly a bfloat16 value". A cancellation leaves a small multiple of the terms'
+    spacing, with few significant bits: those values do not count. Values far above their noise
+    still do."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from shardfuzz.case import Case
+    from shardfuzz.report.findings import narrower_note
+
+    case = Case(target="t", world_size=1, mesh=(1,), sizes={"n": 4}, split=("n",))
+
+    def note(values, noise):
+        local = torch.tensor(values, dtype=torch.float32)
+        rank = SimpleNamespace(
+            local=local, wrong=torch.ones_like(local, dtype=torch.bool), noise=torch.tensor(noise)
+        )
+        return narrower_note([SimpleNamespace(ranks=[rank])], case, "float32")
+
+    cancelled = torch.tensor([-7.7486e-07, 8.64267e-07]).to(torch.bfloat16).float().tolist()  # as printed
+    assert note(cancelled, [3.33e-07, 4.11e-07]) is None
+    generic = torch.randn(8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).float()
+    assert "exactly a bfloat16 value" in note(generic.tolist(), [1e-7] * 8)

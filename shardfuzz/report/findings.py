@@ -64,26 +64,26 @@ TORCH_RAISED = (
 ONE_RANK_SHORT = "fails on 1 rank, with no peer to exchange with: the report says where to look"
 
 
+#: the significant bits of each narrower dtype (its mantissa and the implicit one)
+NARROW_BITS = {"bfloat16": 8, "float16": 11}
+
+
 def narrower_note(diffs: Sequence[Any], case: Case, judged: str) -> str | None:
     """Where every wrong element of a float32 or float64 case is exactly a value of a narrower
     dtype (two or more, not all integers, off the ``ties`` and ``edge`` grids): code that computes
     or sends them in that dtype, by design or not (a new user's FSDP2 reduce_dtype=bfloat16 was
-    sent by the 1-rank note to the math; a float32 value is a bfloat16 one by chance 1 in 65,536)."""
+    sent by the 1-rank note to the math; a float32 value is a bfloat16 one by chance 1 in 65,536).
+    Only elements whose low bits are free count: where the noise says the value is a cancellation
+    of far larger terms (within ``2**(bits + 2)`` times the noise there), it is a small multiple of
+    those terms' spacing, with few significant bits, and as often a bfloat16 value as not (a new
+    user's float32 LayerNorm gradients, 2 wrong elements of a summing bug, were said to be bfloat16
+    values: 461 of 1,000 such gradients are)."""
     if judged not in ("float32", "float64") or case.profile in ("ties", "edge"):
         return None
-    values = []
-    for d in diffs:
-        for r in d.ranks:
-            local, wrong = getattr(r, "local", None), getattr(r, "wrong", None)
-            if not isinstance(local, torch.Tensor) or not isinstance(wrong, torch.Tensor):
-                continue
-            if local.is_floating_point() and local.numel() == wrong.numel():
-                values.append(local.detach().reshape(-1)[wrong.reshape(-1).to(local.device)].cpu())
-    got = torch.cat(values).double() if values else torch.empty(0)
-    got = got[torch.isfinite(got)]
-    if got.numel() < 2 or bool((got == got.round()).all()):
-        return None
-    for narrow in ("bfloat16", "float16"):
+    for narrow, bits in NARROW_BITS.items():
+        got = _wrong_values(diffs, 2.0 ** (bits + 2))
+        if got.numel() < 2 or bool((got == got.round()).all()):
+            continue
         if bool((got.to(getattr(torch, narrow)).double() == got).all()):
             return (
                 f"every wrong element ({got.numel()}) is exactly a {narrow} value: code that computes "
@@ -92,6 +92,29 @@ def narrower_note(diffs: Sequence[Any], case: Case, judged: str) -> str | None:
                 "(docs/explanation/noise-model.md); if not, that cast is the bug"
             )
     return None
+
+
+def _wrong_values(diffs: Sequence[Any], few_bits: float) -> torch.Tensor:
+    """The finite wrong values of ``diffs``' floating pieces (float64), but those within
+    ``few_bits`` times the noise there (a cancellation's few significant bits)."""
+    values = []
+    for d in diffs:
+        for r in d.ranks:
+            local, wrong = getattr(r, "local", None), getattr(r, "wrong", None)
+            if not isinstance(local, torch.Tensor) or not isinstance(wrong, torch.Tensor):
+                continue
+            if not local.is_floating_point() or local.numel() != wrong.numel():
+                continue
+            mask = wrong.reshape(-1).to(local.device)
+            noise = getattr(r, "noise", None)
+            if isinstance(noise, torch.Tensor) and noise.numel() == local.numel():
+                free = local.detach().double().abs().reshape(-1) > few_bits * noise.double().reshape(-1).to(
+                    local.device
+                )
+                mask = mask & free
+            values.append(local.detach().reshape(-1)[mask].cpu())
+    got = torch.cat(values).double() if values else torch.empty(0)
+    return got[torch.isfinite(got)]
 
 
 def near_tie_note(diffs: Sequence[Any], dtype: str) -> str | None:

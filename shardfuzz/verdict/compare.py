@@ -48,6 +48,9 @@ class RankDiff:
     to_global: Callable[[tuple[int, ...]], tuple[int, ...]] | None = dataclasses.field(
         default=None, repr=False
     )
+    #: the noise model's estimate over the compared tensor, kept where the piece is wrong (None: a
+    #: fixed tolerance, or none drawn): how many low bits a cancellation there leaves at 0
+    noise: Any = dataclasses.field(default=None, repr=False)
 
 
 #: an element at least this many times past its bound gets no cancellation note
@@ -224,7 +227,7 @@ def compare_tensor(
     rd.max_abs_allowed = float(bound.flatten()[i])
     if not rd.bad:  # a passing piece is described by its worst ratio and its largest difference
         return rd
-    rd.wrong = wrong
+    rd.wrong, rd.noise = wrong, noise
     # where the expected value is 0, any difference is infinitely large relative to it (dividing
     # by a clamp printed "1.25e+299")
     rel = torch.where(e != 0, d / e.abs(), torch.where(d > 0, math.inf, 0.0))
