@@ -151,10 +151,12 @@ def _target_in_file(spec: str, path: str, name: str) -> Target:
     if len(own) == 1:
         return own[0]
     if len(targets) > 1:
-        first = sorted(targets)[0]
+        # the ones it defines, where it defines several (a target it imports to derive from is not
+        # a choice: a new user's file of two derived targets was said to define three)
+        names = sorted(t.name for t in own) if len(own) > 1 else sorted(targets)
         raise TargetError(
-            f"target={spec!r}: {path!r} defines several targets {sorted(targets)}; add ::NAME, a target's "
-            f"name or the module attribute that holds it (e.g. {spec}::{first})"
+            f"target={spec!r}: {path!r} defines several targets {names}; add ::NAME, a target's "
+            f"name or the module attribute that holds it (e.g. {spec}::{names[0]})"
         )
     return next(iter(targets.values()))
 
