@@ -249,6 +249,10 @@ def test_repro_makes_its_folder_cuts_a_long_name_and_names_a_place_it_cannot_wri
     assert out.returncode == 0, out.stdout + out.stderr
     (script,) = (tmp_path / "st").glob("repro_*.py")
     assert len(script.name) <= 130, script.name
+    # a new user's -o repro_mor.py with --standalone became a folder of that name: said, not made
+    out = cli("repro", long, "--standalone", "-o", str(tmp_path / "repro_mor.py"))
+    assert out.returncode == 2 and "with --standalone, -o names a folder" in out.stderr, out.stderr
+    assert not (tmp_path / "repro_mor.py").exists()
 
 
 @pytest.mark.slow  # a pytest subprocess replaying a toy target (~15 s under load); the CLI tests above

@@ -513,6 +513,12 @@ def _cmd_repro(args: Any) -> int:
         if note:
             print(f"shardfuzz: {note}", file=sys.stderr)
     output = args.output or ("repro" if args.standalone else "repro.py")
+    if args.standalone and output.endswith(".py") and not os.path.isdir(output):
+        # a new user's -o repro_mor.py became a folder of that name, the script inside it
+        raise InvalidArgument(
+            f"-o {output!r}: with --standalone, -o names a folder (the script in it is named after "
+            "the implementation, repro_<name>.py, beside what it needs); give a folder, e.g. -o repro"
+        )
     try:
         path = (write_standalone if args.standalone else write_repro)(record, output)
     except OSError as e:  # a folder that cannot be made or written, a name the file system refuses
