@@ -277,6 +277,25 @@ def test_a_condition_met_rarely_because_its_cases_were_excluded_says_so_not_the_
     assert "were excluded" not in few, few
 
 
+def test_conditions_that_the_pinned_options_put_out_of_reach_are_named_in_a_clean_summary():
+    """A new user pinned clip_factor=None on a ZeRO target: "active clip" left the progress line
+    unsaid, and a clean run of a clipping bug read as a clean bill."""
+    from shardfuzz import RunConfig
+    from shardfuzz.frontends.campaign import _fault_lines
+
+    pinned = Runner("zero_adamw", config=RunConfig(options={"clip_factor": None}))
+    assert "clip active" in pinned.out_of_reach_of_pins(), pinned.out_of_reach_of_pins()
+    assert "clip active" not in pinned.progress_conditions()
+    assert Runner("zero_adamw").out_of_reach_of_pins() == ()
+    assert (
+        "clip active"
+        not in Runner("zero_adamw", config=RunConfig(options={"steps": 2})).out_of_reach_of_pins()
+    )
+    lines = "\n".join(_fault_lines({"found": False, "out_of_reach_of_pins": ["clip active"]}))
+    assert "out of reach of the pinned options (--option): clip active" in lines, lines
+    assert not _fault_lines({"found": True, "out_of_reach_of_pins": ["clip active"]})
+
+
 def test_the_runner_counts_the_conditions_of_the_cases_it_excludes():
     from shardfuzz import Case, RunConfig
     from shardfuzz.errors import Unsupported

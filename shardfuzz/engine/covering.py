@@ -394,6 +394,26 @@ def progress_conditions(runner: Any) -> tuple[str, ...]:
     return shown + tuple(t for t in empties + relations if t not in shown)
 
 
+def out_of_reach_of_pins(runner: Any) -> tuple[str, ...]:
+    """The target's own trigger conditions that its strategy reaches, but not under the run's
+    pinned options (``--option``): :func:`progress_conditions` leaves them out, so a new user who
+    pinned ``clip_factor=None`` saw "active clip" leave the progress line unsaid, and a clean run
+    of a bug that needs clipping read as a clean bill. Empty without pinned options."""
+    c = runner.config
+    if not c.options:
+        return ()
+    target = runner.target
+    pinned = {
+        t
+        for case, _ in pool_for(target, runner.world_sizes(), c.dtypes, c.options)
+        for t in triggers_of(target, case)
+    }
+    free = {
+        t for case, _ in pool_for(target, runner.world_sizes(), c.dtypes) for t in triggers_of(target, case)
+    }
+    return tuple(t for t in target.triggers if t in free and t not in pinned)
+
+
 def strategy_shares(runner: Any, conditions: Sequence[str]) -> dict[str, float]:
     """The share of the strategy's draws (the run's covering pool) that meets each of
     ``conditions``: what a run's own shares are read against."""

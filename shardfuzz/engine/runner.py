@@ -248,6 +248,11 @@ class Runner:
         (:func:`shardfuzz.engine.covering.progress_conditions`)."""
         return covering.progress_conditions(self)
 
+    def out_of_reach_of_pins(self) -> tuple[str, ...]:
+        """The target's trigger conditions the run's pinned options take out of reach
+        (:func:`shardfuzz.engine.covering.out_of_reach_of_pins`)."""
+        return covering.out_of_reach_of_pins(self)
+
     def strategy_shares(self, conditions: Sequence[str]) -> dict[str, float]:
         """The share of the strategy's draws that meets each of ``conditions``
         (:func:`shardfuzz.engine.covering.strategy_shares`)."""

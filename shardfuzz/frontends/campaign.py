@@ -142,6 +142,8 @@ class Outcome:
             # a clean run's blind spots: conditions its target reaches that no example met (a
             # new user's run that refused half its cases never met its own trigger, unsaid)
             "never_reached": [t for t in self.shown if not s.triggers.get(t)] if s.examples else [],
+            # conditions the pinned options (--option) put out of reach, left off the progress line
+            "out_of_reach_of_pins": list(self.runner.out_of_reach_of_pins()),
             # conditions the search met far less often than the strategy draws them (a new user's
             # 1,500 examples met bfloat16 in 6%, unsaid: Hypothesis dwelt near its closest pass)
             "rarely_reached": rarely_reached(s, self.drawn_shares),
@@ -939,6 +941,11 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
         )
     if r.get("never_reached") and not r["found"]:
         lines.append(f"{'':<16} never reached: {', '.join(r['never_reached'])} (no example met them)")
+    if r.get("out_of_reach_of_pins") and not r["found"]:
+        lines.append(
+            f"{'':<16} out of reach of the pinned options (--option): {', '.join(r['out_of_reach_of_pins'])} "
+            "(the target reaches them, no case with these options can): a bug that needs them cannot show here"
+        )
     if r.get("rarely_reached") and not r["found"]:
         lines.append(_rare_line(r["rarely_reached"]))
     lines += _precision_lines(r)
