@@ -296,6 +296,32 @@ def test_conditions_that_the_pinned_options_put_out_of_reach_are_named_in_a_clea
     assert not _fault_lines({"found": True, "out_of_reach_of_pins": ["clip active"]})
 
 
+def test_a_thin_margin_on_the_shrunk_case_says_how_far_its_larger_failing_cases_went():
+    """A new user's summing bug shrank to d_model 2, where its gradient cancels, and was reported at
+    1.38x (read as noise); the same finding was 8.4e4x past its bound on d_model 3."""
+    from types import SimpleNamespace
+
+    from shardfuzz.engine.stats import Stats
+    from shardfuzz.frontends.campaign import _finding_lines, _widest
+
+    stats = Stats()
+
+    def finding(ratio, site=("grad_emb",)):
+        return SimpleNamespace(kind="mismatch", ratio=ratio, site=site)
+
+    for r in (8.4e4, 12.0, 1.38):  # the first failing example, then shrinking
+        stats.count_finding(finding(r))
+    stats.count_finding(finding(9e9, site=("y",)))  # another finding: not this one's
+    assert _widest(stats, finding(1.38)) == 8.4e4
+    assert _widest(stats, finding(9e3)) is None  # within 10x of the shrunk case's: not said
+    line = "\n".join(
+        _finding_lines(
+            {"kind": "mismatch", "margin": 1.38, "margin_why": "in grad_emb", "widest": 8.4e4, "case": "C"}
+        )
+    )
+    assert "margin 1.38x (in grad_emb; 8.4e+04x on larger failing cases before shrinking): C" in line, line
+
+
 def test_the_runner_counts_the_conditions_of_the_cases_it_excludes():
     from shardfuzz import Case, RunConfig
     from shardfuzz.errors import Unsupported

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from shardfuzz.report.closest_pass import closest_pass_words, margin_text
+from shardfuzz.signature import finding_signature
 
 #: the passing cases kept per value profile, to tell whether it changed any input
 PROFILE_SAMPLES = 3
@@ -74,6 +75,10 @@ class Stats:
     external_faults: int = 0
     #: cases set aside by a known-failure predicate (``--exclude``, ``Target(known_failures=)``), by reason
     excluded: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: a mismatch finding's signature -> the largest error/tolerance of its failing examples: a
+    #: shrunk case can sit just past its bound (1.38x) where larger cases of the same finding were
+    #: 8.4e4x past it, and a new user read the thin margin as noise
+    widest: dict[str, float] = dataclasses.field(default_factory=dict)
     #: trigger condition -> the excluded cases that met it (a condition the run met rarely because
     #: its cases were excluded is said so, not put down to the search)
     excluded_triggers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -136,6 +141,8 @@ class Stats:
             self.first_failure_at = self.examples
         if finding.ratio is not None and finding.kind == "mismatch":
             self.margin = finding.ratio if self.margin is None else min(self.margin, finding.ratio)
+            key = finding_signature(finding)
+            self.widest[key] = max(self.widest.get(key, 0.0), finding.ratio)
 
     @property
     def per_second(self) -> float:

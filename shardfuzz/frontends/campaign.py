@@ -57,6 +57,7 @@ from shardfuzz.report.closest_pass import (
     recheck_closest_pass,
 )
 from shardfuzz.report.findings import ONE_RANK_SHORT
+from shardfuzz.signature import finding_signature
 from shardfuzz.spec.budget import budget_for
 
 
@@ -205,6 +206,8 @@ class Outcome:
                     "kind": f.kind,
                     "margin": f.ratio,
                     "margin_why": margin_why(getattr(f, "diffs", None), f.ratio),
+                    # its failing examples' largest margin, where it dwarfs the shrunk case's
+                    "widest": _widest(s, f),
                     "case": repr(f.case),
                     "file": path,
                     "site": _site(f),
@@ -216,6 +219,19 @@ class Outcome:
                 for i, (f, path) in enumerate(self.findings)
             ],
         }
+
+
+#: a finding's widest margin is said beside its shrunk case's from this many times it
+WIDEST_SAID = 10.0
+
+
+def _widest(s: Stats, f: Finding) -> float | None:
+    """The largest margin of ``f``'s failing examples (its signature's) where it is at least
+    :data:`WIDEST_SAID` times the shrunk case's (a thin margin read as noise), else None."""
+    if f.kind != "mismatch" or f.ratio is None or not math.isfinite(f.ratio):
+        return None
+    widest = s.widest.get(finding_signature(f))
+    return widest if widest is not None and widest >= WIDEST_SAID * f.ratio else None
 
 
 def _plot_of(f: Finding) -> dict[str, Any]:
@@ -842,9 +858,10 @@ def _rare_line(rarely: list) -> str:
 def _finding_lines(f: dict[str, Any]) -> list[str]:
     """One finding's lines: its kind, site, margin and case, then the notes that apply to it (it
     fails on one rank too, what the fleet says of it, its failure file)."""
-    margin = (
-        f", margin {margin_text(f['margin'], f.get('margin_why'))}" if f.get("margin") is not None else ""
-    )
+    why = f.get("margin_why")
+    if f.get("widest"):  # the shrunk case is the smallest, not the clearest
+        why = "; ".join(w for w in (why, f"{f['widest']:.3g}x on larger failing cases before shrinking") if w)
+    margin = f", margin {margin_text(f['margin'], why)}" if f.get("margin") is not None else ""
     site = f" ({f['site']})" if f.get("site") else ""
     lines = [f"{'':<16} - {f['kind']}{site}{margin}: {f['case']}"]
     if f.get("cut_short"):
