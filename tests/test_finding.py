@@ -93,6 +93,21 @@ def test_the_rerun_line_runs_where_the_case_ran_torchrun_servers_and_a_device():
     assert shlex.split(rerun_flags(config)) == flags
     assert rerun_flags(RunConfig()) == rerun_flags(RunConfig(device="cpu")) == ""
     assert shlex.split(rerun_flags(RunConfig(backend="nccl"))) == ["--backend", "nccl"]  # cuda: its default
+    # a hang found with --timeout 0.05 reran at the adaptive 10 s (a new user's async DDP)
+    assert shlex.split(rerun_flags(RunConfig(timeout=0.05))) == ["--timeout", "0.05"]
+
+
+def test_a_timeout_past_a_day_is_refused_naming_it():
+    """--timeout 1e9 was accepted, and the pool's start crashed (exit 3): the ranks' gloo timeout
+    is a multiple of it."""
+    from shardfuzz import RunConfig
+    from shardfuzz.errors import InvalidArgument
+    from shardfuzz.frontends import cli
+
+    with pytest.raises(InvalidArgument, match=r"timeout=1000000000.0; must be at most 86400 seconds"):
+        RunConfig(timeout=1e9)
+    assert RunConfig(timeout=86400).timeout == 86400
+    assert cli.main(["fuzz", "tp_mlp", "--timeout", "1e9", "--max-examples", "1"]) == cli.EXIT_USAGE
 
 
 def test_a_non_finite_mismatch_on_an_empty_shard_says_how_to_look_past_it():

@@ -226,6 +226,10 @@ def check_tolerance_names(declared: dict[str, list[str] | None], tolerance: Tole
             )
 
 
+#: the largest fixed per-example timeout, in seconds
+MAX_TIMEOUT = 86400.0
+
+
 def _positive(name: str, value: Any, *, integer: bool = False) -> None:
     kinds = (int,) if integer else (int, float)
     if value is None:
@@ -312,6 +316,12 @@ class RunConfig:
         object.__setattr__(self, "device", device)
         self._check_world_sizes_and_dtypes()
         _positive("timeout", self.timeout)
+        if self.timeout is not None and self.timeout > MAX_TIMEOUT:
+            # the ranks' gloo timeout is a multiple of it: 1e9 s overflowed the store's client
+            # timeout and crashed the pool's start (exit 3 for a new user)
+            raise InvalidArgument(
+                f"timeout={self.timeout!r}; must be at most {MAX_TIMEOUT:g} seconds (a day)"
+            )
         _positive("deadline", self.deadline)
         if isinstance(self.finish_shrink, bool) or self.finish_shrink != 0:  # 0 turns finishing off
             _positive("finish_shrink", self.finish_shrink)

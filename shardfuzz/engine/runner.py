@@ -525,8 +525,11 @@ def rerun_flags(config: RunConfig) -> str:
     """The flags of a rerun line that say where and how the case ran: a backend and device other
     than the defaults, torchrun's rank servers (a multi-node finding reran on local ranks without
     them: docs/how-to/multi-node.md) and their secret file (a path, never the secret), and the
-    run's own tolerances."""
+    run's own tolerances and fixed timeout (a hang found with --timeout 0.05 reran at the adaptive
+    10 s)."""
     flags = "" if config.backend == "gloo" else f" --backend {config.backend}"
+    if config.timeout is not None:
+        flags += f" --timeout {config.timeout:g}"
     if config.device != default_device(config.backend):
         flags += f" --device {config.device}"
     if config.ranks is not None:

@@ -669,7 +669,7 @@ def _non_finite_note(od: OutputDiff, r: RankDiff) -> list[str]:
         "x / max(|x|, eps): a spectral norm whose partial sums cancelled)? Did an exp underflow to 0 "
         "and then meet a log or a division (a log-sum-exp without its max subtracted: log(exp(-334)) "
         "is -inf in float32)? Or is it an element the implementation never wrote (a buffer filled with NaN or left uninitialised, as torch.empty "
-        "leaves it)? The float64 oracle did not"
+        "leaves it)? The float64 oracle's value is finite there"
     ]
 
 
