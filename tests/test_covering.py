@@ -196,6 +196,30 @@ def test_the_rows_reach_every_triple_of_the_important_conditions():
         target.derive("t2", important=tuple(f"c{i}" for i in range(7)))
 
 
+def test_a_misspelled_condition_in_effective_or_important_is_the_targets_error():
+    """A new user's effective={"casual": ...} and important=("casual", ...) were ignored unsaid: the
+    rule never applied and the triples were never covered. Names of conditions, options and
+    option=value pass."""
+    from shardfuzz import Runner
+
+    data = os.path.join(HERE, "data", "effective_target.py")
+    target = get_target(f"{data}::CAUSAL_SUM")
+    pool = covering.pool_for(target)
+    ok = target.derive(
+        "ok_names", effective={"causal": bool, "causal=True": bool}, important=("causal=True", "uneven")
+    )
+    covering.check_condition_names(ok, pool)
+    typo = target.derive("typo_effective", effective={"casual": lambda c: True})
+    with pytest.raises(shardfuzz.TargetError, match=r"effective names \['casual'\].*did you mean 'causal'\?"):
+        covering.check_condition_names(typo, pool)
+    typo = target.derive("typo_important", important=("casual", "uneven"))
+    with pytest.raises(shardfuzz.TargetError, match=r"important names \['casual'\], which no case can meet"):
+        covering.check_condition_names(typo, pool)
+    with pytest.raises(shardfuzz.TargetError, match=r"important names \['casual'\]"):
+        shardfuzz.run(typo, "reference", profile="shardfuzz-ci", database=None, max_examples=1)
+    assert Runner(ok).target.name == "ok_names"
+
+
 def test_quantities_declared_per_group_are_triggers_the_rows_reach():
     data = os.path.join(HERE, "data", "effective_target.py")
     t = get_target(f"{data}::CAUSAL_SUM").derive("causal_sum_per_group", per_group={"n": "n"})

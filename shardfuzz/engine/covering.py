@@ -33,14 +33,28 @@ from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choice
 
 from shardfuzz.case import Case, option_kind_problem
 from shardfuzz.engine.hooks import StickyInterrupt
-from shardfuzz.errors import ExternalFault, Finding, InvalidArgument, ShardfuzzWarning, Unsupported
+from shardfuzz.errors import (
+    ExternalFault,
+    Finding,
+    InvalidArgument,
+    ShardfuzzWarning,
+    TargetError,
+    Unsupported,
+)
 from shardfuzz.report.tracebacks import hide_for_findings as __tracebackhide__  # noqa: F401 (read by pytest)
 from shardfuzz.spec.bounds import bounds_of
 from shardfuzz.spec.exclude import Excluded
 from shardfuzz.spec.layouts import Shard
 from shardfuzz.spec.placements import AsDTensor, FromDTensor
 from shardfuzz.spec.sampling import POOL_SIZE, Draws, distinct_cases, draw_pool, stable_seed
-from shardfuzz.spec.triggers import DTYPE_CONDITIONS, PROGRESS, SPLIT_RULES_DIFFER, is_effective, triggers_of
+from shardfuzz.spec.triggers import (
+    DTYPE_CONDITIONS,
+    PROGRESS,
+    SPLIT_RULES_DIFFER,
+    conditions_named,
+    is_effective,
+    triggers_of,
+)
 from shardfuzz.verdict.oracle import supports
 
 #: an option with at most this many distinct values in the pool is categorical: each value is a condition
@@ -316,7 +330,37 @@ def _draws_for(target: Any, world_sizes: Any, option_names: frozenset[str] = fro
 
 @functools.lru_cache(maxsize=64)
 def _rows_for(target: Any, world_sizes: Any, dtypes: Any, options: Any) -> tuple[Row, ...]:
-    return tuple(rows_from_pool(target, pool_for(target, world_sizes, dtypes, options)))
+    pool = pool_for(target, world_sizes, dtypes, options)
+    check_condition_names(target, pool)
+    return tuple(rows_from_pool(target, pool))
+
+
+def check_condition_names(target: Any, pool: Sequence[tuple[Case, tuple]]) -> None:
+    """TargetError where ``Target(effective=...)`` or ``important=`` names a condition that no case
+    can meet: not a trigger condition of the target (:func:`conditions_named`), nor an option of its
+    cases, nor ``option=value`` of one. A new user's ``effective={"casual": ...}`` and
+    ``important=("casual", ...)`` were ignored unsaid: the rule never applied, the triples were
+    never covered."""
+    options = {name for case, _ in pool for name in case.options}
+    named = conditions_named(target)
+
+    def known(name: str, bare_option: bool) -> bool:
+        option, eq, _ = name.partition("=")
+        return name in named or (bool(eq) and option in options) or (bare_option and name in options)
+
+    for field, names, bare in (
+        ("effective", list(target.effective), True),
+        ("important", target.important, False),
+    ):
+        unknown = [n for n in names if not known(n, bare)]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], [*named, *options], n=1, cutoff=0.6)
+            raise TargetError(
+                f"Target {target.name!r}: {field} names {unknown!r}, which no case can meet: not a trigger "
+                f"condition of the target, nor {'an option or ' if bare else ''}option=value of its cases"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+                + f" (its conditions: {', '.join(sorted(named))}; options: {', '.join(sorted(options)) or 'none'})"
+            )
 
 
 def _lays_out_shards(target: Any) -> bool:
