@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -95,6 +96,37 @@ def test_file_is_written_at_the_first_failure(tmp_path):
     (path,) = tmp_path.glob("*.json")
     # the file lies in tmp_path, outside the project: trusted explicitly (docs/trust.md)
     assert failures.load(str(path), trust_refs=True)["case"] == case
+
+
+def test_a_replay_runs_a_passing_case_again_and_says_an_intermittent_failure(tmp_path):
+    """A new user's async DDP whose last bucket's handle was never waited on passed 1 replay in 6,
+    and one passing replay read as the bug fixed: a pass is run again (3 runs in all)."""
+    import random
+
+    from shardfuzz.repro.replay import REPLAY_RUNS, replay_one
+    from shardfuzz.spec.tolerance import OutputTolerance, Tolerance
+
+    impl = os.path.join(os.path.dirname(__file__), "data", "toy_impls.py") + "::fails_every_other_run"
+    seed = random.randrange(2**40)  # the runs are counted in a file named after it
+    counter = os.path.join(tempfile.gettempdir(), f"shardfuzz-every-other-{seed}")
+    try:
+        runner = Runner(TOY, impl, hooks=[FailureRecorder(str(tmp_path))])
+        case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",), seed=seed)
+        with pytest.raises(Mismatch):
+            runner.run_case(case)  # run 1 fails: the file
+        (path,) = tmp_path.glob("*.json")
+        replayed = replay_one(failures.load(str(path), trust_refs=True))  # run 2 passes, run 3 fails
+        assert replayed.failed and replayed.status == "still fails", replayed
+        assert "it passed 1 run(s) first, then failed on run 2: intermittent" in replayed.note, replayed.note
+        assert REPLAY_RUNS == 3
+        # allowed to be off by one, it passes every run: said so
+        loose = Tolerance(per_output={"total": OutputTolerance(atol=2.0)})
+        passes = replay_one(failures.load(str(path), trust_refs=True), tolerance=loose)
+        assert not passes.failed and passes.status == "now passes", passes
+        assert "(passed 3 runs of 3)" in passes.note, passes.note
+    finally:
+        if os.path.exists(counter):
+            os.remove(counter)
 
 
 def test_replay_still_fails_now_passes_and_different_inputs(found, tmp_path):

@@ -179,6 +179,10 @@ def file_tolerance_note(record: dict[str, Any], given: Tolerance | None = None) 
     return f" (judged with the file's tolerance overrides: {', '.join(said)})" if said else ""
 
 
+#: how many times a replay runs a case that passes before it says the case now passes
+REPLAY_RUNS = 3
+
+
 def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
     """Rerun one failure record's case (``choices``: see :func:`record_config`)."""
     target, _ = record_target(record)
@@ -196,10 +200,21 @@ def replay_one(record: dict[str, Any], **choices: Any) -> Replayed:
         note += f" ({ran})"
     note += file_tolerance_note(record, choices.get("tolerance"))
     try:
-        runner.run_case(case)
         failed, kind, report, signature = False, None, "", None
-    except Finding as f:
-        failed, kind, report, signature = True, f.kind, f.report, f.signature
+        # a pass is run again: a race (an async all-reduce never waited on) passed 1 run in 6 for
+        # a new user, and one passing replay read as the bug fixed
+        for attempt in range(1, REPLAY_RUNS + 1):
+            try:
+                runner.run_case(case)
+            except Finding as f:
+                failed, kind, report, signature = True, f.kind, f.report, f.signature
+                if attempt > 1:
+                    note += (
+                        f" (it passed {attempt - 1} run(s) first, then failed on run {attempt}: intermittent)"
+                    )
+                break
+        else:
+            note += f" (passed {REPLAY_RUNS} runs of {REPLAY_RUNS})"
     except Unsupported as e:  # a known failure, or a refusal (the target's or the implementation's)
         # added since: neither a pass nor a failure, said as what it is
         known = isinstance(e, Excluded)

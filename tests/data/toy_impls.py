@@ -94,3 +94,20 @@ def raise_after_distribute(ctx):
         raise ValueError("boom on rank 1 before distribute_tensor")
     distribute_tensor(ctx.inputs["x"], ctx.mesh.device_mesh(), [Replicate()])
     return _toy_reference(ctx, 0.0)
+
+
+def fails_every_other_run(ctx):
+    """The toy reference, with ``total`` wrong on rank 0 on every other run of a case (a race: an
+    async all-reduce never waited on): runs counted in a file named after the case seed, so one
+    test's replays count, and a pass is not the last word."""
+    import os
+    import tempfile
+
+    ref = _toy_reference(ctx, 0.0)
+    if ctx.group_rank != 0:
+        return ref
+    path = os.path.join(tempfile.gettempdir(), f"shardfuzz-every-other-{ctx.case.seed}")
+    runs = int(open(path).read()) if os.path.exists(path) else 0
+    with open(path, "w") as f:
+        f.write(str(runs + 1))
+    return {**ref, "total": ref["total"] + 1} if runs % 2 == 0 else ref
