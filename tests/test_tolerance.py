@@ -113,3 +113,25 @@ def test_the_narrower_note_leaves_out_values_that_a_cancellation_left_with_few_b
     assert note(cancelled, [3.33e-07, 4.11e-07]) is None
     generic = torch.randn(8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).float()
     assert "exactly a bfloat16 value" in note(generic.tolist(), [1e-7] * 8)
+
+
+def test_a_tolerance_for_an_exactly_compared_output_is_refused_not_printed_as_applied():
+    """A new user's --tolerance skipped=atol:5 on an int64 skip flag was printed in the header as
+    applied, and the flag still failed at a difference of 1."""
+    import os
+
+    import pytest
+
+    from shardfuzz import Case, RunConfig, Runner
+    from shardfuzz.errors import InvalidArgument
+    from shardfuzz.frontends import cli
+    from shardfuzz.spec.tolerance import OutputTolerance
+
+    toy = os.path.join(os.path.dirname(__file__), "data", "toy_target.py")
+    case = Case(target="toy", world_size=2, mesh=(2,), sizes={"n": 3}, split=("n",))
+    exact = Tolerance(per_output={"count": OutputTolerance(atol=5.0)})
+    with pytest.raises(InvalidArgument, match=r"a tolerance for output 'count' .* compared exactly: .*int64"):
+        Runner(toy, config=RunConfig(tolerance=exact)).run_case(case)
+    floating = Tolerance(per_output={"total": OutputTolerance(atol=5.0), "c*": OutputTolerance(atol=1.0)})
+    assert Runner(toy, config=RunConfig(tolerance=floating)).run_case(case) <= 1  # a pattern: not refused
+    assert cli.main(["case", toy, "--tolerance", "count=atol:5", repr(case)]) == cli.EXIT_USAGE

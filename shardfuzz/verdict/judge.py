@@ -198,6 +198,14 @@ def compare_values(
             rds = _compare_floating(case, layout, [out[name] for out in locals_], ref, bound, noise, u)
             dtype = _dtype_name(low)
         else:
+            if name in dict(tolerance.per_output):  # its own, by name (a pattern may match it by chance)
+                # a new user's --tolerance skipped=atol:5 on an int64 flag was printed as applied,
+                # and the flag still failed at a difference of 1
+                raise InvalidArgument(
+                    f"a tolerance for output {name!r} (--tolerance, Tolerance(per_output=...)), which is "
+                    f"compared exactly: the oracle gives it as {_dtype_name(ref)}, not a floating tensor; "
+                    "a tolerance applies to floating outputs only"
+                )
             rds, bound = _compare_exact(case, layout, [out[name] for out in locals_], ref), None
             dtype = _dtype_name(ref)
         groups = layout.replicas(case) if layout.per_rank else []
