@@ -322,6 +322,24 @@ def test_a_thin_margin_on_the_shrunk_case_says_how_far_its_larger_failing_cases_
     assert "margin 1.38x (in grad_emb; 8.4e+04x on larger failing cases before shrinking): C" in line, line
 
 
+def test_a_run_mostly_refused_by_the_engine_for_the_dtype_range_is_not_sent_to_its_strategy():
+    """A new user's float16 loss scaler had 251 of 551 cases refused as "the oracle overflows the
+    case dtype", and the summary said to draw only cases the implementation supports."""
+    from shardfuzz.frontends.campaign import _fault_lines
+
+    def lines(reasons):
+        row = {"found": False, "unsupported": 251, "examples": 300, "unsupported_reasons": reasons}
+        return "\n".join(_fault_lines(row))
+
+    engine = lines({"the oracle overflows the case dtype": 240, "seq 1": 11})
+    assert "251 of 551 drawn cases (46%) were refused" in engine and "keep the large profile" in engine, (
+        engine
+    )
+    assert "strategies.md" not in engine
+    own = lines({"seq 1": 240, "the oracle overflows the case dtype": 11})
+    assert "draw only cases the implementation supports (docs/reference/strategies.md)" in own, own
+
+
 def test_the_runner_counts_the_conditions_of_the_cases_it_excludes():
     from shardfuzz import Case, RunConfig
     from shardfuzz.errors import Unsupported

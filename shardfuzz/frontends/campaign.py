@@ -59,6 +59,8 @@ from shardfuzz.report.closest_pass import (
 from shardfuzz.report.findings import ONE_RANK_SHORT
 from shardfuzz.signature import finding_signature
 from shardfuzz.spec.budget import budget_for
+from shardfuzz.verdict.decide import BEYOND_RANGE
+from shardfuzz.verdict.oracle import EDGE_OVERFLOWS, ORACLE_OVERFLOWS
 
 
 @dataclasses.dataclass
@@ -717,6 +719,8 @@ REFUSED_RERUNS_SHOWN = 2
 LINE_LIMIT = 160
 #: a run that refused at least this share of its drawn cases as unsupported says so
 REFUSED_SHARE = 0.25
+#: the engine's refusals of cases whose values the case dtype cannot hold
+DTYPE_RANGE_REASONS = (ORACLE_OVERFLOWS, BEYOND_RANGE, EDGE_OVERFLOWS)
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
@@ -944,10 +948,20 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
     # said of a clean run's coverage: a finding's shrink draws tiny cases a target often refuses
     # (63% of 27 in a new user's batch norm, found at example 1, against 19-27% in its clean runs)
     if drawn and refused >= REFUSED_SHARE * drawn and not r["found"]:
+        reasons = r.get("unsupported_reasons") or {}
+        top = max(reasons, key=reasons.__getitem__) if reasons else None
+        # the engine's own refusals are no strategy's to fix (a new user's float16 loss scaler,
+        # 251 of 551 refused as oracle overflows, was sent to the strategies page)
+        fix = (
+            "most by the engine, where the case dtype cannot hold the values: keep the large profile "
+            "away from that dtype, or compute those values in float32 (docs/explanation/noise-model.md)"
+            if top in DTYPE_RANGE_REASONS
+            else "draw only cases the implementation supports (docs/reference/strategies.md)"
+        )
         lines.append(
             f"{'':<16} {refused} of {drawn} drawn cases ({100 * refused / drawn:.0f}%) were refused as "
             "unsupported: Hypothesis steers away from them, so the conditions reached are those of what "
-            "was left; draw only cases the implementation supports (docs/reference/strategies.md)"
+            f"was left; {fix}"
         )
     excluded = r.get("excluded", 0)
     if excluded and excluded >= REFUSED_SHARE * (excluded + r.get("examples", 0)) and not r["found"]:

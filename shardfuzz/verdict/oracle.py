@@ -65,6 +65,12 @@ class Expected:
     unit_dtype: str | None = None
 
 
+#: the reason a case whose oracle leaves the case dtype's finite range is counted under
+ORACLE_OVERFLOWS = "the oracle overflows the case dtype"
+#: the reason a case whose edge value takes the oracle out of the finite range is counted under
+EDGE_OVERFLOWS = "edge value overflows the oracle"
+
+
 class CppWarningsOnce:
     """fd 2 on a file while the target's code runs in the driver, then what it wrote: a C++
     warning line once per process, named as torch's warning from the target's code, every other
@@ -273,7 +279,7 @@ def check_edge_range(
             raise Unsupported(
                 f"target {target.name!r}: output {name!r} of the oracle is not finite with edge={edge!r} "
                 f"in {case.dtype}",
-                reason="edge value overflows the oracle",
+                reason=EDGE_OVERFLOWS,
             )
 
 
@@ -307,7 +313,7 @@ def check_case_dtype_range(target: Any, case: Case, ref: dict[str, Any], low: di
             raise Unsupported(
                 f"target {target.name!r}: output {name!r} of the oracle overflows {case.dtype} where its "
                 "float64 value is finite",
-                reason="the oracle overflows the case dtype",
+                reason=ORACLE_OVERFLOWS,
             )
 
 
@@ -363,7 +369,7 @@ def check_case_dtype_collapse(
         raise Unsupported(
             f"target {target.name!r}: the oracle overflows {case.dtype} in {op} (finite inputs, a result "
             f"that is not), and its output {off[0]!r} is off by more than half its float64 value",
-            reason="the oracle overflows the case dtype",
+            reason=ORACLE_OVERFLOWS,
         )
 
 
