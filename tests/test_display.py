@@ -272,7 +272,7 @@ def test_a_progress_line_before_the_first_verdict_says_what_is_happening():
 
     stats = Stats()
     stats.count_finding(SimpleNamespace(kind="hang", ratio=None))
-    stats.count_finding(SimpleNamespace(kind="mismatch", ratio=2.0))
+    stats.count_finding(SimpleNamespace(kind="mismatch", ratio=2.0, site=("y",)))
     assert (stats.failures, stats.hangs) == (2, 1)
 
 
