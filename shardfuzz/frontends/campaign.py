@@ -835,6 +835,15 @@ def rarely_reached(s: Stats, drawn: dict[str, float]) -> list[tuple[str, float, 
     return out
 
 
+def _set_aside_line(n: int, drawn: int, how: str, fix: str = "") -> str:
+    """The summary's line for ``n`` of ``drawn`` cases set aside (refused, excluded): what ran is
+    what was left."""
+    return (
+        f"{'':<16} {n} of {drawn} drawn cases ({100 * n / drawn:.0f}%) were {how}, so the conditions "
+        f"reached are those of what was left" + (f"; {fix}" if fix else "")
+    )
+
+
 def _rare_line(rarely: list) -> str:
     """The summary's "rarely reached" line: why each was rare (the search dwelt elsewhere, or the
     run excluded its cases: a new user's --exclude of sizes the group does not divide left
@@ -844,15 +853,12 @@ def _rare_line(rarely: list) -> str:
         + (f"; {excluded} {_cases(excluded)} that met it excluded as known failures)" if excluded else ")")
         for t, run, drawn, excluded in rarely
     )
-    dwelt = "the search dwelt on other cases (it steers towards the largest error/tolerance)"
-    excluded = sum(1 for *_, n in rarely if n)
-    why = (
-        dwelt
-        if not excluded
-        else "exclusions set their cases aside"
-        if excluded == len(rarely)
-        else (f"{dwelt}, or exclusions set their cases aside")
-    )
+    excluded = [n > 0 for *_, n in rarely]
+    why = "the search dwelt on other cases (it steers towards the largest error/tolerance)"
+    if all(excluded):
+        why = "exclusions set their cases aside"
+    elif any(excluded):
+        why += ", or exclusions set their cases aside"
     return (
         f"{'':<16} rarely reached: {rare}: {why}; pin a dtype, a world size or an option with "
         "--dtypes, --world-sizes or --option for a run of its own"
@@ -959,17 +965,12 @@ def _fault_lines(r: dict[str, Any]) -> list[str]:
             else "draw only cases the implementation supports (docs/reference/strategies.md)"
         )
         lines.append(
-            f"{'':<16} {refused} of {drawn} drawn cases ({100 * refused / drawn:.0f}%) were refused as "
-            "unsupported: Hypothesis steers away from them, so the conditions reached are those of what "
-            f"was left; {fix}"
+            _set_aside_line(refused, drawn, "refused as unsupported: Hypothesis steers away from them", fix)
         )
-    excluded = r.get("excluded", 0)
-    if excluded and excluded >= REFUSED_SHARE * (excluded + r.get("examples", 0)) and not r["found"]:
-        lines.append(  # a new user's exclusions set aside 1,136 drawn cases to run 150, unsaid
-            f"{'':<16} {excluded} of {excluded + r.get('examples', 0)} drawn cases "
-            f"({100 * excluded / (excluded + r.get('examples', 0)):.0f}%) were excluded as known failures: "
-            "the conditions reached are those of what was left"
-        )
+    # a new user's exclusions set aside 1,136 drawn cases to run 150, unsaid
+    excluded, drawn = r.get("excluded", 0), r.get("excluded", 0) + r.get("examples", 0)
+    if excluded and excluded >= REFUSED_SHARE * drawn and not r["found"]:
+        lines.append(_set_aside_line(excluded, drawn, "excluded as known failures"))
     if r.get("never_reached") and not r["found"]:
         lines.append(f"{'':<16} never reached: {', '.join(r['never_reached'])} (no example met them)")
     if r.get("out_of_reach_of_pins") and not r["found"]:
